@@ -1,0 +1,57 @@
+"""Causal masking: which key column a query row may see, and which tiles can be skipped.
+
+Two conventions exist when the number of queries ``N_q`` differs from the number of keys ``N_k``::
+
+    top_left (torch's is_causal)            bottom_right (flash-attn's; a decode step)
+    query i sees keys j <= i                query i sees keys j <= i + N_k - N_q
+
+    N_q = 3, N_k = 5                        N_q = 3, N_k = 5
+            keys 0 1 2 3 4                          keys 0 1 2 3 4
+    query 0      x . . . .                  query 0      x x x . .
+    query 1      x x . . .                  query 1      x x x x .
+    query 2      x x x . . .                query 2      x x x x x
+
+With ``N_q == N_k`` both are the usual lower triangle. Under ``bottom_right`` with ``N_q > N_k`` the
+first ``N_q - N_k`` query rows see no key at all; every backend returns output 0 and ``lse = -inf``
+for such rows rather than NaN.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+
+def diagonal_offset(N_q: int, N_k: int, causal_align: str) -> int:
+    """The ``o`` in "query i sees keys j <= i + o"."""
+    return 0 if causal_align == "top_left" else N_k - N_q
+
+
+def visible(rows: Tensor, cols: Tensor, offset: int) -> Tensor:
+    """Boolean ``(len(rows), len(cols))`` tile: True where query ``rows[r]`` may see key ``cols[c]``."""
+    return cols[None, :] <= rows[:, None] + offset
+
+
+class TileKind(Enum):
+    """How a causal mask meets one (query block, key block) tile."""
+
+    FULL = "full"  # every key visible to every query: run unmasked
+    PARTIAL = "partial"  # the tile straddles the diagonal: run with a mask
+    SKIP = "skip"  # no key visible to any query: never computed
+
+
+def tile_kind(r0: int, r1: int, c0: int, c1: int, offset: int) -> TileKind:
+    """Classify the tile of query rows ``[r0, r1)`` and key columns ``[c0, c1)``."""
+    if c0 > (r1 - 1) + offset:
+        return TileKind.SKIP
+    if (c1 - 1) <= r0 + offset:
+        return TileKind.FULL
+    return TileKind.PARTIAL
+
+
+def causal_mask(N_q: int, N_k: int, causal_align: str, device: torch.device | str = "cpu") -> Tensor:
+    """The whole ``(N_q, N_k)`` boolean mask; used only by the dense oracle."""
+    offset = diagonal_offset(N_q, N_k, causal_align)
+    return visible(torch.arange(N_q, device=device), torch.arange(N_k, device=device), offset)

@@ -1,0 +1,78 @@
+"""The online-softmax update: one tile of scores folded into running statistics.
+
+This is the heart of FlashAttention (Milakov & Gimelshein 2018, "Online normalizer calculation for
+softmax"; Dao et al. 2022, Alg. 1; Dao 2023, FlashAttention-2 Alg. 1). For one query block ``i`` the
+running state is, per query row,
+
+    m_i  running maximum of the scores seen so far
+    l_i  running denominator  sum_j exp(S_ij - m_i)   (relative to m_i)
+    acc  unnormalised output  sum_j exp(S_ij - m_i) V_j
+
+and folding in the score tile ``S_ij`` of key block ``j`` is (FA2 Alg. 1 lines 8-10)
+
+    m_new = max(m_i, rowmax(S_ij))
+    alpha = exp(m_i - m_new)                 rescales what was accumulated under the old maximum
+    P_ij  = exp(S_ij - m_new)
+    l_new = alpha * l_i + rowsum(P_ij)
+    acc   = alpha * acc + P_ij V_j
+
+and at the end ``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13).
+
+The query-major and key-major CPU references and the tile replay all call these functions, so the three
+cannot drift apart; the Triton kernel implements the same equations in exp2 space.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+def init_state(rows: tuple[int, ...], D_v: int, *, dtype: torch.dtype, device: torch.device | str):
+    """State before any key: ``m = -inf``, ``l = 0``, ``acc = 0``; shapes ``rows`` and ``(*rows, D_v)``."""
+    m_i = torch.full(rows, NEG_INF, dtype=dtype, device=device)
+    l_i = torch.zeros(rows, dtype=dtype, device=device)
+    acc = torch.zeros((*rows, D_v), dtype=dtype, device=device)
+    return m_i, l_i, acc
+
+
+def score_tile(q_i: Tensor, k_j: Tensor, scale: float, allowed: Tensor | None = None) -> Tensor:
+    """``S_ij = scale * Q_i K_j^T``, with ``-inf`` where ``allowed`` (bool, broadcastable) is False."""
+    S_ij = torch.matmul(q_i, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
+    S_ij.mul_(scale)
+    if allowed is not None:
+        S_ij.masked_fill_(~allowed, NEG_INF)
+    return S_ij
+
+
+def update(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Fold one score tile into the running state; returns new ``(m_i, l_i, acc)``, inputs untouched.
+
+    Shapes: ``m_i, l_i (..., Br)``, ``acc (..., Br, D_v)``, ``S_ij (..., Br, Bc)``, ``v_j (..., Bc, D_v)``.
+    """
+    m_new = torch.maximum(m_i, S_ij.amax(dim=-1))  # (..., Br)
+    # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
+    m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
+    alpha = torch.exp(m_i - m_safe)  # (..., Br); 0 on the first visible tile since m_i = -inf
+    P_ij = torch.exp(S_ij - m_safe.unsqueeze(-1))  # (..., Br, Bc)
+    l_new = alpha * l_i + P_ij.sum(dim=-1)
+    acc = torch.matmul(P_ij, v_j).add_(acc * alpha.unsqueeze(-1))  # (..., Br, Bc) @ (..., Bc, D_v)
+    return m_new, l_new, acc
+
+
+def normalize(l_i: Tensor, acc: Tensor) -> Tensor:
+    """``acc / l_i``: the attention output over the keys seen so far (0 for a row that saw none)."""
+    return acc / torch.where(l_i == 0, 1.0, l_i).unsqueeze(-1)  # acc is 0 wherever l_i is 0
+
+
+def log_sum_exp(m_i: Tensor, l_i: Tensor) -> Tensor:
+    """``lse_i = m_i + log(l_i)``, and ``-inf`` for a row that saw no key (l_i = 0)."""
+    empty = l_i == 0
+    return torch.where(empty, NEG_INF, m_i + torch.log(torch.where(empty, 1.0, l_i)))
+
+
+def finalize(m_i: Tensor, l_i: Tensor, acc: Tensor) -> tuple[Tensor, Tensor]:
+    """``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13)."""
+    return normalize(l_i, acc), log_sum_exp(m_i, l_i)

@@ -1,0 +1,99 @@
+"""Memory-efficient backward: recompute the probabilities tile by tile from the saved ``lse``.
+
+FlashAttention-2's backward (Dao 2023, Alg. 2). Forward saved only ``q, k, v, O`` and
+``lse = m + log l``; the ``N_q x N_k`` matrix ``P`` is never stored but rebuilt one tile at a time:
+
+    delta_i = rowsum(dO_i * O_i)                      (Alg. 2 line 4; the "preprocess")
+    P_ij    = exp(S_ij - lse_i)                       recompute, S_ij = scale * Q_i K_j^T
+    dV_j   += P_ij^T dO_i
+    dP_ij   = dO_i V_j^T
+    dS_ij   = P_ij * (dP_ij - delta_i)                softmax backward, with delta in place of rowsum(P*dP)
+    dK_j   += scale * dS_ij^T Q_i
+    dQ_i   += scale * dS_ij K_j
+
+The outer loop is over key blocks ``j`` (``dK_j, dV_j`` accumulate on chip), the inner over query blocks.
+A gradient flowing into ``lse`` itself adds ``dlse_i * P_ij`` to ``dS_ij``, i.e. ``delta_i -= dlse_i``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._layout import grad_to_input, pad_rank, to_grouped
+from .._validate import validate_block_sizes, validate_inputs
+from ..causal import diagonal_offset
+from ..online_softmax import score_tile
+from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from .query_major import tile_mask
+
+
+def backward_grouped(
+    q: Tensor, k: Tensor, v: Tensor, O: Tensor, lse: Tensor, dO: Tensor, dlse: Tensor | None, *,
+    scale: float, causal: bool, causal_align: str, block_m: int, block_n: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Grouped layout (see ``_layout.py``): ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse (B, H_kv, G, N_q)``,
+    ``k, v (B, H_kv, 1, N_k, .)``. Returns ``dq, dk, dv`` in the same layout; ``dk, dv`` are summed over
+    the ``G`` query heads that share a key/value head."""
+    N_q, N_k = q.shape[-2], k.shape[-2]
+    offset = diagonal_offset(N_q, N_k, causal_align)
+    delta = (dO * O).sum(dim=-1)  # (B, H_kv, G, N_q)
+    if dlse is not None:
+        delta = delta - dlse
+    # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
+    lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for c0 in range(0, N_k, block_n):  # key block j
+        c1 = min(c0 + block_n, N_k)
+        k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
+        dk_j, dv_j = dk[..., c0:c1, :], dv[..., c0:c1, :]  # views: accumulate in place
+        first_row = max(0, c0 - offset) if causal else 0  # rows above it see nothing of this block
+        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
+            r1 = min(r0 + block_m, N_q)
+            q_i, dO_i = q[..., r0:r1, :], dO[..., r0:r1, :]
+            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            S_ij = score_tile(q_i, k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
+            P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
+            # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
+            dv_j += (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
+            dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
+            dS_ij = P_ij * (dP_ij - delta[..., r0:r1, None])
+            dk_j += scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)
+            dq[..., r0:r1, :] += scale * (dS_ij @ k_j)  # (.., Br, Bc) @ (.., Bc, D) -> (.., Br, D)
+    return dq, dk, dv
+
+
+def flash_backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, *,
+    dlse: Tensor | None = None, causal: bool = False, causal_align: str = "top_left",
+    scale: float | None = None, enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of attention from ``q, k, v``, the forward's ``o`` and ``lse``, and ``do = dL/dO``.
+
+    Shapes as :func:`flashattn_teach.reference.dense_attention`: ``q, o, do (..., H_q, N_q, .)``,
+    ``lse (..., H_q, N_q)``, ``k, v (..., H_kv, N_k, .)``. Returns ``(dq, dk, dv)`` shaped and typed like
+    ``q, k, v``. Holds at most ``block_m x block_n`` probabilities per (batch, head) at once.
+    """
+    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
+    block_m, block_n = validate_block_sizes(block_m, block_n)
+    if tuple(o.shape) != s.out_shape or tuple(do.shape) != s.out_shape:
+        raise ValueError(
+            f"o and do must have the output shape {s.out_shape}, got o {tuple(o.shape)} and do {tuple(do.shape)}"
+        )
+    if tuple(lse.shape) != s.lse_shape:
+        raise ValueError(f"lse must have shape {s.lse_shape}, got {tuple(lse.shape)}")
+    qg, kg, vg = to_grouped(q, k, v, s)
+    B, H_kv, G = qg.shape[:3]
+    dt = qg.dtype
+    og = pad_rank(o, max(s.rank, 3)).to(dt).reshape(B, H_kv, G, s.N_q, s.D_v)
+    dog = pad_rank(do, max(s.rank, 3)).to(dt).reshape(B, H_kv, G, s.N_q, s.D_v)
+    lseg = lse.to(dt).reshape(B, H_kv, G, s.N_q)
+    dlseg = None if dlse is None else dlse.to(dt).reshape(B, H_kv, G, s.N_q)
+    dq, dk, dv = backward_grouped(
+        qg, kg, vg, og, lseg, dog, dlseg, scale=s.scale, causal=causal, causal_align=causal_align,
+        block_m=block_m, block_n=block_n,
+    )
+    return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)

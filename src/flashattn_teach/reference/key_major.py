@@ -1,0 +1,46 @@
+"""Key-major online-softmax attention: the loop order of FlashAttention's Algorithm 1 (Dao et al. 2022).
+
+The outer loop runs over key/value blocks ``j``: ``K_j, V_j`` are loaded once. The inner loop runs over
+query blocks ``i``, and because the running statistics of block ``i`` are needed again on the next ``j``,
+they live in "HBM": ``O_i, l_i, m_i`` are read, updated and written back on every tile (Alg. 1 lines 8
+and 12-13). That round trip is what FlashAttention-2 removed by swapping the loops (query-major, see
+``query_major.py``): there the state stays on chip and ``O_i`` is written once.
+
+As in Alg. 1 the stored ``O_i`` is normalised after each update, ``O_i = acc / l_i``; reading it back
+multiplies by ``l_i`` to recover the unnormalised ``acc`` that the shared update works on.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .. import online_softmax as osm
+from ..causal import diagonal_offset
+from .query_major import tile_mask
+
+
+def key_major_forward(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, causal_align: str, block_m: int, block_n: int
+) -> tuple[Tensor, Tensor]:
+    """Same contract as :func:`query_major_forward` (grouped layout), same results, other loop order."""
+    *lead, N_q, _ = q.shape
+    N_k, D_v = v.shape[-2], v.shape[-1]
+    offset = diagonal_offset(N_q, N_k, causal_align)
+    # The "HBM" copies of the running state of every query row (Alg. 1 line 2).
+    m, l, O = osm.init_state((*lead, N_q), D_v, dtype=q.dtype, device=q.device)
+    for c0 in range(0, N_k, block_n):  # key block j
+        c1 = min(c0 + block_n, N_k)
+        k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
+        # Under causal masking, query rows r < c0 - offset see none of this block: start past them.
+        first_row = max(0, c0 - offset) if causal else 0
+        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
+            r1 = min(r0 + block_m, N_q)
+            m_i, l_i = m[..., r0:r1], l[..., r0:r1]  # read from HBM (Alg. 1 line 8)
+            acc = O[..., r0:r1, :] * l_i.unsqueeze(-1)  # undo the stored normalisation
+            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
+            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j)
+            # Write back (Alg. 1 lines 12-13).
+            O[..., r0:r1, :] = osm.normalize(l_i, acc)
+            m[..., r0:r1], l[..., r0:r1] = m_i, l_i
+    return O, osm.log_sum_exp(m, l)
