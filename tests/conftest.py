@@ -16,7 +16,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
-    "ci", max_examples=40, derandomize=True, deadline=None, print_blob=True,
+    "ci",
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

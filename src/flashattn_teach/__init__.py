@@ -6,16 +6,27 @@ Public API:
     explain                       which backend would run for given inputs, and why
     reference                     dense oracle, online-softmax references, memory-efficient backward
     AttentionSchedules            the teaching example's module (dense and tiled side by side)
+
+Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAttention-2"
+(arXiv:2307.08691); Milakov & Gimelshein 2018, "Online normalizer calculation for softmax".
 """
 
 from . import reference
+from .api import BACKENDS, Plan, explain, flash_attention, scaled_dot_product_attention
 from .reference import dense_attention, flash_backward, keymajor_attention, online_attention
+from .schedules import AttentionSchedules
 
 __all__ = [
+    "BACKENDS",
+    "AttentionSchedules",
+    "Plan",
     "dense_attention",
+    "explain",
+    "flash_attention",
     "flash_backward",
     "keymajor_attention",
     "online_attention",
     "reference",
+    "scaled_dot_product_attention",
 ]
 __version__ = "0.1.0"

@@ -104,13 +104,11 @@ def validate_inputs(
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"query and key must have the same head dimension D (last dim), got query {_shape(q)} "
-            f"and key {_shape(k)}"
+            f"query and key must have the same head dimension D (last dim), got query {_shape(q)} and key {_shape(k)}"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
-            f"key and value must have the same sequence length N_k (dim -2), got key {_shape(k)} "
-            f"and value {_shape(v)}"
+            f"key and value must have the same sequence length N_k (dim -2), got key {_shape(k)} and value {_shape(v)}"
         )
     if q.shape[-1] == 0:
         raise ValueError(f"the head dimension D must be at least 1, got query {_shape(q)}")
@@ -134,8 +132,7 @@ def validate_inputs(
             ) from None
     if H_k != H_v:
         raise ValueError(
-            f"key and value must have the same number of heads (dim -3), got key {_shape(k)} "
-            f"and value {_shape(v)}"
+            f"key and value must have the same number of heads (dim -3), got key {_shape(k)} and value {_shape(v)}"
         )
     H_kv = H_k
     if H_q != H_kv and H_kv != 1:
@@ -154,8 +151,15 @@ def validate_inputs(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     shapes = AttentionShapes(
-        batch=batch, H_q=H_q, H_kv=H_kv, N_q=q.shape[-2], N_k=k.shape[-2], D=q.shape[-1],
-        D_v=v.shape[-1], rank=rank, scale=float(scale),
+        batch=batch,
+        H_q=H_q,
+        H_kv=H_kv,
+        N_q=q.shape[-2],
+        N_k=k.shape[-2],
+        D=q.shape[-1],
+        D_v=v.shape[-1],
+        rank=rank,
+        scale=float(scale),
     )
     if attn_mask is not None:
         validate_mask(attn_mask, q, shapes)
@@ -167,9 +171,7 @@ def validate_mask(attn_mask: Tensor, q: Tensor, shapes: AttentionShapes) -> None
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
-        raise TypeError(
-            f"attn_mask must be bool or have query's dtype {q.dtype}, got {attn_mask.dtype}"
-        )
+        raise TypeError(f"attn_mask must be bool or have query's dtype {q.dtype}, got {attn_mask.dtype}")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
     scores = (*shapes.out_shape[:-1], shapes.N_k)

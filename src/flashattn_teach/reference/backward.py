@@ -29,8 +29,19 @@ from .query_major import tile_mask
 
 
 def backward_grouped(
-    q: Tensor, k: Tensor, v: Tensor, O: Tensor, lse: Tensor, dO: Tensor, dlse: Tensor | None, *,
-    scale: float, causal: bool, causal_align: str, block_m: int, block_n: int,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    O: Tensor,
+    lse: Tensor,
+    dO: Tensor,
+    dlse: Tensor | None,
+    *,
+    scale: float,
+    causal: bool,
+    causal_align: str,
+    block_m: int,
+    block_n: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped layout (see ``_layout.py``): ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse (B, H_kv, G, N_q)``,
     ``k, v (B, H_kv, 1, N_k, .)``. Returns ``dq, dk, dv`` in the same layout; ``dk, dv`` are summed over
@@ -66,10 +77,20 @@ def backward_grouped(
 
 
 def flash_backward(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, *,
-    dlse: Tensor | None = None, causal: bool = False, causal_align: str = "top_left",
-    scale: float | None = None, enable_gqa: bool = False,
-    block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    do: Tensor,
+    *,
+    dlse: Tensor | None = None,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of attention from ``q, k, v``, the forward's ``o`` and ``lse``, and ``do = dL/dO``.
 
@@ -93,7 +114,17 @@ def flash_backward(
     lseg = lse.to(dt).reshape(B, H_kv, G, s.N_q)
     dlseg = None if dlse is None else dlse.to(dt).reshape(B, H_kv, G, s.N_q)
     dq, dk, dv = backward_grouped(
-        qg, kg, vg, og, lseg, dog, dlseg, scale=s.scale, causal=causal, causal_align=causal_align,
-        block_m=block_m, block_n=block_n,
+        qg,
+        kg,
+        vg,
+        og,
+        lseg,
+        dog,
+        dlseg,
+        scale=s.scale,
+        causal=causal,
+        causal_align=causal_align,
+        block_m=block_m,
+        block_n=block_n,
     )
     return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)

@@ -54,8 +54,7 @@ def dense_attention(
         shape ``(..., H_q, N_q)`` in the compute dtype (float64 for float64 inputs, else float32).
         A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
     """
-    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa,
-                        attn_mask=attn_mask)
+    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa, attn_mask=attn_mask)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     dt = compute_dtype(q.dtype)

@@ -16,15 +16,24 @@ def _tiled(q, k, v, *, order, causal, causal_align, scale, enable_gqa, block_m, 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         O, lse = TiledAttentionFunction.apply(q, k, v, s, order, causal, causal_align, block_m, block_n)
     else:
-        O, lse = tiled_forward(q, k, v, s, order=order, causal=causal, causal_align=causal_align,
-                               block_m=block_m, block_n=block_n)
+        O, lse = tiled_forward(
+            q, k, v, s, order=order, causal=causal, causal_align=causal_align, block_m=block_m, block_n=block_n
+        )
     return (O, lse) if return_lse else O
 
 
 def online_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
-    scale: float | None = None, enable_gqa: bool = False, block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N, return_lse: bool = False,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by query-major online softmax (the teaching example; FlashAttention-2's order).
 
@@ -44,19 +53,49 @@ def online_attention(
         else float32), and ``lse`` in the compute dtype if asked. Differentiable: the backward is
         :func:`flashattn_teach.reference.flash_backward`, and only ``q, k, v, O, lse`` are saved.
     """
-    return _tiled(q, k, v, order="query-major", causal=causal, causal_align=causal_align, scale=scale,
-                  enable_gqa=enable_gqa, block_m=block_m, block_n=block_n, return_lse=return_lse)
+    return _tiled(
+        q,
+        k,
+        v,
+        order="query-major",
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        block_m=block_m,
+        block_n=block_n,
+        return_lse=return_lse,
+    )
 
 
 def keymajor_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
-    scale: float | None = None, enable_gqa: bool = False, block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N, return_lse: bool = False,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention in FlashAttention's Algorithm 1 order (key blocks outside, query blocks inside).
 
     Same arguments, results and backward as :func:`online_attention`; only the loop order and the
     per-tile read/write of ``O_i, l_i, m_i`` differ.
     """
-    return _tiled(q, k, v, order="key-major", causal=causal, causal_align=causal_align, scale=scale,
-                  enable_gqa=enable_gqa, block_m=block_m, block_n=block_n, return_lse=return_lse)
+    return _tiled(
+        q,
+        k,
+        v,
+        order="key-major",
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        block_m=block_m,
+        block_n=block_n,
+        return_lse=return_lse,
+    )
