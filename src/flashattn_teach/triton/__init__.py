@@ -1,0 +1,88 @@
+"""Fused FlashAttention kernels in Triton: forward (FA2 Alg. 1) and memory-efficient backward (Alg. 2).
+
+Layers, each in its own file:
+
+    forward.py    the forward kernel and its key/value loop
+    backward.py   the backward kernels: delta preprocess, dK/dV, dQ
+    configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
+    launch.py     validate, allocate, launch
+    autograd.py   the differentiable function (saves q, k, v, O, lse)
+    inspect.py    ahead-of-time compilation report (``flashattn-teach kernels``)
+
+Importing this package does not import triton; the kernels are imported on first launch, so the package
+works (and reports why the Triton path is unavailable) on machines without triton.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from torch import Tensor
+
+from .._validate import validate_inputs
+from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
+
+__all__ = [
+    "TEST_CONFIG",
+    "AttentionConfig",
+    "KernelConfig",
+    "shipped_config",
+    "triton_attention",
+    "unsupported_reason",
+]
+
+
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
+                       enable_gqa: bool = False) -> str | None:
+    """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    from . import launch
+
+    try:
+        s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
+        return launch.device_reason(q) or launch.shape_reason(q, s)
+    except Exception as e:  # invalid inputs are a reason too; the caller decides whether to raise
+        return str(e)
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    config: AttentionConfig | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact attention with the fused Triton kernels; differentiable.
+
+    Args:
+        q: ``(..., H_q, N_q, D)`` queries, as torch's ``scaled_dot_product_attention``; any strides.
+        k: ``(..., H_kv, N_k, D)`` keys; ``H_kv`` divides ``H_q`` with ``enable_gqa`` (or is 1).
+        v: ``(..., H_kv, N_k, D_v)`` values.
+        causal, causal_align: see :mod:`flashattn_teach.causal` (``"top_left"`` or ``"bottom_right"``).
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        return_lse: also return ``lse`` (float32, shape ``(..., H_q, N_q)``).
+        config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
+            :data:`TEST_CONFIG` in the interpreter.
+
+    CUDA tensors of dtype float16, bfloat16 or float32 with head dims 1 to 256 (CPU tensors when
+    ``TRITON_INTERPRET=1``). A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
+    """
+    from . import launch
+    from .autograd import TritonAttentionFunction
+
+    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("backend='triton' needs the triton package, which is not installed")
+    reason = launch.device_reason(q) or launch.shape_reason(q, s)
+    if reason is not None:
+        raise ValueError(reason)
+    if config is None:
+        config = launch.default_config(q, s)
+    O, lse = TritonAttentionFunction.apply(q, k, v, s, bool(causal), causal_align, config)
+    return (O, lse) if return_lse else O

@@ -1,0 +1,121 @@
+"""Block sizes, warps and pipeline stages: one small named table per (head dim, dtype, GPU generation).
+
+A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
+D = 40 uses the 64 row, D = 80 and 96 the 128 row), by the element size of the inputs, and by the GPU
+generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
+``flashattn-teach kernels`` and by the compile-check tests, which require no register spills and shared
+memory within the architecture's limit.
+
+Kernels and the tiles each one owns:
+
+    forward        program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
+    backward_dkdv  program = key block j (BLOCK_N keys), loops over query blocks i (BLOCK_M rows)
+    backward_dq    program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
+    preprocess     program = BLOCK_M rows of delta = rowsum(dO * O); BLOCK_N is unused
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
+ARCHS = ("sm90", "sm80")
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
+MIN_HEAD_DIM, MAX_HEAD_DIM = 1, 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch parameters of one kernel."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The configurations of all four kernels of one attention call (forward and backward)."""
+
+    forward: KernelConfig
+    backward_dkdv: KernelConfig
+    backward_dq: KernelConfig
+    backward_preprocess: KernelConfig = KernelConfig(64, 0, 4, 1)
+
+    @classmethod
+    def uniform(cls, block_m: int, block_n: int, num_warps: int = 4, num_stages: int = 1) -> AttentionConfig:
+        """The same tile for every kernel; used by the interpreter tests."""
+        c = KernelConfig(block_m, block_n, num_warps, num_stages)
+        return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=KernelConfig(block_m, 0, 4, 1))
+
+    def kernel(self, name: str) -> KernelConfig:
+        return getattr(self, name)
+
+
+# Fixed configuration for the interpreter tests: small tiles keep the CPU run short, and two tiles of
+# different sizes make sure no code path assumes BLOCK_M == BLOCK_N.
+TEST_CONFIG = AttentionConfig.uniform(32, 16)
+
+K = KernelConfig
+# (forward, backward_dkdv, backward_dq) per padded head dim, for fp16 and bf16 inputs.
+_SM90_16BIT = {
+    16: (K(128, 64, 4, 3), K(64, 128, 4, 3), K(128, 64, 4, 3)),
+    32: (K(128, 64, 4, 3), K(64, 128, 4, 3), K(128, 64, 4, 3)),
+    64: (K(128, 128, 8, 3), K(64, 128, 8, 3), K(128, 64, 8, 3)),
+    128: (K(128, 128, 8, 2), K(64, 128, 8, 2), K(128, 64, 8, 2)),
+    256: (K(128, 64, 8, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+}
+_SM80_16BIT = {
+    16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
+    32: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
+    64: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
+    128: (K(128, 64, 8, 2), K(32, 128, 8, 2), K(128, 32, 8, 2)),
+    256: (K(64, 64, 4, 2), K(32, 64, 4, 1), K(64, 32, 4, 1)),
+}
+# fp32 inputs use exact ("ieee") fp32 dots, computed on CUDA cores; their tiles are smaller.
+_FP32 = {
+    16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    32: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    64: (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    128: (K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2)),
+    256: (K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1)),
+}
+del K
+
+_TABLES = {
+    ("sm90", torch.float16): _SM90_16BIT,
+    ("sm90", torch.bfloat16): _SM90_16BIT,
+    ("sm80", torch.float16): _SM80_16BIT,
+    ("sm80", torch.bfloat16): _SM80_16BIT,
+    ("sm90", torch.float32): _FP32,
+    ("sm80", torch.float32): _FP32,
+}
+
+
+def block_d(head_dim: int) -> int:
+    """Head dimension padded to a power of two (at least 16, the smallest tensor-core K)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def arch_of(device: torch.device) -> str:
+    """GPU generation of a CUDA device: "sm90" for compute capability 9.x and newer, else "sm80"."""
+    major, _ = torch.cuda.get_device_capability(device)
+    return "sm90" if major >= 9 else "sm80"
+
+
+def shipped_config(head_dim: int, dtype: torch.dtype, arch: str) -> AttentionConfig:
+    """The table's configuration for a (padded) head dimension, dtype and GPU generation."""
+    fwd, dkdv, dq = _TABLES[(arch, dtype)][block_d(head_dim)]
+    return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
+
+
+def shipped_configs(arch: str) -> list[tuple[torch.dtype, int, AttentionConfig]]:
+    """Every (dtype, padded head dim, configuration) that ships for ``arch``."""
+    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS]

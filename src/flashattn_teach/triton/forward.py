@@ -1,0 +1,149 @@
+"""The fused FlashAttention forward kernel (Dao 2023, FlashAttention-2 Alg. 1) in Triton.
+
+One program owns one query block ``i`` (``BLOCK_M`` rows of one (batch, head)). It loads ``Q_i`` once,
+then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carries the online-softmax
+state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
+``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
+
+The softmax runs in base 2: with ``qk_scale = scale * log2(e)``,
+
+    exp(scale * q.k - m) = exp2(qk_scale * q.k - m2),      m2 = m * log2(e)
+
+so the exponentials are single ``ex2`` instructions and ``lse = ln(2) * (m2_i + log2(l_i))``.
+
+Causal masking splits the key loop in two stages (see :mod:`flashattn_teach.causal`): key blocks wholly
+below the diagonal run without a mask, blocks that straddle it (and the ragged last block) run masked,
+and blocks wholly above it are never visited.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+import triton
+
+LOG2E = 1.4426950408889634  # 1 / ln(2); folded into qk_scale by the launcher
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
+
+
+@triton.jit
+def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key columns for query rows ``[start_m, start_m + BLOCK_M)``: ``[0, full_end)`` need no mask,
+    ``[full_end, end)`` do. Query row r sees key c iff ``c <= r + OFFSET`` (causal) and ``c < N_k``."""
+    if CAUSAL:
+        # last key seen by the last row, plus one; clamped so rows that see nothing give an empty range
+        end = tl.minimum(tl.maximum(start_m + BLOCK_M + OFFSET, 0), N_k)
+        # a block [c0, c0 + BLOCK_N) is fully visible to row start_m iff c0 + BLOCK_N <= start_m + OFFSET + 1
+        full_end = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
+        full_end = tl.minimum(full_end, (N_k // BLOCK_N) * BLOCK_N)
+    else:
+        end = N_k
+        full_end = (N_k // BLOCK_N) * BLOCK_N
+    return full_end, tl.maximum(end, full_end)
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,  # running state: (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32 x 2; Q_i (BLOCK_M, BLOCK_D)
+    K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+    start_n, end_n, offs_m, N_k, qk_scale, OFFSET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
+
+    ``MASK`` selects the stage: False for blocks every row may fully see, True for the diagonal and the
+    ragged last block, where scores of invisible keys become -inf.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start in tl.range(start_n, end_n, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        in_k = offs_n < N_k
+        # K_j^T: (BLOCK_D, BLOCK_N); padded head-dim lanes and keys past N_k load as 0
+        kT = tl.load(K_head + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                     mask=in_k[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        # S_ij in log2 units: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N), fp32
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        if MASK:
+            visible = in_k[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
+            qk = tl.where(visible, qk, float("-inf"))
+        # m_new = max(m_i, rowmax(S_ij))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if MASK:
+            # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        # P_ij = exp(S_ij - m_new), alpha = exp(m_i - m_new)
+        p = tl.math.exp2(qk - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        # l_new = alpha * l_i + rowsum(P_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                    mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
+        # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H_q, N_q, N_k, GROUP, qk_scale, OFFSET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid ``(cdiv(N_q, BLOCK_M), B * H_q)``. ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` with
+    any strides; ``LSE (B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h // GROUP."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H_q).to(tl.int64)  # 64-bit: batch offsets of large tensors overflow int32
+    h = (pid_bh % H_q).to(tl.int64)
+    h_kv = h // GROUP
+    Q_head = Q + b * stride_qb + h * stride_qh
+    K_head = K + b * stride_kb + h_kv * stride_kh
+    V_head = V + b * stride_vb + h_kv * stride_vh
+    O_head = O + b * stride_ob + h * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < N_q
+    # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
+    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        0, full_end, offs_m, N_k, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_end, end, offs_m, N_k, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, DOT_PRECISION,
+    )
+
+    # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
+    # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf.
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
+    tl.store(O_head + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od, o.to(O.dtype.element_ty),
+             mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V))

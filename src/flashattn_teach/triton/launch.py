@@ -1,0 +1,152 @@
+"""Launchers: validate (with the checks every backend shares), allocate, choose a configuration, launch.
+
+The kernels see four-dimensional ``(B, H, N, D)`` tensors with arbitrary strides. User tensors in torch's
+``(..., H, N, D)`` layout are brought there by :func:`to_4d`, which is a view (no copy) whenever the
+leading dimensions allow it: a ``(B, N, H, D)`` tensor transposed to ``(B, H, N, D)`` is passed as is.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .._layout import pad_rank
+from .._validate import AttentionShapes
+from ..causal import diagonal_offset
+from .configs import (
+    DTYPES,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    TEST_CONFIG,
+    AttentionConfig,
+    arch_of,
+    block_d,
+    shipped_config,
+)
+
+LOG2E = 1.4426950408889634  # 1 / ln(2)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_reason(t: Tensor) -> str | None:
+    """Why a tensor's device cannot run the Triton kernels, or None."""
+    if t.device.type == "cuda":
+        return None
+    if t.device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {t.device}"
+
+
+def shape_reason(q: Tensor, s: AttentionShapes) -> str | None:
+    """Why a dtype or head dimension is outside what the kernels support, or None."""
+    if q.dtype not in DTYPES:
+        return f"the Triton kernels support float16, bfloat16 and float32, got {q.dtype}"
+    for name, d in (("D", s.D), ("D_v", s.D_v)):
+        if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+            return f"the Triton kernels support head dimensions {MIN_HEAD_DIM} to {MAX_HEAD_DIM}, got {name}={d}"
+    return None
+
+
+def default_config(q: Tensor, s: AttentionShapes) -> AttentionConfig:
+    """The shipped configuration for these inputs; the fixed test configuration in the interpreter."""
+    if q.device.type != "cuda":
+        return TEST_CONFIG
+    return shipped_config(max(s.D, s.D_v), q.dtype, arch_of(q.device))
+
+
+def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
+    """``(*batch, heads, N, X)`` (or ``(N, X)``, or with broadcast batch dims) -> ``(B, heads, N, X)``."""
+    t = pad_rank(t, max(s.rank, 3))
+    t = t.expand(*s.batch, heads, t.shape[-2], t.shape[-1])
+    B = 1
+    for b in s.batch:
+        B *= b
+    return t.reshape(B, heads, t.shape[-2], t.shape[-1])
+
+
+def _strides(t: Tensor) -> tuple[int, int, int, int]:
+    return tuple(t.stride())  # type: ignore[return-value]
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 products, as plain PyTorch computes them; 16-bit inputs ignore this.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool, causal_align: str,
+            config: AttentionConfig) -> tuple[Tensor, Tensor]:
+    """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
+    in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
+    import triton
+
+    from .forward import _attn_fwd
+
+    B = q.shape[0]
+    o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
+    c = config.forward
+    grid = (triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)
+    _attn_fwd[grid](
+        q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        s.H_q, s.N_q, s.N_k, s.group, s.scale * LOG2E, diagonal_offset(s.N_q, s.N_k, causal_align),
+        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=block_d(s.D), BLOCK_DV=block_d(s.D_v),
+        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    return o, lse
+
+
+def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Tensor | None,
+             s: AttentionShapes, *, causal: bool, causal_align: str,
+             config: AttentionConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
+    its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group."""
+    import triton
+
+    from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+
+    B = q.shape[0]
+    D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
+    offset = diagonal_offset(s.N_q, s.N_k, causal_align)
+    qk_scale = s.scale * LOG2E
+    precision = _dot_precision(q.dtype)
+
+    delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
+    c = config.backward_preprocess
+    _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
+        o, do, delta, *_strides(o), *_strides(do), s.H_q, s.N_q,
+        HEAD_DIM_V=s.D_v, BLOCK_DV=Dv_pad, BLOCK_M=c.BLOCK_M, num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    if dlse is not None:
+        # a gradient into lse adds dlse_i * P_ij to dS_ij, i.e. delta_i -= dlse_i
+        delta -= dlse.to(torch.float32)
+
+    dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
+    c = config.backward_dkdv
+    _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N), B * s.H_kv)](
+        q, k, v, do, lse, delta, dk, dv,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        s.H_q, s.H_kv, s.N_q, s.N_k, s.group, s.scale, qk_scale, offset,
+        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=D_pad, BLOCK_DV=Dv_pad,
+        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=precision,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+
+    dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
+    c = config.backward_dq
+    _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
+        q, k, v, do, lse, delta, dq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+        s.H_q, s.N_q, s.N_k, s.group, s.scale, qk_scale, offset,
+        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=D_pad, BLOCK_DV=Dv_pad,
+        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=precision,
+        num_warps=c.num_warps, num_stages=c.num_stages,
+    )
+    return dq, dk, dv
