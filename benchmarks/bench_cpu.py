@@ -1,0 +1,338 @@
+"""CPU time and peak memory of the references against torch's SDPA.
+
+    python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (about 10 minutes)
+    python benchmarks/bench_cpu.py --quick         # small sizes, seconds
+    python benchmarks/bench_cpu.py --targets       # the foundation issue's speed and memory ratios
+    python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/cpu)
+
+Every measurement runs in its own subprocess, so ``ru_maxrss`` (the process's peak resident memory) belongs
+to that one measurement. "Added" memory is that peak minus the peak of an idle process that imported the
+same modules, built the same inputs and ran every implementation once at a tiny size (the baseline).
+Times are the median of repeated calls after one warm-up call, with torch's default (all-core) threading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import machine_info
+
+HERE = Path(__file__).resolve().parent
+IMPLS = ("dense", "online", "keymajor", "sdpa")
+MODES = ("fwd", "fwd+bwd")
+FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # 4*B*H*N^2*D forward; backward 2.5x (FlashAttention convention)
+CSV_COLUMNS = ("impl", "mode", "batch", "heads", "seq_len", "head_dim", "dtype", "threads", "repeats", "time_ms",
+               "time_min_ms", "gflops", "peak_rss_mib", "baseline_rss_mib", "added_mib", "status", "cpu",
+               "torch", "date")
+# Dense attention keeps a few N x N float32 matrices alive at once (S, its masked copy, P; and their
+# gradients in the backward); these factors over-estimate its peak so the grid can skip cells that
+# would not fit.
+DENSE_MATRICES = {"fwd": 6, "fwd+bwd": 10}
+
+
+# ------------------------------------------------------------------------------------------ worker
+
+
+def _maxrss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _attention(impl: str):
+    import torch.nn.functional as F
+
+    from flashattn_teach import dense_attention, keymajor_attention, online_attention
+
+    return {"dense": dense_attention, "online": online_attention, "keymajor": keymajor_attention,
+            "sdpa": F.scaled_dot_product_attention}[impl]
+
+
+def _call(fn, q, k, v, mode: str, dO) -> None:
+    out = fn(q, k, v)
+    if mode == "fwd+bwd":
+        out.backward(dO)
+        for t in (q, k, v):
+            t.grad = None
+
+
+def worker(args: argparse.Namespace) -> dict[str, object]:
+    """One measurement (or, with ``impl == "idle"``, the baseline) in this process."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    grad = args.mode == "fwd+bwd"
+    impls = IMPLS if args.impl == "idle" else (args.impl,)
+    # Lazy initialisation (thread pools, allocator caches, autograd engine) happens at a tiny size, in the
+    # measured process and in the baseline alike, so "added" memory is what the large call needs.
+    for impl in impls:
+        tiny = [torch.randn(1, 1, 64, args.head_dim, requires_grad=grad) for _ in range(3)]
+        _call(_attention(impl), *tiny, args.mode, torch.randn(1, 1, 64, args.head_dim))
+    gen = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    q, k, v, dO = (torch.randn(shape, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(grad)
+    row: dict[str, object] = {"threads": torch.get_num_threads()}
+    if args.impl == "idle":
+        return {**row, "peak_rss_mib": _maxrss_mib()}
+    fn = _attention(args.impl)
+    with torch.no_grad() if not grad else torch.enable_grad():
+        start = time.perf_counter()
+        _call(fn, q, k, v, args.mode, dO)  # warm-up, and the first estimate of one call's time
+        first = time.perf_counter() - start
+        repeats = max(1, min(args.max_repeats, math.ceil(args.min_time / max(first, 1e-6))))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _call(fn, q, k, v, args.mode, dO)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return {**row, "repeats": repeats, "time_ms": 1e3 * times[len(times) // 2], "time_min_ms": 1e3 * times[0],
+            "peak_rss_mib": _maxrss_mib()}
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+def _spawn(cell: dict[str, object], opts: argparse.Namespace) -> dict[str, object]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", str(cell["impl"]),
+           "--mode", str(cell["mode"]), "--batch", str(cell["batch"]), "--heads", str(cell["heads"]),
+           "--seq-len", str(cell["seq_len"]), "--head-dim", str(cell["head_dim"]),
+           "--min-time", str(opts.min_time), "--max-repeats", str(opts.max_repeats), "--threads", str(opts.threads)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent / "src"),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.cell_timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout after {opts.cell_timeout:g} s"}
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"status": f"error (rc {proc.returncode}): {last[:200]}"}
+    return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def _dense_estimate_gib(cell: dict[str, object]) -> float:
+    n2 = int(cell["batch"]) * int(cell["heads"]) * int(cell["seq_len"]) ** 2
+    return DENSE_MATRICES[str(cell["mode"])] * n2 * 4 / 2**30
+
+
+def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: dict[str, object]) -> list[dict]:
+    """Run each cell (and one baseline per shape and mode) in its own process, with a progress bar."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    shapes = sorted({(c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) for c in cells},
+                    key=lambda s: (s[3], str(s[0])))
+    baselines: dict[tuple, float] = {}
+    rows = []
+    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("CPU benchmark", total=len(cells) + len(shapes))
+        for shape in shapes:
+            mode, batch, heads, seq_len, head_dim = shape
+            progress.update(task, description=f"baseline  {mode:<7} N={seq_len}")
+            base = _spawn({"impl": "idle", "mode": mode, "batch": batch, "heads": heads, "seq_len": seq_len,
+                           "head_dim": head_dim}, opts)
+            baselines[shape] = float(base.get("peak_rss_mib", math.nan))
+            progress.advance(task)
+            for cell in (c for c in cells if (c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) == shape):
+                progress.update(task, description=f"{cell['impl']:<9} {mode:<7} N={seq_len}")
+                if cell["impl"] == "dense" and _dense_estimate_gib(cell) > opts.max_dense_gib:
+                    result = {"status": f"skipped: dense needs ~{_dense_estimate_gib(cell):.0f} GiB"}
+                else:
+                    result = _spawn(cell, opts)
+                row = {**cell, "dtype": "float32", **result, "baseline_rss_mib": baselines[shape]}
+                if result["status"] == "ok":
+                    row["added_mib"] = max(0.0, float(row["peak_rss_mib"]) - baselines[shape])
+                    flops = 4 * batch * heads * seq_len**2 * head_dim * FLOP_FACTOR[str(mode)]
+                    row["gflops"] = flops / (float(row["time_ms"]) * 1e-3) / 1e9
+                row.update(cpu=machine["cpu"], torch=machine["torch"], date=machine["date"])
+                rows.append(row)
+                progress.advance(task)
+    return rows
+
+
+def write_results(rows: list[dict], machine: dict[str, object], out: Path, stem: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in row.items()})
+    (out / f"{stem}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
+
+
+def plot(rows: list[dict], out: Path, title: str) -> Path | None:
+    """Peak added memory vs N (log-log, with N and N^2 guide slopes) and time vs N, one line per impl/mode."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return None
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = dict(zip(IMPLS, ("tab:red", "tab:blue", "tab:green", "tab:gray"), strict=True))
+    ns_all = sorted({int(r["seq_len"]) for r in rows})
+    for impl in IMPLS:
+        for mode, style in zip(MODES, ("-", "--"), strict=True):
+            ok = sorted((int(r["seq_len"]), r) for r in rows
+                        if r["impl"] == impl and r["mode"] == mode and r["status"] == "ok")
+            if not ok:
+                continue
+            ns = [n for n, _ in ok]
+            ax_mem.plot(ns, [max(r["added_mib"], 1e-1) for _, r in ok], style, marker="o", color=colors[impl],
+                        label=f"{impl} {mode}")
+            ax_time.plot(ns, [r["time_ms"] for _, r in ok], style, marker="o", color=colors[impl],
+                         label=f"{impl} {mode}")
+    dense = [r for r in rows if r["impl"] == "dense" and r["mode"] == "fwd" and r["status"] == "ok"]
+    if dense and len(ns_all) > 1:
+        n0, m0 = int(dense[0]["seq_len"]), max(dense[0]["added_mib"], 1e-1)
+        ax_mem.plot(ns_all, [m0 * (n / n0) ** 2 for n in ns_all], ":", color="black", lw=1, label="slope 2 (N^2)")
+        ax_mem.plot(ns_all, [m0 / 8 * (n / n0) for n in ns_all], "-.", color="black", lw=1, label="slope 1 (N)")
+    for ax, ylabel in ((ax_mem, "peak memory added (MiB)"), (ax_time, "time per call (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_mem.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = out / "cpu.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="CPU attention, float32 (time: median ms; memory: peak MiB added over baseline)")
+    for col in ("impl", "mode", "B", "H", "N", "D", "time ms", "GFLOP/s", "added MiB", "status"):
+        table.add_column(col, justify="left" if col in ("impl", "mode", "status") else "right")
+    for r in rows:
+        ok = r["status"] == "ok"
+        table.add_row(str(r["impl"]), str(r["mode"]), str(r["batch"]), str(r["heads"]), str(r["seq_len"]),
+                      str(r["head_dim"]), f"{r['time_ms']:.1f}" if ok else "-", f"{r['gflops']:.1f}" if ok else "-",
+                      f"{r['added_mib']:.1f}" if ok else "-", str(r["status"]))
+    Console(width=140).print(table)
+
+
+# ----------------------------------------------------------------------------------------- targets
+
+
+def run_targets(opts: argparse.Namespace, machine: dict[str, object]) -> list[dict]:
+    """The foundation issue's CPU targets: (a) online forward within 2.5x of torch's SDPA and faster than
+    dense at B=1, H=8, N=4096, D=64; (b) online adds <= 1/20 of dense's peak memory in the forward at
+    N=16384 and <= 1/10 in forward+backward at N=8192 (B=1, H=1)."""
+    speed = [dict(impl=i, mode="fwd", batch=1, heads=8, seq_len=4096, head_dim=64) for i in ("online", "sdpa", "dense")]
+    memory = [dict(impl=i, mode=m, batch=1, heads=1, seq_len=n, head_dim=64)
+              for m, n in (("fwd", 16384), ("fwd+bwd", 8192)) for i in ("online", "dense")]
+    rows = measure(speed + memory, opts, machine)
+
+    def get(impl, mode, n, key):
+        row = next(r for r in rows if r["impl"] == impl and r["mode"] == mode and r["seq_len"] == n)
+        return float(row[key]) if row["status"] == "ok" else math.nan
+
+    checks = [
+        ("online fwd time / sdpa fwd time (H=8, N=4096)", get("online", "fwd", 4096, "time_ms")
+         / get("sdpa", "fwd", 4096, "time_ms"), 2.5),
+        ("online fwd time / dense fwd time (H=8, N=4096)", get("online", "fwd", 4096, "time_ms")
+         / get("dense", "fwd", 4096, "time_ms"), 1.0),
+        ("online fwd added memory / dense's (H=1, N=16384)", get("online", "fwd", 16384, "added_mib")
+         / get("dense", "fwd", 16384, "added_mib"), 1 / 20),
+        ("online fwd+bwd added memory / dense's (H=1, N=8192)", get("online", "fwd+bwd", 8192, "added_mib")
+         / get("dense", "fwd+bwd", 8192, "added_mib"), 1 / 10),
+    ]
+    print_table(rows)
+    results = []
+    for name, ratio, limit in checks:
+        met = ratio <= limit if limit != 1.0 else ratio < limit
+        results.append({"target": name, "ratio": ratio, "limit": limit, "met": bool(met)})
+        print(f"{'MET    ' if met else 'NOT MET'}  {name}: {ratio:.4f}  (limit {'<=' if limit != 1.0 else '<'} "
+              f"{limit:.4g})")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "cpu_targets.json").write_text(
+        json.dumps({"machine": machine, "targets": results, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {opts.out / 'cpu_targets.json'}")
+    return results
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (N = 256, 512; H = 2): seconds")
+    p.add_argument("--targets", action="store_true", help="measure the foundation issue's CPU targets only")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "cpu", help="output directory")
+    p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (default 1024 .. 16384)")
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="implementations to measure")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="fwd and/or fwd+bwd")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=None, help="heads H (default 4; 2 with --quick)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--min-time", type=float, default=None,
+                   help="repeat each call until this many seconds are spent (default 2; 0.05 with --quick)")
+    p.add_argument("--max-repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, all cores)")
+    p.add_argument("--max-dense-gib", type=float, default=12.0,
+                   help="skip dense cells whose estimated peak exceeds this (default 12 GiB)")
+    p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is abandoned")
+    p.add_argument("--no-plot", action="store_true")
+    # Internal: one measurement in this process.
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=(*IMPLS, "idle"), help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.heads is None:
+        args.heads = 2 if args.quick else 4
+    if args.min_time is None:
+        args.min_time = 0.05 if args.quick else 2.0
+    if args.sizes is None:
+        args.sizes = [256, 512] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    machine = machine_info()
+    print(f"{machine['cpu']} ({machine['cpu_count']} cores, {machine['ram_gib']} GiB), torch {machine['torch']}, "
+          f"{machine['date']}")
+    if args.targets:
+        run_targets(args, machine)
+        return 0
+    cells = [dict(impl=i, mode=m, batch=args.batch, heads=args.heads, seq_len=n, head_dim=args.head_dim)
+             for n in args.sizes for m in args.modes for i in args.impls]
+    rows = measure(cells, args, machine)
+    write_results(rows, machine, args.out, "cpu")
+    if not args.no_plot:
+        title = (f"CPU attention, float32, B={args.batch} H={args.heads} D={args.head_dim}: {machine['cpu']}, "
+                 f"{machine['cpu_count']} cores, torch {machine['torch']}, {machine['date'][:10]}")
+        path = plot(rows, args.out, title)
+        if path:
+            print(f"wrote {path}")
+    print(f"wrote {args.out / 'cpu.csv'} and {args.out / 'cpu.json'}")
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
