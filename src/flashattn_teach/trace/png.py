@@ -25,7 +25,7 @@ def _cell_colour(replay: Replay, states: list[list[str]], r: int, c: int) -> tup
     return rgb
 
 
-def _grid(ax, replay: Replay, case_index: int) -> None:
+def _grid(ax, replay: Replay, case_index: int, legend: bool) -> None:
     from matplotlib.patches import Patch
 
     states = replay.grid(replay.steps[case_index])
@@ -40,7 +40,7 @@ def _grid(ax, replay: Replay, case_index: int) -> None:
     ax.tick_params(labelsize=7, length=0)
     ax.set_xlabel("key column", fontsize=8)
     ax.set_ylabel("query row", fontsize=8)
-    if case_index == 0:
+    if legend:
         handles = [Patch(facecolor=colour, edgecolor="#888", label=state) for state, colour in LEGEND_COLOURS.items()]
         ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=3, frameon=False)
 
@@ -86,8 +86,8 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
     row_height = max(2.6, 0.14 * n_bars + 0.6)
     fig = Figure(figsize=(10, row_height * len(indices) + 0.6), layout="constrained")
     axes = fig.subplots(len(indices), 2, squeeze=False, width_ratios=(1, 2.4))
-    for (ax_grid, ax_bars), k in zip(axes, indices, strict=True):
-        _grid(ax_grid, replay, k)
+    for row, ((ax_grid, ax_bars), k) in enumerate(zip(axes, indices, strict=True)):
+        _grid(ax_grid, replay, k, legend=row == 0)
         ax_grid.set_title(f"update {k + 1} of {len(replay.steps)}", fontsize=8)
         _bars(ax_bars, experiment["cases"][k], limit)
     fig.suptitle(

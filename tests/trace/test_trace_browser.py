@@ -1,0 +1,95 @@
+"""The HTML page in a real headless Chromium: step with the buttons and arrow keys, compare with the JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flashattn_teach.trace.cli import main
+
+READ_PAGE = """(() => ({
+  counter: document.getElementById("counter").textContent,
+  label: document.getElementById("case-label").textContent,
+  id: document.body.dataset.case,
+  vectors: [...document.querySelectorAll("#vectors .vector")].map(v => ({
+    label: v.querySelector(".label").textContent,
+    values: [...v.querySelectorAll(".value")].map(e => e.textContent)})),
+  metrics: [...document.querySelectorAll("#metrics tr")].map(tr => [tr.cells[0].textContent, tr.cells[1].textContent]),
+  states: Object.fromEntries([...document.querySelectorAll("#grid rect")].map(
+    e => [e.dataset.row + "," + e.dataset.column, e.dataset.state])),
+  prev: document.getElementById("prev").disabled,
+  next: document.getElementById("next").disabled,
+}))()"""
+
+
+def shown(text: str) -> float | None:
+    return None if text == "\u2212\u221e" else float(text)
+
+
+def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
+    assert page["counter"] == f"Tile update {n} of {total}"
+    assert page["label"] == case["label"] and page["id"] == case["id"]
+    assert [v["label"] for v in page["vectors"]] == [v["label"] for v in case["vectors"]]
+    for on_page, vector in zip(page["vectors"], case["vectors"], strict=True):
+        assert len(on_page["values"]) == len(vector["values"])
+        for text, x in zip(on_page["values"], vector["values"], strict=True):
+            if x is None:
+                assert shown(text) is None
+            else:  # four significant digits
+                assert len(text.lstrip("-").replace(".", "").split("e")[0].lstrip("0")) <= 4, text
+                assert math.isclose(shown(text), x, rel_tol=5.01e-4, abs_tol=1e-300), (text, x)
+    assert [label for label, _ in page["metrics"]] == [m["label"] for m in case["metrics"]]
+    assert int(page["metrics"][0][1]) == case["metrics"][0]["value"]
+    assert int(page["metrics"][1][1]) == case["metrics"][1]["value"]
+    assert math.isclose(float(page["metrics"][2][1]), case["metrics"][2]["value"], rel_tol=5.01e-4, abs_tol=1e-300)
+    assert (page["prev"], page["next"]) == (n == 1, n == total)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("seed-query-major", ["--seq-len", "6", "--block-m", "2", "--block-n", "2"]),
+        ("causal-key-major", ["--seq-len", "7", "--block-m", "3", "--block-n", "2", "--query-block", "1", "--causal",
+                              "--order", "key-major"]),
+    ],
+)
+def test_html_page_steps_through_updates_and_shows_the_json_numbers(
+    name, options, browser, tmp_path, artifacts, capsys
+):
+    base = ["--seed", "0", "--dtype", "float64", *options]
+    assert main([*base, "--format", "json", "--extensions"]) == 0
+    experiment = json.loads(capsys.readouterr().out)
+    page_path = tmp_path / "replay.html"
+    assert main([*base, "--format", "html", "--out", str(page_path)]) == 0
+
+    browser.open(page_path)
+    cases, total = experiment["cases"], len(experiment["cases"])
+    assert_page_shows(browser.evaluate(READ_PAGE), cases[0], 1, total)
+    for n in range(2, total + 1):  # forward alternately by button and by key
+        if n % 2:
+            browser.press("ArrowRight")
+        else:
+            browser.click("#next")
+        page = browser.evaluate(READ_PAGE)
+        assert_page_shows(page, cases[n - 1], n, total)
+        tiles = cases[n - 1]["tiles"]
+        s = cases[n - 1]["schedule"]
+        assert page["states"][f"{s['rowStart']},{s['columnStart']}"] == "current"
+        for i, j in tiles["done"]:
+            want = "accumulated" if i == tiles["i"] else "done"
+            assert page["states"][f"{i * experiment['replay']['blockM']},{j * experiment['replay']['blockN']}"] == want
+    for i, j in experiment["replay"]["skipped"]:
+        assert page["states"][f"{i * experiment['replay']['blockM']},{j * experiment['replay']['blockN']}"] == "skipped"
+    browser.screenshot(artifacts / f"replay-{name}.png")
+
+    browser.press("ArrowRight")  # past the end: stays on the last update
+    assert browser.evaluate(READ_PAGE)["counter"] == f"Tile update {total} of {total}"
+    browser.click("#prev")
+    assert_page_shows(browser.evaluate(READ_PAGE), cases[total - 2], total - 1, total)
+    browser.press("ArrowLeft")
+    assert browser.evaluate(READ_PAGE)["counter"] == f"Tile update {max(1, total - 2)} of {total}"
+
+    requests = browser.requested_urls()
+    assert requests and all(url.startswith(("file://", "data:")) for url in requests), requests

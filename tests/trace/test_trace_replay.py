@@ -1,0 +1,140 @@
+"""The replay against the online references (same update, same result) and an independent recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flashattn_teach.reference import dense_attention, keymajor_attention, online_attention
+from flashattn_teach.trace import replay
+
+REFERENCES = {"query-major": online_attention, "key-major": keymajor_attention}
+
+
+@st.composite
+def replay_cases(draw):
+    N_q, N_k = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    block_m, block_n = draw(st.integers(1, 10)), draw(st.integers(1, 10))
+    case = {
+        "N_q": N_q, "N_k": N_k, "D": draw(st.integers(1, 4)), "D_v": draw(st.integers(1, 4)),
+        "block_m": block_m, "block_n": block_n, "query_block": draw(st.integers(0, -(-N_q // block_m) - 1)),
+        "causal": draw(st.booleans()), "causal_align": draw(st.sampled_from(["top_left", "bottom_right"])),
+        "order": draw(st.sampled_from(["query-major", "key-major"])), "seed": draw(st.integers(0, 2**16)),
+    }
+    return case
+
+
+def make(case, dtype=torch.float64):
+    g = torch.Generator().manual_seed(case["seed"])
+    q = torch.randn(1, case["N_q"], case["D"], generator=g, dtype=dtype)
+    k = torch.randn(1, case["N_k"], case["D"], generator=g, dtype=dtype)
+    v = torch.randn(1, case["N_k"], case["D_v"], generator=g, dtype=dtype)
+    return q, k, v
+
+
+def run(case, q, k, v):
+    return replay(q, k, v, block_m=case["block_m"], block_n=case["block_n"], query_block=case["query_block"],
+                  causal=case["causal"], causal_align=case["causal_align"], order=case["order"])
+
+
+@given(replay_cases())
+def test_replay_equals_online_reference_after_last_tile_for_any_tiling(case):
+    q, k, v = make(case)
+    r = run(case, q, k, v)
+    r0, r1 = r.rows
+    O = REFERENCES[case["order"]](q, k, v, causal=case["causal"], causal_align=case["causal_align"],
+                                  block_m=case["block_m"], block_n=case["block_n"])[0, r0:r1]
+    last = r.steps[-1].O_partial if r.steps else torch.zeros_like(O)  # no visible key: O = 0
+    torch.testing.assert_close(last, O, rtol=0, atol=1e-13)
+    assert last.dtype == torch.float64
+    if r.steps:
+        assert r.steps[-1].max_diff < 1e-13
+
+
+def independent(case, q, k, v):
+    """Plain numpy float64: full scores, the causal mask cell by cell, softmax over the columns seen so far."""
+    q, k, v = (t[0].numpy().astype(np.float64) for t in (q, k, v))
+    N_q, N_k = case["N_q"], case["N_k"]
+    S = (q @ k.T) / math.sqrt(q.shape[1])
+    offset = 0 if case["causal_align"] == "top_left" else N_k - N_q
+    visible = np.array([[not case["causal"] or c <= r + offset for c in range(N_k)] for r in range(N_q)])
+    return S, visible
+
+
+@given(replay_cases())
+def test_statistics_match_an_independent_float64_recomputation(case):
+    q, k, v = make(case)
+    r = run(case, q, k, v)
+    S, visible = independent(case, q, k, v)
+    V = v[0].numpy()
+    i, (r0, r1), bm, bn = case["query_block"], r.rows, case["block_m"], case["block_n"]
+    assert (r0, r1) == (i * bm, min((i + 1) * bm, case["N_q"]))
+
+    # Which tiles of block i run: exactly those with a visible cell, in increasing j; the rest are skipped.
+    T_c = -(-case["N_k"] // bn)
+    runs = [j for j in range(T_c) if visible[r0:r1, j * bn:(j + 1) * bn].any()]
+    assert [s.j for s in r.steps] == runs
+    assert sorted(j for i_t, j in r.skipped if i_t == i) == sorted(set(range(T_c)) - set(runs))
+
+    dense = dense_attention(q[0], k[0], v[0], causal=case["causal"], causal_align=case["causal_align"])[r0:r1]
+    for n, step in enumerate(r.steps):
+        c0, c1 = step.cols
+        assert (c0, c1) == (step.j * bn, min((step.j + 1) * bn, case["N_k"]))
+        assert step.completed_columns == c0 and step.index == n and step.i == i and not step.skipped
+        assert step.masked == (not visible[r0:r1, c0:c1].all())
+        np.testing.assert_allclose(step.S_ij.numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf),
+                                   rtol=1e-13, atol=1e-13)
+        seen = np.where(visible[r0:r1, :c1], S[r0:r1, :c1], -np.inf)  # every column up to this tile
+        m = seen.max(axis=1)
+        m_safe = np.where(np.isneginf(m), 0.0, m)
+        P = np.exp(seen - m_safe[:, None])
+        l = P.sum(axis=1)
+        partial = (P @ V[:c1]) / np.where(l == 0, 1.0, l)[:, None]
+        np.testing.assert_array_equal(step.m_i.numpy() == -np.inf, m == -np.inf)
+        np.testing.assert_allclose(step.m_i.numpy(), m, rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(step.l_i.numpy(), l, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(step.O_partial.numpy(), partial, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(step.O_final, dense, rtol=0, atol=0)
+        assert step.max_diff == pytest.approx(float(np.abs(partial - dense.numpy()).max()), abs=1e-12)
+
+
+@given(replay_cases())
+def test_key_major_steps_sit_in_algorithm_1_order(case):
+    case = {**case, "order": "key-major"}
+    r = run(case, *make(case))
+    # Alg. 1: key blocks outside, query blocks inside; every computed tile exactly once.
+    assert list(r.schedule) == sorted(r.schedule, key=lambda t: (t[1], t[0]))
+    assert len(set(r.schedule)) == len(r.schedule)
+    for step in r.steps:
+        assert r.schedule[step.position] == (step.i, step.j)
+        assert set(step.done) == {t for t in r.schedule if (t[1], t[0]) < (step.j, step.i)}
+
+
+def test_float32_inputs_replay_in_float32_and_batch_index_picks_the_element():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 5, 4) for _ in range(3))
+    r = replay(q, k, v, block_m=2, block_n=3, query_block=1, batch_index=2)
+    assert r.steps[-1].O_partial.dtype == torch.float32
+    O = online_attention(q[2], k[2], v[2], block_m=2, block_n=3)
+    torch.testing.assert_close(r.steps[-1].O_partial, O[2:4])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"query_block": 3}, ValueError),
+        ({"order": "diagonal"}, ValueError),
+        ({"block_m": 0}, ValueError),
+        ({"batch_index": 2}, ValueError),
+        ({"causal_align": "middle"}, ValueError),
+    ],
+)
+def test_bad_arguments_raise_a_named_error(kwargs, error):
+    q = torch.randn(2, 6, 4, dtype=torch.float64)
+    with pytest.raises(error):
+        replay(q, q, q, **{"block_m": 2, "block_n": 2, **kwargs})
