@@ -1,0 +1,44 @@
+"""Every shipped kernel configuration compiles for sm_90 and sm_80 within the hardware's limits.
+
+Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
+process has set. Both architectures compile at once, one subprocess each. The checks live in
+``flashattn_teach.triton.inspect``: no spilled bytes, at most 255 registers, shared memory within 228 KB
+(sm_90) or 164 KB (sm_80), and HGMMA for the forward and backward matmuls on sm_90 in fp16 and bf16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashattn_teach.triton.configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, subprocess.Popen]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return {
+        arch: subprocess.Popen([sys.executable, "-m", "flashattn_teach.triton.inspect", "--arch", arch],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for arch in ARCHS
+    }
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_shipped_kernel_compiles_without_spills_within_limits(arch: str, reports) -> None:
+    out, err = reports[arch].communicate(timeout=900)
+    assert reports[arch].returncode == 0, f"{out}\n{err[-3000:]}"
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert len(rows) == len(KERNELS) * len(DTYPES) * len(HEAD_DIMS)
+    assert all(row[-1] == "ok" for row in rows), out
+    if arch == "sm90":
+        for kernel in ("forward", "backward_dkdv", "backward_dq"):
+            for dtype in ("float16", "bfloat16"):
+                mma = {row[10] for row in rows if row[0] == kernel and row[1] == dtype}
+                assert mma == {"HGMMA"}, out
