@@ -34,7 +34,7 @@ def check_backward(c: Case, with_dlse: bool = False) -> None:
     got = grads(c, q, k, v, dO, dlse)
     want = grads(c, q.double().cpu(), k.double().cpu(), v.double().cpu(), dO.double().cpu(),
                  None if dlse is None else dlse.double().cpu(), triton=False)
-    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert a.dtype == c.dtype and a.shape == b.shape
         assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
 
@@ -78,4 +78,4 @@ def test_backward_is_bitwise_deterministic() -> None:
     q, k, v = c.tensors()
     dO = torch.randn(2, 2, 49, 32).to(DEVICE, torch.float16)
     first, second = grads(c, q, k, v, dO), grads(c, q, k, v, dO)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))

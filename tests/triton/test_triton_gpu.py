@@ -42,7 +42,7 @@ def test_error_at_most_twice_plain_pytorch(dtype: torch.dtype, D: int, causal: b
     low = [t.to(dtype) for t in (q, k, v, dO)]
     pt = run(lambda *a: plain_attention(*a, causal), *low)
     ours = run(lambda *a: triton_attention(*a, causal=causal), *low)
-    for name, r, p, o in zip(("O", "dq", "dk", "dv"), ref, pt, ours):
+    for name, r, p, o in zip(("O", "dq", "dk", "dv"), ref, pt, ours, strict=True):
         err_ours = (o.float() - r).abs().max().item()
         err_pt = (p.float() - r).abs().max().item()
         assert err_ours <= 2 * err_pt + 1e-4, f"{name}: {err_ours:.3g} > 2 x {err_pt:.3g}"
@@ -56,7 +56,7 @@ def test_backward_is_bitwise_deterministic_on_gpu(dtype: torch.dtype) -> None:
     dO = torch.randn_like(q)
     fn = lambda *a: triton_attention(*a, causal=True, enable_gqa=True)  # noqa: E731
     first, second = run(fn, q, k, v, dO), run(fn, q, k, v, dO)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 def test_peak_memory_grows_linearly_in_sequence_length() -> None:
