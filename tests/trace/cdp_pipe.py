@@ -18,10 +18,21 @@ import time
 from pathlib import Path
 
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--mute-audio", "--host-resolver-rules=MAP * ~NOTFOUND",
-    "--proxy-server=127.0.0.1:9", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--disable-dev-shm-usage",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=127.0.0.1:9",
+    "--remote-debugging-pipe",
 )
 
 
@@ -47,8 +58,11 @@ class Browser:
 
         self.proc = subprocess.Popen(
             [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=place_fds, pass_fds=(3, 4),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=place_fds,
+            pass_fds=(3, 4),
         )
         for fd in {to_browser_r, from_browser_w, child_r, child_w}:
             os.close(fd)
@@ -97,8 +111,10 @@ class Browser:
     def open(self, path: Path, width: int = 1200, height: int = 900) -> None:
         for domain in ("Page.enable", "Network.enable", "Runtime.enable"):
             self.call(domain)
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         self.call("Page.navigate", {"url": path.resolve().as_uri()})
         self.wait_for("Page.loadEventFired")
 
@@ -115,14 +131,16 @@ class Browser:
             " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
         )
         for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent",
-                      {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1})
+            self.call(
+                "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
+            )
 
     def press(self, key: str) -> None:
         codes = {"ArrowLeft": 37, "ArrowRight": 39}
         for kind in ("keyDown", "keyUp"):
-            self.call("Input.dispatchKeyEvent",
-                      {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]})
+            self.call(
+                "Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
+            )
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]

@@ -21,8 +21,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_json_replays_the_recorded_recipe(capsys):
-    assert run(parse("--seed", "3", "--batch", "2", "--seq-len", "5", "--head-dim", "3", "--block-m", "2",
-                     "--block-n", "3", "--query-block", "1", "--format", "json")) == 0
+    argv = "--seed 3 --batch 2 --seq-len 5 --head-dim 3 --block-m 2 --block-n 3 --query-block 1 --format json"
+    assert run(parse(*argv.split())) == 0
     torch.manual_seed(3)
     q, k, v = (torch.randn(2, 5, 3, dtype=torch.float64) for _ in range(3))  # q, k, v in this order
     expected = replay(q, k, v, block_m=2, block_n=3, query_block=1).to_experiment()

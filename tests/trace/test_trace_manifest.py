@@ -10,8 +10,6 @@ import torch
 from flashattn_teach.trace import replay
 from flashattn_teach.trace.manifest import schema
 
-jsonschema = pytest.importorskip("jsonschema")
-
 
 def seed_replay(**kwargs):
     torch.manual_seed(0)
@@ -20,6 +18,7 @@ def seed_replay(**kwargs):
 
 
 def validate(experiment: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator.check_schema(schema())
     jsonschema.Draft202012Validator(schema()).validate(experiment)
 
@@ -38,16 +37,27 @@ def test_seed_example_has_the_seed_manifest_fields_and_labels():
         "Query rows 0\u20131 \u00b7 key columns 4\u20135",
     ]
     first = experiment["cases"][0]
-    assert first["schedule"] == {"rows": 6, "columns": 6, "rowStart": 0, "rowCount": 2, "columnStart": 0,
-                                 "columnCount": 2, "completedColumns": 0}
+    assert first["schedule"] == {
+        "rows": 6,
+        "columns": 6,
+        "rowStart": 0,
+        "rowCount": 2,
+        "columnStart": 0,
+        "columnCount": 2,
+        "completedColumns": 0,
+    }
     assert [c["schedule"]["completedColumns"] for c in experiment["cases"]] == [0, 2, 4]
     assert [v["label"] for v in first["vectors"]] == [
-        "Current score tile \u00b7 row-major", "Running row maximum", "Running denominator",
-        "Partial output \u00b7 query 0", "Final dense output \u00b7 query 0",
+        "Current score tile \u00b7 row-major",
+        "Running row maximum",
+        "Running denominator",
+        "Partial output \u00b7 query 0",
+        "Final dense output \u00b7 query 0",
     ]
     assert [len(v["values"]) for v in first["vectors"]] == [4, 2, 2, 4, 4]
     assert [m["label"] for m in first["metrics"]] == [
-        "Score elements in current tile", "Elements in a full score matrix",
+        "Score elements in current tile",
+        "Elements in a full score matrix",
         "Max difference from final output \u00b7 rows 0\u20131",
     ]
     assert [m["value"] for m in first["metrics"][:2]] == [4, 36]
@@ -84,6 +94,7 @@ def test_causal_json_is_strict_and_validates_against_the_schema(order, extension
 
 
 def test_schema_rejects_a_label_with_a_hyphen_instead_of_an_en_dash():
+    jsonschema = pytest.importorskip("jsonschema")
     experiment = seed_replay().to_experiment()
     experiment["cases"][0]["label"] = "Query rows 0-1 \u00b7 key columns 0-1"
     with pytest.raises(jsonschema.ValidationError):

@@ -21,10 +21,17 @@ def replay_cases(draw):
     N_q, N_k = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     block_m, block_n = draw(st.integers(1, 10)), draw(st.integers(1, 10))
     case = {
-        "N_q": N_q, "N_k": N_k, "D": draw(st.integers(1, 4)), "D_v": draw(st.integers(1, 4)),
-        "block_m": block_m, "block_n": block_n, "query_block": draw(st.integers(0, -(-N_q // block_m) - 1)),
-        "causal": draw(st.booleans()), "causal_align": draw(st.sampled_from(["top_left", "bottom_right"])),
-        "order": draw(st.sampled_from(["query-major", "key-major"])), "seed": draw(st.integers(0, 2**16)),
+        "N_q": N_q,
+        "N_k": N_k,
+        "D": draw(st.integers(1, 4)),
+        "D_v": draw(st.integers(1, 4)),
+        "block_m": block_m,
+        "block_n": block_n,
+        "query_block": draw(st.integers(0, -(-N_q // block_m) - 1)),
+        "causal": draw(st.booleans()),
+        "causal_align": draw(st.sampled_from(["top_left", "bottom_right"])),
+        "order": draw(st.sampled_from(["query-major", "key-major"])),
+        "seed": draw(st.integers(0, 2**16)),
     }
     return case
 
@@ -38,8 +45,17 @@ def make(case, dtype=torch.float64):
 
 
 def run(case, q, k, v):
-    return replay(q, k, v, block_m=case["block_m"], block_n=case["block_n"], query_block=case["query_block"],
-                  causal=case["causal"], causal_align=case["causal_align"], order=case["order"])
+    return replay(
+        q,
+        k,
+        v,
+        block_m=case["block_m"],
+        block_n=case["block_n"],
+        query_block=case["query_block"],
+        causal=case["causal"],
+        causal_align=case["causal_align"],
+        order=case["order"],
+    )
 
 
 @given(replay_cases())
@@ -47,8 +63,15 @@ def test_replay_equals_online_reference_after_last_tile_for_any_tiling(case):
     q, k, v = make(case)
     r = run(case, q, k, v)
     r0, r1 = r.rows
-    O = REFERENCES[case["order"]](q, k, v, causal=case["causal"], causal_align=case["causal_align"],
-                                  block_m=case["block_m"], block_n=case["block_n"])[0, r0:r1]
+    O = REFERENCES[case["order"]](
+        q,
+        k,
+        v,
+        causal=case["causal"],
+        causal_align=case["causal_align"],
+        block_m=case["block_m"],
+        block_n=case["block_n"],
+    )[0, r0:r1]
     last = r.steps[-1].O_partial if r.steps else torch.zeros_like(O)  # no visible key: O = 0
     torch.testing.assert_close(last, O, rtol=0, atol=1e-13)
     assert last.dtype == torch.float64
@@ -77,7 +100,7 @@ def test_statistics_match_an_independent_float64_recomputation(case):
 
     # Which tiles of block i run: exactly those with a visible cell, in increasing j; the rest are skipped.
     T_c = -(-case["N_k"] // bn)
-    runs = [j for j in range(T_c) if visible[r0:r1, j * bn:(j + 1) * bn].any()]
+    runs = [j for j in range(T_c) if visible[r0:r1, j * bn : (j + 1) * bn].any()]
     assert [s.j for s in r.steps] == runs
     assert sorted(j for i_t, j in r.skipped if i_t == i) == sorted(set(range(T_c)) - set(runs))
 
@@ -87,8 +110,9 @@ def test_statistics_match_an_independent_float64_recomputation(case):
         assert (c0, c1) == (step.j * bn, min((step.j + 1) * bn, case["N_k"]))
         assert step.completed_columns == c0 and step.index == n and step.i == i and not step.skipped
         assert step.masked == (not visible[r0:r1, c0:c1].all())
-        np.testing.assert_allclose(step.S_ij.numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf),
-                                   rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(
+            step.S_ij.numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf), rtol=1e-13, atol=1e-13
+        )
         seen = np.where(visible[r0:r1, :c1], S[r0:r1, :c1], -np.inf)  # every column up to this tile
         m = seen.max(axis=1)
         m_safe = np.where(np.isneginf(m), 0.0, m)

@@ -33,14 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action="store_true", help="causal masking; tiles above the diagonal are skipped")
     parser.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
     parser.add_argument("--scale", type=float, default=None, help="softmax scale (default 1/sqrt(D))")
-    parser.add_argument("--order", choices=ORDERS, default="query-major",
-                        help="query-major (FlashAttention-2) or key-major (FlashAttention Alg. 1)")
+    parser.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="query-major",
+        help="query-major (FlashAttention-2) or key-major (FlashAttention Alg. 1)",
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    parser.add_argument("--extensions", action="store_true",
-                        help="json: add the skipped tiles and the schedule to the seed format")
+    parser.add_argument(
+        "--extensions", action="store_true", help="json: add the skipped tiles and the schedule to the seed format"
+    )
     parser.add_argument("--step", type=int, default=None, help="png: draw only this tile update (1-based)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output file (default stdout; required for png)")
+    parser.add_argument("--out", type=Path, default=None, help="output file (default stdout; required for png)")
 
 
 def make_inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,8 +65,17 @@ def run(args: argparse.Namespace) -> int:
     q, k, v = make_inputs(args)
     try:
         r = replay(
-            q, k, v, block_m=args.block_m, block_n=args.block_n, query_block=args.query_block, causal=args.causal,
-            causal_align=args.causal_align, scale=args.scale, order=args.order, batch_index=args.batch_index,
+            q,
+            k,
+            v,
+            block_m=args.block_m,
+            block_n=args.block_n,
+            query_block=args.query_block,
+            causal=args.causal,
+            causal_align=args.causal_align,
+            scale=args.scale,
+            order=args.order,
+            batch_index=args.batch_index,
         )
         if args.format == "png":
             from .png import render_png

@@ -162,8 +162,13 @@ document.addEventListener("keydown", e => {
 show(0);
 """
 
-LEGEND_COLOURS = {"current": "#f4b400", "accumulated": "#4caf50", "done": "#9ecae1", "skipped": "#c9c9c9",
-                  "pending": "#fff"}
+LEGEND_COLOURS = {
+    "current": "#f4b400",
+    "accumulated": "#4caf50",
+    "done": "#9ecae1",
+    "skipped": "#c9c9c9",
+    "pending": "#fff",
+}
 
 TEMPLATE = """<!doctype html>
 <html lang="en">

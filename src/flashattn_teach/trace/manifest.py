@@ -44,8 +44,13 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict:
         "id": f"tile-{step.index + 1}",
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
-            "rows": replay.N_q, "columns": replay.N_k, "rowStart": r0, "rowCount": r1 - r0,
-            "columnStart": c0, "columnCount": c1 - c0, "completedColumns": step.completed_columns,
+            "rows": replay.N_q,
+            "columns": replay.N_k,
+            "rowStart": r0,
+            "rowCount": r1 - r0,
+            "columnStart": c0,
+            "columnCount": c1 - c0,
+            "completedColumns": step.completed_columns,
         },
         "vectors": [
             {"label": "Current score tile · row-major", "values": _values(step.S_ij)},
@@ -62,7 +67,10 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict:
     }
     if extensions:
         case["tiles"] = {
-            "i": step.i, "j": step.j, "kind": step.kind.value, "position": step.position + 1,
+            "i": step.i,
+            "j": step.j,
+            "kind": step.kind.value,
+            "position": step.position + 1,
             "done": [list(t) for t in step.done],
         }
     return case
@@ -78,18 +86,23 @@ def to_experiment(replay: Replay, *, extensions: bool = False) -> dict:
     }
     if extensions:
         experiment["replay"] = {
-            "order": replay.order, "causal": replay.causal, "causalAlign": replay.causal_align,
-            "diagonalOffset": replay.diagonal_offset, "scale": replay.scale,
-            "blockM": replay.block_m, "blockN": replay.block_n, "queryBlock": replay.query_block,
-            "scheduleLength": len(replay.schedule), "skipped": [list(t) for t in replay.skipped],
+            "order": replay.order,
+            "causal": replay.causal,
+            "causalAlign": replay.causal_align,
+            "diagonalOffset": replay.diagonal_offset,
+            "scale": replay.scale,
+            "blockM": replay.block_m,
+            "blockN": replay.block_n,
+            "queryBlock": replay.query_block,
+            "scheduleLength": len(replay.schedule),
+            "skipped": [list(t) for t in replay.skipped],
         }
     return experiment
 
 
 def to_json(replay: Replay, *, extensions: bool = False, indent: int | None = 2) -> str:
     """``to_experiment`` as strict JSON: ``allow_nan=False`` guarantees no ``Infinity``/``NaN`` tokens."""
-    return json.dumps(to_experiment(replay, extensions=extensions), indent=indent, ensure_ascii=False,
-                      allow_nan=False)
+    return json.dumps(to_experiment(replay, extensions=extensions), indent=indent, ensure_ascii=False, allow_nan=False)
 
 
 def schema() -> dict:

@@ -80,8 +80,10 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
         default=1.0,
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
-    n_bars = len(experiment["cases"][0]["vectors"][0]["values"]) + 2 * (replay.rows[1] - replay.rows[0]) + 2 * len(
-        experiment["cases"][0]["vectors"][3]["values"]
+    n_bars = (
+        len(experiment["cases"][0]["vectors"][0]["values"])
+        + 2 * (replay.rows[1] - replay.rows[0])
+        + 2 * len(experiment["cases"][0]["vectors"][3]["values"])
     )
     row_height = max(2.6, 0.14 * n_bars + 0.6)
     fig = Figure(figsize=(10, row_height * len(indices) + 0.6), layout="constrained")

@@ -229,17 +229,37 @@ def replay(
         O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
         steps.append(
             TileStep(
-                index=len(steps), i=i, j=j, rows=(r0, r1), cols=(c0, c1), completed_columns=c0,
+                index=len(steps),
+                i=i,
+                j=j,
+                rows=(r0, r1),
+                cols=(c0, c1),
+                completed_columns=c0,
                 kind=tile_kind(r0, r1, c0, c1, offset) if causal else TileKind.FULL,
-                S_ij=S_ij, m_i=m_i, l_i=l_i, O_partial=O_partial, O_final=O_final,
+                S_ij=S_ij,
+                m_i=m_i,
+                l_i=l_i,
+                O_partial=O_partial,
+                O_final=O_final,
                 max_diff=float((O_partial - O_final).abs().max()) if r1 > r0 else 0.0,
-                position=position, done=order_tiles[:position],
+                position=position,
+                done=order_tiles[:position],
             )
         )
     T_c = -(-N_k // block_n)
     computed = set(order_tiles)
     return Replay(
-        steps=tuple(steps), query_block=i, rows=(r0, r1), N_q=N_q, N_k=N_k, block_m=block_m, block_n=block_n,
-        causal=causal, causal_align=causal_align, order=order, scale=s.scale, schedule=order_tiles,
+        steps=tuple(steps),
+        query_block=i,
+        rows=(r0, r1),
+        N_q=N_q,
+        N_k=N_k,
+        block_m=block_m,
+        block_n=block_n,
+        causal=causal,
+        causal_align=causal_align,
+        order=order,
+        scale=s.scale,
+        schedule=order_tiles,
         skipped=tuple((i_t, j) for i_t in range(T_r) for j in range(T_c) if (i_t, j) not in computed),
     )

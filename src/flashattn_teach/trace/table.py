@@ -51,8 +51,12 @@ def _stats(step: TileStep):
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
         table.add_row(
-            str(r0 + r), _row(step.S_ij[r]), _fmt(float(step.m_i[r])), _fmt(float(step.l_i[r])),
-            _row(step.O_partial[r]), _row(step.O_final[r]),
+            str(r0 + r),
+            _row(step.S_ij[r]),
+            _fmt(float(step.m_i[r])),
+            _fmt(float(step.l_i[r])),
+            _row(step.O_partial[r]),
+            _row(step.O_final[r]),
         )
     return table
 
