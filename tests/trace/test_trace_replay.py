@@ -162,3 +162,11 @@ def test_bad_arguments_raise_a_named_error(kwargs, error):
     q = torch.randn(2, 6, 4, dtype=torch.float64)
     with pytest.raises(error):
         replay(q, q, q, **{"block_m": 2, "block_n": 2, **kwargs})
+
+
+def test_batch_sizes_that_do_not_broadcast_are_named_as_batch_sizes():
+    q, k = torch.randn(2, 6, 4), torch.randn(3, 6, 4)
+    with pytest.raises(ValueError, match="batch sizes"):
+        replay(q, k, k, block_m=2, block_n=2)
+    with pytest.raises(TypeError, match="query"):
+        replay([[1.0]], k, k, block_m=2, block_n=2)

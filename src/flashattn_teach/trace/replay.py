@@ -156,16 +156,10 @@ def schedule(
 
 
 def _pick(t: Tensor, name: str, batch_index: int) -> Tensor:
-    """``(N, D)`` or ``(B, N, D)`` -> the ``(N, D)`` matrix of batch element ``batch_index``."""
-    if t.dim() == 2:
-        return t
-    if t.dim() != 3:
+    """``(N, D)`` or ``(B, N, D)`` -> the ``(N, D)`` matrix of batch element ``batch_index`` (size 1 broadcasts)."""
+    if t.dim() not in (2, 3):
         raise ValueError(f"{name} must have shape (N, D) or (B, N, D), got {tuple(t.shape)}")
-    if t.shape[0] == 1:
-        return t[0]
-    if not 0 <= batch_index < t.shape[0]:
-        raise ValueError(f"batch_index must be in [0, {t.shape[0]}), got {batch_index} for {name} {tuple(t.shape)}")
-    return t[batch_index]
+    return t if t.dim() == 2 else t[0 if t.shape[0] == 1 else batch_index]
 
 
 def replay(
@@ -197,10 +191,21 @@ def replay(
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
         references do), one :class:`TileStep` per computed tile of the block.
     """
+    # validate_inputs reads (B, N, D) as (H, N, D); name the batch here so a mismatch reads as one.
+    sizes = {
+        name: t.shape[0]
+        for t, name in ((q, "query"), (k, "key"), (v, "value"))
+        if isinstance(t, Tensor) and t.dim() == 3
+    }
+    B = max(sizes.values(), default=1)
+    if any(b not in (1, B) for b in sizes.values()):
+        raise ValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
     s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if isinstance(batch_index, bool) or not isinstance(batch_index, int) or not 0 <= batch_index < B:
+        raise ValueError(f"batch_index must be an int in [0, {B}) for batch size B={B}, got {batch_index!r}")
     dt = compute_dtype(q.dtype)
     q2, k2, v2 = (_pick(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k, D_v = q2.shape[0], k2.shape[0], v2.shape[-1]
@@ -241,7 +246,7 @@ def replay(
                 l_i=l_i,
                 O_partial=O_partial,
                 O_final=O_final,
-                max_diff=float((O_partial - O_final).abs().max()) if r1 > r0 else 0.0,
+                max_diff=float((O_partial - O_final).abs().max()),
                 position=position,
                 done=order_tiles[:position],
             )
