@@ -13,6 +13,9 @@ import sys
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
+    "replay": ("flashattn_teach.trace.cli", "replay one query block's tile updates: table, JSON, HTML or PNG"),
+    "kernels": ("flashattn_teach.triton.inspect", "compile the Triton kernels ahead of time and report resources"),
+    "iomodel": ("flashattn_teach.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
 }
 
 

@@ -40,8 +40,8 @@ def init_state(rows: tuple[int, ...], D_v: int, *, dtype: torch.dtype, device: t
 
 def score_tile(q_i: Tensor, k_j: Tensor, scale: float, allowed: Tensor | None = None) -> Tensor:
     """``S_ij = scale * Q_i K_j^T``, with ``-inf`` where ``allowed`` (bool, broadcastable) is False."""
-    S_ij = torch.matmul(q_i, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
-    S_ij.mul_(scale)
+    # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.
+    S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
     if allowed is not None:
         S_ij.masked_fill_(~allowed, NEG_INF)
     return S_ij
@@ -56,7 +56,7 @@ def update(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> 
     # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
     m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
     alpha = torch.exp(m_i - m_safe)  # (..., Br); 0 on the first visible tile since m_i = -inf
-    P_ij = torch.exp(S_ij - m_safe.unsqueeze(-1))  # (..., Br, Bc)
+    P_ij = (S_ij - m_safe.unsqueeze(-1)).exp_()  # (..., Br, Bc)
     l_new = alpha * l_i + P_ij.sum(dim=-1)
     acc = torch.matmul(P_ij, v_j).add_(acc * alpha.unsqueeze(-1))  # (..., Br, Bc) @ (..., Bc, D_v)
     return m_new, l_new, acc
