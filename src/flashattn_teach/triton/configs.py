@@ -47,7 +47,7 @@ class AttentionConfig:
     forward: KernelConfig
     backward_dkdv: KernelConfig
     backward_dq: KernelConfig
-    backward_preprocess: KernelConfig = KernelConfig(64, 0, 4, 1)
+    backward_preprocess: KernelConfig = KernelConfig(32, 0, 4, 1)
 
     @classmethod
     def uniform(cls, block_m: int, block_n: int, num_warps: int = 4, num_stages: int = 1) -> AttentionConfig:

@@ -4,7 +4,8 @@ No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTa
 (Hopper) or ``("cuda", 80, 32)`` (Ampere), and ``cuobjdump`` from the triton wheel reads it back:
 
     registers   per thread (at most 255)
-    spills      local memory per thread in bytes; nonzero means registers ran out
+    spills      stack plus local memory per thread in bytes (where ptxas puts registers that do not
+                fit; the SASS then holds STL/LDL); nonzero means registers ran out
     smem        shared memory per program (228 KB limit on sm_90, 164 KB on sm_80)
     mma         the tensor-core instruction in the SASS: HGMMA (warpgroup MMA, sm_90), HMMA (sm_80),
                 or none (fp32 "ieee" dots run on CUDA cores)
@@ -61,7 +62,8 @@ class CompileReport:
         """Why this kernel fails the compile checks; empty if it passes."""
         out = []
         if self.spill_bytes:
-            out.append(f"{self.spill_bytes} bytes spilled to local memory")
+            out.append("spills to local memory" if self.spill_bytes < 0 else
+                       f"{self.spill_bytes} bytes spilled to local memory")
         if self.registers > MAX_REGISTERS:
             out.append(f"{self.registers} registers > {MAX_REGISTERS}")
         if self.smem_bytes > SMEM_LIMIT[self.arch]:
@@ -134,7 +136,9 @@ def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: K
         res = subprocess.run([_cuobjdump(), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
         sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True)
     registers = int(re.search(r"REG:(\d+)", res.stdout).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", res.stdout).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", res.stdout).group(1)) + int(re.search(r"STACK:(\d+)", res.stdout).group(1))
+    if local == 0 and re.search(r"\b(STL|LDL)\b", sass.stdout):
+        local = -1  # local-memory traffic of unknown size
     static_smem = int(re.search(r"SHARED:(\d+)", res.stdout).group(1))
     mma = "HGMMA" if "HGMMA" in sass.stdout else "HMMA" if "HMMA" in sass.stdout else "none"
     return CompileReport(kernel=name, arch=arch, dtype=dtype, head_dim=head_dim, config=c, registers=registers,
