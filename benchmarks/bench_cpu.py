@@ -172,6 +172,21 @@ def write_results(rows: list[dict], machine: dict[str, object], out: Path, stem:
     (out / f"{stem}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
 
 
+def write_summary(rows: list[dict], machine: dict[str, object], path: Path, extra: str = "") -> None:
+    """A markdown table of the run, with its machine, ready to paste into benchmarks/README.md."""
+    lines = [f"{machine['cpu']}, {machine['cpu_count']} cores, {machine['ram_gib']} GiB RAM; torch {machine['torch']}, "
+             f"Python {machine['python']}; commit {machine['flashattn_teach_commit']}; {machine['date']}.", "",
+             "| impl | mode | B | H | N | D | time (ms) | GFLOP/s | added memory (MiB) | status |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for r in rows:
+        ok = r["status"] == "ok"
+        cells = [r["impl"], r["mode"], r["batch"], r["heads"], r["seq_len"], r["head_dim"],
+                 f"{r['time_ms']:.1f}" if ok else "-", f"{r['gflops']:.1f}" if ok else "-",
+                 f"{r['added_mib']:.1f}" if ok else "-", r["status"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    path.write_text("\n".join(lines) + "\n" + (f"\n{extra}\n" if extra else ""))
+
+
 def plot(rows: list[dict], out: Path, title: str) -> Path | None:
     """Peak added memory vs N (log-log, with N and N^2 guide slopes) and time vs N, one line per impl/mode."""
     try:
@@ -234,40 +249,46 @@ def print_table(rows: list[dict]) -> None:
 # ----------------------------------------------------------------------------------------- targets
 
 
-def run_targets(opts: argparse.Namespace, machine: dict[str, object]) -> list[dict]:
-    """The foundation issue's CPU targets: (a) online forward within 2.5x of torch's SDPA and faster than
-    dense at B=1, H=8, N=4096, D=64; (b) online adds <= 1/20 of dense's peak memory in the forward at
-    N=16384 and <= 1/10 in forward+backward at N=8192 (B=1, H=1)."""
-    speed = [dict(impl=i, mode="fwd", batch=1, heads=8, seq_len=4096, head_dim=64) for i in ("online", "sdpa", "dense")]
+TARGET_SIZES = {"speed_heads": 8, "speed_n": 4096, "memory_fwd_n": 16384, "memory_fwdbwd_n": 8192}
+
+
+def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dict[str, int] = TARGET_SIZES) -> list:
+    """The foundation issue's CPU targets (D = 64, float32, B = 1): (a) online forward at most 2.5x torch's
+    SDPA and faster than dense (H = 8, N = 4096); (b) online adds at most 1/20 of dense's peak memory in the
+    forward at N = 16384 and at most 1/10 in forward+backward at N = 8192 (H = 1)."""
+    hs, ns, nf, nfb = sizes["speed_heads"], sizes["speed_n"], sizes["memory_fwd_n"], sizes["memory_fwdbwd_n"]
+    speed = [dict(impl=i, mode="fwd", batch=1, heads=hs, seq_len=ns, head_dim=64) for i in ("online", "sdpa", "dense")]
     memory = [dict(impl=i, mode=m, batch=1, heads=1, seq_len=n, head_dim=64)
-              for m, n in (("fwd", 16384), ("fwd+bwd", 8192)) for i in ("online", "dense")]
+              for m, n in (("fwd", nf), ("fwd+bwd", nfb)) for i in ("online", "dense")]
     rows = measure(speed + memory, opts, machine)
 
-    def get(impl, mode, n, key):
-        row = next(r for r in rows if r["impl"] == impl and r["mode"] == mode and r["seq_len"] == n)
-        return float(row[key]) if row["status"] == "ok" else math.nan
+    def ratio(mode: str, n: int, key: str, other: str) -> float:
+        def get(impl: str) -> float:
+            row = next(r for r in rows if r["impl"] == impl and r["mode"] == mode and r["seq_len"] == n)
+            return float(row[key]) if row["status"] == "ok" else math.nan
 
-    checks = [
-        ("online fwd time / sdpa fwd time (H=8, N=4096)", get("online", "fwd", 4096, "time_ms")
-         / get("sdpa", "fwd", 4096, "time_ms"), 2.5),
-        ("online fwd time / dense fwd time (H=8, N=4096)", get("online", "fwd", 4096, "time_ms")
-         / get("dense", "fwd", 4096, "time_ms"), 1.0),
-        ("online fwd added memory / dense's (H=1, N=16384)", get("online", "fwd", 16384, "added_mib")
-         / get("dense", "fwd", 16384, "added_mib"), 1 / 20),
-        ("online fwd+bwd added memory / dense's (H=1, N=8192)", get("online", "fwd+bwd", 8192, "added_mib")
-         / get("dense", "fwd+bwd", 8192, "added_mib"), 1 / 10),
+        return get("online") / get(other)
+
+    checks = [  # (what, measured ratio, bound, inclusive)
+        (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "sdpa"), 2.5, True),
+        (f"online / dense, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "dense"), 1.0, False),
+        (f"online / dense, fwd added memory (H=1, N={nf})", ratio("fwd", nf, "added_mib", "dense"), 1 / 20, True),
+        (f"online / dense, fwd+bwd added memory (H=1, N={nfb})", ratio("fwd+bwd", nfb, "added_mib", "dense"),
+         1 / 10, True),
     ]
     print_table(rows)
-    results = []
-    for name, ratio, limit in checks:
-        met = ratio <= limit if limit != 1.0 else ratio < limit
-        results.append({"target": name, "ratio": ratio, "limit": limit, "met": bool(met)})
-        print(f"{'MET    ' if met else 'NOT MET'}  {name}: {ratio:.4f}  (limit {'<=' if limit != 1.0 else '<'} "
-              f"{limit:.4g})")
+    results, lines = [], ["| target | ratio | bound | met |", "|---|--:|--:|---|"]
+    for name, value, limit, inclusive in checks:
+        met = value <= limit if inclusive else value < limit  # False for NaN (a cell that did not run)
+        bound = f"{'<=' if inclusive else '<'} {limit:.4g}"
+        results.append({"target": name, "ratio": value, "bound": bound, "met": bool(met)})
+        lines.append(f"| {name} | {value:.4f} | {bound} | {'yes' if met else 'NO'} |")
+        print(f"{'MET    ' if met else 'NOT MET'}  {name}: {value:.4f}  (bound {bound})")
     opts.out.mkdir(parents=True, exist_ok=True)
+    write_summary(rows, machine, opts.out / "targets.md", extra="\n".join(lines))
     (opts.out / "cpu_targets.json").write_text(
         json.dumps({"machine": machine, "targets": results, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {opts.out / 'cpu_targets.json'}")
+    print(f"wrote {opts.out / 'cpu_targets.json'} and {opts.out / 'targets.md'}")
     return results
 
 
@@ -323,13 +344,14 @@ def main(argv: list[str] | None = None) -> int:
              for n in args.sizes for m in args.modes for i in args.impls]
     rows = measure(cells, args, machine)
     write_results(rows, machine, args.out, "cpu")
+    write_summary(rows, machine, args.out / "summary.md")
     if not args.no_plot:
         title = (f"CPU attention, float32, B={args.batch} H={args.heads} D={args.head_dim}: {machine['cpu']}, "
                  f"{machine['cpu_count']} cores, torch {machine['torch']}, {machine['date'][:10]}")
         path = plot(rows, args.out, title)
         if path:
             print(f"wrote {path}")
-    print(f"wrote {args.out / 'cpu.csv'} and {args.out / 'cpu.json'}")
+    print(f"wrote {args.out / 'cpu.csv'}, {args.out / 'cpu.json'} and {args.out / 'summary.md'}")
     print_table(rows)
     return 0
 
