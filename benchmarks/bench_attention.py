@@ -2,7 +2,7 @@
 reference, with FLOP/s, peak memory and a roofline position per cell.
 
     python benchmarks/bench_attention.py             # full grid (bf16, fp16; D = 64, 128, 256; N = 512..16k)
-    python benchmarks/bench_attention.py --trimmed   # bf16, D = 64, 128, N = 2k, 8k (a minute or two on an H200)
+    python benchmarks/bench_attention.py --trimmed   # bf16, D = 64, 128, N = 2k, 8k: run_gpu_suite.sh's grid
     python benchmarks/bench_attention.py --out DIR   # default: $OUT if set, else benchmarks/results/gpu
 
 Grid as in the FlashAttention papers: B * N = 16k tokens, H = 2048 / D heads (hidden size 2048), causal and
@@ -44,6 +44,8 @@ TOKENS = 16384  # B * N, as in the FlashAttention papers' benchmarks
 HIDDEN = 2048  # H * D
 DEVICE = "cuda"
 TILED_BLOCKS = (128, 64)  # BLOCK_M, BLOCK_N assumed for the modelled bytes of every fused kernel
+COLORS = {"triton": "tab:red", "sdpa-flash": "tab:blue", "sdpa-efficient": "tab:cyan", "sdpa-cudnn": "tab:purple",
+          "sdpa-math": "tab:gray", "flash_attn": "tab:green", "dense": "black"}
 CSV_COLUMNS = ("provider", "dtype", "head_dim", "causal", "seq_len", "batch", "heads", "pass", "status", "time_ms",
                "tflops", "peak_mib", "added_mib", "max_err", "ref_err", "model_bytes", "gbps", "intensity",
                "frac_peak_tflops", "frac_peak_bw", "frac_roofline", "ceiling_tflops", "ceiling_gbps", "gpu",
@@ -217,6 +219,10 @@ def check_output(out, q, k, v, causal: bool, provider: Provider) -> tuple[float,
     return (out[:, rows].float() - ref).abs().max().item(), (low - ref).abs().max().item()
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:120]
+
+
 def run_cell(cell: Cell, provider: Provider, args: argparse.Namespace) -> list[dict[str, object]]:
     """Check, then time and measure every pass of one provider on one cell."""
     import torch
@@ -237,13 +243,16 @@ def run_cell(cell: Cell, provider: Provider, args: argparse.Namespace) -> list[d
         err, ref_err = check_output(out, q, k, v, cell.causal, provider)
         del out
     except (NotImplementedError, ImportError) as e:
-        return rows_with(f"not available: {str(e).splitlines()[0][:100]}")
+        return rows_with(f"not available: {_first_line(e)}")
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return rows_with("out of memory")
     except RuntimeError as e:  # SDPA's "No available kernel", flash-attn's unsupported head dim, ...
         torch.cuda.empty_cache()
-        return rows_with(f"not available: {str(e).splitlines()[0][:100]}")
+        return rows_with(f"not available: {_first_line(e)}")
+    except Exception as e:  # e.g. a Triton compilation error: report it, go on with the other providers
+        torch.cuda.empty_cache()
+        return rows_with(f"error: {type(e).__name__}: {_first_line(e)}")
     tolerance = 2 * ref_err + 1e-3
     if not err <= tolerance:
         return rows_with(f"wrong output: max error {err:.3g} > {tolerance:.3g}", max_err=err, ref_err=ref_err)
@@ -256,8 +265,8 @@ def run_cell(cell: Cell, provider: Provider, args: argparse.Namespace) -> list[d
             row["status"] = "ok"
         except torch.cuda.OutOfMemoryError:
             row["status"] = "out of memory"
-        except RuntimeError as e:
-            row["status"] = f"error: {str(e).splitlines()[0][:100]}"
+        except Exception as e:
+            row["status"] = f"error: {type(e).__name__}: {_first_line(e)}"
         torch.cuda.empty_cache()
         rows.append(row)
     return rows
@@ -366,7 +375,7 @@ def plot(rows: list[dict], out: Path, machine: dict[str, object]) -> list[Path]:
                 pts = sorted((r["seq_len"], r["tflops"]) for r in sub
                              if r["provider"] == prov and r["head_dim"] == d and r["causal"] == c)
                 if pts:
-                    ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=prov)
+                    ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=prov, color=COLORS.get(prov))
             ax.set_xscale("log", base=2)
             ax.set_title(f"{dtype} {pass_}, head dim {d}, {'causal' if c else 'not causal'}", fontsize=9)
             ax.set_xlabel("sequence length N (B*N = 16k)")

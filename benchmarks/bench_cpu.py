@@ -1,6 +1,6 @@
 """CPU time and peak memory of the references against torch's SDPA.
 
-    python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (about 10 minutes)
+    python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (minutes)
     python benchmarks/bench_cpu.py --quick         # small sizes, seconds
     python benchmarks/bench_cpu.py --targets       # the foundation issue's speed and memory ratios
     python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/cpu)
