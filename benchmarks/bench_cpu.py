@@ -140,18 +140,17 @@ def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: d
         task = progress.add_task("CPU benchmark", total=len(cells) + len(shapes))
         for shape in shapes:
             mode, batch, heads, seq_len, head_dim = shape
-            progress.update(task, description=f"baseline  {mode:<7} N={seq_len}")
-            base = _spawn({"impl": "idle", "mode": mode, "batch": batch, "heads": heads, "seq_len": seq_len,
-                           "head_dim": head_dim}, opts)
-            baselines[shape] = float(base.get("peak_rss_mib", math.nan))
-            progress.advance(task)
             for cell in (c for c in cells if (c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) == shape):
-                progress.update(task, description=f"{cell['impl']:<9} {mode:<7} N={seq_len}")
                 if cell["impl"] == "dense" and _dense_estimate_gib(cell) > opts.max_dense_gib:
                     result = {"status": f"skipped: dense needs ~{_dense_estimate_gib(cell):.0f} GiB"}
                 else:
+                    if shape not in baselines:  # one idle process per shape and mode, before its first cell
+                        progress.update(task, description=f"baseline  {mode:<7} N={seq_len}")
+                        base = _spawn({**cell, "impl": "idle"}, opts)
+                        baselines[shape] = float(base.get("peak_rss_mib", math.nan))
+                    progress.update(task, description=f"{cell['impl']:<9} {mode:<7} N={seq_len}")
                     result = _spawn(cell, opts)
-                row = {**cell, "dtype": "float32", **result, "baseline_rss_mib": baselines[shape]}
+                row = {**cell, "dtype": "float32", **result, "baseline_rss_mib": baselines.get(shape, math.nan)}
                 if result["status"] == "ok":
                     row["added_mib"] = max(0.0, float(row["peak_rss_mib"]) - baselines[shape])
                     flops = 4 * batch * heads * seq_len**2 * head_dim * FLOP_FACTOR[str(mode)]
@@ -159,6 +158,7 @@ def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: d
                 row.update(cpu=machine["cpu"], torch=machine["torch"], date=machine["date"])
                 rows.append(row)
                 progress.advance(task)
+            progress.advance(task)  # the baseline's step, run or not needed
     return rows
 
 
