@@ -273,3 +273,10 @@ def test_cli_prints_every_schedule(capsys):
     for needle in ("standard (FA1 Alg. 0)", "key-major (FA1 Alg. 1)", "query-major (FA2)", "FA1 Alg. 4",
                    "split dK/dV", "34.36 GFLOP"):
         assert needle in out
+
+
+def test_cli_rejects_bad_sizes_with_a_message(capsys):
+    parser = argparse.ArgumentParser()
+    iomodel.add_arguments(parser)
+    assert iomodel.run(parser.parse_args(["--head-dim", "128", "--sram-kib", "0.1"])) == 2
+    assert "Theorem 2 needs M >= d" in capsys.readouterr().out

@@ -255,9 +255,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
     sram = int(args.sram_kib * 1024)
-    br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+    try:
+        p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
+        br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+        _check_blocks(args.block_m, args.block_n)
+    except ValueError as e:
+        print(f"flashattn-teach iomodel: {e}")
+        return 2
     bm, bn = args.block_m, args.block_n
     fwd, bwd = attention_flops(p, "forward"), attention_flops(p, "backward")
     print(f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
