@@ -41,7 +41,7 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
     try:
         s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
-        return launch.device_reason(q) or launch.shape_reason(q, s)
+        return launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
     except Exception as e:  # invalid inputs are a reason too; the caller decides whether to raise
         return str(e)
 
@@ -70,8 +70,9 @@ def triton_attention(
         config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
             :data:`TEST_CONFIG` in the interpreter.
 
-    CUDA tensors of dtype float16, bfloat16 or float32 with head dims 1 to 256 (CPU tensors when
-    ``TRITON_INTERPRET=1``). A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
+    CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
+    up to 256 (up to 128 when a gradient is needed), or float32 with head dims up to 64. A query row that
+    sees no key gets ``O = 0`` and ``lse = -inf``.
     """
     from . import launch
     from .autograd import TritonAttentionFunction
@@ -79,7 +80,7 @@ def triton_attention(
     s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
     if importlib.util.find_spec("triton") is None:
         raise RuntimeError("backend='triton' needs the triton package, which is not installed")
-    reason = launch.device_reason(q) or launch.shape_reason(q, s)
+    reason = launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
     if reason is not None:
         raise ValueError(reason)
     if config is None:

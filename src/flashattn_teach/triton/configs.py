@@ -23,7 +23,7 @@ import torch
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
 ARCHS = ("sm90", "sm80")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
-MIN_HEAD_DIM, MAX_HEAD_DIM = 1, 256
+MIN_HEAD_DIM = 1
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -45,8 +45,8 @@ class AttentionConfig:
     """The configurations of all four kernels of one attention call (forward and backward)."""
 
     forward: KernelConfig
-    backward_dkdv: KernelConfig
-    backward_dq: KernelConfig
+    backward_dkdv: KernelConfig | None
+    backward_dq: KernelConfig | None
     backward_preprocess: KernelConfig = KernelConfig(32, 0, 4, 1)
 
     @classmethod
@@ -55,7 +55,7 @@ class AttentionConfig:
         c = KernelConfig(block_m, block_n, num_warps, num_stages)
         return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=KernelConfig(block_m, 0, 4, 1))
 
-    def kernel(self, name: str) -> KernelConfig:
+    def kernel(self, name: str) -> KernelConfig | None:
         return getattr(self, name)
 
 
@@ -64,28 +64,34 @@ class AttentionConfig:
 TEST_CONFIG = AttentionConfig.uniform(32, 16)
 
 K = KernelConfig
-# (forward, backward_dkdv, backward_dq) per padded head dim, for fp16 and bf16 inputs.
+# (forward, backward_dkdv, backward_dq) per padded head dim; None where a kernel does not ship because no
+# tile fits in registers without spilling (the dK/dV program holds K_j, V_j and two fp32 accumulators).
+# fp16 and bf16 share a table: their kernels differ only in the MMA's input type.
 _SM90_16BIT = {
-    16: (K(128, 64, 4, 3), K(64, 128, 4, 3), K(128, 64, 4, 3)),
-    32: (K(128, 64, 4, 3), K(64, 128, 4, 3), K(128, 64, 4, 3)),
-    64: (K(128, 128, 8, 3), K(64, 128, 8, 3), K(128, 64, 8, 3)),
-    128: (K(128, 128, 8, 2), K(64, 128, 8, 2), K(128, 64, 8, 2)),
-    256: (K(128, 64, 8, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
+    32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 64, 4, 3)),
+    64: (K(128, 128, 8, 3), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    128: (K(128, 128, 8, 2), K(16, 128, 8, 2), K(128, 64, 8, 2)),
+    256: (K(128, 32, 8, 2), None, None),
 }
+# Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT = {
-    16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
-    32: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
-    64: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 32, 4, 3)),
-    128: (K(128, 64, 8, 2), K(32, 128, 8, 2), K(128, 32, 8, 2)),
-    256: (K(64, 64, 4, 2), K(32, 64, 4, 1), K(64, 32, 4, 1)),
+    16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
+    32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
+    64: (K(128, 128, 8, 3), K(16, 128, 8, 3), K(128, 32, 8, 3)),
+    128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
+    256: (K(64, 64, 8, 2), None, None),
 }
-# fp32 inputs use exact ("ieee") fp32 dots, computed on CUDA cores; their tiles are smaller.
-_FP32 = {
+# fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers: head dims <= 64.
+_SM90_FP32 = {
     16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     32: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
-    64: (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
-    128: (K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2)),
-    256: (K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1)),
+    64: (K(64, 32, 4, 2), K(16, 32, 4, 2), K(64, 32, 4, 2)),
+}
+_SM80_FP32 = {
+    16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    32: (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
+    64: (K(64, 32, 4, 2), K(16, 32, 4, 2), K(32, 32, 4, 2)),
 }
 del K
 
@@ -94,9 +100,21 @@ _TABLES = {
     ("sm90", torch.bfloat16): _SM90_16BIT,
     ("sm80", torch.float16): _SM80_16BIT,
     ("sm80", torch.bfloat16): _SM80_16BIT,
-    ("sm90", torch.float32): _FP32,
-    ("sm80", torch.float32): _FP32,
+    ("sm90", torch.float32): _SM90_FP32,
+    ("sm80", torch.float32): _SM80_FP32,
 }
+
+
+def max_head_dim(dtype: torch.dtype, backward: bool) -> int:
+    """Largest head dimension with a shipped forward (or forward and backward) configuration."""
+    rows = _TABLES[("sm90", dtype)]
+    return max(d for d, row in rows.items() if row[0] is not None and (not backward or None not in row))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of the kernels' ``tl.dot``: fp32 inputs use "tf32x3" (three TF32 tensor-core
+    products whose sum carries fp32's accuracy, cf. Ootomo & Yokota 2022); 16-bit inputs ignore it."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def block_d(head_dim: int) -> int:
@@ -111,11 +129,12 @@ def arch_of(device: torch.device) -> str:
 
 
 def shipped_config(head_dim: int, dtype: torch.dtype, arch: str) -> AttentionConfig:
-    """The table's configuration for a (padded) head dimension, dtype and GPU generation."""
+    """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
+    None where the backward does not ship (see :func:`max_head_dim`)."""
     fwd, dkdv, dq = _TABLES[(arch, dtype)][block_d(head_dim)]
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
 
 
 def shipped_configs(arch: str) -> list[tuple[torch.dtype, int, AttentionConfig]]:
     """Every (dtype, padded head dim, configuration) that ships for ``arch``."""
-    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS]
+    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS if d in _TABLES[(arch, dt)]]

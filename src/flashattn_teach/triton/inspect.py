@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, AttentionConfig, KernelConfig, shipped_config
+from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, dot_precision, shipped_configs
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
@@ -87,7 +87,7 @@ def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causa
     import triton
 
     fn = _kernel_fn(name)
-    precision = "ieee" if dtype == torch.float32 else "tf32"
+    precision = dot_precision(dtype)
     values = {"HEAD_DIM": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_D": head_dim, "BLOCK_DV": head_dim,
               "BLOCK_M": c.BLOCK_M, "BLOCK_N": c.BLOCK_N, "CAUSAL": causal, "DOT_PRECISION": precision}
     signature, constexprs, attrs = {}, {}, {}
@@ -149,10 +149,9 @@ def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: K
 def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
     """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch``."""
     out = []
-    for dt in dtypes:
-        for d in head_dims:
-            config: AttentionConfig = shipped_config(d, dt, arch)
-            out += [(name, dt, d, config.kernel(name)) for name in KERNELS]
+    for dt, d, config in shipped_configs(arch):
+        if dt in dtypes and d in head_dims:
+            out += [(name, dt, d, config.kernel(name)) for name in KERNELS if config.kernel(name) is not None]
     return out
 
 

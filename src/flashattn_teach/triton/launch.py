@@ -17,12 +17,13 @@ from .._validate import AttentionShapes
 from ..causal import diagonal_offset
 from .configs import (
     DTYPES,
-    MAX_HEAD_DIM,
     MIN_HEAD_DIM,
     TEST_CONFIG,
     AttentionConfig,
     arch_of,
     block_d,
+    dot_precision,
+    max_head_dim,
     shipped_config,
 )
 
@@ -43,14 +44,22 @@ def device_reason(t: Tensor) -> str | None:
     return f"the Triton kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {t.device}"
 
 
-def shape_reason(q: Tensor, s: AttentionShapes) -> str | None:
-    """Why a dtype or head dimension is outside what the kernels support, or None."""
+def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
+    """Why a dtype or head dimension is outside what the shipped kernels support, or None."""
     if q.dtype not in DTYPES:
         return f"the Triton kernels support float16, bfloat16 and float32, got {q.dtype}"
+    top = max_head_dim(q.dtype, backward=needs_grad)
     for name, d in (("D", s.D), ("D_v", s.D_v)):
-        if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-            return f"the Triton kernels support head dimensions {MIN_HEAD_DIM} to {MAX_HEAD_DIM}, got {name}={d}"
+        if not MIN_HEAD_DIM <= d <= top:
+            what = "forward and backward" if needs_grad else "forward"
+            return (f"the Triton {what} for {str(q.dtype).removeprefix('torch.')} supports head dimensions "
+                    f"{MIN_HEAD_DIM} to {top}, got {name}={d}")
     return None
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd will ask for the backward of a call on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def default_config(q: Tensor, s: AttentionShapes) -> AttentionConfig:
@@ -74,11 +83,6 @@ def _strides(t: Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())  # type: ignore[return-value]
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs get exact fp32 products, as plain PyTorch computes them; 16-bit inputs ignore this.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def forward(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool, causal_align: str,
             config: AttentionConfig) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
@@ -96,7 +100,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool
         q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
         s.H_q, s.N_q, s.N_k, s.group, s.scale * LOG2E, diagonal_offset(s.N_q, s.N_k, causal_align),
         HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=block_d(s.D), BLOCK_DV=block_d(s.D_v),
-        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=c.num_warps, num_stages=c.num_stages,
     )
     return o, lse
@@ -111,11 +115,13 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor
 
     from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
 
+    if config.backward_dkdv is None or config.backward_dq is None:
+        raise ValueError(f"no backward configuration ships for head dimension {max(s.D, s.D_v)} and {q.dtype}")
     B = q.shape[0]
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     offset = diagonal_offset(s.N_q, s.N_k, causal_align)
     qk_scale = s.scale * LOG2E
-    precision = _dot_precision(q.dtype)
+    precision = dot_precision(q.dtype)
 
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     c = config.backward_preprocess
