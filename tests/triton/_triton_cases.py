@@ -51,7 +51,7 @@ class Case:
 
 
 @st.composite
-def cases(draw, max_n: int = 80) -> Case:
+def cases(draw, max_n: int = 100) -> Case:
     """Ragged lengths, N_q != N_k, both causal alignments, GQA/MQA, head dims that are not powers of two."""
     D = draw(st.sampled_from([16, 24, 40, 64]))
     return Case(

@@ -39,7 +39,7 @@ def check_backward(c: Case, with_dlse: bool = False) -> None:
         assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
 
 
-@settings(max_examples=20)
+@settings(max_examples=60)
 @given(c=cases(max_n=64))
 def test_backward_matches_dense_for_any_shape(c: Case) -> None:
     check_backward(c)
