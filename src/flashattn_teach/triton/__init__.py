@@ -32,10 +32,17 @@ __all__ = [
 ]
 
 
+def _triton_installed() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
                        enable_gqa: bool = False) -> str | None:
     """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "triton is not installed"
     from . import launch
 
@@ -78,7 +85,7 @@ def triton_attention(
     from .autograd import TritonAttentionFunction
 
     s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         raise RuntimeError("backend='triton' needs the triton package, which is not installed")
     reason = launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
     if reason is not None:

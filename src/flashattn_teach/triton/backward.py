@@ -20,9 +20,8 @@ no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` i
 
 from __future__ import annotations
 
-import triton.language as tl
-
 import triton
+from triton import language as tl
 
 from .forward import _causal_key_range
 

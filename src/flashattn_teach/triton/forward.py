@@ -5,7 +5,7 @@ then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carri
 state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
 ``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
 
-The softmax runs in base 2: with ``qk_scale = scale * log2(e)``,
+The softmax runs in base 2: with ``qk_scale = scale * log2(e)`` (folded in by the launcher),
 
     exp(scale * q.k - m) = exp2(qk_scale * q.k - m2),      m2 = m * log2(e)
 
@@ -18,11 +18,9 @@ and blocks wholly above it are never visited.
 
 from __future__ import annotations
 
-import triton.language as tl
-
 import triton
+from triton import language as tl
 
-LOG2E = 1.4426950408889634  # 1 / ln(2); folded into qk_scale by the launcher
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
