@@ -65,3 +65,15 @@ def test_head_dims_pad_to_the_next_power_of_two() -> None:
 def test_uniform_config_sets_every_kernel() -> None:
     c = AttentionConfig.uniform(32, 16)
     assert c.forward == c.backward_dkdv == c.backward_dq and c.forward.BLOCK_M == 32
+
+
+def test_autotune_picks_the_fastest_candidate_and_the_result_is_unchanged() -> None:
+    from flashattn_teach.triton.autotune import autotune
+
+    q, k, v = qkv(16, torch.float32)
+    fast, slow = AttentionConfig.uniform(16, 16), AttentionConfig.uniform(32, 16)
+    calls = iter([2.0, 1.0])  # milliseconds reported for slow, then fast
+    best = autotune(q, k, v, causal=True, enable_gqa=True, candidates=[slow, fast], timer=lambda fn: next(calls))
+    assert best == fast
+    O = triton_attention(q, k, v, causal=True, enable_gqa=True, config="autotune")
+    assert torch.allclose(O, triton_attention(q, k, v, causal=True, enable_gqa=True, config=fast), atol=1e-6)

@@ -7,6 +7,7 @@ Layers, each in its own file:
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     launch.py     validate, allocate, launch
     autograd.py   the differentiable function (saves q, k, v, O, lse)
+    autotune.py   optional: time candidate configurations, keep the fastest
     inspect.py    ahead-of-time compilation report (``flashattn-teach kernels``)
 
 Importing this package does not import triton; the kernels are imported on first launch, so the package
@@ -63,7 +64,7 @@ def triton_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     return_lse: bool = False,
-    config: AttentionConfig | None = None,
+    config: AttentionConfig | str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention with the fused Triton kernels; differentiable.
 
@@ -75,7 +76,8 @@ def triton_attention(
         scale: softmax scale, default ``1 / sqrt(D)``.
         return_lse: also return ``lse`` (float32, shape ``(..., H_q, N_q)``).
         config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
-            :data:`TEST_CONFIG` in the interpreter.
+            :data:`TEST_CONFIG` in the interpreter; ``"autotune"`` times the candidates of
+            :func:`~flashattn_teach.triton.autotune.autotune` once per shape class and uses the fastest.
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
     up to 256 (up to 128 when a gradient is needed), or float32 with head dims up to 64. A query row that
@@ -90,7 +92,14 @@ def triton_attention(
     reason = launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
     if reason is not None:
         raise ValueError(reason)
-    if config is None:
+    if config == "autotune":
+        from .autotune import autotune
+
+        config = autotune(q, k, v, causal=causal, causal_align=causal_align, enable_gqa=enable_gqa,
+                          backward=launch.needs_grad(q, k, v))
+    elif config is None:
         config = launch.default_config(q, s)
+    elif not isinstance(config, AttentionConfig):
+        raise TypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
     O, lse = TritonAttentionFunction.apply(q, k, v, s, bool(causal), causal_align, config)
     return (O, lse) if return_lse else O

@@ -1,0 +1,85 @@
+"""Optional autotuning: time a few configurations on the caller's own shapes and keep the fastest.
+
+The shipped table (:mod:`.configs`) is a good default; the fastest tiles still depend on sequence lengths,
+causality and the exact GPU. :func:`autotune` runs each candidate once for warm-up, times it (forward, and
+forward plus backward when ``backward=True``), and remembers the winner per shape class, so a training
+loop pays for the search once. ``triton_attention(..., config="autotune")`` uses it.
+
+Candidates default to the configurations that pass the compile checks: the shipped rows of both GPU
+generations for this dtype and head dimension, so every candidate is known to compile without spills.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .._validate import validate_inputs
+from .configs import ARCHS, TEST_CONFIG, AttentionConfig, arch_of, shipped_config
+
+_CACHE: dict[tuple, AttentionConfig] = {}
+
+
+def candidate_configs(q: Tensor, head_dim: int, needs_backward: bool) -> list[AttentionConfig]:
+    """Compile-checked configurations for these inputs, the current GPU generation's row first."""
+    if q.device.type != "cuda":
+        return [TEST_CONFIG, AttentionConfig.uniform(16, 32), AttentionConfig.uniform(32, 32)]
+    own = arch_of(q.device)
+    rows = [shipped_config(head_dim, q.dtype, a) for a in (own, *(a for a in ARCHS if a != own))]
+    rows = [c for c in rows if not needs_backward or c.backward_dkdv is not None]
+    return list(dict.fromkeys(rows))
+
+
+def _wall_clock_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _default_timer(q: Tensor) -> Callable[[Callable[[], object]], float]:
+    if q.device.type == "cuda":
+        import triton.testing
+
+        return lambda fn: triton.testing.do_bench(fn, warmup=5, rep=20)
+    return _wall_clock_ms
+
+
+def _shape_class(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()  # next power of two: lengths 513..1024 share a result
+
+
+def autotune(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
+    enable_gqa: bool = False, backward: bool = True, candidates: Sequence[AttentionConfig] | None = None,
+    timer: Callable[[Callable[[], object]], float] | None = None,
+) -> AttentionConfig:
+    """The fastest of ``candidates`` on these inputs; ``timer(fn)`` returns milliseconds for one call."""
+    from .autograd import TritonAttentionFunction
+
+    s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
+    device = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else q.device.type
+    key = (device, q.dtype, s.D, s.D_v, _shape_class(s.N_q), _shape_class(s.N_k), s.group, causal, causal_align,
+           backward)
+    if candidates is None and key in _CACHE:
+        return _CACHE[key]
+    pool = list(candidates) if candidates is not None else candidate_configs(q, max(s.D, s.D_v), backward)
+    timer = timer or _default_timer(q)
+    q_, k_, v_ = (t.detach().requires_grad_(backward) for t in (q, k, v))
+
+    def step(config: AttentionConfig) -> None:
+        with torch.set_grad_enabled(backward):
+            O, _ = TritonAttentionFunction.apply(q_, k_, v_, s, causal, causal_align, config)
+            if backward:
+                O.backward(torch.ones_like(O))
+
+    times = []
+    for config in pool:
+        step(config)  # compile outside the timing
+        times.append(timer(lambda config=config: step(config)))
+    best = pool[min(range(len(pool)), key=times.__getitem__)]
+    if candidates is None:
+        _CACHE[key] = best
+    return best
