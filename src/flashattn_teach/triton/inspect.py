@@ -11,7 +11,9 @@ No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTa
                 or none (fp32 "ieee" dots run on CUDA cores)
 
 Kernels are compiled as the JIT would specialise them for contiguous inputs: pointers and strides
-16-byte aligned, the innermost stride 1, and the head dimension equal to its padded ``BLOCK_D``.
+16-byte aligned, the innermost stride 1, and the head dimension equal to its padded ``BLOCK_D``; with
+``CAUSAL=True``, whose code has both the unmasked and the masked stage (the non-causal kernel's masked
+stage only lacks the diagonal comparison).
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128]
@@ -151,7 +153,9 @@ def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple
     out = []
     for dt, d, config in shipped_configs(arch):
         if dt in dtypes and d in head_dims:
-            out += [(name, dt, d, config.kernel(name)) for name in KERNELS if config.kernel(name) is not None]
+            backward = config.backward_dkdv is not None
+            out += [(name, dt, d, config.kernel(name)) for name in KERNELS
+                    if config.kernel(name) is not None and (backward or name == "forward")]
     return out
 
 
