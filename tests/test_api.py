@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn_teach as fa
+import flashattn_teach.triton
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,3 +128,20 @@ def test_demo_and_example_print_the_seed_shape():
     assert "output shape: [2, 1, 6, 4]" in example.stdout
     diff = float(example.stdout.split("max |dense - tiled|:")[1])
     assert 0.0 <= diff < 1e-5
+
+
+@pytest.mark.skipif(
+    fa.triton.unsupported_reason(torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 16), torch.zeros(1, 1, 1, 16))
+    is not None,
+    reason="the Triton path cannot run here (no triton, or no CUDA and no interpreter)",
+)
+def test_flash_attention_routes_to_triton_when_asked():
+    q, k, v = (torch.randn(1, 4, 37, 16, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    k, v = k[:, :2], v[:, :2]
+    assert fa.explain(q, k, v, enable_gqa=True, backend="triton").backend == "triton"
+    O, lse = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", backend="triton", return_lse=True)
+    O_ref, lse_ref = fa.dense_attention(
+        q.double(), k.double(), v.double(), causal=True, causal_align="bottom_right", enable_gqa=True, return_lse=True
+    )
+    torch.testing.assert_close(O.double(), O_ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=1e-4, rtol=0)
