@@ -141,20 +141,9 @@ def flash_attention(
         ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (and ``lse``). Differentiable on every
         backend; a query row that sees no key gives 0 (and ``lse = -inf``).
     """
-    p = plan(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa, backend=backend)
-    return _run(
-        p,
-        q,
-        k,
-        v,
-        attn_mask=None,
-        dropout_p=0.0,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        return_lse=return_lse,
-    )
+    opts = dict(causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
+    p = plan(q, k, v, **opts, backend=backend)
+    return _run(p, q, k, v, attn_mask=None, dropout_p=0.0, **opts, return_lse=return_lse)
 
 
 def scaled_dot_product_attention(
@@ -177,29 +166,8 @@ def scaled_dot_product_attention(
     """
     if is_causal and attn_mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, not both (as torch's SDPA requires)")
-    p = plan(
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-    )
-    return _run(
-        p,
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        causal=is_causal,
-        causal_align="top_left",
-        scale=scale,
-        enable_gqa=enable_gqa,
-        return_lse=False,
-    )
+    opts = dict(attn_mask=attn_mask, dropout_p=dropout_p, causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _run(plan(query, key, value, **opts), query, key, value, **opts, causal_align="top_left", return_lse=False)
 
 
 def explain(
