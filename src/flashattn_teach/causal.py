@@ -9,7 +9,7 @@ Two conventions exist when the number of queries ``N_q`` differs from the number
             keys 0 1 2 3 4                          keys 0 1 2 3 4
     query 0      x . . . .                  query 0      x x x . .
     query 1      x x . . .                  query 1      x x x x .
-    query 2      x x x . . .                query 2      x x x x x
+    query 2      x x x . .                  query 2      x x x x x
 
 With ``N_q == N_k`` both are the usual lower triangle. Under ``bottom_right`` with ``N_q > N_k`` the
 first ``N_q - N_k`` query rows see no key at all; every backend returns output 0 and ``lse = -inf``

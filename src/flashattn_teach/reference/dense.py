@@ -38,9 +38,18 @@ def dense_attention(
         q: ``(..., H_q, N_q, D)`` queries (or ``(N_q, D)``).
         k: ``(..., H_kv, N_k, D)`` keys; leading dims broadcast against ``q``.
         v: ``(..., H_kv, N_k, D_v)`` values.
-        causal: mask keys "after" each query; see :mod:`flashattn_teach.causal` for a picture of
-            ``causal_align="top_left"`` (torch: query i sees keys j <= i) and ``"bottom_right"``
-            (flash-attn: query i sees keys j <= i + N_k - N_q).
+        causal: mask keys "after" each query. With ``N_q = 3`` queries and ``N_k = 5`` keys
+            (x = visible)::
+
+                causal_align="top_left"        causal_align="bottom_right"
+                (torch: j <= i)                (flash-attn: j <= i + N_k - N_q)
+                      keys 0 1 2 3 4                 keys 0 1 2 3 4
+                query 0    x . . . .           query 0    x x x . .
+                query 1    x x . . .           query 1    x x x x .
+                query 2    x x x . .           query 2    x x x x x
+
+            ``bottom_right`` is what a decode step against a KV cache needs; see
+            :mod:`flashattn_teach.causal`.
         scale: softmax scale, default ``1 / sqrt(D)``.
         attn_mask: bool (True = may attend) or additive float mask, broadcastable to
             ``(..., H_q, N_q, N_k)``; combined with ``causal`` if both are given.

@@ -122,9 +122,8 @@ def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: K
     """Compile one kernel for ``arch`` ("sm90" or "sm80") and read its resource use from the cubin."""
     import time
 
-    from triton.backends.compiler import GPUTarget
-
     import triton
+    from triton.backends.compiler import GPUTarget
 
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset (it is set in this process)")
