@@ -14,11 +14,13 @@ from flashattn_teach.triton import AttentionConfig, triton_attention
 def grads(c: Case, q, k, v, dO, dlse=None, triton: bool = True):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     if triton:
-        O, lse = triton_attention(q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True,
-                                  return_lse=True, config=c.config)
+        O, lse = triton_attention(
+            q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True, return_lse=True, config=c.config
+        )
     else:
-        O, lse = dense_attention(q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True,
-                                 return_lse=True)
+        O, lse = dense_attention(
+            q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True, return_lse=True
+        )
     loss = (O * dO.to(O.dtype)).sum()
     if dlse is not None:
         loss = loss + (torch.where(torch.isneginf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
@@ -32,8 +34,15 @@ def check_backward(c: Case, with_dlse: bool = False) -> None:
     dO = torch.randn(c.B, c.H_q, c.N_q, c.D_v, generator=g).to(DEVICE, c.dtype)
     dlse = torch.randn(c.B, c.H_q, c.N_q, generator=g).to(DEVICE) if with_dlse else None
     got = grads(c, q, k, v, dO, dlse)
-    want = grads(c, q.double().cpu(), k.double().cpu(), v.double().cpu(), dO.double().cpu(),
-                 None if dlse is None else dlse.double().cpu(), triton=False)
+    want = grads(
+        c,
+        q.double().cpu(),
+        k.double().cpu(),
+        v.double().cpu(),
+        dO.double().cpu(),
+        None if dlse is None else dlse.double().cpu(),
+        triton=False,
+    )
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert a.dtype == c.dtype and a.shape == b.shape
         assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
@@ -47,20 +56,58 @@ def test_backward_matches_dense_for_any_shape(c: Case) -> None:
 
 @pytest.mark.parametrize("D", [16, 40, 96])
 def test_backward_matches_dense_for_every_head_dim(D: int) -> None:
-    check_backward(Case(B=1, H_kv=1, group=2, N_q=37, N_k=45, D=D, D_v=D, causal=True, causal_align="top_left",
-                        dtype=torch.float16, config=AttentionConfig.uniform(32, 16)))
+    check_backward(
+        Case(
+            B=1,
+            H_kv=1,
+            group=2,
+            N_q=37,
+            N_k=45,
+            D=D,
+            D_v=D,
+            causal=True,
+            causal_align="top_left",
+            dtype=torch.float16,
+            config=AttentionConfig.uniform(32, 16),
+        )
+    )
 
 
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
 def test_gradient_through_lse_matches_dense(causal_align: str) -> None:
-    check_backward(Case(B=1, H_kv=2, group=2, N_q=40, N_k=27, D=32, D_v=32, causal=True, causal_align=causal_align,
-                        dtype=torch.float32, config=AttentionConfig.uniform(16, 32)), with_dlse=True)
+    check_backward(
+        Case(
+            B=1,
+            H_kv=2,
+            group=2,
+            N_q=40,
+            N_k=27,
+            D=32,
+            D_v=32,
+            causal=True,
+            causal_align=causal_align,
+            dtype=torch.float32,
+            config=AttentionConfig.uniform(16, 32),
+        ),
+        with_dlse=True,
+    )
 
 
 def test_gqa_gradients_of_a_shared_head_sum_over_its_query_heads() -> None:
     # H_kv = 1 shared by 4 query heads, against the same computation with K, V repeated per head
-    c = Case(B=1, H_kv=1, group=4, N_q=33, N_k=33, D=16, D_v=16, causal=False, causal_align="top_left",
-             dtype=torch.float32, config=AttentionConfig.uniform(16, 16))
+    c = Case(
+        B=1,
+        H_kv=1,
+        group=4,
+        N_q=33,
+        N_k=33,
+        D=16,
+        D_v=16,
+        causal=False,
+        causal_align="top_left",
+        dtype=torch.float32,
+        config=AttentionConfig.uniform(16, 16),
+    )
     q, k, v = c.tensors()
     dO = torch.randn(1, 4, 33, 16).to(DEVICE)
     dq, dk, dv = grads(c, q, k, v, dO)
@@ -73,8 +120,19 @@ def test_gqa_gradients_of_a_shared_head_sum_over_its_query_heads() -> None:
 
 
 def test_backward_is_bitwise_deterministic() -> None:
-    c = Case(B=2, H_kv=1, group=2, N_q=49, N_k=70, D=32, D_v=32, causal=True, causal_align="bottom_right",
-             dtype=torch.float16, config=AttentionConfig.uniform(32, 16))
+    c = Case(
+        B=2,
+        H_kv=1,
+        group=2,
+        N_q=49,
+        N_k=70,
+        D=32,
+        D_v=32,
+        causal=True,
+        causal_align="bottom_right",
+        dtype=torch.float16,
+        config=AttentionConfig.uniform(32, 16),
+    )
     q, k, v = c.tensors()
     dO = torch.randn(2, 2, 49, 32).to(DEVICE, torch.float16)
     first, second = grads(c, q, k, v, dO), grads(c, q, k, v, dO)

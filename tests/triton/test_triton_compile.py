@@ -25,8 +25,13 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 def reports() -> dict[str, subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return {
-        arch: subprocess.Popen([sys.executable, "-m", "flashattn_teach.triton.inspect", "--arch", arch],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        arch: subprocess.Popen(
+            [sys.executable, "-m", "flashattn_teach.triton.inspect", "--arch", arch],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for arch in ARCHS
     }
 

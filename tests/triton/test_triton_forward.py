@@ -14,10 +14,18 @@ from flashattn_teach.triton.configs import max_head_dim
 
 def check_forward(c: Case) -> None:
     q, k, v = c.tensors()
-    O, lse = triton_attention(q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True,
-                              return_lse=True, config=c.config)
-    ref_O, ref_lse = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=c.causal,
-                                     causal_align=c.causal_align, enable_gqa=True, return_lse=True)
+    O, lse = triton_attention(
+        q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True, return_lse=True, config=c.config
+    )
+    ref_O, ref_lse = dense_attention(
+        q.double().cpu(),
+        k.double().cpu(),
+        v.double().cpu(),
+        causal=c.causal,
+        causal_align=c.causal_align,
+        enable_gqa=True,
+        return_lse=True,
+    )
     assert O.shape == (c.B, c.H_q, c.N_q, c.D_v) and O.dtype == c.dtype
     assert lse.shape == (c.B, c.H_q, c.N_q) and lse.dtype == torch.float32
     assert_close_scaled(O, ref_O, REL_TOL[c.dtype], "O")
@@ -30,18 +38,44 @@ def test_forward_matches_dense_for_any_shape(c: Case) -> None:
     check_forward(c)
 
 
-@pytest.mark.parametrize(("D", "dtype"), [(D, dt) for dt in DTYPES for D in (16, 40, 64, 80, 96, 128, 256)
-                                          if D <= max_head_dim(dt, backward=False)])
+@pytest.mark.parametrize(
+    ("D", "dtype"),
+    [(D, dt) for dt in DTYPES for D in (16, 40, 64, 80, 96, 128, 256) if D <= max_head_dim(dt, backward=False)],
+)
 def test_forward_matches_dense_for_every_head_dim(D: int, dtype: torch.dtype) -> None:
-    check_forward(Case(B=1, H_kv=1, group=2, N_q=45, N_k=37, D=D, D_v=D, causal=True, causal_align="bottom_right",
-                       dtype=dtype, config=AttentionConfig.uniform(32, 16)))
+    check_forward(
+        Case(
+            B=1,
+            H_kv=1,
+            group=2,
+            N_q=45,
+            N_k=37,
+            D=D,
+            D_v=D,
+            causal=True,
+            causal_align="bottom_right",
+            dtype=dtype,
+            config=AttentionConfig.uniform(32, 16),
+        )
+    )
 
 
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
 def test_rows_that_see_no_key_give_zero_output_and_minus_inf_lse(causal_align: str) -> None:
     # bottom_right with N_q > N_k: the first N_q - N_k rows see nothing
-    c = Case(B=1, H_kv=1, group=1, N_q=50, N_k=20, D=16, D_v=16, causal=True, causal_align=causal_align,
-             dtype=torch.float32, config=AttentionConfig.uniform(16, 16))
+    c = Case(
+        B=1,
+        H_kv=1,
+        group=1,
+        N_q=50,
+        N_k=20,
+        D=16,
+        D_v=16,
+        causal=True,
+        causal_align=causal_align,
+        dtype=torch.float32,
+        config=AttentionConfig.uniform(16, 16),
+    )
     q, k, v = c.tensors()
     O, lse = triton_attention(q, k, v, causal=True, causal_align=causal_align, return_lse=True, config=c.config)
     empty = 30 if causal_align == "bottom_right" else 0

@@ -17,19 +17,23 @@ def qkv(D: int, dtype: torch.dtype, requires_grad: bool = False, H_kv: int = 2):
 
 
 def test_supported_inputs_have_no_reason() -> None:
-    assert unsupported_reason(*qkv(64, torch.float16), causal=True, causal_align="bottom_right",
-                              enable_gqa=True) is None
+    assert (
+        unsupported_reason(*qkv(64, torch.float16), causal=True, causal_align="bottom_right", enable_gqa=True) is None
+    )
     assert unsupported_reason(*qkv(256, torch.float16), enable_gqa=True) is None  # forward only
     assert unsupported_reason(*qkv(64, torch.float32, requires_grad=True), enable_gqa=True) is None
 
 
-@pytest.mark.parametrize(("args", "kwargs", "phrase"), [
-    (qkv(64, torch.float64), {"enable_gqa": True}, "float64"),
-    (qkv(128, torch.float32), {"enable_gqa": True}, "head dimensions"),
-    (qkv(256, torch.float16, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
-    (qkv(64, torch.float16), {}, "enable_gqa"),
-    (qkv(64, torch.float16), {"enable_gqa": True, "causal_align": "middle"}, "causal_align"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "phrase"),
+    [
+        (qkv(64, torch.float64), {"enable_gqa": True}, "float64"),
+        (qkv(128, torch.float32), {"enable_gqa": True}, "head dimensions"),
+        (qkv(256, torch.float16, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
+        (qkv(64, torch.float16), {}, "enable_gqa"),
+        (qkv(64, torch.float16), {"enable_gqa": True, "causal_align": "middle"}, "causal_align"),
+    ],
+)
 def test_unsupported_inputs_give_a_reason_without_raising(args, kwargs, phrase: str) -> None:
     reason = unsupported_reason(*args, **kwargs)
     assert reason is not None and phrase in reason
@@ -57,8 +61,18 @@ def test_every_shipped_tile_is_a_power_of_two_of_at_least_16(arch: str) -> None:
 
 
 def test_head_dims_pad_to_the_next_power_of_two() -> None:
-    assert [block_d(d) for d in (1, 16, 17, 40, 64, 80, 96, 128, 129, 256)] == [16, 16, 32, 64, 64, 128, 128, 128,
-                                                                                 256, 256]
+    assert [block_d(d) for d in (1, 16, 17, 40, 64, 80, 96, 128, 129, 256)] == [
+        16,
+        16,
+        32,
+        64,
+        64,
+        128,
+        128,
+        128,
+        256,
+        256,
+    ]
     assert max_head_dim(torch.float16, backward=False) == 256 and max_head_dim(torch.float16, backward=True) == 128
 
 

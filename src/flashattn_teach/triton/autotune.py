@@ -52,8 +52,15 @@ def _shape_class(n: int) -> int:
 
 
 def autotune(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
-    enable_gqa: bool = False, backward: bool = True, candidates: Sequence[AttentionConfig] | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    enable_gqa: bool = False,
+    backward: bool = True,
+    candidates: Sequence[AttentionConfig] | None = None,
     timer: Callable[[Callable[[], object]], float] | None = None,
 ) -> AttentionConfig:
     """The fastest of ``candidates`` on these inputs; ``timer(fn)`` returns milliseconds for one call."""
@@ -61,8 +68,18 @@ def autotune(
 
     s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
     device = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else q.device.type
-    key = (device, q.dtype, s.D, s.D_v, _shape_class(s.N_q), _shape_class(s.N_k), s.group, causal, causal_align,
-           backward)
+    key = (
+        device,
+        q.dtype,
+        s.D,
+        s.D_v,
+        _shape_class(s.N_q),
+        _shape_class(s.N_k),
+        s.group,
+        causal,
+        causal_align,
+        backward,
+    )
     if candidates is None and key in _CACHE:
         return _CACHE[key]
     pool = list(candidates) if candidates is not None else candidate_configs(q, max(s.D, s.D_v), backward)

@@ -42,11 +42,30 @@ def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q,  # running state: (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32 x 2; Q_i (BLOCK_M, BLOCK_D)
-    K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-    start_n, end_n, offs_m, N_k, qk_scale, OFFSET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,  # running state: (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32 x 2; Q_i (BLOCK_M, BLOCK_D)
+    K_head,
+    V_head,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    start_n,
+    end_n,
+    offs_m,
+    N_k,
+    qk_scale,
+    OFFSET,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -59,8 +78,11 @@ def _attn_fwd_inner(
         offs_n = start + tl.arange(0, BLOCK_N)
         in_k = offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N); padded head-dim lanes and keys past N_k load as 0
-        kT = tl.load(K_head + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                     mask=in_k[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        kT = tl.load(
+            K_head + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            mask=in_k[None, :] & (offs_d[:, None] < HEAD_DIM),
+            other=0.0,
+        )
         # S_ij in log2 units: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N), fp32
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         if MASK:
@@ -80,8 +102,11 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_new_safe)
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_head + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
-                    mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        v = tl.load(
+            V_head + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+            mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+            other=0.0,
+        )
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
         # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
         acc = acc * alpha[:, None]
@@ -92,14 +117,41 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, O, LSE,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    H_q, N_q, N_k, GROUP, qk_scale, OFFSET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    stride_od,
+    H_q,
+    N_q,
+    N_k,
+    GROUP,
+    qk_scale,
+    OFFSET,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M), B * H_q)``. ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` with
     any strides; ``LSE (B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h // GROUP."""
@@ -118,8 +170,11 @@ def _attn_fwd(
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    q = tl.load(Q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q = tl.load(
+        Q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+        mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -127,14 +182,56 @@ def _attn_fwd(
 
     full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        0, full_end, offs_m, N_k, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_head,
+        V_head,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        0,
+        full_end,
+        offs_m,
+        N_k,
+        qk_scale,
+        OFFSET,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_end, end, offs_m, N_k, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_head,
+        V_head,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        full_end,
+        end,
+        offs_m,
+        N_k,
+        qk_scale,
+        OFFSET,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        DOT_PRECISION,
     )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
@@ -143,5 +240,8 @@ def _attn_fwd(
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
-    tl.store(O_head + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od, o.to(O.dtype.element_ty),
-             mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    tl.store(
+        O_head + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od,
+        o.to(O.dtype.element_ty),
+        mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+    )

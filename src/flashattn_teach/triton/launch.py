@@ -52,8 +52,10 @@ def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
     for name, d in (("D", s.D), ("D_v", s.D_v)):
         if not MIN_HEAD_DIM <= d <= top:
             what = "forward and backward" if needs_grad else "forward"
-            return (f"the Triton {what} for {str(q.dtype).removeprefix('torch.')} supports head dimensions "
-                    f"{MIN_HEAD_DIM} to {top}, got {name}={d}")
+            return (
+                f"the Triton {what} for {str(q.dtype).removeprefix('torch.')} supports head dimensions "
+                f"{MIN_HEAD_DIM} to {top}, got {name}={d}"
+            )
     return None
 
 
@@ -83,8 +85,9 @@ def _strides(t: Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())  # type: ignore[return-value]
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool, causal_align: str,
-            config: AttentionConfig) -> tuple[Tensor, Tensor]:
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool, causal_align: str, config: AttentionConfig
+) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
     import triton
@@ -97,18 +100,49 @@ def forward(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool
     c = config.forward
     grid = (triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)
     _attn_fwd[grid](
-        q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-        s.H_q, s.N_q, s.N_k, s.group, s.scale * LOG2E, diagonal_offset(s.N_q, s.N_k, causal_align),
-        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=block_d(s.D), BLOCK_DV=block_d(s.D_v),
-        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(o),
+        s.H_q,
+        s.N_q,
+        s.N_k,
+        s.group,
+        s.scale * LOG2E,
+        diagonal_offset(s.N_q, s.N_k, causal_align),
+        HEAD_DIM=s.D,
+        HEAD_DIM_V=s.D_v,
+        BLOCK_D=block_d(s.D),
+        BLOCK_DV=block_d(s.D_v),
+        BLOCK_M=c.BLOCK_M,
+        BLOCK_N=c.BLOCK_N,
+        CAUSAL=causal,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     return o, lse
 
 
-def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Tensor | None,
-             s: AttentionShapes, *, causal: bool, causal_align: str,
-             config: AttentionConfig) -> tuple[Tensor, Tensor, Tensor]:
+def backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    do: Tensor,
+    dlse: Tensor | None,
+    s: AttentionShapes,
+    *,
+    causal: bool,
+    causal_align: str,
+    config: AttentionConfig,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
     its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group."""
     import triton
@@ -126,8 +160,18 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     c = config.backward_preprocess
     _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
-        o, do, delta, *_strides(o), *_strides(do), s.H_q, s.N_q,
-        HEAD_DIM_V=s.D_v, BLOCK_DV=Dv_pad, BLOCK_M=c.BLOCK_M, num_warps=c.num_warps, num_stages=c.num_stages,
+        o,
+        do,
+        delta,
+        *_strides(o),
+        *_strides(do),
+        s.H_q,
+        s.N_q,
+        HEAD_DIM_V=s.D_v,
+        BLOCK_DV=Dv_pad,
+        BLOCK_M=c.BLOCK_M,
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     if dlse is not None:
         # a gradient into lse adds dlse_i * P_ij to dS_ij, i.e. delta_i -= dlse_i
@@ -137,22 +181,71 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
     c = config.backward_dkdv
     _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N), B * s.H_kv)](
-        q, k, v, do, lse, delta, dk, dv,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        s.H_q, s.H_kv, s.N_q, s.N_k, s.group, s.scale, qk_scale, offset,
-        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=D_pad, BLOCK_DV=Dv_pad,
-        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=precision,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(do),
+        *_strides(dk),
+        *_strides(dv),
+        s.H_q,
+        s.H_kv,
+        s.N_q,
+        s.N_k,
+        s.group,
+        s.scale,
+        qk_scale,
+        offset,
+        HEAD_DIM=s.D,
+        HEAD_DIM_V=s.D_v,
+        BLOCK_D=D_pad,
+        BLOCK_DV=Dv_pad,
+        BLOCK_M=c.BLOCK_M,
+        BLOCK_N=c.BLOCK_N,
+        CAUSAL=causal,
+        DOT_PRECISION=precision,
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
     c = config.backward_dq
     _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
-        q, k, v, do, lse, delta, dq,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        s.H_q, s.N_q, s.N_k, s.group, s.scale, qk_scale, offset,
-        HEAD_DIM=s.D, HEAD_DIM_V=s.D_v, BLOCK_D=D_pad, BLOCK_DV=Dv_pad,
-        BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, CAUSAL=causal, DOT_PRECISION=precision,
-        num_warps=c.num_warps, num_stages=c.num_stages,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(do),
+        *_strides(dq),
+        s.H_q,
+        s.N_q,
+        s.N_k,
+        s.group,
+        s.scale,
+        qk_scale,
+        offset,
+        HEAD_DIM=s.D,
+        HEAD_DIM_V=s.D_v,
+        BLOCK_D=D_pad,
+        BLOCK_DV=Dv_pad,
+        BLOCK_M=c.BLOCK_M,
+        BLOCK_N=c.BLOCK_N,
+        CAUSAL=causal,
+        DOT_PRECISION=precision,
+        num_warps=c.num_warps,
+        num_stages=c.num_stages,
     )
     return dq, dk, dv
