@@ -23,9 +23,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .forward import _causal_key_range
-
-LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln(2)
+from .forward import LOG2E, _causal_key_range, _load_tile, _store_tile
 
 
 @triton.jit
@@ -53,26 +51,29 @@ def _attn_bwd_preprocess(
     b = (pid_bh // H_q).to(tl.int64)
     h = (pid_bh % H_q).to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m[:, None] < N_q) & (offs_dv[None, :] < HEAD_DIM_V)
-    o = tl.load(
-        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od,
-        mask=mask,
-        other=0.0,
-    ).to(tl.float32)
-    do = tl.load(
-        DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_dv[None, :] * stride_dod,
-        mask=mask,
-        other=0.0,
-    ).to(tl.float32)
+    O_head = O + b * stride_ob + h * stride_oh
+    DO_head = DO + b * stride_dob + h * stride_doh
+    # O_i, dO_i: (BLOCK_M, BLOCK_DV), in fp32 so that the row sum accumulates in fp32
+    o = _load_tile(O_head, offs_m, offs_dv, stride_on, stride_od, N_q, HEAD_DIM_V).to(tl.float32)
+    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V).to(tl.float32)
     # delta_i = rowsum(dO_i * O_i), which equals rowsum(P_ij * dP_ij) summed over all key blocks j
     tl.store(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_q)
+
+
+@triton.jit
+def _load_lse2(LSE_head, offs_m, N_q):
+    """``lse_i * log2(e)`` for rows ``offs_m``: (BLOCK_M,) fp32. A row that saw no key has ``lse = -inf``;
+    it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is 0 rather than NaN."""
+    lse = tl.load(LSE_head + offs_m, mask=offs_m < N_q, other=0.0)
+    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
 
 @triton.jit
 def _causal_query_range(start_n, N_q, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Query rows for key columns ``[start_n, start_n + BLOCK_N)``, in three stages:
     ``[begin, diag_end)`` masked (the diagonal), ``[diag_end, full_end)`` unmasked, ``[full_end, N_q)``
-    masked (the ragged last block). Query row r sees key c iff ``r >= c - OFFSET`` (causal)."""
+    masked (the ragged last block). Query row r sees key c iff ``r >= c - OFFSET`` (causal); ``begin`` is
+    :func:`flashattn_teach.causal.first_visible_row` of ``start_n``, rounded down to a block."""
     n_full = (N_q // BLOCK_M) * BLOCK_M
     if CAUSAL:
         # first row that sees key start_n, rounded down to a block
@@ -90,10 +91,10 @@ def _causal_query_range(start_n, N_q, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk,
-    dv,
-    k,
-    v,  # dK_j, dV_j (BLOCK_N, BLOCK_D / BLOCK_DV) fp32 accumulators; K_j, V_j tiles
+    dk,  # dK_j (BLOCK_N, BLOCK_D) fp32 accumulator
+    dv,  # dV_j (BLOCK_N, BLOCK_DV) fp32 accumulator
+    k,  # K_j (BLOCK_N, BLOCK_D)
+    v,  # V_j (BLOCK_N, BLOCK_DV)
     Q_head,
     DO_head,
     LSE_head,
@@ -113,39 +114,30 @@ def _attn_bwd_dkdv_inner(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    MASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASK: tl.constexpr,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of one query head into ``dK_j, dV_j``.
 
-    Works on transposed tiles (keys along rows) so that no probability tile needs a transpose.
+    Works on transposed tiles (keys along rows) so that no probability tile needs a transpose. ``MASK``
+    selects the stage: True for the diagonal and the ragged last block, where ``P`` of invisible pairs is 0.
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_m, end_m, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
-        in_q = offs_m < N_q
-        # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV); rows past N_q load as 0
-        qT = tl.load(
-            Q_head + offs_m[None, :] * stride_qn + offs_d[:, None] * stride_qd,
-            mask=in_q[None, :] & (offs_d[:, None] < HEAD_DIM),
-            other=0.0,
-        )
-        do = tl.load(
-            DO_head + offs_m[:, None] * stride_don + offs_dv[None, :] * stride_dod,
-            mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )
-        lse = tl.load(LSE_head + offs_m, mask=in_q, other=0.0)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        delta = tl.load(DELTA_head + offs_m, mask=in_q, other=0.0)
+        # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
+        qT = _load_tile(Q_head, offs_d, offs_m, stride_qd, stride_qn, HEAD_DIM, N_q)
+        do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V)
+        lse2 = _load_lse2(LSE_head, offs_m, N_q)
+        delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_q, other=0.0)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
         # P_ij^T = exp(S_ij^T - lse_i)
         pT = tl.math.exp2(qkT - lse2[None, :])
         if MASK:
-            visible = in_q[None, :]
+            visible = offs_m[None, :] < N_q
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= offs_m[None, :] + OFFSET)
             pT = tl.where(visible, pT, 0.0)
@@ -219,18 +211,11 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_k = offs_n < N_k
+    K_head = K + b * stride_kb + h_kv * stride_kh
+    V_head = V + b * stride_vb + h_kv * stride_vh
     # K_j: (BLOCK_N, BLOCK_D), V_j: (BLOCK_N, BLOCK_DV), loaded once
-    k = tl.load(
-        K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-        mask=in_k[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    v = tl.load(
-        V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
-        mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        other=0.0,
-    )
+    k = _load_tile(K_head, offs_n, offs_d, stride_kn, stride_kd, N_k, HEAD_DIM)
+    v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, N_k, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
@@ -266,9 +251,9 @@ def _attn_bwd_dkdv(
             BLOCK_D,
             BLOCK_DV,
             BLOCK_M,
-            True,
             CAUSAL,
             DOT_PRECISION,
+            MASK=True,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -294,9 +279,9 @@ def _attn_bwd_dkdv(
             BLOCK_D,
             BLOCK_DV,
             BLOCK_M,
-            False,
             CAUSAL,
             DOT_PRECISION,
+            MASK=False,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -322,32 +307,26 @@ def _attn_bwd_dkdv(
             BLOCK_D,
             BLOCK_DV,
             BLOCK_M,
-            True,
             CAUSAL,
             DOT_PRECISION,
+            MASK=True,
         )
 
     # dK_j = scale * sum_i dS_ij^T Q_i
     dk = dk * scale
-    tl.store(
-        DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-        dk.to(DK.dtype.element_ty),
-        mask=in_k[:, None] & (offs_d[None, :] < HEAD_DIM),
-    )
-    tl.store(
-        DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
-        dv.to(DV.dtype.element_ty),
-        mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-    )
+    DK_head = DK + b * stride_dkb + h_kv * stride_dkh
+    DV_head = DV + b * stride_dvb + h_kv * stride_dvh
+    _store_tile(DK_head, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, N_k, HEAD_DIM)
+    _store_tile(DV_head, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, N_k, HEAD_DIM_V)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq,
-    q,
-    do,
-    lse2,
-    delta,  # dQ_i (BLOCK_M, BLOCK_D) fp32 accumulator; Q_i, dO_i tiles; per-row stats
+    dq,  # dQ_i (BLOCK_M, BLOCK_D) fp32 accumulator
+    q,  # Q_i (BLOCK_M, BLOCK_D)
+    do,  # dO_i (BLOCK_M, BLOCK_DV)
+    lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
+    delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
     K_head,
     V_head,
     stride_kn,
@@ -365,32 +344,23 @@ def _attn_bwd_dq_inner(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASK: tl.constexpr,
 ):
-    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``."""
+    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        in_k = offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        kT = tl.load(
-            K_head + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-            mask=in_k[None, :] & (offs_d[:, None] < HEAD_DIM),
-            other=0.0,
-        )
-        vT = tl.load(
-            V_head + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd,
-            mask=in_k[None, :] & (offs_dv[:, None] < HEAD_DIM_V),
-            other=0.0,
-        )
+        kT = _load_tile(K_head, offs_d, offs_n, stride_kd, stride_kn, HEAD_DIM, N_k)
+        vT = _load_tile(V_head, offs_dv, offs_n, stride_vd, stride_vn, HEAD_DIM_V, N_k)
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(qk - lse2[:, None])
         if MASK:
-            visible = in_k[None, :]
+            visible = offs_n[None, :] < N_k
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
             p = tl.where(visible, p, 0.0)
@@ -456,24 +426,17 @@ def _attn_bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_q = offs_m < N_q
-    q = tl.load(
-        Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-        mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    do = tl.load(
-        DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_dv[None, :] * stride_dod,
-        mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        other=0.0,
-    )
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * N_q + offs_m, mask=in_q, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, mask=in_q, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
+    Q_head = Q + b * stride_qb + h * stride_qh
+    DO_head = DO + b * stride_dob + h * stride_doh
     K_head = K + b * stride_kb + h_kv * stride_kh
     V_head = V + b * stride_vb + h_kv * stride_vh
+    # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
+    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, N_q, HEAD_DIM)
+    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V)
+    lse2 = _load_lse2(LSE + pid_bh.to(tl.int64) * N_q, offs_m, N_q)
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, mask=offs_m < N_q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
     full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _attn_bwd_dq_inner(
         dq,
@@ -498,9 +461,9 @@ def _attn_bwd_dq(
         BLOCK_D,
         BLOCK_DV,
         BLOCK_N,
-        False,
         CAUSAL,
         DOT_PRECISION,
+        MASK=False,
     )
     dq = _attn_bwd_dq_inner(
         dq,
@@ -525,15 +488,12 @@ def _attn_bwd_dq(
         BLOCK_D,
         BLOCK_DV,
         BLOCK_N,
-        True,
         CAUSAL,
         DOT_PRECISION,
+        MASK=True,
     )
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
-    tl.store(
-        DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
-        dq.to(DQ.dtype.element_ty),
-        mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM),
-    )
+    DQ_head = DQ + b * stride_dqb + h * stride_dqh
+    _store_tile(DQ_head, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, N_q, HEAD_DIM)

@@ -14,6 +14,9 @@ so the exponentials are single ``ex2`` instructions and ``lse = ln(2) * (m2_i + 
 Causal masking splits the key loop in two stages (see :mod:`flashattn_teach.causal`): key blocks wholly
 below the diagonal run without a mask, blocks that straddle it (and the ragged last block) run masked,
 and blocks wholly above it are never visited.
+
+The pieces the backward kernels share live here too: ``LOG2E``, the masked tile load and store, and the
+key range of a query block.
 """
 
 from __future__ import annotations
@@ -21,13 +24,38 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
+LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
+
+
+@triton.jit
+def _load_tile(ptr, offs_r, offs_c, stride_r, stride_c, n_r, n_c):
+    """The ``(len(offs_r), len(offs_c))`` tile at rows ``offs_r``, columns ``offs_c`` of an ``(n_r, n_c)``
+    matrix; entries outside it (rows of a ragged last block, padded head-dim lanes) read 0, so they add
+    nothing to a dot product. Swapping the row and column arguments loads the transposed tile."""
+    return tl.load(
+        ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+        mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _store_tile(ptr, tile, offs_r, offs_c, stride_r, stride_c, n_r, n_c):
+    """Write the in-range entries of ``tile`` (rows ``offs_r``, columns ``offs_c``) of an ``(n_r, n_c)``
+    matrix; the inverse of :func:`_load_tile`."""
+    tl.store(
+        ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+        tile,
+        mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+    )
 
 
 @triton.jit
 def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Key columns for query rows ``[start_m, start_m + BLOCK_M)``: ``[0, full_end)`` need no mask,
-    ``[full_end, end)`` do. Query row r sees key c iff ``c <= r + OFFSET`` (causal) and ``c < N_k``."""
+    ``[full_end, end)`` do. Query row r sees key c iff ``c <= r + OFFSET`` (causal) and ``c < N_k``.
+    ``end`` is :func:`flashattn_teach.causal.key_end` of the block's rows."""
     if CAUSAL:
         # last key seen by the last row, plus one; clamped so rows that see nothing give an empty range
         end = tl.minimum(tl.maximum(start_m + BLOCK_M + OFFSET, 0), N_k)
@@ -42,10 +70,10 @@ def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _attn_fwd_inner(
-    acc,
-    l_i,
-    m_i,
-    q,  # running state: (BLOCK_M, BLOCK_DV) fp32, (BLOCK_M,) fp32 x 2; Q_i (BLOCK_M, BLOCK_D)
+    acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output O_i
+    l_i,  # (BLOCK_M,) fp32, running denominator
+    m_i,  # (BLOCK_M,) fp32, running max (log2 units)
+    q,  # Q_i (BLOCK_M, BLOCK_D)
     K_head,
     V_head,
     stride_kn,
@@ -63,9 +91,9 @@ def _attn_fwd_inner(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASK: tl.constexpr,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -76,17 +104,12 @@ def _attn_fwd_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        in_k = offs_n < N_k
-        # K_j^T: (BLOCK_D, BLOCK_N); padded head-dim lanes and keys past N_k load as 0
-        kT = tl.load(
-            K_head + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-            mask=in_k[None, :] & (offs_d[:, None] < HEAD_DIM),
-            other=0.0,
-        )
+        # K_j^T: (BLOCK_D, BLOCK_N)
+        kT = _load_tile(K_head, offs_d, offs_n, stride_kd, stride_kn, HEAD_DIM, N_k)
         # S_ij in log2 units: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N), fp32
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         if MASK:
-            visible = in_k[None, :]
+            visible = offs_n[None, :] < N_k
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
             qk = tl.where(visible, qk, float("-inf"))
@@ -102,11 +125,8 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_new_safe)
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V_head + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
-            mask=in_k[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )
+        # V_j: (BLOCK_N, BLOCK_DV)
+        v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, N_k, HEAD_DIM_V)
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
         # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
         acc = acc * alpha[:, None]
@@ -168,13 +188,8 @@ def _attn_fwd(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    q = tl.load(
-        Q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-        mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
+    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, N_q, HEAD_DIM)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -203,9 +218,9 @@ def _attn_fwd(
         BLOCK_D,
         BLOCK_DV,
         BLOCK_N,
-        False,
         CAUSAL,
         DOT_PRECISION,
+        MASK=False,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc,
@@ -229,9 +244,9 @@ def _attn_fwd(
         BLOCK_D,
         BLOCK_DV,
         BLOCK_N,
-        True,
         CAUSAL,
         DOT_PRECISION,
+        MASK=True,
     )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
@@ -239,9 +254,5 @@ def _attn_fwd(
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
-    tl.store(
-        O_head + offs_m[:, None] * stride_on + offs_dv[None, :] * stride_od,
-        o.to(O.dtype.element_ty),
-        mask=in_q[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-    )
+    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=offs_m < N_q)
+    _store_tile(O_head, o.to(O.dtype.element_ty), offs_m, offs_dv, stride_on, stride_od, N_q, HEAD_DIM_V)

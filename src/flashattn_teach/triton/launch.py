@@ -27,8 +27,6 @@ from .configs import (
     shipped_config,
 )
 
-LOG2E = 1.4426950408889634  # 1 / ln(2)
-
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
@@ -92,7 +90,7 @@ def forward(
     in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
     import triton
 
-    from .forward import _attn_fwd
+    from .forward import LOG2E, _attn_fwd
 
     B = q.shape[0]
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
@@ -113,7 +111,7 @@ def forward(
         s.N_q,
         s.N_k,
         s.group,
-        s.scale * LOG2E,
+        s.scale * LOG2E.value,
         diagonal_offset(s.N_q, s.N_k, causal_align),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
@@ -148,13 +146,14 @@ def backward(
     import triton
 
     from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+    from .forward import LOG2E
 
     if config.backward_dkdv is None or config.backward_dq is None:
         raise ValueError(f"no backward configuration ships for head dimension {max(s.D, s.D_v)} and {q.dtype}")
     B = q.shape[0]
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     offset = diagonal_offset(s.N_q, s.N_k, causal_align)
-    qk_scale = s.scale * LOG2E
+    qk_scale = s.scale * LOG2E.value
     precision = dot_precision(q.dtype)
 
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
