@@ -6,8 +6,9 @@ import pytest
 import torch
 from _triton_cases import DEVICE
 
-from flashattn_teach.triton import AttentionConfig, triton_attention, unsupported_reason
-from flashattn_teach.triton.configs import ARCHS, KERNELS, block_d, max_head_dim, shipped_configs
+from flashattn_teach.errors import AttentionTypeError, AttentionValueError
+from flashattn_teach.triton import AttentionConfig, KernelConfig, triton_attention, unsupported_reason
+from flashattn_teach.triton.configs import ARCHS, KERNELS, block_d, max_head_dim, shipped_config, shipped_configs
 
 
 def qkv(D: int, dtype: torch.dtype, requires_grad: bool = False, H_kv: int = 2):
@@ -61,18 +62,8 @@ def test_every_shipped_tile_is_a_power_of_two_of_at_least_16(arch: str) -> None:
 
 
 def test_head_dims_pad_to_the_next_power_of_two() -> None:
-    assert [block_d(d) for d in (1, 16, 17, 40, 64, 80, 96, 128, 129, 256)] == [
-        16,
-        16,
-        32,
-        64,
-        64,
-        128,
-        128,
-        128,
-        256,
-        256,
-    ]
+    padded = {1: 16, 16: 16, 17: 32, 40: 64, 64: 64, 80: 128, 96: 128, 128: 128, 129: 256, 256: 256}
+    assert {d: block_d(d) for d in padded} == padded
     assert max_head_dim(torch.float16, backward=False) == 256 and max_head_dim(torch.float16, backward=True) == 128
 
 
@@ -91,3 +82,32 @@ def test_autotune_picks_the_fastest_candidate_and_the_result_is_unchanged() -> N
     assert best == fast
     O = triton_attention(q, k, v, causal=True, enable_gqa=True, config="autotune")
     assert torch.allclose(O, triton_attention(q, k, v, causal=True, enable_gqa=True, config=fast), atol=1e-6)
+
+
+def test_autotune_names_a_bad_argument() -> None:
+    from flashattn_teach.triton.autotune import autotune
+
+    q, k, v = qkv(16, torch.float32, H_kv=4)
+    with pytest.raises(AttentionValueError, match="candidates"):
+        autotune(q, k, v, candidates=[])
+    with pytest.raises(AttentionTypeError, match="candidates"):
+        autotune(q, k, v, candidates=[(32, 16)])
+    forward_only = AttentionConfig(forward=KernelConfig(16, 16, 4, 1), backward_dkdv=None, backward_dq=None)
+    with pytest.raises(AttentionValueError, match="backward_dkdv=None"):
+        autotune(q, k, v, candidates=[forward_only], backward=True)
+    with pytest.raises(AttentionTypeError, match="float64"):
+        autotune(*qkv(16, torch.float64, H_kv=4))
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "phrase"),
+    [
+        ((64, torch.float16, "sm70"), AttentionValueError, "arch"),
+        ((64, torch.float64, "sm90"), AttentionTypeError, "dtype"),
+        ((512, torch.float16, "sm90"), AttentionValueError, "head_dim"),
+        ((128, torch.float32, "sm80"), AttentionValueError, "head_dim"),
+    ],
+)
+def test_shipped_config_names_a_bad_argument(args, error: type[Exception], phrase: str) -> None:
+    with pytest.raises(error, match=phrase):
+        shipped_config(*args)

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from .._validate import validate_inputs
-from .configs import ARCHS, TEST_CONFIG, AttentionConfig, arch_of, shipped_config
+from ..errors import AttentionTypeError, AttentionValueError
+from . import launch
+from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, shipped_config
 
-_CACHE: dict[tuple, AttentionConfig] = {}
+Timer = Callable[[Callable[[], object]], float]
+
+_CACHE: dict[tuple[object, ...], AttentionConfig] = {}
 
 
 def candidate_configs(q: Tensor, head_dim: int, needs_backward: bool) -> list[AttentionConfig]:
@@ -39,11 +44,11 @@ def _wall_clock_ms(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _default_timer(q: Tensor) -> Callable[[Callable[[], object]], float]:
+def _default_timer(q: Tensor) -> Timer:
     if q.device.type == "cuda":
-        import triton.testing
+        import triton.testing  # type: ignore[import-untyped]
 
-        return lambda fn: triton.testing.do_bench(fn, warmup=5, rep=20)
+        return lambda fn: float(triton.testing.do_bench(fn, warmup=5, rep=20))
     return _wall_clock_ms
 
 
@@ -61,12 +66,17 @@ def autotune(
     enable_gqa: bool = False,
     backward: bool = True,
     candidates: Sequence[AttentionConfig] | None = None,
-    timer: Callable[[Callable[[], object]], float] | None = None,
+    timer: Timer | None = None,
 ) -> AttentionConfig:
     """The fastest of ``candidates`` on these inputs; ``timer(fn)`` returns milliseconds for one call."""
     from .autograd import TritonAttentionFunction
 
     s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
+    if q.dtype not in DTYPES:
+        raise AttentionTypeError(f"autotune needs q of float16, bfloat16 or float32, got {q.dtype}")
+    reason = launch.device_reason(q) or launch.shape_reason(q, s, needs_grad=backward)
+    if reason is not None:
+        raise AttentionValueError(f"autotune: {reason}")
     device = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else q.device.type
     key = (
         device,
@@ -83,6 +93,13 @@ def autotune(
     if candidates is None and key in _CACHE:
         return _CACHE[key]
     pool = list(candidates) if candidates is not None else candidate_configs(q, max(s.D, s.D_v), backward)
+    if not pool:
+        raise AttentionValueError("candidates must hold at least one AttentionConfig, got an empty sequence")
+    for c in pool:
+        if not isinstance(c, AttentionConfig):
+            raise AttentionTypeError(f"candidates must be AttentionConfig instances, got {type(c).__name__}: {c!r}")
+        if backward:
+            launch.check_backward_config(c, q, s)
     timer = timer or _default_timer(q)
     q_, k_, v_ = (t.detach().requires_grad_(backward) for t in (q, k, v))
 
@@ -95,7 +112,7 @@ def autotune(
     times = []
     for config in pool:
         step(config)  # compile outside the timing
-        times.append(timer(lambda config=config: step(config)))
+        times.append(timer(partial(step, config)))
     best = pool[min(range(len(pool)), key=times.__getitem__)]
     if candidates is None:
         _CACHE[key] = best

@@ -20,7 +20,7 @@ no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` i
 
 from __future__ import annotations
 
-import triton
+import triton  # type: ignore[import-untyped]
 from triton import language as tl
 
 from .forward import LOG2E, _causal_key_range, _load_tile, _store_tile

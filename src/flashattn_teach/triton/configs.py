@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import AttentionTypeError, AttentionValueError
+
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
 ARCHS = ("sm90", "sm80")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
@@ -56,18 +58,25 @@ class AttentionConfig:
         return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=KernelConfig(block_m, 0, 4, 1))
 
     def kernel(self, name: str) -> KernelConfig | None:
-        return getattr(self, name)
+        """The configuration of one of :data:`KERNELS`, by name."""
+        if name not in KERNELS:
+            raise AttentionValueError(f"name must be one of {', '.join(KERNELS)}, got {name!r}")
+        config: KernelConfig | None = getattr(self, name)
+        return config
 
 
 # Fixed configuration for the interpreter tests: small tiles keep the CPU run short, and two tiles of
 # different sizes make sure no code path assumes BLOCK_M == BLOCK_N.
 TEST_CONFIG = AttentionConfig.uniform(32, 16)
 
+# (forward, backward_dkdv, backward_dq) of one padded head dim
+_Row = tuple[KernelConfig, KernelConfig | None, KernelConfig | None]
+
 K = KernelConfig
-# (forward, backward_dkdv, backward_dq) per padded head dim; None where a kernel does not ship because no
-# tile fits in registers without spilling (the dK/dV program holds K_j, V_j and two fp32 accumulators).
+# One row per padded head dim; None where a kernel does not ship because no tile fits in registers
+# without spilling (the dK/dV program holds K_j, V_j and two fp32 accumulators).
 # fp16 and bf16 share a table: their kernels differ only in the MMA's input type.
-_SM90_16BIT = {
+_SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 64, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 3), K(128, 64, 8, 3)),
@@ -75,7 +84,7 @@ _SM90_16BIT = {
     256: (K(128, 32, 8, 2), None, None),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
-_SM80_16BIT = {
+_SM80_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(16, 128, 8, 3), K(128, 32, 8, 3)),
@@ -83,19 +92,19 @@ _SM80_16BIT = {
     256: (K(64, 64, 8, 2), None, None),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers: head dims <= 64.
-_SM90_FP32 = {
+_SM90_FP32: dict[int, _Row] = {
     16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     32: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     64: (K(64, 32, 4, 2), K(16, 32, 4, 2), K(64, 32, 4, 2)),
 }
-_SM80_FP32 = {
+_SM80_FP32: dict[int, _Row] = {
     16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     32: (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
     64: (K(64, 32, 4, 2), K(16, 32, 4, 2), K(32, 32, 4, 2)),
 }
 del K
 
-_TABLES = {
+_TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
     ("sm90", torch.float16): _SM90_16BIT,
     ("sm90", torch.bfloat16): _SM90_16BIT,
     ("sm80", torch.float16): _SM80_16BIT,
@@ -105,9 +114,17 @@ _TABLES = {
 }
 
 
+def _table(arch: str, dtype: torch.dtype) -> dict[int, _Row]:
+    if arch not in ARCHS:
+        raise AttentionValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if dtype not in DTYPES:
+        raise AttentionTypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    return _TABLES[(arch, dtype)]
+
+
 def max_head_dim(dtype: torch.dtype, backward: bool) -> int:
     """Largest head dimension with a shipped forward (or forward and backward) configuration."""
-    rows = _TABLES[("sm90", dtype)]
+    rows = _table("sm90", dtype)
     return max(d for d, row in rows.items() if row[0] is not None and (not backward or None not in row))
 
 
@@ -131,10 +148,15 @@ def arch_of(device: torch.device) -> str:
 def shipped_config(head_dim: int, dtype: torch.dtype, arch: str) -> AttentionConfig:
     """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
     None where the backward does not ship (see :func:`max_head_dim`)."""
-    fwd, dkdv, dq = _TABLES[(arch, dtype)][block_d(head_dim)]
+    rows = _table(arch, dtype)
+    if not MIN_HEAD_DIM <= head_dim <= max(rows):
+        raise AttentionValueError(
+            f"head_dim must be between {MIN_HEAD_DIM} and {max(rows)} for {dtype} on {arch}, got {head_dim}"
+        )
+    fwd, dkdv, dq = rows[block_d(head_dim)]
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
 
 
 def shipped_configs(arch: str) -> list[tuple[torch.dtype, int, AttentionConfig]]:
     """Every (dtype, padded head dim, configuration) that ships for ``arch``."""
-    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS if d in _TABLES[(arch, dt)]]
+    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS if d in _table(arch, dt)]

@@ -21,7 +21,7 @@ key range of a query block.
 
 from __future__ import annotations
 
-import triton
+import triton  # type: ignore[import-untyped]
 from triton import language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)

@@ -15,11 +15,13 @@ from torch import Tensor
 from .._layout import pad_rank
 from .._validate import AttentionShapes
 from ..causal import diagonal_offset
+from ..errors import AttentionValueError
 from .configs import (
     DTYPES,
     MIN_HEAD_DIM,
     TEST_CONFIG,
     AttentionConfig,
+    KernelConfig,
     arch_of,
     block_d,
     dot_precision,
@@ -80,7 +82,21 @@ def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
 
 
 def _strides(t: Tensor) -> tuple[int, int, int, int]:
-    return tuple(t.stride())  # type: ignore[return-value]
+    """The strides of a ``(B, H, N, X)`` tensor, in the order the kernels take them."""
+    b, h, n, x = t.stride()
+    return b, h, n, x
+
+
+def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
+    """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
+    if config.backward_dkdv is None or config.backward_dq is None:
+        raise AttentionValueError(
+            f"config has no backward kernels (backward_dkdv={config.backward_dkdv}, "
+            f"backward_dq={config.backward_dq}) for query {tuple(q.shape)} of {q.dtype} with D={s.D}, D_v={s.D_v}; "
+            f"the shipped backward covers head dimensions up to {max_head_dim(q.dtype, backward=True)}: pass a "
+            "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
+        )
+    return config.backward_dkdv, config.backward_dq
 
 
 def forward(
@@ -88,7 +104,7 @@ def forward(
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
-    import triton
+    import triton  # type: ignore[import-untyped]
 
     from .forward import LOG2E, _attn_fwd
 
@@ -148,8 +164,7 @@ def backward(
     from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
     from .forward import LOG2E
 
-    if config.backward_dkdv is None or config.backward_dq is None:
-        raise ValueError(f"no backward configuration ships for head dimension {max(s.D, s.D_v)} and {q.dtype}")
+    dkdv_config, dq_config = check_backward_config(config, q, s)
     B = q.shape[0]
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     offset = diagonal_offset(s.N_q, s.N_k, causal_align)
@@ -178,7 +193,7 @@ def backward(
 
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
-    c = config.backward_dkdv
+    c = dkdv_config
     _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N), B * s.H_kv)](
         q,
         k,
@@ -215,7 +230,7 @@ def backward(
     )
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
-    c = config.backward_dq
+    c = dq_config
     _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
         q,
         k,
