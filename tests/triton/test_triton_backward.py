@@ -1,4 +1,4 @@
-"""The Triton backward kernels give the float64 oracle's gradients, deterministically."""
+"""The Triton backward kernels give the float64 oracle's gradients, deterministically, also under torch.func."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import torch
 from _triton_cases import DEVICE, REL_TOL, Case, assert_close_scaled, cases
 from hypothesis import given, settings
 
+from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
-from flashattn_teach.triton import AttentionConfig, triton_attention
+from flashattn_teach.triton import AttentionConfig, KernelConfig, triton_attention
 
 
 def grads(c: Case, q, k, v, dO, dlse=None, triton: bool = True):
@@ -21,25 +22,30 @@ def grads(c: Case, q, k, v, dO, dlse=None, triton: bool = True):
         O, lse = dense_attention(
             q, k, v, causal=c.causal, causal_align=c.causal_align, enable_gqa=True, return_lse=True
         )
-    loss = (O * dO.to(O.dtype)).sum()
+    # a loss of O alone, of lse alone, or of both: autograd passes the function None for an unused output
+    terms = []
+    if dO is not None:
+        terms.append((O * dO.to(O.dtype)).sum())
     if dlse is not None:
-        loss = loss + (torch.where(torch.isneginf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
-    loss.backward()
-    return q.grad, k.grad, v.grad
+        terms.append((torch.where(torch.isneginf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum())
+    sum(terms).backward()
+    # lse does not depend on v: the oracle leaves v.grad None where the kernels return zeros
+    return tuple(torch.zeros_like(t) if t.grad is None else t.grad for t in (q, k, v))
 
 
-def check_backward(c: Case, with_dlse: bool = False) -> None:
+def check_backward(c: Case, with_dO: bool = True, with_dlse: bool = False) -> None:
     q, k, v = c.tensors()
     g = torch.Generator().manual_seed(7)
     dO = torch.randn(c.B, c.H_q, c.N_q, c.D_v, generator=g).to(DEVICE, c.dtype)
-    dlse = torch.randn(c.B, c.H_q, c.N_q, generator=g).to(DEVICE) if with_dlse else None
+    dlse = torch.randn(c.B, c.H_q, c.N_q, generator=g).to(DEVICE)
+    dO, dlse = (dO if with_dO else None), (dlse if with_dlse else None)
     got = grads(c, q, k, v, dO, dlse)
     want = grads(
         c,
         q.double().cpu(),
         k.double().cpu(),
         v.double().cpu(),
-        dO.double().cpu(),
+        None if dO is None else dO.double().cpu(),
         None if dlse is None else dlse.double().cpu(),
         triton=False,
     )
@@ -73,8 +79,9 @@ def test_backward_matches_dense_for_every_head_dim(D: int) -> None:
     )
 
 
+@pytest.mark.parametrize("with_dO", [True, False], ids=["O_and_lse", "lse_alone"])
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
-def test_gradient_through_lse_matches_dense(causal_align: str) -> None:
+def test_gradient_through_lse_matches_dense(causal_align: str, with_dO: bool) -> None:
     check_backward(
         Case(
             B=1,
@@ -89,6 +96,7 @@ def test_gradient_through_lse_matches_dense(causal_align: str) -> None:
             dtype=torch.float32,
             config=AttentionConfig.uniform(16, 32),
         ),
+        with_dO=with_dO,
         with_dlse=True,
     )
 
@@ -137,3 +145,49 @@ def test_backward_is_bitwise_deterministic() -> None:
     dO = torch.randn(2, 2, 49, 32).to(DEVICE, torch.float16)
     first, second = grads(c, q, k, v, dO), grads(c, q, k, v, dO)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_torch_func_vjp_matches_autograd_of_the_dense_oracle() -> None:
+    # torch.func sees through the function's setup_context form; cotangents for both O and lse
+    c = Case(
+        B=1,
+        H_kv=1,
+        group=2,
+        N_q=19,
+        N_k=23,
+        D=16,
+        D_v=16,
+        causal=True,
+        causal_align="bottom_right",
+        dtype=torch.float32,
+        config=AttentionConfig.uniform(16, 16),
+    )
+    q, k, v = c.tensors()
+    g = torch.Generator().manual_seed(3)
+    dO, dlse = torch.randn(1, 2, 19, 16, generator=g).to(DEVICE), torch.randn(1, 2, 19, generator=g).to(DEVICE)
+
+    def attention(q, k, v):
+        return triton_attention(
+            q, k, v, causal=True, causal_align=c.causal_align, enable_gqa=True, return_lse=True, config=c.config
+        )
+
+    (O, lse), vjp_fn = torch.func.vjp(attention, q, k, v)
+    got = vjp_fn((dO, dlse))
+    q64, k64, v64 = (t.double().cpu().requires_grad_() for t in (q, k, v))
+    ref_O, ref_lse = dense_attention(
+        q64, k64, v64, causal=True, causal_align=c.causal_align, enable_gqa=True, return_lse=True
+    )
+    want = torch.autograd.grad((ref_O, ref_lse), (q64, k64, v64), (dO.double().cpu(), dlse.double().cpu()))
+    assert_close_scaled(O, ref_O.detach(), REL_TOL[c.dtype], "O")
+    assert_close_scaled(lse, ref_lse.detach(), REL_TOL[torch.float32], "lse")
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert a.shape == b.shape
+        assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
+
+
+def test_a_config_without_backward_kernels_is_refused_when_gradients_are_asked() -> None:
+    q, k, v = (torch.randn(1, 1, 20, 16).to(DEVICE).requires_grad_() for _ in range(3))
+    forward_only = AttentionConfig(forward=KernelConfig(16, 16, 4, 1), backward_dkdv=None, backward_dq=None)
+    O = triton_attention(q, k, v, config=forward_only)
+    with pytest.raises(AttentionValueError, match="backward_dkdv=None"):
+        O.sum().backward()

@@ -1,6 +1,8 @@
 """Autograd glue: the fused forward and the three backward kernels as one differentiable function.
 
 Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed by the backward kernels.
+The function has the ``setup_context`` form (a ``forward`` without ``ctx``), which ``torch.func.grad`` and
+``torch.func.vjp`` need to see through it; it has no vmap rule.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ class TritonAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
         q: Tensor,
         k: Tensor,
         v: Tensor,
@@ -32,27 +33,35 @@ class TritonAttentionFunction(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         q4, k4, v4 = launch.to_4d(q, s, s.H_q), launch.to_4d(k, s, s.H_kv), launch.to_4d(v, s, s.H_kv)
         o4, lse3 = launch.forward(q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config)
-        ctx.save_for_backward(q, k, v, o4, lse3)
-        ctx.config = (s, causal, causal_align, config)
+        # (B, H_q, N_q, D_v) -> (*batch, H_q, N_q, D_v): a view, as is the lse's
         return o4.reshape(s.out_shape), lse3.reshape(s.lse_shape)
 
     @staticmethod
-    def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None):
-        q, k, v, o4, lse3 = ctx.saved_tensors
-        s, causal, causal_align, config = ctx.config
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+        q, k, v, s, causal, causal_align, config = inputs
+        O, lse = output
+        ctx.save_for_backward(q, k, v, O, lse)
+        ctx.shapes = s
+        ctx.causal = causal
+        ctx.causal_align = causal_align
+        ctx.config = config
+        # a loss of O alone passes dlse = None rather than zeros, and the backward skips its subtraction
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, O, lse = ctx.saved_tensors
+        s: AttentionShapes = ctx.shapes
         q4, k4, v4 = launch.to_4d(q, s, s.H_q), launch.to_4d(k, s, s.H_kv), launch.to_4d(v, s, s.H_kv)
+        o4 = launch.to_4d(O, s, s.H_q)
+        lse3 = lse.reshape(o4.shape[:3])  # (B, H_q, N_q)
         do4 = torch.zeros_like(o4) if dO is None else launch.to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
         dq4, dk4, dv4 = launch.backward(
-            q4, k4, v4, o4, lse3, do4, dlse3, s, causal=causal, causal_align=causal_align, config=config
+            q4, k4, v4, o4, lse3, do4, dlse3, s, causal=ctx.causal, causal_align=ctx.causal_align, config=ctx.config
         )
         # (B, H, N, X) -> (B, H, 1, N, X), the grouped layout grad_to_input undoes broadcasting from
-        return (
-            grad_to_input(dq4.unsqueeze(2), q, s),
-            grad_to_input(dk4.unsqueeze(2), k, s),
-            grad_to_input(dv4.unsqueeze(2), v, s),
-            None,
-            None,
-            None,
-            None,
-        )
+        dq = grad_to_input(dq4.unsqueeze(2), q, s)
+        dk = grad_to_input(dk4.unsqueeze(2), k, s)
+        dv = grad_to_input(dv4.unsqueeze(2), v, s)
+        return dq, dk, dv, None, None, None, None
