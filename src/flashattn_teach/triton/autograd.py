@@ -1,8 +1,9 @@
 """Autograd glue: the fused forward and the three backward kernels as one differentiable function.
 
 Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed by the backward kernels.
-The function has the ``setup_context`` form (a ``forward`` without ``ctx``), which ``torch.func.grad`` and
-``torch.func.vjp`` need to see through it; it has no vmap rule.
+The function has the ``setup_context`` form (a ``forward`` without ``ctx``), so ``torch.func.vjp`` sees
+through it. Caveats: there is no vmap rule, and ``torch.func.grad`` fails, because inside that transform
+the backward receives functorch's wrapper tensors, whose storage a Triton launch cannot read.
 """
 
 from __future__ import annotations
