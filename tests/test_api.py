@@ -90,11 +90,13 @@ def test_named_backends_refuse_what_they_cannot_do():
     with pytest.raises(NotImplementedError, match="attn_mask"):
         fa.explain(q, q, q, attn_mask=mask, backend="online")
     with pytest.raises(NotImplementedError, match="dropout"):
-        fa.explain(q, q, q, dropout_p=0.1, backend="keymajor")
-    assert fa.explain(q, q, q, backend="keymajor") == fa.Plan("keymajor", "requested explicitly")
+        fa.explain(q, q, q, dropout_p=0.1, backend="key_major")
+    assert fa.explain(q, q, q, backend="key_major") == fa.Plan("key_major", "requested explicitly")
+    with pytest.warns(DeprecationWarning, match="key_major"):
+        assert fa.explain(q, q, q, backend="keymajor").backend == "key_major"
 
 
-@pytest.mark.parametrize("backend", ["online", "keymajor", "dense", "auto"])
+@pytest.mark.parametrize("backend", ["online", "key_major", "dense", "auto"])
 def test_flash_attention_backends_agree_with_bottom_right_causal_and_lse(backend):
     q, k, v = r(2, 4, 5, 8, seed=1), r(2, 2, 12, 8, seed=2), r(2, 2, 12, 8, seed=3)
     O, lse = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", backend=backend, return_lse=True)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flashattn_teach.reference import dense_attention, flash_backward, keymajor_attention, online_attention
+from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 
 from attention_strategies import problems
 
-TILED = [pytest.param(online_attention, id="query-major"), pytest.param(keymajor_attention, id="key-major")]
+TILED = [pytest.param(online_attention, id="query_major"), pytest.param(key_major_attention, id="key_major")]
 
 
 def _finite_lse_loss(O, lse, dO, dlse):

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashattn_teach.reference import dense_attention, keymajor_attention, online_attention
+from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 
 from attention_strategies import problems
 
-TILED = [pytest.param(online_attention, id="query-major"), pytest.param(keymajor_attention, id="key-major")]
+TILED = [pytest.param(online_attention, id="query_major"), pytest.param(key_major_attention, id="key_major")]
 
 
 def assert_lse_equal(lse, ref, atol):
@@ -100,5 +100,5 @@ def test_permuting_keys_and_values_together_changes_nothing(attention, p, data):
 @given(p=problems(torch.float64))
 def test_query_major_and_key_major_agree(p):
     a = online_attention(p.q, p.k, p.v, **p.kwargs, **p.tiles)
-    b = keymajor_attention(p.q, p.k, p.v, **p.kwargs, **p.tiles)
+    b = key_major_attention(p.q, p.k, p.v, **p.kwargs, **p.tiles)
     torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach.reference import dense_attention, keymajor_attention, online_attention
+from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 
 PATHS = [
     pytest.param(dense_attention, id="dense"),
-    pytest.param(online_attention, id="query-major"),
-    pytest.param(keymajor_attention, id="key-major"),
+    pytest.param(online_attention, id="query_major"),
+    pytest.param(key_major_attention, id="key_major"),
     pytest.param(fa.flash_attention, id="flash_attention"),
     pytest.param(fa.scaled_dot_product_attention, id="sdpa"),
 ]
@@ -30,7 +30,7 @@ def r(*shape, dtype=torch.float32):
         (r(1, 4, 5, 8), r(1, 3, 5, 8), r(1, 3, 5, 8), ValueError, ["heads", "(1, 4, 5, 8)", "(1, 3, 5, 8)"]),
         (r(1, 2, 5, 8), r(1, 2, 5, 4), r(1, 2, 5, 8), ValueError, ["head dimension", "(1, 2, 5, 4)"]),
         (r(1, 2, 5, 8), r(1, 2, 6, 8), r(1, 2, 5, 8), ValueError, ["sequence length", "(1, 2, 6, 8)"]),
-        (r(1, 2, 5, 8), r(1, 2, 5, 8), r(1, 1, 5, 8), ValueError, ["key and value", "heads"]),
+        (r(1, 6, 5, 8), r(1, 2, 5, 8), r(1, 3, 5, 8), ValueError, ["key and value heads", "H_k=2", "H_v=3"]),
         (r(1, 2, 5, 8), r(1, 2, 5, 8, dtype=torch.float64), r(1, 2, 5, 8), TypeError, ["float32", "float64"]),
         (torch.ones(1, 2, 5, 8, dtype=torch.int64), r(1, 2, 5, 8), r(1, 2, 5, 8), TypeError, ["query", "int64"]),
         (r(1, 2, 5, 8), torch.ones(1, 2, 5, 8, dtype=torch.bool), r(1, 2, 5, 8), TypeError, ["key", "bool"]),
@@ -64,7 +64,7 @@ def test_mixed_devices_are_rejected():
         online_attention(q, k, k)
 
 
-@pytest.mark.parametrize("attention", [online_attention, keymajor_attention])
+@pytest.mark.parametrize("attention", [online_attention, key_major_attention])
 @pytest.mark.parametrize(
     "block_m, block_n, error, name",
     [(0, 4, ValueError, "block_m"), (4, -1, ValueError, "block_n"), (2.0, 4, TypeError, "block_m")],
@@ -81,12 +81,19 @@ def test_mask_that_does_not_broadcast_names_both_shapes():
         fa.scaled_dot_product_attention(x, x, x, attn_mask=torch.ones(4, 5, dtype=torch.bool))
 
 
-def test_mask_dtype_and_causal_conflict():
+def test_mask_dtype_is_checked_and_a_mask_with_is_causal_applies_both():
     x = r(1, 1, 5, 4)
-    with pytest.raises(TypeError, match="attn_mask"):
+    with pytest.raises(TypeError, match=r"attn_mask.*torch.int32"):
         fa.scaled_dot_product_attention(x, x, x, attn_mask=torch.ones(5, 5, dtype=torch.int32))
-    with pytest.raises(ValueError, match="is_causal"):
-        fa.scaled_dot_product_attention(x, x, x, attn_mask=torch.ones(5, 5, dtype=torch.bool), is_causal=True)
+    # torch's CPU SDPA applies both (mask AND causal); so does the drop-in.
+    mask = torch.rand(5, 5, generator=torch.Generator().manual_seed(0)) > 0.3
+    both = fa.scaled_dot_product_attention(x, x, x, attn_mask=mask, is_causal=True)
+    torch.testing.assert_close(
+        both, fa.scaled_dot_product_attention(x, x, x, attn_mask=mask & torch.ones(5, 5).tril().bool())
+    )
+    torch.testing.assert_close(
+        both, torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask, is_causal=True)
+    )
 
 
 def test_unknown_options_are_rejected():
@@ -95,7 +102,7 @@ def test_unknown_options_are_rejected():
         online_attention(x, x, x, causal=True, causal_align="diagonal")
     with pytest.raises(ValueError, match="backend"):
         fa.flash_attention(x, x, x, backend="cuda")
-    with pytest.raises(TypeError, match="scale"):
+    with pytest.raises(ValueError, match="scale must be finite"):
         online_attention(x, x, x, scale=float("nan"))
     with pytest.raises(ValueError, match="dropout_p"):
         fa.scaled_dot_product_attention(x, x, x, dropout_p=1.5)

@@ -5,6 +5,7 @@ Public API:
     flash_attention               the same with FlashAttention's options (causal alignment, lse, backend)
     explain                       which backend would run for given inputs, and why
     reference                     dense oracle, online-softmax references, memory-efficient backward
+    AttentionError                base of the errors raised for bad input (each also a RuntimeError)
     AttentionSchedules            the teaching example's module (dense and tiled side by side)
 
 Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAttention-2"
@@ -13,17 +14,22 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 
 from . import reference
 from .api import BACKENDS, Plan, explain, flash_attention, scaled_dot_product_attention
-from .reference import dense_attention, flash_backward, keymajor_attention, online_attention
+from .errors import AttentionError, AttentionTypeError, AttentionValueError
+from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
 
 __all__ = [
     "BACKENDS",
+    "AttentionError",
     "AttentionSchedules",
+    "AttentionTypeError",
+    "AttentionValueError",
     "Plan",
     "dense_attention",
     "explain",
     "flash_attention",
     "flash_backward",
+    "key_major_attention",
     "keymajor_attention",
     "online_attention",
     "reference",

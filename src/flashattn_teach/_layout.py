@@ -38,6 +38,18 @@ def to_grouped(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes) -> tuple[Ten
     return qg, kg, vg
 
 
+def rows_to_grouped(t: Tensor, s: AttentionShapes, dtype: torch.dtype) -> Tensor:
+    """A per-query-row tensor of the output's layout, ``(*batch, H_q, N_q[, X])``, in the grouped layout
+    ``(B, H_kv, G, N_q[, X])`` and ``dtype``: how ``O``, ``dO``, ``lse`` and ``dlse`` enter a backward."""
+    per_row = t.dim() == len(s.lse_shape)  # lse-like: no feature axis
+    full = s.lse_shape if per_row else s.out_shape
+    t = t.expand(full).to(dtype)
+    B = 1
+    for b in s.batch:
+        B *= b
+    return t.reshape(B, s.H_kv, s.group, s.N_q, *(() if per_row else (t.shape[-1],)))
+
+
 def from_grouped(o: Tensor, s: AttentionShapes) -> Tensor:
     """``(B, H_kv, G, N_q, X)`` -> ``(*batch, H_q, N_q, X)`` (or ``(N_q, X)`` for 2-D inputs)."""
     lead = s.out_shape[:-2]

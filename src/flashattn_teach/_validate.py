@@ -1,24 +1,30 @@
-"""Input validation shared by every backend (dense, online, key-major, Triton).
+"""Input validation shared by every backend (dense, online, key-major, parallel, Triton).
 
 All backends accept torch's ``scaled_dot_product_attention`` layout::
 
-    q: (..., H_q,  N_q, D)      k: (..., H_kv, N_k, D)      v: (..., H_kv, N_k, D_v)
+    q: (..., H_q,  N_q, D)      k: (..., H_k, N_k, D)      v: (..., H_v, N_k, D_v)
 
-Leading dimensions broadcast as in ``torch.matmul``. ``H_kv`` must equal ``H_q``, be 1 (broadcast, i.e.
-multi-query attention) or, with ``enable_gqa=True``, divide ``H_q`` (grouped-query attention: query head
-``h`` reads key/value head ``h // (H_q // H_kv)``, torch's ``repeat_interleave`` convention).
+Leading dimensions broadcast as in ``torch.matmul``, and so do the heads, as in torch: ``H_k`` and
+``H_v`` are equal or 1, and ``H_q`` and ``H_kv`` are equal or one of them is 1 (``H_kv = 1`` is
+multi-query attention; ``H_q = 1`` gives every key/value head the same queries). With ``enable_gqa=True``
+``H_kv`` may also divide ``H_q`` (grouped-query attention: query head ``h`` reads key/value head
+``h // (H_q // H_kv)``, torch's ``repeat_interleave`` convention).
 
-Errors name the argument and the shapes or dtypes involved, so a user can fix the call without reading
-this file.
+Errors are :mod:`flashattn_teach.errors` types (a ``ValueError`` or ``TypeError`` that is also a
+``RuntimeError``, as torch raises) and name the argument and the shapes or dtypes involved, so a user can
+fix the call without reading this file.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .errors import AttentionTypeError, AttentionValueError
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -28,8 +34,9 @@ class AttentionShapes:
     """The sizes of one attention call, after broadcasting.
 
     ``batch`` is the broadcast shape of all leading dimensions (those before the head dimension);
+    ``H_q`` is the number of output heads (query heads after broadcasting against the key/value heads);
     ``rank`` is the rank of the output, which has shape ``(*batch, H_q, N_q, D_v)`` (or ``(N_q, D_v)``
-    for 2-D inputs).
+    for 2-D inputs); ``scale`` is the softmax scale, resolved (``1 / sqrt(D)`` unless given).
     """
 
     batch: tuple[int, ...]
@@ -44,8 +51,8 @@ class AttentionShapes:
 
     @property
     def group(self) -> int:
-        """Query heads per key/value head (1 for plain multi-head attention)."""
-        return self.H_q // self.H_kv
+        """Query heads per key/value head (1 for plain multi-head attention, and for zero heads)."""
+        return self.H_q // self.H_kv if self.H_kv else 1
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -57,22 +64,90 @@ class AttentionShapes:
     def lse_shape(self) -> tuple[int, ...]:
         return self.out_shape[:-1]
 
+    @property
+    def score_shape(self) -> tuple[int, ...]:
+        """The shape of the scores ``S``, which an ``attn_mask`` must broadcast to."""
+        return (*self.out_shape[:-1], self.N_k)
 
-def _shape(t: Tensor) -> str:
+
+def shape_str(t: Tensor) -> str:
+    """``(2, 3, 4)``: a tensor's shape as errors quote it."""
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def _check_tensor(name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise AttentionTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
-        raise TypeError(
+        raise AttentionTypeError(
             f"{name} must have a floating-point dtype (float16, bfloat16, float32 or float64), "
-            f"got {t.dtype} with shape {_shape(t)}"
+            f"got {t.dtype} with shape {shape_str(t)}"
         )
     if t.dim() < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (..., N, D), got shape {_shape(t)}")
+        raise AttentionValueError(f"{name} must have at least 2 dimensions (..., N, D), got shape {shape_str(t)}")
     return t
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A flag must be a Python bool, as torch's SDPA requires: ``is_causal="no"`` is an error, not True."""
+    if not isinstance(value, bool):
+        raise AttentionTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _real(name: str, value: object) -> float:
+    """A Python or numpy real number, or a one-element tensor, as a float (torch's SDPA takes all three)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise AttentionTypeError(f"{name} must be a real number, got a tensor of shape {shape_str(value)}")
+        return float(value.item())
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise AttentionTypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def check_scale(scale: object, D: int) -> float:
+    """The softmax scale: ``1 / sqrt(D)`` by default; any finite real number otherwise.
+
+    With ``D = 0`` every score is 0 whatever the scale, so the default is 1 (torch's SDPA returns the mean
+    of ``v`` there, and so does every backend here).
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(D) if D > 0 else 1.0
+    value = _real("scale", scale)
+    if not math.isfinite(value):
+        raise AttentionValueError(f"scale must be finite, got {value}")
+    return value
+
+
+def check_dropout(dropout_p: object) -> float:
+    """A dropout probability in ``[0, 1]``."""
+    p = _real("dropout_p", dropout_p)
+    if not 0.0 <= p <= 1.0:
+        raise AttentionValueError(f"dropout_p must be in [0, 1], got {p}")
+    return p
+
+
+def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, shapes: str) -> tuple[int, int]:
+    """``(H_out, H_kv)``: the output's heads and the key/value heads after broadcasting."""
+    if H_k != H_v and 1 not in (H_k, H_v):
+        raise AttentionValueError(
+            f"key and value heads (dim -3) must be equal or 1, got H_k={H_k} and H_v={H_v} ({shapes})"
+        )
+    H_kv = H_v if H_k == 1 else H_k
+    if H_q == H_kv or H_kv == 1:
+        return H_q, H_kv  # multi-head, or multi-query (one key/value head for every query head)
+    if enable_gqa:
+        if H_kv == 0 or H_q % H_kv != 0:
+            raise AttentionValueError(
+                f"with enable_gqa=True the query heads H_q={H_q} must be a multiple of the key/value heads "
+                f"H_kv={H_kv} ({shapes})"
+            )
+        return H_q, H_kv
+    if H_q == 1:
+        return H_kv, H_kv  # the one query head broadcasts over the key/value heads, as torch.matmul does
+    hint = "; pass enable_gqa=True for grouped-query attention" if H_q % H_kv == 0 else ""
+    raise AttentionValueError(f"query has {H_q} heads but key/value have {H_kv} ({shapes}){hint}")
 
 
 def validate_inputs(
@@ -80,77 +155,59 @@ def validate_inputs(
     k: Tensor,
     v: Tensor,
     *,
-    scale: float | None = None,
+    scale: object = None,
     causal_align: str = "top_left",
     enable_gqa: bool = False,
     attn_mask: Tensor | None = None,
 ) -> AttentionShapes:
     """Check ``q, k, v`` (and an optional ``attn_mask``) and return the call's sizes.
 
-    Raises ``TypeError`` for wrong types or dtypes and ``ValueError`` for wrong shapes, devices or
-    options, each naming the offending argument.
+    Raises :class:`~flashattn_teach.errors.AttentionTypeError` for wrong types or dtypes and
+    :class:`~flashattn_teach.errors.AttentionValueError` for wrong shapes, devices or options, each
+    naming the offending argument.
     """
     q = _check_tensor("query", q)
     k = _check_tensor("key", k)
     v = _check_tensor("value", v)
+    shapes = f"query {shape_str(q)}, key {shape_str(k)}, value {shape_str(v)}"
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
+        raise AttentionTypeError(
             f"query, key and value must share one dtype, got query {q.dtype}, key {k.dtype}, value {v.dtype}"
         )
     if not (q.device == k.device == v.device):
-        raise ValueError(
+        raise AttentionValueError(
             f"query, key and value must be on one device, got query on {q.device}, key on {k.device}, "
             f"value on {v.device}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same head dimension D (last dim), got query {_shape(q)} and key {_shape(k)}"
+        raise AttentionValueError(
+            f"query and key must have the same head dimension D (last dim), got query {shape_str(q)} and "
+            f"key {shape_str(k)}"
         )
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same sequence length N_k (dim -2), got key {_shape(k)} and value {_shape(v)}"
+        raise AttentionValueError(
+            f"key and value must have the same sequence length N_k (dim -2), got key {shape_str(k)} and "
+            f"value {shape_str(v)}"
         )
-    if q.shape[-1] == 0:
-        raise ValueError(f"the head dimension D must be at least 1, got query {_shape(q)}")
     if causal_align not in CAUSAL_ALIGNS:
-        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+        raise AttentionValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    enable_gqa = check_bool("enable_gqa", enable_gqa)
 
     rank = max(q.dim(), k.dim(), v.dim())
     if rank == 2:
         batch: tuple[int, ...] = ()
-        H_q = H_k = H_v = 1
+        H_q = H_kv = 1
     else:
         # Pad with leading 1s to one rank, as torch.matmul broadcasting does.
         qs, ks, vs = ((1,) * (rank - t.dim()) + tuple(t.shape) for t in (q, k, v))
-        H_q, H_k, H_v = qs[-3], ks[-3], vs[-3]
         try:
             batch = tuple(torch.broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
         except RuntimeError:
-            raise ValueError(
-                f"the batch dimensions of query, key and value do not broadcast: query {_shape(q)}, "
-                f"key {_shape(k)}, value {_shape(v)}"
+            raise AttentionValueError(
+                f"the batch dimensions of query, key and value do not broadcast: {shapes}"
             ) from None
-    if H_k != H_v:
-        raise ValueError(
-            f"key and value must have the same number of heads (dim -3), got key {_shape(k)} and value {_shape(v)}"
-        )
-    H_kv = H_k
-    if H_q != H_kv and H_kv != 1:
-        if not enable_gqa:
-            raise ValueError(
-                f"query has {H_q} heads but key/value have {H_kv} (query {_shape(q)}, key {_shape(k)}); "
-                "pass enable_gqa=True for grouped-query attention"
-            )
-        if H_kv == 0 or H_q % H_kv != 0:
-            raise ValueError(
-                f"with enable_gqa=True the query heads H_q={H_q} must be a multiple of the key/value heads "
-                f"H_kv={H_kv} (query {_shape(q)}, key {_shape(k)})"
-            )
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    shapes = AttentionShapes(
+        H_q, H_kv = _broadcast_heads(qs[-3], ks[-3], vs[-3], enable_gqa, shapes)
+    s = AttentionShapes(
         batch=batch,
         H_q=H_q,
         H_kv=H_kv,
@@ -159,37 +216,47 @@ def validate_inputs(
         D=q.shape[-1],
         D_v=v.shape[-1],
         rank=rank,
-        scale=float(scale),
+        scale=check_scale(scale, q.shape[-1]),
     )
     if attn_mask is not None:
-        validate_mask(attn_mask, q, shapes)
-    return shapes
+        validate_mask(attn_mask, q, s)
+    return s
 
 
-def validate_mask(attn_mask: Tensor, q: Tensor, shapes: AttentionShapes) -> None:
-    """A mask is boolean (True = may attend) or additive in query's dtype, broadcastable to scores."""
+def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
+    """A mask is boolean (True = may attend) or additive, broadcastable to the scores ``(..., N_q, N_k)``.
+
+    An additive mask has the query's dtype or float32, as torch's SDPA accepts (mixed-precision models
+    build float32 masks for float16/bfloat16 activations).
+    """
     if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
-        raise TypeError(f"attn_mask must be bool or have query's dtype {q.dtype}, got {attn_mask.dtype}")
+        raise AttentionTypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype not in (torch.bool, q.dtype, torch.float32):
+        raise AttentionTypeError(
+            f"attn_mask must be bool, float32 or query's dtype {q.dtype}, got {attn_mask.dtype} with shape "
+            f"{shape_str(attn_mask)}"
+        )
     if attn_mask.device != q.device:
-        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
-    scores = (*shapes.out_shape[:-1], shapes.N_k)
+        raise AttentionValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
+    scores = s.score_shape
     try:
-        if torch.broadcast_shapes(tuple(attn_mask.shape), scores) != torch.Size(scores):
-            raise RuntimeError
+        fits = torch.broadcast_shapes(tuple(attn_mask.shape), scores) == torch.Size(scores)
     except RuntimeError:
-        raise ValueError(
-            f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the score shape "
+        fits = False
+    if not fits:
+        raise AttentionValueError(
+            f"attn_mask of shape {shape_str(attn_mask)} does not broadcast to the score shape "
             f"({', '.join(map(str, scores))})"
-        ) from None
+        )
 
 
 def validate_block_sizes(block_m: object, block_n: object) -> tuple[int, int]:
     """Tile sizes are positive integers; they need not divide N and may exceed it."""
+    sizes = []
     for name, b in (("block_m", block_m), ("block_n", block_n)):
         if isinstance(b, bool) or not isinstance(b, int):
-            raise TypeError(f"{name} must be an int, got {type(b).__name__} {b!r}")
+            raise AttentionTypeError(f"{name} must be an int, got {type(b).__name__} {b!r}")
         if b < 1:
-            raise ValueError(f"{name} must be at least 1, got {b}")
-    return block_m, block_n  # type: ignore[return-value]
+            raise AttentionValueError(f"{name} must be at least 1, got {b}")
+        sizes.append(b)
+    return sizes[0], sizes[1]

@@ -1,10 +1,11 @@
 """The public attention functions and the choice of backend behind them.
 
 Backends:
-    "triton"    fused Triton kernels (CUDA tensors; see ``flashattn_teach.triton``)
-    "online"    query-major online-softmax CPU reference (any device torch runs on)
-    "keymajor"  key-major reference, FlashAttention's Algorithm 1 loop order
-    "dense"     the dense oracle: holds all N_q x N_k scores; the only one with ``attn_mask`` and dropout
+    "triton"     fused Triton kernels (CUDA tensors; see ``flashattn_teach.triton``)
+    "parallel"   query-major tiles, the (batch, head) slices spread over worker threads (the fast CPU path)
+    "online"     query-major online-softmax CPU reference: the readable tile-by-tile loop
+    "key_major"  key-major reference, FlashAttention's Algorithm 1 loop order
+    "dense"      the dense oracle: holds all N_q x N_k scores; the only one with ``attn_mask`` and dropout
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -14,14 +15,27 @@ instead of silently doing something else.
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from ._validate import validate_inputs
-from .reference import dense_attention, keymajor_attention, online_attention
+from ._autocast import cast_inputs
+from ._options import AttentionOptions, make_options
+from .errors import AttentionValueError
+from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from .reference.dense import dense_forward
+from .reference.online import tiled_attention
 
-BACKENDS = ("auto", "triton", "online", "keymajor", "dense")
+BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
+_RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
+# The tiled CPU backends: their loop order and tile sizes.
+_TILED = {
+    "parallel": ("parallel", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),  # TEMP
+    "online": ("query_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+    "key_major": ("key_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+}
 
 
 @dataclass(frozen=True)
@@ -35,83 +49,89 @@ class Plan:
         return f"{self.backend}: {self.reason}"
 
 
-def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, causal: bool, causal_align: str, enable_gqa: bool):
+def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
     """None if the Triton backend can run these inputs, else why not."""
     try:
         tr = importlib.import_module("flashattn_teach.triton")
     except ImportError as e:
         return f"the Triton backend is unavailable ({e})"
-    return tr.unsupported_reason(q, k, v, causal=causal, causal_align=causal_align, enable_gqa=enable_gqa)
+    return tr.unsupported_reason(
+        q, k, v, causal=opts.causal, causal_align=opts.causal_align, enable_gqa=opts.enable_gqa
+    )
 
 
-def plan(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    backend: str = "auto",
-) -> Plan:
-    """Validate the arguments and choose a backend; raises for bad input or an incapable named backend."""
-    validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa, attn_mask=attn_mask)
+def _transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, ...) is running around this call."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def _check_backend(backend: object) -> str:
+    if backend in _RENAMED:
+        new = _RENAMED[backend]  # type: ignore[index]
+        warnings.warn(f"backend={backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=4)
+        return new
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+        raise AttentionValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return str(backend)
+
+
+def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
+    """Choose a backend for validated inputs; raises ``NotImplementedError`` for an incapable named one."""
+    backend = _check_backend(backend)
     needs_dense = None
-    if attn_mask is not None:
+    if opts.attn_mask is not None:
         needs_dense = "an explicit attn_mask is only supported by the dense path"
-    elif dropout_p > 0.0:
+    elif opts.dropout_p > 0.0:
         needs_dense = "dropout is only supported by the dense path"
 
     if backend == "auto":
         if needs_dense:
             return Plan("dense", needs_dense + " (it holds all N_q x N_k scores)")
         if q.is_cuda:
-            why_not = _triton_unsupported(q, k, v, causal, causal_align, enable_gqa)
+            why_not = _triton_unsupported(q, k, v, opts)
             if why_not is None:
                 return Plan("triton", "CUDA tensors: the fused Triton kernels")
             return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
-        return Plan("online", f"{q.device.type} tensors: the query-major online-softmax reference")
+        if _transforms_active():
+            return Plan(
+                "online",
+                "a torch.func transform is active: the query-major reference in this thread "
+                "(the parallel path's worker threads would not see the transform)",
+            )
+        try:  # TEMP until reference/parallel.py lands
+            from .reference.parallel import default_workers
+        except ImportError:
+            return Plan("online", f"{q.device.type} tensors: the query-major online-softmax reference")
+        return Plan(
+            "parallel",
+            f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
+            f"{default_workers()} single-threaded workers",
+        )
 
     if needs_dense and backend != "dense":
         raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
-        why_not = _triton_unsupported(q, k, v, causal, causal_align, enable_gqa)
+        why_not = _triton_unsupported(q, k, v, opts)
         if why_not is not None:
             raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
+    if backend == "parallel" and _transforms_active():
+        raise NotImplementedError(
+            "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "
+            "it); use 'online' or 'auto'"
+        )
     return Plan(backend, "requested explicitly")
 
 
-def _run(p: Plan, q, k, v, *, attn_mask, dropout_p, causal, causal_align, scale, enable_gqa, return_lse):
+def _run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` from the planned backend."""
     if p.backend == "dense":
-        return dense_attention(
-            q,
-            k,
-            v,
-            causal=causal,
-            causal_align=causal_align,
-            scale=scale,
-            attn_mask=attn_mask,
-            enable_gqa=enable_gqa,
-            dropout_p=dropout_p,
-            return_lse=return_lse,
-        )
+        return dense_forward(q, k, v, opts)
     if p.backend == "triton":
-        from .triton import triton_attention
+        from .triton import triton_forward
 
-        return triton_attention(
-            q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa, return_lse=return_lse
-        )
-    fn = online_attention if p.backend == "online" else keymajor_attention
-    return fn(
-        q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa, return_lse=return_lse
-    )
+        return triton_forward(q, k, v, opts)
+    order, block_m, block_n = _TILED[p.backend]
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
 
 def flash_attention(
@@ -134,16 +154,20 @@ def flash_attention(
             ``"bottom_right"`` (flash-attn: j <= i + N_k - N_q, as in a decode step against a KV cache).
         scale: softmax scale, default ``1 / sqrt(D)``.
         enable_gqa: allow fewer key/value heads than query heads (on by default, as in flash-attn).
-        backend: one of ``"auto", "triton", "online", "keymajor", "dense"``; see :func:`explain`.
+        backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
+            :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
 
     Returns:
-        ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (and ``lse``). Differentiable on every
-        backend; a query row that sees no key gives 0 (and ``lse = -inf``).
+        ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (the autocast dtype under
+        ``torch.autocast``, as torch's SDPA) and, with ``return_lse``, ``lse``. Differentiable on every
+        backend, also under the torch.func transforms on the CPU backends; a query row that sees no key
+        gives 0 (and ``lse = -inf``).
     """
-    opts = dict(causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
-    p = plan(q, k, v, **opts, backend=backend)
-    return _run(p, q, k, v, attn_mask=None, dropout_p=0.0, **opts, return_lse=return_lse)
+    q, k, v = cast_inputs(q, k, v)
+    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
+    O, lse = _run(plan(q, k, v, opts, backend), q, k, v, opts)
+    return (O, lse) if return_lse else O
 
 
 def scaled_dot_product_attention(
@@ -156,18 +180,30 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: same signature and semantics.
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: same signature and behaviour.
 
     ``query (..., H_q, L, E)``, ``key (..., H_kv, S, E)``, ``value (..., H_kv, S, E_v)`` ->
-    ``(..., H_q, L, E_v)``. ``attn_mask`` is bool (True = take part) or additive; ``is_causal`` is the
-    top-left triangle. Calls with a mask or dropout run on the dense path; the rest run on a path that
-    never stores the score matrix (:func:`explain` tells which). One deliberate difference: a query row
-    that may attend to nothing returns 0, where torch's math path returns NaN.
+    ``(..., H_q, L, E_v)``. ``attn_mask`` is bool (True = take part) or additive (the query's dtype or
+    float32), broadcast to ``(..., L, S)``; with ``is_causal=True`` as well, both apply, as in torch's CPU
+    SDPA. Heads broadcast as in torch. Calls with a mask or dropout run on the dense path; the rest run on
+    a path that never stores the score matrix (:func:`explain` tells which). Errors are both
+    ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
+    function deliberately differs from torch.
     """
-    if is_causal and attn_mask is not None:
-        raise ValueError("pass either attn_mask or is_causal=True, not both (as torch's SDPA requires)")
-    opts = dict(attn_mask=attn_mask, dropout_p=dropout_p, causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    return _run(plan(query, key, value, **opts), query, key, value, **opts, causal_align="top_left", return_lse=False)
+    query, key, value = cast_inputs(query, key, value)
+    opts = make_options(
+        query,
+        key,
+        value,
+        causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        causal_name="is_causal",
+    )
+    O, _ = _run(plan(query, key, value, opts), query, key, value, opts)
+    return O
 
 
 def explain(
@@ -187,18 +223,20 @@ def explain(
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 8, 16)
-    >>> print(fa.explain(q, q, q))
-    online: cpu tensors: the query-major online-softmax reference
+    >>> print(fa.explain(q, q, q))  # doctest: +ELLIPSIS
+    parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over ... workers
     """
-    return plan(
+    query, key, value = cast_inputs(query, key, value)
+    opts = make_options(
         query,
         key,
         value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
         causal=is_causal,
         causal_align=causal_align,
         scale=scale,
         enable_gqa=enable_gqa,
-        backend=backend,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        causal_name="is_causal",
     )
+    return plan(query, key, value, opts, backend)

@@ -1,4 +1,5 @@
-"""Causal masking: which key column a query row may see, and which tiles can be skipped.
+"""Causal masking and the tile geometry built on it: which key column a query row may see, which tiles
+are full, partial or skipped, and where the loops over blocks start and end.
 
 Two conventions exist when the number of queries ``N_q`` differs from the number of keys ``N_k``::
 
@@ -49,6 +50,28 @@ def tile_kind(r0: int, r1: int, c0: int, c1: int, offset: int) -> TileKind:
     if (c1 - 1) <= r0 + offset:
         return TileKind.FULL
     return TileKind.PARTIAL
+
+
+def key_end(r1: int, N_k: int, causal: bool, offset: int) -> int:
+    """One past the last key column any of the query rows ``< r1`` may see: the key loop's bound."""
+    return N_k if not causal else max(0, min(N_k, r1 + offset))
+
+
+def first_visible_row(c0: int, causal: bool, offset: int) -> int:
+    """The first query row that sees key column ``c0``; rows above it see nothing of a block starting there."""
+    return max(0, c0 - offset) if causal else 0
+
+
+def tile_mask(
+    r0: int, r1: int, c0: int, c1: int, causal: bool, offset: int, device: torch.device | str
+) -> Tensor | None:
+    """The causal mask of one tile, ``(r1 - r0, c1 - c0)`` bool, or None when the tile is wholly visible
+    (it then runs unmasked)."""
+    if not causal or tile_kind(r0, r1, c0, c1, offset) is TileKind.FULL:
+        return None
+    rows = torch.arange(r0, r1, device=device)
+    cols = torch.arange(c0, c1, device=device)
+    return visible(rows, cols, offset)  # (Br, Bc)
 
 
 def causal_mask(N_q: int, N_k: int, causal_align: str, device: torch.device | str = "cpu") -> Tensor:

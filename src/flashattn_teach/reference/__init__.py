@@ -2,6 +2,6 @@
 
 from .backward import flash_backward
 from .dense import dense_attention
-from .online import keymajor_attention, online_attention
+from .online import key_major_attention, keymajor_attention, online_attention
 
-__all__ = ["dense_attention", "flash_backward", "keymajor_attention", "online_attention"]
+__all__ = ["dense_attention", "flash_backward", "key_major_attention", "keymajor_attention", "online_attention"]

@@ -1,6 +1,8 @@
-"""Autograd glue: the tiled forward and the memory-efficient backward as one differentiable function.
+"""Autograd glue: a tiled forward and the memory-efficient backward as one differentiable function.
 
-Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed in ``backward``.
+Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed in ``backward``. The
+function uses the ``setup_context`` form with a generated vmap rule and a ``jvp``, so the torch.func
+transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as through a torch op.
 """
 
 from __future__ import annotations
@@ -10,92 +12,130 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._layout import from_grouped, grad_to_input, lse_from_grouped, pad_rank, to_grouped
-from .._validate import AttentionShapes
+from .._autocast import autocast_off
+from .._layout import from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
+from .._options import AttentionOptions
 from .backward import backward_grouped
+from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
 from .query_major import query_major_forward
 
-FORWARDS = {"query-major": query_major_forward, "key-major": key_major_forward}
+FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
+ORDERS = (*FORWARDS, "parallel")
+
+
+def _forward(order: str):  # TEMP until parallel.py lands
+    if order == "parallel":
+        from .parallel import parallel_forward
+
+        return parallel_forward
+    return FORWARDS[order]
+
+
+def _backward(order: str):
+    if order == "parallel":
+        from .parallel import parallel_backward
+
+        return parallel_backward
+    return backward_grouped
 
 
 def tiled_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    s: AttentionShapes,
-    *,
-    order: str,
-    causal: bool,
-    causal_align: str,
-    block_m: int,
-    block_n: int,
+    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
 ) -> tuple[Tensor, Tensor]:
     """User layout in, ``(O, lse)`` out: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype."""
+    s = opts.shapes
     qg, kg, vg = to_grouped(q, k, v, s)
-    O, lse = FORWARDS[order](
-        qg, kg, vg, scale=s.scale, causal=causal, causal_align=causal_align, block_m=block_m, block_n=block_n
-    )
+    with autocast_off(q.device.type):
+        O, lse = _forward(order)(
+            qg,
+            kg,
+            vg,
+            scale=s.scale,
+            causal=opts.causal,
+            causal_align=opts.causal_align,
+            block_m=block_m,
+            block_n=block_n,
+        )
     return from_grouped(O, s).to(q.dtype), lse_from_grouped(lse, s)
 
 
 class TiledAttentionFunction(torch.autograd.Function):
     """``(q, k, v) -> (O, lse)``; backward is :func:`backward_grouped`, which also accepts ``dlse``."""
 
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        s: AttentionShapes,
-        order: str,
-        causal: bool,
-        causal_align: str,
-        block_m: int,
-        block_n: int,
-    ) -> tuple[Tensor, Tensor]:
-        O, lse = tiled_forward(
-            q, k, v, s, order=order, causal=causal, causal_align=causal_align, block_m=block_m, block_n=block_n
-        )
-        ctx.save_for_backward(q, k, v, O, lse)
-        ctx.config = (s, causal, causal_align, block_m, block_n)
-        return O, lse
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None):
+    def forward(
+        q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, order: str, block_m: int, block_n: int
+    ) -> tuple[Tensor, Tensor]:
+        return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+        q, k, v, opts, order, block_m, block_n = inputs
+        O, lse = output
+        ctx.save_for_backward(q, k, v, O, lse)
+        ctx.save_for_forward(q, k, v, O, lse)
+        ctx.opts, ctx.order, ctx.blocks = opts, order, (block_m, block_n)
+
+    @staticmethod
+    def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, O, lse = ctx.saved_tensors
-        s, causal, causal_align, block_m, block_n = ctx.config
+        opts: AttentionOptions = ctx.opts
+        s = opts.shapes
         qg, kg, vg = to_grouped(q, k, v, s)
-        B, H_kv, G = qg.shape[:3]
         dt = qg.dtype
-        rank = max(s.rank, 3)
-        Og = pad_rank(O, rank).to(dt).reshape(B, H_kv, G, s.N_q, s.D_v)
-        dOg = torch.zeros_like(Og) if dO is None else pad_rank(dO, rank).to(dt).reshape(Og.shape)
-        lseg = lse.reshape(B, H_kv, G, s.N_q)
-        dlseg = None if dlse is None else dlse.to(dt).reshape(lseg.shape)
-        dq, dk, dv = backward_grouped(
-            qg,
-            kg,
-            vg,
-            Og,
-            lseg,
-            dOg,
-            dlseg,
-            scale=s.scale,
-            causal=causal,
-            causal_align=causal_align,
-            block_m=block_m,
-            block_n=block_n,
+        Og, lseg = rows_to_grouped(O, s, dt), rows_to_grouped(lse, s, dt)
+        dOg = torch.zeros_like(Og) if dO is None else rows_to_grouped(dO, s, dt)
+        dlseg = None if dlse is None else rows_to_grouped(dlse, s, dt)
+        backward = _backward(ctx.order)
+        block_m, block_n = ctx.blocks
+        with autocast_off(q.device.type):
+            dq, dk, dv = backward(
+                qg,
+                kg,
+                vg,
+                Og,
+                lseg,
+                dOg,
+                dlseg,
+                scale=s.scale,
+                causal=opts.causal,
+                causal_align=opts.causal_align,
+                block_m=block_m,
+                block_n=block_n,
+            )
+        return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s), None, None, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, tq: Tensor | None, tk: Tensor | None, tv: Tensor | None, *_: Any) -> tuple[Tensor, Tensor]:
+        q, k, v, O, lse = ctx.saved_tensors
+        opts: AttentionOptions = ctx.opts
+        s = opts.shapes
+        qg, kg, vg = to_grouped(q, k, v, s)
+        tqg, tkg, tvg = to_grouped(
+            torch.zeros_like(q) if tq is None else tq,
+            torch.zeros_like(k) if tk is None else tk,
+            torch.zeros_like(v) if tv is None else tv,
+            s,
         )
-        return (
-            grad_to_input(dq, q, s),
-            grad_to_input(dk, k, s),
-            grad_to_input(dv, v, s),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        dt = qg.dtype
+        block_m, block_n = ctx.blocks
+        with autocast_off(q.device.type):
+            tO, tlse = jvp_grouped(
+                qg,
+                kg,
+                vg,
+                rows_to_grouped(O, s, dt),
+                rows_to_grouped(lse, s, dt),
+                tqg,
+                tkg,
+                tvg,
+                scale=s.scale,
+                causal=opts.causal,
+                causal_align=opts.causal_align,
+                block_m=block_m,
+                block_n=block_n,
+            )
+        return from_grouped(tO, s).to(O.dtype), lse_from_grouped(tlse, s)

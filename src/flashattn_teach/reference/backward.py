@@ -20,12 +20,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._layout import grad_to_input, pad_rank, to_grouped
-from .._validate import validate_block_sizes, validate_inputs
-from ..causal import diagonal_offset
+from .._layout import grad_to_input, rows_to_grouped, to_grouped
+from .._validate import check_bool, shape_str, validate_block_sizes, validate_inputs
+from ..causal import diagonal_offset, first_visible_row, tile_mask
+from ..errors import AttentionTypeError, AttentionValueError
 from ..online_softmax import score_tile
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
-from .query_major import tile_mask
 
 
 def backward_grouped(
@@ -53,27 +53,41 @@ def backward_grouped(
         delta = delta - dlse
     # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
     lse = torch.where(torch.isneginf(lse), float("inf"), lse)
-    dq = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    row_blocks = [(r0, min(r0 + block_m, N_q)) for r0 in range(0, N_q, block_m)]
+    # Gradients are collected per block and concatenated (no in-place writes), so that torch.func.vmap can
+    # run this backward, as jacrev does.
+    dq_blocks = [torch.zeros_like(q[..., r0:r1, :]) for r0, r1 in row_blocks]
+    dk_blocks, dv_blocks = [torch.zeros_like(k[..., :0, :])], [torch.zeros_like(v[..., :0, :])]
     for c0 in range(0, N_k, block_n):  # key block j
         c1 = min(c0 + block_n, N_k)
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
-        dk_j, dv_j = dk[..., c0:c1, :], dv[..., c0:c1, :]  # views: accumulate in place
-        first_row = max(0, c0 - offset) if causal else 0  # rows above it see nothing of this block
-        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
-            r1 = min(r0 + block_m, N_q)
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)  # accumulate "on chip" over query blocks
+        first_block = first_visible_row(c0, causal, offset) // block_m  # blocks above see nothing of it
+        for i in range(first_block, len(row_blocks)):  # query block i
+            r0, r1 = row_blocks[i]
             q_i, dO_i = q[..., r0:r1, :], dO[..., r0:r1, :]
             allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
             S_ij = score_tile(q_i, k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
             P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
             # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
-            dv_j += (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
+            dv_j = dv_j + (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
             dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
             dS_ij = P_ij * (dP_ij - delta[..., r0:r1, None])
-            dk_j += scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)
-            dq[..., r0:r1, :] += scale * (dS_ij @ k_j)  # (.., Br, Bc) @ (.., Bc, D) -> (.., Br, D)
-    return dq, dk, dv
+            dk_j = dk_j + scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)
+            dq_blocks[i] = dq_blocks[i] + scale * (dS_ij @ k_j)  # (.., Br, Bc) @ (.., Bc, D) -> (.., Br, D)
+        dk_blocks.append(dk_j)
+        dv_blocks.append(dv_j)
+    dq = torch.cat([torch.zeros_like(q[..., :0, :]), *dq_blocks], dim=-2)
+    return dq, torch.cat(dk_blocks, dim=-2), torch.cat(dv_blocks, dim=-2)
+
+
+def _check_saved(name: str, t: object, shape: tuple[int, ...]) -> None:
+    """``o``, ``do``, ``lse`` and ``dlse`` are floating-point tensors of the forward's output shapes."""
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        what = f"{t.dtype} tensor" if isinstance(t, Tensor) else type(t).__name__
+        raise AttentionTypeError(f"{name} must be a floating-point torch.Tensor of shape {shape}, got {what}")
+    if tuple(t.shape) != shape:
+        raise AttentionValueError(f"{name} must have shape {shape}, got {shape_str(t)}")
 
 
 def flash_backward(
@@ -99,20 +113,16 @@ def flash_backward(
     ``q, k, v``. Holds at most ``block_m x block_n`` probabilities per (batch, head) at once.
     """
     s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
+    causal = check_bool("causal", causal)
     block_m, block_n = validate_block_sizes(block_m, block_n)
-    if tuple(o.shape) != s.out_shape or tuple(do.shape) != s.out_shape:
-        raise ValueError(
-            f"o and do must have the output shape {s.out_shape}, got o {tuple(o.shape)} and do {tuple(do.shape)}"
-        )
-    if tuple(lse.shape) != s.lse_shape:
-        raise ValueError(f"lse must have shape {s.lse_shape}, got {tuple(lse.shape)}")
+    for name, t, shape in (("o", o, s.out_shape), ("do", do, s.out_shape), ("lse", lse, s.lse_shape)):
+        _check_saved(name, t, shape)
+    if dlse is not None:
+        _check_saved("dlse", dlse, s.lse_shape)
     qg, kg, vg = to_grouped(q, k, v, s)
-    B, H_kv, G = qg.shape[:3]
     dt = qg.dtype
-    og = pad_rank(o, max(s.rank, 3)).to(dt).reshape(B, H_kv, G, s.N_q, s.D_v)
-    dog = pad_rank(do, max(s.rank, 3)).to(dt).reshape(B, H_kv, G, s.N_q, s.D_v)
-    lseg = lse.to(dt).reshape(B, H_kv, G, s.N_q)
-    dlseg = None if dlse is None else dlse.to(dt).reshape(B, H_kv, G, s.N_q)
+    og, dog, lseg = (rows_to_grouped(t, s, dt) for t in (o, do, lse))
+    dlseg = None if dlse is None else rows_to_grouped(dlse, s, dt)
     dq, dk, dv = backward_grouped(
         qg,
         kg,

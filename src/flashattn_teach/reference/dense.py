@@ -1,6 +1,6 @@
 """Dense attention: the oracle every other path is checked against.
 
-    S = scale * Q K^T                    (..., N_q, N_k)   -- the matrix FlashAttention never stores
+    S = (scale * Q) K^T                  (..., N_q, N_k)   -- the matrix FlashAttention never stores
     P = softmax(S)  row-wise
     O = P V                              (..., N_q, D_v)
     lse = log sum_j exp(S_ij)            (..., N_q)
@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
-from .._validate import validate_inputs
+from .._options import AttentionOptions, make_options
 from ..causal import causal_mask
 
 
@@ -63,40 +64,56 @@ def dense_attention(
         shape ``(..., H_q, N_q)`` in the compute dtype (float64 for float64 inputs, else float32).
         A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
     """
-    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa, attn_mask=attn_mask)
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+    q, k, v = cast_inputs(q, k, v)
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+    )
+    O, lse = dense_forward(q, k, v, opts)
+    return (O, lse) if return_lse else O
+
+
+def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of validated inputs: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype."""
+    s = opts.shapes
     dt = compute_dtype(q.dtype)
-    qc, kc, vc = (pad_rank(t, s.rank).to(dt) for t in (q, k, v))
-    if s.group > 1 and s.rank > 2:
-        # GQA/MQA: query head h reads key/value head h // G (torch's repeat_interleave convention).
-        kc = kc.repeat_interleave(s.group, dim=-3)
-        vc = vc.repeat_interleave(s.group, dim=-3)
+    with autocast_off(q.device.type):
+        qc, kc, vc = (pad_rank(t, s.rank).to(dt) for t in (q, k, v))
+        if s.rank > 2 and s.group > 1 and s.H_kv > 1:
+            # GQA: query head h reads key/value head h // G (torch's repeat_interleave convention); a
+            # tensor with one head broadcasts instead.
+            kc, vc = (t.repeat_interleave(s.group, dim=-3) if t.shape[-3] > 1 else t for t in (kc, vc))
 
-    S = torch.matmul(qc, kc.transpose(-2, -1)) * s.scale  # (..., N_q, D) @ (..., D, N_k) -> (..., N_q, N_k)
-    allowed = None  # bool, broadcastable to S; None means every key is visible
-    if causal:
-        allowed = causal_mask(s.N_q, s.N_k, causal_align, device=q.device)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask if allowed is None else allowed & attn_mask
-        else:
-            S = S + attn_mask.to(dt)
-    if allowed is not None:
-        S = S.masked_fill(~allowed, float("-inf"))
+        # Scale Q before the product, as every tiled path does, so that both round alike and a mask never
+        # changes whether a score overflows.
+        S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (..., N_q, D) @ (..., D, N_k) -> (..., N_q, N_k)
+        allowed = None  # bool, broadcastable to S; None means every key is visible
+        if opts.causal:
+            allowed = causal_mask(s.N_q, s.N_k, opts.causal_align, device=q.device)
+        mask = opts.attn_mask
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                allowed = mask if allowed is None else allowed & mask
+            else:
+                S = S + mask.to(dt)
+        if allowed is not None:
+            S = S.masked_fill(~allowed, float("-inf"))
 
-    # Rows with no visible key: softmax over all -inf is NaN, but the defined answer is O = 0, lse = -inf.
-    # Give those rows harmless scores, then zero them, so neither value nor gradient becomes NaN.
-    empty = torch.isneginf(S).all(dim=-1, keepdim=True)  # (..., N_q, 1)
-    S_safe = S.masked_fill(empty, 0.0)
-    lse = torch.logsumexp(S_safe, dim=-1)  # (..., N_q)
-    P = torch.softmax(S_safe, dim=-1).masked_fill(empty, 0.0)  # (..., N_q, N_k)
-    if dropout_p > 0.0:
-        P = torch.nn.functional.dropout(P, p=dropout_p, training=True)
-    O = torch.matmul(P, vc)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
-    lse = lse.masked_fill(empty.squeeze(-1), float("-inf"))
-
-    O = O.expand(s.out_shape).to(q.dtype)
-    if return_lse:
-        return O, lse.expand(s.lse_shape)
-    return O
+        # Rows with no visible key: softmax over all -inf is NaN, but the defined answer is O = 0, lse = -inf.
+        # Give those rows harmless scores, then zero them, so neither value nor gradient becomes NaN.
+        empty = torch.isneginf(S).all(dim=-1, keepdim=True)  # (..., N_q, 1)
+        S_safe = S.masked_fill(empty, 0.0)
+        lse = torch.logsumexp(S_safe, dim=-1)  # (..., N_q)
+        P = torch.softmax(S_safe, dim=-1).masked_fill(empty, 0.0)  # (..., N_q, N_k)
+        if opts.dropout_p > 0.0:
+            P = torch.nn.functional.dropout(P, p=opts.dropout_p, training=True)
+        O = torch.matmul(P, vc)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
+        lse = lse.masked_fill(empty.squeeze(-1), float("-inf"))
+    return O.expand(s.out_shape).to(q.dtype), lse.expand(s.lse_shape)

@@ -7,16 +7,18 @@ and 12-13). That round trip is what FlashAttention-2 removed by swapping the loo
 ``query_major.py``): there the state stays on chip and ``O_i`` is written once.
 
 As in Alg. 1 the stored ``O_i`` is normalised after each update, ``O_i = acc / l_i``; reading it back
-multiplies by ``l_i`` to recover the unnormalised ``acc`` that the shared update works on.
+multiplies by ``l_i`` to recover the unnormalised ``acc`` that the shared update works on. "HBM" is a list
+with one entry per query block, replaced on every write-back, so the loop stays a pure function of its
+inputs (``torch.func.vmap`` can run it).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from ..causal import diagonal_offset
-from .query_major import tile_mask
+from ..causal import diagonal_offset, first_visible_row, tile_mask
 
 
 def key_major_forward(
@@ -26,21 +28,22 @@ def key_major_forward(
     *lead, N_q, _ = q.shape
     N_k, D_v = v.shape[-2], v.shape[-1]
     offset = diagonal_offset(N_q, N_k, causal_align)
-    # The "HBM" copies of the running state of every query row (Alg. 1 line 2).
-    m, l, O = osm.init_state((*lead, N_q), D_v, dtype=q.dtype, device=q.device)
+    row_blocks = [(r0, min(r0 + block_m, N_q)) for r0 in range(0, N_q, block_m)]
+    # The "HBM" copies of each query block's running state (Alg. 1 line 2): (m_i, l_i, O_i).
+    hbm = [osm.init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
     for c0 in range(0, N_k, block_n):  # key block j
         c1 = min(c0 + block_n, N_k)
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
         # Under causal masking, query rows r < c0 - offset see none of this block: start past them.
-        first_row = max(0, c0 - offset) if causal else 0
-        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
-            r1 = min(r0 + block_m, N_q)
-            m_i, l_i = m[..., r0:r1], l[..., r0:r1]  # read from HBM (Alg. 1 line 8)
-            acc = O[..., r0:r1, :] * l_i.unsqueeze(-1)  # undo the stored normalisation
+        first_block = first_visible_row(c0, causal, offset) // block_m
+        for i in range(first_block, len(row_blocks)):  # query block i
+            r0, r1 = row_blocks[i]
+            m_i, l_i, O_i = hbm[i]  # read from HBM (Alg. 1 line 8)
+            acc = O_i * l_i.unsqueeze(-1)  # undo the stored normalisation
             allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
             S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
             m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j)
-            # Write back (Alg. 1 lines 12-13).
-            O[..., r0:r1, :] = osm.normalize(l_i, acc)
-            m[..., r0:r1], l[..., r0:r1] = m_i, l_i
-    return O, osm.log_sum_exp(m, l)
+            hbm[i] = (m_i, l_i, osm.normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)
+    O = torch.cat([q.new_empty((*lead, 0, D_v)), *(O_i for _, _, O_i in hbm)], dim=-2)
+    lse = torch.cat([q.new_empty((*lead, 0)), *(osm.log_sum_exp(m_i, l_i) for m_i, l_i, _ in hbm)], dim=-1)
+    return O, lse

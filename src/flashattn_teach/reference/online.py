@@ -1,24 +1,44 @@
-"""Public entry points of the tiled CPU references: ``online_attention`` and ``keymajor_attention``."""
+"""Public entry points of the tiled CPU references: ``online_attention`` and ``key_major_attention``."""
 
 from __future__ import annotations
 
-import torch
+import warnings
+
 from torch import Tensor
 
-from .._validate import validate_block_sizes, validate_inputs
-from .autograd import TiledAttentionFunction, tiled_forward
+from .._autocast import cast_inputs
+from .._options import AttentionOptions, make_options
+from .._validate import validate_block_sizes
+from .autograd import TiledAttentionFunction
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
 
-def _tiled(q, k, v, *, order, causal, causal_align, scale, enable_gqa, block_m, block_n, return_lse):
-    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
+def tiled_attention(
+    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``)."""
+    O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
+    return O, lse
+
+
+def _public(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    order: str,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    enable_gqa: bool,
+    block_m: int,
+    block_n: int,
+    return_lse: bool,
+) -> Tensor | tuple[Tensor, Tensor]:
+    q, k, v = cast_inputs(q, k, v)
+    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
     block_m, block_n = validate_block_sizes(block_m, block_n)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        O, lse = TiledAttentionFunction.apply(q, k, v, s, order, causal, causal_align, block_m, block_n)
-    else:
-        O, lse = tiled_forward(
-            q, k, v, s, order=order, causal=causal, causal_align=causal_align, block_m=block_m, block_n=block_n
-        )
+    O, lse = tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
     return (O, lse) if return_lse else O
 
 
@@ -50,14 +70,16 @@ def online_attention(
 
     Returns:
         ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (computed in float64 for float64 inputs,
-        else float32), and ``lse`` in the compute dtype if asked. Differentiable: the backward is
-        :func:`flashattn_teach.reference.flash_backward`, and only ``q, k, v, O, lse`` are saved.
+        else float32; under ``torch.autocast`` the inputs are first cast to the autocast dtype, as torch's
+        SDPA does), and ``lse`` in the compute dtype if asked. Differentiable, also under the torch.func
+        transforms: the backward is :func:`flashattn_teach.reference.flash_backward`, and only
+        ``q, k, v, O, lse`` are saved.
     """
-    return _tiled(
+    return _public(
         q,
         k,
         v,
-        order="query-major",
+        order="query_major",
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -68,7 +90,7 @@ def online_attention(
     )
 
 
-def keymajor_attention(
+def key_major_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -86,11 +108,11 @@ def keymajor_attention(
     Same arguments, results and backward as :func:`online_attention`; only the loop order and the
     per-tile read/write of ``O_i, l_i, m_i`` differ.
     """
-    return _tiled(
+    return _public(
         q,
         k,
         v,
-        order="key-major",
+        order="key_major",
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -99,3 +121,10 @@ def keymajor_attention(
         block_n=block_n,
         return_lse=return_lse,
     )
+
+
+def keymajor_attention(*args: object, **kwargs: object) -> Tensor | tuple[Tensor, Tensor]:
+    """Deprecated name of :func:`key_major_attention` (the library spells the loop orders ``query_major``
+    and ``key_major``); it will be removed in 0.3."""
+    warnings.warn("keymajor_attention is deprecated; use key_major_attention", DeprecationWarning, stacklevel=2)
+    return key_major_attention(*args, **kwargs)  # type: ignore[arg-type]

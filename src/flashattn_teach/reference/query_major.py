@@ -4,6 +4,9 @@ For each query block ``i`` (rows ``[r0, r1)``) the running state ``(m_i, l_i, ac
 the loop streams key/value blocks ``j`` past it; ``O_i`` and ``lse_i`` are written once, at the end
 (Dao 2023, FlashAttention-2, Alg. 1). At most ``block_m x block_n`` scores per (batch, head) exist at any
 moment. Under causal masking the key blocks wholly above the diagonal are never visited.
+
+The blocks are collected and concatenated rather than written into a preallocated output, so the loop is
+a pure function of its inputs and ``torch.func.vmap`` can run it.
 """
 
 from __future__ import annotations
@@ -12,21 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from ..causal import TileKind, diagonal_offset, tile_kind, visible
-
-
-def key_end(r1: int, N_k: int, causal: bool, offset: int) -> int:
-    """One past the last key column any of the query rows ``< r1`` may see."""
-    return N_k if not causal else max(0, min(N_k, r1 + offset))
-
-
-def tile_mask(r0: int, r1: int, c0: int, c1: int, causal: bool, offset: int, device) -> Tensor | None:
-    """The causal mask of one tile, or None when the tile is wholly visible (it then runs unmasked)."""
-    if not causal or tile_kind(r0, r1, c0, c1, offset) is TileKind.FULL:
-        return None
-    rows = torch.arange(r0, r1, device=device)
-    cols = torch.arange(c0, c1, device=device)
-    return visible(rows, cols, offset)  # (Br, Bc)
+from ..causal import diagonal_offset, key_end, tile_mask
 
 
 def query_major_forward(
@@ -37,8 +26,7 @@ def query_major_forward(
     *lead, N_q, _ = q.shape
     N_k, D_v = v.shape[-2], v.shape[-1]
     offset = diagonal_offset(N_q, N_k, causal_align)
-    O = q.new_empty((*lead, N_q, D_v))
-    lse = q.new_empty((*lead, N_q))
+    O_blocks, lse_blocks = [q.new_empty((*lead, 0, D_v))], [q.new_empty((*lead, 0))]
     for r0 in range(0, N_q, block_m):  # query block i
         r1 = min(r0 + block_m, N_q)
         q_i = q[..., r0:r1, :]  # (B, H_kv, G, Br, D)
@@ -48,5 +36,7 @@ def query_major_forward(
             allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
             S_ij = osm.score_tile(q_i, k[..., c0:c1, :], scale, allowed)  # (B, H_kv, G, Br, Bc)
             m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v[..., c0:c1, :])
-        O[..., r0:r1, :], lse[..., r0:r1] = osm.finalize(m_i, l_i, acc)
-    return O, lse
+        O_i, lse_i = osm.finalize(m_i, l_i, acc)
+        O_blocks.append(O_i)
+        lse_blocks.append(lse_i)
+    return torch.cat(O_blocks, dim=-2), torch.cat(lse_blocks, dim=-1)

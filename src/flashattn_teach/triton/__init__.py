@@ -20,7 +20,10 @@ import importlib.util
 
 from torch import Tensor
 
+from .._autocast import cast_inputs
+from .._options import AttentionOptions, make_options
 from .._validate import validate_inputs
+from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "KernelConfig",
     "shipped_config",
     "triton_attention",
+    "triton_forward",
     "unsupported_reason",
 ]
 
@@ -40,8 +44,9 @@ def _triton_installed() -> bool:
         return False
 
 
-def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left",
-                       enable_gqa: bool = False) -> str | None:
+def unsupported_reason(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left", enable_gqa: bool = False
+) -> str | None:
     """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
     if not _triton_installed():
         return "triton is not installed"
@@ -81,25 +86,43 @@ def triton_attention(
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
     up to 256 (up to 128 when a gradient is needed), or float32 with head dims up to 64. A query row that
-    sees no key gets ``O = 0`` and ``lse = -inf``.
+    sees no key gets ``O = 0`` and ``lse = -inf``. Under ``torch.autocast`` the inputs are cast to the
+    autocast dtype first, as torch's SDPA does.
     """
+    q, k, v = cast_inputs(q, k, v)
+    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
+    O, lse = triton_forward(q, k, v, opts, config=config)
+    return (O, lse) if return_lse else O
+
+
+def triton_forward(
+    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, config: AttentionConfig | str | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them."""
     from . import launch
     from .autograd import TritonAttentionFunction
 
-    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
+    s = opts.shapes
     if not _triton_installed():
-        raise RuntimeError("backend='triton' needs the triton package, which is not installed")
+        raise AttentionError("backend='triton' needs the triton package, which is not installed")
     reason = launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
     if reason is not None:
-        raise ValueError(reason)
+        raise AttentionValueError(reason)
     if config == "autotune":
         from .autotune import autotune
 
-        config = autotune(q, k, v, causal=causal, causal_align=causal_align, enable_gqa=enable_gqa,
-                          backward=launch.needs_grad(q, k, v))
+        config = autotune(
+            q,
+            k,
+            v,
+            causal=opts.causal,
+            causal_align=opts.causal_align,
+            enable_gqa=opts.enable_gqa,
+            backward=launch.needs_grad(q, k, v),
+        )
     elif config is None:
         config = launch.default_config(q, s)
     elif not isinstance(config, AttentionConfig):
-        raise TypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
-    O, lse = TritonAttentionFunction.apply(q, k, v, s, bool(causal), causal_align, config)
-    return (O, lse) if return_lse else O
+        raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
+    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config)
+    return O, lse

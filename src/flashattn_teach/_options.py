@@ -1,0 +1,61 @@
+"""One call's options, validated once and handed to whichever backend runs it.
+
+The public functions keep flat, typed signatures (torch's for the drop-in); :func:`make_options` checks
+every argument there, once, and every backend reads the frozen :class:`AttentionOptions` it returns, so
+no backend validates again or receives an untyped ``**dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ._validate import AttentionShapes, check_bool, check_dropout, validate_inputs
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Everything about a call except ``q, k, v`` themselves.
+
+    ``shapes`` carries the broadcast sizes and the resolved ``scale``; ``attn_mask`` is the user's mask,
+    already checked to broadcast to the scores.
+    """
+
+    shapes: AttentionShapes
+    causal: bool = False
+    causal_align: str = "top_left"
+    enable_gqa: bool = False
+    attn_mask: Tensor | None = None
+    dropout_p: float = 0.0
+
+    @property
+    def scale(self) -> float:
+        return self.shapes.scale
+
+
+def make_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: object = False,
+    causal_align: str = "top_left",
+    scale: object = None,
+    enable_gqa: object = False,
+    attn_mask: Tensor | None = None,
+    dropout_p: object = 0.0,
+    causal_name: str = "causal",
+) -> AttentionOptions:
+    """Validate a call's arguments (naming them as the caller's signature does) and freeze them."""
+    causal = check_bool(causal_name, causal)
+    gqa = check_bool("enable_gqa", enable_gqa)
+    shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
+    return AttentionOptions(
+        shapes=shapes,
+        causal=causal,
+        causal_align=causal_align,
+        enable_gqa=gqa,
+        attn_mask=attn_mask,
+        dropout_p=check_dropout(dropout_p),
+    )

@@ -1,0 +1,21 @@
+"""The library's exception types.
+
+torch raises ``RuntimeError`` for most bad input to ``scaled_dot_product_attention``, while Python code
+conventionally raises ``ValueError`` or ``TypeError``. Each error here subclasses both the matching
+built-in and ``RuntimeError``, so ``except ValueError`` and ``except RuntimeError`` (written for torch)
+both catch it.
+"""
+
+from __future__ import annotations
+
+
+class AttentionError(RuntimeError):
+    """Base class of every error this library raises for bad input."""
+
+
+class AttentionValueError(AttentionError, ValueError):
+    """An argument has the right type but a wrong value: a shape, a size, a device, an option."""
+
+
+class AttentionTypeError(AttentionError, TypeError):
+    """An argument has the wrong type or dtype."""
