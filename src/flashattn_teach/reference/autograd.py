@@ -7,6 +7,7 @@ transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,17 +27,17 @@ ORDERS = (*FORWARDS, "parallel")
 
 def _forward(order: str):  # TEMP until parallel.py lands
     if order == "parallel":
-        from .parallel import parallel_forward
+        from .parallel import default_workers, parallel_forward
 
-        return parallel_forward
+        return functools.partial(parallel_forward, workers=default_workers())
     return FORWARDS[order]
 
 
 def _backward(order: str):
     if order == "parallel":
-        from .parallel import parallel_backward
+        from .parallel import default_workers, parallel_backward
 
-        return parallel_backward
+        return functools.partial(parallel_backward, workers=default_workers())
     return backward_grouped
 
 
