@@ -64,14 +64,21 @@ class CompileReport:
         """Why this kernel fails the compile checks; empty if it passes."""
         out = []
         if self.spill_bytes:
-            out.append("spills to local memory" if self.spill_bytes < 0 else
-                       f"{self.spill_bytes} bytes spilled to local memory")
+            out.append(
+                "spills to local memory"
+                if self.spill_bytes < 0
+                else f"{self.spill_bytes} bytes spilled to local memory"
+            )
         if self.registers > MAX_REGISTERS:
             out.append(f"{self.registers} registers > {MAX_REGISTERS}")
         if self.smem_bytes > SMEM_LIMIT[self.arch]:
             out.append(f"{self.smem_bytes} bytes of shared memory > {SMEM_LIMIT[self.arch]}")
-        if self.arch == "sm90" and self.dtype != torch.float32 and self.kernel != "backward_preprocess" \
-                and self.mma != "HGMMA":
+        if (
+            self.arch == "sm90"
+            and self.dtype != torch.float32
+            and self.kernel != "backward_preprocess"
+            and self.mma != "HGMMA"
+        ):
             out.append(f"matmuls use {self.mma}, not HGMMA")
         return out
 
@@ -80,8 +87,12 @@ def _kernel_fn(name: str):
     from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
     from .forward import _attn_fwd
 
-    return {"forward": _attn_fwd, "backward_preprocess": _attn_bwd_preprocess,
-            "backward_dkdv": _attn_bwd_dkdv, "backward_dq": _attn_bwd_dq}[name]
+    return {
+        "forward": _attn_fwd,
+        "backward_preprocess": _attn_bwd_preprocess,
+        "backward_dkdv": _attn_bwd_dkdv,
+        "backward_dq": _attn_bwd_dq,
+    }[name]
 
 
 def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causal: bool):
@@ -90,8 +101,16 @@ def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causa
 
     fn = _kernel_fn(name)
     precision = dot_precision(dtype)
-    values = {"HEAD_DIM": head_dim, "HEAD_DIM_V": head_dim, "BLOCK_D": head_dim, "BLOCK_DV": head_dim,
-              "BLOCK_M": c.BLOCK_M, "BLOCK_N": c.BLOCK_N, "CAUSAL": causal, "DOT_PRECISION": precision}
+    values = {
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_V": head_dim,
+        "BLOCK_D": head_dim,
+        "BLOCK_DV": head_dim,
+        "BLOCK_M": c.BLOCK_M,
+        "BLOCK_N": c.BLOCK_N,
+        "CAUSAL": causal,
+        "DOT_PRECISION": precision,
+    }
     signature, constexprs, attrs = {}, {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in _TENSORS or arg in _FP32_TENSORS:
@@ -117,8 +136,9 @@ def _cuobjdump() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
-def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: KernelConfig,
-                   causal: bool = True) -> CompileReport:
+def compile_kernel(
+    name: str, arch: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causal: bool = True
+) -> CompileReport:
     """Compile one kernel for ``arch`` ("sm90" or "sm80") and read its resource use from the cubin."""
     import time
 
@@ -129,8 +149,11 @@ def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: K
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset (it is set in this process)")
     t0 = time.perf_counter()
     target = GPUTarget("cuda", int(arch[2:]), 32)
-    compiled = triton.compile(_source(name, dtype, head_dim, c, causal), target=target,
-                              options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+    compiled = triton.compile(
+        _source(name, dtype, head_dim, c, causal),
+        target=target,
+        options={"num_warps": c.num_warps, "num_stages": c.num_stages},
+    )
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -142,9 +165,18 @@ def compile_kernel(name: str, arch: str, dtype: torch.dtype, head_dim: int, c: K
         local = -1  # local-memory traffic of unknown size
     static_smem = int(re.search(r"SHARED:(\d+)", res.stdout).group(1))
     mma = "HGMMA" if "HGMMA" in sass.stdout else "HMMA" if "HMMA" in sass.stdout else "none"
-    return CompileReport(kernel=name, arch=arch, dtype=dtype, head_dim=head_dim, config=c, registers=registers,
-                         spill_bytes=local, smem_bytes=max(static_smem, compiled.metadata.shared), mma=mma,
-                         seconds=time.perf_counter() - t0)
+    return CompileReport(
+        kernel=name,
+        arch=arch,
+        dtype=dtype,
+        head_dim=head_dim,
+        config=c,
+        registers=registers,
+        spill_bytes=local,
+        smem_bytes=max(static_smem, compiled.metadata.shared),
+        mma=mma,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
@@ -153,18 +185,28 @@ def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple
     for dt, d, config in shipped_configs(arch):
         if dt in dtypes and d in head_dims:
             backward = config.backward_dkdv is not None
-            out += [(name, dt, d, config.kernel(name)) for name in KERNELS
-                    if config.kernel(name) is not None and (backward or name == "forward")]
+            out += [
+                (name, dt, d, config.kernel(name))
+                for name in KERNELS
+                if config.kernel(name) is not None and (backward or name == "forward")
+            ]
     return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashattn-teach kernels``."""
     parser.add_argument("--arch", choices=ARCHS, default="sm90", help="GPU generation to compile for")
-    parser.add_argument("--dtype", nargs="+", choices=sorted(_DTYPE_BY_NAME), default=None,
-                        help="input dtypes (default: all shipped)")
-    parser.add_argument("--head-dim", nargs="+", type=int, choices=HEAD_DIMS, default=None,
-                        help="padded head dimensions (default: all shipped)")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=sorted(_DTYPE_BY_NAME), default=None, help="input dtypes (default: all shipped)"
+    )
+    parser.add_argument(
+        "--head-dim",
+        nargs="+",
+        type=int,
+        choices=HEAD_DIMS,
+        default=None,
+        help="padded head dimensions (default: all shipped)",
+    )
     parser.add_argument("--kernel", nargs="+", choices=KERNELS, default=None, help="kernels (default: all)")
 
 
@@ -174,8 +216,10 @@ def run(args: argparse.Namespace) -> int:
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS
-    header = (f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
-              f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check")
+    header = (
+        f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
+        f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
+    )
     print(f"# {args.arch}: registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B")
     print(header)
     failed = 0
@@ -185,9 +229,12 @@ def run(args: argparse.Namespace) -> int:
         r = compile_kernel(name, args.arch, dt, d, c)
         problems = r.problems()
         failed += bool(problems)
-        print(f"{name:<20} {str(dt).removeprefix('torch.'):<9} {d:>4} {c.BLOCK_M:>7} {c.BLOCK_N:>7} "
-              f"{c.num_warps:>5} {c.num_stages:>6} {r.registers:>5} {r.spill_bytes:>6} {r.smem_bytes:>8} "
-              f"{r.mma:>6}  {'; '.join(problems) or 'ok'}", flush=True)
+        print(
+            f"{name:<20} {str(dt).removeprefix('torch.'):<9} {d:>4} {c.BLOCK_M:>7} {c.BLOCK_N:>7} "
+            f"{c.num_warps:>5} {c.num_stages:>6} {r.registers:>5} {r.spill_bytes:>6} {r.smem_bytes:>8} "
+            f"{r.mma:>6}  {'; '.join(problems) or 'ok'}",
+            flush=True,
+        )
     return 1 if failed else 0
 
 
