@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -132,6 +133,51 @@ def _run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         return triton_forward(q, k, v, opts)
     order, block_m, block_n = _TILED[p.backend]
     return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    backend: str = "auto",
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def flash_attention(

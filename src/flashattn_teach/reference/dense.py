@@ -11,6 +11,8 @@ reader can check it by eye, and it is differentiable by ordinary autograd.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor
 
@@ -18,6 +20,54 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from ..causal import causal_mask
+
+
+@overload
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def dense_attention(

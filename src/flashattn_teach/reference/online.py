@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any, Literal, overload
 
 from torch import Tensor
 
@@ -40,6 +41,54 @@ def _public(
     block_m, block_n = validate_block_sizes(block_m, block_n)
     O, lse = tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
     return (O, lse) if return_lse else O
+
+
+@overload
+def online_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def online_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def online_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def online_attention(
@@ -90,6 +139,54 @@ def online_attention(
     )
 
 
+@overload
+def key_major_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def key_major_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def key_major_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    block_m: int = DEFAULT_BLOCK_M,
+    block_n: int = DEFAULT_BLOCK_N,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
 def key_major_attention(
     q: Tensor,
     k: Tensor,
@@ -123,8 +220,8 @@ def key_major_attention(
     )
 
 
-def keymajor_attention(*args: object, **kwargs: object) -> Tensor | tuple[Tensor, Tensor]:
+def keymajor_attention(*args: Any, **kwargs: Any) -> Any:
     """Deprecated name of :func:`key_major_attention` (the library spells the loop orders ``query_major``
     and ``key_major``); it will be removed in 0.3."""
     warnings.warn("keymajor_attention is deprecated; use key_major_attention", DeprecationWarning, stacklevel=2)
-    return key_major_attention(*args, **kwargs)  # type: ignore[arg-type]
+    return key_major_attention(*args, **kwargs)
