@@ -67,8 +67,8 @@ def _transforms_active() -> bool:
 
 
 def _check_backend(backend: object) -> str:
-    if backend in _RENAMED:
-        new = _RENAMED[backend]  # type: ignore[index]
+    if isinstance(backend, str) and backend in _RENAMED:
+        new = _RENAMED[backend]
         warnings.warn(f"backend={backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=4)
         return new
     if backend not in BACKENDS:
