@@ -109,7 +109,7 @@ def iomodel_rows(cells: list[Cell]) -> list[dict[str, object]]:
 def model_bytes(p: iomodel.Problem, pass_: str, tiled: bool) -> int:
     """Modelled HBM bytes: FA2's query-major forward and split backward for fused kernels, Alg. 0/3 otherwise."""
     bm, bn = TILED_BLOCKS
-    fwd = iomodel.querymajor_forward_io(p, bm, bn) if tiled else iomodel.standard_forward_io(p)
+    fwd = iomodel.query_major_forward_io(p, bm, bn) if tiled else iomodel.standard_forward_io(p)
     bwd = iomodel.split_backward_io(p, bm, bn) if tiled else iomodel.standard_backward_io(p)
     return {"fwd": fwd.total_bytes, "bwd": bwd.total_bytes, "fwd+bwd": fwd.total_bytes + bwd.total_bytes}[pass_]
 

@@ -57,7 +57,7 @@ def _dense(q, k, v, causal):
     return (p / p.sum(axis=1, keepdims=True)) @ v, p / p.sum(axis=1, keepdims=True)
 
 
-def _keymajor_forward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) -> None:
+def _key_major_forward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) -> None:
     """FA1 Alg. 1 with every HBM access made through ``hbm``."""
     hbm.store("O", 0, N, np.zeros((N, d)))
     hbm.store("l", 0, N, np.zeros(N))
@@ -82,7 +82,7 @@ def _keymajor_forward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) 
             hbm.store("m", r0, r1, m_new)
 
 
-def _querymajor_forward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) -> None:
+def _query_major_forward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) -> None:
     """FA2's forward with every HBM access made through ``hbm``."""
     for r0 in range(0, N, bm):
         r1 = min(r0 + bm, N)
@@ -142,8 +142,14 @@ def _split_backward(hbm: HBM, N: int, d: int, bm: int, bn: int, causal: bool) ->
         hbm.store("dQ", r0, r1, dq)
 
 
-CASES = [(37, 8, 8, 16, False), (37, 8, 8, 16, True), (64, 4, 16, 16, True), (50, 6, 32, 7, True),
-         (50, 6, 7, 32, False), (19, 4, 64, 64, True)]
+CASES = [
+    (37, 8, 8, 16, False),
+    (37, 8, 8, 16, True),
+    (64, 4, 16, 16, True),
+    (50, 6, 32, 7, True),
+    (50, 6, 7, 32, False),
+    (19, 4, 64, 64, True),
+]
 
 
 def _inputs(N, d, seed=0):
@@ -152,12 +158,14 @@ def _inputs(N, d, seed=0):
 
 
 @pytest.mark.parametrize(("N", "d", "bm", "bn", "causal"), CASES)
-@pytest.mark.parametrize("order", ["key-major", "query-major"])
+@pytest.mark.parametrize("order", ["key_major", "query_major"])
 def test_tiled_forward_traffic_equals_a_counted_run_of_the_schedule(N, d, bm, bn, causal, order):
     q, k, v, _ = _inputs(N, d)
     hbm = HBM(Q=q, K=k, V=v, O=np.zeros((N, d)), l=np.zeros(N), m=np.zeros(N), lse=np.zeros(N))
-    run, model = {"key-major": (_keymajor_forward, iomodel.keymajor_forward_io),
-                  "query-major": (_querymajor_forward, iomodel.querymajor_forward_io)}[order]
+    run, model = {
+        "key_major": (_key_major_forward, iomodel.key_major_forward_io),
+        "query_major": (_query_major_forward, iomodel.query_major_forward_io),
+    }[order]
     run(hbm, N, d, bm, bn, causal)
     np.testing.assert_allclose(hbm.arrays["O"], _dense(q, k, v, causal)[0], atol=1e-12)  # the schedule is right
     reads, writes = hbm.bytes(elem_bytes=2)
@@ -170,8 +178,18 @@ def test_split_backward_traffic_equals_a_counted_run_of_the_schedule(N, d, bm, b
     q, k, v, do = _inputs(N, d)
     o, p = _dense(q, k, v, causal)
     lse = np.log(np.where(_mask(0, N, 0, N, causal), np.exp(q @ k.T / math.sqrt(d)), 0).sum(axis=1))
-    hbm = HBM(Q=q, K=k, V=v, O=o, dO=do, lse=lse, delta=np.zeros(N), dQ=np.zeros((N, d)), dK=np.zeros((N, d)),
-              dV=np.zeros((N, d)))
+    hbm = HBM(
+        Q=q,
+        K=k,
+        V=v,
+        O=o,
+        dO=do,
+        lse=lse,
+        delta=np.zeros(N),
+        dQ=np.zeros((N, d)),
+        dK=np.zeros((N, d)),
+        dV=np.zeros((N, d)),
+    )
     _split_backward(hbm, N, d, bm, bn, causal)
     dp = do @ v.T
     ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
@@ -183,12 +201,16 @@ def test_split_backward_traffic_equals_a_counted_run_of_the_schedule(N, d, bm, b
     assert (t.reads, t.writes) == (reads, writes)
 
 
-def test_keymajor_backward_rereads_q_o_do_dq_once_per_visible_tile():
+def test_key_major_backward_rereads_q_o_do_dq_once_per_visible_tile():
     N, d, bm, bn = 40, 8, 8, 16
     p = Problem(1, 1, N, d, elem_bytes=1, causal=True)
-    visible_rows = sum(min(r0 + bm, N) - r0 for c0 in range(0, N, bn) for r0 in range(0, N, bm)
-                       if _tile_visible(r0, min(r0 + bm, N), c0, min(c0 + bn, N), True))
-    t = iomodel.keymajor_backward_io(p, bm, bn)
+    visible_rows = sum(
+        min(r0 + bm, N) - r0
+        for c0 in range(0, N, bn)
+        for r0 in range(0, N, bm)
+        if _tile_visible(r0, min(r0 + bm, N), c0, min(c0 + bn, N), True)
+    )
+    t = iomodel.key_major_backward_io(p, bm, bn)
     assert t.reads["Q"] == t.reads["O"] == t.reads["dO"] == t.reads["dQ"] == visible_rows * d
     assert t.reads["l"] == t.reads["m"] == 4 * visible_rows
     assert t.writes == {"dQ": N * d + visible_rows * d, "dK": N * d, "dV": N * d}
@@ -205,8 +227,8 @@ def test_standard_attention_moves_4n2_plus_4nd_forward_and_7n2_plus_8nd_backward
 
 
 def test_traffic_scales_with_batch_times_heads():
-    one = iomodel.querymajor_forward_io(Problem(1, 1, 300, 32, causal=True), 64, 32)
-    many = iomodel.querymajor_forward_io(Problem(3, 5, 300, 32, causal=True), 64, 32)
+    one = iomodel.query_major_forward_io(Problem(1, 1, 300, 32, causal=True), 64, 32)
+    many = iomodel.query_major_forward_io(Problem(3, 5, 300, 32, causal=True), 64, 32)
     assert many.reads == {k: 15 * n for k, n in one.reads.items()}
 
 
@@ -218,9 +240,9 @@ def test_flashattention_traffic_is_theta_n2_d2_over_m(N, d, sram_kib):
     p = Problem(1, 1, N, d, elem_bytes=2)
     sram = sram_kib * 1024
     br, bc = iomodel.paper_block_sizes(sram, d, 2)
-    ratio = iomodel.keymajor_forward_io(p, br, bc).total_bytes / iomodel.theorem2_scale(p, sram)
+    ratio = iomodel.key_major_forward_io(p, br, bc).total_bytes / iomodel.theorem2_scale(p, sram)
     assert 6 <= ratio <= 30
-    bwd = iomodel.keymajor_backward_io(p, br, bc).total_bytes / iomodel.theorem2_scale(p, sram)
+    bwd = iomodel.key_major_backward_io(p, br, bc).total_bytes / iomodel.theorem2_scale(p, sram)
     assert 8 <= bwd <= 40
 
 
@@ -228,7 +250,7 @@ def test_doubling_sram_halves_tiled_traffic_but_not_standard():
     p = Problem(1, 1, 16384, 64, elem_bytes=2)
 
     def tiled(sram):
-        return iomodel.keymajor_forward_io(p, *iomodel.paper_block_sizes(sram, 64, 2)).total_bytes
+        return iomodel.key_major_forward_io(p, *iomodel.paper_block_sizes(sram, 64, 2)).total_bytes
 
     assert 0.45 <= tiled(2 * 96 * 1024) / tiled(96 * 1024) <= 0.6
     assert tiled(96 * 1024) < iomodel.standard_forward_io(p).total_bytes / 3
@@ -239,12 +261,12 @@ def test_doubling_n_quadruples_tiled_and_standard_traffic_asymptotically():
         return fn(Problem(1, 1, 32768, 64)).total_bytes / fn(Problem(1, 1, 16384, 64)).total_bytes
 
     assert 3.9 <= ratio(iomodel.standard_forward_io) <= 4.0
-    assert 3.9 <= ratio(lambda p: iomodel.querymajor_forward_io(p, 128, 64)) <= 4.0
+    assert 3.9 <= ratio(lambda p: iomodel.query_major_forward_io(p, 128, 64)) <= 4.0
 
 
 def test_causal_skips_about_half_the_tiles():
-    full = iomodel.querymajor_forward_io(Problem(1, 1, 8192, 64), 128, 64)
-    causal = iomodel.querymajor_forward_io(Problem(1, 1, 8192, 64, causal=True), 128, 64)
+    full = iomodel.query_major_forward_io(Problem(1, 1, 8192, 64), 128, 64)
+    causal = iomodel.query_major_forward_io(Problem(1, 1, 8192, 64, causal=True), 128, 64)
     assert 0.5 <= causal.reads["K"] / full.reads["K"] <= 0.52
 
 
@@ -270,8 +292,14 @@ def test_cli_prints_every_schedule(capsys):
     iomodel.add_arguments(parser)
     assert iomodel.run(parser.parse_args(["--seq-len", "8192", "--head-dim", "128", "--sram-kib", "228"])) == 0
     out = capsys.readouterr().out
-    for needle in ("standard (FA1 Alg. 0)", "key-major (FA1 Alg. 1)", "query-major (FA2)", "FA1 Alg. 4",
-                   "split dK/dV", "34.36 GFLOP"):
+    for needle in (
+        "standard (FA1 Alg. 0)",
+        "key-major (FA1 Alg. 1)",
+        "query-major (FA2)",
+        "FA1 Alg. 4",
+        "split dK/dV",
+        "34.36 GFLOP",
+    ):
         assert needle in out
 
 
@@ -279,4 +307,5 @@ def test_cli_rejects_bad_sizes_with_a_message(capsys):
     parser = argparse.ArgumentParser()
     iomodel.add_arguments(parser)
     assert iomodel.run(parser.parse_args(["--head-dim", "128", "--sram-kib", "0.1"])) == 2
-    assert "Theorem 2 needs M >= d" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "argument --sram-kib" in err and "Theorem 2 needs M >= d" in err and err.count("\n") == 1

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass, field
+
+from ._cli_types import finite_positive_float, positive_int
 
 STAT_BYTES = 4  # l, m, lse, delta are float32 everywhere
 BACKWARD_FLOP_FACTOR = 2.5  # backward: 5 matmuls of N^2 d against the forward's 2 (FA2 paper, Sec. 4)
@@ -159,7 +162,7 @@ def standard_forward_io(p: Problem) -> Traffic:
     return _scaled(p, reads, writes, frozenset())
 
 
-def keymajor_forward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
+def key_major_forward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     """FA1 Alg. 1: ``K_j, V_j`` read once (line 6); for every visible tile, ``Q_i, O_i, l_i, m_i`` read
     (line 8) and ``O_i, l_i, m_i`` written (lines 12-13); ``O, l, m`` initialised in HBM (line 2)."""
     _check_blocks(block_m, block_n)
@@ -170,7 +173,7 @@ def keymajor_forward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     return _scaled(p, reads, writes, frozenset({"l", "m"}))
 
 
-def querymajor_forward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
+def query_major_forward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     """FA2 Alg. 1: ``Q_i`` read once; ``K_j, V_j`` read once per query block that sees them; ``O_i`` and
     ``lse_i`` written once."""
     _check_blocks(block_m, block_n)
@@ -193,15 +196,14 @@ def standard_backward_io(p: Problem) -> Traffic:
     return _scaled(p, reads, writes, frozenset())
 
 
-def keymajor_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
+def key_major_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     """FA1 Alg. 4: ``dQ`` zeroed in HBM (line 5); ``K_j, V_j`` read once (line 7); for every visible tile
     ``Q_i, O_i, dO_i, dQ_i, l_i, m_i`` read (line 10) and ``dQ_i`` written (line 21); ``dK_j, dV_j``
     written once (line 24)."""
     _check_blocks(block_m, block_n)
     N, d = p.seq_len, p.head_dim
     rows = _sum_query_rows(p, block_m, block_n)
-    reads = {"K": N * d, "V": N * d, "Q": rows * d, "O": rows * d, "dO": rows * d, "dQ": rows * d,
-             "l": rows, "m": rows}
+    reads = {"K": N * d, "V": N * d, "Q": rows * d, "O": rows * d, "dO": rows * d, "dQ": rows * d, "l": rows, "m": rows}
     writes = {"dQ": N * d + rows * d, "dK": N * d, "dV": N * d}
     return _scaled(p, reads, writes, frozenset({"l", "m"}))
 
@@ -217,10 +219,15 @@ def split_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     k_rows = _sum_key_rows(p, block_m, block_n)  # dQ pass: query blocks outside
     stats = frozenset({"lse", "delta"})
     preprocess = _scaled(p, {"O": N * d, "dO": N * d}, {"delta": N}, stats)
-    dkdv = _scaled(p, {"K": N * d, "V": N * d, "Q": q_rows * d, "dO": q_rows * d, "lse": q_rows, "delta": q_rows},
-                   {"dK": N * d, "dV": N * d}, stats)
-    dq = _scaled(p, {"Q": N * d, "dO": N * d, "lse": N, "delta": N, "K": k_rows * d, "V": k_rows * d},
-                 {"dQ": N * d}, stats)
+    dkdv = _scaled(
+        p,
+        {"K": N * d, "V": N * d, "Q": q_rows * d, "dO": q_rows * d, "lse": q_rows, "delta": q_rows},
+        {"dK": N * d, "dV": N * d},
+        stats,
+    )
+    dq = _scaled(
+        p, {"Q": N * d, "dO": N * d, "lse": N, "delta": N, "K": k_rows * d, "V": k_rows * d}, {"dQ": N * d}, stats
+    )
     return preprocess + dkdv + dq
 
 
@@ -242,54 +249,74 @@ def _fmt_bytes(n: float) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-len", "-N", type=int, default=8192, help="sequence length N (default 8192)")
-    parser.add_argument("--head-dim", "-d", type=int, default=128, help="head dimension d (default 128)")
-    parser.add_argument("--batch", "-B", type=int, default=1, help="batch size B (default 1)")
-    parser.add_argument("--heads", "-H", type=int, default=1, help="number of heads H (default 1)")
-    parser.add_argument("--elem-bytes", type=int, default=2, help="bytes per element of Q, K, V, O (default 2)")
-    parser.add_argument("--sram-kib", type=float, default=228.0,
-                        help="on-chip memory M per thread block in KiB (default 228: H100/H200 shared memory)")
-    parser.add_argument("--block-m", type=int, default=128, help="BLOCK_M of the query-major/split schedules")
-    parser.add_argument("--block-n", type=int, default=64, help="BLOCK_N of the query-major/split schedules")
+    parser.add_argument("--seq-len", "-N", type=positive_int, default=8192, help="sequence length N (default 8192)")
+    parser.add_argument("--head-dim", "-d", type=positive_int, default=128, help="head dimension d (default 128)")
+    parser.add_argument("--batch", "-B", type=positive_int, default=1, help="batch size B (default 1)")
+    parser.add_argument("--heads", "-H", type=positive_int, default=1, help="number of heads H (default 1)")
+    parser.add_argument(
+        "--elem-bytes", type=positive_int, default=2, help="bytes per element of Q, K, V, O (default 2)"
+    )
+    parser.add_argument(
+        "--sram-kib",
+        type=finite_positive_float,
+        default=228.0,
+        help="on-chip memory M per thread block in KiB (default 228: H100/H200 shared memory)",
+    )
+    parser.add_argument("--block-m", type=positive_int, default=128, help="BLOCK_M of the query-major/split schedules")
+    parser.add_argument("--block-n", type=positive_int, default=64, help="BLOCK_N of the query-major/split schedules")
     parser.add_argument("--causal", action="store_true", help="causal masking (skip tiles above the diagonal)")
 
 
 def run(args: argparse.Namespace) -> int:
-    sram = int(args.sram_kib * 1024)
+    p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
+    sram_bytes = args.sram_kib * 1024
     try:
-        p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
+        if not math.isfinite(sram_bytes):
+            raise ValueError(f"{args.sram_kib:g} KiB is more bytes than a float holds")
+        sram = int(sram_bytes)
         br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
-        _check_blocks(args.block_m, args.block_n)
     except ValueError as e:
-        print(f"flashattn-teach iomodel: {e}")
+        print(f"flashattn-teach iomodel: error: argument --sram-kib: {e}", file=sys.stderr)
         return 2
     bm, bn = args.block_m, args.block_n
     fwd, bwd = attention_flops(p, "forward"), attention_flops(p, "backward")
-    print(f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
-          f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)")
-    print(f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
-          f"backward {bwd / 1e9:.2f} GFLOP")
+    print(
+        f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
+        f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)"
+    )
+    print(
+        f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
+        f"backward {bwd / 1e9:.2f} GFLOP"
+    )
     rows = [
         ("forward", "standard (FA1 Alg. 0)", "-", standard_forward_io(p), fwd),
-        ("forward", "key-major (FA1 Alg. 1)", f"{br}x{bc}", keymajor_forward_io(p, br, bc), fwd),
-        ("forward", "query-major (FA2)", f"{bm}x{bn}", querymajor_forward_io(p, bm, bn), fwd),
+        ("forward", "key-major (FA1 Alg. 1)", f"{br}x{bc}", key_major_forward_io(p, br, bc), fwd),
+        ("forward", "query-major (FA2)", f"{bm}x{bn}", query_major_forward_io(p, bm, bn), fwd),
         ("backward", "standard (FA1 Alg. 3)", "-", standard_backward_io(p), bwd),
-        ("backward", "key-major (FA1 Alg. 4)", f"{br}x{bc}", keymajor_backward_io(p, br, bc), bwd),
+        ("backward", "key-major (FA1 Alg. 4)", f"{br}x{bc}", key_major_backward_io(p, br, bc), bwd),
         ("backward", "split dK/dV + dQ (FA2)", f"{bm}x{bn}", split_backward_io(p, bm, bn), bwd),
     ]
-    header = f"{'pass':<9}{'schedule':<25}{'Br x Bc':>9}{'HBM read':>13}{'HBM write':>13}{'total':>13}" \
-             f"{'vs std':>9}{'FLOP/B':>9}"
+    header = (
+        f"{'pass':<9}{'schedule':<25}{'Br x Bc':>9}{'HBM read':>13}{'HBM write':>13}{'total':>13}"
+        f"{'vs std':>9}{'FLOP/B':>9}"
+    )
     print()
     print(header)
     print("-" * len(header))
     for pass_, name, blocks, t, flops in rows:
         std = rows[0][3] if pass_ == "forward" else rows[3][3]
-        print(f"{pass_:<9}{name:<25}{blocks:>9}{_fmt_bytes(t.read_bytes):>13}{_fmt_bytes(t.write_bytes):>13}"
-              f"{_fmt_bytes(t.total_bytes):>13}{t.total_bytes / std.total_bytes:>8.3f}x"
-              f"{flops / t.total_bytes:>9.1f}")
+        print(
+            f"{pass_:<9}{name:<25}{blocks:>9}{_fmt_bytes(t.read_bytes):>13}{_fmt_bytes(t.write_bytes):>13}"
+            f"{_fmt_bytes(t.total_bytes):>13}{t.total_bytes / std.total_bytes:>8.3f}x"
+            f"{flops / t.total_bytes:>9.1f}"
+        )
     print()
-    print(f"Theorem 2 scale B*H*N^2*d^2/M: {_fmt_bytes(theorem2_scale(p, sram))}; "
-          f"standard's N^2 term alone: {_fmt_bytes(p.batch * p.heads * p.seq_len**2 * p.elem_bytes)}")
-    print("FLOP/B is arithmetic intensity. Below the ridge point (peak FLOP/s / HBM bytes/s; from the H200's "
-          "datasheet, 989 TFLOP/s bf16 / 4.8 TB/s = 206) a schedule is bound by memory traffic.")
+    print(
+        f"Theorem 2 scale B*H*N^2*d^2/M: {_fmt_bytes(theorem2_scale(p, sram))}; "
+        f"standard's N^2 term alone: {_fmt_bytes(p.batch * p.heads * p.seq_len**2 * p.elem_bytes)}"
+    )
+    print(
+        "FLOP/B is arithmetic intensity. Below the ridge point (peak FLOP/s / HBM bytes/s; from the H200's "
+        "datasheet, 989 TFLOP/s bf16 / 4.8 TB/s = 206) a schedule is bound by memory traffic."
+    )
     return 0
