@@ -51,7 +51,7 @@ def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
     ("name", "options"),
     [
         ("seed-query-major", "--seq-len 6 --block-m 2 --block-n 2".split()),
-        ("causal-key-major", "--seq-len 7 --block-m 3 --block-n 2 --query-block 1 --causal --order key-major".split()),
+        ("causal-key-major", "--seq-len 7 --block-m 3 --block-n 2 --query-block 1 --causal --order key_major".split()),
     ],
 )
 def test_html_page_steps_through_updates_and_shows_the_json_numbers(

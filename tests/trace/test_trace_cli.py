@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from flashattn_teach.trace import replay
+from flashattn_teach.causal import TileKind
+from flashattn_teach.trace import TileState, replay, to_experiment
 from flashattn_teach.trace.cli import add_arguments, run
 
 
@@ -25,13 +26,13 @@ def test_json_replays_the_recorded_recipe(capsys):
     assert run(parse(*argv.split())) == 0
     torch.manual_seed(3)
     q, k, v = (torch.randn(2, 5, 3, dtype=torch.float64) for _ in range(3))  # q, k, v in this order
-    expected = replay(q, k, v, block_m=2, block_n=3, query_block=1).to_experiment()
+    expected = to_experiment(replay(q, k, v, block_m=2, block_n=3, query_block=1))
     assert json.loads(capsys.readouterr().out) == expected
 
 
 def test_table_shows_every_update_and_the_error_shrinking(tmp_path):
     out = tmp_path / "replay.txt"
-    assert run(parse("--causal", "--query-block", "2", "--order", "key-major", "--out", str(out))) == 0
+    assert run(parse("--causal", "--query-block", "2", "--order", "key_major", "--out", str(out))) == 0
     text = out.read_text(encoding="utf-8")
     for n in (1, 2, 3):
         assert f"Tile update {n}/3" in text
@@ -71,3 +72,29 @@ def test_json_and_html_import_neither_rich_nor_matplotlib():
         "assert not {'rich', 'matplotlib'} & set(sys.modules), sorted({'rich', 'matplotlib'} & set(sys.modules))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_the_page_gets_tile_states_from_the_enum_and_spells_none_itself(tmp_path):
+    out = tmp_path / "replay.html"
+    assert run(parse("--causal", "--format", "html", "--out", str(out))) == 0
+    page = out.read_text(encoding="utf-8")
+    enums = json.loads(page.split('<script type="application/json" id="replay-enums">')[1].split("</script>")[0])
+    assert enums["TileState"] == {s.name: s.value for s in TileState}
+    assert enums["TileKind"] == {k.name: k.value for k in TileKind}
+    script = page.split("<script>")[1].split("</script>")[0]
+    assert "STATE.SKIPPED" in script  # the probe finds the names the script uses ...
+    for value in [*(s.value for s in TileState), *(k.value for k in TileKind)]:
+        assert f'"{value}"' not in script and f"'{value}'" not in script  # ... and no spelt-out value
+
+
+def test_table_of_a_long_replay_draws_a_window_and_both_ends(tmp_path):
+    out = tmp_path / "replay.txt"
+    assert run(parse("--seq-len", "2000", "--causal", "--query-block", "600", "--out", str(out))) == 0
+    text = out.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120
+    shown = [n for n in range(1, 602) if f"Tile update {n}/601 " in text]
+    assert shown == [*range(1, 11), *range(592, 602)]
+    assert "… tile updates 11–591 of 601 not drawn …" in text
+    assert "query blocks i = 592–607 of 1000, key blocks j = 0–47 of 1000" in text  # the window around (600, 0)
+    assert "Causally skipped tiles of this block: key blocks j = 601–999" in text

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from test_trace_replay import make, replay_cases, run
 
-from flashattn_teach.trace import replay
+from flashattn_teach.errors import AttentionValueError
+from flashattn_teach.trace import replay, to_experiment, to_json, write_json
 from flashattn_teach.trace.manifest import schema
 
 
@@ -25,7 +30,7 @@ def validate(experiment: dict) -> None:
 
 def test_seed_example_has_the_seed_manifest_fields_and_labels():
     r = seed_replay()
-    experiment = json.loads(r.to_json())
+    experiment = json.loads(to_json(r))
     assert list(experiment) == ["kind", "title", "controlLabel", "cases"]
     assert experiment["kind"] == "schedule"
     assert experiment["title"] == "Finish attention without retaining every score."
@@ -69,7 +74,7 @@ def test_seed_example_has_the_seed_manifest_fields_and_labels():
 
 def test_vectors_are_the_replay_step_values_in_full_precision():
     r = seed_replay(query_block=1)
-    for step, case in zip(r.steps, r.to_experiment()["cases"], strict=True):
+    for step, case in zip(r.steps, to_experiment(r)["cases"], strict=True):
         values = [v["values"] for v in case["vectors"]]
         assert values[0] == step.S_ij.reshape(-1).tolist()
         assert values[1] == step.m_i.tolist() and values[2] == step.l_i.tolist()
@@ -78,11 +83,11 @@ def test_vectors_are_the_replay_step_values_in_full_precision():
         assert case["vectors"][3]["label"] == "Partial output \u00b7 query 2"
 
 
-@pytest.mark.parametrize("order", ["query-major", "key-major"])
+@pytest.mark.parametrize("order", ["query_major", "key_major"])
 @pytest.mark.parametrize("extensions", [False, True])
 def test_causal_json_is_strict_and_validates_against_the_schema(order, extensions):
     r = seed_replay(query_block=2, causal=True, order=order)
-    text = r.to_json(extensions=extensions)
+    text = to_json(r, extensions=extensions)
     assert "Infinity" not in text and "NaN" not in text
     experiment = json.loads(text)
     validate(experiment)
@@ -95,11 +100,31 @@ def test_causal_json_is_strict_and_validates_against_the_schema(order, extension
 
 def test_schema_rejects_a_label_with_a_hyphen_instead_of_an_en_dash():
     jsonschema = pytest.importorskip("jsonschema")
-    experiment = seed_replay().to_experiment()
+    experiment = to_experiment(seed_replay())
     experiment["cases"][0]["label"] = "Query rows 0-1 \u00b7 key columns 0-1"
     with pytest.raises(jsonschema.ValidationError):
         validate(experiment)
-    experiment = seed_replay().to_experiment()
+    experiment = to_experiment(seed_replay())
     experiment["cases"][0]["vectors"][1]["label"] = "Running maximum"
     with pytest.raises(jsonschema.ValidationError):
         validate(experiment)
+
+
+@given(replay_cases(), st.sampled_from([None, 0, 2, 4]), st.booleans())
+def test_streamed_json_is_json_dumps_of_the_experiment_for_any_replay(case, indent, extensions):
+    r = run(case, *make(case))
+    expected = json.dumps(to_experiment(r, extensions=extensions), indent=indent, ensure_ascii=False)
+    buffer = io.StringIO()
+    write_json(r, buffer, extensions=extensions, indent=indent)
+    assert buffer.getvalue() == expected == to_json(r, extensions=extensions, indent=indent)
+
+
+def test_extensions_of_a_long_replay_are_refused_before_anything_is_written():
+    q = torch.randn(1, 3000, 4)
+    r = replay(q, q, q, block_m=2, block_n=2)
+    buffer = io.StringIO()
+    with pytest.raises(AttentionValueError, match="extensions=True would list up to"):
+        write_json(r, buffer, extensions=True)
+    assert buffer.getvalue() == ""
+    write_json(r, buffer)  # the seed format alone is written case by case
+    assert len(json.loads(buffer.getvalue())["cases"]) == 1500

@@ -1,174 +1,32 @@
 """A replay as one self-contained HTML page: schedule grid, bars on one shared scale, prev/next controls.
 
-The page embeds ``Replay.to_experiment(extensions=True)`` as JSON and draws it with inline script and
-style; a Content-Security-Policy of ``default-src 'none'`` forbids every network fetch. It renders any
-seed-format experiment; the extensions only add the causally skipped tiles and, for the key-major order,
-the tiles of other query blocks already computed.
+The page embeds ``to_experiment(replay, extensions=True)`` as JSON and draws it with the script
+``page.js`` and the style ``page.css`` (package data next to this file), both inlined; a
+Content-Security-Policy of ``default-src 'none'`` forbids every network fetch. It renders any seed-format
+experiment; the extensions only add the causally skipped tiles and, for the key-major order, the tiles of
+other query blocks already computed. The tile states reach the script as the values of
+:class:`~flashattn_teach.trace.replay.TileState`, embedded next to the data.
 """
 
 from __future__ import annotations
 
 import json
+from importlib import resources
 
-from .replay import Replay
-
-STYLE = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #222; max-width: 1100px; }
-h1 { font-size: 1.3rem; margin: 0 0 .3rem; } h2 { font-size: 1.05rem; margin: .8rem 0 .4rem; }
-.meta { color: #555; margin: 0 0 .8rem; }
-.controls { display: flex; gap: .8rem; align-items: center; }
-.controls button { font: inherit; padding: .25rem .8rem; cursor: pointer; }
-.layout { display: flex; gap: 2rem; align-items: flex-start; flex-wrap: wrap; }
-.legend { display: flex; flex-wrap: wrap; gap: .3rem .9rem; font-size: 12px; margin-top: .4rem; max-width: 360px; }
-.legend i { display: inline-block; width: 12px; height: 12px; border: 1px solid #888; margin-right: .3rem;
-            vertical-align: -2px; }
-rect.masked { fill-opacity: .35; }
-.vector { margin-bottom: .7rem; } .vector .label { font-weight: 600; }
-.bar-row { display: flex; align-items: center; gap: .5rem; height: 18px; }
-.track { position: relative; width: 260px; height: 12px; background: #f3f3f3; }
-.track .axis { position: absolute; left: 50%; top: -2px; bottom: -2px; border-left: 1px solid #999; }
-.track .bar { position: absolute; top: 0; bottom: 0; background: #5b7dbd; }
-.track .bar.neg { background: #c0504d; }
-.value { font-variant-numeric: tabular-nums; min-width: 6rem; }
-table.metrics { border-collapse: collapse; } table.metrics td { padding: .15rem .8rem .15rem 0; }
-"""
-
-SCRIPT = r"""
-const data = JSON.parse(document.getElementById("replay-data").textContent);
-const cases = data.cases, ext = data.replay || null;
-const SVG = "http://www.w3.org/2000/svg", CELL = 26;
-const STATES = ["current", "accumulated", "done", "skipped", "pending"];
-let index = 0;
-
-// One scale for every bar of every case, so bars keep their meaning while stepping.
-let scale = 0;
-for (const c of cases)
-  for (const v of c.vectors) for (const x of v.values) if (x !== null) scale = Math.max(scale, Math.abs(x));
-scale = scale || 1;
-
-const fmt = x => x === null ? "−∞" : Number(x).toPrecision(4);
-
-function tileState(c, r, col) {
-  const s = c.schedule;
-  const inRows = r >= s.rowStart && r < s.rowStart + s.rowCount;
-  if (inRows && col >= s.columnStart && col < s.columnStart + s.columnCount) return "current";
-  if (!ext) return inRows && col < s.completedColumns ? "accumulated" : "pending";
-  const tile = [Math.floor(r / ext.blockM), Math.floor(col / ext.blockN)];
-  const has = list => list.some(t => t[0] === tile[0] && t[1] === tile[1]);
-  if (has(ext.skipped)) return "skipped";
-  if (has(c.tiles.done)) return tile[0] === c.tiles.i ? "accumulated" : "done";
-  return "pending";
-}
-
-function drawGrid(c) {
-  const s = c.schedule, svg = document.getElementById("grid"), pad = 22;
-  svg.setAttribute("width", pad + s.columns * CELL + 2);
-  svg.setAttribute("height", pad + s.rows * CELL + 2);
-  svg.replaceChildren();
-  const text = (x, y, t) => { const e = document.createElementNS(SVG, "text"); e.setAttribute("x", x);
-    e.setAttribute("y", y); e.setAttribute("font-size", 10); e.setAttribute("text-anchor", "middle");
-    e.textContent = t; svg.appendChild(e); };
-  for (let col = 0; col < s.columns; col++) text(pad + col * CELL + CELL / 2, 14, col);
-  for (let r = 0; r < s.rows; r++) {
-    text(10, pad + r * CELL + CELL / 2 + 4, r);
-    for (let col = 0; col < s.columns; col++) {
-      const e = document.createElementNS(SVG, "rect"), state = tileState(c, r, col);
-      // Masked cells of a partial tile are drawn pale; a skipped tile is masked everywhere and drawn grey.
-      const masked = ext && ext.causal && state !== "skipped" && col > r + ext.diagonalOffset;
-      e.setAttribute("x", pad + col * CELL); e.setAttribute("y", pad + r * CELL);
-      e.setAttribute("width", CELL); e.setAttribute("height", CELL);
-      e.setAttribute("stroke", "#888"); e.setAttribute("class", state + (masked ? " masked" : ""));
-      e.dataset.row = r; e.dataset.column = col; e.dataset.state = state;
-      svg.appendChild(e);
-      if (state === "skipped") text(pad + col * CELL + CELL / 2, pad + r * CELL + CELL / 2 + 4, "×");
-    }
-  }
-  if (ext) {  // tile boundaries
-    const w = s.columns * CELL, h = s.rows * CELL;
-    for (let r = 0; r <= s.rows; r += ext.blockM) line(svg, pad, pad + r * CELL, pad + w, pad + r * CELL);
-    for (let col = 0; col <= s.columns; col += ext.blockN) line(svg, pad + col * CELL, pad, pad + col * CELL, pad + h);
-    line(svg, pad, pad + h, pad + w, pad + h); line(svg, pad + w, pad, pad + w, pad + h);
-  }
-}
-
-function line(svg, x1, y1, x2, y2) {
-  const e = document.createElementNS(SVG, "line");
-  Object.entries({x1, y1, x2, y2, stroke: "#222", "stroke-width": 2}).forEach(([k, v]) => e.setAttribute(k, v));
-  svg.appendChild(e);
-}
-
-function drawVectors(c) {
-  const root = document.getElementById("vectors");
-  root.replaceChildren();
-  c.vectors.forEach((v, vi) => {
-    const box = document.createElement("div"); box.className = "vector"; box.dataset.vector = vi;
-    const label = document.createElement("div"); label.className = "label"; label.textContent = v.label;
-    box.appendChild(label);
-    v.values.forEach((x, k) => {
-      const row = document.createElement("div"); row.className = "bar-row";
-      const track = document.createElement("div"); track.className = "track";
-      const axis = document.createElement("div"); axis.className = "axis"; track.appendChild(axis);
-      if (x !== null) {
-        const bar = document.createElement("div"), w = 50 * Math.abs(x) / scale;
-        bar.className = "bar" + (x < 0 ? " neg" : "");
-        bar.style.left = (x < 0 ? 50 - w : 50) + "%"; bar.style.width = w + "%";
-        track.appendChild(bar);
-      }
-      const value = document.createElement("span"); value.className = "value"; value.dataset.index = k;
-      value.textContent = fmt(x);
-      row.append(track, value); box.appendChild(row);
-    });
-    root.appendChild(box);
-  });
-}
-
-function drawMetrics(c) {
-  const table = document.getElementById("metrics");
-  table.replaceChildren();
-  c.metrics.forEach((m, mi) => {
-    const tr = table.insertRow(); tr.dataset.metric = mi;
-    tr.insertCell().textContent = m.label;
-    const td = tr.insertCell(); td.className = "value";
-    td.textContent = Number.isInteger(m.value) ? String(m.value) : fmt(m.value);
-  });
-}
-
-function show(k) {
-  if (!cases.length) { document.getElementById("counter").textContent = "No tile updates"; return; }
-  index = Math.max(0, Math.min(cases.length - 1, k));
-  const c = cases[index];
-  document.getElementById("counter").textContent = `${data.controlLabel} ${index + 1} of ${cases.length}`;
-  document.getElementById("case-label").textContent = c.label;
-  document.getElementById("position").textContent = ext && c.tiles
-    ? `tile (i=${c.tiles.i}, j=${c.tiles.j}), ${c.tiles.kind === "partial" ? "masked, " : ""}` +
-      `step ${c.tiles.position} of ${ext.scheduleLength} in the ${ext.order} schedule` : "";
-  document.getElementById("prev").disabled = index === 0;
-  document.getElementById("next").disabled = index === cases.length - 1;
-  drawGrid(c); drawVectors(c); drawMetrics(c);
-  document.body.dataset.case = c.id;
-}
-
-document.getElementById("title").textContent = data.title;
-document.getElementById("meta").textContent = ext
-  ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
-    (ext.causal ? ` · causal (${ext.causalAlign})` : "") : "";
-document.getElementById("legend").innerHTML = STATES.map(s => `<span><i class="${s}"></i>${s}</span>`).join("");
-document.getElementById("prev").addEventListener("click", () => show(index - 1));
-document.getElementById("next").addEventListener("click", () => show(index + 1));
-document.addEventListener("keydown", e => {
-  if (e.key === "ArrowRight") show(index + 1);
-  if (e.key === "ArrowLeft") show(index - 1);
-});
-show(0);
-"""
+from ..causal import TileKind
+from ..errors import AttentionValueError
+from .manifest import to_experiment
+from .replay import Replay, TileState
 
 LEGEND_COLOURS = {
-    "current": "#f4b400",
-    "accumulated": "#4caf50",
-    "done": "#9ecae1",
-    "skipped": "#c9c9c9",
-    "pending": "#fff",
+    TileState.CURRENT: "#f4b400",
+    TileState.ACCUMULATED: "#4caf50",
+    TileState.DONE: "#9ecae1",
+    TileState.SKIPPED: "#c9c9c9",
+    TileState.PENDING: "#fff",
 }
+# A picture draws every score cell: the page one SVG rectangle per cell, the PNG one pixel block per cell.
+MAX_DRAWN_CELLS = 128 * 128
 
 TEMPLATE = """<!doctype html>
 <html lang="en">
@@ -197,18 +55,44 @@ TEMPLATE = """<!doctype html>
 <h2>Metrics</h2>
 <table class="metrics" id="metrics"></table>
 <script type="application/json" id="replay-data">{data}</script>
+<script type="application/json" id="replay-enums">{enums}</script>
 <script>{script}</script>
 </body>
 </html>
 """
 
 
+def check_drawable(replay: Replay, picture: str) -> None:
+    """Refuse a replay whose ``N_q x N_k`` cells are too many for ``picture`` to draw."""
+    cells = replay.N_q * replay.N_k
+    if cells > MAX_DRAWN_CELLS:
+        raise AttentionValueError(
+            f"{picture} draws every score cell, and N_q x N_k = {replay.N_q} x {replay.N_k} = {cells} is more "
+            f"than {MAX_DRAWN_CELLS}: use a shorter sequence, or the table or JSON output"
+        )
+
+
+def _package_text(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _script_json(obj: object) -> str:
+    # "</" inside a <script> element would end it early; "<\/" is the same JSON string.
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+
+
 def render_html(replay: Replay) -> str:
     """The self-contained page for ``replay``: no network, no external script or style."""
-    payload = json.dumps(replay.to_experiment(extensions=True), ensure_ascii=False, allow_nan=False)
+    check_drawable(replay, "the HTML page")
     legend = "".join(
-        f"rect.{state} {{ fill: {colour}; }} .legend i.{state} {{ background: {colour}; }}\n"
+        f"rect.{state.value} {{ fill: {colour}; }} .legend i.{state.value} {{ background: {colour}; }}\n"
         for state, colour in LEGEND_COLOURS.items()
     )
-    # "</" inside a <script> element would end it early; "<\/" is the same JSON string.
-    return TEMPLATE.format(style=STYLE, legend=legend, data=payload.replace("</", "<\\/"), script=SCRIPT)
+    enums = {enum.__name__: {member.name: member.value for member in enum} for enum in (TileState, TileKind)}
+    return TEMPLATE.format(
+        style=_package_text("page.css"),
+        legend=legend,
+        data=_script_json(to_experiment(replay, extensions=True)),
+        enums=_script_json(enums),
+        script=_package_text("page.js"),
+    )

@@ -9,20 +9,28 @@ documented JSON Schema. Two choices the seed did not have to make:
 - Tiles skipped by causality and the key-major schedule are not in the seed format. With
   ``extensions=True`` they are added under a top-level ``"replay"`` key and a per-case ``"tiles"`` key,
   which a reader of the seed format ignores; by default the dict holds the seed's keys only.
+
+:func:`write_json` streams the cases one at a time, so a replay of any length is written in the memory
+of one case.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
+from collections.abc import Iterator
 from importlib import resources
+from typing import IO, Any
 
 from torch import Tensor
 
+from ..errors import AttentionValueError
 from .replay import Replay, TileStep
 
 TITLE = "Finish attention without retaining every score."
 CONTROL_LABEL = "Tile update"
+MAX_EXTENSION_TILES = 10_000_000
 
 
 def span(a: int, b: int) -> str:
@@ -38,9 +46,9 @@ def _values(t: Tensor) -> list[float | None]:
     return [_number(float(x)) for x in t.reshape(-1).tolist()]
 
 
-def _case(replay: Replay, step: TileStep, extensions: bool) -> dict:
+def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
     (r0, r1), (c0, c1) = step.rows, step.cols
-    case = {
+    case: dict[str, Any] = {
         "id": f"tile-{step.index + 1}",
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
@@ -76,15 +84,26 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict:
     return case
 
 
-def to_experiment(replay: Replay, *, extensions: bool = False) -> dict:
-    """The seed manifest's ``"experiment"`` dict for ``replay``, one case per tile update."""
-    experiment: dict = {
-        "kind": "schedule",
-        "title": TITLE,
-        "controlLabel": CONTROL_LABEL,
-        "cases": [_case(replay, step, extensions) for step in replay.steps],
-    }
+def extension_tiles(replay: Replay) -> int:
+    """A bound on the tiles the extensions list: the skipped ones once, the done ones at every update."""
+    return (len(replay.steps) + 1) * replay.T_r * replay.T_c
+
+
+def _cases(replay: Replay, extensions: bool) -> Iterator[dict[str, Any]]:
+    return (_case(replay, step, extensions) for step in replay.steps)
+
+
+def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
+    """Every key of the experiment, in order, with ``"cases"`` empty."""
+    experiment: dict[str, Any] = {"kind": "schedule", "title": TITLE, "controlLabel": CONTROL_LABEL, "cases": []}
     if extensions:
+        tiles = extension_tiles(replay)
+        if tiles > MAX_EXTENSION_TILES:
+            raise AttentionValueError(
+                f"extensions=True would list up to {tiles} tiles (every tile done, at each of {len(replay.steps)} "
+                f"updates, of a {replay.T_r} x {replay.T_c} grid), more than {MAX_EXTENSION_TILES}: use larger "
+                "blocks or leave the extensions out"
+            )
         experiment["replay"] = {
             "order": replay.order,
             "causal": replay.causal,
@@ -100,11 +119,46 @@ def to_experiment(replay: Replay, *, extensions: bool = False) -> dict:
     return experiment
 
 
+def to_experiment(replay: Replay, *, extensions: bool = False) -> dict[str, Any]:
+    """The seed manifest's ``"experiment"`` dict for ``replay``, one case per tile update."""
+    experiment = _head(replay, extensions)
+    experiment["cases"] = list(_cases(replay, extensions))
+    return experiment
+
+
+def _dumps(obj: object, indent: int | None) -> str:
+    # allow_nan=False: a stray inf or NaN raises here rather than writing the non-JSON token Infinity or NaN.
+    return json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def write_json(replay: Replay, file: IO[str], *, extensions: bool = False, indent: int | None = 2) -> None:
+    """Write ``to_experiment(replay)`` to ``file`` as strict JSON, one case at a time.
+
+    The text is ``json.dumps(to_experiment(replay), indent=indent)`` character for character: the
+    experiment is dumped with no cases, and each case is dumped alone and indented to its depth. A JSON
+    string holds no raw newline, so indenting after every newline moves only the layout.
+    """
+    head, tail = _dumps(_head(replay, extensions), indent).split('"cases": []', 1)
+    file.write(head + '"cases": [')
+    if indent is None:
+        between, first, last, pad = ", ", "", "", ""
+    else:
+        pad = " " * (2 * indent)  # a case sits at depth 2: experiment -> "cases" list -> case
+        between, first, last = ",\n" + pad, "\n" + pad, "\n" + " " * indent
+    written = False
+    for case in _cases(replay, extensions):
+        file.write((between if written else first) + _dumps(case, indent).replace("\n", "\n" + pad))
+        written = True
+    file.write((last if written else "") + "]" + tail)
+
+
 def to_json(replay: Replay, *, extensions: bool = False, indent: int | None = 2) -> str:
-    """``to_experiment`` as strict JSON: ``allow_nan=False`` guarantees no ``Infinity``/``NaN`` tokens."""
-    return json.dumps(to_experiment(replay, extensions=extensions), indent=indent, ensure_ascii=False, allow_nan=False)
+    """``to_experiment`` as strict JSON (``-inf`` written as ``null``); see :func:`write_json`."""
+    buffer = io.StringIO()
+    write_json(replay, buffer, extensions=extensions, indent=indent)
+    return buffer.getvalue()
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of :func:`to_experiment`'s output."""
     return json.loads(resources.files(__package__).joinpath("replay.schema.json").read_text(encoding="utf-8"))

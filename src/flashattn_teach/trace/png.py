@@ -7,28 +7,44 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-from .html import LEGEND_COLOURS
-from .manifest import to_experiment
-from .replay import Replay
+from torch import Tensor
+
+from ..errors import AttentionValueError
+from .html import LEGEND_COLOURS, check_drawable
+from .replay import Replay, TileState, TileStep
 
 VECTOR_COLOURS = ("#7f7f7f", "#d62728", "#9467bd", "#1f77b4", "#2ca02c")
+RGB = tuple[float, float, float]
 
 
-def _cell_colour(replay: Replay, states: list[list[str]], r: int, c: int) -> tuple[float, float, float]:
+def _vectors(step: TileStep) -> list[tuple[str, Tensor]]:
+    """The bars of one update, labelled in the paper's notation."""
+    r0 = step.rows[0]
+    return [
+        ("S_ij (row-major)", step.S_ij.reshape(-1)),
+        ("m_i", step.m_i),
+        ("l_i", step.l_i),
+        (f"O partial, query {r0}", step.O_partial[0]),
+        (f"O final, query {r0}", step.O_final[0]),
+    ]
+
+
+def _cell_colour(replay: Replay, states: list[list[TileState]], r: int, c: int) -> RGB:
     from matplotlib.colors import to_rgb
 
     state = states[r // replay.block_m][c // replay.block_n]
-    rgb = to_rgb(LEGEND_COLOURS[state])
-    if replay.causal and state != "skipped" and c > r + replay.diagonal_offset:  # masked cell of a partial tile
-        return tuple(1 - 0.4 * (1 - ch) for ch in rgb)
-    return rgb
+    red, green, blue = to_rgb(LEGEND_COLOURS[state])
+    if replay.causal and state is not TileState.SKIPPED and c > r + replay.diagonal_offset:  # masked cell
+        return 1 - 0.4 * (1 - red), 1 - 0.4 * (1 - green), 1 - 0.4 * (1 - blue)
+    return red, green, blue
 
 
-def _grid(ax, replay: Replay, case_index: int, legend: bool) -> None:
+def _grid(ax: Any, replay: Replay, step: TileStep, legend: bool) -> None:
     from matplotlib.patches import Patch
 
-    states = replay.grid(replay.steps[case_index])
+    states = replay.grid(step)
     image = [[_cell_colour(replay, states, r, c) for c in range(replay.N_k)] for r in range(replay.N_q)]
     ax.imshow(image, extent=(-0.5, replay.N_k - 0.5, replay.N_q - 0.5, -0.5), interpolation="nearest")
     for r in (*range(0, replay.N_q, replay.block_m), replay.N_q):  # tile boundaries
@@ -41,57 +57,60 @@ def _grid(ax, replay: Replay, case_index: int, legend: bool) -> None:
     ax.set_xlabel("key column", fontsize=8)
     ax.set_ylabel("query row", fontsize=8)
     if legend:
-        handles = [Patch(facecolor=colour, edgecolor="#888", label=state) for state, colour in LEGEND_COLOURS.items()]
+        handles = [Patch(facecolor=colour, edgecolor="#888", label=s.value) for s, colour in LEGEND_COLOURS.items()]
         ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=3, frameon=False)
 
 
-def _bars(ax, case: dict, limit: float) -> None:
+def _bars(ax: Any, step: TileStep, limit: float) -> None:
     labels, values, colours = [], [], []
-    for vector, colour in zip(case["vectors"], VECTOR_COLOURS, strict=True):
-        for k, x in enumerate(vector["values"]):
-            labels.append(f"{vector['label']} [{k}]" if k == 0 else f"[{k}]")
+    for (label, vector), colour in zip(_vectors(step), VECTOR_COLOURS, strict=True):
+        for k, x in enumerate(vector.tolist()):
+            labels.append(f"{label} [{k}]" if k == 0 else f"[{k}]")
             values.append(x)
             colours.append(colour)
     y = range(len(values))
-    ax.barh(y, [0.0 if x is None else x for x in values], color=colours)
+    ax.barh(y, [x if math.isfinite(x) else 0.0 for x in values], color=colours)
     for yy, x in zip(y, values, strict=True):
-        text = "−∞" if x is None else f"{x:.4g}"
+        text = "−∞" if x == -math.inf else f"{x:.4g}"
         ax.text(limit * 1.02, yy, text, va="center", fontsize=6, family="monospace")
     ax.set_yticks(list(y), labels, fontsize=6)
     ax.invert_yaxis()
     ax.axvline(0, color="#444", lw=0.8)
     ax.set_xlim(-limit, limit)
     ax.tick_params(axis="x", labelsize=6)
-    error = case["metrics"][2]
-    ax.set_title(f"{case['label']}  ·  {error['label']}: {error['value']:.3g}", fontsize=8, loc="left")
+    (r0, r1), (c0, c1) = step.rows, step.cols
+    ax.set_title(
+        f"query rows {r0}–{r1 - 1} · key columns {c0}–{c1 - 1}  ·  max |O partial - O final|: {step.max_diff:.3g}",
+        fontsize=8,
+        loc="left",
+    )
 
 
 def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi: int = 130) -> Path:
     """Write ``replay`` as a PNG to ``path``: every tile update, or only update ``step`` (1-based)."""
     from matplotlib.figure import Figure
 
-    experiment = to_experiment(replay)
-    indices = list(range(len(replay.steps))) if step is None else [step - 1]
-    if not indices or not 0 <= indices[0] < len(replay.steps):
-        raise ValueError(f"step must be in [1, {len(replay.steps)}], got {step}")
+    check_drawable(replay, "the PNG picture")
+    total = len(replay.steps)
+    if step is not None and not 1 <= step <= total:
+        raise AttentionValueError(f"step must be in [1, {total}], got {step}")
+    if total == 0:
+        raise AttentionValueError("the replayed query block sees no key, so there is no tile update to draw")
+    drawn = [s for s in replay.steps if step is None or s.index == step - 1]
     # One scale for all bars of all updates, as on the HTML page.
     limit = max(
-        (abs(x) for case in experiment["cases"] for v in case["vectors"] for x in v["values"] if x is not None),
+        (abs(x) for s in replay.steps for _, v in _vectors(s) for x in v.tolist() if math.isfinite(x)),
         default=1.0,
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
-    n_bars = (
-        len(experiment["cases"][0]["vectors"][0]["values"])
-        + 2 * (replay.rows[1] - replay.rows[0])
-        + 2 * len(experiment["cases"][0]["vectors"][3]["values"])
-    )
+    n_bars = sum(v.numel() for _, v in _vectors(drawn[0]))
     row_height = max(2.6, 0.14 * n_bars + 0.6)
-    fig = Figure(figsize=(10, row_height * len(indices) + 0.6), layout="constrained")
-    axes = fig.subplots(len(indices), 2, squeeze=False, width_ratios=(1, 2.4))
-    for row, ((ax_grid, ax_bars), k) in enumerate(zip(axes, indices, strict=True)):
-        _grid(ax_grid, replay, k, legend=row == 0)
-        ax_grid.set_title(f"update {k + 1} of {len(replay.steps)}", fontsize=8)
-        _bars(ax_bars, experiment["cases"][k], limit)
+    fig = Figure(figsize=(10, row_height * len(drawn) + 0.6), layout="constrained")
+    axes = fig.subplots(len(drawn), 2, squeeze=False, width_ratios=(1, 2.4))
+    for row, ((ax_grid, ax_bars), s) in enumerate(zip(axes, drawn, strict=True)):
+        _grid(ax_grid, replay, s, legend=row == 0)
+        ax_grid.set_title(f"update {s.index + 1} of {total}", fontsize=8)
+        _bars(ax_bars, s, limit)
     fig.suptitle(
         f"Tile replay · {replay.order} · query block {replay.query_block} · BLOCK_M={replay.block_m}, "
         f"BLOCK_N={replay.block_n}" + (f" · causal ({replay.causal_align})" if replay.causal else ""),

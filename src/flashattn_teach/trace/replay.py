@@ -6,35 +6,52 @@ block ``j`` (Dao 2023, FlashAttention-2 Alg. 1 lines 8-10):
     m_i = max(m_i, rowmax(S_ij)),   l_i = exp(m_old - m_i) l_i + rowsum(exp(S_ij - m_i)),
     acc = exp(m_old - m_i) acc + exp(S_ij - m_i) V_j
 
-and a replay stores, after each update, ``S_ij``, ``m_i``, ``l_i`` and the partial output
+and a replay gives, after each update, ``S_ij``, ``m_i``, ``l_i`` and the partial output
 ``acc / l_i`` (attention over the keys seen so far), next to the final dense output. The update is the
 one in :mod:`flashattn_teach.online_softmax`, called exactly as the CPU references call it, so the replay
 and the references cannot drift apart.
 
-``order="key-major"`` replays FlashAttention's Algorithm 1 (Dao et al. 2022): the same tiles of block
+``order="key_major"`` replays FlashAttention's Algorithm 1 (Dao et al. 2022): the same tiles of block
 ``i`` in the same order, but the state goes to "HBM" between them (``O_i = acc / l_i`` is written and
 read back as ``acc = O_i * l_i``, Alg. 1 lines 8 and 12-13) while the tiles of other query blocks run in
-between; each step records its position in that global schedule.
+between; each step records its position in that global schedule (:mod:`.schedule`).
 
 Tiles wholly above the causal diagonal are never visited, so they are not steps; they are listed in
 ``Replay.skipped``.
+
+Memory is ``O(N D)`` for any ``N``: the dense output is computed for the replayed rows only, from their
+``(Br, N_k)`` scores, and the steps are computed when iterated, one tile at a time, never stored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
+from itertools import islice
 
+import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
 from .._layout import compute_dtype
 from .._validate import validate_block_sizes, validate_inputs
-from ..causal import TileKind, diagonal_offset, tile_kind
+from ..causal import TileKind, diagonal_offset, tile_kind, tile_mask, visible
+from ..errors import AttentionTypeError, AttentionValueError
 from ..reference.dense import dense_attention
-from ..reference.query_major import key_end, tile_mask
+from .schedule import ORDERS, Done, Schedule, Skipped, Tile, blocks
 
-ORDERS = ("query-major", "key-major")
-Tile = tuple[int, int]  # (i, j): query block i, key block j
+__all__ = ["ORDERS", "Replay", "Steps", "Tile", "TileState", "TileStep", "replay"]
+
+
+class TileState(Enum):
+    """A tile of the ``(T_r, T_c)`` grid at one step of a replay; every renderer draws these."""
+
+    CURRENT = "current"  # folded in at this step
+    ACCUMULATED = "accumulated"  # an earlier tile of the replayed query block
+    DONE = "done"  # a tile of another query block, computed earlier in the schedule
+    SKIPPED = "skipped"  # wholly above the causal diagonal: never computed
+    PENDING = "pending"  # computed later
 
 
 @dataclass(frozen=True)
@@ -63,7 +80,7 @@ class TileStep:
     O_final: Tensor
     max_diff: float
     position: int
-    done: tuple[Tile, ...]
+    done: Done
 
     @property
     def masked(self) -> bool:
@@ -77,10 +94,68 @@ class TileStep:
 
 
 @dataclass(frozen=True)
+class Steps:
+    """The tile updates of one query block, computed afresh each time they are iterated: ``len``,
+    iteration, and ``[n]`` (which runs the first ``n + 1`` updates)."""
+
+    q_i: Tensor  # (Br, D), the replayed rows
+    k: Tensor  # (N_k, D)
+    v: Tensor  # (N_k, D_v)
+    O_final: Tensor  # (Br, D_v)
+    i: int
+    rows: tuple[int, int]
+    block_n: int
+    causal: bool
+    offset: int
+    scale: float
+    schedule: Schedule
+
+    def __len__(self) -> int:
+        return self.schedule.key_blocks(self.i)
+
+    def __getitem__(self, n: int) -> TileStep:
+        if n < 0:
+            n += len(self)
+        if not 0 <= n < len(self):
+            raise IndexError(f"step index out of range [0, {len(self)})")
+        return next(islice(self, n, None))
+
+    def __iter__(self) -> Iterator[TileStep]:
+        (r0, r1), N_k = self.rows, self.k.shape[0]
+        m_i, l_i, acc = osm.init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=self.q_i.device)
+        for j in range(len(self)):  # the inner loop of query_major_forward: key blocks 0 .. n_i - 1
+            c0, c1 = j * self.block_n, min((j + 1) * self.block_n, N_k)
+            if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
+                acc = osm.normalize(l_i, acc) * l_i.unsqueeze(-1)
+            allowed = tile_mask(r0, r1, c0, c1, self.causal, self.offset, self.q_i.device)
+            S_ij = osm.score_tile(self.q_i, self.k[c0:c1], self.scale, allowed)  # (Br, D) @ (D, Bc) -> (Br, Bc)
+            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, self.v[c0:c1])
+            O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
+            position = self.schedule.index((self.i, j))
+            yield TileStep(
+                index=j,
+                i=self.i,
+                j=j,
+                rows=(r0, r1),
+                cols=(c0, c1),
+                completed_columns=c0,
+                kind=tile_kind(r0, r1, c0, c1, self.offset) if self.causal else TileKind.FULL,
+                S_ij=S_ij,
+                m_i=m_i,
+                l_i=l_i,
+                O_partial=O_partial,
+                O_final=self.O_final,
+                max_diff=float((O_partial - self.O_final).abs().max()),
+                position=position,
+                done=self.schedule.before(position),
+            )
+
+
+@dataclass(frozen=True)
 class Replay:
     """One query block's tile updates, in the order the algorithm visits them."""
 
-    steps: tuple[TileStep, ...]
+    steps: Steps
     query_block: int
     rows: tuple[int, int]
     N_q: int
@@ -91,8 +166,8 @@ class Replay:
     causal_align: str
     order: str
     scale: float
-    schedule: tuple[Tile, ...]  # every computed tile of every query block, in visiting order
-    skipped: tuple[Tile, ...]  # tiles of every query block skipped by causality
+    schedule: Schedule  # every computed tile of every query block, in visiting order
+    skipped: Skipped  # tiles of every query block skipped by causality
 
     @property
     def diagonal_offset(self) -> int:
@@ -100,66 +175,42 @@ class Replay:
 
     @property
     def T_r(self) -> int:
-        return -(-self.N_q // self.block_m)
+        return self.schedule.T_r
 
     @property
     def T_c(self) -> int:
-        return -(-self.N_k // self.block_n)
+        return self.schedule.T_c
 
-    def grid(self, step: TileStep) -> list[list[str]]:
-        """``(T_r, T_c)`` tile states at ``step``: ``current``, ``accumulated`` (this block's earlier tiles),
-        ``done`` (other blocks' tiles computed earlier in the schedule), ``skipped`` (causal), ``pending``."""
-        done = set(step.done)
-        skipped = set(self.skipped)
+    def state(self, step: TileStep, tile: Tile) -> TileState:
+        """The state of ``tile = (i, j)`` at ``step``."""
+        if tile == (step.i, step.j):
+            return TileState.CURRENT
+        if tile in step.done:
+            return TileState.ACCUMULATED if tile[0] == step.i else TileState.DONE
+        if tile in self.schedule:
+            return TileState.PENDING
+        return TileState.SKIPPED
 
-        def state(tile: Tile) -> str:
-            if tile == (step.i, step.j):
-                return "current"
-            if tile in skipped:
-                return "skipped"
-            if tile in done:
-                return "accumulated" if tile[0] == step.i else "done"
-            return "pending"
-
-        return [[state((i, j)) for j in range(self.T_c)] for i in range(self.T_r)]
-
-    def to_experiment(self, *, extensions: bool = False) -> dict:
-        """The seed manifest's "experiment" dict; see :mod:`flashattn_teach.trace.manifest`."""
-        from .manifest import to_experiment
-
-        return to_experiment(self, extensions=extensions)
-
-    def to_json(self, *, extensions: bool = False, indent: int | None = 2) -> str:
-        """``to_experiment()`` as strict JSON (``-inf`` written as ``null``)."""
-        from .manifest import to_json
-
-        return to_json(self, extensions=extensions, indent=indent)
-
-
-def _bounds(index: int, block: int, n: int) -> tuple[int, int]:
-    return index * block, min((index + 1) * block, n)
-
-
-def schedule(
-    N_q: int, N_k: int, *, block_m: int, block_n: int, causal: bool, offset: int, order: str
-) -> tuple[Tile, ...]:
-    """Every tile the loop order computes: the loop bounds of ``query_major.py`` and ``key_major.py``."""
-    T_r = -(-N_q // block_m)
-    tiles = [
-        (i, c0 // block_n)
-        for i in range(T_r)
-        for c0 in range(0, key_end(min((i + 1) * block_m, N_q), N_k, causal, offset), block_n)
-    ]
-    if order == "key-major":  # Alg. 1: key blocks j outside, query blocks i inside
-        tiles.sort(key=lambda t: (t[1], t[0]))
-    return tuple(tiles)
+    def grid(self, step: TileStep) -> list[list[TileState]]:
+        """``(T_r, T_c)`` tile states at ``step``; ``T_r T_c`` grows as ``N^2``, so draw a window of a large one
+        with :meth:`state`."""
+        return [[self.state(step, (i, j)) for j in range(self.T_c)] for i in range(self.T_r)]
 
 
 def _pick(t: Tensor, name: str, batch_index: int) -> Tensor:
     """``(N, D)`` or ``(B, N, D)`` -> the ``(N, D)`` matrix of batch element ``batch_index`` (size 1 broadcasts)."""
     if t.dim() not in (2, 3):
-        raise ValueError(f"{name} must have shape (N, D) or (B, N, D), got {tuple(t.shape)}")
+        raise AttentionValueError(f"{name} must have shape (N, D) or (B, N, D), got {tuple(t.shape)}")
     return t if t.dim() == 2 else t[0 if t.shape[0] == 1 else batch_index]
+
+
+def _index(name: str, value: object, size: int, sizes: str) -> int:
+    """``value`` as an index into ``range(size)``, else an error naming the argument and ``sizes``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttentionTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not 0 <= value < size:
+        raise AttentionValueError(f"{name} must be in [0, {size}) for {sizes}, got {value}")
+    return value
 
 
 def replay(
@@ -173,7 +224,7 @@ def replay(
     causal: bool = False,
     causal_align: str = "top_left",
     scale: float | None = None,
-    order: str = "query-major",
+    order: str = "query_major",
     batch_index: int = 0,
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
@@ -185,11 +236,15 @@ def replay(
         query_block: ``i``, the block of query rows ``[i * block_m, min((i + 1) * block_m, N_q))``.
         causal, causal_align: see :mod:`flashattn_teach.causal`.
         scale: softmax scale, default ``1 / sqrt(D)``.
-        order: ``"query-major"`` (FlashAttention-2) or ``"key-major"`` (FlashAttention Alg. 1).
+        order: ``"query_major"`` (FlashAttention-2) or ``"key_major"`` (FlashAttention Alg. 1).
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
-        references do), one :class:`TileStep` per computed tile of the block.
+        references do), one :class:`TileStep` per computed tile of the block. Its steps are computed
+        when iterated; keep the ones you need.
+
+    Raises:
+        AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
     # validate_inputs reads (B, N, D) as (H, N, D); name the batch here so a mismatch reads as one.
     sizes = {
@@ -199,62 +254,40 @@ def replay(
     }
     B = max(sizes.values(), default=1)
     if any(b not in (1, B) for b in sizes.values()):
-        raise ValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
+        raise AttentionValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
     s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if isinstance(batch_index, bool) or not isinstance(batch_index, int) or not 0 <= batch_index < B:
-        raise ValueError(f"batch_index must be an int in [0, {B}) for batch size B={B}, got {batch_index!r}")
+        raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
+    batch_index = _index("batch_index", batch_index, B, f"batch size B={B}")
     dt = compute_dtype(q.dtype)
     q2, k2, v2 = (_pick(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
-    N_q, N_k, D_v = q2.shape[0], k2.shape[0], v2.shape[-1]
-    T_r = -(-N_q // block_m)
-    if isinstance(query_block, bool) or not isinstance(query_block, int) or not 0 <= query_block < T_r:
-        raise ValueError(f"query_block must be an int in [0, {T_r}) for N_q={N_q}, block_m={block_m}")
+    N_q, N_k = q2.shape[0], k2.shape[0]
+    i = _index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     offset = diagonal_offset(N_q, N_k, causal_align)
-    order_tiles = schedule(N_q, N_k, block_m=block_m, block_n=block_n, causal=causal, offset=offset, order=order)
-    i = query_block
-    r0, r1 = _bounds(i, block_m, N_q)
-    O_final = dense_attention(q2, k2, v2, causal=causal, causal_align=causal_align, scale=s.scale)[r0:r1]
-
+    order_tiles = Schedule(N_q, N_k, block_m=block_m, block_n=block_n, causal=causal, offset=offset, order=order)
+    r0, r1 = i * block_m, min((i + 1) * block_m, N_q)
     q_i = q2[r0:r1]  # (Br, D)
-    m_i, l_i, acc = osm.init_state((r1 - r0,), D_v, dtype=dt, device=q2.device)
-    steps = []
-    for position, (i_t, j) in enumerate(order_tiles):  # the same loop bounds as query_major_forward
-        if i_t != i:
-            continue
-        c0, c1 = _bounds(j, block_n, N_k)
-        if order == "key-major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
-            acc = osm.normalize(l_i, acc) * l_i.unsqueeze(-1)
-        allowed = tile_mask(r0, r1, c0, c1, causal, offset, q2.device)
-        S_ij = osm.score_tile(q_i, k2[c0:c1], s.scale, allowed)  # (Br, D) @ (D, Bc) -> (Br, Bc)
-        m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v2[c0:c1])
-        O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
-        steps.append(
-            TileStep(
-                index=len(steps),
-                i=i,
-                j=j,
-                rows=(r0, r1),
-                cols=(c0, c1),
-                completed_columns=c0,
-                kind=tile_kind(r0, r1, c0, c1, offset) if causal else TileKind.FULL,
-                S_ij=S_ij,
-                m_i=m_i,
-                l_i=l_i,
-                O_partial=O_partial,
-                O_final=O_final,
-                max_diff=float((O_partial - O_final).abs().max()),
-                position=position,
-                done=order_tiles[:position],
-            )
-        )
-    T_c = -(-N_k // block_n)
-    computed = set(order_tiles)
+    # The oracle for these rows only, masked by their own rows of the full (N_q, N_k) causal mask.
+    rows, cols = torch.arange(r0, r1, device=q2.device), torch.arange(N_k, device=q2.device)
+    allowed = visible(rows, cols, offset) if causal else None  # (Br, N_k)
+    O_final = dense_attention(q_i, k2, v2, scale=s.scale, attn_mask=allowed)  # (Br, D_v)
+    steps = Steps(
+        q_i=q_i,
+        k=k2,
+        v=v2,
+        O_final=O_final,
+        i=i,
+        rows=(r0, r1),
+        block_n=block_n,
+        causal=causal,
+        offset=offset,
+        scale=s.scale,
+        schedule=order_tiles,
+    )
     return Replay(
-        steps=tuple(steps),
+        steps=steps,
         query_block=i,
         rows=(r0, r1),
         N_q=N_q,
@@ -266,5 +299,5 @@ def replay(
         order=order,
         scale=s.scale,
         schedule=order_tiles,
-        skipped=tuple((i_t, j) for i_t in range(T_r) for j in range(T_c) if (i_t, j) not in computed),
+        skipped=order_tiles.skipped(),
     )

@@ -1,4 +1,9 @@
-"""A replay in the terminal (rich): per tile update the tile grid, the statistics and the shrinking error."""
+"""A replay in the terminal (rich): per tile update the tile grid, the statistics and the shrinking error.
+
+A long replay stays readable: a grid of more than ``GRID_ROWS x GRID_COLS`` tiles is drawn as a window
+of that size around the current tile, and of more than ``2 * SHOWN_AT_EACH_END`` updates only the first
+and last ``SHOWN_AT_EACH_END`` are drawn (every update is still computed; ``--format json`` lists them all).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,18 @@ from typing import IO
 from torch import Tensor
 
 from .manifest import span
-from .replay import Replay, TileStep
+from .replay import Replay, TileState, TileStep
 
 # One character per tile state; the legend under each grid spells them out.
 GLYPHS = {
-    "current": ("■", "bold yellow"),
-    "accumulated": ("▣", "green"),
-    "done": ("□", "cyan"),
-    "skipped": ("×", "red"),
-    "pending": ("·", "dim"),
+    TileState.CURRENT: ("■", "bold yellow"),
+    TileState.ACCUMULATED: ("▣", "green"),
+    TileState.DONE: ("□", "cyan"),
+    TileState.SKIPPED: ("×", "red"),
+    TileState.PENDING: ("·", "dim"),
 }
+GRID_ROWS, GRID_COLS = 16, 48  # the largest grid drawn whole, in tiles
+SHOWN_AT_EACH_END = 10  # updates drawn at the start and at the end of a long replay
 
 
 def _fmt(x: float) -> str:
@@ -27,18 +34,32 @@ def _row(t: Tensor) -> str:
     return "[" + ", ".join(_fmt(float(x)) for x in t.tolist()) + "]"
 
 
+def _window(centre: int, size: int, total: int) -> range:
+    """At most ``size`` consecutive indices of ``range(total)``, ``centre`` among them."""
+    start = min(max(0, centre - size // 2), max(0, total - size))
+    return range(start, min(total, start + size))
+
+
 def _grid(replay: Replay, step: TileStep):
     from rich.text import Text
 
+    rows, cols = _window(step.i, GRID_ROWS, replay.T_r), _window(step.j, GRID_COLS, replay.T_c)
     text = Text()
-    for i, row in enumerate(replay.grid(step)):
-        text.append(f"i={i:<3}", style="dim")
-        for state in row:
-            glyph, style = GLYPHS[state]
+    if len(rows) < replay.T_r or len(cols) < replay.T_c:
+        text.append(
+            f"query blocks i = {span(rows.start, rows.stop)} of {replay.T_r}, "
+            f"key blocks j = {span(cols.start, cols.stop)} of {replay.T_c}\n",
+            style="dim",
+        )
+    width = max(3, len(str(rows.stop - 1)))
+    for i in rows:
+        text.append(f"i={i:<{width}}", style="dim")
+        for j in cols:
+            glyph, style = GLYPHS[replay.state(step, (i, j))]
             text.append(f" {glyph}", style=style)
         text.append("\n")
     for state, (glyph, style) in GLYPHS.items():
-        text.append(f"{glyph} {state}  ", style=style)
+        text.append(f"{glyph} {state.value}  ", style=style)
     return text
 
 
@@ -74,21 +95,27 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
         f"N_q={replay.N_q}, N_k={replay.N_k} · BLOCK_M={replay.block_m}, BLOCK_N={replay.block_n} · "
         f"causal={replay.causal}" + (f" ({replay.causal_align})" if replay.causal else "")
     )
-    for step in replay.steps:
+    summary = Table(title="The error shrinks to zero at the last tile")
+    for column in ("update", "key columns", "columns seen", "max difference"):
+        summary.add_column(column, justify="right")
+    total = len(replay.steps)
+    hidden = range(SHOWN_AT_EACH_END, total - SHOWN_AT_EACH_END)  # empty unless the replay is long
+    for step in replay.steps:  # computed as they come, so one pass draws the panels and fills the summary
+        if step.index in hidden:
+            if step.index == hidden.start:
+                console.print(f"… tile updates {hidden.start + 1}–{hidden.stop} of {total} not drawn …")
+                summary.add_row("…", "…", "…", "…")
+            continue
         (c0, c1) = step.cols
+        summary.add_row(str(step.index + 1), span(c0, c1), str(c1), f"{step.max_diff:.3e}")
         title = (
-            f"Tile update {step.index + 1}/{len(replay.steps)} · key block j={step.j} (columns {span(c0, c1)}) · "
+            f"Tile update {step.index + 1}/{total} · key block j={step.j} (columns {span(c0, c1)}) · "
             f"schedule position {step.position + 1}/{len(replay.schedule)}" + (" · masked" if step.masked else "")
         )
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(Panel(Group(_grid(replay, step), _stats(step), error), title=title, title_align="left"))
-
-    summary = Table(title="The error shrinks to zero at the last tile")
-    for column in ("update", "key columns", "columns seen", "max difference"):
-        summary.add_column(column, justify="right")
-    for step in replay.steps:
-        summary.add_row(str(step.index + 1), span(*step.cols), str(step.cols[1]), f"{step.max_diff:.3e}")
     console.print(summary)
     if replay.skipped:
-        skipped = [f"({i}, {j})" for i, j in replay.skipped if i == replay.query_block]
-        console.print(f"Causally skipped tiles (i, j) of this block: {', '.join(skipped) or 'none'}")
+        n_i = replay.schedule.key_blocks(replay.query_block)  # this block computes key blocks 0 .. n_i - 1
+        skipped = f"key blocks j = {span(n_i, replay.T_c)}" if n_i < replay.T_c else "none"
+        console.print(f"Causally skipped tiles of this block: {skipped}")

@@ -1,0 +1,103 @@
+"""The schedule without a tile list, against the tile list built cell by cell; the layering of trace/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flashattn_teach.trace.schedule import ORDERS, Schedule
+
+
+@st.composite
+def grids(draw):
+    N_q, N_k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    return {
+        "N_q": N_q,
+        "N_k": N_k,
+        "block_m": draw(st.integers(1, 12)),
+        "block_n": draw(st.integers(1, 12)),
+        "causal": draw(st.booleans()),
+        "offset": draw(st.sampled_from([0, N_k - N_q])),  # top_left, bottom_right
+        "order": draw(st.sampled_from(ORDERS)),
+    }
+
+
+def tile_list(g) -> list[tuple[int, int]]:
+    """Every tile holding a visible cell (query r sees key c when c <= r + offset), in loop order."""
+    bm, bn = g["block_m"], g["block_n"]
+    tiles = [
+        (i, j)
+        for i in range(-(-g["N_q"] // bm))
+        for j in range(-(-g["N_k"] // bn))
+        if any(
+            not g["causal"] or c <= r + g["offset"]
+            for r in range(i * bm, min((i + 1) * bm, g["N_q"]))
+            for c in range(j * bn, min((j + 1) * bn, g["N_k"]))
+        )
+    ]
+    return tiles if g["order"] == "query_major" else sorted(tiles, key=lambda t: (t[1], t[0]))
+
+
+@given(grids())
+def test_schedule_behaves_as_the_tuple_of_its_tiles_for_any_grid(g):
+    s = Schedule(**g)
+    tiles = tile_list(g)
+    assert list(s) == tiles and len(s) == len(tiles)
+    assert [s[p] for p in range(len(tiles))] == tiles
+    assert [s[-p] for p in range(1, len(tiles) + 1)] == [tiles[-p] for p in range(1, len(tiles) + 1)]
+    with pytest.raises(IndexError):
+        s[len(tiles)]
+    grid = [(i, j) for i in range(s.T_r) for j in range(s.T_c)]
+    for tile in grid:
+        assert (tile in s) == (tile in tiles)
+        if tile in tiles:
+            assert s.index(tile) == tiles.index(tile)
+        else:
+            with pytest.raises(ValueError, match="not computed"):
+                s.index(tile)
+    assert list(s.skipped()) == [t for t in grid if t not in tiles]  # row by row
+    assert len(s.skipped()) == len(grid) - len(tiles)
+    assert all((t in s.skipped()) == (t not in tiles) for t in grid)
+
+
+@given(grids(), st.data())
+def test_done_holds_exactly_the_tiles_before_a_position(g, data):
+    s = Schedule(**g)
+    tiles = tile_list(g)
+    position = data.draw(st.integers(0, len(tiles)))
+    done = s.before(position)
+    assert list(done) == tiles[:position] and len(done) == position
+    for i in range(s.T_r + 1):  # one row and one column past the grid: never done
+        for j in range(s.T_c + 1):
+            assert ((i, j) in done) == ((i, j) in tiles[:position])
+
+
+def test_objects_that_are_not_tiles_are_in_nothing():
+    s = Schedule(4, 4, block_m=2, block_n=2, causal=False, offset=0, order="query_major")
+    for thing in [(0,), (0, 0, 0), "ab", (0.0, 0), None]:
+        assert thing not in s and thing not in s.before(len(s)) and thing not in s.skipped()
+
+
+def test_trace_modules_import_each_other_without_a_cycle():
+    """Layering: each module of trace/ imports only modules below it (replay -> manifest -> html, ...)."""
+    package = Path(__file__).resolve().parents[2] / "src" / "flashattn_teach" / "trace"
+    graph = {}
+    for path in package.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {a.name for a in node.names}
+        graph[path.stem] = imported & {p.stem for p in package.glob("*.py")}
+    assert graph["manifest"] >= {"replay"} and graph["replay"] >= {"schedule"}  # the probe sees imports
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, f"import cycle: {' -> '.join((*path, node))}"
+        for nxt in graph[node]:
+            visit(nxt, (*path, node))
+
+    for module in graph:
+        visit(module, ())
