@@ -2,14 +2,18 @@
 
 Each subcommand lives in the module that owns its concept and provides ``add_arguments(parser)`` and
 ``run(args) -> int``; modules are imported only when their subcommand runs, so ``--help`` stays fast and
-never imports Triton.
+never imports Triton. Every parser comes from :mod:`flashattn_teach._cli_types`: a bad option or value is
+one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import os
 import sys
+
+from . import __version__
+from ._cli_types import ArgumentParser
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
@@ -17,25 +21,37 @@ COMMANDS = {
     "kernels": ("flashattn_teach.triton.inspect", "compile the Triton kernels ahead of time and report resources"),
     "iomodel": ("flashattn_teach.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
 }
+EXIT_SIGPIPE = 128 + 13  # what a shell reports for a writer killed by SIGPIPE (signal 13)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="flashattn-teach", description="Exact attention, one tile at a time.")
+    parser = ArgumentParser(prog="flashattn-teach", description="Exact attention, one tile at a time.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text)
-    # Parse the command name first, then let its module add its own arguments.
-    known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
-    if known.command is None:
+    # The top-level parser takes everything up to the command name, strictly (an unknown option or command
+    # exits 2); the command's own parser takes the rest.
+    split = next((n + 1 for n, arg in enumerate(argv) if not arg.startswith("-")), len(argv))
+    command = parser.parse_args(argv[:split]).command
+    if command is None:
         parser.print_help()
         return 0
-    module = importlib.import_module(COMMANDS[known.command][0])
-    cmd_parser = argparse.ArgumentParser(
-        prog=f"flashattn-teach {known.command}", description=COMMANDS[known.command][1]
-    )
+    module_name, description = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    cmd_parser = ArgumentParser(prog=f"flashattn-teach {command}", description=description)
     module.add_arguments(cmd_parser)
-    return module.run(cmd_parser.parse_args(argv[1:]))
+    args = cmd_parser.parse_args(argv[split:])
+    try:
+        status = module.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, rather than at exit
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly. stdout still holds unwritten bytes, so point it at
+        # devnull, or the flush at exit raises again (Python's docs, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_SIGPIPE
+    return int(status)
 
 
 if __name__ == "__main__":

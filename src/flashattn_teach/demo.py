@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from ._cli_types import seed
 from .reference import dense_attention, online_attention
 from .schedules import AttentionSchedules
 
@@ -17,7 +18,7 @@ def seed_inputs(seed: int = 0, shape: tuple[int, ...] = (1, 6, 4), dtype: torch.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed for the inputs (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="torch.manual_seed for the inputs (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

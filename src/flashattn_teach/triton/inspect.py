@@ -25,12 +25,14 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .._cli_types import ArgumentParser, positive_int
 from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, dot_precision, shipped_configs
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
@@ -202,7 +204,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--head-dim",
         nargs="+",
-        type=int,
+        type=positive_int,
         choices=HEAD_DIMS,
         default=None,
         help="padded head dimensions (default: all shipped)",
@@ -216,6 +218,15 @@ def run(args: argparse.Namespace) -> int:
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS
+    selected = [(name, dt, d, c) for name, dt, d, c in shipped_kernels(args.arch, dtypes, head_dims) if name in kernels]
+    if not selected:
+        dtype_names = " ".join(args.dtype or ["any"])
+        print(
+            f"flashattn-teach kernels: error: no shipped {args.arch} kernel has --dtype {dtype_names}, "
+            f"--head-dim {' '.join(map(str, head_dims))} and --kernel {' '.join(kernels)}",
+            file=sys.stderr,
+        )
+        return 2
     header = (
         f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
         f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
@@ -223,9 +234,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {args.arch}: registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B")
     print(header)
     failed = 0
-    for name, dt, d, c in shipped_kernels(args.arch, dtypes, head_dims):
-        if name not in kernels:
-            continue
+    for name, dt, d, c in selected:
         r = compile_kernel(name, args.arch, dt, d, c)
         problems = r.problems()
         failed += bool(problems)
@@ -239,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="flashattn-teach kernels", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="flashattn-teach kernels", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args())
 
