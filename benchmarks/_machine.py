@@ -39,8 +39,13 @@ def _total_ram_gib() -> float:
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -48,8 +53,13 @@ def _git_commit() -> str:
 
 def _nvidia_driver() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
         return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
@@ -72,7 +82,11 @@ def machine_info(gpu: bool = False) -> dict[str, object]:
         import torch
 
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                    compute_capability=f"{props.major}.{props.minor}", driver=_nvidia_driver(),
-                    cuda_runtime=torch.version.cuda or "unknown")
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            compute_capability=f"{props.major}.{props.minor}",
+            driver=_nvidia_driver(),
+            cuda_runtime=torch.version.cuda or "unknown",
+        )
     return info

@@ -44,12 +44,45 @@ TOKENS = 16384  # B * N, as in the FlashAttention papers' benchmarks
 HIDDEN = 2048  # H * D
 DEVICE = "cuda"
 TILED_BLOCKS = (128, 64)  # BLOCK_M, BLOCK_N assumed for the modelled bytes of every fused kernel
-COLORS = {"triton": "tab:red", "sdpa-flash": "tab:blue", "sdpa-efficient": "tab:cyan", "sdpa-cudnn": "tab:purple",
-          "sdpa-math": "tab:gray", "flash_attn": "tab:green", "dense": "black"}
-CSV_COLUMNS = ("provider", "dtype", "head_dim", "causal", "seq_len", "batch", "heads", "pass", "status", "time_ms",
-               "tflops", "peak_mib", "added_mib", "max_err", "ref_err", "model_bytes", "gbps", "intensity",
-               "frac_peak_tflops", "frac_peak_bw", "frac_roofline", "ceiling_tflops", "ceiling_gbps", "gpu",
-               "driver", "torch", "triton", "date")
+COLORS = {
+    "triton": "tab:red",
+    "sdpa-flash": "tab:blue",
+    "sdpa-efficient": "tab:cyan",
+    "sdpa-cudnn": "tab:purple",
+    "sdpa-math": "tab:gray",
+    "flash_attn": "tab:green",
+    "dense": "black",
+}
+CSV_COLUMNS = (
+    "provider",
+    "dtype",
+    "head_dim",
+    "causal",
+    "seq_len",
+    "batch",
+    "heads",
+    "pass",
+    "status",
+    "time_ms",
+    "tflops",
+    "peak_mib",
+    "added_mib",
+    "max_err",
+    "ref_err",
+    "model_bytes",
+    "gbps",
+    "intensity",
+    "frac_peak_tflops",
+    "frac_peak_bw",
+    "frac_roofline",
+    "ceiling_tflops",
+    "ceiling_gbps",
+    "gpu",
+    "driver",
+    "torch",
+    "triton",
+    "date",
+)
 
 
 @dataclass(frozen=True)
@@ -83,8 +116,7 @@ class Provider:
 
 
 def make_grid(args: argparse.Namespace) -> list[Cell]:
-    return [Cell(dt, d, c, n) for dt in args.dtypes for d in args.head_dims for c in args.causal
-            for n in args.seq_lens]
+    return [Cell(dt, d, c, n) for dt in args.dtypes for d in args.head_dims for c in args.causal for n in args.seq_lens]
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -98,11 +130,20 @@ def iomodel_rows(cells: list[Cell]) -> list[dict[str, object]]:
     rows = []
     for cell, pass_ in itertools.product(cells, PASSES):
         p = cell.problem()
-        rows.append({"dtype": cell.dtype, "head_dim": cell.head_dim, "causal": cell.causal, "seq_len": cell.seq_len,
-                     "batch": cell.batch, "heads": cell.heads, "pass": pass_,
-                     "gflop": iomodel.attention_flops(p, IOMODEL_PASS[pass_]) / 1e9,
-                     "tiled_mib": model_bytes(p, pass_, tiled=True) / 2**20,
-                     "standard_mib": model_bytes(p, pass_, tiled=False) / 2**20})
+        rows.append(
+            {
+                "dtype": cell.dtype,
+                "head_dim": cell.head_dim,
+                "causal": cell.causal,
+                "seq_len": cell.seq_len,
+                "batch": cell.batch,
+                "heads": cell.heads,
+                "pass": pass_,
+                "gflop": iomodel.attention_flops(p, IOMODEL_PASS[pass_]) / 1e9,
+                "tiled_mib": model_bytes(p, pass_, tiled=True) / 2**20,
+                "standard_mib": model_bytes(p, pass_, tiled=False) / 2**20,
+            }
+        )
     return rows
 
 
@@ -123,16 +164,21 @@ def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str
 
     import flashattn_teach
 
-    providers = [Provider("triton", lambda q, k, v, c: flashattn_teach.flash_attention(q, k, v, causal=c,
-                                                                                         backend="triton"))]
+    providers = [
+        Provider("triton", lambda q, k, v, c: flashattn_teach.flash_attention(q, k, v, causal=c, backend="triton"))
+    ]
     missing: dict[str, str] = {}
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as e:
         missing["sdpa-*"] = f"torch.nn.attention is missing ({e})"
     else:
-        for name, attr in (("sdpa-flash", "FLASH_ATTENTION"), ("sdpa-efficient", "EFFICIENT_ATTENTION"),
-                           ("sdpa-cudnn", "CUDNN_ATTENTION"), ("sdpa-math", "MATH")):
+        for name, attr in (
+            ("sdpa-flash", "FLASH_ATTENTION"),
+            ("sdpa-efficient", "EFFICIENT_ATTENTION"),
+            ("sdpa-cudnn", "CUDNN_ATTENTION"),
+            ("sdpa-math", "MATH"),
+        ):
             backend = getattr(SDPBackend, attr, None)
             if backend is None:
                 missing[name] = f"this torch has no SDPBackend.{attr}"
@@ -149,8 +195,11 @@ def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str
         missing["flash_attn"] = f"not importable ({type(e).__name__}: {str(e)[:80]})"
     else:
         providers.append(Provider("flash_attn", lambda q, k, v, c: flash_attn_func(q, k, v, causal=c), "bnhd"))
-    providers.append(Provider("dense", lambda q, k, v, c: flashattn_teach.dense_attention(q, k, v, causal=c),
-                              materialises_scores=True))
+    providers.append(
+        Provider(
+            "dense", lambda q, k, v, c: flashattn_teach.dense_attention(q, k, v, causal=c), materialises_scores=True
+        )
+    )
     if selected:
         providers = [p for p in providers if p.name in selected]
     return providers, missing
@@ -203,8 +252,15 @@ def check_output(out, q, k, v, causal: bool, provider: Provider) -> tuple[float,
 
     q, k, v, out = (_bhnd(t, provider)[0].detach() for t in (q, k, v, out))  # (H, N, D)
     N, D = q.shape[-2], q.shape[-1]
-    rows = torch.unique(torch.cat([torch.arange(0, 64), torch.arange(N - 64, N),
-                                   torch.randint(0, N, (128,), generator=torch.Generator().manual_seed(0))]))
+    rows = torch.unique(
+        torch.cat(
+            [
+                torch.arange(0, 64),
+                torch.arange(N - 64, N),
+                torch.randint(0, N, (128,), generator=torch.Generator().manual_seed(0)),
+            ]
+        )
+    )
     rows = rows.to(q.device)
     masked = torch.arange(N, device=q.device)[None, :] > rows[:, None]  # (R, N): key after query
 
@@ -227,8 +283,15 @@ def run_cell(cell: Cell, provider: Provider, args: argparse.Namespace) -> list[d
     """Check, then time and measure every pass of one provider on one cell."""
     import torch
 
-    base = {"provider": provider.name, "dtype": cell.dtype, "head_dim": cell.head_dim, "causal": cell.causal,
-            "seq_len": cell.seq_len, "batch": cell.batch, "heads": cell.heads}
+    base = {
+        "provider": provider.name,
+        "dtype": cell.dtype,
+        "head_dim": cell.head_dim,
+        "causal": cell.causal,
+        "seq_len": cell.seq_len,
+        "batch": cell.batch,
+        "heads": cell.heads,
+    }
 
     def rows_with(status: str, **extra) -> list[dict[str, object]]:
         return [{**base, "pass": p, "status": status, **extra} for p in args.passes]
@@ -305,6 +368,7 @@ def _measure_pass(cell: Cell, provider: Provider, pass_: str, first, args) -> di
     leaves = [t for s in sets for t in s[:3]]
     turn = itertools.count()
     if pass_ == "fwd":
+
         def step():
             s = sets[next(turn) % n_sets]
             return f(s[0], s[1], s[2], cell.causal)
@@ -315,9 +379,11 @@ def _measure_pass(cell: Cell, provider: Provider, pass_: str, first, args) -> di
             i = next(turn) % n_sets
             outs[i].backward(sets[i][3], retain_graph=True)
     else:
+
         def step():
             s = sets[next(turn) % n_sets]
             f(s[0], s[1], s[2], cell.causal).backward(s[3])
+
     ms = bench(step, leaves, args.warmup, args.rep)
     clear(leaves)
     return {"time_ms": ms, "peak_mib": peak / 2**20, "added_mib": (peak - before) / 2**20}
@@ -334,10 +400,15 @@ def add_roofline(row: dict[str, object], ceilings: dict[str, float]) -> None:
     nbytes = model_bytes(p, str(row["pass"]), tiled=row["provider"] not in ("dense", "sdpa-math"))
     intensity = flops / nbytes
     roof = min(ceilings["ceiling_tflops"], intensity * ceilings["ceiling_gbps"] / 1e3)  # TFLOP/s
-    row.update(tflops=flops / seconds / 1e12, model_bytes=nbytes, gbps=nbytes / seconds / 1e9, intensity=intensity,
-               frac_peak_tflops=flops / seconds / 1e12 / ceilings["ceiling_tflops"],
-               frac_peak_bw=nbytes / seconds / 1e9 / ceilings["ceiling_gbps"],
-               frac_roofline=flops / seconds / 1e12 / roof)
+    row.update(
+        tflops=flops / seconds / 1e12,
+        model_bytes=nbytes,
+        gbps=nbytes / seconds / 1e9,
+        intensity=intensity,
+        frac_peak_tflops=flops / seconds / 1e12 / ceilings["ceiling_tflops"],
+        frac_peak_bw=nbytes / seconds / 1e9 / ceilings["ceiling_gbps"],
+        frac_roofline=flops / seconds / 1e12 / roof,
+    )
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -372,8 +443,11 @@ def plot(rows: list[dict], out: Path, machine: dict[str, object]) -> list[Path]:
         for (i, d), (j, c) in itertools.product(enumerate(dims), enumerate(causals)):
             ax = axes[i][j]
             for prov in sorted({r["provider"] for r in sub}):
-                pts = sorted((r["seq_len"], r["tflops"]) for r in sub
-                             if r["provider"] == prov and r["head_dim"] == d and r["causal"] == c)
+                pts = sorted(
+                    (r["seq_len"], r["tflops"])
+                    for r in sub
+                    if r["provider"] == prov and r["head_dim"] == d and r["causal"] == c
+                )
                 if pts:
                     ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=prov, color=COLORS.get(prov))
             ax.set_xscale("log", base=2)
@@ -382,8 +456,10 @@ def plot(rows: list[dict], out: Path, machine: dict[str, object]) -> list[Path]:
             ax.set_ylabel("TFLOP/s")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-        fig.suptitle(f"{machine.get('gpu')}, torch {machine['torch']}, triton {machine['triton']}, "
-                     f"{str(machine['date'])[:10]}", fontsize=9)
+        fig.suptitle(
+            f"{machine.get('gpu')}, torch {machine['torch']}, triton {machine['triton']}, {str(machine['date'])[:10]}",
+            fontsize=9,
+        )
         fig.tight_layout()
         path = out / f"tflops_{dtype}_{pass_.replace('+', '_')}.png"
         fig.savefig(path, dpi=110)
@@ -403,9 +479,13 @@ def summary(rows: list[dict], providers: list[str]) -> None:
         key = (r["dtype"], r["head_dim"], r["causal"], r["seq_len"], r["pass"])
         table.setdefault(key, {})[r["provider"]] = _fmt(float(r["tflops"])) if r.get("status") == "ok" else "-"
     print("\nTFLOP/s (FA convention; '-' = not run, see status in the CSV)")
-    print_table(["dtype", "D", "causal", "N", "pass", *providers],
-                [[k[0], str(k[1]), "yes" if k[2] else "no", str(k[3]), k[4], *(v.get(p, "-") for p in providers)]
-                 for k, v in table.items()])
+    print_table(
+        ["dtype", "D", "causal", "N", "pass", *providers],
+        [
+            [k[0], str(k[1]), "yes" if k[2] else "no", str(k[3]), k[4], *(v.get(p, "-") for p in providers)]
+            for k, v in table.items()
+        ],
+    )
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -418,17 +498,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp16"])
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128, 256])
     p.add_argument("--seq-lens", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
-    p.add_argument("--causal", nargs="+", type=lambda s: s.lower() in ("1", "true", "yes", "causal"),
-                   default=[False, True], help="e.g. --causal true (default: both)")
+    p.add_argument(
+        "--causal",
+        nargs="+",
+        type=lambda s: s.lower() in ("1", "true", "yes", "causal"),
+        default=[False, True],
+        help="e.g. --causal true (default: both)",
+    )
     p.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
-    p.add_argument("--providers", nargs="+", help="subset of: triton sdpa-flash sdpa-efficient sdpa-cudnn "
-                                                  "sdpa-math flash_attn dense")
+    p.add_argument(
+        "--providers",
+        nargs="+",
+        help="subset of: triton sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flash_attn dense",
+    )
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
     p.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms (default 100)")
-    p.add_argument("--max-dense-gib", type=float, default=40.0,
-                   help="skip dense/sdpa-math where their N x N matrices would exceed this (default 40)")
-    p.add_argument("--out", type=Path, default=default_out, help="output directory ($OUT/bench if OUT is set, "
-                                                                 "else benchmarks/results/gpu)")
+    p.add_argument(
+        "--max-dense-gib",
+        type=float,
+        default=40.0,
+        help="skip dense/sdpa-math where their N x N matrices would exceed this (default 40)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=default_out,
+        help="output directory ($OUT/bench if OUT is set, else benchmarks/results/gpu)",
+    )
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     if args.trimmed:
@@ -442,33 +538,57 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("CUDA is absent (torch.cuda.is_available() is False): no GPU timings. "
-              "The IO model of the grid, which needs no GPU, follows.")
+        print(
+            "CUDA is absent (torch.cuda.is_available() is False): no GPU timings. "
+            "The IO model of the grid, which needs no GPU, follows."
+        )
         machine = machine_info()
         rows = iomodel_rows(cells)
         write_rows(rows, machine, args.out, "iomodel_grid", [*rows[0], "torch", "date"])
-        print_table(["dtype", "D", "causal", "N", "B", "H", "pass", "GFLOP", "tiled MiB", "standard MiB"],
-                    [[r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seq_len"]),
-                      str(r["batch"]), str(r["heads"]), r["pass"], f"{r['gflop']:.1f}", f"{r['tiled_mib']:.0f}",
-                      f"{r['standard_mib']:.0f}"] for r in rows if r["pass"] != "bwd"])
+        print_table(
+            ["dtype", "D", "causal", "N", "B", "H", "pass", "GFLOP", "tiled MiB", "standard MiB"],
+            [
+                [
+                    r["dtype"],
+                    str(r["head_dim"]),
+                    "yes" if r["causal"] else "no",
+                    str(r["seq_len"]),
+                    str(r["batch"]),
+                    str(r["heads"]),
+                    r["pass"],
+                    f"{r['gflop']:.1f}",
+                    f"{r['tiled_mib']:.0f}",
+                    f"{r['standard_mib']:.0f}",
+                ]
+                for r in rows
+                if r["pass"] != "bwd"
+            ],
+        )
         print(f"wrote {args.out / 'iomodel_grid.csv'}")
         return 0
 
     machine = machine_info(gpu=True)
-    print(f"{machine['gpu']} (driver {machine['driver']}, CUDA {machine['cuda_runtime']}), torch {machine['torch']}, "
-          f"triton {machine['triton']}, {machine['date']}")
+    print(
+        f"{machine['gpu']} (driver {machine['driver']}, CUDA {machine['cuda_runtime']}), torch {machine['torch']}, "
+        f"triton {machine['triton']}, {machine['date']}"
+    )
     providers, missing = make_providers(args.providers)
     for name, why in missing.items():
         print(f"{name}: not available: {why}")
     ceilings = measure_ceilings(args.warmup, args.rep)
     torch.cuda.empty_cache()
-    print(f"ceilings: bf16 matmul {ceilings['ceiling_tflops']:.0f} TFLOP/s, device copy "
-          f"{ceilings['ceiling_gbps']:.0f} GB/s")
+    print(
+        f"ceilings: bf16 matmul {ceilings['ceiling_tflops']:.0f} TFLOP/s, device copy "
+        f"{ceilings['ceiling_gbps']:.0f} GB/s"
+    )
     rows = []
     start = time.perf_counter()
     for n, cell in enumerate(cells, 1):
-        print(f"[{n}/{len(cells)} {time.perf_counter() - start:5.0f} s] {cell.dtype} D={cell.head_dim} "
-              f"causal={cell.causal} N={cell.seq_len} B={cell.batch} H={cell.heads}", flush=True)
+        print(
+            f"[{n}/{len(cells)} {time.perf_counter() - start:5.0f} s] {cell.dtype} D={cell.head_dim} "
+            f"causal={cell.causal} N={cell.seq_len} B={cell.batch} H={cell.heads}",
+            flush=True,
+        )
         for provider in providers:
             for row in run_cell(cell, provider, args):
                 add_roofline(row, ceilings)

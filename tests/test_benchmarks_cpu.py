@@ -16,9 +16,27 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 # The columns benchmarks/README.md documents, in order.
-CPU_COLUMNS = ["impl", "mode", "batch", "heads", "seq_len", "head_dim", "dtype", "threads", "repeats", "time_ms",
-               "time_min_ms", "gflops", "peak_rss_mib", "baseline_rss_mib", "added_mib", "status", "cpu", "torch",
-               "date"]
+CPU_COLUMNS = [
+    "impl",
+    "mode",
+    "batch",
+    "heads",
+    "seq_len",
+    "head_dim",
+    "dtype",
+    "threads",
+    "repeats",
+    "time_ms",
+    "time_min_ms",
+    "gflops",
+    "peak_rss_mib",
+    "baseline_rss_mib",
+    "added_mib",
+    "status",
+    "cpu",
+    "torch",
+    "date",
+]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 
 
@@ -32,14 +50,32 @@ def _run(cmd: list[str], timeout: float = 120, **env: str) -> subprocess.Complet
 
 
 def test_bench_cpu_quick_writes_the_documented_csv(tmp_path):
-    proc = _run([sys.executable, str(BENCH / "bench_cpu.py"), "--quick", "--sizes", "128", "--impls", "dense",
-                 "online", "--modes", "fwd", "--threads", "1", "--out", str(tmp_path)])
+    proc = _run(
+        [
+            sys.executable,
+            str(BENCH / "bench_cpu.py"),
+            "--quick",
+            "--sizes",
+            "128",
+            "--impls",
+            "dense",
+            "online",
+            "--modes",
+            "fwd",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "cpu.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == CPU_COLUMNS
     assert {(r["impl"], r["mode"], r["seq_len"], r["status"]) for r in rows} == {
-        ("dense", "fwd", "128", "ok"), ("online", "fwd", "128", "ok")}
+        ("dense", "fwd", "128", "ok"),
+        ("online", "fwd", "128", "ok"),
+    }
     for r in rows:
         assert float(r["time_ms"]) > 0 and float(r["peak_rss_mib"]) > 0 and float(r["added_mib"]) >= 0
     assert (tmp_path / "cpu.json").exists()

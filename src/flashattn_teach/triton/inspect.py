@@ -103,7 +103,7 @@ def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causa
 
     fn = _kernel_fn(name)
     precision = dot_precision(dtype)
-    values = {
+    values: dict[str, object] = {
         "HEAD_DIM": head_dim,
         "HEAD_DIM_V": head_dim,
         "BLOCK_D": head_dim,
@@ -113,7 +113,9 @@ def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causa
         "CAUSAL": causal,
         "DOT_PRECISION": precision,
     }
-    signature, constexprs, attrs = {}, {}, {}
+    signature: dict[str, str] = {}
+    constexprs: dict[str, object] = {}
+    attrs: dict[tuple[int, ...], list[list[object]]] = {}
     for i, arg in enumerate(fn.arg_names):
         if arg in _TENSORS or arg in _FP32_TENSORS:
             signature[arg] = "*" + (_TRITON_DTYPE[dtype] if arg in _TENSORS else "fp32")
@@ -136,6 +138,14 @@ def _cuobjdump() -> str:
     import triton
 
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def _resource(res_usage: str, name: str) -> int:
+    """One figure of ``cuobjdump -res-usage`` (``REG:226 STACK:0 SHARED:0 LOCAL:0 ...``)."""
+    found = re.search(rf"\b{name}:(\d+)", res_usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no {name} figure: {res_usage.strip()!r}")
+    return int(found.group(1))
 
 
 def compile_kernel(
@@ -161,11 +171,11 @@ def compile_kernel(
         cubin.write_bytes(compiled.asm["cubin"])
         res = subprocess.run([_cuobjdump(), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
         sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    registers = int(re.search(r"REG:(\d+)", res.stdout).group(1))
-    local = int(re.search(r"LOCAL:(\d+)", res.stdout).group(1)) + int(re.search(r"STACK:(\d+)", res.stdout).group(1))
+    registers = _resource(res.stdout, "REG")
+    local = _resource(res.stdout, "LOCAL") + _resource(res.stdout, "STACK")
     if local == 0 and re.search(r"\b(STL|LDL)\b", sass.stdout):
         local = -1  # local-memory traffic of unknown size
-    static_smem = int(re.search(r"SHARED:(\d+)", res.stdout).group(1))
+    static_smem = _resource(res.stdout, "SHARED")
     mma = "HGMMA" if "HGMMA" in sass.stdout else "HMMA" if "HMMA" in sass.stdout else "none"
     return CompileReport(
         kernel=name,
@@ -187,11 +197,10 @@ def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple
     for dt, d, config in shipped_configs(arch):
         if dt in dtypes and d in head_dims:
             backward = config.backward_dkdv is not None
-            out += [
-                (name, dt, d, config.kernel(name))
-                for name in KERNELS
-                if config.kernel(name) is not None and (backward or name == "forward")
-            ]
+            for name in KERNELS:
+                c = config.kernel(name)
+                if c is not None and (backward or name == "forward"):
+                    out.append((name, dt, d, c))
     return out
 
 
