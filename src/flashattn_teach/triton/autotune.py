@@ -46,7 +46,7 @@ def _wall_clock_ms(fn: Callable[[], object]) -> float:
 
 def _default_timer(q: Tensor) -> Timer:
     if q.device.type == "cuda":
-        import triton.testing  # type: ignore[import-untyped]
+        import triton.testing
 
         return lambda fn: float(triton.testing.do_bench(fn, warmup=5, rep=20))
     return _wall_clock_ms

@@ -20,10 +20,10 @@ no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` i
 
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]
+import triton
 from triton import language as tl
 
-from .forward import LOG2E, _causal_key_range, _load_tile, _store_tile
+from .forward import LOG2E, _causal_key_range, _load_tile, _load_tile_T, _store_tile
 
 
 @triton.jit
@@ -51,20 +51,21 @@ def _attn_bwd_preprocess(
     b = (pid_bh // H_q).to(tl.int64)
     h = (pid_bh % H_q).to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < N_q
     O_head = O + b * stride_ob + h * stride_oh
     DO_head = DO + b * stride_dob + h * stride_doh
     # O_i, dO_i: (BLOCK_M, BLOCK_DV), in fp32 so that the row sum accumulates in fp32
-    o = _load_tile(O_head, offs_m, offs_dv, stride_on, stride_od, N_q, HEAD_DIM_V).to(tl.float32)
-    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V).to(tl.float32)
+    o = _load_tile(O_head, offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V).to(tl.float32)
+    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V).to(tl.float32)
     # delta_i = rowsum(dO_i * O_i), which equals rowsum(P_ij * dP_ij) summed over all key blocks j
-    tl.store(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_q)
+    tl.store(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, tl.sum(o * do, 1), mask=in_q)
 
 
 @triton.jit
-def _load_lse2(LSE_head, offs_m, N_q):
-    """``lse_i * log2(e)`` for rows ``offs_m``: (BLOCK_M,) fp32. A row that saw no key has ``lse = -inf``;
-    it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is 0 rather than NaN."""
-    lse = tl.load(LSE_head + offs_m, mask=offs_m < N_q, other=0.0)
+def _load_lse2(LSE_head, offs_m, in_q):
+    """``lse_i * log2(e)`` for rows ``offs_m`` (those in ``in_q`` exist): (BLOCK_M,) fp32. A row that saw no
+    key has ``lse = -inf``; it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is 0, not NaN."""
+    lse = tl.load(LSE_head + offs_m, mask=in_q, other=0.0)
     return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
 
@@ -127,17 +128,18 @@ def _attn_bwd_dkdv_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_m, end_m, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
+        in_q = offs_m < N_q
         # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
-        qT = _load_tile(Q_head, offs_d, offs_m, stride_qd, stride_qn, HEAD_DIM, N_q)
-        do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V)
-        lse2 = _load_lse2(LSE_head, offs_m, N_q)
-        delta = tl.load(DELTA_head + offs_m, mask=offs_m < N_q, other=0.0)
+        qT = _load_tile_T(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
+        do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V)
+        lse2 = _load_lse2(LSE_head, offs_m, in_q)
+        delta = tl.load(DELTA_head + offs_m, mask=in_q, other=0.0)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
         # P_ij^T = exp(S_ij^T - lse_i)
         pT = tl.math.exp2(qkT - lse2[None, :])
         if MASK:
-            visible = offs_m[None, :] < N_q
+            visible = in_q[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= offs_m[None, :] + OFFSET)
             pT = tl.where(visible, pT, 0.0)
@@ -211,11 +213,12 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    in_k = offs_n < N_k
     K_head = K + b * stride_kb + h_kv * stride_kh
     V_head = V + b * stride_vb + h_kv * stride_vh
     # K_j: (BLOCK_N, BLOCK_D), V_j: (BLOCK_N, BLOCK_DV), loaded once
-    k = _load_tile(K_head, offs_n, offs_d, stride_kn, stride_kd, N_k, HEAD_DIM)
-    v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, N_k, HEAD_DIM_V)
+    k = _load_tile(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
+    v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
@@ -314,10 +317,11 @@ def _attn_bwd_dkdv(
 
     # dK_j = scale * sum_i dS_ij^T Q_i
     dk = dk * scale
+    # each output pointer is formed just before its store: one fewer 64-bit register live at the peak
     DK_head = DK + b * stride_dkb + h_kv * stride_dkh
+    _store_tile(DK_head, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
     DV_head = DV + b * stride_dvb + h_kv * stride_dvh
-    _store_tile(DK_head, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, N_k, HEAD_DIM)
-    _store_tile(DV_head, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, N_k, HEAD_DIM_V)
+    _store_tile(DV_head, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
 
 
 @triton.jit
@@ -353,14 +357,15 @@ def _attn_bwd_dq_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
+        in_k = offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        kT = _load_tile(K_head, offs_d, offs_n, stride_kd, stride_kn, HEAD_DIM, N_k)
-        vT = _load_tile(V_head, offs_dv, offs_n, stride_vd, stride_vn, HEAD_DIM_V, N_k)
+        kT = _load_tile_T(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
+        vT = _load_tile_T(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(qk - lse2[:, None])
         if MASK:
-            visible = offs_n[None, :] < N_k
+            visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
             p = tl.where(visible, p, 0.0)
@@ -426,15 +431,16 @@ def _attn_bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < N_q
     Q_head = Q + b * stride_qb + h * stride_qh
     DO_head = DO + b * stride_dob + h * stride_doh
     K_head = K + b * stride_kb + h_kv * stride_kh
     V_head = V + b * stride_vb + h_kv * stride_vh
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
-    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, N_q, HEAD_DIM)
-    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, N_q, HEAD_DIM_V)
-    lse2 = _load_lse2(LSE + pid_bh.to(tl.int64) * N_q, offs_m, N_q)
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, mask=offs_m < N_q, other=0.0)
+    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
+    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V)
+    lse2 = _load_lse2(LSE + pid_bh.to(tl.int64) * N_q, offs_m, in_q)
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
@@ -496,4 +502,4 @@ def _attn_bwd_dq(
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
     DQ_head = DQ + b * stride_dqb + h * stride_dqh
-    _store_tile(DQ_head, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, N_q, HEAD_DIM)
+    _store_tile(DQ_head, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, in_q, HEAD_DIM)

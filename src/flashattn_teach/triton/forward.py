@@ -21,7 +21,7 @@ key range of a query block.
 
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]
+import triton
 from triton import language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
@@ -29,25 +29,35 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
 
 
 @triton.jit
-def _load_tile(ptr, offs_r, offs_c, stride_r, stride_c, n_r, n_c):
-    """The ``(len(offs_r), len(offs_c))`` tile at rows ``offs_r``, columns ``offs_c`` of an ``(n_r, n_c)``
-    matrix; entries outside it (rows of a ragged last block, padded head-dim lanes) read 0, so they add
-    nothing to a dot product. Swapping the row and column arguments loads the transposed tile."""
+def _load_tile(ptr, offs_n, offs_d, stride_n, stride_d, in_n, D):
+    """The ``(len(offs_n), len(offs_d))`` tile of sequence rows ``offs_n`` and head-dim lanes ``offs_d``.
+    Rows outside ``in_n`` (``offs_n < N``: a ragged last block) and padded lanes ``>= D`` read 0, so they
+    add nothing to a dot product."""
     return tl.load(
-        ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
-        mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+        ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
+        mask=in_n[:, None] & (offs_d[None, :] < D),
         other=0.0,
     )
 
 
 @triton.jit
-def _store_tile(ptr, tile, offs_r, offs_c, stride_r, stride_c, n_r, n_c):
-    """Write the in-range entries of ``tile`` (rows ``offs_r``, columns ``offs_c``) of an ``(n_r, n_c)``
-    matrix; the inverse of :func:`_load_tile`."""
+def _load_tile_T(ptr, offs_n, offs_d, stride_n, stride_d, in_n, D):
+    """The transpose of :func:`_load_tile`'s tile, ``(len(offs_d), len(offs_n))``, read in that layout
+    rather than transposed on chip; same arguments, same zeros."""
+    return tl.load(
+        ptr + offs_n[None, :] * stride_n + offs_d[:, None] * stride_d,
+        mask=in_n[None, :] & (offs_d[:, None] < D),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _store_tile(ptr, tile, offs_n, offs_d, stride_n, stride_d, in_n, D):
+    """Write the entries of a :func:`_load_tile`-shaped ``tile`` that lie in rows ``in_n`` and lanes ``< D``."""
     tl.store(
-        ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+        ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
         tile,
-        mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+        mask=in_n[:, None] & (offs_d[None, :] < D),
     )
 
 
@@ -104,12 +114,13 @@ def _attn_fwd_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
+        in_k = offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N)
-        kT = _load_tile(K_head, offs_d, offs_n, stride_kd, stride_kn, HEAD_DIM, N_k)
+        kT = _load_tile_T(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
         # S_ij in log2 units: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N), fp32
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
         if MASK:
-            visible = offs_n[None, :] < N_k
+            visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
             qk = tl.where(visible, qk, float("-inf"))
@@ -126,7 +137,7 @@ def _attn_fwd_inner(
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         # V_j: (BLOCK_N, BLOCK_DV)
-        v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, N_k, HEAD_DIM_V)
+        v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
         # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
         acc = acc * alpha[:, None]
@@ -188,8 +199,9 @@ def _attn_fwd(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, N_q, HEAD_DIM)
+    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -254,5 +266,5 @@ def _attn_fwd(
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=offs_m < N_q)
-    _store_tile(O_head, o.to(O.dtype.element_ty), offs_m, offs_dv, stride_on, stride_od, N_q, HEAD_DIM_V)
+    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
+    _store_tile(O_head, o.to(O.dtype.element_ty), offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)

@@ -104,7 +104,7 @@ def forward(
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
-    import triton  # type: ignore[import-untyped]
+    import triton
 
     from .forward import LOG2E, _attn_fwd
 
