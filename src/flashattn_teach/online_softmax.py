@@ -18,8 +18,8 @@ and folding in the score tile ``S_ij`` of key block ``j`` is (FA2 Alg. 1 lines 8
 
 and at the end ``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13).
 
-The query-major and key-major CPU references and the tile replay all call these functions, so the three
-cannot drift apart; the Triton kernel implements the same equations in exp2 space.
+The query-major and key-major CPU references, the parallel CPU path and the tile replay all call these
+functions, so they cannot drift apart; the Triton kernel implements the same equations in exp2 space.
 """
 
 from __future__ import annotations
@@ -60,6 +60,23 @@ def update(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> 
     l_new = alpha * l_i + P_ij.sum(dim=-1)
     acc = torch.matmul(P_ij, v_j).add_(acc * alpha.unsqueeze(-1))  # (..., Br, Bc) @ (..., Bc, D_v)
     return m_new, l_new, acc
+
+
+def update_(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> None:
+    """:func:`update` in place, for one head: ``m_i, l_i, acc`` are updated and ``S_ij`` becomes ``P_ij``.
+
+    Shapes: ``m_i, l_i (Br,)``, ``acc (Br, D_v)``, ``S_ij (Br, Bc)``, ``v_j (Bc, D_v)``. The same equations
+    and the same ``-inf`` guard, in fewer passes over the tile and without a ``Br x Bc`` allocation, for the
+    parallel CPU path (``reference/parallel.py``), whose per-tile cost is these ops.
+    """
+    m_new = torch.maximum(m_i, S_ij.amax(dim=-1))  # (Br,)
+    # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
+    m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
+    P_ij = S_ij.sub_(m_safe.unsqueeze(-1)).exp_()  # (Br, Bc)
+    alpha = m_i.sub_(m_safe).exp_()  # (Br,); 0 on the first visible tile since m_i = -inf
+    l_i.mul_(alpha).add_(P_ij.sum(dim=-1))
+    acc.mul_(alpha.unsqueeze(-1)).addmm_(P_ij, v_j)  # (Br, Bc) @ (Bc, D_v) -> (Br, D_v), added to acc
+    m_i.copy_(m_new)
 
 
 def normalize(l_i: Tensor, acc: Tensor) -> Tensor:

@@ -1,0 +1,307 @@
+"""The query-major forward and the FA2 backward on a pool of threads, each running single-threaded torch ops.
+
+Same algorithms as ``query_major.py`` (Dao 2023, FlashAttention-2, Alg. 1) and ``backward.py`` (Alg. 2),
+same contracts, same results to rounding; what changes is who runs the tiles. The plain references loop
+over tiles in Python and let every torch op spread its tile over all cores: about fifteen small ops per
+tile, each an OpenMP parallel region that ends at a barrier. When another process holds one of the cores,
+every barrier waits for the descheduled thread and the whole loop slows several-fold. Here the tile loops
+of different query heads run at once on a small pool of Python threads, one head (or a range of its query
+rows) per task; inside a task every op runs on the worker's own core, so nothing waits for another core,
+and a worker that is slowed down simply takes fewer tasks. Torch releases the GIL inside each op, so the
+workers overlap except for Python's few microseconds per op.
+
+Per head the tensors are 2-D, which lets the tile loops write into preallocated buffers (``out=``,
+``addmm_``) and pre-scale ``q`` once: ``S_ij`` is the only ``Br x Bc`` tile, overwritten in place by
+``P_ij``, and the online-softmax update is ``online_softmax.update_``: the equations and the ``-inf``
+guard of ``online_softmax.update`` (rows that see no key end with ``O = 0`` and ``lse = -inf``), in place.
+
+Splitting the work:
+    forward   one task per query head ``(b, h_kv, g)`` and, when there are fewer heads than tasks wanted,
+              per range of its query blocks (query blocks are independent in Alg. 1);
+    backward  one task per key/value head ``(b, h_kv)`` and, when there are fewer of those than tasks
+              wanted, per range of its ``G`` query heads, each range accumulating into its own ``dK, dV``
+              partial (at most ``G x N_k x D`` extra, the size of ``dq``), summed at the end.
+Problems with fewer than ``MIN_PARALLEL_SCORES`` scores in all run inline in the calling thread.
+
+Threads: each pool thread sets its own intra-op thread count to 1 once, in the pool's initializer.
+``torch.set_num_threads`` is per thread for the calling thread's OpenMP and MKL settings, but it also sets
+the process default that a thread adopts at its first parallel op; the pool restores that default after
+its threads are set up, so the calling thread and threads started later are unaffected.
+
+Not for ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``): their layers are thread-local and the
+worker threads would not see them. No autograd graph is recorded; wrap the pair in an
+``autograd.Function`` (as ``reference/autograd.py`` does) to differentiate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import torch
+from torch import Tensor
+
+from .. import online_softmax as osm
+from ..causal import diagonal_offset, first_visible_row, key_end, tile_mask
+
+# Below about a million scores the whole problem takes milliseconds and handing tasks to threads costs
+# more than it saves.
+MIN_PARALLEL_SCORES = 2**20
+# Several tasks per worker, so that a worker slowed down by another process takes fewer of them instead
+# of holding up the end of the call.
+TASKS_PER_WORKER = 4
+
+
+def default_workers() -> int:
+    """The calling thread's ``torch.get_num_threads()``: the cores torch would use for one op (by default
+    the physical cores; ``OMP_NUM_THREADS`` or ``torch.set_num_threads`` change it)."""
+    return torch.get_num_threads()
+
+
+# ------------------------------------------------------------------------------------------------ pool
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+_IN_WORKER = threading.local()
+
+
+def _single_threaded_worker() -> None:
+    torch.get_num_threads()  # adopt the process default now, so adopting it later cannot undo the next line
+    torch.set_num_threads(1)
+    _IN_WORKER.active = True
+
+
+def _start_pool(workers: int) -> ThreadPoolExecutor:
+    restore = torch.get_num_threads()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="flashattn_teach", initializer=_single_threaded_worker)
+    # Each waiting task occupies a thread, so the pool starts all `workers` threads before the barrier opens.
+    ready = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        pool.submit(ready.wait)
+    ready.wait()
+    torch.set_num_threads(restore)  # the process default, which the initializers set to 1
+    return pool
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = _start_pool(workers)
+        return _POOLS[workers]
+
+
+os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the parent's threads
+
+
+def _run(task: Callable[..., None], args: Iterable[tuple], *, inline: bool, workers: int) -> None:
+    """``task(*a)`` for every ``a``, on the pool or (``inline``) in the calling thread, without autograd."""
+    if inline:
+        with torch.no_grad():
+            for a in args:
+                task(*a)
+        return
+    futures = [_pool(workers).submit(_no_grad, task, *a) for a in args]
+    wait(futures)
+    for f in futures:
+        f.result()  # re-raises a task's exception
+
+
+def _no_grad(task: Callable[..., None], *args) -> None:
+    with torch.no_grad():  # grad mode is per thread, and on by default in a new one
+        task(*args)
+
+
+def _runs_inline(scores: int, workers: int) -> bool:
+    return workers <= 1 or scores < MIN_PARALLEL_SCORES or getattr(_IN_WORKER, "active", False)
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``range(n)`` cut into ``parts`` contiguous, near-equal ``(start, stop)`` pieces."""
+    return [(p * n // parts, (p + 1) * n // parts) for p in range(parts)]
+
+
+def _tile(buf: Tensor, rows: int, cols: int) -> Tensor:
+    """A contiguous ``(rows, cols)`` view of the front of the flat buffer ``buf`` (also for ragged tiles)."""
+    return buf[: rows * cols].view(rows, cols)
+
+
+# --------------------------------------------------------------------------------------------- forward
+
+
+def parallel_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    causal_align: str,
+    block_m: int,
+    block_n: int,
+    workers: int,
+) -> tuple[Tensor, Tensor]:
+    """Grouped layout in, grouped layout out, as ``query_major_forward``: ``q (B, H_kv, G, N_q, D)``,
+    ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``,
+    ``lse (B, H_kv, G, N_q)``."""
+    B, H_kv, G, N_q, _ = q.shape
+    N_k, D_v = v.shape[-2], v.shape[-1]
+    O = q.new_empty((B, H_kv, G, N_q, D_v))
+    lse = q.new_empty((B, H_kv, G, N_q))
+    inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
+    heads = [(b, h, g) for b in range(B) for h in range(H_kv) for g in range(G)]
+    row_blocks = math.ceil(N_q / block_m)
+    parts = 1 if inline else min(row_blocks, math.ceil(TASKS_PER_WORKER * workers / max(1, len(heads))))
+    tasks = [
+        (q[b, h, g], k[b, h, 0], v[b, h, 0], O[b, h, g], lse[b, h, g], block_m * i0, min(block_m * i1, N_q))
+        for b, h, g in heads
+        for i0, i1 in _split(row_blocks, parts)
+    ]
+    offset = diagonal_offset(N_q, N_k, causal_align)
+
+    def task(q, k, v, O, lse, r_start, r_end):
+        _forward_rows(q, k, v, O, lse, r_start, r_end, scale, causal, offset, block_m, block_n)
+
+    _run(task, tasks, inline=inline, workers=workers)
+    return O, lse
+
+
+def _forward_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    O: Tensor,
+    lse: Tensor,
+    r_start: int,
+    r_end: int,
+    scale: float,
+    causal: bool,
+    offset: int,
+    block_m: int,
+    block_n: int,
+) -> None:
+    """FA2 Alg. 1 for one head's query rows ``[r_start, r_end)`` (block-aligned): ``q (N_q, D)``,
+    ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
+    N_k, D_v = v.shape
+    q = q[r_start:r_end] * scale  # once per task rather than once per tile, as score_tile does
+    k_T = k.t()  # (D, N_k)
+    S_buf = q.new_empty(min(block_m, r_end - r_start) * min(block_n, N_k))
+    for r0 in range(r_start, r_end, block_m):  # query block i
+        r1 = min(r0 + block_m, r_end)
+        q_i = q[r0 - r_start : r1 - r_start]  # (Br, D)
+        m_i, l_i, acc = osm.init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
+        for c0 in range(0, key_end(r1, N_k, causal, offset), block_n):  # key block j
+            c1 = min(c0 + block_n, N_k)
+            S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, r1 - r0, c1 - c0))  # (Br, D) @ (D, Bc)
+            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            if allowed is not None:
+                S_ij.masked_fill_(~allowed, osm.NEG_INF)
+            osm.update_(m_i, l_i, acc, S_ij, v[c0:c1])
+        O[r0:r1], lse[r0:r1] = osm.finalize(m_i, l_i, acc)
+
+
+# -------------------------------------------------------------------------------------------- backward
+
+
+def parallel_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    O: Tensor,
+    lse: Tensor,
+    dO: Tensor,
+    dlse: Tensor | None,
+    *,
+    scale: float,
+    causal: bool,
+    causal_align: str,
+    block_m: int,
+    block_n: int,
+    workers: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """As ``backward_grouped``: ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse, dlse (B, H_kv, G, N_q)`` (``dlse``
+    may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in the same layout, ``dk, dv`` summed over
+    the ``G`` query heads that share a key/value head."""
+    B, H_kv, G, N_q, _ = q.shape
+    N_k = k.shape[-2]
+    inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
+    units = [(b, h) for b in range(B) for h in range(H_kv)]
+    parts = 1 if inline else min(G, math.ceil(TASKS_PER_WORKER * workers / max(1, len(units))))
+    dq = torch.zeros_like(q)
+    # (parts, B, H_kv, 1, N_k, .): part p of a unit accumulates only its own query heads' contributions.
+    dk_parts = k.new_zeros((parts, *k.shape))
+    dv_parts = v.new_zeros((parts, *v.shape))
+    tasks = [(b, h, p, g0, g1) for b, h in units for p, (g0, g1) in enumerate(_split(G, parts))]
+    offset = diagonal_offset(N_q, N_k, causal_align)
+
+    def task(b, h, p, g0, g1):
+        for g in range(g0, g1):
+            _backward_head(
+                q[b, h, g],
+                k[b, h, 0],
+                v[b, h, 0],
+                O[b, h, g],
+                lse[b, h, g],
+                dO[b, h, g],
+                None if dlse is None else dlse[b, h, g],
+                dq[b, h, g],
+                dk_parts[p, b, h, 0],
+                dv_parts[p, b, h, 0],
+                scale,
+                causal,
+                offset,
+                block_m,
+                block_n,
+            )
+
+    _run(task, tasks, inline=inline, workers=workers)
+    return dq, dk_parts.sum(dim=0), dv_parts.sum(dim=0)
+
+
+def _backward_head(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    O: Tensor,
+    lse: Tensor,
+    dO: Tensor,
+    dlse: Tensor | None,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    scale: float,
+    causal: bool,
+    offset: int,
+    block_m: int,
+    block_n: int,
+) -> None:
+    """FA2 Alg. 2 for one query head: ``q, O, dO, dq (N_q, .)``, ``lse, dlse (N_q,)``, ``k, v, dk, dv
+    (N_k, .)``; writes ``dq`` and adds this head's share to ``dk, dv`` (shared by the heads of a group)."""
+    N_q, N_k = q.shape[0], k.shape[0]
+    delta = (dO * O).sum(dim=-1)  # (N_q,), Alg. 2 line 4
+    if dlse is not None:
+        delta = delta - dlse
+    # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
+    lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+    q = q * scale  # S_ij = (scale Q_i) K_j^T, and dK_j += scale dS_ij^T Q_i = dS_ij^T (scale Q_i)
+    S_buf = q.new_empty(min(block_m, N_q) * min(block_n, N_k))
+    dP_buf = torch.empty_like(S_buf)
+    for c0 in range(0, N_k, block_n):  # key block j
+        c1 = min(c0 + block_n, N_k)
+        k_j, v_j, dk_j, dv_j = k[c0:c1], v[c0:c1], dk[c0:c1], dv[c0:c1]  # (Bc, .); dk_j, dv_j are views
+        first_row = first_visible_row(c0, causal, offset)  # rows above it see nothing of this block
+        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
+            r1 = min(r0 + block_m, N_q)
+            q_i, dO_i = q[r0:r1], dO[r0:r1]  # (Br, D), (Br, D_v)
+            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, r1 - r0, c1 - c0))  # (Br, D) @ (D, Bc)
+            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            if allowed is not None:
+                S_ij.masked_fill_(~allowed, osm.NEG_INF)
+            P_ij = S_ij.sub_(lse[r0:r1, None]).exp_()  # exp(S_ij - lse_i)
+            dv_j.addmm_(P_ij.t(), dO_i)  # dV_j += P_ij^T dO_i: (Bc, Br) @ (Br, D_v)
+            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, r1 - r0, c1 - c0))  # (Br, D_v) @ (D_v, Bc)
+            dS_ij = dP_ij.sub_(delta[r0:r1, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
+            dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br) @ (Br, D)
+            dq[r0:r1].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br, Bc) @ (Bc, D)
