@@ -30,9 +30,27 @@ HERE = Path(__file__).resolve().parent
 IMPLS = ("dense", "online", "keymajor", "sdpa")
 MODES = ("fwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # 4*B*H*N^2*D forward; backward 2.5x (FlashAttention convention)
-CSV_COLUMNS = ("impl", "mode", "batch", "heads", "seq_len", "head_dim", "dtype", "threads", "repeats", "time_ms",
-               "time_min_ms", "gflops", "peak_rss_mib", "baseline_rss_mib", "added_mib", "status", "cpu",
-               "torch", "date")
+CSV_COLUMNS = (
+    "impl",
+    "mode",
+    "batch",
+    "heads",
+    "seq_len",
+    "head_dim",
+    "dtype",
+    "threads",
+    "repeats",
+    "time_ms",
+    "time_min_ms",
+    "gflops",
+    "peak_rss_mib",
+    "baseline_rss_mib",
+    "added_mib",
+    "status",
+    "cpu",
+    "torch",
+    "date",
+)
 # Dense attention keeps a few N x N float32 matrices alive at once (S, its masked copy, P; and their
 # gradients in the backward); these factors over-estimate its peak so the grid can skip cells that
 # would not fit.
@@ -53,8 +71,12 @@ def _attention(impl: str):
 
     from flashattn_teach import dense_attention, keymajor_attention, online_attention
 
-    return {"dense": dense_attention, "online": online_attention, "keymajor": keymajor_attention,
-            "sdpa": F.scaled_dot_product_attention}[impl]
+    return {
+        "dense": dense_attention,
+        "online": online_attention,
+        "keymajor": keymajor_attention,
+        "sdpa": F.scaled_dot_product_attention,
+    }[impl]
 
 
 def _call(fn, q, k, v, mode: str, dO) -> None:
@@ -98,20 +120,46 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
             _call(fn, q, k, v, args.mode, dO)
             times.append(time.perf_counter() - start)
     times.sort()
-    return {**row, "repeats": repeats, "time_ms": 1e3 * times[len(times) // 2], "time_min_ms": 1e3 * times[0],
-            "peak_rss_mib": _maxrss_mib()}
+    return {
+        **row,
+        "repeats": repeats,
+        "time_ms": 1e3 * times[len(times) // 2],
+        "time_min_ms": 1e3 * times[0],
+        "peak_rss_mib": _maxrss_mib(),
+    }
 
 
 # ------------------------------------------------------------------------------------------ driver
 
 
 def _spawn(cell: dict[str, object], opts: argparse.Namespace) -> dict[str, object]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--impl", str(cell["impl"]),
-           "--mode", str(cell["mode"]), "--batch", str(cell["batch"]), "--heads", str(cell["heads"]),
-           "--seq-len", str(cell["seq_len"]), "--head-dim", str(cell["head_dim"]),
-           "--min-time", str(opts.min_time), "--max-repeats", str(opts.max_repeats), "--threads", str(opts.threads)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent / "src"),
-                                                                       os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--impl",
+        str(cell["impl"]),
+        "--mode",
+        str(cell["mode"]),
+        "--batch",
+        str(cell["batch"]),
+        "--heads",
+        str(cell["heads"]),
+        "--seq-len",
+        str(cell["seq_len"]),
+        "--head-dim",
+        str(cell["head_dim"]),
+        "--min-time",
+        str(opts.min_time),
+        "--max-repeats",
+        str(opts.max_repeats),
+        "--threads",
+        str(opts.threads),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent / "src"), os.environ.get("PYTHONPATH")])),
+    }
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.cell_timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -131,12 +179,19 @@ def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: d
     """Run each cell (and one baseline per shape and mode) in its own process, with a progress bar."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    shapes = sorted({(c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) for c in cells},
-                    key=lambda s: (s[3], str(s[0])))
+    shapes = sorted(
+        {(c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) for c in cells},
+        key=lambda s: (s[3], str(s[0])),
+    )
     baselines: dict[tuple, float] = {}
     rows = []
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), transient=not sys.stderr.isatty()) as progress:
+    with Progress(
+        TextColumn("{task.description:<44}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=not sys.stderr.isatty(),
+    ) as progress:
         task = progress.add_task("CPU benchmark", total=len(cells) + len(shapes))
         for shape in shapes:
             mode, batch, heads, seq_len, head_dim = shape
@@ -174,15 +229,27 @@ def write_results(rows: list[dict], machine: dict[str, object], out: Path, stem:
 
 def write_summary(rows: list[dict], machine: dict[str, object], path: Path, extra: str = "") -> None:
     """A markdown table of the run, with its machine, ready to paste into benchmarks/README.md."""
-    lines = [f"{machine['cpu']}, {machine['cpu_count']} cores, {machine['ram_gib']} GiB RAM; torch {machine['torch']}, "
-             f"Python {machine['python']}; commit {machine['flashattn_teach_commit']}; {machine['date']}.", "",
-             "| impl | mode | B | H | N | D | time (ms) | GFLOP/s | added memory (MiB) | status |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = [
+        f"{machine['cpu']}, {machine['cpu_count']} cores, {machine['ram_gib']} GiB RAM; torch {machine['torch']}, "
+        f"Python {machine['python']}; commit {machine['flashattn_teach_commit']}; {machine['date']}.",
+        "",
+        "| impl | mode | B | H | N | D | time (ms) | GFLOP/s | added memory (MiB) | status |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
     for r in rows:
         ok = r["status"] == "ok"
-        cells = [r["impl"], r["mode"], r["batch"], r["heads"], r["seq_len"], r["head_dim"],
-                 f"{r['time_ms']:.1f}" if ok else "-", f"{r['gflops']:.1f}" if ok else "-",
-                 f"{r['added_mib']:.1f}" if ok else "-", r["status"]]
+        cells = [
+            r["impl"],
+            r["mode"],
+            r["batch"],
+            r["heads"],
+            r["seq_len"],
+            r["head_dim"],
+            f"{r['time_ms']:.1f}" if ok else "-",
+            f"{r['gflops']:.1f}" if ok else "-",
+            f"{r['added_mib']:.1f}" if ok else "-",
+            r["status"],
+        ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     path.write_text("\n".join(lines) + "\n" + (f"\n{extra}\n" if extra else ""))
 
@@ -202,15 +269,23 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
     ns_all = sorted({int(r["seq_len"]) for r in rows})
     for impl in IMPLS:
         for mode, style in zip(MODES, ("-", "--"), strict=True):
-            ok = sorted((int(r["seq_len"]), r) for r in rows
-                        if r["impl"] == impl and r["mode"] == mode and r["status"] == "ok")
+            ok = sorted(
+                (int(r["seq_len"]), r) for r in rows if r["impl"] == impl and r["mode"] == mode and r["status"] == "ok"
+            )
             if not ok:
                 continue
             ns = [n for n, _ in ok]
-            ax_mem.plot(ns, [max(r["added_mib"], 1e-1) for _, r in ok], style, marker="o", color=colors[impl],
-                        label=f"{impl} {mode}")
-            ax_time.plot(ns, [r["time_ms"] for _, r in ok], style, marker="o", color=colors[impl],
-                         label=f"{impl} {mode}")
+            ax_mem.plot(
+                ns,
+                [max(r["added_mib"], 1e-1) for _, r in ok],
+                style,
+                marker="o",
+                color=colors[impl],
+                label=f"{impl} {mode}",
+            )
+            ax_time.plot(
+                ns, [r["time_ms"] for _, r in ok], style, marker="o", color=colors[impl], label=f"{impl} {mode}"
+            )
     dense = [r for r in rows if r["impl"] == "dense" and r["mode"] == "fwd" and r["status"] == "ok"]
     if dense and len(ns_all) > 1:
         n0, m0 = int(dense[0]["seq_len"]), max(dense[0]["added_mib"], 1e-1)
@@ -240,9 +315,18 @@ def print_table(rows: list[dict]) -> None:
         table.add_column(col, justify="left" if col in ("impl", "mode", "status") else "right")
     for r in rows:
         ok = r["status"] == "ok"
-        table.add_row(str(r["impl"]), str(r["mode"]), str(r["batch"]), str(r["heads"]), str(r["seq_len"]),
-                      str(r["head_dim"]), f"{r['time_ms']:.1f}" if ok else "-", f"{r['gflops']:.1f}" if ok else "-",
-                      f"{r['added_mib']:.1f}" if ok else "-", str(r["status"]))
+        table.add_row(
+            str(r["impl"]),
+            str(r["mode"]),
+            str(r["batch"]),
+            str(r["heads"]),
+            str(r["seq_len"]),
+            str(r["head_dim"]),
+            f"{r['time_ms']:.1f}" if ok else "-",
+            f"{r['gflops']:.1f}" if ok else "-",
+            f"{r['added_mib']:.1f}" if ok else "-",
+            str(r["status"]),
+        )
     Console(width=140).print(table)
 
 
@@ -258,8 +342,11 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
     forward at N = 16384 and at most 1/10 in forward+backward at N = 8192 (H = 1)."""
     hs, ns, nf, nfb = sizes["speed_heads"], sizes["speed_n"], sizes["memory_fwd_n"], sizes["memory_fwdbwd_n"]
     speed = [dict(impl=i, mode="fwd", batch=1, heads=hs, seq_len=ns, head_dim=64) for i in ("online", "sdpa", "dense")]
-    memory = [dict(impl=i, mode=m, batch=1, heads=1, seq_len=n, head_dim=64)
-              for m, n in (("fwd", nf), ("fwd+bwd", nfb)) for i in ("online", "dense")]
+    memory = [
+        dict(impl=i, mode=m, batch=1, heads=1, seq_len=n, head_dim=64)
+        for m, n in (("fwd", nf), ("fwd+bwd", nfb))
+        for i in ("online", "dense")
+    ]
     rows = measure(speed + memory, opts, machine)
 
     def ratio(mode: str, n: int, key: str, other: str) -> float:
@@ -273,8 +360,12 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
         (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "sdpa"), 2.5, True),
         (f"online / dense, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "dense"), 1.0, False),
         (f"online / dense, fwd added memory (H=1, N={nf})", ratio("fwd", nf, "added_mib", "dense"), 1 / 20, True),
-        (f"online / dense, fwd+bwd added memory (H=1, N={nfb})", ratio("fwd+bwd", nfb, "added_mib", "dense"),
-         1 / 10, True),
+        (
+            f"online / dense, fwd+bwd added memory (H=1, N={nfb})",
+            ratio("fwd+bwd", nfb, "added_mib", "dense"),
+            1 / 10,
+            True,
+        ),
     ]
     print_table(rows)
     results, lines = [], ["| target | ratio | bound | met |", "|---|--:|--:|---|"]
@@ -287,7 +378,8 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
     opts.out.mkdir(parents=True, exist_ok=True)
     write_summary(rows, machine, opts.out / "targets.md", extra="\n".join(lines))
     (opts.out / "cpu_targets.json").write_text(
-        json.dumps({"machine": machine, "targets": results, "rows": rows}, indent=1) + "\n")
+        json.dumps({"machine": machine, "targets": results, "rows": rows}, indent=1) + "\n"
+    )
     print(f"wrote {opts.out / 'cpu_targets.json'} and {opts.out / 'targets.md'}")
     return results
 
@@ -306,12 +398,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=None, help="heads H (default 4; 2 with --quick)")
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--min-time", type=float, default=None,
-                   help="repeat each call until this many seconds are spent (default 2; 0.05 with --quick)")
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="repeat each call until this many seconds are spent (default 2; 0.05 with --quick)",
+    )
     p.add_argument("--max-repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, all cores)")
-    p.add_argument("--max-dense-gib", type=float, default=12.0,
-                   help="skip dense cells whose estimated peak exceeds this (default 12 GiB)")
+    p.add_argument(
+        "--max-dense-gib",
+        type=float,
+        default=12.0,
+        help="skip dense cells whose estimated peak exceeds this (default 12 GiB)",
+    )
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds before a cell is abandoned")
     p.add_argument("--no-plot", action="store_true")
     # Internal: one measurement in this process.
@@ -335,19 +435,27 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args)))
         return 0
     machine = machine_info()
-    print(f"{machine['cpu']} ({machine['cpu_count']} cores, {machine['ram_gib']} GiB), torch {machine['torch']}, "
-          f"{machine['date']}")
+    print(
+        f"{machine['cpu']} ({machine['cpu_count']} cores, {machine['ram_gib']} GiB), torch {machine['torch']}, "
+        f"{machine['date']}"
+    )
     if args.targets:
         run_targets(args, machine)
         return 0
-    cells = [dict(impl=i, mode=m, batch=args.batch, heads=args.heads, seq_len=n, head_dim=args.head_dim)
-             for n in args.sizes for m in args.modes for i in args.impls]
+    cells = [
+        dict(impl=i, mode=m, batch=args.batch, heads=args.heads, seq_len=n, head_dim=args.head_dim)
+        for n in args.sizes
+        for m in args.modes
+        for i in args.impls
+    ]
     rows = measure(cells, args, machine)
     write_results(rows, machine, args.out, "cpu")
     write_summary(rows, machine, args.out / "summary.md")
     if not args.no_plot:
-        title = (f"CPU attention, float32, B={args.batch} H={args.heads} D={args.head_dim}: {machine['cpu']}, "
-                 f"{machine['cpu_count']} cores, torch {machine['torch']}, {machine['date'][:10]}")
+        title = (
+            f"CPU attention, float32, B={args.batch} H={args.heads} D={args.head_dim}: {machine['cpu']}, "
+            f"{machine['cpu_count']} cores, torch {machine['torch']}, {machine['date'][:10]}"
+        )
         path = plot(rows, args.out, title)
         if path:
             print(f"wrote {path}")
