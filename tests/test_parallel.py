@@ -279,8 +279,11 @@ def test_small_problems_run_inline_in_the_calling_thread(monkeypatch):
     log = ThreadLog(parallel._forward_rows)
     monkeypatch.setattr(parallel, "_forward_rows", log)
     q, k, v = make_grouped(1, 4, 1, 64, 64, 8, 8)
+    before = torch.get_num_threads()
     parallel_forward(q, k, v, scale=0.3, causal=False, causal_align="top_left", block_m=16, block_n=16, workers=2)
     assert log.threads == {threading.current_thread().name}
+    assert {n for _, n in log.calls} == {1}  # single-threaded ops here too, and the count restored after
+    assert torch.get_num_threads() == before
 
 
 def test_few_key_value_heads_split_the_query_heads_of_a_group(monkeypatch):

@@ -21,12 +21,15 @@ Splitting the work:
     backward  one task per key/value head ``(b, h_kv)`` and, when there are fewer of those than tasks
               wanted, per range of its ``G`` query heads, each range accumulating into its own ``dK, dV``
               partial (at most ``G x N_k x D`` extra, the size of ``dq``), summed at the end.
-Problems with fewer than ``MIN_PARALLEL_SCORES`` scores in all run inline in the calling thread.
+Problems with fewer than ``MIN_PARALLEL_SCORES`` scores in all run inline in the calling thread, also with
+single-threaded ops.
 
 Threads: each pool thread sets its own intra-op thread count to 1 once, in the pool's initializer.
 ``torch.set_num_threads`` is per thread for the calling thread's OpenMP and MKL settings, but it also sets
 the process default that a thread adopts at its first parallel op; the pool restores that default after
-its threads are set up, so the calling thread and threads started later are unaffected.
+its threads are set up, so the calling thread and threads started later are unaffected. The inline path
+sets the calling thread's count to 1 for the duration of the call and restores it; a thread that makes its
+first torch call during that window adopts 1.
 
 Not for ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``): their layers are thread-local and the
 worker threads would not see them. No autograd graph is recorded; wrap the pair in an
@@ -35,10 +38,11 @@ worker threads would not see them. No autograd graph is recorded; wrap the pair 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
@@ -96,10 +100,21 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the parent's threads
 
 
+@contextlib.contextmanager
+def _single_threaded_ops() -> Iterator[None]:
+    """One intra-op thread in the calling thread while the block runs; its count is restored afterwards."""
+    restore = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(restore)
+
+
 def _run(task: Callable[..., None], args: Iterable[tuple], *, inline: bool, workers: int) -> None:
     """``task(*a)`` for every ``a``, on the pool or (``inline``) in the calling thread, without autograd."""
     if inline:
-        with torch.no_grad():
+        with torch.no_grad(), _single_threaded_ops():
             for a in args:
                 task(*a)
         return
