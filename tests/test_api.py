@@ -42,7 +42,7 @@ def test_sdpa_matches_torch(case):
     got = fa.scaled_dot_product_attention(q, k, v, **kwargs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
-    assert fa.explain(q, k, v, **kwargs).backend == "online"
+    assert fa.explain(q, k, v, **kwargs).backend == "parallel"
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
@@ -96,7 +96,7 @@ def test_named_backends_refuse_what_they_cannot_do():
         assert fa.explain(q, q, q, backend="keymajor").backend == "key_major"
 
 
-@pytest.mark.parametrize("backend", ["online", "key_major", "dense", "auto"])
+@pytest.mark.parametrize("backend", ["online", "key_major", "parallel", "dense", "auto"])
 def test_flash_attention_backends_agree_with_bottom_right_causal_and_lse(backend):
     q, k, v = r(2, 4, 5, 8, seed=1), r(2, 2, 12, 8, seed=2), r(2, 2, 12, 8, seed=3)
     O, lse = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", backend=backend, return_lse=True)

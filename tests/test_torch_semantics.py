@@ -205,3 +205,57 @@ def test_deprecated_key_major_name_warns_and_still_works():
     with pytest.warns(DeprecationWarning, match="key_major_attention"):
         old = fa.keymajor_attention(q, q, q)
     torch.testing.assert_close(old, key_major_attention(q, q, q))
+
+
+@pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major"])
+def test_second_derivatives_through_the_tiled_backward(backend):
+    # Large enough for the parallel path's worker pool; the extra q**3 term keeps the graph alive.
+    q, k = r(1, 2, 300, 16, seed=1).requires_grad_(), r(1, 2, 300, 16, seed=2)
+
+    def loss(attention):
+        return attention(q, k, k).square().sum() + q.pow(3).sum()
+
+    (g,) = torch.autograd.grad(loss(lambda *a: fa.flash_attention(*a, backend=backend)), q, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), q)
+    (g_ref,) = torch.autograd.grad(loss(dense_attention), q, create_graph=True)
+    (gg_ref,) = torch.autograd.grad(g_ref.sum(), q)
+    torch.testing.assert_close(gg, gg_ref)
+
+
+@pytest.mark.parametrize("bad", [None, np.zeros((1, 2, 5, 8)), [[1.0]]])
+@pytest.mark.parametrize(
+    "call",
+    [fa.scaled_dot_product_attention, fa.flash_attention, fa.explain, dense_attention, online_attention],
+)
+def test_a_query_that_is_not_a_tensor_is_named(call, bad):
+    k = r(1, 2, 5, 8)
+    with pytest.raises(TypeError, match=r"^query must be a torch\.Tensor"):
+        call(bad, k, k)
+
+
+def test_zero_key_value_heads_against_several_query_heads_is_an_error_not_a_crash():
+    with pytest.raises(ValueError, match=r"query has 4 heads but key/value have 0"):
+        fa.scaled_dot_product_attention(r(1, 4, 5, 8), r(1, 0, 7, 8), r(1, 0, 7, 8))
+
+
+def test_a_scale_that_requires_grad_is_refused_as_torch_refuses_it():
+    q = r(1, 2, 5, 8)
+    scale = torch.tensor(0.5, requires_grad=True)
+    with pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, q, q, scale=scale)
+    with pytest.raises(TypeError, match="scale must not require grad"):
+        fa.scaled_dot_product_attention(q, q, q, scale=scale)
+
+
+def test_scale_and_enable_gqa_are_keyword_only_as_in_torch():
+    q = r(1, 2, 5, 8)
+    with pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, q, q, None, 0.0, False, 0.5)
+    with pytest.raises(TypeError):
+        fa.scaled_dot_product_attention(q, q, q, None, 0.0, False, 0.5)  # type: ignore[misc]
+
+
+def test_return_lse_must_be_a_bool():
+    q = r(1, 2, 5, 8)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        fa.flash_attention(q, q, q, return_lse="yes")  # type: ignore[call-overload]

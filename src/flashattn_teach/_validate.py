@@ -100,6 +100,9 @@ def _real(name: str, value: object) -> float:
     if isinstance(value, Tensor):
         if value.numel() != 1 or value.is_complex():
             raise AttentionTypeError(f"{name} must be a real number, got a tensor of shape {shape_str(value)}")
+        if value.requires_grad:
+            # A float cannot carry its gradient; refusing beats silently dropping it (torch refuses too).
+            raise AttentionTypeError(f"{name} must not require grad: it is used as a plain number")
         return float(value.item())
     if isinstance(value, numbers.Real):
         return float(value)
@@ -146,7 +149,7 @@ def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, shapes: str
         return H_q, H_kv
     if H_q == 1:
         return H_kv, H_kv  # the one query head broadcasts over the key/value heads, as torch.matmul does
-    hint = "; pass enable_gqa=True for grouped-query attention" if H_q % H_kv == 0 else ""
+    hint = "; pass enable_gqa=True for grouped-query attention" if H_kv and H_q % H_kv == 0 else ""
     raise AttentionValueError(f"query has {H_q} heads but key/value have {H_kv} ({shapes}){hint}")
 
 

@@ -24,10 +24,12 @@ from torch import Tensor
 
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
+from ._validate import check_bool
 from .errors import AttentionValueError
 from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 from .reference.dense import dense_forward
 from .reference.online import tiled_attention
+from .reference.parallel import default_workers
 
 BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 _RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
@@ -56,9 +58,8 @@ def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
         tr = importlib.import_module("flashattn_teach.triton")
     except ImportError as e:
         return f"the Triton backend is unavailable ({e})"
-    return tr.unsupported_reason(
-        q, k, v, causal=opts.causal, causal_align=opts.causal_align, enable_gqa=opts.enable_gqa
-    )
+    reason: str | None = tr.shapes_unsupported_reason(q, k, v, opts.shapes)
+    return reason
 
 
 def _transforms_active() -> bool:
@@ -99,10 +100,6 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
                 "a torch.func transform is active: the query-major reference in this thread "
                 "(the parallel path's worker threads would not see the transform)",
             )
-        try:  # TEMP until reference/parallel.py lands
-            from .reference.parallel import default_workers
-        except ImportError:
-            return Plan("online", f"{q.device.type} tensors: the query-major online-softmax reference")
         return Plan(
             "parallel",
             f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
@@ -213,7 +210,7 @@ def flash_attention(
     q, k, v = cast_inputs(q, k, v)
     opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
     O, lse = _run(plan(q, k, v, opts, backend), q, k, v, opts)
-    return (O, lse) if return_lse else O
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def scaled_dot_product_attention(
@@ -223,6 +220,7 @@ def scaled_dot_product_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
@@ -259,9 +257,9 @@ def explain(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
     enable_gqa: bool = False,
-    *,
     causal_align: str = "top_left",
     backend: str = "auto",
 ) -> Plan:

@@ -8,6 +8,7 @@ transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,24 +20,21 @@ from .._options import AttentionOptions
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
+from .parallel import default_workers, parallel_backward, parallel_forward
 from .query_major import query_major_forward
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
 ORDERS = (*FORWARDS, "parallel")
 
 
-def _forward(order: str):  # TEMP until parallel.py lands
+def _forward(order: str) -> Callable[..., tuple[Tensor, Tensor]]:
     if order == "parallel":
-        from .parallel import default_workers, parallel_forward
-
         return functools.partial(parallel_forward, workers=default_workers())
     return FORWARDS[order]
 
 
-def _backward(order: str):
+def _backward(order: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     if order == "parallel":
-        from .parallel import default_workers, parallel_backward
-
         return functools.partial(parallel_backward, workers=default_workers())
     return backward_grouped
 
@@ -90,7 +88,10 @@ class TiledAttentionFunction(torch.autograd.Function):
         Og, lseg = rows_to_grouped(O, s, dt), rows_to_grouped(lse, s, dt)
         dOg = torch.zeros_like(Og) if dO is None else rows_to_grouped(dO, s, dt)
         dlseg = None if dlse is None else rows_to_grouped(dlse, s, dt)
-        backward = _backward(ctx.order)
+        # With create_graph=True (double backward) the backward itself must be differentiable: the
+        # query-major backward is plain torch ops in this thread; the parallel one runs in worker threads
+        # under no_grad.
+        backward = backward_grouped if torch.is_grad_enabled() else _backward(ctx.order)
         block_m, block_n = ctx.blocks
         with autocast_off(q.device.type):
             dq, dk, dv = backward(

@@ -19,6 +19,7 @@ from torch import Tensor
 from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
+from .._validate import check_bool
 from ..causal import causal_mask
 
 
@@ -127,7 +128,7 @@ def dense_attention(
         dropout_p=dropout_p,
     )
     O, lse = dense_forward(q, k, v, opts)
-    return (O, lse) if return_lse else O
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
-from .._validate import validate_block_sizes
+from .._validate import check_bool, validate_block_sizes
 from .autograd import TiledAttentionFunction
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -40,7 +40,7 @@ def _public(
     opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     O, lse = tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
-    return (O, lse) if return_lse else O
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 @overload

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
-from .._validate import validate_inputs
+from .._validate import AttentionShapes, check_bool, validate_inputs
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
 
@@ -30,6 +30,7 @@ __all__ = [
     "TEST_CONFIG",
     "AttentionConfig",
     "KernelConfig",
+    "shapes_unsupported_reason",
     "shipped_config",
     "triton_attention",
     "triton_forward",
@@ -48,15 +49,20 @@ def unsupported_reason(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left", enable_gqa: bool = False
 ) -> str | None:
     """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
+    try:
+        s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
+    except AttentionError as e:  # invalid inputs are a reason too; the caller decides whether to raise
+        return str(e)
+    return shapes_unsupported_reason(q, k, v, s)
+
+
+def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes) -> str | None:
+    """:func:`unsupported_reason` for inputs already validated into ``s``."""
     if not _triton_installed():
         return "triton is not installed"
     from . import launch
 
-    try:
-        s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
-        return launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
-    except Exception as e:  # invalid inputs are a reason too; the caller decides whether to raise
-        return str(e)
+    return launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
 
 
 def triton_attention(
@@ -92,7 +98,7 @@ def triton_attention(
     q, k, v = cast_inputs(q, k, v)
     opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
     O, lse = triton_forward(q, k, v, opts, config=config)
-    return (O, lse) if return_lse else O
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def triton_forward(
@@ -105,7 +111,7 @@ def triton_forward(
     s = opts.shapes
     if not _triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")
-    reason = launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
+    reason = shapes_unsupported_reason(q, k, v, s)
     if reason is not None:
         raise AttentionValueError(reason)
     if config == "autotune":
