@@ -268,6 +268,7 @@ def test_large_problems_run_on_the_pool_with_one_thread_per_worker(monkeypatch):
     log = ThreadLog(parallel._forward_rows)
     monkeypatch.setattr(parallel, "_forward_rows", log)
     q, k, v = make_grouped(1, 4, 1, 512, 512, 8, 8, dtype=torch.float32)  # 4 * 512 * 512 = 2^20 scores
+    assert q.shape[1] * 512 * 512 >= parallel.MIN_PARALLEL_SCORES
     O, _ = parallel_forward(q, k, v, scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64, workers=2)
     assert len(log.threads) == 2 and all(name.startswith("flashattn_teach") for name in log.threads)
     assert {n for _, n in log.calls} == {1}  # every op inside a worker runs on that worker's core
@@ -279,6 +280,7 @@ def test_small_problems_run_inline_in_the_calling_thread(monkeypatch):
     log = ThreadLog(parallel._forward_rows)
     monkeypatch.setattr(parallel, "_forward_rows", log)
     q, k, v = make_grouped(1, 4, 1, 64, 64, 8, 8)
+    assert q.shape[1] * 64 * 64 < parallel.MIN_PARALLEL_SCORES
     before = torch.get_num_threads()
     parallel_forward(q, k, v, scale=0.3, causal=False, causal_align="top_left", block_m=16, block_n=16, workers=2)
     assert log.threads == {threading.current_thread().name}
