@@ -2,22 +2,27 @@
 
     python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (minutes)
     python benchmarks/bench_cpu.py --quick         # small sizes, seconds
-    python benchmarks/bench_cpu.py --targets       # the foundation issue's speed and memory ratios
+    python benchmarks/bench_cpu.py --targets       # the issues' speed and memory ratios, idle and loaded
     python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/cpu)
 
 Every measurement runs in its own subprocess, so ``ru_maxrss`` (the process's peak resident memory) belongs
 to that one measurement. "Added" memory is that peak minus the peak of an idle process that imported the
 same modules, built the same inputs and ran every implementation once at a tiny size (the baseline).
 Times are the median of repeated calls after one warm-up call, with torch's default (all-core) threading.
+The ``--targets`` speed ratios of the threaded path are measured differently: ours and torch's SDPA called
+in turn in one process, medians of each, once with the machine otherwise idle and once "loaded", while a
+child process spins on the last core (see benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -27,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_info
 
 HERE = Path(__file__).resolve().parent
-IMPLS = ("dense", "online", "keymajor", "sdpa")
+IMPLS = ("dense", "online", "keymajor", "parallel", "sdpa")
 MODES = ("fwd", "fwd+bwd")
+CONDITIONS = ("idle", "loaded")  # loaded: a child process spins on the last core during the measurement
 FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # 4*B*H*N^2*D forward; backward 2.5x (FlashAttention convention)
 CSV_COLUMNS = (
     "impl",
@@ -69,14 +75,67 @@ def _maxrss_mib() -> float:
 def _attention(impl: str):
     import torch.nn.functional as F
 
-    from flashattn_teach import dense_attention, keymajor_attention, online_attention
+    from flashattn_teach import dense_attention, key_major_attention, online_attention
 
+    if impl == "parallel":
+        return _parallel_attention()
     return {
         "dense": dense_attention,
         "online": online_attention,
-        "keymajor": keymajor_attention,
+        "keymajor": key_major_attention,
         "sdpa": F.scaled_dot_product_attention,
     }[impl]
+
+
+def _parallel_attention():
+    """``(B, H, N, D)`` attention through ``reference/parallel.py`` with its default tiles and workers.
+
+    The grouped layout with one query head per key/value head is a view (``G = 1`` at dim 2), so a small
+    autograd.Function calls ``parallel_forward`` and ``parallel_backward`` directly.
+    """
+    import torch
+
+    from flashattn_teach.reference.defaults import PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
+    from flashattn_teach.reference.parallel import default_workers, parallel_backward, parallel_forward
+
+    class ParallelAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            O, lse = parallel_forward(
+                q[:, :, None],
+                k[:, :, None],
+                v[:, :, None],
+                scale=q.shape[-1] ** -0.5,
+                causal=False,
+                causal_align="top_left",
+                block_m=PARALLEL_BLOCK_M,
+                block_n=PARALLEL_BLOCK_N,
+                workers=default_workers(),
+            )
+            ctx.save_for_backward(q, k, v, O, lse)
+            return O[:, :, 0]
+
+        @staticmethod
+        def backward(ctx, dO):
+            q, k, v, O, lse = ctx.saved_tensors
+            dq, dk, dv = parallel_backward(
+                q[:, :, None],
+                k[:, :, None],
+                v[:, :, None],
+                O,
+                lse,
+                dO[:, :, None],
+                None,
+                scale=q.shape[-1] ** -0.5,
+                causal=False,
+                causal_align="top_left",
+                block_m=PARALLEL_BLOCK_M,
+                block_n=PARALLEL_BLOCK_N,
+                workers=default_workers(),
+            )
+            return dq[:, :, 0], dk[:, :, 0], dv[:, :, 0]
+
+    return ParallelAttention.apply
 
 
 def _call(fn, q, k, v, mode: str, dO) -> None:
@@ -129,10 +188,72 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _busy_seconds() -> tuple[float, float]:
+    """CPU seconds all processes have run since boot, from Linux's /proc/stat (NaN elsewhere): at normal or
+    raised priority (user, system, irq, softirq), and niced (user time of processes with nice > 0)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[1:8])
+    except (OSError, ValueError):
+        return math.nan, math.nan
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + system + irq + softirq) / tick, nice / tick
+
+
+def paired_worker(args: argparse.Namespace) -> dict[str, object]:
+    """``args.impl`` and ``args.against`` called in turn on the same inputs, so both see the same machine:
+    median time of each, their ratio, and how many cores other processes kept busy meanwhile."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    grad = args.mode == "fwd+bwd"
+    gen = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    q, k, v, dO = (torch.randn(shape, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(grad)
+    fns = {name: _attention(name) for name in (args.impl, args.against)}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    loadavg = os.getloadavg()[0]
+    with torch.no_grad() if not grad else torch.enable_grad():
+        for fn in fns.values():
+            _call(fn, q, k, v, args.mode, dO)  # warm-up (starts the worker threads)
+        (busy, niced), own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
+        rounds = 0
+        while rounds < args.min_rounds or (
+            rounds < args.max_repeats and min(sum(ts) for ts in times.values()) < args.min_time
+        ):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                _call(fn, q, k, v, args.mode, dO)
+                times[name].append(time.perf_counter() - start)
+            rounds += 1
+        wall = time.perf_counter() - wall
+        # All processes' CPU time minus this one's (every thread), per second: other processes' busy cores.
+        # Niced ones are counted apart: they get a small share of a core that this process also wants.
+        busy_end, niced_end = _busy_seconds()
+        others = (busy_end - busy - (time.process_time() - own)) / wall
+        others_niced = (niced_end - niced) / wall
+    ours, theirs = (statistics.median(times[name]) for name in fns)
+    return {
+        "threads": torch.get_num_threads(),
+        "repeats": rounds,
+        "time_ms": 1e3 * ours,
+        "time_min_ms": 1e3 * min(times[args.impl]),
+        f"{args.against}_time_ms": 1e3 * theirs,
+        f"{args.against}_time_min_ms": 1e3 * min(times[args.against]),
+        "ratio": ours / theirs,
+        "others_cores": others,
+        "others_niced_cores": others_niced,
+        "loadavg_1m": loadavg,
+    }
+
+
 # ------------------------------------------------------------------------------------------ driver
 
 
-def _spawn(cell: dict[str, object], opts: argparse.Namespace) -> dict[str, object]:
+def _spawn(cell: dict[str, object], opts: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict[str, object]:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -155,6 +276,7 @@ def _spawn(cell: dict[str, object], opts: argparse.Namespace) -> dict[str, objec
         str(opts.max_repeats),
         "--threads",
         str(opts.threads),
+        *extra,
     ]
     env = {
         **os.environ,
@@ -168,6 +290,55 @@ def _spawn(cell: dict[str, object], opts: argparse.Namespace) -> dict[str, objec
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"status": f"error (rc {proc.returncode}): {last[:200]}"}
     return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+@contextlib.contextmanager
+def _spinner(on: bool):
+    """While the block runs, a child process spinning on the last core (the "loaded" condition)."""
+    if not on:
+        yield
+        return
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(spin.pid, {max(os.sched_getaffinity(0))})
+        time.sleep(0.5)  # spinning before the measurement process starts
+        yield
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def measure_paired(cells: list[dict[str, object]], opts: argparse.Namespace, machine: dict[str, object]) -> list[dict]:
+    """Each cell (with a ``condition``) in its own process, ``cell["impl"]`` against torch's SDPA in turn;
+    two rows per cell, ours (with the ratio) and SDPA's."""
+    rows = []
+    for cell in cells:
+        print(f"{cell['impl']} and sdpa in turn: {cell['mode']}, {cell['condition']}", file=sys.stderr, flush=True)
+        with _spinner(cell["condition"] == "loaded"):
+            result = _spawn(cell, opts, extra=("--against", "sdpa", "--min-rounds", str(opts.min_rounds)))
+        flops = _flops(cell)
+        run = dict(cpu=machine["cpu"], torch=machine["torch"], date=machine["date"])
+        ours = {**cell, "dtype": "float32", **result, **run}
+        theirs = {**cell, "impl": "sdpa", "dtype": "float32", "status": result["status"], **run}
+        if result["status"] == "ok":
+            ours["gflops"] = flops / (float(ours["time_ms"]) * 1e-3) / 1e9
+            theirs.update(
+                threads=result["threads"],
+                repeats=result["repeats"],
+                time_ms=result["sdpa_time_ms"],
+                time_min_ms=result["sdpa_time_min_ms"],
+                gflops=flops / (float(result["sdpa_time_ms"]) * 1e-3) / 1e9,
+                others_cores=result["others_cores"],
+                others_niced_cores=result["others_niced_cores"],
+            )
+        rows += [ours, theirs]
+    return rows
+
+
+def _flops(cell: dict[str, object]) -> float:
+    B, H, N, D = (int(str(cell[key])) for key in ("batch", "heads", "seq_len", "head_dim"))
+    return 4 * B * H * N**2 * D * FLOP_FACTOR[str(cell["mode"])]
 
 
 def _dense_estimate_gib(cell: dict[str, object]) -> float:
@@ -194,7 +365,7 @@ def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: d
     ) as progress:
         task = progress.add_task("CPU benchmark", total=len(cells) + len(shapes))
         for shape in shapes:
-            mode, batch, heads, seq_len, head_dim = shape
+            mode, seq_len = shape[0], shape[3]
             for cell in (c for c in cells if (c["mode"], c["batch"], c["heads"], c["seq_len"], c["head_dim"]) == shape):
                 if cell["impl"] == "dense" and _dense_estimate_gib(cell) > opts.max_dense_gib:
                     result = {"status": f"skipped: dense needs ~{_dense_estimate_gib(cell):.0f} GiB"}
@@ -208,8 +379,7 @@ def measure(cells: list[dict[str, object]], opts: argparse.Namespace, machine: d
                 row = {**cell, "dtype": "float32", **result, "baseline_rss_mib": baselines.get(shape, math.nan)}
                 if result["status"] == "ok":
                     row["added_mib"] = max(0.0, float(row["peak_rss_mib"]) - baselines[shape])
-                    flops = 4 * batch * heads * seq_len**2 * head_dim * FLOP_FACTOR[str(mode)]
-                    row["gflops"] = flops / (float(row["time_ms"]) * 1e-3) / 1e9
+                    row["gflops"] = _flops(cell) / (float(row["time_ms"]) * 1e-3) / 1e9
                 row.update(cpu=machine["cpu"], torch=machine["torch"], date=machine["date"])
                 rows.append(row)
                 progress.advance(task)
@@ -227,6 +397,16 @@ def write_results(rows: list[dict], machine: dict[str, object], out: Path, stem:
     (out / f"{stem}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
 
 
+def _label(row: dict) -> str:
+    """The impl, and the condition of a paired measurement: ``parallel (loaded)``."""
+    return f"{row['impl']} ({row['condition']})" if "condition" in row else str(row["impl"])
+
+
+def _cell(row: dict, key: str, fmt: str = ".1f") -> str:
+    """A number of the row for a table, or ``-`` where the cell did not run or did not measure it."""
+    return format(row[key], fmt) if row["status"] == "ok" and key in row else "-"
+
+
 def write_summary(rows: list[dict], machine: dict[str, object], path: Path, extra: str = "") -> None:
     """A markdown table of the run, with its machine, ready to paste into benchmarks/README.md."""
     lines = [
@@ -237,17 +417,16 @@ def write_summary(rows: list[dict], machine: dict[str, object], path: Path, extr
         "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
-        ok = r["status"] == "ok"
         cells = [
-            r["impl"],
+            _label(r),
             r["mode"],
             r["batch"],
             r["heads"],
             r["seq_len"],
             r["head_dim"],
-            f"{r['time_ms']:.1f}" if ok else "-",
-            f"{r['gflops']:.1f}" if ok else "-",
-            f"{r['added_mib']:.1f}" if ok else "-",
+            _cell(r, "time_ms"),
+            _cell(r, "gflops"),
+            _cell(r, "added_mib"),
             r["status"],
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
@@ -265,7 +444,7 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
         print("matplotlib is not installed: no plot")
         return None
     fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.8))
-    colors = dict(zip(IMPLS, ("tab:red", "tab:blue", "tab:green", "tab:gray"), strict=True))
+    colors = dict(zip(IMPLS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:gray"), strict=True))
     ns_all = sorted({int(r["seq_len"]) for r in rows})
     for impl in IMPLS:
         for mode, style in zip(MODES, ("-", "--"), strict=True):
@@ -314,17 +493,16 @@ def print_table(rows: list[dict]) -> None:
     for col in ("impl", "mode", "B", "H", "N", "D", "time ms", "GFLOP/s", "added MiB", "status"):
         table.add_column(col, justify="left" if col in ("impl", "mode", "status") else "right")
     for r in rows:
-        ok = r["status"] == "ok"
         table.add_row(
-            str(r["impl"]),
+            _label(r),
             str(r["mode"]),
             str(r["batch"]),
             str(r["heads"]),
             str(r["seq_len"]),
             str(r["head_dim"]),
-            f"{r['time_ms']:.1f}" if ok else "-",
-            f"{r['gflops']:.1f}" if ok else "-",
-            f"{r['added_mib']:.1f}" if ok else "-",
+            _cell(r, "time_ms"),
+            _cell(r, "gflops"),
+            _cell(r, "added_mib"),
             str(r["status"]),
         )
     Console(width=140).print(table)
@@ -334,39 +512,63 @@ def print_table(rows: list[dict]) -> None:
 
 
 TARGET_SIZES = {"speed_heads": 8, "speed_n": 4096, "memory_fwd_n": 16384, "memory_fwdbwd_n": 8192}
+# Average busy cores of other processes at normal priority above which an "idle" paired row is not idle.
+IDLE_OTHERS_MAX = 0.3
 
 
 def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dict[str, int] = TARGET_SIZES) -> list:
-    """The foundation issue's CPU targets (D = 64, float32, B = 1): (a) online forward at most 2.5x torch's
+    """The CPU targets (D = 64, float32, B = 1). Foundation issue: (a) online forward at most 2.5x torch's
     SDPA and faster than dense (H = 8, N = 4096); (b) online adds at most 1/20 of dense's peak memory in the
-    forward at N = 16384 and at most 1/10 in forward+backward at N = 8192 (H = 1)."""
+    forward at N = 16384 and at most 1/10 in forward+backward at N = 8192 (H = 1). Issue #8: (c) the threaded
+    path's forward and forward+backward at most 2x SDPA (H = 8, N = 4096), idle and loaded, each ratio from
+    one process that calls both in turn; (d) its memory, as (b)."""
     hs, ns, nf, nfb = sizes["speed_heads"], sizes["speed_n"], sizes["memory_fwd_n"], sizes["memory_fwdbwd_n"]
     speed = [dict(impl=i, mode="fwd", batch=1, heads=hs, seq_len=ns, head_dim=64) for i in ("online", "sdpa", "dense")]
     memory = [
         dict(impl=i, mode=m, batch=1, heads=1, seq_len=n, head_dim=64)
         for m, n in (("fwd", nf), ("fwd+bwd", nfb))
-        for i in ("online", "dense")
+        for i in ("online", "parallel", "dense")
+    ]
+    paired = [
+        dict(impl="parallel", mode=m, batch=1, heads=hs, seq_len=ns, head_dim=64, condition=c)
+        for c in CONDITIONS
+        for m in MODES
     ]
     rows = measure(speed + memory, opts, machine)
+    paired_rows = measure_paired(paired, opts, machine)
 
-    def ratio(mode: str, n: int, key: str, other: str) -> float:
+    def ratio(impl: str, mode: str, n: int, key: str, other: str) -> float:
         def get(impl: str) -> float:
-            row = next(r for r in rows if r["impl"] == impl and r["mode"] == mode and r["seq_len"] == n)
+            row = next(
+                r
+                for r in rows
+                if r["impl"] == impl and r["mode"] == mode and r["seq_len"] == n and "condition" not in r
+            )
             return float(row[key]) if row["status"] == "ok" else math.nan
 
-        return get("online") / get(other)
+        return get(impl) / get(other)
+
+    def paired_ratio(mode: str, condition: str) -> float:
+        row = next(
+            r for r in paired_rows if r["impl"] == "parallel" and (r["mode"], r["condition"]) == (mode, condition)
+        )
+        return float(row["ratio"]) if row["status"] == "ok" else math.nan
 
     checks = [  # (what, measured ratio, bound, inclusive)
-        (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "sdpa"), 2.5, True),
-        (f"online / dense, fwd time (H={hs}, N={ns})", ratio("fwd", ns, "time_ms", "dense"), 1.0, False),
-        (f"online / dense, fwd added memory (H=1, N={nf})", ratio("fwd", nf, "added_mib", "dense"), 1 / 20, True),
-        (
-            f"online / dense, fwd+bwd added memory (H=1, N={nfb})",
-            ratio("fwd+bwd", nfb, "added_mib", "dense"),
-            1 / 10,
-            True,
+        (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "sdpa"), 2.5, True),
+        (f"online / dense, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "dense"), 1.0, False),
+        *(
+            (f"{impl} / dense, {mode} added memory (H=1, N={n})", ratio(impl, mode, n, "added_mib", "dense"), b, True)
+            for impl in ("online", "parallel")
+            for mode, n, b in (("fwd", nf, 1 / 20), ("fwd+bwd", nfb, 1 / 10))
+        ),
+        *(
+            (f"parallel / sdpa, {mode} time, {c} (H={hs}, N={ns})", paired_ratio(mode, c), 2.0, True)
+            for mode in MODES
+            for c in CONDITIONS
         ),
     ]
+    rows += paired_rows
     print_table(rows)
     results, lines = [], ["| target | ratio | bound | met |", "|---|--:|--:|---|"]
     for name, value, limit, inclusive in checks:
@@ -375,6 +577,8 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
         results.append({"target": name, "ratio": value, "bound": bound, "met": bool(met)})
         lines.append(f"| {name} | {value:.4f} | {bound} | {'yes' if met else 'NO'} |")
         print(f"{'MET    ' if met else 'NOT MET'}  {name}: {value:.4f}  (bound {bound})")
+    lines += ["", *_paired_lines(paired_rows)]
+    print("\n".join(_paired_lines(paired_rows)))
     opts.out.mkdir(parents=True, exist_ok=True)
     write_summary(rows, machine, opts.out / "targets.md", extra="\n".join(lines))
     (opts.out / "cpu_targets.json").write_text(
@@ -382,6 +586,27 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
     )
     print(f"wrote {opts.out / 'cpu_targets.json'} and {opts.out / 'targets.md'}")
     return results
+
+
+def _paired_lines(rows: list[dict]) -> list[str]:
+    """The paired measurements, with how busy the rest of the machine was, and a warning where an "idle"
+    row was not."""
+    lines = [
+        "| mode | condition | parallel (ms) | sdpa (ms) | ratio | rounds | others (cores) | niced (cores) | load avg |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    busy = []
+    for r in (r for r in rows if r["impl"] == "parallel"):
+        lines.append(
+            f"| {r['mode']} | {r['condition']} | {_cell(r, 'time_ms')} | {_cell(r, 'sdpa_time_ms')} | "
+            f"{_cell(r, 'ratio', '.3f')} | {_cell(r, 'repeats', 'd')} | {_cell(r, 'others_cores', '.2f')} | "
+            f"{_cell(r, 'others_niced_cores', '.2f')} | {_cell(r, 'loadavg_1m', '.2f')} |"
+        )
+        if r["condition"] == "idle" and r["status"] == "ok" and float(r["others_cores"]) > IDLE_OTHERS_MAX:
+            busy.append(f"{r['mode']} ({float(r['others_cores']):.2f} cores)")
+    if busy:
+        lines += ["", f"WARNING: other processes were busy during the idle rows: {', '.join(busy)}; not idle."]
+    return lines
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -405,6 +630,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="repeat each call until this many seconds are spent (default 2; 0.05 with --quick)",
     )
     p.add_argument("--max-repeats", type=int, default=20)
+    p.add_argument(
+        "--min-rounds",
+        type=int,
+        default=5,
+        help="--targets: at least this many calls of each in the paired (ours, then SDPA) measurements",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, all cores)")
     p.add_argument(
         "--max-dense-gib",
@@ -418,6 +649,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=(*IMPLS, "idle"), help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--against", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.heads is None:
@@ -432,7 +664,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args)))
+        print(json.dumps(paired_worker(args) if args.against else worker(args)))
         return 0
     machine = machine_info()
     print(
