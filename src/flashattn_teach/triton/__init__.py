@@ -130,5 +130,7 @@ def triton_forward(
         config = launch.default_config(q, s)
     elif not isinstance(config, AttentionConfig):
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
+    if launch.needs_grad(q, k, v):
+        launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config)
     return O, lse
