@@ -26,7 +26,7 @@ from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool
 from .errors import AttentionValueError
-from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from .reference.dense import dense_forward
 from .reference.online import tiled_attention
 from .reference.parallel import default_workers
@@ -35,7 +35,7 @@ BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 _RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
 # The tiled CPU backends: their loop order and tile sizes.
 _TILED = {
-    "parallel": ("parallel", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),  # TEMP
+    "parallel": ("parallel", PARALLEL_BLOCK_M, PARALLEL_BLOCK_N),
     "online": ("query_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
     "key_major": ("key_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
 }
