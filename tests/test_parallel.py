@@ -4,6 +4,7 @@ parallelises, and checks that its thread pool is used, and left, as documented."
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass
 from unittest import mock
@@ -327,3 +328,17 @@ def test_a_failing_task_raises_in_the_caller():
         parallel_forward(
             q, k[..., :3], v, scale=1.0, causal=False, causal_align="top_left", block_m=4, block_n=4, workers=2
         )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_pool():
+    q, k, v = make_grouped(1, 4, 1, 512, 512, 4, 4, dtype=torch.float32)
+    kw = dict(scale=0.3, causal=False, causal_align="top_left", block_m=128, block_n=128)
+    O, _ = parallel_forward(q, k, v, **kw, workers=2)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # child: must not wait on the parent's threads, which it does not have
+        torch.set_num_threads(1)  # nor use the parent's OpenMP threads
+        ok = torch.allclose(parallel_forward(q, k, v, **kw, workers=2)[0], O)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -98,7 +98,14 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
-os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the parent's threads
+def _forget_pools() -> None:
+    """In a forked child: none of the parent's threads exist there, and the lock may have been held."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 @contextlib.contextmanager
