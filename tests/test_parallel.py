@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from unittest import mock
@@ -338,6 +339,7 @@ def test_a_forked_child_starts_its_own_pool():
     pid = os.fork()
     if pid == 0:  # child: must not wait on the parent's threads, which it does not have
         torch.set_num_threads(1)  # nor use the parent's OpenMP threads
+        signal.alarm(60)  # a child waiting on threads it does not have dies, and the test fails, not hangs
         ok = torch.allclose(parallel_forward(q, k, v, **kw, workers=2)[0], O)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
