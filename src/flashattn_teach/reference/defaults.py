@@ -10,10 +10,11 @@ measures the default against SDPA (see ``benchmarks/README.md``).
 DEFAULT_BLOCK_M = 128
 DEFAULT_BLOCK_N = 512
 
-# The threaded path (``parallel.py``) runs each tile on one core, so its tile is sized for one core's L2
-# (1 MiB on the development machine): the 512 KiB float32 score tile, Q_i and acc (128 KiB each at D = 64)
-# and K_j, V_j (64 KiB each) fit together. Per thread at B=1, H=8, N=4096, D=64, float32, a sweep of
-# 128-1024 rows by 128-1024 columns put 512 x 256 and 256 x 512 best, the forward at 1.2-1.35x and the
-# backward at 0.9-1.1x of torch's SDPA on one thread; 128 x 512 (the default above) was 1.8x forward.
-PARALLEL_BLOCK_M = 512
+# The threaded path (``parallel.py``) runs each tile on one core, two or more tiles at once. Swept with two
+# workers against torch's SDPA in the same process (B=1, H=8, N=4096, D=64, float32, medians of 5 paired
+# calls, 2-core development machine): forward 1.35-1.55x SDPA at 1024 x 256 and 2048 x 256, 1.5-1.7x at
+# 512 x 256, 1.9-2.3x at 256 x 256 and 128 x 512; causal 1.8x at 1024 x 256; the backward 1.05-1.25x of
+# SDPA's for every shape tried. Taller query blocks mean fewer tiles for the same work, so fewer Python-level
+# ops and fewer passes over K_j and V_j; the float32 score tile, 1 MiB, is one core's L2 here.
+PARALLEL_BLOCK_M = 1024
 PARALLEL_BLOCK_N = 256

@@ -213,15 +213,18 @@ def _forward_rows(
     S_buf = q.new_empty(min(block_m, r_end - r_start) * min(block_n, N_k))
     for r0 in range(r_start, r_end, block_m):  # query block i
         r1 = min(r0 + block_m, r_end)
-        q_i = q[r0 - r_start : r1 - r_start]  # (Br, D)
         m_i, l_i, acc = osm.init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
         for c0 in range(0, key_end(r1, N_k, causal, offset), block_n):  # key block j
             c1 = min(c0 + block_n, N_k)
-            S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, r1 - r0, c1 - c0))  # (Br, D) @ (D, Bc)
-            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            # Rows above the first that sees key c0 see nothing of this block, and folding in a fully masked
+            # row changes nothing: the tile starts at that row, and the state's views below it are updated.
+            rv = max(r0, first_visible_row(c0, causal, offset))
+            q_i = q[rv - r_start : r1 - r_start]  # (Br', D), Br' = r1 - rv <= Br
+            S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, r1 - rv, c1 - c0))  # (Br', D) @ (D, Bc)
+            allowed = tile_mask(rv, r1, c0, c1, causal, offset, q.device)
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
-            osm.update_(m_i, l_i, acc, S_ij, v[c0:c1])
+            osm.update_(m_i[rv - r0 :], l_i[rv - r0 :], acc[rv - r0 :], S_ij, v[c0:c1])
         O[r0:r1], lse[r0:r1] = osm.finalize(m_i, l_i, acc)
 
 
@@ -315,16 +318,19 @@ def _backward_head(
         c1 = min(c0 + block_n, N_k)
         k_j, v_j, dk_j, dv_j = k[c0:c1], v[c0:c1], dk[c0:c1], dv[c0:c1]  # (Bc, .); dk_j, dv_j are views
         first_row = first_visible_row(c0, causal, offset)  # rows above it see nothing of this block
+        if first_row >= N_q:
+            break  # no query sees this key block or any after it: their dK_j, dV_j stay 0
         for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
             r1 = min(r0 + block_m, N_q)
-            q_i, dO_i = q[r0:r1], dO[r0:r1]  # (Br, D), (Br, D_v)
-            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, r1 - r0, c1 - c0))  # (Br, D) @ (D, Bc)
-            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
+            rv = max(r0, first_row)  # P = 0 on the rows above it, which would add nothing: start the tile there
+            q_i, dO_i = q[rv:r1], dO[rv:r1]  # (Br', D), (Br', D_v), Br' = r1 - rv <= Br
+            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, r1 - rv, c1 - c0))  # (Br', D) @ (D, Bc)
+            allowed = tile_mask(rv, r1, c0, c1, causal, offset, q.device)
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
-            P_ij = S_ij.sub_(lse[r0:r1, None]).exp_()  # exp(S_ij - lse_i)
-            dv_j.addmm_(P_ij.t(), dO_i)  # dV_j += P_ij^T dO_i: (Bc, Br) @ (Br, D_v)
-            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, r1 - r0, c1 - c0))  # (Br, D_v) @ (D_v, Bc)
-            dS_ij = dP_ij.sub_(delta[r0:r1, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
-            dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br) @ (Br, D)
-            dq[r0:r1].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br, Bc) @ (Bc, D)
+            P_ij = S_ij.sub_(lse[rv:r1, None]).exp_()  # exp(S_ij - lse_i)
+            dv_j.addmm_(P_ij.t(), dO_i)  # dV_j += P_ij^T dO_i: (Bc, Br') @ (Br', D_v)
+            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, r1 - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
+            dS_ij = dP_ij.sub_(delta[rv:r1, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
+            dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br') @ (Br', D)
+            dq[rv:r1].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br', Bc) @ (Bc, D)
