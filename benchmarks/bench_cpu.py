@@ -233,8 +233,9 @@ def paired_worker(args: argparse.Namespace) -> dict[str, object]:
         # All processes' CPU time minus this one's (every thread), per second: other processes' busy cores.
         # Niced ones are counted apart: they get a small share of a core that this process also wants.
         busy_end, niced_end = _busy_seconds()
+        others = (busy_end - busy - (time.process_time() - own)) / wall
         # /proc/stat counts 10 ms ticks, the process clock nanoseconds: clamp the small negatives of rounding.
-        others = max(0.0, (busy_end - busy - (time.process_time() - own)) / wall)
+        others = others if math.isnan(others) else max(0.0, others)
         others_niced = (niced_end - niced) / wall
     ours, theirs = (statistics.median(times[name]) for name in fns)
     return {
