@@ -492,7 +492,7 @@ def summary(rows: list[dict], providers: list[str]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    default_out = Path(os.environ["OUT"]) / "bench" if os.environ.get("OUT") else HERE / "results" / "gpu"
+    default_out = Path(os.environ["OUT"]) / "bench" if os.environ.get("OUT") else HERE / "results" / "local" / "gpu"
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trimmed", action="store_true", help="bf16, head dims 64 and 128, causal and not, N = 2k, 8k")
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp16"])
@@ -523,7 +523,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=default_out,
-        help="output directory ($OUT/bench if OUT is set, else benchmarks/results/gpu)",
+        help="output directory ($OUT/bench if OUT is set, else benchmarks/results/local/gpu, untracked)",
     )
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)

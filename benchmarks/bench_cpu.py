@@ -3,7 +3,7 @@
     python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (minutes)
     python benchmarks/bench_cpu.py --quick         # small sizes, seconds
     python benchmarks/bench_cpu.py --targets       # the issues' speed and memory ratios, idle and loaded
-    python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/cpu)
+    python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/local/cpu)
 
 Every measurement runs in its own subprocess, so ``ru_maxrss`` (the process's peak resident memory) belongs
 to that one measurement. "Added" memory is that peak minus the peak of an idle process that imported the
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_info
 
 HERE = Path(__file__).resolve().parent
-IMPLS = ("dense", "online", "keymajor", "parallel", "sdpa")
+IMPLS = ("dense", "online", "key_major", "parallel", "sdpa")
 MODES = ("fwd", "fwd+bwd")
 CONDITIONS = ("idle", "loaded")  # loaded: a child process spins on the last core during the measurement
 FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # 4*B*H*N^2*D forward; backward 2.5x (FlashAttention convention)
@@ -82,7 +82,7 @@ def _attention(impl: str):
     return {
         "dense": dense_attention,
         "online": online_attention,
-        "keymajor": key_major_attention,
+        "key_major": key_major_attention,
         "sdpa": F.scaled_dot_product_attention,
     }[impl]
 
@@ -618,7 +618,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (N = 256, 512; H = 2): seconds")
     p.add_argument("--targets", action="store_true", help="measure the foundation issue's CPU targets only")
-    p.add_argument("--out", type=Path, default=HERE / "results" / "cpu", help="output directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results" / "local" / "cpu",
+        help="output directory (default benchmarks/results/local/cpu, untracked; the committed results were "
+        "written with --out benchmarks/results/cpu)",
+    )
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (default 1024 .. 16384)")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="implementations to measure")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="fwd and/or fwd+bwd")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the GPU tests, then a trimmed benchmark (bf16, head dims 64 and 128, causal
 # and not, N = 2k and 8k), within about 6 minutes on an H200. Everything goes under $OUT when it is set,
-# else under benchmarks/results/. Needs only python3 with torch and triton: no network, no pip install.
+# else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
+# Needs only python3 with torch and triton: no network, no pip install.
 # pytest, hypothesis and matplotlib are used when present and skipped with a message when not.
 # Without CUDA it says so, prints the IO model and the benchmark grid's modelled traffic, and exits 0.
 #
@@ -12,7 +13,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-OUT_DIR="${OUT:-benchmarks/results}"
+OUT_DIR="${OUT:-benchmarks/results/local}"
 mkdir -p "$OUT_DIR"
 status=0
 
