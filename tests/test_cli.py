@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -15,6 +16,15 @@ import torch
 
 import flashattn_teach
 from flashattn_teach.cli import EXIT_SIGPIPE, main
+
+
+@pytest.fixture(autouse=True)
+def _keep_triton_interpret(monkeypatch):
+    """``kernels`` unsets TRITON_INTERPRET in its process; run in-process here, it must not leak into the
+    interpreter tests that follow."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", value)  # restored at teardown, whatever the command did
 
 
 def outcome(argv: list[str], capsys) -> tuple[int, str, str]:
