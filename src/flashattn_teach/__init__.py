@@ -5,6 +5,7 @@ Public API:
     flash_attention               the same with FlashAttention's options (causal alignment, lse, backend)
     explain                       which backend would run for given inputs, and why
     reference                     dense oracle, online-softmax references, memory-efficient backward
+    merge_attention_states        attention over two disjoint key sets from each one's (O, lse)
     AttentionError                base of the errors raised for bad input (each also a RuntimeError)
     AttentionSchedules            the teaching example's module (dense and tiled side by side)
 
@@ -15,6 +16,7 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 from . import reference
 from .api import BACKENDS, Plan, explain, flash_attention, scaled_dot_product_attention
 from .errors import AttentionError, AttentionTypeError, AttentionValueError
+from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
 
@@ -31,6 +33,7 @@ __all__ = [
     "flash_backward",
     "key_major_attention",
     "keymajor_attention",
+    "merge_attention_states",
     "online_attention",
     "reference",
     "scaled_dot_product_attention",
