@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from _triton_cases import DEVICE, DTYPES, REL_TOL, Case, assert_close_scaled, cases
 from hypothesis import given, settings
 
+from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
-from flashattn_teach.triton import AttentionConfig, triton_attention
+from flashattn_teach.triton import AttentionConfig, launch, triton_attention
 from flashattn_teach.triton.configs import max_head_dim
 
 
@@ -106,3 +113,91 @@ def test_lower_ranks_and_broadcast_batch_match_dense() -> None:
     out = triton_attention(q3, k4, k4, config=config)
     assert out.shape == (3, 2, 19, 16)
     assert_close_scaled(out, dense_attention(q3, k4, k4), 2e-4, "broadcast")
+
+
+def _with_forward(config: AttentionConfig, **changes: object) -> AttentionConfig:
+    return dataclasses.replace(config, forward=dataclasses.replace(config.forward, **changes))
+
+
+TMA_CONFIG = _with_forward(AttentionConfig.uniform(32, 16), tma=True)
+
+
+@settings(max_examples=30)
+@given(c=cases())
+def test_forward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
+    # the interpreter runs tensor descriptors too, with the copy engine's zero fill past N and D
+    check_forward(dataclasses.replace(c, config=_with_forward(c.config, tma=True)))
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_bnhd_views_with_gqa_match_dense_through_either_load_path(tma: bool) -> None:
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 41, 4, 40, generator=g).to(DEVICE).transpose(1, 2)  # (B, H_q, N_q, D) view of (B, N, H, D)
+    k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
+    assert launch.tma_reason(k) is None and not k.is_contiguous()
+    config = _with_forward(AttentionConfig.uniform(32, 16), tma=tma)
+    O = triton_attention(q, k, v, causal=True, causal_align="bottom_right", enable_gqa=True, config=config)
+    ref = dense_attention(
+        *(t.double().cpu() for t in (q, k, v)), causal=True, causal_align="bottom_right", enable_gqa=True
+    )
+    assert_close_scaled(O, ref, REL_TOL[torch.float32], "O")
+
+
+def test_tma_falls_back_to_pointers_when_strides_are_not_16_byte_multiples() -> None:
+    # D = 17 in fp16: rows are 34 bytes apart, which a tensor descriptor cannot describe
+    q, k, v = (torch.randn(1, 2, n, 17).to(DEVICE, torch.float16) for n in (21, 35, 35))
+    assert launch.tma_reason(k) == f"strides {k.stride()} are not multiples of 16 bytes"
+    assert not launch.use_tma(TMA_CONFIG.forward, k, v)
+    O = triton_attention(q, k, v, causal=True, config=TMA_CONFIG)
+    assert_close_scaled(O, dense_attention(q.double(), k.double(), v.double(), causal=True), 5e-3, "O")
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("scale", [-0.7, 0.0, 2.5])
+def test_any_sign_of_scale_matches_dense(scale: float, tma: bool) -> None:
+    # the kernel takes the row max of raw scores: a negative scale must flip it (the launcher negates Q),
+    # and scale = 0 gives uniform weights over the visible keys, with no NaN from (-inf) * 0
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(DEVICE) for n in (37, 37, 37))
+    config = _with_forward(AttentionConfig.uniform(16, 16), tma=tma)
+    O, lse = triton_attention(q, k, v, causal=True, scale=scale, return_lse=True, config=config)
+    ref_O, ref_lse = dense_attention(
+        q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=True, scale=scale, return_lse=True
+    )
+    assert_close_scaled(O, ref_O, REL_TOL[torch.float32], "O")
+    assert_close_scaled(lse, ref_lse, REL_TOL[torch.float32], "lse")
+
+
+def test_a_head_longer_than_2_to_the_31_elements_is_addressed_in_64_bit() -> None:
+    # K rows 2^24 elements apart: row 128 starts at element 2^31, past int32. The storage is 4 GiB of
+    # virtual memory of which only the rows written are touched. In a subprocess: a wrapped 32-bit
+    # offset reads far outside the tensor, and the interpreter then dies with a segmentation fault.
+    code = textwrap.dedent(
+        """
+        import torch
+        from flashattn_teach.reference import dense_attention
+        from flashattn_teach.triton import AttentionConfig, triton_attention
+        S, N = 2**24, 130
+        store = torch.empty((N - 1) * S + 32, dtype=torch.float16)
+        rows = torch.randn(N, 32, generator=torch.Generator().manual_seed(5)).half()
+        for r in range(N):
+            store[r * S : r * S + 32] = rows[r]
+        k = store.as_strided((1, 1, N, 32), (0, 0, S, 1))
+        q, v = torch.randn(1, 1, 5, 32).half(), torch.randn(1, 1, N, 32).half()
+        O = triton_attention(q, k, v, config=AttentionConfig.uniform(16, 16))
+        ref = dense_attention(q.double(), rows.double().view(1, 1, N, 32), v.double())
+        print((O.double() - ref).abs().max().item())
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert float(done.stdout.split()[-1]) < 5e-3
+
+
+def test_a_tile_spanning_2_to_the_31_elements_is_refused_by_name() -> None:
+    store = torch.empty(2**27 + 2, dtype=torch.float16)  # 256 MiB of virtual memory, untouched
+    k = store.as_strided((1, 1, 2, 2), (0, 0, 2**27, 1))  # rows 2^27 apart: one 16-row tile spans 2^31
+    q = torch.randn(1, 1, 4, 2, dtype=torch.float16)
+    with pytest.raises(AttentionValueError, match=r"strides .* too sparse .* one 16-row tile spans 2\^31"):
+        triton_attention(q, k, k, config=AttentionConfig.uniform(16, 16))

@@ -31,15 +31,18 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch parameters of one kernel."""
+    """Launch parameters of one kernel. ``tma``: the forward reads key/value blocks through tensor
+    descriptors (Hopper's tensor memory accelerator) when the inputs' strides allow it (16-byte aligned);
+    other kernels ignore it."""
 
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int
     num_stages: int
+    tma: bool = False
 
     def __str__(self) -> str:
-        return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}"
+        return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}" + (" tma" if self.tma else "")
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,11 @@ K = KernelConfig
 # without spilling (the dK/dV program holds K_j, V_j and two fp32 accumulators).
 # fp16 and bf16 share a table: their kernels differ only in the MMA's input type.
 _SM90_16BIT: dict[int, _Row] = {
-    16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
-    32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 128, 8, 3), K(32, 128, 8, 3), K(128, 64, 8, 3)),
-    128: (K(128, 128, 8, 2), K(16, 128, 8, 2), K(128, 64, 8, 2)),
-    256: (K(128, 32, 8, 2), None, None),
+    16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
+    32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
+    64: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    128: (K(128, 128, 8, 3, tma=True), K(16, 128, 8, 2), K(128, 64, 8, 2)),
+    256: (K(128, 64, 8, 2, tma=True), None, None),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT: dict[int, _Row] = {

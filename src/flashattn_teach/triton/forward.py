@@ -5,15 +5,17 @@ then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carri
 state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
 ``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
 
-The softmax runs in base 2: with ``qk_scale = scale * log2(e)`` (folded in by the launcher),
+The softmax runs in base 2 with ``qk_scale = scale * log2(e)`` (passed by the launcher):
 
     exp(scale * q.k - m) = exp2(qk_scale * q.k - m2),      m2 = m * log2(e)
 
-so the exponentials are single ``ex2`` instructions and ``lse = ln(2) * (m2_i + log2(l_i))``.
+so each exponential is one FFMA and one ``ex2`` instruction, the running max is kept in these log2 units
+(it is taken over the raw scores and scaled once per row), and ``lse = ln(2) * (m2_i + log2(l_i))``.
 
 Causal masking splits the key loop in two stages (see :mod:`flashattn_teach.causal`): key blocks wholly
-below the diagonal run without a mask, blocks that straddle it (and the ragged last block) run masked,
-and blocks wholly above it are never visited.
+below the diagonal run without a mask (and without bounds checks), blocks that straddle it and the ragged
+last block run masked, and blocks wholly above it are never visited. On Hopper the key and value blocks
+arrive by TMA (the tensor memory accelerator) from tensor descriptors; elsewhere through pointers.
 
 The pieces the backward kernels share live here too: ``LOG2E``, the masked tile load and store, and the
 key range of a query block.
@@ -79,13 +81,52 @@ def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _load_kv_block(
+    src,
+    b,
+    h,
+    start,
+    N,
+    stride_n,
+    stride_d,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr,
+    MASK: tl.constexpr,
+):
+    """Key (or value) block ``j``, rows ``[start, start + BLOCK_N)`` of head ``(b, h)``: (BLOCK_N, BLOCK_D).
+
+    With ``TMA`` ``src`` is a ``(B, H, N, D)`` tensor descriptor: the copy engine fetches the box into
+    shared memory and fills rows ``>= N`` and lanes ``>= D`` with zeros, with no address arithmetic in
+    the loop. Otherwise ``src`` points at head ``(b, h)``; the block's base advances in 64-bit (``N x
+    stride_n`` may pass 2^31) and the in-tile offsets stay 32-bit. Rows are masked only when ``MASK``
+    (a ragged last block can occur only in the masked stage), lanes only when ``HEAD_DIM < BLOCK_D``.
+    """
+    if TMA:
+        return src.load([b, h, start, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        rows = tl.arange(0, BLOCK_N)
+        lanes = tl.arange(0, BLOCK_D)
+        ptrs = src + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + lanes[None, :] * stride_d)
+        if MASK:
+            return tl.load(ptrs, mask=(start + rows < N)[:, None] & (lanes < HEAD_DIM)[None, :], other=0.0)
+        elif HEAD_DIM < BLOCK_D:
+            return tl.load(ptrs, mask=(lanes < HEAD_DIM)[None, :], other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output O_i
     l_i,  # (BLOCK_M,) fp32, running denominator
-    m_i,  # (BLOCK_M,) fp32, running max (log2 units)
+    m_i,  # (BLOCK_M,) fp32, running max of qk_scale * S (log2 units)
     q,  # Q_i (BLOCK_M, BLOCK_D)
-    K_head,
-    V_head,
+    K_src,
+    V_src,
+    b,
+    h_kv,
     stride_kn,
     stride_kd,
     stride_vn,
@@ -103,41 +144,47 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
-    ``MASK`` selects the stage: False for blocks every row may fully see, True for the diagonal and the
-    ragged last block, where scores of invisible keys become -inf.
+    ``MASK`` selects the stage: False for blocks every row may fully see (no mask, no bounds check),
+    True for the diagonal and the ragged last block, where scores of invisible keys become -inf.
+
+    The row max is taken over the raw scores and scaled once per row: with ``qk_scale >= 0`` (the
+    launcher negates Q for a negative scale), ``max(qk_scale * S) = qk_scale * max(S)``, so the scale
+    reaches each score only inside the exponent, as one FFMA: ``P = exp2(S * qk_scale - m_new)``.
     """
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        in_k = offs_n < N_k
-        # K_j^T: (BLOCK_D, BLOCK_N)
-        kT = _load_tile_T(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
-        # S_ij in log2 units: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N), fp32
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
+        # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
+        k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASK:
-            visible = in_k[None, :]
+            offs_n = start + tl.arange(0, BLOCK_N)
+            visible = (offs_n < N_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
-            qk = tl.where(visible, qk, float("-inf"))
-        # m_new = max(m_i, rowmax(S_ij))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASK:
+            s = tl.where(visible, s, float("-inf"))
+            s_max = tl.max(s, 1)
+            # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
+            m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * qk_scale))
             # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
+            p = tl.math.exp2(tl.where(visible, s * qk_scale - m_new_safe[:, None], float("-inf")))
         else:
+            # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_new_safe = m_new
-        # P_ij = exp(S_ij - m_new), alpha = exp(m_i - m_new)
-        p = tl.math.exp2(qk - m_new_safe[:, None])
+            # P_ij = exp(scale * S_ij - m_new), in base 2: one FFMA and one MUFU.EX2 per score
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        # alpha = exp(m_i - m_new) rescales what was accumulated under the old max
         alpha = tl.math.exp2(m_i - m_new_safe)
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         # V_j: (BLOCK_N, BLOCK_DV)
-        v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
+        v = _load_kv_block(V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK)
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
         # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
         acc = acc * alpha[:, None]
@@ -183,25 +230,46 @@ def _attn_fwd(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    NEGATE_Q: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B * H_q)``. ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` with
-    any strides; ``LSE (B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h // GROUP."""
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H_q).to(tl.int64)  # 64-bit: batch offsets of large tensors overflow int32
-    h = (pid_bh % H_q).to(tl.int64)
+    """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
+
+    ``Q, O (B, H_q, N_q, .)`` with any strides; ``K, V (B, H_kv, N_k, .)``: tensors with any strides, or
+    with ``TMA`` tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE (B, H_q, N_q)``
+    contiguous fp32. Query head h reads key/value head h // GROUP. ``qk_scale = |scale| * log2(e)``;
+    ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| * (-Q) K^T``).
+    """
+    n_blocks = tl.cdiv(N_q, BLOCK_M)
+    pid = tl.program_id(0)
+    i = pid % n_blocks
+    if CAUSAL:
+        i = n_blocks - 1 - i  # the longest key ranges start first, the short ones fill the tail
+    start_m = i * BLOCK_M
+    pid_bh = pid // n_blocks
+    b = pid_bh // H_q
+    h = pid_bh % H_q
     h_kv = h // GROUP
-    Q_head = Q + b * stride_qb + h * stride_qh
-    K_head = K + b * stride_kb + h_kv * stride_kh
-    V_head = V + b * stride_vb + h_kv * stride_vh
-    O_head = O + b * stride_ob + h * stride_oh
+    # 64-bit: batch and head offsets of large tensors overflow int32
+    Q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    O_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    if TMA:
+        K_src = K
+        V_src = V
+    else:
+        K_src = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        V_src = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
+    q = _load_tile(
+        Q_head + tl.cast(start_m, tl.int64) * stride_qn, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM
+    )
+    if NEGATE_Q:
+        q = -q
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -213,8 +281,10 @@ def _attn_fwd(
         l_i,
         m_i,
         q,
-        K_head,
-        V_head,
+        K_src,
+        V_src,
+        b,
+        h_kv,
         stride_kn,
         stride_kd,
         stride_vn,
@@ -232,6 +302,7 @@ def _attn_fwd(
         BLOCK_N,
         CAUSAL,
         DOT_PRECISION,
+        TMA,
         MASK=False,
     )
     acc, l_i, m_i = _attn_fwd_inner(
@@ -239,8 +310,10 @@ def _attn_fwd(
         l_i,
         m_i,
         q,
-        K_head,
-        V_head,
+        K_src,
+        V_src,
+        b,
+        h_kv,
         stride_kn,
         stride_kd,
         stride_vn,
@@ -258,6 +331,7 @@ def _attn_fwd(
         BLOCK_N,
         CAUSAL,
         DOT_PRECISION,
+        TMA,
         MASK=True,
     )
 
@@ -267,4 +341,5 @@ def _attn_fwd(
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
-    _store_tile(O_head, o.to(O.dtype.element_ty), offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)
+    O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
+    _store_tile(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)

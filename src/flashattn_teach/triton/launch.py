@@ -87,6 +87,18 @@ def _strides(t: Tensor) -> tuple[int, int, int, int]:
     return b, h, n, x
 
 
+def check_tile_offsets(c: KernelConfig, *tensors: Tensor) -> None:
+    """The kernels advance each block's base pointer in 64-bit and keep offsets within a tile in 32-bit:
+    refuse the (absurd) strides for which a tile's extent ``BLOCK x stride`` passes 2^31 elements."""
+    block = max(c.BLOCK_M, c.BLOCK_N)
+    for t in tensors:
+        if block * max(t.stride()[-2:]) >= 2**31:
+            raise AttentionValueError(
+                f"a tensor of shape {tuple(t.shape)} with strides {t.stride()} is too sparse for the Triton "
+                f"kernels: one {block}-row tile spans 2^31 elements or more; pass a contiguous tensor"
+            )
+
+
 def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
     """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
     if config.backward_dkdv is None or config.backward_dq is None:
@@ -97,6 +109,41 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
             "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
         )
     return config.backward_dkdv, config.backward_dq
+
+
+def tma_reason(t: Tensor) -> str | None:
+    """Why a ``(B, H, N, X)`` tensor cannot be read through a TMA tensor descriptor, or None: the copy
+    engine needs a unit innermost stride and a 16-byte aligned base and outer strides."""
+    size = t.element_size()
+    if t.stride(-1) != 1:
+        return f"innermost stride is {t.stride(-1)}, not 1"
+    if t.data_ptr() % 16:
+        return "base address is not 16-byte aligned"
+    bad = [st for st in t.stride()[:-1] if (st * size) % 16]
+    if bad:
+        return f"strides {t.stride()} are not multiples of 16 bytes"
+    return None
+
+
+def use_tma(c: KernelConfig, *tensors: Tensor) -> bool:
+    """Whether the forward reads ``tensors`` by TMA: asked for by the configuration, available in the
+    installed triton, on a Hopper-or-newer GPU (or in the interpreter), and allowed by every tensor."""
+    if not c.tma or any(tma_reason(t) is not None for t in tensors):
+        return False
+    if tensors[0].device.type == "cuda" and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _descriptor(t: Tensor, block_n: int, block_x: int):
+    """A tensor descriptor of a ``(B, H, N, X)`` tensor whose box is one ``(block_n, block_x)`` tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, block_x])
 
 
 def forward(
@@ -112,11 +159,17 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     c = config.forward
-    grid = (triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)
+    check_tile_offsets(c, q, k, v, o)
+    tma = use_tma(c, k, v)
+    D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
+    K_src = _descriptor(k, c.BLOCK_N, D_pad) if tma else k
+    V_src = _descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
+    # one program per (query block, batch, head), the query block fastest (see _attn_fwd)
+    grid = (triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)
     _attn_fwd[grid](
         q,
-        k,
-        v,
+        K_src,
+        V_src,
         o,
         lse,
         *_strides(q),
@@ -127,16 +180,18 @@ def forward(
         s.N_q,
         s.N_k,
         s.group,
-        s.scale * LOG2E.value,
+        abs(s.scale) * LOG2E.value,
         diagonal_offset(s.N_q, s.N_k, causal_align),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
-        BLOCK_D=block_d(s.D),
-        BLOCK_DV=block_d(s.D_v),
+        BLOCK_D=D_pad,
+        BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
         CAUSAL=causal,
         DOT_PRECISION=dot_precision(q.dtype),
+        NEGATE_Q=s.scale < 0,
+        TMA=tma,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
