@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -46,6 +47,7 @@ DEVICE = "cuda"
 TILED_BLOCKS = (128, 64)  # BLOCK_M, BLOCK_N assumed for the modelled bytes of every fused kernel
 COLORS = {
     "triton": "tab:red",
+    "triton-ptr": "tab:orange",
     "sdpa-flash": "tab:blue",
     "sdpa-efficient": "tab:cyan",
     "sdpa-cudnn": "tab:purple",
@@ -164,8 +166,18 @@ def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str
 
     import flashattn_teach
 
+    def triton_pointer_path(q, k, v, c):
+        """The shipped configuration with the forward's key/value loads through pointers instead of TMA."""
+        from flashattn_teach.triton import shipped_config, triton_attention
+        from flashattn_teach.triton.configs import arch_of
+
+        config = shipped_config(q.shape[-1], q.dtype, arch_of(q.device))
+        config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tma=False))
+        return triton_attention(q, k, v, causal=c, config=config)
+
     providers = [
-        Provider("triton", lambda q, k, v, c: flashattn_teach.flash_attention(q, k, v, causal=c, backend="triton"))
+        Provider("triton", lambda q, k, v, c: flashattn_teach.flash_attention(q, k, v, causal=c, backend="triton")),
+        Provider("triton-ptr", triton_pointer_path),
     ]
     missing: dict[str, str] = {}
     try:
