@@ -218,7 +218,8 @@ def test_model_charges_issue_slots_exponentials_and_tensor_cores_per_program() -
     assert p.tensor_cycles == 2 * (64 + 32)
     assert p.mma_fmas == 2 * (64 * 128 * 16 + 64 * 64 * 16)
     assert p.cycles == p.tensor_cycles + max(p.issue_cycles, p.mufu_cycles)
-    thin = "/*0000*/ HGMMA.64x16x16.F32.BF16 R1, gdesc[UR4], R1 ;\n/*0010*/ @P0 BRA 0x0 ;"
+    # fp16 inputs carry no type suffix
+    thin = "/*0000*/ HGMMA.64x16x16.F32 R1, gdesc[UR4], R1 ;\n/*0010*/ @P0 BRA 0x0 ;"
     thin_profile = loops.profile_sass(thin, num_warps=4)
     assert thin_profile is not None and thin_profile.tensor_cycles == (64 * 16 + 16 * 16) * 2 / 128  # not 8
 

@@ -81,14 +81,13 @@ A100 = SMModel(  # not calibrated: no A100 measurements yet
 )
 MODELS = {"sm90": H100, "sm80": A100}
 _BYTES = {"F16": 2, "BF16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}
-_INPUT_TYPE = re.compile(r"\.F32\.(BF16|F16|TF32|E4M3|E5M2)\b")
+_INPUT_TYPE = re.compile(r"\.(BF16|TF32|E4M3|E5M2)\b")
 
 
 def _input_type(ins: sass.Instruction) -> str:
+    """The inputs' type; fp16 inputs carry no suffix (``HGMMA.64x128x16.F32`` is fp16 in, fp32 out)."""
     m = _INPUT_TYPE.search(ins.mnemonic)
-    if m is None:
-        raise ValueError(f"unknown tensor-core input type in {ins.mnemonic}")
-    return m.group(1)
+    return "F16" if m is None else m.group(1)
 
 
 def mma_cycles(ins: sass.Instruction, model: SMModel) -> float:
