@@ -4,6 +4,8 @@ Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRE
 process has set. Both architectures compile at once, one subprocess each. The checks live in
 ``flashattn_teach.triton.inspect``: no spilled bytes, at most 255 registers, shared memory within 228 KB
 (sm_90) or 164 KB (sm_80), and HGMMA for the forward and backward matmuls on sm_90 in fp16 and bf16.
+Each kernel is the specialisation the JIT builds for a sample launcher call (``GROUP = 1`` and unit
+strides as constants, sizes divisible by 16); tests/triton/test_triton_loops.py checks that it is.
 """
 
 from __future__ import annotations

@@ -10,13 +10,17 @@ No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTa
     mma         the tensor-core instruction in the SASS: HGMMA (warpgroup MMA, sm_90), HMMA (sm_80),
                 or none (fp32 "ieee" dots run on CUDA cores)
 
-Kernels are compiled as the JIT would specialise them for contiguous inputs: pointers and strides
-16-byte aligned, the innermost stride 1, and the head dimension equal to its padded ``BLOCK_D``; with
-``CAUSAL=True``, whose code has both the unmasked and the masked stage (the non-causal kernel's masked
-stage only lacks the diagonal comparison).
+Each kernel is compiled exactly as the JIT would specialise it for a sample call of the launcher
+(:mod:`flashattn_teach.triton.specialize`: contiguous ``(B, H, N, D)`` inputs of the benchmark's sizes,
+no grouped-query attention, so ``GROUP = 1`` and the unit strides become constants) with
+``CAUSAL=True``, whose code has both the unmasked and the masked stage.
+
+``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
+iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
+in the benchmark it is calibrated against. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
-    flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128]
+    flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
 """
 
 from __future__ import annotations
@@ -24,27 +28,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .._cli_types import ArgumentParser, positive_int
-from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, dot_precision, shipped_configs
+from . import loops, sass, specialize
+from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
-_TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_SHORT_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-# Argument kinds by name; every other argument is a block size or flag (constexpr).
-_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-_FP32_TENSORS = {"LSE", "DELTA"}
-_INTS = {"H_q", "H_kv", "N_q", "N_k", "GROUP", "OFFSET"}
-_FLOATS = {"scale", "qk_scale"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +59,9 @@ class CompileReport:
     smem_bytes: int
     mma: str  # "HGMMA", "HMMA" or "none"
     seconds: float
+    request: specialize.CompileRequest = field(repr=False, compare=False)
+    ptx: str = field(repr=False, compare=False)
+    sass: str = field(repr=False, compare=False)
 
     def problems(self) -> list[str]:
         """Why this kernel fails the compile checks; empty if it passes."""
@@ -84,60 +85,17 @@ class CompileReport:
             out.append(f"matmuls use {self.mma}, not HGMMA")
         return out
 
+    def file_stem(self) -> str:
+        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile, for dumped files."""
+        c = self.config
+        return (
+            f"{self.kernel}_{_SHORT_DTYPE[self.dtype]}_d{self.head_dim}_{c.BLOCK_M}x{c.BLOCK_N}"
+            f"_w{c.num_warps}_s{c.num_stages}"
+        )
 
-def _kernel_fn(name: str):
-    from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
-    from .forward import _attn_fwd
-
-    return {
-        "forward": _attn_fwd,
-        "backward_preprocess": _attn_bwd_preprocess,
-        "backward_dkdv": _attn_bwd_dkdv,
-        "backward_dq": _attn_bwd_dq,
-    }[name]
-
-
-def _source(name: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causal: bool):
-    """An ``ASTSource`` with the signature, constants and alignment hints the JIT would use."""
-    import triton
-
-    fn = _kernel_fn(name)
-    precision = dot_precision(dtype)
-    values: dict[str, object] = {
-        "HEAD_DIM": head_dim,
-        "HEAD_DIM_V": head_dim,
-        "BLOCK_D": head_dim,
-        "BLOCK_DV": head_dim,
-        "BLOCK_M": c.BLOCK_M,
-        "BLOCK_N": c.BLOCK_N,
-        "CAUSAL": causal,
-        "DOT_PRECISION": precision,
-    }
-    signature: dict[str, str] = {}
-    constexprs: dict[str, object] = {}
-    attrs: dict[tuple[int, ...], list[list[object]]] = {}
-    for i, arg in enumerate(fn.arg_names):
-        if arg in _TENSORS or arg in _FP32_TENSORS:
-            signature[arg] = "*" + (_TRITON_DTYPE[dtype] if arg in _TENSORS else "fp32")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif arg.startswith("stride_") and arg.endswith("d"):
-            signature[arg], constexprs[arg] = "constexpr", 1  # contiguous head dimension
-        elif arg.startswith("stride_"):
-            signature[arg] = "i32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif arg in _INTS:
-            signature[arg] = "i32"
-        elif arg in _FLOATS:
-            signature[arg] = "fp32"
-        else:
-            signature[arg], constexprs[arg] = "constexpr", values[arg]
-    return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-
-
-def _cuobjdump() -> str:
-    import triton
-
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    def loop_profile(self) -> loops.LoopProfile | None:
+        """The profile of this kernel's steady-state loop; None for a kernel without a matmul loop."""
+        return loops.profile_sass(self.sass, self.config.num_warps, self.arch, kernel=self.kernel)
 
 
 def _resource(res_usage: str, name: str) -> int:
@@ -149,34 +107,28 @@ def _resource(res_usage: str, name: str) -> int:
 
 
 def compile_kernel(
-    name: str, arch: str, dtype: torch.dtype, head_dim: int, c: KernelConfig, causal: bool = True
+    name: str,
+    arch: str,
+    dtype: torch.dtype,
+    head_dim: int,
+    c: KernelConfig,
+    causal: bool = True,
+    group: int = 1,
 ) -> CompileReport:
-    """Compile one kernel for ``arch`` ("sm90" or "sm80") and read its resource use from the cubin."""
-    import time
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset (it is set in this process)")
+    """Compile one kernel for ``arch`` ("sm90" or "sm80") as the JIT would for a sample call with launch
+    parameters ``c`` (see :func:`flashattn_teach.triton.specialize.attention_requests`), and read its
+    resource use from the cubin."""
     t0 = time.perf_counter()
-    target = GPUTarget("cuda", int(arch[2:]), 32)
-    compiled = triton.compile(
-        _source(name, dtype, head_dim, c, causal),
-        target=target,
-        options={"num_warps": c.num_warps, "num_stages": c.num_stages},
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        res = subprocess.run([_cuobjdump(), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
-        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    registers = _resource(res.stdout, "REG")
-    local = _resource(res.stdout, "LOCAL") + _resource(res.stdout, "STACK")
-    if local == 0 and re.search(r"\b(STL|LDL)\b", sass.stdout):
+    config = specialize.with_kernel_config(shipped_config(head_dim, dtype, arch), name, c)
+    request = specialize.kernel_request(name, config, dtype, head_dim, arch, causal=causal, group=group)
+    compiled = request.compile()
+    text, res = sass.disassemble(compiled.asm["cubin"])
+    registers = _resource(res, "REG")
+    local = _resource(res, "LOCAL") + _resource(res, "STACK")
+    if local == 0 and re.search(r"\b(STL|LDL)\b", text):
         local = -1  # local-memory traffic of unknown size
-    static_smem = _resource(res.stdout, "SHARED")
-    mma = "HGMMA" if "HGMMA" in sass.stdout else "HMMA" if "HMMA" in sass.stdout else "none"
+    static_smem = _resource(res, "SHARED")
+    mma = "HGMMA" if "HGMMA" in text else "HMMA" if "HMMA" in text else "none"
     return CompileReport(
         kernel=name,
         arch=arch,
@@ -188,6 +140,9 @@ def compile_kernel(
         smem_bytes=max(static_smem, compiled.metadata.shared),
         mma=mma,
         seconds=time.perf_counter() - t0,
+        request=request,
+        ptx=compiled.asm["ptx"],
+        sass=text,
     )
 
 
@@ -219,6 +174,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="padded head dimensions (default: all shipped)",
     )
     parser.add_argument("--kernel", nargs="+", choices=KERNELS, default=None, help="kernels (default: all)")
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="profile each kernel's steady-state loop from its SASS and estimate TFLOP/s (docs/loop-profile.md)",
+    )
+    parser.add_argument(
+        "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
+    )
+
+
+def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = report.file_stem() + suffix
+    (directory / f"{stem}.ptx").write_text(report.ptx)
+    (directory / f"{stem}.sass").write_text(report.sass)
+
+
+_LOOP_HEADER = (
+    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<16} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
+    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'sync':>4} {'wgmma':>5} "
+    f"{'int':>4} {'ldl/stl':>7} {'regs':>4} {'smem':>6} {'tensor':>6} {'issue':>6} {'mufu':>6} {'TF/s':>5}  mma"
+)
+
+
+def _loop_row(r: CompileReport, p: loops.LoopProfile) -> str:
+    c = p.counts
+    mma = " ".join(f"{n}x{shape}" for shape, n in sorted(p.mma.items()))
+    return (
+        f"{r.kernel.removeprefix('backward_'):<14} {str(r.dtype).removeprefix('torch.'):<9} {r.head_dim:>4} "
+        f"{r.config!s:<16} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
+        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar']:>3} {c['sync']:>4} "
+        f"{c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} {r.smem_bytes:>6} "
+        f"{p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} {p.estimate_tflops():>5.0f}  {mma}"
+    )
+
+
+def pass_estimates(profiled: list[tuple[CompileReport, loops.LoopProfile]]) -> list[str]:
+    """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops) per dtype and head dim,
+    in the benchmark's FLOPs: ``4 N_q N_k D`` forward and 2.5 times that backward (FA2's convention)."""
+    by_key = {(r.kernel, r.dtype, r.head_dim): (r, p) for r, p in profiled}
+    lines = []
+    for dtype, d in dict.fromkeys((r.dtype, r.head_dim) for r, _ in profiled):
+        for name, kernels, flops in (
+            ("forward", ("forward",), 4 * d),
+            ("backward", ("backward_dkdv", "backward_dq"), 10 * d),
+        ):
+            parts = [by_key[(k, dtype, d)] for k in kernels if (k, dtype, d) in by_key]
+            if len(parts) < len(kernels):
+                continue
+            # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
+            cycles = sum(p.cycles / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
+            tflops = loops.CALIBRATION * parts[0][1].model.tflops(flops, cycles)
+            lines.append(f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,6 +244,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
+        print(f"flashattn-teach kernels: error: --dump {args.dump} exists and is not a directory", file=sys.stderr)
+        return 2
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
     header = (
         f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
@@ -245,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     failed = 0
     for name, dt, d, c in selected:
         r = compile_kernel(name, args.arch, dt, d, c)
+        if args.dump is not None:
+            _dump(r, args.dump)
         problems = r.problems()
         failed += bool(problems)
         print(
@@ -253,7 +267,32 @@ def run(args: argparse.Namespace) -> int:
             f"{r.mma:>6}  {'; '.join(problems) or 'ok'}",
             flush=True,
         )
+    if args.loops:
+        print_loop_profiles(args, selected)
     return 1 if failed else 0
+
+
+def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torch.dtype, int, KernelConfig]]) -> None:
+    """The ``--loops`` table: one row per kernel with a matmul loop, then the forward/backward estimates."""
+    model = loops.MODELS[args.arch]
+    print()
+    print(
+        f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
+        f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
+        f"TF/s = {loops.CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
+    )
+    print(_LOOP_HEADER)
+    profiled = []
+    for name, dt, d, c in selected:
+        r = compile_kernel(name, args.arch, dt, d, c, causal=False)
+        if args.dump is not None:
+            _dump(r, args.dump, suffix="_noncausal")
+        profile = r.loop_profile()
+        if profile is not None:
+            profiled.append((r, profile))
+            print(_loop_row(r, profile), flush=True)
+    for line in pass_estimates(profiled):
+        print(line)
 
 
 def main() -> int:

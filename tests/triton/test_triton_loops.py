@@ -1,0 +1,276 @@
+"""The loop profile (``flashattn-teach kernels --loops``) and the JIT specialisation it compiles.
+
+- SASS reading on a canned snippet: loops, the hot loop, counts by kind, the model's cycles.
+- The specialisation: what :mod:`flashattn_teach.triton.specialize` records equals what triton's own
+  ``jit_cache_hook`` is handed for the same launcher call, with GROUP = 1 (a constant) and GROUP = 4
+  (an argument), and divisibility attributes only where a size is divisible by 16 (negative control).
+- A deliberately worse variant of a forward loop (scale applied to every score before the row max,
+  load masks in a loop that needs none) shows more instructions per iteration than the clean one.
+- ``--loops --dump`` prints the table and writes PTX and SASS named by kernel, dtype, head dim and tile.
+
+Compiling needs TRITON_INTERPRET unset, which this process has set: the compiling parts run in two
+subprocesses started together (one probe script, one CLI run), about a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from triton import language as tl
+
+from flashattn_teach.cli import main
+from flashattn_teach.triton import loops, sass
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+HERE = Path(__file__).resolve().parent
+
+
+@triton.jit
+def _variant_fwd(
+    Q,
+    K,
+    V,
+    O,
+    stride_n,
+    N_k,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SCALE_FIRST: tl.constexpr,
+    MASK_LOADS: tl.constexpr,
+):
+    """A test-only forward loop over key blocks (contiguous (N, D) inputs, qk_scale > 0, N_k % BLOCK_N == 0).
+    ``SCALE_FIRST`` multiplies every score by the scale before the row max instead of folding it into the
+    exponent's FFMA; ``MASK_LOADS`` computes load masks although every block is full."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * stride_n + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start in tl.range(0, N_k, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        kT_ptrs = K + offs_n[None, :] * stride_n + offs_d[:, None]
+        v_ptrs = V + offs_n[:, None] * stride_n + offs_d[None, :]
+        if MASK_LOADS:
+            in_k = offs_n < N_k
+            kT = tl.load(kT_ptrs, mask=in_k[None, :] & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=in_k[:, None] & (offs_d[None, :] < D), other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            v = tl.load(v_ptrs)
+        # S_ij: (BLOCK_M, D) @ (D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, kT)
+        if SCALE_FIRST:
+            s = s * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # max(qk_scale * s) = qk_scale * max(s) for qk_scale > 0; exp2(qk_scale * s - m) is one FFMA
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # (BLOCK_M, BLOCK_N) @ (BLOCK_N, D) -> (BLOCK_M, D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    tl.store(O + offs_m[:, None] * stride_n + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty))
+
+
+def probe() -> dict:
+    """Run in a subprocess without TRITON_INTERPRET: the JIT specialisations and the variants' profiles."""
+    import torch
+    from triton import knobs
+
+    from flashattn_teach._validate import AttentionShapes
+    from flashattn_teach.triton import launch, specialize
+    from flashattn_teach.triton.configs import shipped_config
+
+    def by_hook(run) -> list[dict]:
+        """What triton's own jit_cache_hook is handed (and told to skip compiling) for ``run()``."""
+        seen = []
+
+        def hook(*, compile, **_):
+            seen.append(compile)
+            return True
+
+        saved_driver, saved_hook = triton.runtime.driver._active, knobs.runtime.jit_cache_hook
+        triton.runtime.driver.set_active(
+            specialize._CompileOnlyDriver(triton.backends.compiler.GPUTarget("cuda", 90, 32))
+        )
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            run()
+        finally:
+            knobs.runtime.jit_cache_hook = saved_hook
+            triton.runtime.driver._active = saved_driver
+        return seen
+
+    out: dict = {"triton": triton.__version__, "specialisations": {}}
+    cfg = shipped_config(128, torch.bfloat16, "sm90")
+    for group, N in ((1, 8192), (4, 8192), (1, 8190)):
+        s = AttentionShapes((2,), 16, 16 // group, N, N, 128, 128, 4, 128**-0.5)
+        q = torch.empty(2, 16, N, 128, dtype=torch.bfloat16)
+        k = torch.empty(2, 16 // group, N, 128, dtype=torch.bfloat16)
+        o, do = torch.empty_like(q), torch.empty_like(q)
+        lse = torch.empty(2, 16, N)
+
+        def run(q=q, k=k, o=o, do=do, lse=lse, s=s):
+            launch.forward(q, k, k, s, causal=False, causal_align="top_left", config=cfg)
+            launch.backward(q, k, k, o, lse, do, None, s, causal=False, causal_align="top_left", config=cfg)
+
+        ours = specialize.requests_for(run, "sm90")
+        theirs = by_hook(run)
+        out["specialisations"][f"group={group} N={N}"] = [
+            {
+                "name": r.name,
+                "same_as_jit": r.signature == h["signature"]
+                and r.constexprs == h["constants"]
+                and r.attrs == h["configs"][0]
+                and r.options.num_warps == h["num_warps"]
+                and r.options.num_stages == h["num_stages"],
+                "signature": r.signature,
+                "constants": {k: str(v) for k, v in r.constants().items()},
+                "divisible_by_16": r.divisible_by_16(),
+            }
+            for r, h in zip(ours, theirs, strict=True)
+        ]
+    x = torch.empty(1024, 64, dtype=torch.bfloat16)
+    for name, flags in (("clean", (False, False)), ("worse", (True, True))):
+        request = specialize.request_for_call(
+            _variant_fwd, x, x, x, x, 64, 1024, 0.18, 64, 128, 64, *flags, num_warps=4, num_stages=2
+        )
+        p = loops.loop_profile(request)
+        assert p is not None
+        out[name] = {"instructions": p.instructions, "counts": p.counts, "mma": p.mma}
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess, Path]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    dump = tmp_path_factory.mktemp("dump")
+    code = f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_triton_loops as t; "
+    code += "print(json.dumps(t.probe()))"
+    probe_run = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    cli = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--arch", "sm90", "--kernel", "forward"]
+    cli += ["--dtype", "bfloat16", "--head-dim", "16", "--loops", "--dump", str(dump)]
+    cli_run = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=600)
+    out, err = probe_run.communicate(timeout=600)
+    assert probe_run.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1]), cli_run, dump
+
+
+CANNED = """
+        Function : toy
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   ISETP.GE.AND P0, PT, R2, 0x1, PT ;
+        /*0020*/                   IMAD.MOV.U32 R3, RZ, RZ, RZ ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R4], desc[UR4][R6.64] ;
+        /*0040*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT ;
+        /*0050*/                   HGMMA.64x64x16.F32.BF16 R88, R152, gdesc[UR16].tnspB, R88, gsb0 ;
+        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0070*/                   FFMA R5, R24, R0, -R6 ;
+        /*0080*/                   MUFU.EX2 R5, R5 ;
+        /*0090*/                   FMUL R7, R5, R8 ;
+        /*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00b0*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*00c0*/               @P0 BRA 0x30 ;
+        /*00d0*/                   LDL R9, [R1] ;
+        /*00e0*/                   FADD R9, R9, 1 ;
+        /*00f0*/               @P1 BRA 0xd0 ;
+        /*0100*/                   EXIT ;
+        /*0110*/                   BRA 0x110;
+"""
+
+
+def test_sass_reader_finds_the_loop_with_the_matmuls_and_counts_it_by_kind() -> None:
+    instructions = sass.parse(CANNED)
+    assert len(instructions) == 18 and instructions[12].predicate == "@P0"
+    assert [(lp.start, lp.end) for lp in sass.loops(instructions)] == [(0x30, 0xC0), (0xD0, 0xF0)]
+    (hot,) = sass.hot_loops(instructions)  # the second loop holds no matmul; the final BRA is no loop
+    counts = sass.count_kinds(hot.body)
+    assert len(hot.body) == 10
+    assert counts["mma"] == 2 and counts["mufu_ex2"] == 1 and counts["ffma"] == counts["fmul"] == 1
+    assert counts["ldgsts"] == 1 and counts["bar"] == 1 and counts["wgmma_wait"] == 1 and counts["int"] == 1
+    assert counts["control"] == 1 and counts["local"] == 0
+    assert sass.mma_shapes(hot.body) == {"HGMMA.64x128x16": 1, "HGMMA.64x64x16": 1}
+
+
+def test_model_charges_issue_slots_exponentials_and_tensor_cores_per_program() -> None:
+    p = loops.profile_sass(CANNED, num_warps=8, arch="sm90")
+    assert p is not None
+    assert p.instructions == 10 and p.loop_sizes == (10,)
+    assert p.issue_cycles == 8 * 10 / 4
+    assert p.mufu_cycles == 8 * 32 / 16
+    # two warpgroups; 64x128x16 reads A and B from shared memory (6 KB / 128 B < 64 math cycles),
+    # 64x64x16 reads B only (2 KB / 128 B = 16 < 32 math cycles)
+    assert p.tensor_cycles == 2 * (64 + 32)
+    assert p.mma_fmas == 2 * (64 * 128 * 16 + 64 * 64 * 16)
+    assert p.cycles == p.tensor_cycles + max(p.issue_cycles, p.mufu_cycles)
+    # fp16 inputs carry no type suffix
+    thin = "/*0000*/ HGMMA.64x16x16.F32 R1, gdesc[UR4], R1 ;\n/*0010*/ @P0 BRA 0x0 ;"
+    thin_profile = loops.profile_sass(thin, num_warps=4)
+    assert thin_profile is not None and thin_profile.tensor_cycles == (64 * 16 + 16 * 16) * 2 / 128  # not 8
+
+
+@pytest.mark.parametrize("call", ["group=1 N=8192", "group=4 N=8192"])
+def test_compiled_specialisation_is_the_jits(compiled, call: str) -> None:
+    kernels = {k["name"]: k for k in compiled[0]["specialisations"][call]}
+    assert set(kernels) == {"_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+    assert all(k["same_as_jit"] for k in kernels.values()), kernels
+    for k in kernels.values():
+        unit_strides = [a for a in k["signature"] if a.startswith("stride_") and a.endswith("d")]
+        assert unit_strides and all(k["constants"][a] == "1" for a in unit_strides)
+        assert "N_q" in k["divisible_by_16"]
+    dkdv = kernels["_attn_bwd_dkdv"]
+    if call.startswith("group=1"):
+        assert dkdv["signature"]["GROUP"] == "constexpr" and dkdv["constants"]["GROUP"] == "1"
+    else:
+        assert dkdv["signature"]["GROUP"] == "i32" and "GROUP" not in dkdv["constants"]
+
+
+def test_sizes_not_divisible_by_16_get_no_divisibility_attribute(compiled) -> None:
+    kernels = {k["name"]: k for k in compiled[0]["specialisations"]["group=1 N=8190"]}
+    assert all(k["same_as_jit"] for k in kernels.values())
+    assert "N_q" not in kernels["_attn_fwd"]["divisible_by_16"]
+    assert "Q" in kernels["_attn_fwd"]["divisible_by_16"]  # the pointer still is
+
+
+def test_worse_variant_takes_more_instructions_per_iteration(compiled) -> None:
+    clean, worse = compiled[0]["clean"], compiled[0]["worse"]
+    assert clean["mma"] == worse["mma"] == {"HGMMA.64x64x16": 16}  # 2 row halves x (4 + 4) k-steps
+    assert worse["instructions"] > clean["instructions"], (clean, worse)
+    print(f"instructions per iteration: clean {clean['instructions']}, worse {worse['instructions']}")
+    assert worse["counts"]["fmul"] > clean["counts"]["fmul"]  # the scale on every score
+
+
+def test_loops_table_and_dumped_ptx_and_sass(compiled) -> None:
+    _, cli, dump = compiled
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    lines = cli.stdout.splitlines()
+    row = next(line.split() for line in lines if line.startswith("forward ") and "HGMMA." in line)
+    assert row[1] == "bfloat16" and int(row[2]) == 16 and int(row[6]) > 0  # instructions per iteration
+    assert any(line.startswith("# forward  bfloat16  D=16") and "TFLOP/s estimated" in line for line in lines)
+    stem = "forward_bf16_d16_128x64_w4_s3"
+    for suffix in ("", "_noncausal"):
+        assert ".version" in (dump / f"{stem}{suffix}.ptx").read_text()
+        assert "HGMMA" in (dump / f"{stem}{suffix}.sass").read_text()
+
+
+def test_dump_into_a_file_is_refused(tmp_path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    status = main(["kernels", "--kernel", "forward", "--head-dim", "16", "--dump", str(blocker)])
+    assert status == 2
+    assert f"--dump {blocker}" in capsys.readouterr().err
