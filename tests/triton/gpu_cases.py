@@ -85,8 +85,8 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TL, BR = "top_left", "bottom_right"
 C = GpuCase
 # One block per JIT specialisation (see the module docstring). Shapes: 129/33 bottom-right leaves 96 query
-# rows without a key (offset -96, a multiple of 16); 100/37 bottom-right leaves 63 (offset -63); 37/100
-# top-left leaves keys 37..99 unseen by any query.
+# rows without a key (offset -96, a multiple of 16), 300/44 leaves 256; 100/37 bottom-right leaves 63
+# (offset -63); 37/100 top-left leaves keys 37..99 unseen by any query.
 CASES: list[GpuCase] = [
     # bf16, head dim 64
     C(BF16, 64, 129, 129),
@@ -106,6 +106,7 @@ CASES: list[GpuCase] = [
     C(BF16, 128, 100, 37, causal=True),
     C(BF16, 128, 37, 100, causal=True, bnhd=True),
     C(BF16, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 128, 300, 44, causal=True, causal_align=BR),  # the first two query blocks of 128 see nothing
     C(BF16, 128, 100, 37, causal=True, causal_align=BR, dlse=True),
     C(BF16, 128, 37, 100, causal=True, causal_align=BR),
     C(BF16, 128, 129, 129, causal=True, group=4),
@@ -127,6 +128,7 @@ CASES: list[GpuCase] = [
     C(FP16, 64, 129, 129, causal=True),
     C(FP16, 64, 37, 100, causal=True, bnhd=True),
     C(FP16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(FP16, 64, 300, 44, causal=True, causal_align=BR, bnhd=True),
     C(FP16, 64, 129, 129, causal=True, group=4),
     C(FP16, 64, 129, 33, causal=True, causal_align=BR, group=4),
     C(FP16, 64, 17, 17, causal=True, H_kv=1, group=4),
