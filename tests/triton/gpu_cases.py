@@ -22,14 +22,15 @@ Accuracy, against float64 attention of the same (rounded) inputs:
   in fp32, whereas plain PyTorch rounds every score to 16 bits, which would let a bias of 1e-3 pass.
 - fp32: the kernels' dots are "tf32x3" (three TF32 products, each operand split into a high and a low TF32
   part; the dropped low x low term costs about 2^-21 relative per product, eight times fp32's rounding), so
-  ``err <= FP32_TOL * max(1, |ref|)``; a single-pass TF32 dot (2^-11) would miss it by an order of magnitude.
+  ``err <= FP32_TOL * max(1, |ref|)``; inputs rounded to TF32 (as a single-pass TF32 dot, 2^-11) exceed
+  it about fourfold at head dim 64.
 
 Compile budget. Triton compiles each kernel once per specialisation: constexprs (dtype, head dim, tile,
 causal), and, per integer argument, whether it equals 1 (then it becomes a constant) or is divisible by 16
-(likewise per pointer). The cases are grouped so that several share one specialisation, each group below
-being one: N = 17 and N = 129 fall in the same class (neither 1 nor a multiple of 16); a ``(B, N, H, D)``
-view has the same stride classes as a contiguous tensor when D % 16 == 0; a bottom-right diagonal offset
-``N_k - N_q`` that is a multiple of 16 shares the top-left one's (0). Recorded from the launches these
+(likewise per pointer). The cases are chosen so that several share one specialisation: N = 17, 37, 100,
+129 and 300 fall in the same class (neither 1 nor a multiple of 16); a ``(B, N, H, D)`` view has the same
+stride classes as a contiguous tensor when D % 16 == 0; a bottom-right diagonal offset ``N_k - N_q`` that
+is a multiple of 16 shares the top-left one's (0). Recorded from the launches these
 checks make (with the launch signature of this writing): 28 forward, 31 dK/dV, 28 dQ and 20 preprocess
 specialisations, 107 compilations in all; at about 0.8 s each on an H200 (the previous suite's 12 groups of
 four took 3 s a group) the whole run takes about 100 s.
@@ -84,9 +85,10 @@ class GpuCase:
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TL, BR = "top_left", "bottom_right"
 C = GpuCase
-# One block per JIT specialisation (see the module docstring). Shapes: 129/33 bottom-right leaves 96 query
-# rows without a key (offset -96, a multiple of 16), 300/44 leaves 256; 100/37 bottom-right leaves 63
-# (offset -63); 37/100 top-left leaves keys 37..99 unseen by any query.
+# Within a block (dtype, head dim), cases with the same causal flag, GQA or not, and offset class (a
+# multiple of 16 or not) share one JIT specialisation (see the module docstring). Shapes: 129/33
+# bottom-right leaves 96 query rows without a key (offset -96, a multiple of 16), 300/44 leaves 256;
+# 100/37 bottom-right leaves 63 (offset -63); 37/100 top-left leaves keys 37..99 unseen by any query.
 CASES: list[GpuCase] = [
     # bf16, head dim 64
     C(BF16, 64, 129, 129),
