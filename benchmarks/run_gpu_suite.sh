@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: the GPU tests, then a trimmed benchmark (bf16, head dims 64 and 128, causal
-# and not, N = 2k and 8k), within about 6 minutes on an H200. Everything goes under $OUT when it is set,
-# else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
-# Needs only python3 with torch and triton: no network, no pip install.
-# pytest, hypothesis and matplotlib are used when present and skipped with a message when not.
-# Without CUDA it says so, prints the IO model and the benchmark grid's modelled traffic, and exits 0.
+# One command for a GPU machine: the GPU tests, a trimmed benchmark (bf16, head dims 64 and 128, causal and
+# not, N = 2k and 8k), then the loop-profile estimate of the same kernels next to the measured numbers, within
+# 6 minutes on an H200 (each part's timeout is capped by what is left of SUITE_SECONDS, default 350). Outputs,
+# kept few: iomodel.txt, gpu-tests.{log,xml} (or gpu-checks.log), bench.log, bench/, loops.txt, under $OUT when
+# it is set, else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
+# Needs only python3 with torch and triton: no network, no pip install. Triton compiles each kernel once per
+# machine (its cache is shared by the tests, the benchmark and the loop profile's runs).
+# pytest, hypothesis and matplotlib are used when present; without pytest the same GPU checks run through
+# benchmarks/gpu_checks.py. Without CUDA it says so, prints the IO model and the benchmark grid's modelled
+# traffic, and exits 0.
 #
 #   bash benchmarks/run_gpu_suite.sh
-#   OUT=/some/dir PYTHON=python3 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=180 bash benchmarks/run_gpu_suite.sh
+#   OUT=/some/dir PYTHON=python3 SUITE_SECONDS=350 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=150 bash benchmarks/run_gpu_suite.sh
 #
 # Exit status: 0 when every part that ran succeeded; 1 if the GPU tests failed; 2 if the benchmark failed.
 set -u
@@ -22,6 +26,11 @@ if ! "$PY" -c "import flashattn_teach" 2>/dev/null; then
     echo "flashattn_teach is not installed: using PYTHONPATH=$PYTHONPATH"
 fi
 has() { "$PY" -c "import $1" 2>/dev/null; }
+# seconds for a part: its own limit, or what is left of the suite's, whichever is smaller (at least 10)
+budget() {
+    local left=$(( ${SUITE_SECONDS:-350} - SECONDS ))
+    [ "$left" -lt "$1" ] && echo $(( left > 10 ? left : 10 )) || echo "$1"
+}
 
 echo "== IO model (N = 8192, d = 128, 228 KiB on chip)"
 "$PY" - <<'EOF' | tee "$OUT_DIR/iomodel.txt"
@@ -38,10 +47,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit 0
 fi
 
-echo "== GPU tests (pytest -m gpu tests/)"
-if ! has pytest; then
-    echo "pytest is not installed: GPU tests skipped"
-else
+if has pytest; then
+    echo "== GPU tests (pytest -m gpu tests/)"
     extra=()
     if ! has hypothesis; then
         # tests/conftest.py and the property-test modules import hypothesis: run without the conftest and
@@ -49,27 +56,47 @@ else
         echo "hypothesis is not installed: running without tests/conftest.py; modules that need it are not collected"
         extra=(--noconftest --continue-on-collection-errors)
     fi
-    timeout "${GPU_TESTS_TIMEOUT:-170}" "$PY" -m pytest -m gpu tests/ -q -p no:cacheprovider "${extra[@]}" \
+    timeout "$(budget "${GPU_TESTS_TIMEOUT:-170}")" "$PY" -m pytest -m gpu tests/ -q -p no:cacheprovider "${extra[@]}" \
         --junitxml="$OUT_DIR/gpu-tests.xml" 2>&1 | tee "$OUT_DIR/gpu-tests.log"
     rc=${PIPESTATUS[0]}
     # pytest: 5 means no test was selected; 124 is timeout's.
     if [ ${#extra[@]} -gt 0 ] && [ "$rc" -ne 124 ]; then
         tail -n 1 "$OUT_DIR/gpu-tests.log" | grep -q " failed" && rc=1 || rc=0
     fi
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
-        echo "GPU tests: FAILED (exit $rc)"
-        status=1
-    fi
+    [ "$rc" -eq 5 ] && rc=0
+    tests_log="$OUT_DIR/gpu-tests.log"
+else
+    echo "== GPU checks (pytest is not installed: benchmarks/gpu_checks.py runs the same cases)"
+    timeout "$(budget "${GPU_TESTS_TIMEOUT:-170}")" "$PY" benchmarks/gpu_checks.py 2>&1 | tee "$OUT_DIR/gpu-checks.log"
+    rc=${PIPESTATUS[0]}
+    tests_log="$OUT_DIR/gpu-checks.log"
+fi
+if [ "$rc" -ne 0 ]; then
+    echo "GPU tests: FAILED (exit $rc; 124 is a timeout)"
+    status=1
 fi
 
 echo "== Trimmed GPU benchmark"
 has matplotlib || echo "matplotlib is not installed: no plots"
-timeout "${BENCH_TIMEOUT:-180}" "$PY" benchmarks/bench_attention.py --trimmed --warmup 10 --rep 50 \
+timeout "$(budget "${BENCH_TIMEOUT:-150}")" "$PY" benchmarks/bench_attention.py --trimmed --warmup 10 --rep 50 \
     --out "$OUT_DIR/bench" 2>&1 | tee "$OUT_DIR/bench.log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ]; then
     echo "benchmark: FAILED (exit $rc; rows of finished cells are in $OUT_DIR/bench/attention.csv)"
     [ "$status" -eq 0 ] && status=2
 fi
-[ -f "$OUT_DIR/gpu-tests.log" ] && echo "GPU tests: $(tail -n 1 "$OUT_DIR/gpu-tests.log")"
+
+# The loop profile's estimate of the benchmarked kernels, next to their measured TFLOP/s: what calibrates it.
+if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--loops"; then
+    echo "== Loop-profile estimate (flashattn-teach kernels --arch sm90 --loops)"
+    timeout "$(budget "${LOOPS_TIMEOUT:-90}")" "$PY" -m flashattn_teach.cli kernels --arch sm90 --loops \
+        --dtype bfloat16 --head-dim 64 128 >"$OUT_DIR/loops.txt" 2>&1
+    rc=$?
+    tail -n 40 "$OUT_DIR/loops.txt"
+    [ "$rc" -ne 0 ] && echo "loop profile: exit $rc (not counted as a failure; see $OUT_DIR/loops.txt)"
+else
+    echo "== Loop profile: this checkout's 'flashattn-teach kernels' has no --loops; skipped"
+fi
+echo "GPU tests: $(tail -n 1 "$tests_log")"
+echo "suite: ${SECONDS} s"
 exit "$status"

@@ -1,0 +1,317 @@
+"""The GPU checks of the Triton kernels with the shipped configurations: cases as data, checks as functions.
+
+Each ``check_*`` function raises AssertionError on a wrong answer and nothing here imports pytest, so
+``tests/triton/test_triton_gpu.py`` (under pytest) and ``benchmarks/gpu_checks.py`` (a bare GPU machine,
+without it) run the same cases. Nothing touches CUDA at import time.
+
+Every case calls ``triton_attention(...)`` without ``config``, so on CUDA it runs the configuration users
+get (``configs.shipped_config`` of its head dim, dtype and GPU generation). The cases cover:
+
+- ``N_q != N_k`` in both causal alignments, with query rows that see no key (``O = 0``, ``lse = -inf``,
+  ``dq = 0``, nothing NaN) and key columns no query sees (``dk = dv = 0``);
+- GQA 4:1 and MQA (``H_kv = 1``) values and gradients, with ``enable_gqa=True``;
+- ``(B, N, H, D)`` storage passed as its ``transpose(1, 2)`` view;
+- head dims 40, 64, 80, 96, 128 and 256 in fp16 and bf16, forward and backward;
+- N in {1, 17, 129, 4096}; ``lse`` and a gradient into it; fp32 up to head dim 128.
+
+Accuracy, against float64 attention of the same (rounded) inputs:
+
+- fp16, bf16: flash-attn's rule, ``err(ours) <= 2 err(plain PyTorch in the same dtype) + 1e-4 max(1, |ref|)``
+  for O, lse, dq, dk and dv, where ``err`` is the largest absolute error over the finite entries. lse is
+  also held to the fp32 bound below: the kernels sum exact products of 16-bit inputs in fp32 and keep lse
+  in fp32, whereas plain PyTorch rounds every score to 16 bits, which would let a bias of 1e-3 pass.
+- fp32: the kernels' dots are "tf32x3" (three TF32 products, each operand split into a high and a low TF32
+  part; the dropped low x low term costs about 2^-21 relative per product, eight times fp32's rounding), so
+  ``err <= FP32_TOL * max(1, |ref|)``; inputs rounded to TF32 (as a single-pass TF32 dot, 2^-11) exceed
+  it about fourfold at head dim 64.
+
+Compile budget. Triton compiles each kernel once per specialisation: constexprs (dtype, head dim, tile,
+causal), and, per integer argument, whether it equals 1 (then it becomes a constant) or is divisible by 16
+(likewise per pointer). The cases are chosen so that several share one specialisation: N = 17, 37, 100,
+129 and 300 fall in the same class (neither 1 nor a multiple of 16); a ``(B, N, H, D)`` view has the same
+stride classes as a contiguous tensor when D % 16 == 0; a bottom-right diagonal offset ``N_k - N_q`` that
+is a multiple of 16 shares the top-left one's (0). Recorded from the launches these
+checks make (with the launch signature of this writing): 28 forward, 31 dK/dV, 28 dQ and 20 preprocess
+specialisations, 107 compilations in all; at about 0.8 s each on an H200 (the previous suite's 12 groups of
+four took 3 s a group) the whole run takes about 100 s.
+``benchmarks/gpu_checks.py`` prints the count a real run compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flashattn_teach.causal import causal_mask
+from flashattn_teach.reference import dense_attention
+from flashattn_teach.triton import triton_attention
+
+OUTPUTS = ("O", "lse", "dq", "dk", "dv")
+# Largest error allowed for fp32 inputs, relative to max(1, max |ref|); see the module docstring.
+FP32_TOL = {"O": 1e-4, "lse": 1e-4, "dq": 3e-4, "dk": 3e-4, "dv": 3e-4}
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class GpuCase:
+    """One call of ``triton_attention`` and its backward, judged against float64 attention."""
+
+    dtype: torch.dtype
+    D: int
+    N_q: int
+    N_k: int
+    causal: bool = False
+    causal_align: str = "top_left"
+    H_kv: int = 2
+    group: int = 1  # query heads per key/value head
+    B: int = 1
+    bnhd: bool = False  # inputs stored (B, N, H, D) and passed as their transpose(1, 2) views
+    dlse: bool = False  # the loss also depends on lse
+
+    @property
+    def H_q(self) -> int:
+        return self.H_kv * self.group
+
+    @property
+    def name(self) -> str:
+        mask = f"causal_{'tl' if self.causal_align == 'top_left' else 'br'}" if self.causal else "full"
+        parts = [DTYPE_NAMES[self.dtype], f"d{self.D}", mask, f"q{self.N_q}k{self.N_k}", f"h{self.H_q}:{self.H_kv}"]
+        return "-".join(parts + ["bnhd"] * self.bnhd + ["dlse"] * self.dlse)
+
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+TL, BR = "top_left", "bottom_right"
+C = GpuCase
+# Within a block (dtype, head dim), cases with the same causal flag, GQA or not, and offset class (a
+# multiple of 16 or not) share one JIT specialisation (see the module docstring). Shapes: 129/33
+# bottom-right leaves 96 query rows without a key (offset -96, a multiple of 16), 300/44 leaves 256;
+# 100/37 bottom-right leaves 63 (offset -63); 37/100 top-left leaves keys 37..99 unseen by any query.
+CASES: list[GpuCase] = [
+    # bf16, head dim 64
+    C(BF16, 64, 129, 129),
+    C(BF16, 64, 100, 37, bnhd=True, dlse=True),
+    C(BF16, 64, 17, 17, causal=True),
+    C(BF16, 64, 100, 37, causal=True),
+    C(BF16, 64, 37, 100, causal=True, bnhd=True),
+    C(BF16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 64, 33, 129, causal=True, causal_align=BR),
+    C(BF16, 64, 129, 129, causal=True, group=4),
+    C(BF16, 64, 129, 33, causal=True, causal_align=BR, group=4, bnhd=True),
+    C(BF16, 64, 129, 129, causal=True, H_kv=1, group=4),  # MQA: one more dK/dV specialisation (H_kv = 1)
+    # bf16, head dim 128
+    C(BF16, 128, 129, 129),
+    C(BF16, 128, 100, 37, bnhd=True, dlse=True),
+    C(BF16, 128, 17, 17, causal=True),
+    C(BF16, 128, 100, 37, causal=True),
+    C(BF16, 128, 37, 100, causal=True, bnhd=True),
+    C(BF16, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 128, 300, 44, causal=True, causal_align=BR),  # the first two query blocks of 128 see nothing
+    C(BF16, 128, 100, 37, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 128, 37, 100, causal=True, causal_align=BR),
+    C(BF16, 128, 129, 129, causal=True, group=4),
+    C(BF16, 128, 129, 33, causal=True, causal_align=BR, group=4),
+    C(BF16, 128, 129, 129, causal=True, H_kv=1, group=4),
+    # bf16, the other head dims: causal bottom-right with empty rows
+    C(BF16, 40, 100, 37, causal=True, causal_align=BR),
+    C(BF16, 80, 100, 37, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 80, 37, 100, causal=True, causal_align=BR, bnhd=True),
+    C(BF16, 96, 100, 37, causal=True, causal_align=BR, bnhd=True),
+    C(BF16, 96, 37, 100, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 256, 100, 37, causal=True, causal_align=BR, dlse=True),
+    C(BF16, 256, 37, 100, causal=True, causal_align=BR, bnhd=True),
+    # bf16, long and single-query (a decode step against a key/value cache, in both alignments)
+    C(BF16, 128, 4096, 4096, causal=True, dlse=True),
+    C(BF16, 128, 1, 129, causal=True, causal_align=BR),
+    C(BF16, 128, 1, 129, causal=True),
+    # fp16, head dim 64
+    C(FP16, 64, 129, 129, causal=True),
+    C(FP16, 64, 37, 100, causal=True, bnhd=True),
+    C(FP16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(FP16, 64, 300, 44, causal=True, causal_align=BR, bnhd=True),
+    C(FP16, 64, 129, 129, causal=True, group=4),
+    C(FP16, 64, 129, 33, causal=True, causal_align=BR, group=4),
+    C(FP16, 64, 17, 17, causal=True, H_kv=1, group=4),
+    # fp16, head dim 128
+    C(FP16, 128, 17, 17, causal=True),
+    C(FP16, 128, 100, 37, causal=True),
+    C(FP16, 128, 129, 33, causal=True, causal_align=BR, bnhd=True, dlse=True),
+    C(FP16, 128, 100, 37, causal=True, causal_align=BR, dlse=True),
+    C(FP16, 128, 37, 100, causal=True, causal_align=BR),
+    C(FP16, 128, 129, 129, group=4),
+    C(FP16, 128, 100, 37, group=4, bnhd=True),
+    # fp16, the other head dims: not causal
+    C(FP16, 40, 100, 37),
+    C(FP16, 80, 129, 129),
+    C(FP16, 80, 100, 37, bnhd=True, dlse=True),
+    C(FP16, 96, 129, 129, dlse=True),
+    C(FP16, 96, 100, 37, bnhd=True),
+    C(FP16, 256, 129, 129),
+    C(FP16, 256, 100, 37, bnhd=True, dlse=True),
+    # fp16, long and single-query
+    C(FP16, 64, 4096, 4096, causal=True),
+    C(FP16, 64, 1, 1),
+    # fp32
+    C(FP32, 64, 129, 129, causal=True, group=4),
+    C(FP32, 64, 129, 33, causal=True, causal_align=BR, group=4, dlse=True),
+    C(FP32, 40, 100, 37, causal=True, causal_align=BR),
+    C(FP32, 80, 100, 37, bnhd=True, dlse=True),
+    C(FP32, 80, 17, 17),
+    C(FP32, 128, 17, 17, causal=True),
+    C(FP32, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
+    C(FP32, 128, 37, 100, causal=True, bnhd=True),
+]
+del C
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, causal_align: str) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` by the definition with every op in the inputs' dtype, as plain PyTorch computes it.
+
+    GQA repeats each key/value head over its group; a row that sees no key gets ``O = 0``, ``lse = -inf``
+    (softmax over only ``-inf`` would be NaN).
+    """
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    S = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, N_q, D) @ (B, H, D, N_k)
+    if causal:
+        S = S.masked_fill(~causal_mask(q.shape[2], k.shape[2], causal_align, device=q.device), float("-inf"))
+    empty = torch.isneginf(S).all(dim=-1, keepdim=True)  # (B, H, N_q, 1)
+    S = S.masked_fill(empty, 0.0)
+    P = torch.softmax(S, dim=-1).masked_fill(empty, 0.0)
+    lse = torch.logsumexp(S, dim=-1).masked_fill(empty.squeeze(-1), float("-inf"))
+    return torch.matmul(P, v), lse  # (B, H, N_q, N_k) @ (B, H, N_k, D) -> (B, H, N_q, D)
+
+
+Attention = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+def forward_backward(attention: Attention, q: Tensor, k: Tensor, v: Tensor, dO: Tensor, dlse: Tensor | None):
+    """``{O, lse, dq, dk, dv}`` of ``loss = sum(O * dO) + sum(lse * dlse)``, ``lse = -inf`` entries left out."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    O, lse = attention(q, k, v)
+    loss = (O.double() * dO.double()).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isneginf(lse), 0.0, lse).double() * dlse.double()).sum()
+    loss.backward()
+    return {"O": O.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def make_inputs(c: GpuCase, device: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """``q, k, v`` (views of ``(B, N, H, D)`` storage if ``c.bnhd``), ``dO`` and ``dlse`` in ``c.dtype``."""
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(H: int, N: int, X: int) -> Tensor:
+        if c.bnhd:  # (B, N, H, X) -> (B, H, N, X) view; strides (N H X, X, H X, 1)
+            return torch.randn(c.B, N, H, X, generator=g, device=device).to(c.dtype).transpose(1, 2)
+        return torch.randn(c.B, H, N, X, generator=g, device=device).to(c.dtype)
+
+    q, dO = randn(c.H_q, c.N_q, c.D), randn(c.H_q, c.N_q, c.D)
+    k, v = randn(c.H_kv, c.N_k, c.D), randn(c.H_kv, c.N_k, c.D)
+    dlse = torch.randn(c.B, c.H_q, c.N_q, generator=g, device=device).to(c.dtype) if c.dlse else None
+    return q, k, v, dO.contiguous(), dlse
+
+
+def max_error(got: Tensor, ref: Tensor) -> float:
+    """Largest ``|got - ref|`` over the entries where ``ref`` is finite."""
+    finite = torch.isfinite(ref)
+    return (got.double() - ref)[finite].abs().max().item() if finite.any() else 0.0
+
+
+def scale_of(ref: Tensor) -> float:
+    """``max(1, max |ref|)`` over the finite entries: what a relative error bound is relative to."""
+    return max(1.0, max_error(torch.zeros_like(ref), ref))
+
+
+def check_nothing_seen_gives_zeros(c: GpuCase, ours: dict[str, Tensor]) -> None:
+    """Rows that see no key: O = 0, lse = -inf, dq = 0; keys no row sees: dk = dv = 0; no NaN anywhere."""
+    seen = torch.ones(c.N_q, c.N_k, dtype=torch.bool)  # (N_q, N_k): which keys each query row sees
+    if c.causal:
+        seen = causal_mask(c.N_q, c.N_k, c.causal_align)
+    seen = seen.to(ours["O"].device)
+    rows, keys = ~seen.any(dim=1), ~seen.any(dim=0)  # (N_q,) rows without a key, (N_k,) keys without a row
+    for name in OUTPUTS:
+        assert not torch.isnan(ours[name]).any(), f"{name}: NaN"
+    assert torch.equal(torch.isneginf(ours["lse"]), rows.expand_as(ours["lse"])), "lse: -inf exactly at empty rows"
+    assert torch.isfinite(ours["lse"][..., ~rows]).all(), "lse: inf at a row that sees keys"
+    for name in ("dq", "dk", "dv"):
+        assert torch.isfinite(ours[name]).all(), f"{name}: not finite"
+    assert (ours["O"][:, :, rows] == 0).all(), "O: not 0 at rows that see no key"
+    assert (ours["dq"][:, :, rows] == 0).all(), "dq: not 0 at rows that see no key"
+    assert (ours["dk"][:, :, keys] == 0).all(), "dk: not 0 at keys no query sees"
+    assert (ours["dv"][:, :, keys] == 0).all(), "dv: not 0 at keys no query sees"
+
+
+def check_case(c: GpuCase, device: str = "cuda") -> None:
+    """The shipped kernels' O, lse and gradients against float64 attention, by the rule for ``c.dtype``."""
+    q, k, v, dO, dlse = make_inputs(c, device)
+    opts = {"causal": c.causal, "causal_align": c.causal_align, "enable_gqa": c.group > 1, "return_lse": True}
+    ours = forward_backward(lambda q, k, v: triton_attention(q, k, v, **opts), q, k, v, dO, dlse)
+    ref = forward_backward(
+        lambda q, k, v: dense_attention(q, k, v, **opts),
+        *(t.double() for t in (q, k, v, dO)),
+        None if dlse is None else dlse.double(),
+    )
+    for name, t in ours.items():
+        want = (torch.float32 if name == "lse" else c.dtype, ref[name].shape)
+        assert (t.dtype, t.shape) == want, f"{name}: {t.dtype} {tuple(t.shape)}, expected {want}"
+    check_nothing_seen_gives_zeros(c, ours)
+    if c.dtype == torch.float32:
+        for name in OUTPUTS:
+            err, scale = max_error(ours[name], ref[name]), scale_of(ref[name])
+            assert err <= FP32_TOL[name] * scale, f"{name}: error {err:.3g} > {FP32_TOL[name]:g} x {scale:.3g}"
+        return
+    plain = forward_backward(
+        lambda q, k, v: plain_attention(q, k, v, causal=c.causal, causal_align=c.causal_align), q, k, v, dO, dlse
+    )
+    for name in OUTPUTS:
+        err, err_pt = max_error(ours[name], ref[name]), max_error(plain[name], ref[name])
+        floor = 1e-4 * scale_of(ref[name])
+        assert err <= 2 * err_pt + floor, f"{name}: error {err:.3g} > 2 x plain PyTorch's {err_pt:.3g} + {floor:.2g}"
+    err, scale = max_error(ours["lse"], ref["lse"]), scale_of(ref["lse"])
+    assert err <= FP32_TOL["lse"] * scale, f"lse: error {err:.3g} > {FP32_TOL['lse']:g} x {scale:.3g}"
+
+
+def check_backward_is_bitwise_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
+    """Two backward passes of the same GQA causal call give identical bits (no atomics in the kernels)."""
+    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
+    q, k, v, dO, _ = make_inputs(c, device)
+
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        out = triton_attention(q, k, v, causal=True, enable_gqa=True, return_lse=True)
+        assert isinstance(out, tuple)
+        return out
+
+    first, second = (forward_backward(attention, q, k, v, dO, None) for _ in range(2))
+    for name in OUTPUTS:
+        assert torch.equal(first[name], second[name]), f"{name}: differs between two identical calls"
+
+
+def check_peak_memory_grows_linearly(device: str = "cuda") -> None:
+    """Doubling N at most about doubles the peak memory of a forward and backward (quadratic would be 4x)."""
+    peaks = []
+    for N in (2048, 4096, 8192):
+        q, k, v, dO = (torch.randn(1, 8, N, 64, device=device, dtype=torch.float16) for _ in range(4))
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        triton_attention(q, k, v, causal=True).backward(dO)
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device) - base)
+        del q, k, v, dO
+    assert peaks[2] / peaks[1] < 2.5 and peaks[1] / peaks[0] < 2.5, f"peak bytes for N = 2k, 4k, 8k: {peaks}"
+
+
+DETERMINISM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def all_checks(device: str = "cuda") -> list[tuple[str, Callable[[], None]]]:
+    """Every check as ``(name, run)``, in the order a runner should take them."""
+    checks: list[tuple[str, Callable[[], None]]] = [(c.name, lambda c=c: check_case(c, device)) for c in CASES]
+    for dt in DETERMINISM_DTYPES:
+        name = f"deterministic-{DTYPE_NAMES[dt]}"
+        checks.append((name, lambda dt=dt: check_backward_is_bitwise_deterministic(dt, device)))
+    checks.append(("peak-memory-linear", lambda: check_peak_memory_grows_linearly(device)))
+    return checks
