@@ -76,10 +76,8 @@ K = KernelConfig
 # One row per padded head dim; None where a kernel does not ship because no tile fits in registers
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
-# the MMA's input type. Every backward row was compiled with triton 3.9 and 3.6, with GROUP both a
-# runtime integer and the constant 1 that the JIT makes of it, without spills; the dK/dV tile is a
-# multiple of the warpgroup MMA's 64 rows where registers allow (at hd128 64 x 128 spills with triton
-# 3.9, so 32 x 128).
+# the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
+# (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128).
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 64, 4, 3)),
@@ -92,7 +90,7 @@ _SM80_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
-    128: (K(128, 64, 8, 2), K(64, 64, 8, 2), K(64, 64, 8, 2)),
+    128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
     256: (K(64, 64, 8, 2), None, None),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers: head dims <= 64.
