@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _triton_cases import DEVICE, REL_TOL, Case, assert_close_scaled, cases
+from _triton_cases import DEVICE, ON_GPU, REL_TOL, Case, assert_close_scaled, cases
 from hypothesis import given, settings
 
 from flashattn_teach.errors import AttentionValueError
@@ -193,3 +193,90 @@ def test_a_config_without_backward_kernels_is_refused_when_gradients_are_asked()
     with torch.no_grad():  # no gradient asked for: the forward-only configuration runs
         O = triton_attention(q, k, v, config=forward_only)
     torch.testing.assert_close(O, dense_attention(q, k, v).detach(), atol=1e-4, rtol=1e-4)
+
+
+def test_gqa_causal_flat_loop_sums_every_query_head_of_a_group() -> None:
+    # dK/dV walks (query head, query block) pairs in one loop: ragged N_q, the diagonal and full stages,
+    # three query heads per key head and two key heads, against the same computation with K, V repeated
+    c = Case(
+        B=1,
+        H_kv=2,
+        group=3,
+        N_q=45,
+        N_k=38,
+        D=16,
+        D_v=16,
+        causal=True,
+        causal_align="bottom_right",
+        dtype=torch.float32,
+        config=AttentionConfig.uniform(16, 16),
+    )
+    q, k, v = c.tensors()
+    dO = torch.randn(1, 6, 45, 16).to(DEVICE)
+    dq, dk, dv = grads(c, q, k, v, dO)
+    c6 = Case(**{**c.__dict__, "H_kv": 6, "group": 1})
+    dq6, dk6, dv6 = grads(c6, q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), dO)
+    assert_close_scaled(dq, dq6, 1e-5, "dq")
+    assert_close_scaled(dk, dk6.unflatten(1, (2, 3)).sum(2), 1e-5, "dk")
+    assert_close_scaled(dv, dv6.unflatten(1, (2, 3)).sum(2), 1e-5, "dv")
+
+
+def test_one_dimensional_grid_covers_every_batch_head_and_block() -> None:
+    # n_blocks * B * H programs, the block index fastest: an error in the (block, batch, head) decoding
+    # writes some gradient block twice and leaves another empty
+    check_backward(
+        Case(
+            B=2,
+            H_kv=3,
+            group=1,
+            N_q=50,
+            N_k=35,
+            D=16,
+            D_v=16,
+            causal=False,
+            causal_align="top_left",
+            dtype=torch.float32,
+            config=AttentionConfig.uniform(16, 16),
+        )
+    )
+
+
+def _lazy_rows(n_rows: int, stride_n: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """A ``(1, 1, n_rows, width)`` view whose rows lie ``stride_n`` elements apart in one untouched
+    allocation: only the pages it writes are ever backed by memory."""
+    storage = torch.empty((n_rows - 1) * stride_n + width, dtype=dtype)
+    return storage.as_strided((1, 1, n_rows, width), (0, 0, stride_n, 1))
+
+
+@pytest.mark.skipif(ON_GPU, reason="a multi-gigabyte view; the interpreter reads it in place")
+def test_block_offsets_past_2_31_elements_are_64_bit() -> None:
+    # Rows 2^24 elements apart: query and key block bases beyond row 128 lie past 2^31 elements, while
+    # offsets inside a 32-row tile stay below it. 32-bit block offsets would read and write wrong rows.
+    from flashattn_teach import _validate
+    from flashattn_teach.triton import launch
+
+    N, D, stride = 136, 16, 2**24
+    g = torch.Generator().manual_seed(0)
+    small = [torch.randn(1, 1, N, D, generator=g).half() for _ in range(4)]
+    q, k = _lazy_rows(N, stride, D, torch.float16), _lazy_rows(N, stride, D, torch.float16)
+    q.copy_(small[0])
+    k.copy_(small[1])
+    v, dO = small[2], small[3]
+    q64, k64, v64 = (t.double().requires_grad_() for t in (small[0], small[1], v))
+    O, lse = dense_attention(q64, k64, v64, causal=True, return_lse=True)
+    want = torch.autograd.grad(O, (q64, k64, v64), dO.double())
+    s = _validate.validate_inputs(q, k, v)
+    got = launch.backward(
+        q, k, v, O.detach().half(), lse.detach().float(), dO, None, s,
+        causal=True, causal_align="top_left", config=AttentionConfig.uniform(32, 32),
+    )  # fmt: skip
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert_close_scaled(a, b, 2 * REL_TOL[torch.float16], name)
+
+
+def test_a_tile_whose_offsets_pass_2_31_is_refused() -> None:
+    from flashattn_teach.triton import launch
+
+    q = _lazy_rows(2, 2**30, 16, torch.float16)
+    with pytest.raises(AttentionValueError, match=r"q \(1, 1, 2, 16\) .* 32 rows spans"):
+        launch.check_tile_offsets("backward_dq", 32, q=q)

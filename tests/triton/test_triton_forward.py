@@ -196,8 +196,11 @@ def test_a_head_longer_than_2_to_the_31_elements_is_addressed_in_64_bit() -> Non
 
 
 def test_a_tile_spanning_2_to_the_31_elements_is_refused_by_name() -> None:
-    store = torch.empty(2**27 + 2, dtype=torch.float16)  # 256 MiB of virtual memory, untouched
-    k = store.as_strided((1, 1, 2, 2), (0, 0, 2**27, 1))  # rows 2^27 apart: one 16-row tile spans 2^31
+    store = torch.empty(2**28 + 2, dtype=torch.float16)  # 512 MiB of virtual memory, untouched
+    k = store.as_strided((1, 1, 2, 2), (0, 0, 2**28, 1))  # rows 2^28 apart: one 16-row tile spans 15 x 2^28
     q = torch.randn(1, 1, 4, 2, dtype=torch.float16)
-    with pytest.raises(AttentionValueError, match=r"strides .* too sparse .* one 16-row tile spans 2\^31"):
+    with pytest.raises(
+        AttentionValueError,
+        match=r"k \(1, 1, 2, 2\) with strides .*: a forward tile of 16 rows spans \d+ elements, beyond 32-bit",
+    ):
         triton_attention(q, k, k, config=AttentionConfig.uniform(16, 16))

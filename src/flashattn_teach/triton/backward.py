@@ -10,12 +10,18 @@ Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile 
     dQ_i    = scale * sum_j dS_ij K_j             _attn_bwd_dq: a program owns query block i
 
 Each output block is written by exactly one program, so there are no atomics and the result is bitwise
-the same on every run. With grouped-query attention the dK/dV program of a key/value head loops over
-its ``GROUP`` query heads too, summing their contributions in registers.
+the same on every run. With grouped-query attention the dK/dV program of a key/value head also visits
+its ``GROUP`` query heads, in one flat loop over (query head, query block) pairs: a nested head loop
+would keep the inner loop's pipeline state alive across heads and cost registers that the tile needs.
 
 As in the forward, exponentials run in base 2 (``qk_scale = scale * log2(e)``, ``lse2 = lse * log2(e)``),
 and causal masking splits each loop into stages that run with and without a mask. A query row that saw
 no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` is 0 rather than NaN.
+
+Grids are one-dimensional, ``n_blocks * B * H`` programs with the block index fastest, so programs of
+one head run side by side (their K/V or Q/dO tiles meet in L2) and no grid axis limit applies to B * H.
+Offsets are 64-bit where they can pass 2^31: each block's base pointer moves by the scalar
+``start * stride_n`` in int64, while offsets inside a tile stay int32 (the launcher checks they fit).
 """
 
 from __future__ import annotations
@@ -23,7 +29,44 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .forward import LOG2E, _causal_key_range, _load_tile, _load_tile_T, _store_tile
+from .forward import LOG2E, _causal_key_range
+
+
+@triton.jit
+def _load_block(
+    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
+):
+    """The ``(len(offs_r), BLOCK_D)`` tile at ``ptr`` (a block's first row): rows ``offs_r`` (from 0),
+    head-dim lanes ``offs_d``. Rows outside ``in_r`` and padded lanes ``>= D`` read 0, so they add nothing
+    to a dot product. ``ROWS_OK`` (constexpr): every row exists, so no mask is built unless D is padded."""
+    ptrs = ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d
+    if ROWS_OK:
+        if D == BLOCK_D:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+    return tl.load(ptrs, mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _load_block_T(
+    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
+):
+    """The transpose of :func:`_load_block`'s tile, ``(BLOCK_D, len(offs_r))``, read in that layout rather
+    than transposed on chip; same arguments, same zeros."""
+    ptrs = ptr + offs_r[None, :] * stride_r + offs_d[:, None] * stride_d
+    if ROWS_OK:
+        if D == BLOCK_D:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
+    return tl.load(ptrs, mask=in_r[None, :] & (offs_d[:, None] < D), other=0.0)
+
+
+@triton.jit
+def _store_block(ptr, tile, offs_r, offs_d, stride_r, stride_d, in_r, D):
+    """Write the entries of a :func:`_load_block`-shaped ``tile`` that lie in rows ``in_r`` and lanes ``< D``."""
+    tl.store(
+        ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d, tile, mask=in_r[:, None] & (offs_d[None, :] < D)
+    )
 
 
 @triton.jit
@@ -45,27 +88,32 @@ def _attn_bwd_preprocess(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B * H_q)``; ``DELTA (B, H_q, N_q)`` contiguous fp32."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H_q).to(tl.int64)
-    h = (pid_bh % H_q).to(tl.int64)
+    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``DELTA (B, H_q, N_q)`` contiguous fp32."""
+    n_blocks = tl.cdiv(N_q, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_blocks
+    start_m = (pid % n_blocks) * BLOCK_M
+    b = (bh // H_q).to(tl.int64)
+    h = (bh % H_q).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_q = offs_m < N_q
-    O_head = O + b * stride_ob + h * stride_oh
-    DO_head = DO + b * stride_dob + h * stride_doh
-    # O_i, dO_i: (BLOCK_M, BLOCK_DV), in fp32 so that the row sum accumulates in fp32
-    o = _load_tile(O_head, offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V).to(tl.float32)
-    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V).to(tl.float32)
-    # delta_i = rowsum(dO_i * O_i), which equals rowsum(P_ij * dP_ij) summed over all key blocks j
-    tl.store(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, tl.sum(o * do, 1), mask=in_q)
+    in_q = start_m + offs_m < N_q
+    O_blk = O + b * stride_ob + h * stride_oh + start_m.to(tl.int64) * stride_on
+    DO_blk = DO + b * stride_dob + h * stride_doh + start_m.to(tl.int64) * stride_don
+    # O_i, dO_i: (BLOCK_M, BLOCK_DV)
+    o = _load_block(O_blk, offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    # delta_i = rowsum(dO_i * O_i), in fp32; it equals rowsum(P_ij * dP_ij) summed over all key blocks j
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * N_q + start_m + offs_m, delta, mask=in_q)
 
 
 @triton.jit
-def _load_lse2(LSE_head, offs_m, in_q):
-    """``lse_i * log2(e)`` for rows ``offs_m`` (those in ``in_q`` exist): (BLOCK_M,) fp32. A row that saw no
-    key has ``lse = -inf``; it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is 0, not NaN."""
-    lse = tl.load(LSE_head + offs_m, mask=in_q, other=0.0)
+def _load_lse2(LSE_blk, offs_m, in_q):
+    """``lse_i * log2(e)`` for rows ``offs_m`` of a block (those in ``in_q`` exist): (BLOCK_M,) fp32. A row
+    that saw no key has ``lse = -inf``; it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is
+    0, not NaN."""
+    lse = tl.load(LSE_blk + offs_m, mask=in_q, other=0.0)
     return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
 
@@ -96,17 +144,20 @@ def _attn_bwd_dkdv_inner(
     dv,  # dV_j (BLOCK_N, BLOCK_DV) fp32 accumulator
     k,  # K_j (BLOCK_N, BLOCK_D)
     v,  # V_j (BLOCK_N, BLOCK_DV)
-    Q_head,
-    DO_head,
-    LSE_head,
-    DELTA_head,
+    Q_group,  # Q of the group's first query head (row 0), likewise dO, lse and delta
+    DO_group,
+    LSE_group,
+    DELTA_group,
+    stride_qh,
     stride_qn,
     stride_qd,
+    stride_doh,
     stride_don,
     stride_dod,
+    GROUP,
     start_m,
     end_m,
-    offs_n,
+    start_n,
     N_q,
     qk_scale,
     OFFSET,
@@ -115,40 +166,51 @@ def _attn_bwd_dkdv_inner(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASK: tl.constexpr,
 ):
-    """Accumulate query blocks ``[start_m, end_m)`` of one query head into ``dK_j, dV_j``.
+    """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``.
 
-    Works on transposed tiles (keys along rows) so that no probability tile needs a transpose. ``MASK``
-    selects the stage: True for the diagonal and the ragged last block, where ``P`` of invisible pairs is 0.
+    One flat loop over ``GROUP * n_steps`` (head, block) pairs, the block fastest. Works on transposed
+    tiles (keys along rows) so that no probability tile needs a transpose. ``MASK`` selects the stage:
+    True for the diagonal and the ragged last block, where ``P`` of invisible pairs is 0; False for full
+    blocks, whose loads need no row mask.
     """
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start in tl.range(start_m, end_m, BLOCK_M):
-        offs_m = start + tl.arange(0, BLOCK_M)
-        in_q = offs_m < N_q
+    n_steps = tl.cdiv(end_m - start_m, BLOCK_M)
+    for t in tl.range(0, GROUP * n_steps):
+        g = t // n_steps
+        start = start_m + (t - g * n_steps) * BLOCK_M
+        rows = tl.cast(start, tl.int64)
+        Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
+        DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
+        stats = tl.cast(g, tl.int64) * N_q + rows  # lse and delta are (B, H_q, N_q) contiguous
+        in_q = start + offs_m < N_q
         # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
-        qT = _load_tile_T(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
-        do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V)
-        lse2 = _load_lse2(LSE_head, offs_m, in_q)
-        delta = tl.load(DELTA_head + offs_m, mask=in_q, other=0.0)
+        qT = _load_block_T(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+        do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
+        lse2 = _load_lse2(LSE_group + stats, offs_m, in_q)
+        delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
+        # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale
-        # P_ij^T = exp(S_ij^T - lse_i)
-        pT = tl.math.exp2(qkT - lse2[None, :])
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+        # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
         if MASK:
             visible = in_q[None, :]
             if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :] + OFFSET)
+                visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
             pT = tl.where(visible, pT, 0.0)
-        # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
         dsT = pT * (dpT - delta[None, :])
+        # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); the scale is applied once at the end
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
     return dk, dv
@@ -205,123 +267,61 @@ def _attn_bwd_dkdv(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_k, BLOCK_N), B * H_kv)``. ``DK, DV`` have K's and V's shapes ``(B, H_kv, N_k, .)``."""
-    start_n = tl.program_id(0) * BLOCK_N
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H_kv).to(tl.int64)
-    h_kv = (pid_bh % H_kv).to(tl.int64)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
+    ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv."""
+    n_blocks = tl.cdiv(N_k, BLOCK_N)
+    pid = tl.program_id(0)
+    bh = pid // n_blocks
+    start_n = (pid % n_blocks) * BLOCK_N
+    b = (bh // H_kv).to(tl.int64)
+    h_kv = (bh % H_kv).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_k = offs_n < N_k
-    K_head = K + b * stride_kb + h_kv * stride_kh
-    V_head = V + b * stride_vb + h_kv * stride_vh
+    in_k = start_n + offs_n < N_k
+    cols = start_n.to(tl.int64)
     # K_j: (BLOCK_N, BLOCK_D), V_j: (BLOCK_N, BLOCK_DV), loaded once
-    k = _load_tile(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
-    v = _load_tile(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
+    K_blk = K + b * stride_kb + h_kv * stride_kh + cols * stride_kn
+    V_blk = V + b * stride_vb + h_kv * stride_vh + cols * stride_vn
+    k = _load_block(K_blk, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    v = _load_block(V_blk, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
+    # the group's first query head; its GROUP heads are summed here rather than with atomics
+    h0 = h_kv * GROUP
+    Q_group = Q + b * stride_qb + h0 * stride_qh
+    DO_group = DO + b * stride_dob + h0 * stride_doh
+    LSE_group = LSE + (b * H_q + h0) * N_q
+    DELTA_group = DELTA + (b * H_q + h0) * N_q
     begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    # The GROUP query heads that read this key/value head, summed here rather than with atomics.
-    for g in range(GROUP):
-        h = h_kv * GROUP + g
-        Q_head = Q + b * stride_qb + h * stride_qh
-        DO_head = DO + b * stride_dob + h * stride_doh
-        LSE_head = LSE + (b * H_q + h) * N_q
-        DELTA_head = DELTA + (b * H_q + h) * N_q
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            Q_head,
-            DO_head,
-            LSE_head,
-            DELTA_head,
-            stride_qn,
-            stride_qd,
-            stride_don,
-            stride_dod,
-            begin,
-            diag_end,
-            offs_n,
-            N_q,
-            qk_scale,
-            OFFSET,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            CAUSAL,
-            DOT_PRECISION,
-            MASK=True,
-        )
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            Q_head,
-            DO_head,
-            LSE_head,
-            DELTA_head,
-            stride_qn,
-            stride_qd,
-            stride_don,
-            stride_dod,
-            diag_end,
-            full_end,
-            offs_n,
-            N_q,
-            qk_scale,
-            OFFSET,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            CAUSAL,
-            DOT_PRECISION,
-            MASK=False,
-        )
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            Q_head,
-            DO_head,
-            LSE_head,
-            DELTA_head,
-            stride_qn,
-            stride_qd,
-            stride_don,
-            stride_dod,
-            full_end,
-            N_q,
-            offs_n,
-            N_q,
-            qk_scale,
-            OFFSET,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            CAUSAL,
-            DOT_PRECISION,
-            MASK=True,
-        )
+    # (start_m, end_m, MASK) of the three stages: the diagonal, the full blocks, the ragged last block
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+        begin, diag_end, start_n, N_q, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+        diag_end, full_end, start_n, N_q, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=False,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+        full_end, N_q, start_n, N_q, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+    )  # fmt: skip
 
     # dK_j = scale * sum_i dS_ij^T Q_i
     dk = dk * scale
     # each output pointer is formed just before its store: one fewer 64-bit register live at the peak
-    DK_head = DK + b * stride_dkb + h_kv * stride_dkh
-    _store_tile(DK_head, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
-    DV_head = DV + b * stride_dvb + h_kv * stride_dvh
-    _store_tile(DV_head, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
+    DK_blk = DK + b * stride_dkb + h_kv * stride_dkh + cols * stride_dkn
+    _store_block(DK_blk, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
+    DV_blk = DV + b * stride_dvb + h_kv * stride_dvh + cols * stride_dvn
+    _store_block(DV_blk, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
 
 
 @triton.jit
@@ -331,7 +331,7 @@ def _attn_bwd_dq_inner(
     do,  # dO_i (BLOCK_M, BLOCK_DV)
     lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
     delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
-    K_head,
+    K_head,  # K and V of the key/value head (row 0)
     V_head,
     stride_kn,
     stride_kd,
@@ -339,7 +339,7 @@ def _attn_bwd_dq_inner(
     stride_vd,
     start_n,
     end_n,
-    offs_m,
+    start_m,
     N_k,
     qk_scale,
     OFFSET,
@@ -347,27 +347,34 @@ def _attn_bwd_dq_inner(
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        in_k = offs_n < N_k
+        cols = tl.cast(start, tl.int64)
+        in_k = start + offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        kT = _load_tile_T(K_head, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM)
-        vT = _load_tile_T(V_head, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V)
-        # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i)
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale
-        p = tl.math.exp2(qk - lse2[:, None])
+        kT = _load_block_T(
+            K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, not MASK
+        )
+        vT = _load_block_T(
+            V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV, not MASK
+        )
+        # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASK:
             visible = in_k[None, :]
             if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
+                visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
             p = tl.where(visible, p, 0.0)
         # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
@@ -422,84 +429,49 @@ def _attn_bwd_dq(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B * H_q)``. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H_q).to(tl.int64)
-    h = (pid_bh % H_q).to(tl.int64)
+    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
+    query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
+    n_blocks = tl.cdiv(N_q, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_blocks
+    blk = pid % n_blocks
+    if CAUSAL:
+        blk = n_blocks - 1 - blk  # the last query blocks see the most keys: start them first
+    start_m = blk * BLOCK_M
+    b = (bh // H_q).to(tl.int64)
+    h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_q = offs_m < N_q
-    Q_head = Q + b * stride_qb + h * stride_qh
-    DO_head = DO + b * stride_dob + h * stride_doh
+    in_q = start_m + offs_m < N_q
+    rows = start_m.to(tl.int64)
+    Q_blk = Q + b * stride_qb + h * stride_qh + rows * stride_qn
+    DO_blk = DO + b * stride_dob + h * stride_doh + rows * stride_don
     K_head = K + b * stride_kb + h_kv * stride_kh
     V_head = V + b * stride_vb + h_kv * stride_vh
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
-    q = _load_tile(Q_head, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM)
-    do = _load_tile(DO_head, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V)
-    lse2 = _load_lse2(LSE + pid_bh.to(tl.int64) * N_q, offs_m, in_q)
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_q + offs_m, mask=in_q, other=0.0)
+    q = _load_block(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    stats = bh.to(tl.int64) * N_q + rows  # lse and delta are (B, H_q, N_q) contiguous
+    lse2 = _load_lse2(LSE + stats, offs_m, in_q)
+    delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    # (start_n, end_n, MASK) of the two stages: the full key blocks, then the diagonal and ragged last block
     dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        K_head,
-        V_head,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        0,
-        full_end,
-        offs_m,
-        N_k,
-        qk_scale,
-        OFFSET,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_N,
-        CAUSAL,
-        DOT_PRECISION,
-        MASK=False,
-    )
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        0, full_end, start_m, N_k, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=False,
+    )  # fmt: skip
     dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        K_head,
-        V_head,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        full_end,
-        end,
-        offs_m,
-        N_k,
-        qk_scale,
-        OFFSET,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_N,
-        CAUSAL,
-        DOT_PRECISION,
-        MASK=True,
-    )
+        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_end, end, start_m, N_k, qk_scale, OFFSET,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+    )  # fmt: skip
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
-    DQ_head = DQ + b * stride_dqb + h * stride_dqh
-    _store_tile(DQ_head, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, in_q, HEAD_DIM)
+    DQ_blk = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
+    _store_block(DQ_blk, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, in_q, HEAD_DIM)

@@ -77,20 +77,22 @@ _Row = tuple[KernelConfig, KernelConfig | None, KernelConfig | None]
 
 K = KernelConfig
 # One row per padded head dim; None where a kernel does not ship because no tile fits in registers
-# without spilling (the dK/dV program holds K_j, V_j and two fp32 accumulators).
-# fp16 and bf16 share a table: their kernels differ only in the MMA's input type.
+# without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
+# BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
+# the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
+# (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128).
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
-    128: (K(128, 128, 8, 3, tma=True), K(16, 128, 8, 2), K(128, 64, 8, 2)),
+    64: (K(128, 128, 8, 3, tma=True), K(64, 128, 8, 2), K(128, 64, 8, 3)),
+    128: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 2), K(128, 64, 8, 2)),
     256: (K(128, 64, 8, 2, tma=True), None, None),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
-    64: (K(128, 128, 8, 3), K(16, 128, 8, 3), K(128, 32, 8, 3)),
+    64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
     128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
     256: (K(64, 64, 8, 2), None, None),
 }

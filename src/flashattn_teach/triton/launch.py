@@ -87,15 +87,16 @@ def _strides(t: Tensor) -> tuple[int, int, int, int]:
     return b, h, n, x
 
 
-def check_tile_offsets(c: KernelConfig, *tensors: Tensor) -> None:
-    """The kernels advance each block's base pointer in 64-bit and keep offsets within a tile in 32-bit:
-    refuse the (absurd) strides for which a tile's extent ``BLOCK x stride`` passes 2^31 elements."""
-    block = max(c.BLOCK_M, c.BLOCK_N)
-    for t in tensors:
-        if block * max(t.stride()[-2:]) >= 2**31:
+def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
+    """Refuse tensors whose offsets inside one tile (``block_rows`` rows) overflow int32: the kernels move
+    each block's base pointer in 64-bit arithmetic but index within a tile in 32-bit."""
+    for name, t in tensors.items():
+        _, _, stride_n, stride_x = t.stride()
+        span = (block_rows - 1) * abs(stride_n) + (t.shape[-1] - 1) * abs(stride_x)
+        if span >= 2**31:
             raise AttentionValueError(
-                f"a tensor of shape {tuple(t.shape)} with strides {t.stride()} is too sparse for the Triton "
-                f"kernels: one {block}-row tile spans 2^31 elements or more; pass a contiguous tensor"
+                f"{name} {tuple(t.shape)} with strides {t.stride()}: a {kernel} tile of {block_rows} rows spans "
+                f"{span} elements, beyond 32-bit offsets; pass a contiguous tensor (.contiguous())"
             )
 
 
@@ -159,7 +160,8 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     c = config.forward
-    check_tile_offsets(c, q, k, v, o)
+    check_tile_offsets("forward", c.BLOCK_M, q=q, o=o)
+    check_tile_offsets("forward", c.BLOCK_N, k=k, v=v)
     tma = use_tma(c, k, v)
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     K_src = _descriptor(k, c.BLOCK_N, D_pad) if tma else k
@@ -213,7 +215,9 @@ def backward(
     config: AttentionConfig,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
-    its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group."""
+    its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group.
+
+    Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
     from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
@@ -228,7 +232,8 @@ def backward(
 
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     c = config.backward_preprocess
-    _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
+    check_tile_offsets("backward_preprocess", c.BLOCK_M, o=o, do=do)
+    _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
         o,
         do,
         delta,
@@ -249,7 +254,9 @@ def backward(
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
     c = dkdv_config
-    _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N), B * s.H_kv)](
+    check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
+    check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
+    _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N) * B * s.H_kv,)](
         q,
         k,
         v,
@@ -286,7 +293,9 @@ def backward(
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
     c = dq_config
-    _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M), B * s.H_q)](
+    check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
+    check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
+    _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
         q,
         k,
         v,
