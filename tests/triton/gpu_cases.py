@@ -46,8 +46,10 @@ import torch
 from torch import Tensor
 
 from flashattn_teach.causal import causal_mask
+from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
 from flashattn_teach.triton import triton_attention
+from flashattn_teach.triton.configs import max_head_dim
 
 OUTPUTS = ("O", "lse", "dq", "dk", "dv")
 # Largest error allowed for fp32 inputs, relative to max(1, max |ref|); see the module docstring.
@@ -187,8 +189,15 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, causal_ali
 Attention = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-def forward_backward(attention: Attention, q: Tensor, k: Tensor, v: Tensor, dO: Tensor, dlse: Tensor | None):
-    """``{O, lse, dq, dk, dv}`` of ``loss = sum(O * dO) + sum(lse * dlse)``, ``lse = -inf`` entries left out."""
+def forward_backward(
+    attention: Attention, q: Tensor, k: Tensor, v: Tensor, dO: Tensor, dlse: Tensor | None, backward: bool = True
+):
+    """``{O, lse, dq, dk, dv}`` of ``loss = sum(O * dO) + sum(lse * dlse)``, ``lse = -inf`` entries left out;
+    only ``{O, lse}`` when not ``backward``."""
+    if not backward:
+        with torch.no_grad():
+            O, lse = attention(q, k, v)
+        return {"O": O, "lse": lse}
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     O, lse = attention(q, k, v)
     loss = (O.double() * dO.double()).sum()
@@ -231,41 +240,74 @@ def check_nothing_seen_gives_zeros(c: GpuCase, ours: dict[str, Tensor]) -> None:
         seen = causal_mask(c.N_q, c.N_k, c.causal_align)
     seen = seen.to(ours["O"].device)
     rows, keys = ~seen.any(dim=1), ~seen.any(dim=0)  # (N_q,) rows without a key, (N_k,) keys without a row
-    for name in OUTPUTS:
+    for name in ours:
         assert not torch.isnan(ours[name]).any(), f"{name}: NaN"
     assert torch.equal(torch.isneginf(ours["lse"]), rows.expand_as(ours["lse"])), "lse: -inf exactly at empty rows"
     assert torch.isfinite(ours["lse"][..., ~rows]).all(), "lse: inf at a row that sees keys"
+    assert (ours["O"][:, :, rows] == 0).all(), "O: not 0 at rows that see no key"
+    if "dq" not in ours:  # forward only
+        return
     for name in ("dq", "dk", "dv"):
         assert torch.isfinite(ours[name]).all(), f"{name}: not finite"
-    assert (ours["O"][:, :, rows] == 0).all(), "O: not 0 at rows that see no key"
     assert (ours["dq"][:, :, rows] == 0).all(), "dq: not 0 at rows that see no key"
     assert (ours["dk"][:, :, keys] == 0).all(), "dk: not 0 at keys no query sees"
     assert (ours["dv"][:, :, keys] == 0).all(), "dv: not 0 at keys no query sees"
 
 
+def check_refused(call: Callable[[], object], c: GpuCase, what: str) -> None:
+    """``call`` raises AttentionValueError naming ``c``'s head dimension."""
+    try:
+        call()
+    except AttentionValueError as e:
+        assert f"D={c.D}" in str(e), f"the refusal does not name the head dimension: {e}"
+    else:
+        raise AssertionError(f"{what} at head dim {c.D} in {c.dtype} ran; the shipped tables have no tile for it")
+
+
+def backward_ships(c: GpuCase) -> bool:
+    """Whether the Triton backward ships for this case's dtype and head dim (else: forward only)."""
+    return c.D <= max_head_dim(c.dtype, backward=True)
+
+
 def check_case(c: GpuCase, device: str = "cuda") -> None:
-    """The shipped kernels' O, lse and gradients against float64 attention, by the rule for ``c.dtype``."""
+    """The shipped kernels' O, lse and gradients against float64 attention, by the rule for ``c.dtype``.
+    Where the backward does not ship, the forward is checked and asking for a gradient must be refused
+    with an error that names the head dimension; where the forward does not ship either, the call must be
+    refused likewise."""
     q, k, v, dO, dlse = make_inputs(c, device)
     opts = {"causal": c.causal, "causal_align": c.causal_align, "enable_gqa": c.group > 1, "return_lse": True}
-    ours = forward_backward(lambda q, k, v: triton_attention(q, k, v, **opts), q, k, v, dO, dlse)
+    backward = backward_ships(c)
+    if not backward:
+        check_refused(lambda: triton_attention(q.detach().requires_grad_(), k, v, **opts), c, "a gradient")
+    if c.D > max_head_dim(c.dtype, backward=False):
+        check_refused(lambda: triton_attention(q, k, v, **opts), c, "the forward")
+        return
+    ours = forward_backward(lambda q, k, v: triton_attention(q, k, v, **opts), q, k, v, dO, dlse, backward)
     ref = forward_backward(
         lambda q, k, v: dense_attention(q, k, v, **opts),
         *(t.double() for t in (q, k, v, dO)),
         None if dlse is None else dlse.double(),
+        backward,
     )
     for name, t in ours.items():
         want = (torch.float32 if name == "lse" else c.dtype, ref[name].shape)
         assert (t.dtype, t.shape) == want, f"{name}: {t.dtype} {tuple(t.shape)}, expected {want}"
     check_nothing_seen_gives_zeros(c, ours)
     if c.dtype == torch.float32:
-        for name in OUTPUTS:
+        for name in ours:
             err, scale = max_error(ours[name], ref[name]), scale_of(ref[name])
             assert err <= FP32_TOL[name] * scale, f"{name}: error {err:.3g} > {FP32_TOL[name]:g} x {scale:.3g}"
         return
     plain = forward_backward(
-        lambda q, k, v: plain_attention(q, k, v, causal=c.causal, causal_align=c.causal_align), q, k, v, dO, dlse
+        lambda q, k, v: plain_attention(q, k, v, causal=c.causal, causal_align=c.causal_align),
+        q,
+        k,
+        v,
+        dO,
+        dlse,
+        backward,
     )
-    for name in OUTPUTS:
+    for name in ours:
         err, err_pt = max_error(ours[name], ref[name]), max_error(plain[name], ref[name])
         floor = 1e-4 * scale_of(ref[name])
         assert err <= 2 * err_pt + floor, f"{name}: error {err:.3g} > 2 x plain PyTorch's {err_pt:.3g} + {floor:.2g}"

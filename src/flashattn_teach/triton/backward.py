@@ -182,9 +182,11 @@ def _attn_bwd_dkdv_inner(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    n_steps = tl.cdiv(end_m - start_m, BLOCK_M)
+    # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
+    # moves out of an empty loop divides by zero
+    n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
     for t in tl.range(0, GROUP * n_steps):
-        g = t // n_steps
+        g = t // tl.maximum(n_steps, 1)
         start = start_m + (t - g * n_steps) * BLOCK_M
         rows = tl.cast(start, tl.int64)
         Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn

@@ -80,12 +80,14 @@ K = KernelConfig
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
 # the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
-# (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128).
+# (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128). Among the tiles that
+# compile cleanly, the sm90 rows at hd64 and hd128 are the fastest timed on an H200 with triton 3.6
+# (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log).
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 128, 8, 3, tma=True), K(64, 128, 8, 2), K(128, 64, 8, 3)),
-    128: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 2), K(128, 64, 8, 2)),
+    64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 64, 8, 3)),
+    128: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 2), K(128, 64, 8, 3)),
     256: (K(128, 64, 8, 2, tma=True), None, None),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
