@@ -68,7 +68,9 @@ if has pytest; then
     rc=${PIPESTATUS[0]}
     # pytest: 5 means no test was selected; 124 is timeout's.
     if [ "$no_hypothesis" -eq 1 ] && [ "$rc" -ne 124 ]; then
-        tail -n 1 "$OUT_DIR/gpu-tests.log" | grep -q " failed" && rc=1 || rc=0
+        # a run that ran nothing, or ended in errors (a module that failed to import), fails too
+        if tail -n 1 "$OUT_DIR/gpu-tests.log" | grep -qE " (failed|errors?)\b" ||
+            ! tail -n 1 "$OUT_DIR/gpu-tests.log" | grep -q " passed"; then rc=1; else rc=0; fi
     fi
     [ "$rc" -eq 5 ] && rc=0
     tests_log="$OUT_DIR/gpu-tests.log"

@@ -11,8 +11,13 @@ get (``configs.shipped_config`` of its head dim, dtype and GPU generation). The 
   ``dq = 0``, nothing NaN) and key columns no query sees (``dk = dv = 0``);
 - GQA 4:1 and MQA (``H_kv = 1``) values and gradients, with ``enable_gqa=True``;
 - ``(B, N, H, D)`` storage passed as its ``transpose(1, 2)`` view;
-- head dims 40, 64, 80, 96, 128 and 256 in fp16 and bf16, forward and backward;
-- N in {1, 17, 129, 4096}; ``lse`` and a gradient into it; fp32 up to head dim 128.
+- head dims 40, 64, 80, 96, 128 and 256 in fp16 and bf16, forward and backward (the hd256 backward runs
+  split dK and dV programs; it has not yet run on a GPU);
+- N in {1, 17, 129, 4096}, and decode steps (N_q = 1) with one key/value head, N_k = 1 and B = 2, which
+  the JIT compiles with those integers as constants (an N_q = 1 dK/dV fault was found that way);
+  ``lse`` and a gradient into it;
+- fp32 up to head dim 64, and at head dims 80 and 128, which do not ship, a refusal naming the head dim
+  (likewise any head dim whose backward does not ship: the forward is checked and a gradient refused).
 
 Accuracy, against float64 attention of the same (rounded) inputs:
 
@@ -30,11 +35,9 @@ causal), and, per integer argument, whether it equals 1 (then it becomes a const
 (likewise per pointer). The cases are chosen so that several share one specialisation: N = 17, 37, 100,
 129 and 300 fall in the same class (neither 1 nor a multiple of 16); a ``(B, N, H, D)`` view has the same
 stride classes as a contiguous tensor when D % 16 == 0; a bottom-right diagonal offset ``N_k - N_q`` that
-is a multiple of 16 shares the top-left one's (0). Recorded from the launches these
-checks make (with the launch signature of this writing): 28 forward, 31 dK/dV, 28 dQ and 20 preprocess
-specialisations, 107 compilations in all; at about 0.8 s each on an H200 (the previous suite's 12 groups of
-four took 3 s a group) the whole run takes about 100 s.
-``benchmarks/gpu_checks.py`` prints the count a real run compiled.
+is a multiple of 16 shares the top-left one's (0). Counted for an earlier version of these cases: about
+a hundred compilations; on an H200 the whole run took 29 s with 8 pytest-xdist workers and a cold Triton
+cache (``benchmarks/gpu_checks.py`` prints the count a run compiled).
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ CASES: list[GpuCase] = [
     C(BF16, 128, 4096, 4096, causal=True, dlse=True),
     C(BF16, 128, 1, 129, causal=True, causal_align=BR),
     C(BF16, 128, 1, 129, causal=True),
+    C(BF16, 128, 129, 1, causal=True, causal_align=BR, H_kv=1),  # N_k = 1 and H_q = H_kv = 1: constants
+    C(BF16, 64, 1, 300, causal=True, causal_align=BR, B=2, group=4),  # a batched GQA decode step
     # fp16, head dim 64
     C(FP16, 64, 129, 129, causal=True),
     C(FP16, 64, 37, 100, causal=True, bnhd=True),

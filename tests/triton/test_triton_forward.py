@@ -126,6 +126,8 @@ TMA_CONFIG = _with_forward(AttentionConfig.uniform(32, 16), tma=True)
 @given(c=cases())
 def test_forward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
     # the interpreter runs tensor descriptors too, with the copy engine's zero fill past N and D
+    _, k, v = c.tensors()
+    assert launch.use_tma(TMA_CONFIG.forward, k, v)  # rows of 16 to 64 fp16/fp32 lanes: 16-byte multiples
     check_forward(dataclasses.replace(c, config=_with_forward(c.config, tma=True)))
 
 
@@ -136,6 +138,7 @@ def test_bnhd_views_with_gqa_match_dense_through_either_load_path(tma: bool) -> 
     k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
     assert launch.tma_reason(k) is None and not k.is_contiguous()
     config = _with_forward(AttentionConfig.uniform(32, 16), tma=tma)
+    assert launch.use_tma(config.forward, k, v) == tma
     O = triton_attention(q, k, v, causal=True, causal_align="bottom_right", enable_gqa=True, config=config)
     ref = dense_attention(
         *(t.double().cpu() for t in (q, k, v)), causal=True, causal_align="bottom_right", enable_gqa=True
@@ -156,7 +159,8 @@ def test_tma_falls_back_to_pointers_when_strides_are_not_16_byte_multiples() -> 
 @pytest.mark.parametrize("scale", [-0.7, 0.0, 2.5])
 def test_any_sign_of_scale_matches_dense(scale: float, tma: bool) -> None:
     # the kernel takes the row max of raw scores: a negative scale must flip it (the launcher negates Q),
-    # and scale = 0 gives uniform weights over the visible keys, with no NaN from (-inf) * 0
+    # and scale = 0 gives uniform weights over the visible keys: a masked score is -inf, and -inf * 0 must
+    # not reach P as NaN
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(DEVICE) for n in (37, 37, 37))
     config = _with_forward(AttentionConfig.uniform(16, 16), tma=tma)
@@ -204,3 +208,18 @@ def test_a_tile_spanning_2_to_the_31_elements_is_refused_by_name() -> None:
         match=r"k \(1, 1, 2, 2\) with strides .*: a forward tile of 16 rows spans \d+ elements, beyond 32-bit",
     ):
         triton_attention(q, k, k, config=AttentionConfig.uniform(16, 16))
+
+
+def test_empty_and_broadcast_keys_take_the_pointer_path() -> None:
+    # a descriptor needs a positive size in every dimension; a broadcast batch has stride 0
+    q = torch.randn(2, 1, 3, 16).to(DEVICE)
+    empty = torch.randn(2, 1, 0, 16).to(DEVICE)
+    assert launch.tma_reason(empty) == "it is empty (a descriptor needs a positive size in every dimension)"
+    O, lse = triton_attention(q, empty, empty, return_lse=True, config=TMA_CONFIG)
+    assert (O == 0).all() and torch.isneginf(lse).all()
+    k = torch.randn(1, 1, 19, 16).to(DEVICE)
+    broadcast = k.expand(2, 1, 19, 16)
+    assert "broadcast" in str(launch.tma_reason(broadcast))
+    assert_close_scaled(
+        triton_attention(q, k, k, config=TMA_CONFIG), dense_attention(q.double(), k.double(), k.double()), 2e-4, "O"
+    )

@@ -15,6 +15,7 @@ import pytest
 import torch
 from _triton_cases import DEVICE, DTYPES, REL_TOL, assert_close_scaled
 
+from flashattn_teach.causal import causal_mask
 from flashattn_teach.reference import dense_attention
 from flashattn_teach.triton import AttentionConfig, shipped_config, triton_attention
 from flashattn_teach.triton.configs import ARCHS, shipped_configs
@@ -85,7 +86,14 @@ def test_shipped_config_matches_dense(arch: str, dtype: torch.dtype, d: int, sha
 
     assert_close_scaled(O, ref_O, REL_TOL[dtype], "O")
     assert_close_scaled(lse, ref_lse, REL_TOL[torch.float32], "lse")
+    # exactly: rows that see no key give O = 0 and lse = -inf; keys no row sees get dK = dV = 0, and
+    # those rows dQ = 0
+    seen = causal_mask(shape.N_q, shape.N_k, shape.causal_align).to(O.device)  # (N_q, N_k)
+    rows, keys = ~seen.any(dim=1), ~seen.any(dim=0)
+    assert (O[:, :, rows] == 0).all() and torch.isneginf(lse[:, :, rows]).all()
     if grads is not None and ref_grads is not None:
         for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
             assert a.dtype == dtype and a.shape == b.shape, f"{name}: {a.dtype} {tuple(a.shape)}"
             assert_close_scaled(a, b, 2 * REL_TOL[dtype], name)
+        dq, dk, dv = grads
+        assert (dq[:, :, rows] == 0).all() and (dk[:, :, keys] == 0).all() and (dv[:, :, keys] == 0).all()

@@ -91,9 +91,9 @@ def triton_attention(
             :func:`~flashattn_teach.triton.autotune.autotune` once per shape class and uses the fastest.
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
-    up to 256 (up to 128 when a gradient is needed), or float32 with head dims up to 64. A query row that
-    sees no key gets ``O = 0`` and ``lse = -inf``. Under ``torch.autocast`` the inputs are cast to the
-    autocast dtype first, as torch's SDPA does.
+    up to 256, or float32 with head dims up to 64, forward and backward. A query row that sees no key
+    gets ``O = 0`` and ``lse = -inf``. Under ``torch.autocast`` the inputs are cast to the autocast dtype
+    first, as torch's SDPA does.
     """
     q, k, v = cast_inputs(q, k, v)
     opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)

@@ -169,9 +169,12 @@ def _attn_bwd_dkdv_inner(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr,
+    WITH_DV: tl.constexpr,
     MASK: tl.constexpr,
 ):
-    """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``.
+    """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
+    (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
 
     One flat loop over ``GROUP * n_steps`` (head, block) pairs, the block fastest. Works on transposed
     tiles (keys along rows) so that no probability tile needs a transpose. ``MASK`` selects the stage:
@@ -198,8 +201,9 @@ def _attn_bwd_dkdv_inner(
         do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
         lse2 = _load_lse2(LSE_group + stats, offs_m, in_q)
         delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
-        # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if WITH_DK:
+            # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M)
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
         # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
@@ -209,12 +213,14 @@ def _attn_bwd_dkdv_inner(
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
             pT = tl.where(visible, pT, 0.0)
-        # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
-        dsT = pT * (dpT - delta[None, :])
-        # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); the scale is applied once at the end
-        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+        if WITH_DV:
+            # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if WITH_DK:
+            # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
+            dsT = pT * (dpT - delta[None, :])
+            # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); the scale is applied once at the end
+            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -268,6 +274,8 @@ def _attn_bwd_dkdv(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WITH_DK: tl.constexpr,
+    WITH_DV: tl.constexpr,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv."""
@@ -302,28 +310,30 @@ def _attn_bwd_dkdv(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=False,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, N_q, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
 
-    # dK_j = scale * sum_i dS_ij^T Q_i
-    dk = dk * scale
     # each output pointer is formed just before its store: one fewer 64-bit register live at the peak
-    DK_blk = DK + b * stride_dkb + h_kv * stride_dkh + cols * stride_dkn
-    _store_block(DK_blk, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
-    DV_blk = DV + b * stride_dvb + h_kv * stride_dvh + cols * stride_dvn
-    _store_block(DV_blk, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
+    if WITH_DK:
+        # dK_j = scale * sum_i dS_ij^T Q_i
+        dk = dk * scale
+        DK_blk = DK + b * stride_dkb + h_kv * stride_dkh + cols * stride_dkn
+        _store_block(DK_blk, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
+    if WITH_DV:
+        DV_blk = DV + b * stride_dvb + h_kv * stride_dvh + cols * stride_dvn
+        _store_block(DV_blk, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
 
 
 @triton.jit
@@ -365,10 +375,18 @@ def _attn_bwd_dq_inner(
         in_k = start + offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
         kT = _load_block_T(
-            K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, not MASK
+            K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
         )
         vT = _load_block_T(
-            V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV, not MASK
+            V_head + cols * stride_vn,
+            offs_n,
+            offs_dv,
+            stride_vn,
+            stride_vd,
+            in_k,
+            HEAD_DIM_V,
+            BLOCK_DV,
+            ROWS_OK=not MASK,
         )
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)

@@ -33,16 +33,20 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class KernelConfig:
     """Launch parameters of one kernel. ``tma``: the forward reads key/value blocks through tensor
     descriptors (Hopper's tensor memory accelerator) when the inputs' strides allow it (16-byte aligned);
-    other kernels ignore it."""
+    other kernels ignore it. ``split``: the dK/dV kernel runs as two programs per key block, one
+    accumulating dK and one dV, each recomputing the probabilities (for head dims whose two fp32
+    accumulators do not fit in registers together); other kernels ignore it."""
 
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int
     num_stages: int
     tma: bool = False
+    split: bool = False
 
     def __str__(self) -> str:
-        return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}" + (" tma" if self.tma else "")
+        flags = " tma" * self.tma + " split" * self.split
+        return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{flags}"
 
 
 @dataclass(frozen=True)
@@ -82,13 +86,14 @@ K = KernelConfig
 # the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
 # (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128). Among the tiles that
 # compile cleanly, the sm90 rows at hd64 and hd128 are the fastest timed on an H200 with triton 3.6
-# (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log).
+# (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log). At hd256 the dK/dV rows are ``split``: dK and
+# dV by separate programs, since their two accumulators do not fit in registers together.
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
     64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 64, 8, 3)),
     128: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 2), K(128, 64, 8, 3)),
-    256: (K(128, 64, 8, 2, tma=True), None, None),
+    256: (K(128, 64, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 32, 8, 2)),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT: dict[int, _Row] = {
@@ -96,7 +101,7 @@ _SM80_16BIT: dict[int, _Row] = {
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
     128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
-    256: (K(64, 64, 8, 2), None, None),
+    256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers: head dims <= 64.
 _SM90_FP32: dict[int, _Row] = {

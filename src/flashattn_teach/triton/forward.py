@@ -17,8 +17,7 @@ below the diagonal run without a mask (and without bounds checks), blocks that s
 last block run masked, and blocks wholly above it are never visited. On Hopper the key and value blocks
 arrive by TMA (the tensor memory accelerator) from tensor descriptors; elsewhere through pointers.
 
-The pieces the backward kernels share live here too: ``LOG2E``, the masked tile load and store, and the
-key range of a query block.
+The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
 """
 
 from __future__ import annotations
@@ -38,17 +37,6 @@ def _load_tile(ptr, offs_n, offs_d, stride_n, stride_d, in_n, D):
     return tl.load(
         ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
         mask=in_n[:, None] & (offs_d[None, :] < D),
-        other=0.0,
-    )
-
-
-@triton.jit
-def _load_tile_T(ptr, offs_n, offs_d, stride_n, stride_d, in_n, D):
-    """The transpose of :func:`_load_tile`'s tile, ``(len(offs_d), len(offs_n))``, read in that layout
-    rather than transposed on chip; same arguments, same zeros."""
-    return tl.load(
-        ptr + offs_n[None, :] * stride_n + offs_d[:, None] * stride_d,
-        mask=in_n[None, :] & (offs_d[:, None] < D),
         other=0.0,
     )
 

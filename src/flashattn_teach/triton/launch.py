@@ -114,8 +114,13 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
 
 def tma_reason(t: Tensor) -> str | None:
     """Why a ``(B, H, N, X)`` tensor cannot be read through a TMA tensor descriptor, or None: the copy
-    engine needs a unit innermost stride and a 16-byte aligned base and outer strides."""
+    engine needs a non-empty tensor, a unit innermost stride, and a 16-byte aligned base and outer
+    strides; broadcast (stride-0) dimensions are left to the pointer path too."""
     size = t.element_size()
+    if t.numel() == 0:
+        return "it is empty (a descriptor needs a positive size in every dimension)"
+    if 0 in t.stride()[:-1]:
+        return f"strides {t.stride()} broadcast a dimension (stride 0), which has not run on a GPU by TMA"
     if t.stride(-1) != 1:
         return f"innermost stride is {t.stride(-1)}, not 1"
     if t.data_ptr() % 16:
@@ -256,40 +261,44 @@ def backward(
     c = dkdv_config
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
-    _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N) * B * s.H_kv,)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dk,
-        dv,
-        *_strides(q),
-        *_strides(k),
-        *_strides(v),
-        *_strides(do),
-        *_strides(dk),
-        *_strides(dv),
-        s.H_q,
-        s.H_kv,
-        s.N_q,
-        s.N_k,
-        s.group,
-        s.scale,
-        qk_scale,
-        offset,
-        HEAD_DIM=s.D,
-        HEAD_DIM_V=s.D_v,
-        BLOCK_D=D_pad,
-        BLOCK_DV=Dv_pad,
-        BLOCK_M=c.BLOCK_M,
-        BLOCK_N=c.BLOCK_N,
-        CAUSAL=causal,
-        DOT_PRECISION=precision,
-        num_warps=c.num_warps,
-        num_stages=c.num_stages,
-    )
+    # one launch computing dK and dV, or (``split``) one for dK and one for dV
+    for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
+        _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N) * B * s.H_kv,)](
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv,
+            *_strides(q),
+            *_strides(k),
+            *_strides(v),
+            *_strides(do),
+            *_strides(dk),
+            *_strides(dv),
+            s.H_q,
+            s.H_kv,
+            s.N_q,
+            s.N_k,
+            s.group,
+            s.scale,
+            qk_scale,
+            offset,
+            HEAD_DIM=s.D,
+            HEAD_DIM_V=s.D_v,
+            BLOCK_D=D_pad,
+            BLOCK_DV=Dv_pad,
+            BLOCK_M=c.BLOCK_M,
+            BLOCK_N=c.BLOCK_N,
+            CAUSAL=causal,
+            DOT_PRECISION=precision,
+            WITH_DK=with_dk,
+            WITH_DV=with_dv,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+        )
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
     c = dq_config

@@ -180,7 +180,9 @@ def attention_requests(
         return {"forward": fwd}
     o, do = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32)
-    preprocess, dkdv, dq = requests_for(
+    # a ``split`` dK/dV kernel launches twice; its dK program (the heavier: it also holds V_j, dP and dS)
+    # stands for both
+    preprocess, dkdv, *_, dq = requests_for(
         lambda: launch.backward(
             q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config
         ),
