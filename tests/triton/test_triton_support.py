@@ -21,7 +21,8 @@ def test_supported_inputs_have_no_reason() -> None:
     assert (
         unsupported_reason(*qkv(64, torch.float16), causal=True, causal_align="bottom_right", enable_gqa=True) is None
     )
-    assert unsupported_reason(*qkv(256, torch.float16), enable_gqa=True) is None  # forward only
+    assert unsupported_reason(*qkv(256, torch.float16), enable_gqa=True) is None
+    assert unsupported_reason(*qkv(256, torch.float16, requires_grad=True), enable_gqa=True) is None  # split dK/dV
     assert unsupported_reason(*qkv(64, torch.float32, requires_grad=True), enable_gqa=True) is None
 
 
@@ -30,7 +31,7 @@ def test_supported_inputs_have_no_reason() -> None:
     [
         (qkv(64, torch.float64), {"enable_gqa": True}, "float64"),
         (qkv(128, torch.float32), {"enable_gqa": True}, "head dimensions"),
-        (qkv(256, torch.float16, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
+        (qkv(128, torch.float32, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
         (qkv(64, torch.float16), {}, "enable_gqa"),
         (qkv(64, torch.float16), {"enable_gqa": True, "causal_align": "middle"}, "causal_align"),
     ],
@@ -64,7 +65,8 @@ def test_every_shipped_tile_is_a_power_of_two_of_at_least_16(arch: str) -> None:
 def test_head_dims_pad_to_the_next_power_of_two() -> None:
     padded = {1: 16, 16: 16, 17: 32, 40: 64, 64: 64, 80: 128, 96: 128, 128: 128, 129: 256, 256: 256}
     assert {d: block_d(d) for d in padded} == padded
-    assert max_head_dim(torch.float16, backward=False) == 256 and max_head_dim(torch.float16, backward=True) == 128
+    assert max_head_dim(torch.float16, backward=False) == 256 and max_head_dim(torch.float16, backward=True) == 256
+    assert max_head_dim(torch.float32, backward=False) == 64 and max_head_dim(torch.float32, backward=True) == 64
 
 
 def test_uniform_config_sets_every_kernel() -> None:
