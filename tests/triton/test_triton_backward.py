@@ -103,30 +103,26 @@ def test_gradient_through_lse_matches_dense(causal_align: str, with_dO: bool) ->
     )
 
 
-def test_gqa_gradients_of_a_shared_head_sum_over_its_query_heads() -> None:
-    # H_kv = 1 shared by 4 query heads, against the same computation with K, V repeated per head
-    c = Case(
-        B=1,
-        H_kv=1,
-        group=4,
-        N_q=33,
-        N_k=33,
-        D=16,
-        D_v=16,
-        causal=False,
-        causal_align="top_left",
-        dtype=torch.float32,
-        config=AttentionConfig.uniform(16, 16),
-    )
+@pytest.mark.parametrize(
+    ("H_kv", "group", "N_q", "N_k", "causal"),
+    [(1, 4, 33, 33, False), (2, 3, 45, 38, True)],
+    ids=["mqa_4_heads", "gqa_2x3_causal_ragged"],
+)
+def test_gqa_gradients_sum_over_the_query_heads_of_a_group(
+    H_kv: int, group: int, N_q: int, N_k: int, causal: bool
+) -> None:
+    # dK/dV walks (query head, query block) pairs in one loop (with causal: the diagonal and full stages,
+    # ragged N_q): against the same computation with K, V repeated per query head
+    c = Case(1, H_kv, group, N_q, N_k, 16, 16, causal, "bottom_right", torch.float32, AttentionConfig.uniform(16, 16))
     q, k, v = c.tensors()
-    dO = torch.randn(1, 4, 33, 16).to(DEVICE)
+    dO = torch.randn(1, c.H_q, N_q, 16).to(DEVICE)
     dq, dk, dv = grads(c, q, k, v, dO)
-    c4 = Case(**{**c.__dict__, "H_kv": 4, "group": 1})
-    dq4, dk4, dv4 = grads(c4, q, k.expand(1, 4, 33, 16), v.expand(1, 4, 33, 16), dO)
+    flat = Case(**{**c.__dict__, "H_kv": c.H_q, "group": 1})
+    dq_r, dk_r, dv_r = grads(flat, q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), dO)
     assert dk.shape == k.shape
-    assert_close_scaled(dq, dq4, 1e-5, "dq")
-    assert_close_scaled(dk, dk4.sum(1, keepdim=True), 1e-5, "dk")
-    assert_close_scaled(dv, dv4.sum(1, keepdim=True), 1e-5, "dv")
+    assert_close_scaled(dq, dq_r, 1e-5, "dq")
+    assert_close_scaled(dk, dk_r.unflatten(1, (H_kv, group)).sum(2), 1e-5, "dk")
+    assert_close_scaled(dv, dv_r.unflatten(1, (H_kv, group)).sum(2), 1e-5, "dv")
 
 
 def test_backward_is_bitwise_deterministic() -> None:
@@ -195,32 +191,6 @@ def test_a_config_without_backward_kernels_is_refused_when_gradients_are_asked()
     with torch.no_grad():  # no gradient asked for: the forward-only configuration runs
         O = triton_attention(q, k, v, config=forward_only)
     torch.testing.assert_close(O, dense_attention(q, k, v).detach(), atol=1e-4, rtol=1e-4)
-
-
-def test_gqa_causal_flat_loop_sums_every_query_head_of_a_group() -> None:
-    # dK/dV walks (query head, query block) pairs in one loop: ragged N_q, the diagonal and full stages,
-    # three query heads per key head and two key heads, against the same computation with K, V repeated
-    c = Case(
-        B=1,
-        H_kv=2,
-        group=3,
-        N_q=45,
-        N_k=38,
-        D=16,
-        D_v=16,
-        causal=True,
-        causal_align="bottom_right",
-        dtype=torch.float32,
-        config=AttentionConfig.uniform(16, 16),
-    )
-    q, k, v = c.tensors()
-    dO = torch.randn(1, 6, 45, 16).to(DEVICE)
-    dq, dk, dv = grads(c, q, k, v, dO)
-    c6 = Case(**{**c.__dict__, "H_kv": 6, "group": 1})
-    dq6, dk6, dv6 = grads(c6, q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), dO)
-    assert_close_scaled(dq, dq6, 1e-5, "dq")
-    assert_close_scaled(dk, dk6.unflatten(1, (2, 3)).sum(2), 1e-5, "dk")
-    assert_close_scaled(dv, dv6.unflatten(1, (2, 3)).sum(2), 1e-5, "dv")
 
 
 def test_one_dimensional_grid_covers_every_batch_head_and_block() -> None:
