@@ -3,6 +3,7 @@
 Layers, each in its own file:
 
     forward.py    the forward kernel and its key/value loop
+    tiles.py      the tile loads and stores both kernels use
     backward.py   the backward kernels: delta preprocess, dK/dV, dQ
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     launch.py     validate, allocate, launch

@@ -30,43 +30,7 @@ import triton
 from triton import language as tl
 
 from .forward import LOG2E, _causal_key_range
-
-
-@triton.jit
-def _load_block(
-    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
-):
-    """The ``(len(offs_r), BLOCK_D)`` tile at ``ptr`` (a block's first row): rows ``offs_r`` (from 0),
-    head-dim lanes ``offs_d``. Rows outside ``in_r`` and padded lanes ``>= D`` read 0, so they add nothing
-    to a dot product. ``ROWS_OK`` (constexpr): every row exists, so no mask is built unless D is padded."""
-    ptrs = ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d
-    if ROWS_OK:
-        if D == BLOCK_D:
-            return tl.load(ptrs)
-        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
-    return tl.load(ptrs, mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
-
-
-@triton.jit
-def _load_block_T(
-    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
-):
-    """The transpose of :func:`_load_block`'s tile, ``(BLOCK_D, len(offs_r))``, read in that layout rather
-    than transposed on chip; same arguments, same zeros."""
-    ptrs = ptr + offs_r[None, :] * stride_r + offs_d[:, None] * stride_d
-    if ROWS_OK:
-        if D == BLOCK_D:
-            return tl.load(ptrs)
-        return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
-    return tl.load(ptrs, mask=in_r[None, :] & (offs_d[:, None] < D), other=0.0)
-
-
-@triton.jit
-def _store_block(ptr, tile, offs_r, offs_d, stride_r, stride_d, in_r, D):
-    """Write the entries of a :func:`_load_block`-shaped ``tile`` that lie in rows ``in_r`` and lanes ``< D``."""
-    tl.store(
-        ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d, tile, mask=in_r[:, None] & (offs_d[None, :] < D)
-    )
+from .tiles import _load_block, _load_block_T, _store_block
 
 
 @triton.jit

@@ -84,8 +84,8 @@ K = KernelConfig
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
 # the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
-# (at hd128, 64 x 128 spills with triton 3.9, though not with 3.6, so 32 x 128). Among the tiles that
-# compile cleanly, the sm90 rows at hd64 and hd128 are the fastest timed on an H200 with triton 3.6
+# (at hd128, 64 x 128 spills 24 to 152 bytes with triton 3.6 and 3.9 as the JIT builds it, so 32 x 128).
+# Among the tiles that compile cleanly, the sm90 rows at hd64 and hd128 are the fastest timed on an H200 with triton 3.6
 # (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log). At hd256 the dK/dV rows are ``split``: dK and
 # dV by separate programs, since their two accumulators do not fit in registers together.
 _SM90_16BIT: dict[int, _Row] = {

@@ -25,30 +25,10 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from .tiles import _load_block, _store_block
+
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
-
-
-@triton.jit
-def _load_tile(ptr, offs_n, offs_d, stride_n, stride_d, in_n, D):
-    """The ``(len(offs_n), len(offs_d))`` tile of sequence rows ``offs_n`` and head-dim lanes ``offs_d``.
-    Rows outside ``in_n`` (``offs_n < N``: a ragged last block) and padded lanes ``>= D`` read 0, so they
-    add nothing to a dot product."""
-    return tl.load(
-        ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
-        mask=in_n[:, None] & (offs_d[None, :] < D),
-        other=0.0,
-    )
-
-
-@triton.jit
-def _store_tile(ptr, tile, offs_n, offs_d, stride_n, stride_d, in_n, D):
-    """Write the entries of a :func:`_load_tile`-shaped ``tile`` that lie in rows ``in_n`` and lanes ``< D``."""
-    tl.store(
-        ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d,
-        tile,
-        mask=in_n[:, None] & (offs_d[None, :] < D),
-    )
 
 
 @triton.jit
@@ -95,14 +75,11 @@ def _load_kv_block(
         return src.load([b, h, start, 0]).reshape(BLOCK_N, BLOCK_D)
     else:
         rows = tl.arange(0, BLOCK_N)
+        block = src + tl.cast(start, tl.int64) * stride_n
         lanes = tl.arange(0, BLOCK_D)
-        ptrs = src + tl.cast(start, tl.int64) * stride_n + (rows[:, None] * stride_n + lanes[None, :] * stride_d)
-        if MASK:
-            return tl.load(ptrs, mask=(start + rows < N)[:, None] & (lanes < HEAD_DIM)[None, :], other=0.0)
-        elif HEAD_DIM < BLOCK_D:
-            return tl.load(ptrs, mask=(lanes < HEAD_DIM)[None, :], other=0.0)
-        else:
-            return tl.load(ptrs)
+        return _load_block(
+            block, rows, lanes, stride_n, stride_d, start + rows < N, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
+        )
 
 
 @triton.jit
@@ -253,9 +230,8 @@ def _attn_fwd(
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    q = _load_tile(
-        Q_head + tl.cast(start_m, tl.int64) * stride_qn, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM
-    )
+    Q_block = Q_head + tl.cast(start_m, tl.int64) * stride_qn
+    q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     if NEGATE_Q:
         q = -q
 
@@ -330,4 +306,4 @@ def _attn_fwd(
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
     O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
-    _store_tile(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)
+    _store_block(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)

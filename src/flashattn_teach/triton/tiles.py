@@ -1,0 +1,50 @@
+"""Tile loads and stores shared by the forward and backward kernels.
+
+A tile is ``BLOCK`` consecutive sequence rows of one (batch, head) by the padded head dimension
+``BLOCK_D``. The caller passes a pointer to the block's first row, already advanced in 64-bit arithmetic
+(``N x stride_n`` may pass 2^31 elements), so the offsets within a tile stay 32-bit. Rows past the
+sequence (a ragged last block) and lanes past the head dimension ``D`` read 0, adding nothing to a dot
+product; ``ROWS_OK`` drops the row mask where every row is known to exist (the unmasked stages).
+"""
+
+from __future__ import annotations
+
+import triton
+from triton import language as tl
+
+
+@triton.jit
+def _load_block(
+    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
+):
+    """The ``(len(offs_r), BLOCK_D)`` tile at ``ptr`` (a block's first row): rows ``offs_r`` (from 0),
+    head-dim lanes ``offs_d``. Rows outside ``in_r`` and padded lanes ``>= D`` read 0, so they add nothing
+    to a dot product. ``ROWS_OK`` (constexpr): every row exists, so no mask is built unless D is padded."""
+    ptrs = ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d
+    if ROWS_OK:
+        if D == BLOCK_D:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+    return tl.load(ptrs, mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _load_block_T(
+    ptr, offs_r, offs_d, stride_r, stride_d, in_r, D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS_OK: tl.constexpr
+):
+    """The transpose of :func:`_load_block`'s tile, ``(BLOCK_D, len(offs_r))``, read in that layout rather
+    than transposed on chip; same arguments, same zeros."""
+    ptrs = ptr + offs_r[None, :] * stride_r + offs_d[:, None] * stride_d
+    if ROWS_OK:
+        if D == BLOCK_D:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
+    return tl.load(ptrs, mask=in_r[None, :] & (offs_d[:, None] < D), other=0.0)
+
+
+@triton.jit
+def _store_block(ptr, tile, offs_r, offs_d, stride_r, stride_d, in_r, D):
+    """Write the entries of a :func:`_load_block`-shaped ``tile`` that lie in rows ``in_r`` and lanes ``< D``."""
+    tl.store(
+        ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d, tile, mask=in_r[:, None] & (offs_d[None, :] < D)
+    )
