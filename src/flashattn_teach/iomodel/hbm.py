@@ -5,10 +5,11 @@ memory ``M`` elements with ``d <= M <= N d``, standard attention (the paper's Al
 ``Theta(N d + N^2)`` HBM accesses and FlashAttention (Algorithm 1) ``Theta(N^2 d^2 / M)``. Theorem 5 gives
 the same two bounds for the backward (Algorithms 3 and 4).
 
-The functions below count those accesses exactly, in bytes, for the schedules as written: ragged last
-blocks, key blocks wholly above the causal diagonal skipped, per (batch, head) pair and then times
-``B * H``. Matrices ``Q, K, V, O, dO, S, P, ...`` take ``elem_bytes`` per element; the per-row statistics
-``l, m, lse, delta`` are float32 (4 bytes), as in every implementation. Schedules:
+The functions below count those accesses exactly, in bytes, for the schedules as written and as if every
+load reached HBM (no cache in between; :mod:`.l2` adds one): ragged last blocks, key blocks wholly above
+the causal diagonal skipped, per (batch, head) pair and then times ``B * H``. Matrices
+``Q, K, V, O, dO, S, P, ...`` take ``elem_bytes`` per element; the per-row statistics ``l, m, lse, delta``
+are float32 (4 bytes), as in every implementation. Schedules:
 
     standard        Alg. 0 (forward) / Alg. 3 (backward): S, P (and dP, dS) go through HBM.
     key-major       FA1 Alg. 1 / Alg. 4: key blocks j outside; Q_i, O_i, l_i, m_i (and dO_i, dQ_i) are
@@ -22,17 +23,13 @@ blocks, key blocks wholly above the causal diagonal skipped, per (batch, head) p
 FLOPs follow the papers' benchmark convention: ``4 B H N^2 d`` for the forward (two matmuls, two FLOPs
 per multiply-add), halved when causal, and 2.5 times that for the backward (five matmuls instead of two).
 
-Pure Python (no torch), so the ``flashattn-teach iomodel`` command and its tests run anywhere.
+What the L2 cache changes is in :mod:`.l2`.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass, field
-
-from ._cli_types import finite_positive_float, positive_int
 
 STAT_BYTES = 4  # l, m, lse, delta are float32 everywhere
 BACKWARD_FLOP_FACTOR = 2.5  # backward: 5 matmuls of N^2 d against the forward's 2 (FA2 paper, Sec. 4)
@@ -209,10 +206,17 @@ def key_major_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
 
 
 def split_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
-    """FA2-style backward in three kernels, as in Triton's fused-attention tutorial:
-    preprocess reads ``O, dO`` and writes ``delta``; the dK/dV pass reads ``K_j, V_j`` once and
-    ``Q_i, dO_i, lse_i, delta_i`` per visible tile, writing ``dK_j, dV_j`` once; the dQ pass reads
-    ``Q_i, dO_i, lse_i, delta_i`` once and ``K_j, V_j`` per visible tile, writing ``dQ_i`` once."""
+    """FA2-style backward in three kernels, as in Triton's fused-attention tutorial: the sum of
+    :func:`split_backward_passes`."""
+    passes = split_backward_passes(p, block_m, block_n)
+    return passes["preprocess"] + passes["dK/dV"] + passes["dQ"]
+
+
+def split_backward_passes(p: Problem, block_m: int, block_n: int) -> dict[str, Traffic]:
+    """The three kernels of the split backward, by name: ``"preprocess"`` reads ``O, dO`` and writes
+    ``delta``; ``"dK/dV"`` reads ``K_j, V_j`` once and ``Q_i, dO_i, lse_i, delta_i`` per visible tile,
+    writing ``dK_j, dV_j`` once; ``"dQ"`` reads ``Q_i, dO_i, lse_i, delta_i`` once and ``K_j, V_j`` per
+    visible tile, writing ``dQ_i`` once."""
     _check_blocks(block_m, block_n)
     N, d = p.seq_len, p.head_dim
     q_rows = _sum_query_rows(p, block_m, block_n)  # dK/dV pass: key blocks outside
@@ -228,95 +232,10 @@ def split_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
     dq = _scaled(
         p, {"Q": N * d, "dO": N * d, "lse": N, "delta": N, "K": k_rows * d, "V": k_rows * d}, {"dQ": N * d}, stats
     )
-    return preprocess + dkdv + dq
+    return {"preprocess": preprocess, "dK/dV": dkdv, "dQ": dq}
 
 
 def theorem2_scale(p: Problem, sram_bytes: int) -> float:
     """``B H N^2 d^2 / M`` in bytes (``M`` in elements): the order of the tiled algorithm's traffic."""
     m_elems = sram_bytes / p.elem_bytes
     return p.batch * p.heads * p.seq_len**2 * p.head_dim**2 / m_elems * p.elem_bytes
-
-
-# ----------------------------------------------------------------------------------------------- CLI
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-len", "-N", type=positive_int, default=8192, help="sequence length N (default 8192)")
-    parser.add_argument("--head-dim", "-d", type=positive_int, default=128, help="head dimension d (default 128)")
-    parser.add_argument("--batch", "-B", type=positive_int, default=1, help="batch size B (default 1)")
-    parser.add_argument("--heads", "-H", type=positive_int, default=1, help="number of heads H (default 1)")
-    parser.add_argument(
-        "--elem-bytes", type=positive_int, default=2, help="bytes per element of Q, K, V, O (default 2)"
-    )
-    parser.add_argument(
-        "--sram-kib",
-        type=finite_positive_float,
-        default=228.0,
-        help="on-chip memory M per thread block in KiB (default 228: H100/H200 shared memory)",
-    )
-    parser.add_argument("--block-m", type=positive_int, default=128, help="BLOCK_M of the query-major/split schedules")
-    parser.add_argument("--block-n", type=positive_int, default=64, help="BLOCK_N of the query-major/split schedules")
-    parser.add_argument("--causal", action="store_true", help="causal masking (skip tiles above the diagonal)")
-
-
-def run(args: argparse.Namespace) -> int:
-    p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
-    sram_bytes = args.sram_kib * 1024
-    try:
-        if not math.isfinite(sram_bytes):
-            raise ValueError(f"{args.sram_kib:g} KiB is more bytes than a float holds")
-        sram = int(sram_bytes)
-        br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
-    except ValueError as e:
-        print(f"flashattn-teach iomodel: error: argument --sram-kib: {e}", file=sys.stderr)
-        return 2
-    bm, bn = args.block_m, args.block_n
-    fwd, bwd = attention_flops(p, "forward"), attention_flops(p, "backward")
-    print(
-        f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
-        f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)"
-    )
-    print(
-        f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
-        f"backward {bwd / 1e9:.2f} GFLOP"
-    )
-    rows = [
-        ("forward", "standard (FA1 Alg. 0)", "-", standard_forward_io(p), fwd),
-        ("forward", "key-major (FA1 Alg. 1)", f"{br}x{bc}", key_major_forward_io(p, br, bc), fwd),
-        ("forward", "query-major (FA2)", f"{bm}x{bn}", query_major_forward_io(p, bm, bn), fwd),
-        ("backward", "standard (FA1 Alg. 3)", "-", standard_backward_io(p), bwd),
-        ("backward", "key-major (FA1 Alg. 4)", f"{br}x{bc}", key_major_backward_io(p, br, bc), bwd),
-        ("backward", "split dK/dV + dQ (FA2)", f"{bm}x{bn}", split_backward_io(p, bm, bn), bwd),
-    ]
-    header = (
-        f"{'pass':<9}{'schedule':<25}{'Br x Bc':>9}{'HBM read':>13}{'HBM write':>13}{'total':>13}"
-        f"{'vs std':>9}{'FLOP/B':>9}"
-    )
-    print()
-    print(header)
-    print("-" * len(header))
-    for pass_, name, blocks, t, flops in rows:
-        std = rows[0][3] if pass_ == "forward" else rows[3][3]
-        print(
-            f"{pass_:<9}{name:<25}{blocks:>9}{_fmt_bytes(t.read_bytes):>13}{_fmt_bytes(t.write_bytes):>13}"
-            f"{_fmt_bytes(t.total_bytes):>13}{t.total_bytes / std.total_bytes:>8.3f}x"
-            f"{flops / t.total_bytes:>9.1f}"
-        )
-    print()
-    print(
-        f"Theorem 2 scale B*H*N^2*d^2/M: {_fmt_bytes(theorem2_scale(p, sram))}; "
-        f"standard's N^2 term alone: {_fmt_bytes(p.batch * p.heads * p.seq_len**2 * p.elem_bytes)}"
-    )
-    print(
-        "FLOP/B is arithmetic intensity. Below the ridge point (peak FLOP/s / HBM bytes/s; from the H200's "
-        "datasheet, 989 TFLOP/s bf16 / 4.8 TB/s = 206) a schedule is bound by memory traffic."
-    )
-    return 0

@@ -1,0 +1,198 @@
+"""``flashattn-teach iomodel``: the HBM traffic table, the roofline and the L2 level."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from .._cli_types import finite_positive_float, positive_int
+from .hbm import (
+    Problem,
+    attention_flops,
+    key_major_backward_io,
+    key_major_forward_io,
+    paper_block_sizes,
+    query_major_forward_io,
+    split_backward_io,
+    standard_backward_io,
+    standard_forward_io,
+    theorem2_scale,
+)
+from .l2 import H100_L2_BYTES, H100_SMS, L2Cache, query_major_forward_l2, split_backward_l2
+
+H200_BF16_TFLOPS = 989.0  # dense bf16 tensor-core peak, H100/H200 SXM datasheets
+H200_HBM_TBS = 4.8  # H200 SXM datasheet, HBM3e (H100 SXM: 3.35)
+PROG = "flashattn-teach iomodel"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seq-len", "-N", type=positive_int, default=8192, help="sequence length N (default 8192)")
+    parser.add_argument("--head-dim", "-d", type=positive_int, default=128, help="head dimension d (default 128)")
+    parser.add_argument("--batch", "-B", type=positive_int, default=1, help="batch size B (default 1)")
+    parser.add_argument("--heads", "-H", type=positive_int, default=1, help="number of heads H (default 1)")
+    parser.add_argument(
+        "--elem-bytes", type=positive_int, default=2, help="bytes per element of Q, K, V, O (default 2)"
+    )
+    parser.add_argument(
+        "--sram-kib",
+        type=finite_positive_float,
+        default=228.0,
+        help="on-chip memory M per thread block in KiB (default 228: H100/H200 shared memory)",
+    )
+    parser.add_argument("--block-m", type=positive_int, default=128, help="BLOCK_M of the query-major/split schedules")
+    parser.add_argument("--block-n", type=positive_int, default=64, help="BLOCK_N of the query-major/split schedules")
+    parser.add_argument("--causal", action="store_true", help="causal masking (skip tiles above the diagonal)")
+    roof = parser.add_argument_group("roofline")
+    roof.add_argument(
+        "--peak-tflops",
+        type=finite_positive_float,
+        default=H200_BF16_TFLOPS,
+        help=f"peak FLOP/s in TFLOP/s (default {H200_BF16_TFLOPS:g}: H100/H200 SXM dense bf16)",
+    )
+    roof.add_argument(
+        "--hbm-tbs",
+        type=finite_positive_float,
+        default=H200_HBM_TBS,
+        help=f"HBM bandwidth in TB/s (default {H200_HBM_TBS:g}: H200 SXM; H100 SXM has 3.35)",
+    )
+    l2 = parser.add_argument_group("L2 cache")
+    l2.add_argument(
+        "--l2-mib",
+        type=finite_positive_float,
+        default=H100_L2_BYTES / 2**20,
+        help=f"L2 size in MiB (default {H100_L2_BYTES // 2**20}: H100/H200)",
+    )
+    l2.add_argument(
+        "--programs",
+        type=positive_int,
+        default=H100_SMS,
+        help=f"programs resident at once (default {H100_SMS}: one per SM of an H100/H200 SXM)",
+    )
+
+
+def _error(option: str, message: str) -> int:
+    print(f"{PROG}: error: argument {option}: {message}", file=sys.stderr)
+    return 2
+
+
+def _bytes_option(value: float, unit: int, text: str) -> int:
+    """``value * unit`` bytes as an int, or a ValueError when a float cannot hold it."""
+    if not math.isfinite(value * unit):
+        raise ValueError(f"{text} is more bytes than a float holds")
+    return int(value * unit)
+
+
+def run(args: argparse.Namespace) -> int:
+    p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
+    try:
+        sram = _bytes_option(args.sram_kib, 1024, f"{args.sram_kib:g} KiB")
+        br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+    except ValueError as e:
+        return _error("--sram-kib", str(e))
+    try:
+        cache = L2Cache(_bytes_option(args.l2_mib, 2**20, f"{args.l2_mib:g} MiB"), args.programs)
+    except ValueError as e:
+        return _error("--l2-mib", str(e))
+
+    ridge = args.peak_tflops / args.hbm_tbs  # (FLOP/s) / (bytes/s), both in units of 1e12
+    _traffic_table(p, args, sram, br, bc, ridge)
+    _l2_section(p, args, cache, ridge)
+    return 0
+
+
+def _bound(intensity: float, ridge: float) -> str:
+    return "compute" if intensity >= ridge else "memory"
+
+
+def _traffic_table(p: Problem, args: argparse.Namespace, sram: int, br: int, bc: int, ridge: float) -> None:
+    bm, bn = args.block_m, args.block_n
+    fwd, bwd = attention_flops(p, "forward"), attention_flops(p, "backward")
+    print(
+        f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
+        f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)"
+    )
+    print(
+        f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
+        f"backward {bwd / 1e9:.2f} GFLOP"
+    )
+    print(
+        f"Roofline: ridge point {args.peak_tflops:g} TFLOP/s / {args.hbm_tbs:g} TB/s = {ridge:.0f} FLOP/B; "
+        "below it a schedule is bound by memory traffic"
+    )
+    rows = [
+        ("forward", "standard (FA1 Alg. 0)", "-", standard_forward_io(p), fwd),
+        ("forward", "key-major (FA1 Alg. 1)", f"{br}x{bc}", key_major_forward_io(p, br, bc), fwd),
+        ("forward", "query-major (FA2)", f"{bm}x{bn}", query_major_forward_io(p, bm, bn), fwd),
+        ("backward", "standard (FA1 Alg. 3)", "-", standard_backward_io(p), bwd),
+        ("backward", "key-major (FA1 Alg. 4)", f"{br}x{bc}", key_major_backward_io(p, br, bc), bwd),
+        ("backward", "split dK/dV + dQ (FA2)", f"{bm}x{bn}", split_backward_io(p, bm, bn), bwd),
+    ]
+    header = (
+        f"{'pass':<9}{'schedule':<25}{'Br x Bc':>9}{'HBM read':>13}{'HBM write':>13}{'total':>13}"
+        f"{'vs std':>9}{'FLOP/B':>9}  bound"
+    )
+    print()
+    print(f"HBM traffic, every load from HBM (no cache):\n{header}\n{'-' * len(header)}")
+    for pass_, name, blocks, t, flops in rows:
+        std = rows[0][3] if pass_ == "forward" else rows[3][3]
+        print(
+            f"{pass_:<9}{name:<25}{blocks:>9}{_fmt_bytes(t.read_bytes):>13}{_fmt_bytes(t.write_bytes):>13}"
+            f"{_fmt_bytes(t.total_bytes):>13}{t.total_bytes / std.total_bytes:>8.3f}x"
+            f"{flops / t.total_bytes:>9.1f}  {_bound(flops / t.total_bytes, ridge)}"
+        )
+    print()
+    print(
+        f"Theorem 2 scale B*H*N^2*d^2/M: {_fmt_bytes(theorem2_scale(p, sram))}; "
+        f"standard's N^2 term alone: {_fmt_bytes(p.batch * p.heads * p.seq_len**2 * p.elem_bytes)}"
+    )
+
+
+def _l2_section(p: Problem, args: argparse.Namespace, cache: L2Cache, ridge: float) -> None:
+    bm, bn = args.block_m, args.block_n
+    figures = [
+        ("forward", "query-major (FA2)", query_major_forward_l2(p, bm, bn, cache), attention_flops(p, "forward")),
+        ("backward", "split dK/dV + dQ (FA2)", split_backward_l2(p, bm, bn, cache), attention_flops(p, "backward")),
+    ]
+    print()
+    print(
+        f"L2 reuse: {_fmt_bytes(cache.size_bytes)} of L2, {cache.programs} programs resident at once. Grids run "
+        "block-fastest\n(as flashattn_teach.triton's), so the programs running at once are the blocks of a few "
+        "(batch, head) pairs:"
+    )
+    header = (
+        f"{'pass':<16}{'re-reads per head':<19}{'blocks/head':>12}{'heads at once':>15}{'working set':>26}  fits L2"
+    )
+    print(f"{header}\n{'-' * len(header)}")
+    for _, _, fig, _ in figures:
+        for r in fig.passes:
+            working = f"{r.heads_resident} x {_fmt_bytes(r.head_bytes)} = {_fmt_bytes(r.resident_bytes)}"
+            print(
+                f"{r.pass_name:<16}{', '.join(r.reread):<19}{r.blocks_per_head:>12}{r.heads_resident:>15}"
+                f"{working:>26}  {'yes' if r.fits else 'no'}"
+            )
+    header = (
+        f"{'pass':<9}{'schedule':<25}{'HBM no L2':>12}{'FLOP/B':>9}  {'bound':<9}"
+        f"{'HBM with L2':>12}{'FLOP/B':>9}  bound"
+    )
+    print(f"\n{header}\n{'-' * len(header)}")
+    for pass_, name, fig, flops in figures:
+        without, with_l2 = flops / fig.without_l2.total_bytes, flops / fig.with_l2.total_bytes
+        print(
+            f"{pass_:<9}{name:<25}{_fmt_bytes(fig.without_l2.total_bytes):>12}{without:>9.1f}  "
+            f"{_bound(without, ridge):<9}{_fmt_bytes(fig.with_l2.total_bytes):>12}{with_l2:>9.1f}  "
+            f"{_bound(with_l2, ridge)}"
+        )
+    print(
+        "With L2 applies where every pass fits: the heads resident at once keep all they re-read in L2, so\n"
+        "each tile leaves HBM once per (batch, head); where a pass does not fit, the model keeps its no-L2 count,\n"
+        "an upper bound (programs in lockstep still share the tiles in flight)."
+    )
