@@ -1,4 +1,4 @@
-"""``flashattn-teach iomodel``: the HBM traffic table, the roofline and the L2 level."""
+"""``flashattn-teach iomodel``: the HBM traffic table, the roofline, the L2 level and (``--ring W``) the ring."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ from .hbm import (
     theorem2_scale,
 )
 from .l2 import H100_L2_BYTES, H100_SMS, L2Cache, query_major_forward_l2, split_backward_l2
+from .ring import (
+    ACHIEVED,
+    H200_BF16_TFLOPS,
+    NVLINK4_GBS,
+    RingHardware,
+    kv_heads_of,
+    ring_step,
+    shard_len,
+)
 
-H200_BF16_TFLOPS = 989.0  # dense bf16 tensor-core peak, H100/H200 SXM datasheets
 H200_HBM_TBS = 4.8  # H200 SXM datasheet, HBM3e (H100 SXM: 3.35)
 PROG = "flashattn-teach iomodel"
 
@@ -32,6 +40,13 @@ def _fmt_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def _fmt_seconds(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.2f} {unit}"
+    return f"{s / 1e-9:.2f} ns"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +92,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=H100_SMS,
         help=f"programs resident at once (default {H100_SMS}: one per SM of an H100/H200 SXM)",
     )
+    ring = parser.add_argument_group("ring (context parallelism)")
+    ring.add_argument("--ring", type=positive_int, metavar="W", help="also model a ring over W >= 2 devices")
+    ring.add_argument(
+        "--kv-heads", type=positive_int, help="key/value heads H_kv of the ring's shards (GQA; default H)"
+    )
+    ring.add_argument(
+        "--link-gbs",
+        type=finite_positive_float,
+        default=NVLINK4_GBS,
+        help=f"link bandwidth per direction in GB/s (default {NVLINK4_GBS:g}: NVLink 4, 900 GB/s bidirectional "
+        "per H100/H200; 50 for one 400 Gb/s InfiniBand NIC per GPU)",
+    )
+    ring.add_argument(
+        "--efficiency",
+        type=finite_positive_float,
+        default=ACHIEVED,
+        help=f"fraction of --peak-tflops a block's attention achieves, in (0, 1] (default {ACHIEVED:g})",
+    )
 
 
 def _error(option: str, message: str) -> int:
@@ -102,10 +135,24 @@ def run(args: argparse.Namespace) -> int:
         cache = L2Cache(_bytes_option(args.l2_mib, 2**20, f"{args.l2_mib:g} MiB"), args.programs)
     except ValueError as e:
         return _error("--l2-mib", str(e))
+    if args.efficiency > 1:
+        return _error("--efficiency", f"must be in (0, 1], got {args.efficiency:g}")
+    hw = RingHardware(args.link_gbs, args.peak_tflops, args.efficiency)
+    if args.ring is not None:
+        try:
+            shard_len(p, args.ring)
+        except ValueError as e:
+            return _error("--ring", str(e))
+    try:
+        kv_heads = kv_heads_of(p, args.kv_heads)
+    except ValueError as e:
+        return _error("--kv-heads", str(e))
 
     ridge = args.peak_tflops / args.hbm_tbs  # (FLOP/s) / (bytes/s), both in units of 1e12
     _traffic_table(p, args, sram, br, bc, ridge)
     _l2_section(p, args, cache, ridge)
+    if args.ring is not None:
+        _ring_section(p, args.ring, hw, kv_heads)
     return 0
 
 
@@ -195,4 +242,31 @@ def _l2_section(p: Problem, args: argparse.Namespace, cache: L2Cache, ridge: flo
         "With L2 applies where every pass fits: the heads resident at once keep all they re-read in L2, so\n"
         "each tile leaves HBM once per (batch, head); where a pass does not fit, the model keeps its no-L2 count,\n"
         "an upper bound (programs in lockstep still share the tiles in flight)."
+    )
+
+
+def _ring_section(p: Problem, world: int, hw: RingHardware, kv_heads: int) -> None:
+    steps = [ring_step(p, world, hw, pass_, kv_heads) for pass_ in ("forward", "backward")]
+    layout = "causal, zigzag layout: every step does half a block" if p.causal else "non-causal: full blocks"
+    print()
+    print(
+        f"Ring over W = {world} devices: N/W = {steps[0].n_local} tokens each, H_kv = {kv_heads} ({layout});\n"
+        f"link {hw.link_gbs:g} GB/s per direction, a device runs {hw.peak_tflops:g} x {hw.efficiency:g} = "
+        f"{hw.throughput / 1e12:g} TFLOP/s"
+    )
+    header = (
+        f"{'pass':<9}{'sent/step':>12}{'comm':>11}{'FLOPs/step':>14}{'compute':>11}  {'hides':<6}"
+        f"{'N/W*':>7}{'N* = W N/W*':>13}"
+    )
+    print(f"{header}\n{'-' * len(header)}")
+    for s in steps:
+        smallest = math.ceil(s.crossover_n_local)
+        print(
+            f"{s.pass_:<9}{_fmt_bytes(s.bytes):>12}{_fmt_seconds(s.comm_s):>11}{s.flops / 1e9:>9.2f} GFLOP"
+            f"{_fmt_seconds(s.compute_s):>11}  {'yes' if s.hides else 'no':<6}{smallest:>7}{world * smallest:>13}"
+        )
+    print(
+        "The transfer of the next shard hides behind a block's attention when N/W >= N/W* = t e H_kv F / (4 c H BW):\n"
+        "t = 2 shards (K, V) forward, 4 backward (with dK, dV); c = 1 forward, 2.5 backward, x 1/2 causal;\n"
+        "F = achieved FLOP/s, BW = link bytes/s. B and d cancel; per-message latency is left out."
     )

@@ -23,7 +23,7 @@ are float32 (4 bytes), as in every implementation. Schedules:
 FLOPs follow the papers' benchmark convention: ``4 B H N^2 d`` for the forward (two matmuls, two FLOPs
 per multiply-add), halved when causal, and 2.5 times that for the backward (five matmuls instead of two).
 
-What the L2 cache changes is in :mod:`.l2`.
+What the L2 cache changes is in :mod:`.l2`; the ring across devices in :mod:`.ring`.
 """
 
 from __future__ import annotations
