@@ -122,13 +122,14 @@ def run_world_and_subgroups(
 
 
 def bad_calls(rank: int, world_size: int) -> list[Exception]:
-    """The errors of two bad calls, in order: rank 1 passes a different N_local (every rank must raise,
-    naming both shapes), then every rank passes an odd N_local to the zigzag layout."""
+    """The errors of three bad calls, in order: rank 1 passes a different N_local (every rank must raise,
+    naming both shapes), then a different ``causal``, then every rank an odd N_local to the zigzag layout."""
     errors = []
-    for n, layout in ((8 if rank == 0 else 6, "contiguous"), (5, "zigzag")):
+    calls = [(8 if rank == 0 else 6, "contiguous", False), (8, "contiguous", rank == 0), (5, "zigzag", False)]
+    for n, layout, causal in calls:
         q = torch.randn(1, 2, n, 4, dtype=torch.float64)
         try:
-            ring_attention(q, q, q, layout=layout, timeout=30.0)
+            ring_attention(q, q, q, layout=layout, causal=causal, timeout=30.0)
         except Exception as e:
             errors.append(e)
     return errors

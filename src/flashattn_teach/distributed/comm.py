@@ -12,12 +12,18 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..api import BACKENDS
 from ..errors import AttentionError, AttentionValueError
+from .layout import LAYOUTS
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MAX_DIMS = 6  # dims of each shape sent in the cross-rank check (more are compared by count only)
 
 
 class RingTimeoutError(AttentionError, TimeoutError):
@@ -133,3 +139,79 @@ def check_same_call(ring: Ring, fields: list[Field], device: torch.device) -> No
                     f"{f.readable(first)} and rank {r} passed {f.readable(theirs)}"
                 )
             start = stop
+
+
+def _shape(name: str, t: Tensor) -> Field:
+    """``(ndim, *shape)`` padded to a fixed length, so that every rank's signature has one length."""
+    dims = tuple(t.shape[:_MAX_DIMS])
+    return Field(f"{name} shape", (t.dim(), *dims, *(-1,) * (_MAX_DIMS - len(dims))), _read_shape)
+
+
+def _read_shape(values: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in values[1 : 1 + min(values[0], _MAX_DIMS)]) + ")"
+
+
+def _choice(name: str, value: object, choices: tuple[Any, ...]) -> Field:
+    index = next((n for n, c in enumerate(choices) if c == value and type(c) is type(value)), -1)
+    return Field(name, (index,), lambda x: repr(choices[x[0]]) if x[0] >= 0 else "another value")
+
+
+_NONE, _GIVEN, _INVALID = 0, 1, 2  # how an optional number travels: (kind, value)
+
+
+def _read_number(x: tuple[int, ...], read: Callable[[int], str]) -> str:
+    return {_NONE: "None", _GIVEN: read(x[1]), _INVALID: "an invalid value"}[x[0]]
+
+
+def _optional_int(name: str, value: object) -> Field:
+    """``None`` or an int; anything else travels as invalid, for the validation after the check to refuse."""
+    if value is None:
+        kind, bits = _NONE, 0
+    elif isinstance(value, int) and not isinstance(value, bool):
+        kind, bits = _GIVEN, value
+    else:
+        kind, bits = _INVALID, 0
+    return Field(name, (kind, bits), lambda x: _read_number(x, str))
+
+
+def _scale(scale: object) -> Field:
+    """``None`` or a real number, its float64 bits exactly; anything else travels as invalid."""
+    if scale is None:
+        kind, bits = _NONE, 0
+    elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        kind, bits = _GIVEN, float_bits(float(scale))
+    else:
+        kind, bits = _INVALID, 0
+    return Field("scale", (kind, bits), lambda x: _read_number(x, lambda b: repr(bits_float(b))))
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """The options of one ``ring_attention`` call as the user passed them, before validation."""
+
+    causal: object
+    return_lse: object
+    layout: object
+    backend: object
+    scale: object
+    block_m: object
+    block_n: object
+
+
+def signature(q: Tensor, k: Tensor, v: Tensor, options: CallOptions) -> list[Field]:
+    """What every rank must pass alike: shapes, dtype, device type, whether gradients are needed (the
+    backward is a ring too), and every option. An invalid value still encodes (as "another value"), so the
+    ranks compare first and then all refuse it together."""
+    fields = [_shape("query", q), _shape("key", k), _shape("value", v)]
+    fields.append(_choice("dtype", q.dtype, _DTYPES))
+    fields.append(_choice("device type", q.device.type, ("cpu", "cuda")))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    fields.append(_choice("requires_grad (with grad mode on)", needs_grad, (False, True)))
+    fields.append(_choice("causal", options.causal, (False, True)))
+    fields.append(_choice("return_lse", options.return_lse, (False, True)))
+    fields.append(_choice("layout", options.layout, LAYOUTS))
+    fields.append(_choice("backend", options.backend, BACKENDS))
+    fields.append(_optional_int("block_m", options.block_m))
+    fields.append(_optional_int("block_n", options.block_n))
+    fields.append(_scale(options.scale))
+    return fields

@@ -29,17 +29,15 @@ from torch import Tensor
 
 from .._layout import compute_dtype
 from .._validate import check_bool, shape_str, validate_block_sizes, validate_inputs
-from ..api import BACKENDS, explain
+from ..api import explain
 from ..errors import AttentionTypeError, AttentionValueError
 from ..merge import merge_attention_states
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 from .blocks import LocalBackend
-from .comm import Field, Ring, bits_float, check_same_call, float_bits
-from .layout import LAYOUTS, BlockCall, call_tiles, check_layout, chunk_ids, ring_schedule
+from .comm import CallOptions, Ring, check_same_call, signature
+from .layout import BlockCall, call_tiles, check_layout, chunk_ids, ring_schedule
 
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, since the first call of a Triton kernel compiles it
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_MAX_DIMS = 6  # dims of each shape sent in the cross-rank check (more are compared by count only)
 KV_TAG, DKV_TAG = 0, 1  # gloo matches point-to-point messages by tag: key/value shards, dK/dV accumulators
 
 
@@ -84,7 +82,7 @@ def _unpack(buf: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of the local queries ``q (B, H_q, N_local, D)`` over the whole sequence."""
     ring, chunk = plan.ring, plan.chunk_len(q.shape[-2])
-    dt = torch.float64 if q.dtype == torch.float64 else compute_dtype(q.dtype)  # merge in fp32 at least
+    dt = compute_dtype(q.dtype)  # merge in fp32 at least
     O = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=dt)  # (B, H_q, N_local, D_v)
     lse = q.new_full(q.shape[:-1], float("-inf"), dtype=dt)  # (B, H_q, N_local): no key seen yet
     kv = _pack(k, v)
@@ -108,7 +106,7 @@ def ring_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of the local shards, from the global ``O, lse`` of the forward."""
     ring, chunk = plan.ring, plan.chunk_len(q.shape[-2])
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate across blocks in fp32
+    dt = compute_dtype(q.dtype)  # accumulate across blocks in fp32 at least
     dq = torch.zeros(q.shape, dtype=dt, device=q.device)
     kv = _pack(k, v)
     dkv_shift = None
@@ -165,49 +163,6 @@ class RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def _shape(name: str, t: Tensor) -> Field:
-    """``(ndim, *shape)`` padded to a fixed length, so that every rank's signature has one length."""
-    dims = tuple(t.shape[:_MAX_DIMS])
-    return Field(f"{name} shape", (t.dim(), *dims, *(-1,) * (_MAX_DIMS - len(dims))), _read_shape)
-
-
-def _read_shape(values: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in values[1 : 1 + min(values[0], _MAX_DIMS)]) + ")"
-
-
-def _choice(name: str, value: object, choices: tuple[Any, ...]) -> Field:
-    index = next((n for n, c in enumerate(choices) if c == value and type(c) is type(value)), -1)
-    return Field(name, (index,), lambda x: repr(choices[x[0]]) if x[0] >= 0 else "another value")
-
-
-def _optional_int(name: str, value: object) -> Field:
-    """``None`` or an int, as ``(given, value)``; anything else is left for the validation to refuse."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return Field(name, (0, 0), lambda x: "None")
-    return Field(name, (1, value), lambda x: "None" if not x[0] else str(x[1]))
-
-
-def _scale(scale: object) -> Field:
-    """``None`` or a number; anything else is left for the validation after the check to refuse."""
-    if scale is None or not isinstance(scale, (int, float)):
-        return Field("scale", (0, 0), lambda x: "None")
-    return Field("scale", (1, float_bits(float(scale))), lambda x: "None" if not x[0] else repr(bits_float(x[1])))
-
-
-def _signature(q: Tensor, k: Tensor, v: Tensor, **options: object) -> list[Field]:
-    fields = [_shape("query", q), _shape("key", k), _shape("value", v)]
-    fields.append(_choice("dtype", q.dtype, _DTYPES))
-    fields.append(_choice("device type", q.device.type, ("cpu", "cuda")))
-    fields.append(_choice("requires_grad", any(t.requires_grad for t in (q, k, v)), (False, True)))
-    fields.append(_choice("causal", options["causal"], (False, True)))
-    fields.append(_choice("return_lse", options["return_lse"], (False, True)))
-    fields.append(_choice("layout", options["layout"], LAYOUTS))
-    fields.append(_choice("backend", options["backend"], BACKENDS))
-    fields.extend(_optional_int(n, options[n]) for n in ("block_m", "block_n"))
-    fields.append(_scale(options["scale"]))
-    return fields
-
-
 def ring_attention(
     q: Tensor,
     k: Tensor,
@@ -253,8 +208,8 @@ def ring_attention(
         if not isinstance(t, Tensor):
             raise AttentionTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     ring = Ring.of(group, timeout)
-    options = dict(causal=causal, return_lse=return_lse, layout=layout, backend=backend, scale=scale)
-    check_same_call(ring, _signature(q, k, v, block_m=block_m, block_n=block_n, **options), q.device)
+    options = CallOptions(causal, return_lse, layout, backend, scale, block_m, block_n)
+    check_same_call(ring, signature(q, k, v, options), q.device)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise AttentionValueError(f"{name} must be a 4-D (B, H, N_local, D) shard, got shape {shape_str(t)}")
