@@ -7,7 +7,8 @@ shard of rank ``(r - s) mod W``, computes its local queries against it, and fold
 running output with the log-sum-exp merge (:func:`flashattn_teach.merge_attention_states`), the online
 softmax's ``m_i, l_i`` update one level up, across devices instead of across tiles::
 
-    lse_i = log(exp(lse_i) + exp(lse_ij))      O_i = exp(lse_i^old - lse_i) O_i + exp(lse_ij - lse_i) O_ij
+    lse_new = log(exp(lse_i) + exp(lse_ij))
+    O_i     = exp(lse_i - lse_new) O_i + exp(lse_ij - lse_new) O_ij,     then lse_i = lse_new
 
 The transfer of the next shard is started before the current one's attention and waited on after it, so
 communication hides behind computation when a block's FLOPs outlast its bytes on the link.
@@ -15,7 +16,8 @@ communication hides behind computation when a block's FLOPs outlast its bytes on
 Backward (the scheme of ring-flash-attention): the key/value shards go around again; with the saved
 global ``lse`` and ``delta_i = rowsum(dO_i * O_i)`` each block yields its exact share of ``dQ, dK, dV``.
 ``dQ`` accumulates on the rank that owns the queries; the ``dK, dV`` accumulators travel with their shard
-and after W hops arrive back at its owner. No rank ever holds more than two key/value shards at once.
+and after W hops arrive back at its owner. No rank ever holds the whole sequence's keys and values: only
+its own shard, the one it computes with and the one arriving.
 """
 
 from __future__ import annotations
