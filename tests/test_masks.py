@@ -225,6 +225,13 @@ def test_causal_is_the_window_with_right_side_zero(causal_align):
     torch.testing.assert_close(a, c, atol=0, rtol=0)
 
 
+def test_a_window_without_causal_is_not_mistaken_for_plain_attention():
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    assert fa.explain(q, k, v, window=(-1, 0)).backend == "online"  # the parallel path would ignore it
+    assert fa.explain(q, k, v, window=(-1, 0), is_causal=True).backend == "parallel"  # this one is just causal
+    torch.testing.assert_close(fa.flash_attention(q, k, v, window=(-1, 0)), formula(q, k, v, causal=True)[0])
+
+
 def test_jvp_through_a_window_softcap_and_alibi_matches_the_dense_oracle():
     g = torch.Generator().manual_seed(3)
     q, k, v, tq, tk, tv = (torch.randn(1, 2, 9, 4, dtype=torch.float64, generator=g) for _ in range(6))
@@ -378,9 +385,16 @@ def test_a_left_padded_batch_with_a_hugging_face_mask_runs_tiled_and_matches_tor
         mask = torch.zeros(B, 1, N, N).masked_fill(~seen, hidden)
     plan = fa.explain(q, k, v, attn_mask=mask)
     assert plan.backend != "dense" and "skipped" in plan.reason
-    got = fa.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = fa.scaled_dot_product_attention(*ours, attn_mask=mask)
+    expected = F.scaled_dot_product_attention(*theirs, attn_mask=mask)
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
+    dO = torch.randn(got.shape, generator=g)
+    for name, a, b in zip(
+        "qkv", torch.autograd.grad(got, ours, dO), torch.autograd.grad(expected, theirs, dO), strict=True
+    ):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0, msg=f"d{name}")
 
 
 def test_named_backends_refuse_the_variants_they_do_not_honour():

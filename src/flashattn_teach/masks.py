@@ -80,12 +80,14 @@ def _combine(a: TileKind, b: TileKind) -> TileKind:
 class MaskSpec:
     """Everything that decides a call's visibility and score bias; built once per call by ``make_options``.
 
-    ``left, right`` are the window with causal folded in (``-1``: unbounded); ``seqlens_k`` has the batch
-    shape; ``attn_mask`` is the user's mask with leading 1s up to the score rank (a view, no copy).
+    ``causal`` is the user's flag; ``left, right`` are the window with causal folded in (``-1``:
+    unbounded); ``seqlens_k`` has the batch shape; ``attn_mask`` is the user's mask with leading 1s up to
+    the score rank (a view, no copy).
     """
 
     shapes: AttentionShapes
     offset: int
+    causal: bool = False
     left: int = -1
     right: int = -1
     softcap: float | None = None
@@ -115,6 +117,7 @@ class MaskSpec:
         return MaskSpec(
             shapes=shapes,
             offset=diagonal_offset(shapes.N_q, shapes.N_k, causal_align),
+            causal=causal,
             left=left,
             right=0 if causal else right,  # causal is the window's right side 0, intersected with any window
             softcap=softcap,
@@ -129,9 +132,9 @@ class MaskSpec:
     @property
     def variants(self) -> tuple[str, ...]:
         """The options beyond plain (causal) attention that this call uses, by argument name."""
-        causal_only = self.left == -1 and self.right in (-1, 0)
+        # A window whose right side is folded into causal, and no left side, is plain causal masking.
         named = {
-            "window": not causal_only,
+            "window": self.left >= 0 or (self.right >= 0 and not self.causal),
             "softcap": self.softcap is not None,
             "alibi_slopes": self.alibi_slopes is not None,
             "seqlens_k": self.seqlens_k is not None,
