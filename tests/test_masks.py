@@ -17,13 +17,32 @@ import flashattn_teach as fa
 from flashattn_teach import online_softmax
 from flashattn_teach._options import make_options
 from flashattn_teach.causal import TileKind
-from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
+from flashattn_teach.masks import Tiling
+from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention, parallel
+from flashattn_teach.reference.online import tiled_attention
 
 from attention_strategies import Problem, problems
 
-TILED = [pytest.param(online_attention, id="query_major"), pytest.param(key_major_attention, id="key_major")]
-ALL = [*TILED, pytest.param(dense_attention, id="dense")]
 NEG_INF = float("-inf")
+
+
+def parallel_attention(q, k, v, *, block_m, block_n, return_lse=False, **kwargs):
+    """The parallel path with chosen tiles, its forward spread over the pool even for a small problem."""
+    opts = make_options(q, k, v, **kwargs)
+    smallest, parallel.MIN_PARALLEL_SCORES = parallel.MIN_PARALLEL_SCORES, 0
+    try:
+        O, lse = tiled_attention(q, k, v, opts, order="parallel", block_m=block_m, block_n=block_n)
+    finally:
+        parallel.MIN_PARALLEL_SCORES = smallest
+    return (O, lse) if return_lse else O
+
+
+TILED = [
+    pytest.param(online_attention, id="query_major"),
+    pytest.param(key_major_attention, id="key_major"),
+    pytest.param(parallel_attention, id="parallel"),
+]
+ALL = [*TILED, pytest.param(dense_attention, id="dense")]
 
 
 def formula(q, k, v, *, causal=False, causal_align="top_left", window=None, softcap=None, alibi_slopes=None,
@@ -227,9 +246,11 @@ def test_causal_is_the_window_with_right_side_zero(causal_align):
 
 def test_a_window_without_causal_is_not_mistaken_for_plain_attention():
     q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
-    assert fa.explain(q, k, v, window=(-1, 0)).backend == "online"  # the parallel path would ignore it
-    assert fa.explain(q, k, v, window=(-1, 0), is_causal=True).backend == "parallel"  # this one is just causal
-    torch.testing.assert_close(fa.flash_attention(q, k, v, window=(-1, 0)), formula(q, k, v, causal=True)[0])
+    assert "window read tile by tile" in fa.explain(q, k, v, window=(-1, 0)).reason
+    assert "window" not in fa.explain(q, k, v, window=(-1, 0), is_causal=True).reason  # this one is just causal
+    for backend in ("parallel", "online", "key_major", "dense"):
+        got = fa.flash_attention(q, k, v, window=(-1, 0), backend=backend)
+        torch.testing.assert_close(got, formula(q, k, v, causal=True)[0], msg=backend)
 
 
 def test_jvp_through_a_window_softcap_and_alibi_matches_the_dense_oracle():
@@ -245,7 +266,8 @@ def test_jvp_through_a_window_softcap_and_alibi_matches_the_dense_oracle():
 
 
 def count_score_tiles(monkeypatch):
-    """Patch ``score_tile`` to record ``(Br, Bc, masked)`` of every tile the references compute."""
+    """Patch the references to record ``(Br, Bc, masked)`` of every score tile they compute: ``score_tile``
+    for the query-major and key-major loops, ``Tiling.head_tile`` for the parallel path's per-head loops."""
     visited: list[tuple[int, int, bool]] = []
     original = online_softmax.score_tile
 
@@ -253,7 +275,16 @@ def count_score_tiles(monkeypatch):
         visited.append((q_i.shape[-2], k_j.shape[-2], allowed is not None))
         return original(q_i, k_j, scale, allowed, **variants)
 
+    head_tile = Tiling.head_tile
+
+    def counting_head_tile(self, i, j, rows, **where):
+        allowed, bias = head_tile(self, i, j, rows, **where)
+        c0, c1 = self.col_blocks[j]
+        visited.append((rows[1] - rows[0], c1 - c0, allowed is not None))
+        return allowed, bias
+
     monkeypatch.setattr(online_softmax, "score_tile", counting)
+    monkeypatch.setattr(Tiling, "head_tile", counting_head_tile)
     return visited
 
 
@@ -401,10 +432,10 @@ def test_named_backends_refuse_the_variants_they_do_not_honour():
     q = torch.randn(1, 1, 5, 16)
     with pytest.raises(NotImplementedError, match="window, softcap not yet in the Triton kernels"):
         fa.explain(q, q, q, window=(2, 0), softcap=3.0, backend="triton")
-    with pytest.raises(NotImplementedError, match=r"parallel.*does not yet honour seqlens_k"):
-        fa.flash_attention(q, q, q, seqlens_k=torch.tensor([3]), backend="parallel")
+    with pytest.raises(NotImplementedError, match="seqlens_k not yet in the Triton kernels"):
+        fa.flash_attention(q, q, q, seqlens_k=torch.tensor([3]), backend="triton")
     p = fa.explain(q, q, q, window=(1, 0))
-    assert p.backend == "online" and "1 tiles of 128 x 512: 0 visited whole, 1 visited with a tile mask" in p.reason
+    assert p.backend == "parallel" and "1 tiles of 1024 x 256: 0 visited whole, 1 visited with a tile mask" in p.reason
 
 
 def test_a_mask_that_requires_grad_runs_dense_and_gets_its_gradient():
@@ -441,3 +472,15 @@ def test_bad_mask_options_are_named(kwargs, error, match):
     with pytest.raises(error, match=match) as info:
         fa.flash_attention(q, k, k, **kwargs)
     assert isinstance(info.value, fa.AttentionError)
+
+
+def test_the_parallel_path_skips_each_batch_elements_padding(monkeypatch):
+    """Per head, not over the whole batch: a padded element visits only its own keys' tiles."""
+    visited = count_score_tiles(monkeypatch)
+    q = torch.randn(2, 1, 32, 4)
+    lengths = torch.tensor([32, 8])
+    parallel_attention(q, q, q, seqlens_k=lengths, block_m=8, block_n=8)
+    assert len(visited) == 4 * 4 + 4 * 1  # batch 0: all 16 tiles; batch 1: key block 0 of each query block
+    visited.clear()
+    online_attention(q, q, q, seqlens_k=lengths, block_m=8, block_n=8)
+    assert len(visited) == 16  # the query-major reference runs the batch together: the union of both

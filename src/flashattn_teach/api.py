@@ -8,8 +8,8 @@ Backends:
     "dense"      the dense oracle: holds all N_q x N_k scores; the only one with dropout
 
 Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
-``masks.py``) run tile by tile on "online" and "key_major"; "parallel" and "triton" do not honour them yet
-and refuse them, so ``auto`` sends such calls to "online".
+``masks.py``) run tile by tile on every CPU backend; "triton" does not honour them yet and refuses them, so
+``auto`` runs such calls on a CPU path even for CUDA tensors.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -115,15 +115,11 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
                 "a torch.func transform is active: the query-major reference in this thread "
                 "(the parallel path's worker threads would not see the transform)",
             )
-        if variants:
-            return Plan(
-                "online",
-                f"{variants}: the query-major reference, tile by tile (the parallel path does not yet honour them)",
-            )
+        masked = f"; {variants} read tile by tile" if variants else ""
         return Plan(
             "parallel",
             f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
-            f"{default_workers()} single-threaded workers",
+            f"{default_workers()} single-threaded workers{masked}",
         )
 
     if needs_dense and backend != "dense":
@@ -132,11 +128,6 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
         why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
         if why_not is not None:
             raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
-    if backend == "parallel" and variants:
-        raise NotImplementedError(
-            f"backend='parallel' cannot run this call: it does not yet honour {variants}; use 'online', "
-            "'key_major', 'dense' or 'auto'"
-        )
     if backend == "parallel" and _transforms_active():
         raise NotImplementedError(
             "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -259,6 +260,66 @@ class MaskSpec:
         structure = TileKind.FULL if whole is TileKind.FULL else TileKind.PARTIAL  # a SKIP matrix is all False
         return self.tensors(0, N_q, 0, N_k, device, structure=structure, mask=TileKind.PARTIAL)
 
+    # ------------------------------------------------------------------- tensors of one tile of one head
+
+    @cached_property
+    def _lengths(self) -> list[int]:
+        """``seqlens_k`` by flat batch index, as Python ints (read once per call, not once per tile)."""
+        return [] if self.seqlens_k is None else self.seqlens_k.reshape(-1).tolist()
+
+    @cached_property
+    def _slopes(self) -> Tensor | None:
+        """ALiBi slopes as ``(1 or B, H_q)``."""
+        return None if self.alibi_slopes is None else self.alibi_slopes.reshape(-1, self.shapes.H_q)
+
+    def mask_of_head(self, b: int, h: int) -> Tensor:
+        """The user's ``attn_mask`` of batch element ``b`` (flat index) and query head ``h``: a 2-D view,
+        ``(N_q or 1, N_k or 1)``."""
+        assert self.attn_mask is not None
+        m = self.attn_mask
+        if m.dim() == 2:
+            return m
+        index = (*_unravel(b, self.shapes.batch), h)
+        return m[tuple(x if n > 1 else 0 for x, n in zip(index, m.shape[:-2], strict=True))]
+
+    def head_tensors(
+        self,
+        r0: int,
+        r1: int,
+        c0: int,
+        c1: int,
+        device: torch.device,
+        *,
+        b: int,
+        h: int,
+        structure: TileKind,
+        mask: TileKind,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """:meth:`tensors` for one head: ``(visible, bias)`` of shape ``(Br, Bc)`` (or broadcastable), or None."""
+        rows = torch.arange(r0, r1, device=device)[:, None]  # (Br, 1)
+        cols = torch.arange(c0, c1, device=device)[None, :]  # (1, Bc)
+        visible = None
+        if structure is TileKind.PARTIAL:
+            visible = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)  # (Br, Bc)
+            if self.left >= 0:
+                visible &= cols >= rows + self.offset - self.left
+            if self.right >= 0:
+                visible &= cols <= rows + self.offset + self.right
+            if self._lengths:
+                visible &= cols < self._lengths[b]
+        bias = None
+        if self._slopes is not None:
+            slope = self._slopes[b if self._slopes.shape[0] > 1 else 0, h].to(self.dtype)
+            bias = -slope * (rows + self.offset - cols).abs().to(self.dtype)  # (Br, Bc)
+        if self.attn_mask is not None and mask is not TileKind.FULL:
+            m = self.mask_of_head(b, h)
+            m = m[slice(r0, r1) if m.shape[0] > 1 else slice(None), slice(c0, c1) if m.shape[1] > 1 else slice(None)]
+            if m.dtype == torch.bool:
+                visible = m if visible is None else visible & m
+            else:
+                bias = m.to(self.dtype) if bias is None else bias + m.to(self.dtype)
+        return visible, bias
+
     # ------------------------------------------------------------------------------------------ tilings
 
     def tiling(self, block_m: int, block_n: int) -> Tiling:
@@ -344,23 +405,40 @@ class Tiling:
         if self.summary is not None:
             if h is None:
                 raise ValueError("a tile's kind under an attn_mask depends on the head: pass h")
-            index = (*_unravel(b, self.spec.shapes.batch), h)[-(self.summary.some.dim() - 2) :]
-            mask = self.summary.kind(i, j, index if self.summary.some.dim() > 2 else ())
+            mask = self.summary.kind(i, j, self._index(b, h))
         return _combine(structure, mask)
 
-    def key_blocks(self, i: int) -> list[int]:
-        """The key blocks query block ``i`` visits, in order: every one whose tile is not SKIP."""
+    def key_blocks(self, i: int, *, b: int | None = None, h: int | None = None) -> list[int]:
+        """The key blocks query block ``i`` visits, in order: every one whose tile is not SKIP (over the
+        whole batch, or for batch element ``b`` and head ``h``)."""
         r0, r1 = self.row_blocks[i]
         lo, hi = self.spec.key_range(r0, r1)
         near = range(lo // self.block_n, math.ceil(hi / self.block_n)) if hi > lo else range(0)
-        return [j for j in near if self.kind(i, j) is not TileKind.SKIP]
+        return [j for j in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
 
-    def query_blocks(self, j: int) -> list[int]:
+    def query_blocks(self, j: int, *, b: int | None = None, h: int | None = None) -> list[int]:
         """The query blocks that visit key block ``j``, in order (the key-major loops' inner range)."""
         c0, c1 = self.col_blocks[j]
         lo, hi = self.spec.query_range(c0, c1)
         near = range(lo // self.block_m, math.ceil(hi / self.block_m)) if hi > lo else range(0)
-        return [i for i in near if self.kind(i, j) is not TileKind.SKIP]
+        return [i for i in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
+
+    def head_tile(
+        self, i: int, j: int, rows: tuple[int, int], *, b: int, h: int, device: torch.device
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(visible, bias)`` of tile ``(i, j)`` of batch element ``b`` and head ``h``, for the query rows
+        ``rows = (r0, r1)`` within block ``i`` (a loop may leave out rows that see nothing of the tile)."""
+        r0, r1 = rows
+        c0, c1 = self.col_blocks[j]
+        structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
+        mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j, self._index(b, h))
+        return self.spec.head_tensors(r0, r1, c0, c1, device, b=b, h=h, structure=structure, mask=mask)
+
+    def _index(self, b: int, h: int) -> tuple[int, ...]:
+        """The ``(*batch, h)`` index into the mask summary's leading dims for flat batch ``b``, head ``h``
+        (none for 2-D inputs, whose scores have no batch or head dims)."""
+        assert self.summary is not None
+        return (*_unravel(b, self.spec.shapes.batch), h) if self.summary.some.dim() > 2 else ()
 
     def tile(self, i: int, j: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """``(visible, bias)`` of tile ``(i, j)`` in the grouped layout ``(B|1, H_kv|1, G|1, Br, Bc)``."""

@@ -30,36 +30,26 @@ ORDERS = (*FORWARDS, "parallel")
 def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, Tensor]]:
     """The forward of one loop order, its tiling bound in: call it with ``(q, k, v, scale=...)``."""
     if order == "parallel":
-        _refuse_variants(opts)
-        return functools.partial(
-            parallel_forward,
-            causal=opts.causal,
-            causal_align=opts.causal_align,
-            block_m=block_m,
-            block_n=block_n,
-            workers=default_workers(),
-        )
+        return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n))
     return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n))
 
 
 def _backward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, ...]]:
     """The backward of one loop order, its tiling bound in (see :func:`_forward`)."""
     if order == "parallel":
-        _refuse_variants(opts)
-        return functools.partial(
-            parallel_backward,
-            causal=opts.causal,
-            causal_align=opts.causal_align,
-            block_m=block_m,
-            block_n=block_n,
-            workers=default_workers(),
-        )
+        return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n))
     return functools.partial(backward_grouped, tiling=opts.mask.tiling(block_m, block_n))
 
 
-def _refuse_variants(opts: AttentionOptions) -> None:
-    if opts.mask.variants:
-        raise NotImplementedError(f"the parallel path does not yet honour {', '.join(opts.mask.variants)}")
+def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict[str, Any]:
+    return dict(
+        causal=opts.causal,
+        causal_align=opts.causal_align,
+        block_m=block_m,
+        block_n=block_n,
+        workers=default_workers(),
+        mask=opts.mask,
+    )
 
 
 def tiled_forward(
