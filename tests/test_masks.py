@@ -7,6 +7,8 @@ SDPA given the equivalent dense float mask where SDPA can express it.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -484,3 +486,41 @@ def test_the_parallel_path_skips_each_batch_elements_padding(monkeypatch):
     visited.clear()
     online_attention(q, q, q, seqlens_k=lengths, block_m=8, block_n=8)
     assert len(visited) == 16  # the query-major reference runs the batch together: the union of both
+
+
+@pytest.mark.parametrize("attention", ALL)
+@pytest.mark.parametrize("batch", [(), (2, 3)], ids=["rank 3", "rank 5"])
+def test_batch_shapes_other_than_one_dim_map_each_option_to_its_element(attention, batch):
+    """seqlens_k has the batch shape, slopes (*batch, H_q), the mask broadcasts: checked through the formula
+    on the same problem flattened to (B, H, N, D)."""
+    g = torch.Generator().manual_seed(5)
+    H, N_q, N_k = 2, 7, 9
+    q, k, v = (torch.randn(*batch, H, n, 4, generator=g, dtype=torch.float64) for n in (N_q, N_k, N_k))
+    lengths = torch.randint(0, N_k + 1, batch, generator=g)
+    slopes = torch.rand(*batch, H, generator=g, dtype=torch.float64)
+    mask = torch.rand(*batch[:1], *(1,) * len(batch[1:]), 1, N_q, N_k, generator=g) > 0.3
+    kw = dict(window=(3, 2), softcap=2.0, alibi_slopes=slopes, seqlens_k=lengths, attn_mask=mask)
+    tiles = {} if attention is dense_attention else dict(block_m=3, block_n=4)
+    O, lse = attention(q, k, v, return_lse=True, **kw, **tiles)
+    flat = math.prod(batch)
+    O_ref, lse_ref = formula(
+        *(t.reshape(flat, H, -1, 4) for t in (q, k, v)),
+        window=(3, 2),
+        softcap=2.0,
+        alibi_slopes=slopes.reshape(flat, H),
+        seqlens_k=lengths.reshape(flat),
+        attn_mask=mask.expand(*batch, 1, N_q, N_k).reshape(flat, 1, N_q, N_k),
+    )
+    torch.testing.assert_close(O.reshape(O_ref.shape), O_ref, atol=1e-12, rtol=0)
+    assert_lse_equal(lse.reshape(lse_ref.shape), lse_ref, 1e-12)
+
+
+@pytest.mark.parametrize("attention", ALL)
+def test_two_dimensional_inputs_take_a_scalar_length_and_one_slope(attention):
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (6, 8, 8))
+    kw = dict(window=(2, -1), alibi_slopes=torch.tensor([0.4], dtype=torch.float64), seqlens_k=torch.tensor(5))
+    tiles = {} if attention is dense_attention else dict(block_m=4, block_n=3)
+    O = attention(q, k, v, **kw, **tiles)
+    O_ref, _ = formula(q[None, None], k[None, None], v[None, None], **{**kw, "seqlens_k": torch.tensor([5])})
+    torch.testing.assert_close(O, O_ref[0, 0], atol=1e-12, rtol=0)

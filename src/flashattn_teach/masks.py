@@ -181,7 +181,7 @@ class MaskSpec:
         None: over the whole batch, SKIP only if SKIP for every element, FULL only if FULL for every one)."""
         lo, hi = self.key_range(r0, r1)
         if self.seqlens_k is not None and b is not None:
-            length = int(self.seqlens_k.reshape(-1)[b])
+            length = self._lengths[b]
             shortest = longest = length
         else:
             shortest, longest = self.seqlen_bounds
@@ -202,8 +202,11 @@ class MaskSpec:
     def _rank(self) -> int:
         return len(self.shapes.score_shape)
 
-    def structure_visible(self, r0: int, r1: int, c0: int, c1: int, device: torch.device) -> Tensor:
-        """Bool, broadcastable to the score tile ``(*batch, H_q, Br, Bc)``: window, causal, ``seqlens_k``."""
+    def structure_visible(
+        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None
+    ) -> Tensor:
+        """Bool, broadcastable to the score tile ``(*batch, H_q, Br, Bc)``: window, causal, ``seqlens_k``;
+        ``(Br, Bc)`` for batch element ``b`` alone."""
         rows = torch.arange(r0, r1, device=device)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device)[None, :]  # (1, Bc)
         vis = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)  # (Br, Bc)
@@ -211,78 +214,43 @@ class MaskSpec:
             vis &= cols >= rows + self.offset - self.left
         if self.right >= 0:
             vis &= cols <= rows + self.offset + self.right
-        if self.seqlens_k is not None:
+        if self.seqlens_k is not None and b is not None:
+            vis &= cols < self._lengths[b]
+        elif self.seqlens_k is not None:
             lengths = self.seqlens_k.reshape(*self.shapes.batch, *(1,) * (self._rank() - len(self.shapes.batch)))
             vis = vis & (cols < lengths)  # (*batch, 1, 1, Bc) for rank >= 3, (1, Bc) for rank 2
         return vis
 
-    def alibi_bias(self, r0: int, r1: int, c0: int, c1: int, device: torch.device) -> Tensor | None:
-        """``-slope[b, h] * |i + off - j|`` over the tile, broadcastable to the score tile; None without ALiBi."""
+    def alibi_bias(
+        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None, h: int = 0
+    ) -> Tensor | None:
+        """``-slope[b, h] * |i + off - j|`` over the tile, broadcastable to the score tile (``(Br, Bc)`` for
+        batch element ``b`` and head ``h``); None without ALiBi."""
         if self.alibi_slopes is None:
             return None
         rows = torch.arange(r0, r1, device=device, dtype=self.dtype)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device, dtype=self.dtype)[None, :]  # (1, Bc)
         distance = (rows + self.offset - cols).abs()  # (Br, Bc)
-        trailing = (1, 1) if self._rank() > 2 else ()  # rank 2 has no head dim: the one slope is a scalar
-        slopes = self.alibi_slopes.to(self.dtype).reshape(*self.alibi_slopes.shape[:-1], -1, *trailing)
-        if self._rank() == 2:
-            slopes = slopes.reshape(())
+        if b is not None or self._rank() == 2:  # one head, or 2-D inputs with their one slope
+            slopes = self.alibi_slopes.reshape(-1, self.shapes.H_q)  # (1 or B, H_q)
+            slope = slopes[b if b is not None and slopes.shape[0] > 1 else 0, h].to(self.dtype)
+            return -slope * distance  # (Br, Bc)
+        slopes = self.alibi_slopes.to(self.dtype).reshape(*self.alibi_slopes.shape, 1, 1)
         return -slopes * distance  # (*batch, H_q, Br, Bc) or (H_q, Br, Bc)
 
-    def mask_tile(self, r0: int, r1: int, c0: int, c1: int) -> Tensor:
-        """The user's ``attn_mask`` over the tile (a view), broadcastable to the score tile."""
+    def mask_tile(self, r0: int, r1: int, c0: int, c1: int, *, b: int | None = None, h: int = 0) -> Tensor:
+        """The user's ``attn_mask`` over the tile (a view), broadcastable to the score tile, or of batch
+        element ``b`` (flat index) and query head ``h`` alone."""
         assert self.attn_mask is not None
         m = self.attn_mask
+        if b is not None and m.dim() > 2:
+            index = (*_unravel(b, self.shapes.batch), h)
+            m = m[tuple(x if n > 1 else 0 for x, n in zip(index, m.shape[:-2], strict=True))]  # 2-D
         rows = slice(r0, r1) if m.shape[-2] > 1 else slice(None)
         cols = slice(c0, c1) if m.shape[-1] > 1 else slice(None)
         return m[..., rows, cols]
 
     def tensors(
-        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, structure: TileKind, mask: TileKind
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """``(visible, bias)`` of one tile, broadcastable to its scores, built only where the kinds need it:
-        the structure's mask for a PARTIAL structure, the user's bool mask for a PARTIAL mask tile. An
-        additive mask and ALiBi always add their bias (None when neither is set)."""
-        visible = self.structure_visible(r0, r1, c0, c1, device) if structure is TileKind.PARTIAL else None
-        bias = self.alibi_bias(r0, r1, c0, c1, device)
-        if self.attn_mask is not None and mask is not TileKind.FULL:
-            m = self.mask_tile(r0, r1, c0, c1)
-            if m.dtype == torch.bool:
-                visible = m if visible is None else visible & m
-            else:
-                bias = m.to(self.dtype) if bias is None else bias + m.to(self.dtype)
-        return visible, bias
-
-    def dense(self, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-        """``(visible, bias)`` over all ``N_q x N_k`` scores: the dense oracle's masks."""
-        N_q, N_k = self.shapes.N_q, self.shapes.N_k
-        whole = self.structure_kind(0, N_q, 0, N_k) if N_q and N_k else TileKind.FULL
-        structure = TileKind.FULL if whole is TileKind.FULL else TileKind.PARTIAL  # a SKIP matrix is all False
-        return self.tensors(0, N_q, 0, N_k, device, structure=structure, mask=TileKind.PARTIAL)
-
-    # ------------------------------------------------------------------- tensors of one tile of one head
-
-    @cached_property
-    def _lengths(self) -> list[int]:
-        """``seqlens_k`` by flat batch index, as Python ints (read once per call, not once per tile)."""
-        return [] if self.seqlens_k is None else self.seqlens_k.reshape(-1).tolist()
-
-    @cached_property
-    def _slopes(self) -> Tensor | None:
-        """ALiBi slopes as ``(1 or B, H_q)``."""
-        return None if self.alibi_slopes is None else self.alibi_slopes.reshape(-1, self.shapes.H_q)
-
-    def mask_of_head(self, b: int, h: int) -> Tensor:
-        """The user's ``attn_mask`` of batch element ``b`` (flat index) and query head ``h``: a 2-D view,
-        ``(N_q or 1, N_k or 1)``."""
-        assert self.attn_mask is not None
-        m = self.attn_mask
-        if m.dim() == 2:
-            return m
-        index = (*_unravel(b, self.shapes.batch), h)
-        return m[tuple(x if n > 1 else 0 for x, n in zip(index, m.shape[:-2], strict=True))]
-
-    def head_tensors(
         self,
         r0: int,
         r1: int,
@@ -290,35 +258,36 @@ class MaskSpec:
         c1: int,
         device: torch.device,
         *,
-        b: int,
-        h: int,
         structure: TileKind,
         mask: TileKind,
+        b: int | None = None,
+        h: int = 0,
     ) -> tuple[Tensor | None, Tensor | None]:
-        """:meth:`tensors` for one head: ``(visible, bias)`` of shape ``(Br, Bc)`` (or broadcastable), or None."""
-        rows = torch.arange(r0, r1, device=device)[:, None]  # (Br, 1)
-        cols = torch.arange(c0, c1, device=device)[None, :]  # (1, Bc)
-        visible = None
-        if structure is TileKind.PARTIAL:
-            visible = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)  # (Br, Bc)
-            if self.left >= 0:
-                visible &= cols >= rows + self.offset - self.left
-            if self.right >= 0:
-                visible &= cols <= rows + self.offset + self.right
-            if self._lengths:
-                visible &= cols < self._lengths[b]
-        bias = None
-        if self._slopes is not None:
-            slope = self._slopes[b if self._slopes.shape[0] > 1 else 0, h].to(self.dtype)
-            bias = -slope * (rows + self.offset - cols).abs().to(self.dtype)  # (Br, Bc)
+        """``(visible, bias)`` of one tile, broadcastable to its scores (or for batch element ``b`` and head
+        ``h`` alone), built only where the kinds need it: the structure's mask for a PARTIAL structure, the
+        user's bool mask for a PARTIAL mask tile. An additive mask and ALiBi always add their bias (None
+        when neither is set)."""
+        visible = self.structure_visible(r0, r1, c0, c1, device, b=b) if structure is TileKind.PARTIAL else None
+        bias = self.alibi_bias(r0, r1, c0, c1, device, b=b, h=h)
         if self.attn_mask is not None and mask is not TileKind.FULL:
-            m = self.mask_of_head(b, h)
-            m = m[slice(r0, r1) if m.shape[0] > 1 else slice(None), slice(c0, c1) if m.shape[1] > 1 else slice(None)]
+            m = self.mask_tile(r0, r1, c0, c1, b=b, h=h)
             if m.dtype == torch.bool:
                 visible = m if visible is None else visible & m
             else:
                 bias = m.to(self.dtype) if bias is None else bias + m.to(self.dtype)
         return visible, bias
+
+    @cached_property
+    def _lengths(self) -> list[int]:
+        """``seqlens_k`` by flat batch index, as Python ints (read once per call, not once per tile)."""
+        return [] if self.seqlens_k is None else self.seqlens_k.reshape(-1).tolist()
+
+    def dense(self, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+        """``(visible, bias)`` over all ``N_q x N_k`` scores: the dense oracle's masks."""
+        N_q, N_k = self.shapes.N_q, self.shapes.N_k
+        whole = self.structure_kind(0, N_q, 0, N_k) if N_q and N_k else TileKind.FULL
+        structure = TileKind.FULL if whole is TileKind.FULL else TileKind.PARTIAL  # a SKIP matrix is all False
+        return self.tensors(0, N_q, 0, N_k, device, structure=structure, mask=TileKind.PARTIAL)
 
     # ------------------------------------------------------------------------------------------ tilings
 
@@ -432,7 +401,7 @@ class Tiling:
         c0, c1 = self.col_blocks[j]
         structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
         mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j, self._index(b, h))
-        return self.spec.head_tensors(r0, r1, c0, c1, device, b=b, h=h, structure=structure, mask=mask)
+        return self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask, b=b, h=h)
 
     def _index(self, b: int, h: int) -> tuple[int, ...]:
         """The ``(*batch, h)`` index into the mask summary's leading dims for flat batch ``b``, head ``h``
