@@ -46,7 +46,7 @@ def test_sdpa_matches_torch(case):
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
-def test_sdpa_with_a_mask_matches_torch_on_the_dense_path(mask_kind):
+def test_sdpa_with_a_mask_matches_torch_on_a_tiled_path(mask_kind):
     q, k, v = r(2, 3, 7, 8, seed=1), r(2, 3, 9, 8, seed=2), r(2, 3, 9, 8, seed=3)
     mask = r(3, 7, 9, seed=4) > 0  # broadcast over batch
     mask[..., 0] = True  # every row sees a key: torch's math path gives NaN otherwise
@@ -54,7 +54,7 @@ def test_sdpa_with_a_mask_matches_torch_on_the_dense_path(mask_kind):
         mask = torch.where(mask, 0.0, float("-inf")).double() + r(3, 7, 9, seed=5)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(fa.scaled_dot_product_attention(q, k, v, attn_mask=mask), expected, atol=1e-12, rtol=0)
-    assert fa.explain(q, k, v, attn_mask=mask).backend == "dense"
+    assert fa.explain(q, k, v, attn_mask=mask).backend == "parallel"
 
 
 def test_sdpa_gradients_match_torch():
@@ -88,7 +88,9 @@ def test_named_backends_refuse_what_they_cannot_do():
     q = r(1, 1, 5, 4)
     mask = torch.ones(5, 5, dtype=torch.bool)
     with pytest.raises(NotImplementedError, match="attn_mask"):
-        fa.explain(q, q, q, attn_mask=mask, backend="online")
+        fa.explain(q, q, q, attn_mask=mask, backend="triton")
+    with pytest.raises(NotImplementedError, match="requires grad"):
+        fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True).double(), backend="online")
     with pytest.raises(NotImplementedError, match="dropout"):
         fa.explain(q, q, q, dropout_p=0.1, backend="key_major")
     assert fa.explain(q, q, q, backend="key_major") == fa.Plan("key_major", "requested explicitly")

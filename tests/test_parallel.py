@@ -16,6 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from flashattn_teach import online_softmax as osm
+from flashattn_teach._options import make_options
 from flashattn_teach.reference import dense_attention, parallel
 from flashattn_teach.reference.backward import backward_grouped
 from flashattn_teach.reference.parallel import parallel_backward, parallel_forward
@@ -48,6 +49,13 @@ class Grouped:
             block_m=self.block_m,
             block_n=self.block_n,
         )
+
+
+def single_threaded(q, k, v, *, scale, causal, causal_align, block_m, block_n) -> dict:
+    """The keyword arguments of the single-threaded loops (``query_major_forward``, ``backward_grouped``):
+    the scale and the call's tiling, built from the parallel functions' flat arguments."""
+    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale)
+    return dict(scale=scale, tiling=opts.mask.tiling(block_m, block_n))
 
 
 def make_grouped(B, H_kv, G, N_q, N_k, D, D_v, *, dtype=torch.float64, seed=0):
@@ -160,7 +168,7 @@ def test_parallel_forward_matches_dense_and_query_major_for_any_split_float64(p)
     with pool_for_any_size():
         O, lse = parallel_forward(p.q, p.k, p.v, **p.kwargs, workers=p.workers)
     O_ref, lse_ref = dense_grouped(p.q, p.k, p.v, **p.kwargs)
-    O_qm, lse_qm = query_major_forward(p.q, p.k, p.v, **p.kwargs)
+    O_qm, lse_qm = query_major_forward(p.q, p.k, p.v, **single_threaded(p.q, p.k, p.v, **p.kwargs))
     assert O.shape == O_ref.shape and lse.shape == lse_ref.shape and O.dtype == torch.float64
     torch.testing.assert_close(O, O_ref, atol=1e-12, rtol=0)
     assert_lse_equal(lse, lse_ref, 1e-12)
@@ -208,7 +216,7 @@ def test_parallel_backward_matches_dense_autograd_and_backward_grouped_float64(p
     with pool_for_any_size():
         grads = parallel_backward(p.q, p.k, p.v, O, lse, dO, dlse, **p.kwargs, workers=p.workers)
     refs = dense_grads_grouped(p.q, p.k, p.v, dO, torch.zeros_like(lse) if dlse is None else dlse, **p.kwargs)
-    same_loops = backward_grouped(p.q, p.k, p.v, O, lse, dO, dlse, **p.kwargs)
+    same_loops = backward_grouped(p.q, p.k, p.v, O, lse, dO, dlse, **single_threaded(p.q, p.k, p.v, **p.kwargs))
     for name, got, ref, other in zip("qkv", grads, refs, same_loops, strict=True):
         assert got.shape == ref.shape, name
         torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10, msg=f"d{name} vs dense")
@@ -274,7 +282,8 @@ def test_large_problems_run_on_the_pool_with_one_thread_per_worker(monkeypatch):
     O, _ = parallel_forward(q, k, v, scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64, workers=2)
     assert len(log.threads) == 2 and all(name.startswith("flashattn_teach") for name in log.threads)
     assert {n for _, n in log.calls} == {1}  # every op inside a worker runs on that worker's core
-    O_ref, _ = query_major_forward(q, k, v, scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64)
+    kw = dict(scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64)
+    O_ref, _ = query_major_forward(q, k, v, **single_threaded(q, k, v, **kw))
     torch.testing.assert_close(O, O_ref, atol=1e-6, rtol=0)
 
 
@@ -297,12 +306,13 @@ def test_few_key_value_heads_split_the_query_heads_of_a_group(monkeypatch):
     monkeypatch.setattr(parallel, "_backward_head", log)
     q, k, v = make_grouped(1, 1, 4, 23, 17, 5, 3)
     kw = dict(scale=0.4, causal=True, causal_align="top_left", block_m=4, block_n=5)
-    O, lse = query_major_forward(q, k, v, **kw)
+    O, lse = query_major_forward(q, k, v, **single_threaded(q, k, v, **kw))
     dO = torch.randn_like(O)
     with pool_for_any_size():
         grads = parallel_backward(q, k, v, O, lse, dO, None, **kw, workers=2)
     assert len(log.calls) == 4 and len(log.threads) == 2
-    for name, got, ref in zip("qkv", grads, backward_grouped(q, k, v, O, lse, dO, None, **kw), strict=True):
+    refs = backward_grouped(q, k, v, O, lse, dO, None, **single_threaded(q, k, v, **kw))
+    for name, got, ref in zip("qkv", grads, refs, strict=True):
         torch.testing.assert_close(got, ref, atol=1e-13, rtol=1e-13, msg=f"d{name}")
 
 

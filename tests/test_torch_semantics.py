@@ -148,10 +148,13 @@ def test_an_all_true_mask_changes_nothing_even_beyond_float32_range():
     k = torch.full((1, 1, 3, 4), 1e19)
     v = r(1, 1, 3, 4, dtype=torch.float32)
     plain = fa.scaled_dot_product_attention(q, k, v, scale=1e-20)
-    masked = fa.scaled_dot_product_attention(q, k, v, scale=1e-20, attn_mask=torch.ones(3, 3, dtype=torch.bool))
-    assert fa.explain(q, k, v, attn_mask=torch.ones(3, 3, dtype=torch.bool)).backend == "dense"
-    assert torch.isfinite(plain).all() and torch.isfinite(masked).all()
+    everything = torch.ones(3, 3, dtype=torch.bool)
+    masked = fa.scaled_dot_product_attention(q, k, v, scale=1e-20, attn_mask=everything)  # a tiled path
+    dense = fa.flash_attention(q, k, v, scale=1e-20, attn_mask=everything, backend="dense")
+    assert fa.explain(q, k, v, attn_mask=everything).backend != "dense"
+    assert torch.isfinite(plain).all() and torch.isfinite(masked).all() and torch.isfinite(dense).all()
     torch.testing.assert_close(plain, masked)
+    torch.testing.assert_close(plain, dense)
     torch.testing.assert_close(plain, v.mean(dim=-2, keepdim=True).expand_as(plain))  # equal scores
 
 

@@ -11,18 +11,30 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ._validate import AttentionShapes, check_bool, check_dropout, validate_inputs
+from ._validate import (
+    AttentionShapes,
+    check_alibi_slopes,
+    check_bool,
+    check_dropout,
+    check_seqlens_k,
+    check_softcap,
+    check_window,
+    validate_inputs,
+)
+from .masks import MaskSpec
 
 
 @dataclass(frozen=True)
 class AttentionOptions:
     """Everything about a call except ``q, k, v`` themselves.
 
-    ``shapes`` carries the broadcast sizes and the resolved ``scale``; ``attn_mask`` is the user's mask,
-    already checked to broadcast to the scores.
+    ``shapes`` carries the broadcast sizes and the resolved ``scale``; ``mask`` is the call's mask contract
+    (causal, window, softcap, ALiBi, ``seqlens_k``, ``attn_mask``; see ``masks.py``), which every backend
+    reads; ``attn_mask`` is the user's mask, already checked to broadcast to the scores.
     """
 
     shapes: AttentionShapes
+    mask: MaskSpec
     causal: bool = False
     causal_align: str = "top_left"
     enable_gqa: bool = False
@@ -45,14 +57,30 @@ def make_options(
     enable_gqa: object = False,
     attn_mask: Tensor | None = None,
     dropout_p: object = 0.0,
+    window: object = None,
+    softcap: object = None,
+    alibi_slopes: object = None,
+    seqlens_k: object = None,
     causal_name: str = "causal",
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them."""
     causal = check_bool(causal_name, causal)
     gqa = check_bool("enable_gqa", enable_gqa)
     shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
+    mask = MaskSpec.build(
+        shapes,
+        q.dtype,
+        causal=causal,
+        causal_align=causal_align,
+        window=check_window(window),
+        softcap=check_softcap(softcap),
+        alibi_slopes=check_alibi_slopes(alibi_slopes, q, shapes),
+        seqlens_k=check_seqlens_k(seqlens_k, q, shapes),
+        attn_mask=attn_mask,
+    )
     return AttentionOptions(
         shapes=shapes,
+        mask=mask,
         causal=causal,
         causal_align=causal_align,
         enable_gqa=gqa,

@@ -253,6 +253,79 @@ def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
         )
 
 
+def check_window(window: object) -> tuple[int, int]:
+    """``(left, right)``: how far before and after its diagonal a query row sees; ``-1`` is unbounded.
+
+    None means no window, ``(-1, -1)``.
+    """
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise AttentionTypeError(f"window must be a pair (left, right) of ints, got {type(window).__name__} {window!r}")
+    sizes = []
+    for side, w in zip(("left", "right"), window, strict=True):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise AttentionTypeError(f"window {side} must be an int, got {type(w).__name__} {w!r}")
+        if w < -1:
+            raise AttentionValueError(f"window {side} must be -1 (unbounded) or at least 0, got {int(w)}")
+        sizes.append(int(w))
+    return sizes[0], sizes[1]
+
+
+def check_softcap(softcap: object) -> float | None:
+    """The logit cap: None (no cap) or a finite positive number."""
+    if softcap is None:
+        return None
+    value = _real("softcap", softcap)
+    if not (math.isfinite(value) and value > 0.0):
+        raise AttentionValueError(f"softcap must be a finite number > 0 (or None for no cap), got {value}")
+    return value
+
+
+def check_alibi_slopes(slopes: object, q: Tensor, s: AttentionShapes) -> Tensor | None:
+    """ALiBi slopes: a floating-point tensor of shape ``(H_q,)`` or ``(*batch, H_q)`` on the query's device."""
+    if slopes is None:
+        return None
+    allowed = ((s.H_q,), (*s.batch, s.H_q))
+    want = " or ".join(sorted({"(" + ", ".join(map(str, a)) + ("," if len(a) == 1 else "") + ")" for a in allowed}))
+    if not isinstance(slopes, Tensor):
+        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
+    if not slopes.is_floating_point():
+        raise AttentionTypeError(
+            f"alibi_slopes must be floating-point, got {slopes.dtype} with shape {shape_str(slopes)}"
+        )
+    if tuple(slopes.shape) not in allowed:
+        raise AttentionValueError(
+            f"alibi_slopes must have shape {want} (one slope per query head, optionally per batch element), "
+            f"got {shape_str(slopes)}"
+        )
+    if slopes.device != q.device:
+        raise AttentionValueError(f"alibi_slopes is on {slopes.device} but query is on {q.device}")
+    return slopes
+
+
+def check_seqlens_k(seqlens_k: object, q: Tensor, s: AttentionShapes) -> Tensor | None:
+    """Key lengths per batch element: an integer tensor of the batch shape, each in ``[0, N_k]``."""
+    if seqlens_k is None:
+        return None
+    want = "(" + ", ".join(map(str, s.batch)) + ("," if len(s.batch) == 1 else "") + ")"
+    if not isinstance(seqlens_k, Tensor):
+        raise AttentionTypeError(f"seqlens_k must be a torch.Tensor of shape {want}, got {type(seqlens_k).__name__}")
+    if seqlens_k.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(f"seqlens_k must be int32 or int64, got {seqlens_k.dtype}")
+    if tuple(seqlens_k.shape) != s.batch:
+        raise AttentionValueError(
+            f"seqlens_k must have the batch shape {want} (one key length per batch element), got {shape_str(seqlens_k)}"
+        )
+    if seqlens_k.device != q.device:
+        raise AttentionValueError(f"seqlens_k is on {seqlens_k.device} but query is on {q.device}")
+    if seqlens_k.numel() and not bool(((seqlens_k >= 0) & (seqlens_k <= s.N_k)).all()):
+        raise AttentionValueError(
+            f"seqlens_k must lie in [0, N_k] = [0, {s.N_k}], got min {int(seqlens_k.min())}, max {int(seqlens_k.max())}"
+        )
+    return seqlens_k
+
+
 def validate_block_sizes(block_m: object, block_n: object) -> tuple[int, int]:
     """Tile sizes are positive integers; they need not divide N and may exceed it."""
     sizes = []

@@ -5,7 +5,11 @@ Backends:
     "parallel"   query-major tiles, the (batch, head) slices spread over worker threads (the fast CPU path)
     "online"     query-major online-softmax CPU reference: the readable tile-by-tile loop
     "key_major"  key-major reference, FlashAttention's Algorithm 1 loop order
-    "dense"      the dense oracle: holds all N_q x N_k scores; the only one with ``attn_mask`` and dropout
+    "dense"      the dense oracle: holds all N_q x N_k scores; the only one with dropout
+
+Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
+``masks.py``) run tile by tile on every CPU backend; "triton" does not honour them yet and refuses them, so
+``auto`` runs such calls on a CPU path even for CUDA tensors.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -25,6 +29,7 @@ from torch import Tensor
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool
+from .causal import TileKind
 from .errors import AttentionValueError
 from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from .reference.dense import dense_forward
@@ -77,20 +82,30 @@ def _check_backend(backend: object) -> str:
     return str(backend)
 
 
+def _dense_only(opts: AttentionOptions) -> str | None:
+    """Why only the dense path can run this call, or None."""
+    if opts.dropout_p > 0.0:
+        return "dropout is only supported by the dense path"
+    tensors = (("attn_mask", opts.attn_mask), ("alibi_slopes", opts.mask.alibi_slopes))
+    differentiated = [name for name, t in tensors if t is not None and t.requires_grad]
+    if differentiated:
+        return f"{' and '.join(differentiated)} requires grad, which only the dense path differentiates"
+    if opts.attn_mask is not None and _transforms_active():
+        return "an attn_mask under a torch.func transform is only supported by the dense path"
+    return None
+
+
 def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
     """Choose a backend for validated inputs; raises ``NotImplementedError`` for an incapable named one."""
     backend = _check_backend(backend)
-    needs_dense = None
-    if opts.attn_mask is not None:
-        needs_dense = "an explicit attn_mask is only supported by the dense path"
-    elif opts.dropout_p > 0.0:
-        needs_dense = "dropout is only supported by the dense path"
+    needs_dense = _dense_only(opts)
+    variants = ", ".join(opts.mask.variants)  # empty for plain (causal) attention
 
     if backend == "auto":
         if needs_dense:
             return Plan("dense", needs_dense + " (it holds all N_q x N_k scores)")
         if q.is_cuda:
-            why_not = _triton_unsupported(q, k, v, opts)
+            why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
             if why_not is None:
                 return Plan("triton", "CUDA tensors: the fused Triton kernels")
             return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
@@ -100,16 +115,17 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
                 "a torch.func transform is active: the query-major reference in this thread "
                 "(the parallel path's worker threads would not see the transform)",
             )
+        masked = f"; {variants} read tile by tile" if variants else ""
         return Plan(
             "parallel",
             f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
-            f"{default_workers()} single-threaded workers",
+            f"{default_workers()} single-threaded workers{masked}",
         )
 
     if needs_dense and backend != "dense":
         raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
-        why_not = _triton_unsupported(q, k, v, opts)
+        why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
         if why_not is not None:
             raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
     if backend == "parallel" and _transforms_active():
@@ -118,6 +134,16 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             "it); use 'online' or 'auto'"
         )
     return Plan(backend, "requested explicitly")
+
+
+def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
+    """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
+    _, block_m, block_n = _TILED[p.backend]
+    counts = opts.mask.tiling(block_m, block_n).counts()
+    return (
+        f"; {sum(counts.values())} tiles of {block_m} x {block_n}: {counts[TileKind.FULL]} visited whole, "
+        f"{counts[TileKind.PARTIAL]} visited with a tile mask, {counts[TileKind.SKIP]} skipped"
+    )
 
 
 def _run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
@@ -142,6 +168,11 @@ def flash_attention(
     causal_align: str = "top_left",
     scale: float | None = None,
     enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -157,6 +188,11 @@ def flash_attention(
     causal_align: str = "top_left",
     scale: float | None = None,
     enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -172,6 +208,11 @@ def flash_attention(
     causal_align: str = "top_left",
     scale: float | None = None,
     enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -186,6 +227,11 @@ def flash_attention(
     causal_align: str = "top_left",
     scale: float | None = None,
     enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -197,6 +243,15 @@ def flash_attention(
             ``"bottom_right"`` (flash-attn: j <= i + N_k - N_q, as in a decode step against a KV cache).
         scale: softmax scale, default ``1 / sqrt(D)``.
         enable_gqa: allow fewer key/value heads than query heads (on by default, as in flash-attn).
+        window: ``(left, right)``, flash-attn's sliding window: query i sees keys
+            ``i + off - left <= j <= i + off + right`` (``off`` = 0 for ``top_left``, ``N_k - N_q`` for
+            ``bottom_right``; -1: unbounded on that side). ``causal=True`` is ``right = 0``.
+        softcap: scores become ``softcap * tanh(score / softcap)``, after scaling, before any bias or mask.
+        alibi_slopes: ``(H_q,)`` or ``(*batch, H_q)``: ``-slope * |i + off - j|`` added to the scores.
+        seqlens_k: integer tensor of the batch shape (``(B,)`` for 4-D inputs): keys
+            ``j >= seqlens_k[b]`` are invisible (right padding).
+        attn_mask: bool (True = visible) or additive, broadcast to ``(..., H_q, N_q, N_k)`` as torch's SDPA.
+            See :mod:`flashattn_teach.masks` for how these compose and how tiles are skipped.
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
@@ -208,7 +263,20 @@ def flash_attention(
         gives 0 (and ``lse = -inf``).
     """
     q, k, v = cast_inputs(q, k, v)
-    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+    )
     O, lse = _run(plan(q, k, v, opts, backend), q, k, v, opts)
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
@@ -229,8 +297,9 @@ def scaled_dot_product_attention(
     ``query (..., H_q, L, E)``, ``key (..., H_kv, S, E)``, ``value (..., H_kv, S, E_v)`` ->
     ``(..., H_q, L, E_v)``. ``attn_mask`` is bool (True = take part) or additive (the query's dtype or
     float32), broadcast to ``(..., L, S)``; with ``is_causal=True`` as well, both apply, as in torch's CPU
-    SDPA. Heads broadcast as in torch. Calls with a mask or dropout run on the dense path; the rest run on
-    a path that never stores the score matrix (:func:`explain` tells which). Errors are both
+    SDPA. Heads broadcast as in torch. Calls with dropout (or a mask that requires grad) run on the dense
+    path; the rest, masks included, run on a path that never stores the score matrix, a mask read tile by
+    tile (:func:`explain` tells which). Errors are both
     ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
     function deliberately differs from torch.
     """
@@ -261,9 +330,14 @@ def explain(
     scale: float | None = None,
     enable_gqa: bool = False,
     causal_align: str = "top_left",
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     backend: str = "auto",
 ) -> Plan:
-    """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why.
+    """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
+    with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 8, 16)
@@ -281,6 +355,13 @@ def explain(
         enable_gqa=enable_gqa,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
         causal_name="is_causal",
     )
-    return plan(query, key, value, opts, backend)
+    p = plan(query, key, value, opts, backend)
+    if p.backend in _TILED and opts.mask.variants:
+        return Plan(p.backend, p.reason + _tile_counts(p, opts))
+    return p

@@ -38,10 +38,35 @@ def init_state(rows: tuple[int, ...], D_v: int, *, dtype: torch.dtype, device: t
     return m_i, l_i, acc
 
 
-def score_tile(q_i: Tensor, k_j: Tensor, scale: float, allowed: Tensor | None = None) -> Tensor:
-    """``S_ij = scale * Q_i K_j^T``, with ``-inf`` where ``allowed`` (bool, broadcastable) is False."""
+def score_tile(
+    q_i: Tensor,
+    k_j: Tensor,
+    scale: float,
+    allowed: Tensor | None = None,
+    *,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """``S_ij = scale * Q_i K_j^T``, capped, biased and masked in flash-attn's order (``masks.py``):
+    ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then ``-inf`` where ``allowed`` (bool) is False.
+    ``allowed`` and ``bias`` broadcast against the tile."""
     # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.
     S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
+    if softcap is not None:
+        S_ij = soft_cap(S_ij, softcap)
+    return bias_and_mask(S_ij, allowed, bias)
+
+
+def soft_cap(S_ij: Tensor, softcap: float) -> Tensor:
+    """``softcap * tanh(S_ij / softcap)``: scores squashed into ``(-softcap, softcap)`` (Gemma 2)."""
+    return torch.tanh(S_ij / softcap) * softcap
+
+
+def bias_and_mask(S_ij: Tensor, allowed: Tensor | None, bias: Tensor | None) -> Tensor:
+    """``S_ij + bias``, then ``-inf`` where ``allowed`` is False (a masked score stays masked whatever the
+    bias). Masks in place: callers pass a tile they own."""
+    if bias is not None:
+        S_ij = S_ij + bias
     if allowed is not None:
         S_ij.masked_fill_(~allowed, NEG_INF)
     return S_ij

@@ -27,16 +27,29 @@ FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
 ORDERS = (*FORWARDS, "parallel")
 
 
-def _forward(order: str) -> Callable[..., tuple[Tensor, Tensor]]:
+def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The forward of one loop order, its tiling bound in: call it with ``(q, k, v, scale=...)``."""
     if order == "parallel":
-        return functools.partial(parallel_forward, workers=default_workers())
-    return FORWARDS[order]
+        return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n))
+    return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n))
 
 
-def _backward(order: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+def _backward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, ...]]:
+    """The backward of one loop order, its tiling bound in (see :func:`_forward`)."""
     if order == "parallel":
-        return functools.partial(parallel_backward, workers=default_workers())
-    return backward_grouped
+        return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n))
+    return functools.partial(backward_grouped, tiling=opts.mask.tiling(block_m, block_n))
+
+
+def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict[str, Any]:
+    return dict(
+        causal=opts.causal,
+        causal_align=opts.causal_align,
+        block_m=block_m,
+        block_n=block_n,
+        workers=default_workers(),
+        mask=opts.mask,
+    )
 
 
 def tiled_forward(
@@ -46,16 +59,7 @@ def tiled_forward(
     s = opts.shapes
     qg, kg, vg = to_grouped(q, k, v, s)
     with autocast_off(q.device.type):
-        O, lse = _forward(order)(
-            qg,
-            kg,
-            vg,
-            scale=s.scale,
-            causal=opts.causal,
-            causal_align=opts.causal_align,
-            block_m=block_m,
-            block_n=block_n,
-        )
+        O, lse = _forward(order, opts, block_m, block_n)(qg, kg, vg, scale=s.scale)
     return from_grouped(O, s).to(q.dtype), lse_from_grouped(lse, s)
 
 
@@ -91,23 +95,10 @@ class TiledAttentionFunction(torch.autograd.Function):
         # With create_graph=True (double backward) the backward itself must be differentiable: the
         # query-major backward is plain torch ops in this thread; the parallel one runs in worker threads
         # under no_grad.
-        backward = backward_grouped if torch.is_grad_enabled() else _backward(ctx.order)
         block_m, block_n = ctx.blocks
+        order = "query_major" if torch.is_grad_enabled() else ctx.order
         with autocast_off(q.device.type):
-            dq, dk, dv = backward(
-                qg,
-                kg,
-                vg,
-                Og,
-                lseg,
-                dOg,
-                dlseg,
-                scale=s.scale,
-                causal=opts.causal,
-                causal_align=opts.causal_align,
-                block_m=block_m,
-                block_n=block_n,
-            )
+            dq, dk, dv = _backward(order, opts, block_m, block_n)(qg, kg, vg, Og, lseg, dOg, dlseg, scale=s.scale)
         return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s), None, None, None, None
 
     @staticmethod
@@ -135,9 +126,6 @@ class TiledAttentionFunction(torch.autograd.Function):
                 tkg,
                 tvg,
                 scale=s.scale,
-                causal=opts.causal,
-                causal_align=opts.causal_align,
-                block_m=block_m,
-                block_n=block_n,
+                tiling=opts.mask.tiling(block_m, block_n),
             )
         return from_grouped(tO, s).to(O.dtype), lse_from_grouped(tlse, s)

@@ -13,6 +13,13 @@ FlashAttention-2's backward (Dao 2023, Alg. 2). Forward saved only ``q, k, v, O`
 
 The outer loop is over key blocks ``j`` (``dK_j, dV_j`` accumulate on chip), the inner over query blocks.
 A gradient flowing into ``lse`` itself adds ``dlse_i * P_ij`` to ``dS_ij``, i.e. ``delta_i -= dlse_i``.
+
+The tiles visited and their masks and biases are the forward's (``masks.py``): SKIP tiles contribute
+nothing and are left out. A bias (ALiBi, an additive mask) does not depend on ``q, k``, so it changes
+``P_ij`` but not the chain rule; a softcap does: with ``T_ij = tanh(scale Q_i K_j^T / softcap)`` the
+capped score is ``softcap * T_ij`` and
+
+    dS_ij  *= 1 - T_ij^2                              d(softcap * tanh(x / softcap))/dx
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ import torch
 from torch import Tensor
 
 from .._layout import grad_to_input, rows_to_grouped, to_grouped
-from .._validate import check_bool, shape_str, validate_block_sizes, validate_inputs
-from ..causal import diagonal_offset, first_visible_row, tile_mask
+from .._options import make_options
+from .._validate import shape_str, validate_block_sizes
 from ..errors import AttentionTypeError, AttentionValueError
-from ..online_softmax import score_tile
+from ..masks import Tiling
+from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
 
@@ -38,41 +46,41 @@ def backward_grouped(
     dlse: Tensor | None,
     *,
     scale: float,
-    causal: bool,
-    causal_align: str,
-    block_m: int,
-    block_n: int,
+    tiling: Tiling,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped layout (see ``_layout.py``): ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse (B, H_kv, G, N_q)``,
     ``k, v (B, H_kv, 1, N_k, .)``. Returns ``dq, dk, dv`` in the same layout; ``dk, dv`` are summed over
     the ``G`` query heads that share a key/value head."""
-    N_q, N_k = q.shape[-2], k.shape[-2]
-    offset = diagonal_offset(N_q, N_k, causal_align)
+    softcap = tiling.spec.softcap
     delta = (dO * O).sum(dim=-1)  # (B, H_kv, G, N_q)
     if dlse is not None:
         delta = delta - dlse
     # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
     lse = torch.where(torch.isneginf(lse), float("inf"), lse)
-    row_blocks = [(r0, min(r0 + block_m, N_q)) for r0 in range(0, N_q, block_m)]
+    row_blocks = tiling.row_blocks
     # Gradients are collected per block and concatenated (no in-place writes), so that torch.func.vmap can
     # run this backward, as jacrev does.
     dq_blocks = [torch.zeros_like(q[..., r0:r1, :]) for r0, r1 in row_blocks]
     dk_blocks, dv_blocks = [torch.zeros_like(k[..., :0, :])], [torch.zeros_like(v[..., :0, :])]
-    for c0 in range(0, N_k, block_n):  # key block j
-        c1 = min(c0 + block_n, N_k)
+    for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
         dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)  # accumulate "on chip" over query blocks
-        first_block = first_visible_row(c0, causal, offset) // block_m  # blocks above see nothing of it
-        for i in range(first_block, len(row_blocks)):  # query block i
+        for i in tiling.query_blocks(j):  # query block i; SKIP tiles left out
             r0, r1 = row_blocks[i]
             q_i, dO_i = q[..., r0:r1, :], dO[..., r0:r1, :]
-            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
-            S_ij = score_tile(q_i, k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
+            allowed, bias = tiling.tile(i, j, q.device)
+            S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (B, H_kv, G, Br, D) @ (.., D, Bc)
+            if softcap is not None:
+                T_ij = torch.tanh(S_ij / softcap)
+                S_ij = softcap * T_ij
+            S_ij = bias_and_mask(S_ij, allowed, bias)  # (B, H_kv, G, Br, Bc)
             P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
             # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
             dv_j = dv_j + (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
             dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
             dS_ij = P_ij * (dP_ij - delta[..., r0:r1, None])
+            if softcap is not None:
+                dS_ij = dS_ij * (1 - T_ij * T_ij)  # through the cap: d(softcap tanh(x / softcap)) = 1 - T^2
             dk_j = dk_j + scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)
             dq_blocks[i] = dq_blocks[i] + scale * (dS_ij @ k_j)  # (.., Br, Bc) @ (.., Bc, D) -> (.., Br, D)
         dk_blocks.append(dk_j)
@@ -103,6 +111,11 @@ def flash_backward(
     causal_align: str = "top_left",
     scale: float | None = None,
     enable_gqa: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,10 +123,24 @@ def flash_backward(
 
     Shapes as :func:`flashattn_teach.reference.dense_attention`: ``q, o, do (..., H_q, N_q, .)``,
     ``lse (..., H_q, N_q)``, ``k, v (..., H_kv, N_k, .)``. Returns ``(dq, dk, dv)`` shaped and typed like
-    ``q, k, v``. Holds at most ``block_m x block_n`` probabilities per (batch, head) at once.
+    ``q, k, v``. Holds at most ``block_m x block_n`` probabilities per (batch, head) at once. The mask
+    options are the forward's (see :mod:`flashattn_teach.masks`); no gradient flows to them.
     """
-    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa)
-    causal = check_bool("causal", causal)
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+    )
+    s = opts.shapes
     block_m, block_n = validate_block_sizes(block_m, block_n)
     for name, t, shape in (("o", o, s.out_shape), ("do", do, s.out_shape), ("lse", lse, s.lse_shape)):
         _check_saved(name, t, shape)
@@ -132,9 +159,6 @@ def flash_backward(
         dog,
         dlseg,
         scale=s.scale,
-        causal=causal,
-        causal_align=causal_align,
-        block_m=block_m,
-        block_n=block_n,
+        tiling=opts.mask.tiling(block_m, block_n),
     )
     return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)

@@ -20,7 +20,7 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from .._validate import check_bool
-from ..causal import causal_mask
+from ..online_softmax import soft_cap
 
 
 @overload
@@ -35,6 +35,10 @@ def dense_attention(
     attn_mask: Tensor | None = None,
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
 
@@ -51,6 +55,10 @@ def dense_attention(
     attn_mask: Tensor | None = None,
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
 
@@ -67,6 +75,10 @@ def dense_attention(
     attn_mask: Tensor | None = None,
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
@@ -82,6 +94,10 @@ def dense_attention(
     attn_mask: Tensor | None = None,
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
@@ -106,6 +122,12 @@ def dense_attention(
         attn_mask: bool (True = may attend) or additive float mask, broadcastable to
             ``(..., H_q, N_q, N_k)``; combined with ``causal`` if both are given.
         enable_gqa: allow ``H_kv`` to divide ``H_q`` (grouped-query attention).
+        window: ``(left, right)``: query i sees keys ``i + off - left <= j <= i + off + right`` (``off`` the
+            diagonal offset of ``causal_align``; -1: unbounded), as flash-attn's ``window_size``.
+        softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask (Gemma 2).
+        alibi_slopes: ``(H_q,)`` or ``(*batch, H_q)``: ``-slope * |i + off - j|`` added to the scores.
+        seqlens_k: integer tensor of the batch shape: keys ``j >= seqlens_k[b]`` are invisible.
+            See :mod:`flashattn_teach.masks` for how these compose.
         dropout_p: probability of zeroing an attention weight (applied to ``P``, survivors scaled by
             ``1 / (1 - dropout_p)``), as in torch's SDPA. Not applied to ``lse``.
         return_lse: also return ``lse``.
@@ -126,6 +148,10 @@ def dense_attention(
         enable_gqa=enable_gqa,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
     )
     O, lse = dense_forward(q, k, v, opts)
     return (O, lse) if check_bool("return_lse", return_lse) else O
@@ -145,15 +171,11 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         # Scale Q before the product, as every tiled path does, so that both round alike and a mask never
         # changes whether a score overflows.
         S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (..., N_q, D) @ (..., D, N_k) -> (..., N_q, N_k)
-        allowed = None  # bool, broadcastable to S; None means every key is visible
-        if opts.causal:
-            allowed = causal_mask(s.N_q, s.N_k, opts.causal_align, device=q.device)
-        mask = opts.attn_mask
-        if mask is not None:
-            if mask.dtype == torch.bool:
-                allowed = mask if allowed is None else allowed & mask
-            else:
-                S = S + mask.to(dt)
+        if opts.mask.softcap is not None:
+            S = soft_cap(S, opts.mask.softcap)
+        allowed, bias = opts.mask.dense(q.device)  # bool and additive, broadcastable to S (masks.py)
+        if bias is not None:
+            S = S + bias
         if allowed is not None:
             S = S.masked_fill(~allowed, float("-inf"))
 

@@ -18,30 +18,25 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from ..causal import diagonal_offset, first_visible_row, tile_mask
+from ..masks import Tiling
 
 
-def key_major_forward(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, causal_align: str, block_m: int, block_n: int
-) -> tuple[Tensor, Tensor]:
+def key_major_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling) -> tuple[Tensor, Tensor]:
     """Same contract as :func:`query_major_forward` (grouped layout), same results, other loop order."""
-    *lead, N_q, _ = q.shape
-    N_k, D_v = v.shape[-2], v.shape[-1]
-    offset = diagonal_offset(N_q, N_k, causal_align)
-    row_blocks = [(r0, min(r0 + block_m, N_q)) for r0 in range(0, N_q, block_m)]
+    lead = q.shape[:-2]
+    D_v = v.shape[-1]
+    softcap = tiling.spec.softcap
+    row_blocks = tiling.row_blocks
     # The "HBM" copies of each query block's running state (Alg. 1 line 2): (m_i, l_i, O_i).
     hbm = [osm.init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
-    for c0 in range(0, N_k, block_n):  # key block j
-        c1 = min(c0 + block_n, N_k)
+    for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
-        # Under causal masking, query rows r < c0 - offset see none of this block: start past them.
-        first_block = first_visible_row(c0, causal, offset) // block_m
-        for i in range(first_block, len(row_blocks)):  # query block i
+        for i in tiling.query_blocks(j):  # query block i; rows that see none of this block are left out
             r0, r1 = row_blocks[i]
             m_i, l_i, O_i = hbm[i]  # read from HBM (Alg. 1 line 8)
             acc = O_i * l_i.unsqueeze(-1)  # undo the stored normalisation
-            allowed = tile_mask(r0, r1, c0, c1, causal, offset, q.device)
-            S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed)  # (B, H_kv, G, Br, Bc)
+            allowed, bias = tiling.tile(i, j, q.device)
+            S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
             m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j)
             hbm[i] = (m_i, l_i, osm.normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)
     O = torch.cat([q.new_empty((*lead, 0, D_v)), *(O_i for _, _, O_i in hbm)], dim=-2)

@@ -14,6 +14,8 @@ Per head the tensors are 2-D, which lets the tile loops write into preallocated 
 ``addmm_``) and pre-scale ``q`` once: ``S_ij`` is the only ``Br x Bc`` tile, overwritten in place by
 ``P_ij``, and the online-softmax update is ``online_softmax.update_``: the equations and the ``-inf``
 guard of ``online_softmax.update`` (rows that see no key end with ``O = 0`` and ``lse = -inf``), in place.
+The mask contract (``masks.py``) is read per head: a head visits only the tiles it sees part of (a padded
+batch element skips its padding's tiles), and each tile is cut to the query rows that may see its keys.
 
 Splitting the work:
     forward   one task per query head ``(b, h_kv, g)`` and, when there are fewer heads than tasks wanted,
@@ -49,7 +51,8 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from ..causal import diagonal_offset, first_visible_row, key_end, tile_mask
+from .._validate import validate_inputs
+from ..masks import MaskSpec, Tiling
 
 # Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves:
 # on the 2-core development machine a forward of 2^16 scores took 0.7 ms inline and 1.0 ms on the pool,
@@ -165,30 +168,43 @@ def parallel_forward(
     block_m: int,
     block_n: int,
     workers: int,
+    mask: MaskSpec | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Grouped layout in, grouped layout out, as ``query_major_forward``: ``q (B, H_kv, G, N_q, D)``,
     ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``,
-    ``lse (B, H_kv, G, N_q)``."""
+    ``lse (B, H_kv, G, N_q)``. ``mask`` is the call's mask contract (``make_options`` builds it from the same
+    ``causal`` and ``causal_align``); without it, the mask is causal masking alone."""
     B, H_kv, G, N_q, _ = q.shape
     N_k, D_v = v.shape[-2], v.shape[-1]
+    tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
     O = q.new_empty((B, H_kv, G, N_q, D_v))
     lse = q.new_empty((B, H_kv, G, N_q))
     inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
     heads = [(b, h, g) for b in range(B) for h in range(H_kv) for g in range(G)]
     row_blocks = math.ceil(N_q / block_m)
     parts = 1 if inline else min(row_blocks, math.ceil(TASKS_PER_WORKER * workers / max(1, len(heads))))
+    # A head is (b, h * G + g) in the mask's terms: flat batch index and query head.
     tasks = [
-        (q[b, h, g], k[b, h, 0], v[b, h, 0], O[b, h, g], lse[b, h, g], block_m * i0, min(block_m * i1, N_q))
+        (q[b, h, g], k[b, h, 0], v[b, h, 0], O[b, h, g], lse[b, h, g], i0, i1, b, h * G + g)
         for b, h, g in heads
         for i0, i1 in _split(row_blocks, parts)
     ]
-    offset = diagonal_offset(N_q, N_k, causal_align)
 
-    def task(q, k, v, O, lse, r_start, r_end):
-        _forward_rows(q, k, v, O, lse, r_start, r_end, scale, causal, offset, block_m, block_n)
+    def task(q, k, v, O, lse, i0, i1, b, h):
+        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h)
 
     _run(task, tasks, inline=inline, workers=workers)
     return O, lse
+
+
+def _mask_spec(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, causal_align: str, mask: MaskSpec | None
+) -> MaskSpec:
+    """The call's mask contract, or plain causal masking (grouped tensors are valid 5-D inputs)."""
+    if mask is not None:
+        return mask
+    shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align)
+    return MaskSpec.build(shapes, q.dtype, causal=causal, causal_align=causal_align)
 
 
 def _forward_rows(
@@ -197,34 +213,43 @@ def _forward_rows(
     v: Tensor,
     O: Tensor,
     lse: Tensor,
-    r_start: int,
-    r_end: int,
+    i0: int,
+    i1: int,
     scale: float,
-    causal: bool,
-    offset: int,
-    block_m: int,
-    block_n: int,
+    tiling: Tiling,
+    b: int,
+    h: int,
 ) -> None:
-    """FA2 Alg. 1 for one head's query rows ``[r_start, r_end)`` (block-aligned): ``q (N_q, D)``,
-    ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
-    N_k, D_v = v.shape
+    """FA2 Alg. 1 for query blocks ``[i0, i1)`` of one head (batch element ``b``, query head ``h``):
+    ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
+    if i0 >= i1:
+        return
+    D_v = v.shape[-1]
+    spec, softcap = tiling.spec, tiling.spec.softcap
+    r_start, r_end = tiling.row_blocks[i0][0], tiling.row_blocks[i1 - 1][1]
     q = q[r_start:r_end] * scale  # once per task rather than once per tile, as score_tile does
     k_T = k.t()  # (D, N_k)
-    S_buf = q.new_empty(min(block_m, r_end - r_start) * min(block_n, N_k))
-    for r0 in range(r_start, r_end, block_m):  # query block i
-        r1 = min(r0 + block_m, r_end)
+    S_buf = q.new_empty(min(tiling.block_m, r_end - r_start) * min(tiling.block_n, k.shape[0]))
+    for i in range(i0, i1):  # query block i
+        r0, r1 = tiling.row_blocks[i]
         m_i, l_i, acc = osm.init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
-        for c0 in range(0, key_end(r1, N_k, causal, offset), block_n):  # key block j
-            c1 = min(c0 + block_n, N_k)
-            # Rows above the first that sees key c0 see nothing of this block, and folding in a fully masked
-            # row changes nothing: the tile starts at that row, and the state's views below it are updated.
-            rv = max(r0, first_visible_row(c0, causal, offset))
-            q_i = q[rv - r_start : r1 - r_start]  # (Br', D), Br' = r1 - rv <= Br
-            S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, r1 - rv, c1 - c0))  # (Br', D) @ (D, Bc)
-            allowed = tile_mask(rv, r1, c0, c1, causal, offset, q.device)
+        for j in tiling.key_blocks(i, b=b, h=h):  # key block j; tiles this head sees nothing of are left out
+            c0, c1 = tiling.col_blocks[j]
+            # Rows outside the ones that may see key block j see nothing of it, and folding in a fully masked
+            # row changes nothing: the tile is cut to those rows, and the state's views of them are updated.
+            q_lo, q_hi = spec.query_range(c0, c1)
+            rv, rh = max(r0, q_lo), min(r1, q_hi)
+            q_i = q[rv - r_start : rh - r_start]  # (Br', D), Br' = rh - rv <= Br
+            S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, rh - rv, c1 - c0))  # (Br', D) @ (D, Bc)
+            if softcap is not None:
+                S_ij.div_(softcap).tanh_().mul_(softcap)  # softcap * tanh(S / softcap), masks.py's order
+            allowed, bias = tiling.head_tile(i, j, (rv, rh), b=b, h=h, device=q.device)
+            if bias is not None:
+                S_ij.add_(bias)
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
-            osm.update_(m_i[rv - r0 :], l_i[rv - r0 :], acc[rv - r0 :], S_ij, v[c0:c1])
+            cut = slice(rv - r0, rh - r0)
+            osm.update_(m_i[cut], l_i[cut], acc[cut], S_ij, v[c0:c1])
         O[r0:r1], lse[r0:r1] = osm.finalize(m_i, l_i, acc)
 
 
@@ -246,12 +271,14 @@ def parallel_backward(
     block_m: int,
     block_n: int,
     workers: int,
+    mask: MaskSpec | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """As ``backward_grouped``: ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse, dlse (B, H_kv, G, N_q)`` (``dlse``
     may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in the same layout, ``dk, dv`` summed over
-    the ``G`` query heads that share a key/value head."""
+    the ``G`` query heads that share a key/value head. ``mask`` as in :func:`parallel_forward`."""
     B, H_kv, G, N_q, _ = q.shape
     N_k = k.shape[-2]
+    tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
     inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
     units = [(b, h) for b in range(B) for h in range(H_kv)]
     parts = 1 if inline else min(G, math.ceil(TASKS_PER_WORKER * workers / max(1, len(units))))
@@ -260,7 +287,6 @@ def parallel_backward(
     dk_parts = k.new_zeros((parts, *k.shape))
     dv_parts = v.new_zeros((parts, *v.shape))
     tasks = [(b, h, p, g0, g1) for b, h in units for p, (g0, g1) in enumerate(_split(G, parts))]
-    offset = diagonal_offset(N_q, N_k, causal_align)
 
     def task(b, h, p, g0, g1):
         for g in range(g0, g1):
@@ -276,10 +302,9 @@ def parallel_backward(
                 dk_parts[p, b, h, 0],
                 dv_parts[p, b, h, 0],
                 scale,
-                causal,
-                offset,
-                block_m,
-                block_n,
+                tiling,
+                b,
+                h * G + g,
             )
 
     _run(task, tasks, inline=inline, workers=workers)
@@ -298,39 +323,45 @@ def _backward_head(
     dk: Tensor,
     dv: Tensor,
     scale: float,
-    causal: bool,
-    offset: int,
-    block_m: int,
-    block_n: int,
+    tiling: Tiling,
+    b: int,
+    h: int,
 ) -> None:
-    """FA2 Alg. 2 for one query head: ``q, O, dO, dq (N_q, .)``, ``lse, dlse (N_q,)``, ``k, v, dk, dv
-    (N_k, .)``; writes ``dq`` and adds this head's share to ``dk, dv`` (shared by the heads of a group)."""
+    """FA2 Alg. 2 for one query head (batch element ``b``, query head ``h``): ``q, O, dO, dq (N_q, .)``,
+    ``lse, dlse (N_q,)``, ``k, v, dk, dv (N_k, .)``; writes ``dq`` and adds this head's share to ``dk, dv``
+    (shared by the heads of a group). With a softcap, ``T = tanh(S / softcap)`` and ``dS *= 1 - T^2``."""
     N_q, N_k = q.shape[0], k.shape[0]
+    spec, softcap = tiling.spec, tiling.spec.softcap
     delta = (dO * O).sum(dim=-1)  # (N_q,), Alg. 2 line 4
     if dlse is not None:
         delta = delta - dlse
     # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
     lse = torch.where(torch.isneginf(lse), float("inf"), lse)
     q = q * scale  # S_ij = (scale Q_i) K_j^T, and dK_j += scale dS_ij^T Q_i = dS_ij^T (scale Q_i)
-    S_buf = q.new_empty(min(block_m, N_q) * min(block_n, N_k))
+    S_buf = q.new_empty(min(tiling.block_m, N_q) * min(tiling.block_n, N_k))
     dP_buf = torch.empty_like(S_buf)
-    for c0 in range(0, N_k, block_n):  # key block j
-        c1 = min(c0 + block_n, N_k)
+    T_buf = torch.empty_like(S_buf) if softcap is not None else S_buf
+    for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j, dk_j, dv_j = k[c0:c1], v[c0:c1], dk[c0:c1], dv[c0:c1]  # (Bc, .); dk_j, dv_j are views
-        first_row = first_visible_row(c0, causal, offset)  # rows above it see nothing of this block
-        if first_row >= N_q:
-            break  # no query sees this key block or any after it: their dK_j, dV_j stay 0
-        for r0 in range(first_row - first_row % block_m, N_q, block_m):  # query block i
-            r1 = min(r0 + block_m, N_q)
-            rv = max(r0, first_row)  # P = 0 on the rows above it, which would add nothing: start the tile there
-            q_i, dO_i = q[rv:r1], dO[rv:r1]  # (Br', D), (Br', D_v), Br' = r1 - rv <= Br
-            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, r1 - rv, c1 - c0))  # (Br', D) @ (D, Bc)
-            allowed = tile_mask(rv, r1, c0, c1, causal, offset, q.device)
+        q_lo, q_hi = spec.query_range(c0, c1)  # rows outside see nothing of this block
+        for i in tiling.query_blocks(j, b=b, h=h):  # query block i; tiles this head sees nothing of left out
+            r0, r1 = tiling.row_blocks[i]
+            rv, rh = max(r0, q_lo), min(r1, q_hi)  # P = 0 on the other rows, which would add nothing
+            q_i, dO_i = q[rv:rh], dO[rv:rh]  # (Br', D), (Br', D_v), Br' = rh - rv <= Br
+            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, rh - rv, c1 - c0))  # (Br', D) @ (D, Bc)
+            if softcap is not None:
+                T_ij = torch.tanh(S_ij.div_(softcap), out=_tile(T_buf, rh - rv, c1 - c0))  # T = tanh(S / softcap)
+                S_ij = torch.mul(T_ij, softcap, out=S_ij)
+            allowed, bias = tiling.head_tile(i, j, (rv, rh), b=b, h=h, device=q.device)
+            if bias is not None:
+                S_ij.add_(bias)
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
-            P_ij = S_ij.sub_(lse[rv:r1, None]).exp_()  # exp(S_ij - lse_i)
+            P_ij = S_ij.sub_(lse[rv:rh, None]).exp_()  # exp(S_ij - lse_i)
             dv_j.addmm_(P_ij.t(), dO_i)  # dV_j += P_ij^T dO_i: (Bc, Br') @ (Br', D_v)
-            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, r1 - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
-            dS_ij = dP_ij.sub_(delta[rv:r1, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
+            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, rh - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
+            dS_ij = dP_ij.sub_(delta[rv:rh, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
+            if softcap is not None:
+                dS_ij.mul_(T_ij.square_().neg_().add_(1))  # through the cap: dS *= 1 - T^2
             dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br') @ (Br', D)
-            dq[rv:r1].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br', Bc) @ (Bc, D)
+            dq[rv:rh].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br', Bc) @ (Bc, D)
