@@ -6,6 +6,7 @@ Public API:
     explain                       which backend would run for given inputs, and why
     reference                     dense oracle, online-softmax references, memory-efficient backward
     merge_attention_states        attention over two disjoint key sets from each one's (O, lse)
+    distributed                   ring attention over torch.distributed (imported on its own)
     AttentionError                base of the errors raised for bad input (each also a RuntimeError)
     AttentionSchedules            the teaching example's module (dense and tiled side by side)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -63,5 +65,13 @@ def test_picture_fits_80_columns_and_shows_the_balance():
             assert max(len(line) for line in picture(W, layout).splitlines()) <= 80
     text = picture(4, "zigzag")
     assert "    7  (0)    0 0 0 0 0 0 0 0    0 3 2 1 1 2 3 0" in text
-    assert text.endswith("pairs per rank: 0: 8  1: 8  2: 8  3: 8")
-    assert picture(4, "contiguous").endswith("pairs per rank: 0: 0.5  1: 1.5  2: 2.5  3: 3.5")
+    assert text.endswith("work per rank, in blocks of N/W x N/W scores:\n0: 2  1: 2  2: 2  3: 2")
+    assert picture(4, "contiguous").endswith(
+        "work per rank, in blocks of N/W x N/W scores:\n0: 0.5  1: 1.5  2: 2.5  3: 3.5"
+    )
+
+
+def test_readme_shows_the_picture_the_code_draws():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert picture(4, "zigzag") in readme
+    assert "the same work per rank is `" + picture(4, "contiguous").splitlines()[-1] + "`" in readme

@@ -210,9 +210,11 @@ def picture(world_size: int, layout: str) -> str:
         by_rank = " ".join(str(cells[a, b][0]) if (a, b) in cells else "." for b in range(n))
         by_step = " ".join(str(cells[a, b][1]) if (a, b) in cells else "." for b in range(n))
         lines.append(f"{a:>5}  ({owner[a]}){'':4}{by_rank}    {by_step}")
+    pair_size = (world_size / n) ** 2  # one (N/n x N/n) chunk pair in (N/W x N/W) blocks
     work = [0.0] * world_size
     for rank, _, kind in cells.values():
-        work[rank] += 0.5 if kind is TileKind.PARTIAL else 1.0
+        work[rank] += pair_size * (0.5 if kind is TileKind.PARTIAL else 1.0)
     lines.append("")
-    lines.append("pairs per rank: " + "  ".join(f"{r}: {w:g}" for r, w in enumerate(work)))
+    lines.append("work per rank, in blocks of N/W x N/W scores:")
+    lines.append("  ".join(f"{r}: {w:g}" for r, w in enumerate(work)))
     return "\n".join(lines)
