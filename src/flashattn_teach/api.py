@@ -140,8 +140,9 @@ def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
     """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
     _, block_m, block_n = _TILED[p.backend]
     counts = opts.mask.tiling(block_m, block_n).counts()
+    n = sum(counts.values())
     return (
-        f"; {sum(counts.values())} tiles of {block_m} x {block_n}: {counts[TileKind.FULL]} visited whole, "
+        f"; {n} tile{'' if n == 1 else 's'} of {block_m} x {block_n}: {counts[TileKind.FULL]} visited whole, "
         f"{counts[TileKind.PARTIAL]} visited with a tile mask, {counts[TileKind.SKIP]} skipped"
     )
 
