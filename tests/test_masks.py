@@ -437,7 +437,7 @@ def test_named_backends_refuse_the_variants_they_do_not_honour():
     with pytest.raises(NotImplementedError, match="seqlens_k not yet in the Triton kernels"):
         fa.flash_attention(q, q, q, seqlens_k=torch.tensor([3]), backend="triton")
     p = fa.explain(q, q, q, window=(1, 0))
-    assert p.backend == "parallel" and "1 tiles of 1024 x 256: 0 visited whole, 1 visited with a tile mask" in p.reason
+    assert p.backend == "parallel" and "1 tile of 1024 x 256: 0 visited whole, 1 visited with a tile mask" in p.reason
 
 
 def test_a_mask_that_requires_grad_runs_dense_and_gets_its_gradient():
