@@ -70,9 +70,9 @@ def test_sdpa_gradients_match_torch():
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
-def test_dropout_runs_on_the_dense_path_and_is_unbiased():
+def test_dropout_runs_on_the_fast_path_and_is_unbiased():
     q, k, v = r(1, 1, 4, 4, seed=1), r(1, 1, 6, 4, seed=2), r(1, 1, 6, 4, seed=3)
-    assert fa.explain(q, k, v, dropout_p=0.5).backend == "dense"
+    assert fa.explain(q, k, v, dropout_p=0.5).backend == "parallel"
     torch.manual_seed(0)
     a = fa.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_named_backends_refuse_what_they_cannot_do():
     with pytest.raises(NotImplementedError, match="requires grad"):
         fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True).double(), backend="online")
     with pytest.raises(NotImplementedError, match="dropout"):
-        fa.explain(q, q, q, dropout_p=0.1, backend="key_major")
+        fa.explain(q, q, q, dropout_p=0.1, backend="triton")
     assert fa.explain(q, q, q, backend="key_major") == fa.Plan("key_major", "requested explicitly")
     with pytest.warns(DeprecationWarning, match="key_major"):
         assert fa.explain(q, q, q, backend="keymajor").backend == "key_major"

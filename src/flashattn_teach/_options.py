@@ -7,7 +7,7 @@ no backend validates again or receives an untyped ``**dict``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -21,6 +21,7 @@ from ._validate import (
     check_window,
     validate_inputs,
 )
+from .dropout import DropoutKey, draw
 from .masks import MaskSpec
 
 
@@ -30,7 +31,9 @@ class AttentionOptions:
 
     ``shapes`` carries the broadcast sizes and the resolved ``scale``; ``mask`` is the call's mask contract
     (causal, window, softcap, ALiBi, ``seqlens_k``, ``attn_mask``; see ``masks.py``), which every backend
-    reads; ``attn_mask`` is the user's mask, already checked to broadcast to the scores.
+    reads; ``attn_mask`` is the user's mask, already checked to broadcast to the scores. ``dropout_key`` is
+    the call's dropout (``dropout.py``): drawn by :meth:`with_dropout` where the call runs (not by
+    ``explain``, which draws nothing), and kept for the backward, which regenerates the mask from it.
     """
 
     shapes: AttentionShapes
@@ -40,10 +43,30 @@ class AttentionOptions:
     enable_gqa: bool = False
     attn_mask: Tensor | None = None
     dropout_p: float = 0.0
+    dropout_key: DropoutKey | None = None
 
     @property
     def scale(self) -> float:
         return self.shapes.scale
+
+    @property
+    def dropout(self) -> DropoutKey:
+        """The dropout every path applies: the drawn key, or ``DropoutKey()`` (none) when ``dropout_p = 0``."""
+        if self.dropout_key is not None:
+            return self.dropout_key
+        if self.dropout_p > 0.0:
+            raise RuntimeError("dropout_p > 0 but no dropout key was drawn: run the call on opts.with_dropout()")
+        return DropoutKey()
+
+    def with_dropout(self, key: DropoutKey | None = None) -> AttentionOptions:
+        """These options with the call's dropout key: ``key`` if given (tests fix one), the one already
+        drawn, or one drawn now from torch's default generator (:func:`flashattn_teach.dropout.draw`, which
+        consumes nothing when ``dropout_p = 0``), so ``torch.manual_seed`` makes calls repeatable."""
+        if key is None:
+            if self.dropout_key is not None:
+                return self
+            key = draw(self.dropout_p)
+        return replace(self, dropout_p=key.p, dropout_key=key)
 
 
 def make_options(

@@ -5,11 +5,12 @@ Backends:
     "parallel"   query-major tiles, the (batch, head) slices spread over worker threads (the fast CPU path)
     "online"     query-major online-softmax CPU reference: the readable tile-by-tile loop
     "key_major"  key-major reference, FlashAttention's Algorithm 1 loop order
-    "dense"      the dense oracle: holds all N_q x N_k scores; the only one with dropout
+    "dense"      the dense oracle: holds all N_q x N_k scores
 
 Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
 ``masks.py``) run tile by tile on every CPU backend; "triton" does not honour them yet and refuses them, so
-``auto`` runs such calls on a CPU path even for CUDA tensors.
+``auto`` runs such calls on a CPU path even for CUDA tensors. Dropout is the same on every CPU backend: a
+counter-based generator (``dropout.py``) keyed once per call from torch's generator; "triton" refuses it.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -46,6 +47,12 @@ _TILED = {
 }
 
 
+_DROPOUT_NOTE = (
+    "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
+    "the key drawn once per call from torch's generator"
+)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Which backend runs a call, and why."""
@@ -63,6 +70,8 @@ def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
         tr = importlib.import_module("flashattn_teach.triton")
     except ImportError as e:
         return f"the Triton backend is unavailable ({e})"
+    if opts.dropout_p > 0.0:
+        return "dropout is not yet in the Triton kernels"
     reason: str | None = tr.shapes_unsupported_reason(q, k, v, opts.shapes)
     return reason
 
@@ -84,8 +93,6 @@ def _check_backend(backend: object) -> str:
 
 def _dense_only(opts: AttentionOptions) -> str | None:
     """Why only the dense path can run this call, or None."""
-    if opts.dropout_p > 0.0:
-        return "dropout is only supported by the dense path"
     tensors = (("attn_mask", opts.attn_mask), ("alibi_slopes", opts.mask.alibi_slopes))
     differentiated = [name for name, t in tensors if t is not None and t.requires_grad]
     if differentiated:
@@ -148,7 +155,8 @@ def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
 
 
 def _run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` from the planned backend."""
+    """``(O, lse)`` from the planned backend; a call with dropout draws its key here, once."""
+    opts = opts.with_dropout()
     if p.backend == "dense":
         return dense_forward(q, k, v, opts)
     if p.backend == "triton":
@@ -174,6 +182,7 @@ def flash_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -194,6 +203,7 @@ def flash_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -214,6 +224,7 @@ def flash_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -233,6 +244,7 @@ def flash_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -253,6 +265,11 @@ def flash_attention(
             ``j >= seqlens_k[b]`` are invisible (right padding).
         attn_mask: bool (True = visible) or additive, broadcast to ``(..., H_q, N_q, N_k)`` as torch's SDPA.
             See :mod:`flashattn_teach.masks` for how these compose and how tiles are skipped.
+        dropout_p: zero each attention weight with this probability and scale the rest by
+            ``1 / (1 - dropout_p)`` (``lse`` stays undropped), tile by tile inside the online update. The
+            mask comes from a counter-based generator (:mod:`flashattn_teach.dropout`) keyed once per call
+            from torch's default generator, so ``torch.manual_seed`` makes calls repeatable; the backward
+            draws it again rather than storing it.
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
@@ -273,6 +290,7 @@ def flash_attention(
         scale=scale,
         enable_gqa=enable_gqa,
         attn_mask=attn_mask,
+        dropout_p=dropout_p,
         window=window,
         softcap=softcap,
         alibi_slopes=alibi_slopes,
@@ -298,9 +316,11 @@ def scaled_dot_product_attention(
     ``query (..., H_q, L, E)``, ``key (..., H_kv, S, E)``, ``value (..., H_kv, S, E_v)`` ->
     ``(..., H_q, L, E_v)``. ``attn_mask`` is bool (True = take part) or additive (the query's dtype or
     float32), broadcast to ``(..., L, S)``; with ``is_causal=True`` as well, both apply, as in torch's CPU
-    SDPA. Heads broadcast as in torch. Calls with dropout (or a mask that requires grad) run on the dense
-    path; the rest, masks included, run on a path that never stores the score matrix, a mask read tile by
-    tile (:func:`explain` tells which). Errors are both
+    SDPA. Heads broadcast as in torch. ``dropout_p`` applies whenever it is above 0, as in torch (SDPA has
+    no training flag: pass 0 in eval), from this library's counter-based generator, so the mask differs from
+    torch's for the same seed. Calls with a mask that requires grad run on the dense path; the rest, masks
+    and dropout included, run on a path that never stores the score matrix, a mask read tile by tile
+    (:func:`explain` tells which). Errors are both
     ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
     function deliberately differs from torch.
     """
@@ -364,5 +384,8 @@ def explain(
     )
     p = plan(query, key, value, opts, backend)
     if p.backend in _TILED and opts.mask.variants:
-        return Plan(p.backend, p.reason + _tile_counts(p, opts))
+        p = Plan(p.backend, p.reason + _tile_counts(p, opts))
+    if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator
+        again = ", and the backward draws the mask again instead of storing it" if p.backend in _TILED else ""
+        p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
     return p

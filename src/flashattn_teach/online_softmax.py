@@ -24,6 +24,8 @@ functions, so they cannot drift apart; the Triton kernel implements the same equ
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -72,10 +74,19 @@ def bias_and_mask(S_ij: Tensor, allowed: Tensor | None, bias: Tensor | None) -> 
     return S_ij
 
 
-def update(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def update(
+    m_i: Tensor,
+    l_i: Tensor,
+    acc: Tensor,
+    S_ij: Tensor,
+    v_j: Tensor,
+    drop: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Fold one score tile into the running state; returns new ``(m_i, l_i, acc)``, inputs untouched.
 
     Shapes: ``m_i, l_i (..., Br)``, ``acc (..., Br, D_v)``, ``S_ij (..., Br, Bc)``, ``v_j (..., Bc, D_v)``.
+    ``drop`` is dropout on the weights (``reference/tile_dropout.py``): it acts on what reaches ``V`` only,
+    while ``l_i`` sums the undropped weights, so dropout applies to the normalised ``P`` (FlashAttention).
     """
     m_new = torch.maximum(m_i, S_ij.amax(dim=-1))  # (..., Br)
     # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
@@ -83,12 +94,22 @@ def update(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> 
     alpha = torch.exp(m_i - m_safe)  # (..., Br); 0 on the first visible tile since m_i = -inf
     P_ij = (S_ij - m_safe.unsqueeze(-1)).exp_()  # (..., Br, Bc)
     l_new = alpha * l_i + P_ij.sum(dim=-1)
+    if drop is not None:
+        P_ij = drop(P_ij)
     acc = torch.matmul(P_ij, v_j).add_(acc * alpha.unsqueeze(-1))  # (..., Br, Bc) @ (..., Bc, D_v)
     return m_new, l_new, acc
 
 
-def update_(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) -> None:
-    """:func:`update` in place, for one head: ``m_i, l_i, acc`` are updated and ``S_ij`` becomes ``P_ij``.
+def update_(
+    m_i: Tensor,
+    l_i: Tensor,
+    acc: Tensor,
+    S_ij: Tensor,
+    v_j: Tensor,
+    drop: Callable[[Tensor], Tensor] | None = None,
+) -> None:
+    """:func:`update` in place, for one head: ``m_i, l_i, acc`` are updated and ``S_ij`` becomes ``P_ij``
+    (undropped; ``drop`` as in :func:`update`).
 
     Shapes: ``m_i, l_i (Br,)``, ``acc (Br, D_v)``, ``S_ij (Br, Bc)``, ``v_j (Bc, D_v)``. The same equations
     and the same ``-inf`` guard, in fewer passes over the tile and without a ``Br x Bc`` allocation, for the
@@ -100,7 +121,8 @@ def update_(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor) ->
     P_ij = S_ij.sub_(m_safe.unsqueeze(-1)).exp_()  # (Br, Bc)
     alpha = m_i.sub_(m_safe).exp_()  # (Br,); 0 on the first visible tile since m_i = -inf
     l_i.mul_(alpha).add_(P_ij.sum(dim=-1))
-    acc.mul_(alpha.unsqueeze(-1)).addmm_(P_ij, v_j)  # (Br, Bc) @ (Bc, D_v) -> (Br, D_v), added to acc
+    P_v = P_ij if drop is None else drop(P_ij)  # dropout reaches V only; l_i summed the undropped weights
+    acc.mul_(alpha.unsqueeze(-1)).addmm_(P_v, v_j)  # (Br, Bc) @ (Bc, D_v) -> (Br, D_v), added to acc
     m_i.copy_(m_new)
 
 

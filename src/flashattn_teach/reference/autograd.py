@@ -1,6 +1,7 @@
 """Autograd glue: a tiled forward and the memory-efficient backward as one differentiable function.
 
-Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed in ``backward``. The
+Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed in ``backward``, and
+so is the dropout mask, from the key the options carry (``AttentionOptions.dropout``). The
 function uses the ``setup_context`` form with a generated vmap rule and a ``jvp``, so the torch.func
 transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as through a torch op.
 """
@@ -31,14 +32,14 @@ def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> 
     """The forward of one loop order, its tiling bound in: call it with ``(q, k, v, scale=...)``."""
     if order == "parallel":
         return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n))
-    return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n))
+    return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n), dropout=opts.dropout)
 
 
 def _backward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, ...]]:
     """The backward of one loop order, its tiling bound in (see :func:`_forward`)."""
     if order == "parallel":
         return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n))
-    return functools.partial(backward_grouped, tiling=opts.mask.tiling(block_m, block_n))
+    return functools.partial(backward_grouped, tiling=opts.mask.tiling(block_m, block_n), dropout=opts.dropout)
 
 
 def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict
         block_n=block_n,
         workers=default_workers(),
         mask=opts.mask,
+        dropout=opts.dropout,
     )
 
 
@@ -127,5 +129,6 @@ class TiledAttentionFunction(torch.autograd.Function):
                 tvg,
                 scale=s.scale,
                 tiling=opts.mask.tiling(block_m, block_n),
+                dropout=opts.dropout,
             )
         return from_grouped(tO, s).to(O.dtype), lse_from_grouped(tlse, s)

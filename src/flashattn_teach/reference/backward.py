@@ -20,6 +20,10 @@ nothing and are left out. A bias (ALiBi, an additive mask) does not depend on ``
 capped score is ``softcap * T_ij`` and
 
     dS_ij  *= 1 - T_ij^2                              d(softcap * tanh(x / softcap))/dx
+
+With dropout the forward's keep mask ``Z`` is drawn again from the saved key, tile by tile, not stored
+(Dao et al. 2022, Alg. 4; ``tile_dropout.py``): ``P_ij`` becomes ``P_ij * Z s`` in ``dV_j`` and ``dP_ij``
+becomes ``dP_ij * Z s`` in ``dS_ij``, with ``s = 1 / (1 - p)``; ``delta_i`` and ``lse`` are unchanged.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from torch import Tensor
 from .._layout import grad_to_input, rows_to_grouped, to_grouped
 from .._options import make_options
 from .._validate import shape_str, validate_block_sizes
+from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
 from ..masks import Tiling
 from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
 def backward_grouped(
@@ -47,11 +53,14 @@ def backward_grouped(
     *,
     scale: float,
     tiling: Tiling,
+    dropout: DropoutKey = NO_DROPOUT,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped layout (see ``_layout.py``): ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse (B, H_kv, G, N_q)``,
     ``k, v (B, H_kv, 1, N_k, .)``. Returns ``dq, dk, dv`` in the same layout; ``dk, dv`` are summed over
-    the ``G`` query heads that share a key/value head."""
+    the ``G`` query heads that share a key/value head. ``dropout`` is the forward's key."""
     softcap = tiling.spec.softcap
+    N_q, N_k = q.shape[-2], k.shape[-2]
+    bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     delta = (dO * O).sum(dim=-1)  # (B, H_kv, G, N_q)
     if dlse is not None:
         delta = delta - dlse
@@ -75,10 +84,11 @@ def backward_grouped(
                 S_ij = softcap * T_ij
             S_ij = bias_and_mask(S_ij, allowed, bias)  # (B, H_kv, G, Br, Bc)
             P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
+            drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)  # the forward's mask
             # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
-            dv_j = dv_j + (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
+            dv_j = dv_j + (drop(P_ij).transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
             dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
-            dS_ij = P_ij * (dP_ij - delta[..., r0:r1, None])
+            dS_ij = P_ij * (drop(dP_ij) - delta[..., r0:r1, None])
             if softcap is not None:
                 dS_ij = dS_ij * (1 - T_ij * T_ij)  # through the cap: d(softcap tanh(x / softcap)) = 1 - T^2
             dk_j = dk_j + scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)

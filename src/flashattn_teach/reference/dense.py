@@ -5,12 +5,17 @@
     O = P V                              (..., N_q, D_v)
     lse = log sum_j exp(S_ij)            (..., N_q)
 
+With ``dropout_p`` the weights that reach ``V`` are ``P * Z / (1 - dropout_p)``, ``Z`` the keep mask of
+:mod:`flashattn_teach.dropout` at each weight's (batch element, query head, row, column): the mask every
+tiled path and the backward draw, so they can all be compared with this one exactly. ``lse`` is undropped.
+
 It materialises the full ``N_q x N_k`` score matrix on purpose: it is the plain definition, written so a
 reader can check it by eye, and it is differentiable by ordinary autograd.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal, overload
 
 import torch
@@ -20,6 +25,7 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from .._validate import check_bool
+from ..dropout import drop
 from ..online_softmax import soft_cap
 
 
@@ -129,7 +135,10 @@ def dense_attention(
         seqlens_k: integer tensor of the batch shape: keys ``j >= seqlens_k[b]`` are invisible.
             See :mod:`flashattn_teach.masks` for how these compose.
         dropout_p: probability of zeroing an attention weight (applied to ``P``, survivors scaled by
-            ``1 / (1 - dropout_p)``), as in torch's SDPA. Not applied to ``lse``.
+            ``1 / (1 - dropout_p)``), as in torch's SDPA, whenever it is above 0 (there is no training
+            flag). The mask comes from the counter-based generator of :mod:`flashattn_teach.dropout`, keyed
+            once per call from torch's default generator (``torch.manual_seed`` makes calls repeatable);
+            every backend draws the same mask for the same key. Not applied to ``lse``.
         return_lse: also return ``lse``.
 
     Returns:
@@ -153,12 +162,13 @@ def dense_attention(
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
     )
-    O, lse = dense_forward(q, k, v, opts)
+    O, lse = dense_forward(q, k, v, opts.with_dropout())
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype."""
+    """``(O, lse)`` of validated inputs: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype; dropout by the
+    key in ``opts`` (drawn by ``opts.with_dropout()``)."""
     s = opts.shapes
     dt = compute_dtype(q.dtype)
     with autocast_off(q.device.type):
@@ -185,8 +195,15 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         S_safe = S.masked_fill(empty, 0.0)
         lse = torch.logsumexp(S_safe, dim=-1)  # (..., N_q)
         P = torch.softmax(S_safe, dim=-1).masked_fill(empty, 0.0)  # (..., N_q, N_k)
-        if opts.dropout_p > 0.0:
-            P = torch.nn.functional.dropout(P, p=opts.dropout_p, training=True)
+        key = opts.dropout
+        if key.p > 0.0:
+            # Every (batch element, head) draws its own mask: P gets all of the score shape first (q and k may
+            # broadcast), and bh = b * H_q + h numbers its heads as the tiled paths do.
+            P = P.expand(s.score_shape)
+            heads = s.score_shape[:-2]  # (*batch, H_q), or () for 2-D inputs
+            bh = torch.arange(math.prod(heads), device=P.device).reshape(*heads, 1, 1)
+            rows, cols = torch.arange(s.N_q, device=P.device)[:, None], torch.arange(s.N_k, device=P.device)
+            P = drop(P, key, bh, rows, cols, s.N_q, s.N_k)  # (..., N_q, N_k)
         O = torch.matmul(P, vc)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
         lse = lse.masked_fill(empty.squeeze(-1), float("-inf"))
     return O.expand(s.out_shape).to(q.dtype), lse.expand(s.lse_shape)

@@ -18,14 +18,21 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
+from ..dropout import DropoutKey
 from ..masks import Tiling
+from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
-def key_major_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling) -> tuple[Tensor, Tensor]:
-    """Same contract as :func:`query_major_forward` (grouped layout), same results, other loop order."""
+def key_major_forward(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling, dropout: DropoutKey = NO_DROPOUT
+) -> tuple[Tensor, Tensor]:
+    """Same contract as :func:`query_major_forward` (grouped layout), same results (the same dropout mask
+    too: it is drawn by each weight's place, not by the loop order), other loop order."""
     lead = q.shape[:-2]
     D_v = v.shape[-1]
+    N_q, N_k = q.shape[-2], k.shape[-2]
     softcap = tiling.spec.softcap
+    bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     row_blocks = tiling.row_blocks
     # The "HBM" copies of each query block's running state (Alg. 1 line 2): (m_i, l_i, O_i).
     hbm = [osm.init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
@@ -37,7 +44,8 @@ def key_major_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: 
             acc = O_i * l_i.unsqueeze(-1)  # undo the stored normalisation
             allowed, bias = tiling.tile(i, j, q.device)
             S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j)
+            drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
+            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j, drop)
             hbm[i] = (m_i, l_i, osm.normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)
     O = torch.cat([q.new_empty((*lead, 0, D_v)), *(O_i for _, _, O_i in hbm)], dim=-2)
     lse = torch.cat([q.new_empty((*lead, 0)), *(osm.log_sum_exp(m_i, l_i) for m_i, l_i, _ in hbm)], dim=-1)

@@ -17,7 +17,8 @@ from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 def tiled_attention(
     q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``)."""
+    """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``), with
+    the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again)."""
     O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
     return O, lse
 
@@ -37,6 +38,7 @@ def _public(
     alibi_slopes: Tensor | None,
     seqlens_k: Tensor | None,
     attn_mask: Tensor | None,
+    dropout_p: float,
     block_m: int,
     block_n: int,
     return_lse: bool,
@@ -51,13 +53,14 @@ def _public(
         scale=scale,
         enable_gqa=enable_gqa,
         attn_mask=attn_mask,
+        dropout_p=dropout_p,
         window=window,
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
     )
     block_m, block_n = validate_block_sizes(block_m, block_n)
-    O, lse = tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+    O, lse = tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
@@ -76,6 +79,7 @@ def online_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -97,6 +101,7 @@ def online_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -118,6 +123,7 @@ def online_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -138,6 +144,7 @@ def online_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -155,6 +162,8 @@ def online_attention(
             :mod:`flashattn_teach.masks` (as :func:`flashattn_teach.reference.dense_attention`); tiles no
             row sees are never visited, wholly visible ones run without a mask. No gradient flows to
             ``alibi_slopes`` or ``attn_mask``.
+        dropout_p: dropout on the attention weights, as :func:`flashattn_teach.reference.dense_attention`
+            (the same mask for the same key; drawn tile by tile, and again in the backward, never stored).
         block_m, block_n: query and key tile sizes (``Br``, ``Bc`` in the papers); any sizes >= 1, they
             need not divide N.
         return_lse: also return ``lse = m + log l`` of shape ``(..., H_q, N_q)``.
@@ -180,6 +189,7 @@ def online_attention(
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
+        dropout_p=dropout_p,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,
@@ -201,6 +211,7 @@ def key_major_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -222,6 +233,7 @@ def key_major_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -243,6 +255,7 @@ def key_major_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -263,6 +276,7 @@ def key_major_attention(
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -286,6 +300,7 @@ def key_major_attention(
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
+        dropout_p=dropout_p,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,

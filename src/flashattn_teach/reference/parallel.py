@@ -16,6 +16,8 @@ Per head the tensors are 2-D, which lets the tile loops write into preallocated 
 guard of ``online_softmax.update`` (rows that see no key end with ``O = 0`` and ``lse = -inf``), in place.
 The mask contract (``masks.py``) is read per head: a head visits only the tiles it sees part of (a padded
 batch element skips its padding's tiles), and each tile is cut to the query rows that may see its keys.
+Dropout draws each tile's keep mask from the head's ``b * H_q + h`` and the tile's global rows and columns
+(``tile_dropout.py``), so the pool's split of the work never changes the mask.
 
 Splitting the work:
     forward   one task per query head ``(b, h_kv, g)`` and, when there are fewer heads than tasks wanted,
@@ -52,7 +54,9 @@ from torch import Tensor
 
 from .. import online_softmax as osm
 from .._validate import validate_inputs
+from ..dropout import DropoutKey
 from ..masks import MaskSpec, Tiling
+from .tile_dropout import NO_DROPOUT, tile_dropout
 
 # Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves:
 # on the 2-core development machine a forward of 2^16 scores took 0.7 ms inline and 1.0 ms on the pool,
@@ -169,11 +173,13 @@ def parallel_forward(
     block_n: int,
     workers: int,
     mask: MaskSpec | None = None,
+    dropout: DropoutKey = NO_DROPOUT,
 ) -> tuple[Tensor, Tensor]:
     """Grouped layout in, grouped layout out, as ``query_major_forward``: ``q (B, H_kv, G, N_q, D)``,
     ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``,
     ``lse (B, H_kv, G, N_q)``. ``mask`` is the call's mask contract (``make_options`` builds it from the same
-    ``causal`` and ``causal_align``); without it, the mask is causal masking alone."""
+    ``causal`` and ``causal_align``); without it, the mask is causal masking alone. ``dropout`` is the
+    call's key (none by default)."""
     B, H_kv, G, N_q, _ = q.shape
     N_k, D_v = v.shape[-2], v.shape[-1]
     tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
@@ -191,7 +197,7 @@ def parallel_forward(
     ]
 
     def task(q, k, v, O, lse, i0, i1, b, h):
-        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h)
+        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h, dropout, b * H_kv * G + h)
 
     _run(task, tasks, inline=inline, workers=workers)
     return O, lse
@@ -219,12 +225,16 @@ def _forward_rows(
     tiling: Tiling,
     b: int,
     h: int,
+    dropout: DropoutKey,
+    bh: int,
 ) -> None:
-    """FA2 Alg. 1 for query blocks ``[i0, i1)`` of one head (batch element ``b``, query head ``h``):
-    ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
+    """FA2 Alg. 1 for query blocks ``[i0, i1)`` of one head (batch element ``b``, query head ``h``; ``bh`` is
+    ``b * H_q + h``, the dropout's head index): ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those
+    rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
     if i0 >= i1:
         return
     D_v = v.shape[-1]
+    N_q, N_k = q.shape[0], k.shape[0]
     spec, softcap = tiling.spec, tiling.spec.softcap
     r_start, r_end = tiling.row_blocks[i0][0], tiling.row_blocks[i1 - 1][1]
     q = q[r_start:r_end] * scale  # once per task rather than once per tile, as score_tile does
@@ -249,7 +259,8 @@ def _forward_rows(
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
             cut = slice(rv - r0, rh - r0)
-            osm.update_(m_i[cut], l_i[cut], acc[cut], S_ij, v[c0:c1])
+            drop = tile_dropout(dropout, bh, (rv, rh), (c0, c1), N_q, N_k, q.device)
+            osm.update_(m_i[cut], l_i[cut], acc[cut], S_ij, v[c0:c1], drop)
         O[r0:r1], lse[r0:r1] = osm.finalize(m_i, l_i, acc)
 
 
@@ -272,10 +283,12 @@ def parallel_backward(
     block_n: int,
     workers: int,
     mask: MaskSpec | None = None,
+    dropout: DropoutKey = NO_DROPOUT,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """As ``backward_grouped``: ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse, dlse (B, H_kv, G, N_q)`` (``dlse``
     may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in the same layout, ``dk, dv`` summed over
-    the ``G`` query heads that share a key/value head. ``mask`` as in :func:`parallel_forward`."""
+    the ``G`` query heads that share a key/value head. ``mask`` as in :func:`parallel_forward`; ``dropout``
+    is the forward's key."""
     B, H_kv, G, N_q, _ = q.shape
     N_k = k.shape[-2]
     tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
@@ -305,6 +318,8 @@ def parallel_backward(
                 tiling,
                 b,
                 h * G + g,
+                dropout,
+                (b * H_kv + h) * G + g,
             )
 
     _run(task, tasks, inline=inline, workers=workers)
@@ -326,10 +341,14 @@ def _backward_head(
     tiling: Tiling,
     b: int,
     h: int,
+    dropout: DropoutKey,
+    bh: int,
 ) -> None:
-    """FA2 Alg. 2 for one query head (batch element ``b``, query head ``h``): ``q, O, dO, dq (N_q, .)``,
-    ``lse, dlse (N_q,)``, ``k, v, dk, dv (N_k, .)``; writes ``dq`` and adds this head's share to ``dk, dv``
-    (shared by the heads of a group). With a softcap, ``T = tanh(S / softcap)`` and ``dS *= 1 - T^2``."""
+    """FA2 Alg. 2 for one query head (batch element ``b``, query head ``h``, ``bh = b * H_q + h``):
+    ``q, O, dO, dq (N_q, .)``, ``lse, dlse (N_q,)``, ``k, v, dk, dv (N_k, .)``; writes ``dq`` and adds this
+    head's share to ``dk, dv`` (shared by the heads of a group). With a softcap, ``T = tanh(S / softcap)``
+    and ``dS *= 1 - T^2``; with dropout, the forward's mask ``Z`` is drawn again: ``dV += (P Z s)^T dO`` and
+    ``dS = P (dP Z s - delta)``."""
     N_q, N_k = q.shape[0], k.shape[0]
     spec, softcap = tiling.spec, tiling.spec.softcap
     delta = (dO * O).sum(dim=-1)  # (N_q,), Alg. 2 line 4
@@ -358,9 +377,10 @@ def _backward_head(
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, osm.NEG_INF)
             P_ij = S_ij.sub_(lse[rv:rh, None]).exp_()  # exp(S_ij - lse_i)
-            dv_j.addmm_(P_ij.t(), dO_i)  # dV_j += P_ij^T dO_i: (Bc, Br') @ (Br', D_v)
+            drop = tile_dropout(dropout, bh, (rv, rh), (c0, c1), N_q, N_k, q.device)  # the forward's mask
+            dv_j.addmm_(drop(P_ij).t(), dO_i)  # dV_j += (P_ij Z s)^T dO_i: (Bc, Br') @ (Br', D_v)
             dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, rh - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
-            dS_ij = dP_ij.sub_(delta[rv:rh, None]).mul_(P_ij)  # P_ij * (dP_ij - delta_i)
+            dS_ij = drop(dP_ij).sub_(delta[rv:rh, None]).mul_(P_ij)  # P_ij * (dP_ij Z s - delta_i)
             if softcap is not None:
                 dS_ij.mul_(T_ij.square_().neg_().add_(1))  # through the cap: dS *= 1 - T^2
             dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br') @ (Br', D)

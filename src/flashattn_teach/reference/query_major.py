@@ -6,7 +6,8 @@ the loop streams key/value blocks ``j`` past it; ``O_i`` and ``lse_i`` are writt
 moment. The mask contract (``masks.py``) decides the key blocks each query block visits: tiles that no
 row can see (above the causal diagonal, outside a window, past every ``seqlens_k``, all hidden by an
 ``attn_mask``) are never visited, so a window of width ``w`` visits ``O(N_q (w + Bc))`` scores; FULL tiles
-run without a mask, PARTIAL ones with the tile's own.
+run without a mask, PARTIAL ones with the tile's own. Dropout drops each tile's weights by their places in
+the whole score matrix (``tile_dropout.py``), after ``l_i`` has summed them.
 
 The blocks are collected and concatenated rather than written into a preallocated output, so the loop is
 a pure function of its inputs and ``torch.func.vmap`` can run it.
@@ -18,15 +19,22 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
+from ..dropout import DropoutKey
 from ..masks import Tiling
+from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
-def query_major_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling) -> tuple[Tensor, Tensor]:
+def query_major_forward(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling, dropout: DropoutKey = NO_DROPOUT
+) -> tuple[Tensor, Tensor]:
     """Grouped layout in, grouped layout out: ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``,
-    ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``, ``lse (B, H_kv, G, N_q)``."""
+    ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``, ``lse (B, H_kv, G, N_q)``; ``dropout`` is
+    the call's key (none by default)."""
     lead = q.shape[:-2]
     D_v = v.shape[-1]
+    N_q, N_k = q.shape[-2], k.shape[-2]
     softcap = tiling.spec.softcap
+    bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     O_blocks, lse_blocks = [q.new_empty((*lead, 0, D_v))], [q.new_empty((*lead, 0))]
     for i, (r0, r1) in enumerate(tiling.row_blocks):  # query block i
         q_i = q[..., r0:r1, :]  # (B, H_kv, G, Br, D)
@@ -35,7 +43,8 @@ def query_major_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling
             c0, c1 = tiling.col_blocks[j]
             allowed, bias = tiling.tile(i, j, q.device)  # None, None for a FULL tile without bias
             S_ij = osm.score_tile(q_i, k[..., c0:c1, :], scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v[..., c0:c1, :])
+            drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
+            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v[..., c0:c1, :], drop)
         O_i, lse_i = osm.finalize(m_i, l_i, acc)
         O_blocks.append(O_i)
         lse_blocks.append(lse_i)
