@@ -15,6 +15,7 @@ from flashattn_teach.reference import dense_attention
 from flashattn_teach.trace import replay, to_experiment
 from flashattn_teach.trace.cli import add_arguments, run
 from flashattn_teach.trace.html import render_html
+from flashattn_teach.trace.manifest import schema
 
 
 @st.composite
@@ -163,6 +164,12 @@ def test_cli_json_carries_every_option_and_equals_the_replay(capsys):
     assert got["replay"]["variants"] == ["softcap", "alibi_slopes", "seqlens_k", "attn_mask"]
     assert [c["tiles"]["j"] for c in got["cases"]] == [1, 2]  # key block 0 is all padding for element 1
     assert [2, 0] in got["replay"]["skipped"] and [2, 3] in got["replay"]["skipped"]  # padding, causal
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(schema()).validate(got)
+    page = render_html(r)
+    jsonschema.Draft202012Validator(schema()).validate(
+        json.loads(page.split('<script type="application/json" id="replay-data">')[1].split("</script>")[0])
+    )
 
 
 def test_cli_reads_a_saved_mask(tmp_path, capsys):
