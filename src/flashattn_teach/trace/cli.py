@@ -73,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=window, default=None, metavar="L,R", help="sliding window (left, right); -1: unbounded"
     )
-    parser.add_argument("--softcap", type=finite_positive_float, default=None, help="scores -> X tanh(score / X)")
+    parser.add_argument(
+        "--softcap", type=finite_positive_float, default=None, metavar="X", help="scores -> X tanh(score / X)"
+    )
     parser.add_argument(
         "--alibi", type=floats, default=None, metavar="SLOPE[,SLOPE...]", help="ALiBi slope, one or one per batch"
     )
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     masks = parser.add_mutually_exclusive_group()
     masks.add_argument(
-        "--pad-left", type=counts, default=None, metavar="K[,K...]", help="left padding: hide the first K keys"
+        "--pad-left", type=counts, default=None, metavar="K[,K...]", help="HF left padding: hide the first K keys"
     )
     masks.add_argument("--mask", type=Path, default=None, metavar="FILE.pt", help="attn_mask saved with torch.save")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
