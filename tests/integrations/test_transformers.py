@@ -132,3 +132,22 @@ def test_register_refuses_names_transformers_reserves():
         with pytest.raises(AttentionValueError, match="name="):
             register(name)
     assert register("teach_attention") == "teach_attention"
+
+
+def test_compiled_model_makes_one_graph_for_five_lengths():
+    import torch._dynamo.testing
+
+    eager, teach = _pair("llama")
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(teach, backend=counter, dynamic=True, fullgraph=True)
+    for n in (9, 17, 40, 64, 100):
+        ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[1, :3] = 0
+        with torch.no_grad():
+            got, expected = (
+                compiled(input_ids=ids, attention_mask=mask).logits,
+                eager(input_ids=ids, attention_mask=mask).logits,
+            )
+        assert (got - expected)[mask.bool()].abs().max().item() < 1e-5
+    assert counter.frame_count == 1
