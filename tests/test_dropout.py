@@ -23,6 +23,7 @@ from flashattn_teach._options import make_options
 from flashattn_teach.reference import parallel
 from flashattn_teach.reference.dense import dense_forward
 from flashattn_teach.reference.online import tiled_attention
+from test_no_nxn import LargestAllocation
 
 from attention_strategies import Problem, problems
 
@@ -301,6 +302,20 @@ def test_the_backward_stores_no_mask():
         O = fa.flash_attention(q, k, v, dropout_p=0.5, backend="online")
     assert sizes and max(sizes) <= N * 4
     O.sum().backward()
+
+
+@pytest.mark.parametrize(("path", "holds_nxn"), [*((order, False) for order in ORDERS), ("dense", True)])
+def test_dropout_holds_no_score_sized_tensor_forward_or_backward(path, holds_nxn):
+    """Every tensor the tiled paths allocate with dropout (counters, keep masks) is tile-sized; the dense
+    oracle, the control, allocates N_q x N_k ones. The parallel path runs inline here (dispatch modes are
+    per thread), the loops its pool runs."""
+    N = 256
+    q, k, v = (torch.randn(1, 2, N, 8, requires_grad=True) for _ in range(3))
+    key = dp.DropoutKey(p=0.2, seed=77)
+    with LargestAllocation() as probe:
+        O, _ = run(path, q, k, v, key, block_m=32, block_n=64, causal=True)
+        O.sum().backward()
+    assert (probe.largest >= N * N) == holds_nxn, probe.largest
 
 
 def test_dropout_is_unbiased():

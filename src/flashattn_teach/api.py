@@ -282,8 +282,8 @@ def flash_attention(
         gives 0 (and ``lse = -inf``).
     """
     q, k, v = cast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
-        # one opaque op in the graph instead of the traced tile loops (see ops.py)
+    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(attn_mask, alibi_slopes):
+        # one opaque op in the graph instead of the traced tile loops (see ops.py; it has no dropout)
         w = None if window is None else list(window)
         O, lse = ops.attention(
             q, k, v, attn_mask, alibi_slopes, seqlens_k, causal, causal_align, scale, w, softcap, enable_gqa, backend
