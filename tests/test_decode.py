@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import api, splitkv
+from flashattn_teach import api, decode, splitkv
 from flashattn_teach.reference import parallel
 
 NEG_INF = float("-inf")
@@ -323,8 +323,8 @@ def test_low_precision_error_is_at_most_twice_plain_pytorchs():
     lengths = [300, 129]
     O_ref, _ = batch_oracle(q, k_cache, v_cache, lengths)
     bf = [t.bfloat16() for t in (q, k_cache, v_cache)]
-    O = fa.flash_attention_with_kvcache(*bf, cache_seqlens=torch.tensor(lengths), num_splits=7)
-    assert O.dtype == torch.bfloat16
+    O, lse = fa.flash_attention_with_kvcache(*bf, cache_seqlens=torch.tensor(lengths), num_splits=7, return_lse=True)
+    assert O.dtype == torch.bfloat16 and lse.dtype == torch.float32
     plain = []
     for b, L in enumerate(lengths):  # plain PyTorch: bfloat16 matmuls and softmax
         k_b, v_b = (t[b, :, :L].repeat_interleave(2, dim=0) for t in bf[1:])
@@ -360,6 +360,27 @@ def test_num_splits_heuristic_fills_the_gpu():
     assert splitkv.num_splits_heuristic(programs=1, sm_slots=264, n_blocks=4) <= 4
     assert splitkv.cuda_num_splits(B=1, H_kv=8, N_q=1, group=4, N_k=32768, D=128, sm_count=132) == 29
     assert splitkv.cuda_num_splits(B=64, H_kv=8, N_q=1, group=4, N_k=32768, D=128, sm_count=132) == 1
+
+
+def test_each_range_is_one_call_over_its_own_keys(monkeypatch):
+    # The split is real: one tiled call per non-empty range, each given only that range's keys.
+    seen = []
+
+    def recording_run(p, q, k, v, opts):
+        seen.append((k.shape[2], opts.mask.offset))
+        return api._run(p, q, k, v, opts)
+
+    monkeypatch.setattr(decode, "_run", recording_run)
+    q, k_cache, v_cache, (k, v) = problem(2, 2, 2, 12, 2, 2, seed=1)
+    fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 0]), num_splits=3)
+    # L = 7: ranges [0, 3), [3, 6), [6, 7), offsets L - N_new - s0; L = 2: [0, 1), [1, 2) and an empty one.
+    assert seen == [(3, 5), (3, 2), (1, -1), (1, 0), (1, -1)]
+
+
+def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
+    # On CUDA tensors api.plan may pick the prefill kernel, which knows no per-range diagonal offset.
+    monkeypatch.setattr(decode, "plan", lambda *args: api.Plan("triton", "CUDA tensors"))
+    assert decode._plan(*(None,) * 4, "auto").backend == "online"
 
 
 def test_cpu_default_is_one_split():

@@ -1,4 +1,4 @@
-r"""Decoding against a KV cache, with split-KV (Flash-Decoding): flash-attn's ``flash_attn_with_kvcache``.
+"""Decoding against a KV cache, with split-KV (Flash-Decoding): flash-attn's ``flash_attn_with_kvcache``.
 
 A decode step appends ``N_new_kv`` new keys and values to each batch element's cache and attends its
 ``N_new`` new queries (often 1) over everything cached so far. Batch element ``b`` holds
@@ -11,15 +11,18 @@ exactly (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context infere
                   old entries     new     unused
                   0               5       7 = L_b      k, v written in place at [5, 7);
                                                        cache_seqlens is left as it was (5)
-    split ranges of [0, L_b), ceil(7 / 3) = 3 keys each (the last one short):
-                [ k0 k1 k2 ][ k3 k4 n0 ][ n1 ]
-                   s = 0       s = 1      s = 2
-                     |           |          |          each: attention of q[b] over its range alone,
-                (O_0, lse_0) (O_1, lse_1) (O_2, lse_2)       masked in global key positions
-                     \__________/           |
-               merge_attention_states        |         lse = log(exp(lse_a) + exp(lse_b))
-                           \_______________/           O   = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
-                       merge_attention_states -> (O, lse) of q[b] over keys [0, L_b)
+
+    split ranges of [0, L_b), ceil(7 / 3) = 3 keys each, the last one short; each range is attended
+    alone, masked in global key positions, and the partial results are merged in any order:
+
+        s = 0  keys [0, 3)  k0 k1 k2  ->  (O_0, lse_0) --+
+                                                         +-- merge --> (O_01, lse_01) --+
+        s = 1  keys [3, 6)  k3 k4 n0  ->  (O_1, lse_1) --+                              +-- merge --> (O, lse)
+                                                                                        |    of q[b] over [0, L_b)
+        s = 2  keys [6, 7)  n1        ->  (O_2, lse_2) ---------------------------------+
+
+    merge (merge_attention_states):  lse = log(exp(lse_a) + exp(lse_b))
+                                     O   = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
 
     causal, bottom-right per batch element: query row i sits at position L_b - N_new + i (x: visible)
                 keys 0 1 2 3 4 5 6
