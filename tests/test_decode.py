@@ -86,14 +86,14 @@ def assert_matches(O, lse, O_ref, lse_ref, atol=1e-12):
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved = dict(api._TILED)
+    saved = dict(decode.DECODE_TILES)
     smallest = parallel.MIN_PARALLEL_SCORES
-    api._TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    decode.DECODE_TILES.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
-        api._TILED.update(saved)
+        decode.DECODE_TILES.update(saved)
         parallel.MIN_PARALLEL_SCORES = smallest
 
 
@@ -362,19 +362,36 @@ def test_num_splits_heuristic_fills_the_gpu():
     assert splitkv.cuda_num_splits(B=64, H_kv=8, N_q=1, group=4, N_k=32768, D=128, sm_count=132) == 1
 
 
+def recorded_partials(monkeypatch):
+    """The ``(rows, keys, offset, causal)`` of every partial result a call computes."""
+    seen = []
+    partial = decode._partial
+
+    def recording(p, q, k, v, opts):
+        seen.append((q.shape[2], k.shape[2], opts.mask.offset, opts.mask.causal))
+        return partial(p, q, k, v, opts)
+
+    monkeypatch.setattr(decode, "_partial", recording)
+    return seen
+
+
 def test_each_range_is_one_call_over_its_own_keys(monkeypatch):
     # The split is real: one tiled call per non-empty range, each given only that range's keys.
-    seen = []
-
-    def recording_run(p, q, k, v, opts):
-        seen.append((k.shape[2], opts.mask.offset))
-        return api._run(p, q, k, v, opts)
-
-    monkeypatch.setattr(decode, "_run", recording_run)
+    seen = recorded_partials(monkeypatch)
     q, k_cache, v_cache, (k, v) = problem(2, 2, 2, 12, 2, 2, seed=1)
     fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 0]), num_splits=3)
     # L = 7: ranges [0, 3), [3, 6), [6, 7), offsets L - N_new - s0; L = 2: [0, 1), [1, 2) and an empty one.
-    assert seen == [(3, 5), (3, 2), (1, -1), (1, 0), (1, -1)]
+    assert seen == [(2, 3, 5, True), (2, 3, 2, True), (2, 1, -1, True), (2, 1, 0, True), (2, 1, -1, True)]
+
+
+def test_one_new_query_runs_its_query_heads_as_rows_of_their_key_value_head(monkeypatch):
+    seen = recorded_partials(monkeypatch)
+    q, k_cache, v_cache, (k, v) = problem(1, 6, 2, 12, 1, 1, seed=1)
+    fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5]), num_splits=2)
+    assert [(rows, causal) for rows, _, _, causal in seen] == [(3, False), (3, False)]  # G = 3 rows, no mask
+    seen.clear()  # ALiBi has a slope per query head, and a left window depends on the row: no folding
+    fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([6]), window=(2, 0), num_splits=1)
+    assert [(rows, causal) for rows, _, _, causal in seen] == [(1, True)]
 
 
 def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
@@ -406,6 +423,7 @@ def bad(**changes):
         ({"cache_seqlens": torch.tensor([3.0, 4.0])}, TypeError, "cache_seqlens must be int32 or int64"),
         ({"cache_seqlens": torch.tensor([3, -1])}, ValueError, r"cache_seqlens\[1\] = -1"),
         ({"cache_seqlens": 11}, ValueError, r"cache_seqlens must lie in \[0, N_max\] = \[0, 10\]"),
+        ({"cache_seqlens": torch.tensor([3, 4], device="meta")}, ValueError, "cache_seqlens is on meta but q"),
         ({"cache_seqlens": "3"}, TypeError, "cache_seqlens must be an int32/int64 torch.Tensor"),
         ({"cache_seqlens": True}, TypeError, "cache_seqlens must be an int32/int64 torch.Tensor"),
         ({"cache_seqlens": torch.tensor([3, 9])}, ValueError, r"N_new_kv=2 new entries.*cache_seqlens\[1\] = 9"),

@@ -45,6 +45,7 @@ and :mod:`flashattn_teach.splitkv` says how many splits fill the GPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 import torch
@@ -61,10 +62,12 @@ from ._validate_decode import (
     check_num_splits,
     check_room,
 )
-from .api import Plan, _run, plan
+from .api import Plan, plan
 from .errors import AttentionValueError
 from .masks import MaskSpec
 from .merge import merge_attention_states
+from .reference.dense import dense_forward
+from .reference.online import tiled_attention
 from .splitkv import default_num_splits, split_ranges
 
 DECODE_BACKENDS = ("auto", "parallel", "online", "key_major", "dense")
@@ -79,29 +82,51 @@ def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cach
             v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
 
 
+# A decode step has few query rows, so its tiles are short and long. One step (B=4, H_q=32, H_kv=8, D=128,
+# caches of 8191, 4000, 100 and 8000 keys, N_new=1, float32, one split, the 2-core development machine):
+# about 90 ms at 2048 keys per tile, 207 ms at the prefill tiles' 256 (query heads run as rows in both),
+# 165-178 ms for torch's SDPA called per batch element; /tmp scripts, not a benchmark of record.
+DECODE_TILES = {
+    "parallel": ("parallel", 1024, 2048),
+    "online": ("query_major", 128, 2048),
+    "key_major": ("key_major", 128, 2048),
+}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One call's settings, as every batch element and range reads them (``window`` validated)."""
+
+    causal: bool
+    scale: float | None
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+
+
 def _range_options(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    offset: int,
-    causal: bool,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
+    q: Tensor, k: Tensor, v: Tensor, step: _Step, *, offset: int, alibi_slopes: Tensor | None
 ) -> AttentionOptions:
     """The options of one batch element's key range: ``make_options``'s checks, with the diagonal offset
     that puts the range's keys at their global positions (module docs)."""
     opts = make_options(
-        q, k, v, causal=causal, scale=scale, enable_gqa=True, window=window, softcap=softcap, alibi_slopes=alibi_slopes
+        q,
+        k,
+        v,
+        causal=step.causal,
+        scale=step.scale,
+        enable_gqa=True,
+        window=step.window,
+        softcap=step.softcap,
+        alibi_slopes=alibi_slopes,
     )
     mask = MaskSpec.build(
         opts.shapes,
         q.dtype,
         causal=opts.causal,
         causal_align="bottom_right",
-        window=check_window(window),
+        window=step.window,
         softcap=opts.mask.softcap,
         alibi_slopes=opts.mask.alibi_slopes,
         offset=offset,
@@ -120,47 +145,56 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str)
     return p
 
 
-def _decode_one(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    *,
-    L: int,
-    num_splits: int,
-    backend: str,
-    causal: bool,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
+def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the decode tiles."""
+    if p.backend == "dense":
+        return dense_forward(q, k, v, opts)
+    order, block_m, block_n = DECODE_TILES[p.backend]
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+def _merged_ranges(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: _Step, *, L: int, first: int, alibi_slopes: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over cache keys ``[0, L)``: one partial per
-    non-empty range, in the compute dtype (flash-attn keeps its partial outputs in float32 too), merged."""
-    N_new = q.shape[2]
+    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``[0, L)``, row 0 at position ``first``:
+    one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs in float32
+    too), merged."""
     dt = compute_dtype(q.dtype)
     qc = q.to(dt)  # a no-op for float32/float64
     merged: tuple[Tensor, Tensor] | None = None
-    for s0, s1 in split_ranges(L, num_splits):
+    for s0, s1 in split_ranges(L, step.num_splits):
         if s0 == s1:
             continue  # an empty range: lse = -inf for every row, which the merge would ignore
         k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
-        opts = _range_options(
-            qc,
-            k_s,
-            v_s,
-            offset=L - N_new - s0,  # row i's diagonal at global key L - N_new + i
-            causal=causal,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-        )
-        part = _run(_plan(qc, k_s, v_s, opts, backend), qc, k_s, v_s, opts)
+        # offset = first - s0 puts row i's diagonal at global key first + i
+        opts = _range_options(qc, k_s, v_s, step, offset=first - s0, alibi_slopes=alibi_slopes)
+        part = _partial(_plan(qc, k_s, v_s, opts, step.backend), qc, k_s, v_s, opts)
         merged = part if merged is None else merge_attention_states(*merged, *part)
     if merged is None:  # no key at all (L = 0): every row sees nothing
-        H_q, D_v = q.shape[1], v_cache.shape[3]
-        return q.new_zeros(1, H_q, N_new, D_v, dtype=dt), q.new_full((1, H_q, N_new), float("-inf"), dtype=dt)
+        shape = (*q.shape[:3], v_cache.shape[3])
+        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
     return merged
+
+
+def _decode_one(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: _Step, *, L: int, alibi_slopes: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
+
+    One new query (``N_new = 1``) sits at position ``L - 1``, after every cached key, so causal masking
+    and the window's right side hide nothing from it; without ALiBi (a slope per head) or a left window,
+    its ``G`` query heads that share a key/value head see the same keys under the same mask, and are run
+    as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)`` (flash-attn's
+    ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once per query
+    head, and each score tile is ``G`` rows tall."""
+    _, H_q, N_new, D = q.shape
+    H_kv = k_cache.shape[1]
+    G = H_q // H_kv
+    if N_new == 1 and G > 1 and alibi_slopes is None and step.window[0] < 0:
+        rows = replace(step, causal=False, window=(-1, -1))  # every key of [0, L) is visible
+        O, lse = _merged_ranges(q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, L=L, first=L - 1, alibi_slopes=None)
+        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
+    return _merged_ranges(q, k_cache, v_cache, step, L=L, first=L - N_new, alibi_slopes=alibi_slopes)
 
 
 @overload
@@ -290,7 +324,7 @@ def flash_attention_with_kvcache(
     causal = check_bool("causal", causal)
     # Checked here too (each range's make_options checks them again) so that bad values fail even for B = 0.
     check_scale(scale, q.shape[3])
-    check_window(window)
+    window_sizes = check_window(window)
     check_softcap(softcap)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
@@ -308,18 +342,14 @@ def flash_attention_with_kvcache(
     L = [n + N_new_kv for n in lengths]
     if splits == 0:
         splits = default_num_splits(q, k_cache, max(L, default=0))
+    step = _Step(causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=splits, backend=backend)
     parts = [
         _decode_one(
             q[b : b + 1],
             k_cache[b : b + 1],
             v_cache[b : b + 1],
+            step,
             L=L[b],
-            num_splits=splits,
-            backend=backend,
-            causal=causal,
-            scale=scale,
-            window=window,
-            softcap=softcap,
             alibi_slopes=None if slopes is None else slopes[b] if slopes.dim() == 2 else slopes,
         )
         for b in range(B)
