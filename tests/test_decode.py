@@ -241,6 +241,30 @@ def test_the_new_entries_are_written_in_place_and_nothing_else_changes():
     assert cache_seqlens.tolist() == lengths  # not updated, as in flash-attn
 
 
+def test_caches_in_flash_attns_layout_are_written_through_their_views():
+    # A cache kept as (B, N_max, H_kv, D), passed as its (B, H_kv, N_max, D) view: the write lands in it.
+    q, _, _, (k, v) = problem(2, 4, 2, 9, 1, 2, seed=3)
+    k_store, v_store = randn(2, 9, 2, 8, seed=4), randn(2, 9, 2, 6, seed=5)
+    k_cache, v_cache = k_store.transpose(1, 2), v_store.transpose(1, 2)
+    O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([2, 7]), num_splits=2)
+    torch.testing.assert_close(k_store[1, 7:9], k[1].transpose(0, 1), atol=0, rtol=0)
+    torch.testing.assert_close(v_store[0, 2:4], v[0].transpose(0, 1), atol=0, rtol=0)
+    torch.testing.assert_close(O, batch_oracle(q, k_cache, v_cache, [4, 9])[0], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("N_new", [1, 4])
+def test_float32_matches_the_oracle(N_new):
+    q, k_cache, v_cache, _ = problem(2, 8, 2, 70, N_new, 0, D=16, D_v=16, seed=6)
+    q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    lengths = [60, 13]
+    O, lse = fa.flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), num_splits=3, return_lse=True
+    )
+    assert O.dtype == lse.dtype == torch.float32
+    O_ref, lse_ref = batch_oracle(q, k_cache, v_cache, lengths)
+    assert_matches(O.double(), lse.double(), O_ref, lse_ref, atol=1e-5)
+
+
 def test_a_decode_loop_equals_attention_over_the_whole_sequence():
     # Prefill 5 entries, then decode 4 steps of one token each, advancing cache_seqlens by hand.
     B, H, N, D = 2, 2, 9, 8
