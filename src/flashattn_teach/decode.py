@@ -39,8 +39,10 @@ call on the views ``k_cache[b, :, s0:s1]`` with the mask contract's diagonal off
 built per batch element and range, and the contract itself needs no per-batch offset.
 
 On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
-heads over its workers); a GPU decode kernel would run them as ``B x H_kv x num_splits`` programs at once,
-and :mod:`flashattn_teach.splitkv` says how many splits fill the GPU.
+heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
+query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
+head (:func:`_decode_one`). A GPU decode kernel would run the ranges as ``B x H_kv x num_splits`` programs
+at once, and :mod:`flashattn_teach.splitkv` says how many splits fill the GPU.
 """
 
 from __future__ import annotations
