@@ -413,9 +413,18 @@ def test_one_new_query_runs_its_query_heads_as_rows_of_their_key_value_head(monk
     q, k_cache, v_cache, (k, v) = problem(1, 6, 2, 12, 1, 1, seed=1)
     fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5]), num_splits=2)
     assert [(rows, causal) for rows, _, _, causal in seen] == [(3, False), (3, False)]  # G = 3 rows, no mask
-    seen.clear()  # ALiBi has a slope per query head, and a left window depends on the row: no folding
-    fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([6]), window=(2, 0), num_splits=1)
-    assert [(rows, causal) for rows, _, _, causal in seen] == [(1, True)]
+    seen.clear()  # ALiBi has a slope per query head: no folding
+    slopes = slopes_of(6, seed=1)
+    fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=6, alibi_slopes=slopes, num_splits=1)
+    assert [(rows, causal) for rows, _, _, causal in seen] == [(1, True)]  # the 6 heads, one row each
+
+
+def test_a_window_cuts_only_the_keys_some_row_may_see(monkeypatch):
+    seen = recorded_partials(monkeypatch)
+    q, k_cache, v_cache, _ = problem(1, 2, 2, 20, 2, 0, seed=1)
+    # L = 12, N_new = 2, left = 3: row 0 at position 10 sees keys from 7 on, so [7, 12) is cut in two.
+    fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=12, window=(3, 0), num_splits=2)
+    assert [(keys, offset) for _, keys, offset, _ in seen] == [(3, 10 - 7), (2, 10 - 10)]
 
 
 def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):

@@ -156,23 +156,32 @@ def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -
 
 
 def _merged_ranges(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: _Step, *, L: int, first: int, alibi_slopes: Tensor | None
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: _Step,
+    *,
+    keys: tuple[int, int],
+    first: int,
+    alibi_slopes: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``[0, L)``, row 0 at position ``first``:
-    one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs in float32
-    too), merged."""
+    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
+    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
+    in float32 too), merged."""
     dt = compute_dtype(q.dtype)
     qc = q.to(dt)  # a no-op for float32/float64
+    lo, L = keys
     merged: tuple[Tensor, Tensor] | None = None
-    for s0, s1 in split_ranges(L, step.num_splits):
-        if s0 == s1:
+    for a, b in split_ranges(L - lo, step.num_splits):
+        if a == b:
             continue  # an empty range: lse = -inf for every row, which the merge would ignore
+        s0, s1 = lo + a, lo + b
         k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
         # offset = first - s0 puts row i's diagonal at global key first + i
         opts = _range_options(qc, k_s, v_s, step, offset=first - s0, alibi_slopes=alibi_slopes)
         part = _partial(_plan(qc, k_s, v_s, opts, step.backend), qc, k_s, v_s, opts)
         merged = part if merged is None else merge_attention_states(*merged, *part)
-    if merged is None:  # no key at all (L = 0): every row sees nothing
+    if merged is None:  # no key to see: every row gives O = 0, lse = -inf
         shape = (*q.shape[:3], v_cache.shape[3])
         return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
     return merged
@@ -183,20 +192,25 @@ def _decode_one(
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
 
-    One new query (``N_new = 1``) sits at position ``L - 1``, after every cached key, so causal masking
-    and the window's right side hide nothing from it; without ALiBi (a slope per head) or a left window,
-    its ``G`` query heads that share a key/value head see the same keys under the same mask, and are run
-    as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)`` (flash-attn's
-    ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once per query
-    head, and each score tile is ``G`` rows tall."""
+    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
+    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
+    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
+    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
+    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
+    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
+    per query head, and each score tile is ``G`` rows tall."""
     _, H_q, N_new, D = q.shape
     H_kv = k_cache.shape[1]
     G = H_q // H_kv
-    if N_new == 1 and G > 1 and alibi_slopes is None and step.window[0] < 0:
-        rows = replace(step, causal=False, window=(-1, -1))  # every key of [0, L) is visible
-        O, lse = _merged_ranges(q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, L=L, first=L - 1, alibi_slopes=None)
+    left = step.window[0]
+    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
+    if N_new == 1 and G > 1 and alibi_slopes is None:
+        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
+        O, lse = _merged_ranges(
+            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, keys=keys, first=L - 1, alibi_slopes=None
+        )
         return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
-    return _merged_ranges(q, k_cache, v_cache, step, L=L, first=L - N_new, alibi_slopes=alibi_slopes)
+    return _merged_ranges(q, k_cache, v_cache, step, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
 
 
 @overload
@@ -296,9 +310,10 @@ def flash_attention_with_kvcache(
         window: ``(left, right)`` around that same diagonal (-1: unbounded); causal is ``right = 0``.
         softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.
         alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |L_b - N_new + i - j|`` added to the scores.
-        num_splits: how many contiguous key ranges ``[0, L_b)`` is cut into (``ceil(L_b / num_splits)``
-            keys each; ranges past the last key are empty). Any count gives the same result up to
-            rounding. ``0`` chooses: on CUDA flash-attn's rule from the SM count and the shapes
+        num_splits: how many contiguous ranges the keys are cut into: ``[0, L_b)``, or with a window's left
+            side the keys some row's window reaches, ``[max(0, L_b - N_new - left), L_b)``; the same number
+            of keys in each (rounded up), ranges past the last key empty. Any count gives the same result
+            up to rounding. ``0`` chooses: on CUDA flash-attn's rule from the SM count and the shapes
             (:mod:`flashattn_teach.splitkv`), on the CPU 1, since the CPU paths run the ranges one after
             another and already spread the heads over their worker threads.
         backend: ``"auto"`` (the threaded CPU path; the query-major reference under a torch.func
