@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given
@@ -52,6 +54,27 @@ def test_merge_is_associative_and_commutative(cuts, seed):
     O_ref, lse_ref = dense_attention(q, k, v, return_lse=True)
     torch.testing.assert_close(left[0], O_ref, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(left[1], lse_ref, atol=1e-12, rtol=1e-12)
+
+
+@given(
+    cuts=st.lists(st.integers(0, 13), min_size=0, max_size=6),
+    order=st.randoms(use_true_random=False),
+    seed=st.integers(0, 2**16),
+)
+def test_merging_k_partial_results_in_any_grouping_equals_one_pass(cuts, order, seed):
+    # k = len(cuts) + 1 key ranges (some empty), merged pairwise in a random tree: any two of the partial
+    # results so far, in either argument order, until one is left.
+    q, k, v = r(2, 2, 5, 4, seed=seed), r(2, 2, 13, 4, seed=seed + 1), r(2, 2, 13, 3, seed=seed + 2)
+    bounds = [0, *sorted(cuts), 13]
+    partials = [part(q, k, v, slice(a, b)) for a, b in itertools.pairwise(bounds)]
+    while len(partials) > 1:
+        a, b = order.sample(range(len(partials)), 2)
+        merged = fa.merge_attention_states(*partials[a], *partials[b])
+        partials = [p for i, p in enumerate(partials) if i not in (a, b)] + [merged]
+    O, lse = partials[0]
+    O_ref, lse_ref = dense_attention(q, k, v, return_lse=True)
+    torch.testing.assert_close(O, O_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-12, rtol=1e-12)
 
 
 def test_rows_that_see_nothing_on_either_side_give_zero_and_minus_inf_without_nan_gradients():

@@ -18,8 +18,10 @@ then mask and add the ALiBi bias; its test reference does the same)::
 
 ``causal=True`` is the window's right side 0: ``window=(-1, 0)`` with ``causal=False`` is causal masking.
 A window is allowed without ``causal``; with it, ``right`` is 0 whatever was given. ``off`` comes from
-``N_q`` and ``N_k``, not from ``seqlens_k[b]``. A row that sees no key gives ``O = 0`` and
-``lse = -inf``. Two shapes of window, ``N_q = N_k = 6``, ``top_left`` (x: visible)::
+``N_q`` and ``N_k``, not from ``seqlens_k[b]`` (decoding against a KV cache aligns to each batch element's
+own length instead: ``decode.py`` builds one spec per batch element and key range, each with its own
+``offset``). A row that sees no key gives ``O = 0`` and ``lse = -inf``. Two shapes of window,
+``N_q = N_k = 6``, ``top_left`` (x: visible)::
 
     window=(2, 0)            window=(1, 1)
       keys 0 1 2 3 4 5         keys 0 1 2 3 4 5
@@ -100,9 +102,15 @@ class MaskSpec:
         attn_mask: Tensor | None = None,
         cu_seqlens_q: Tensor | None = None,
         cu_seqlens_k: Tensor | None = None,
+        offset: int | None = None,
     ) -> MaskSpec:
         """``cu_seqlens_q, cu_seqlens_k`` (validated, both or neither) make the call packed: 3-D inputs
-        ``(H, total, D)`` whose sequence axis holds the sequences back to back."""
+        ``(H, total, D)`` whose sequence axis holds the sequences back to back.
+
+        ``offset``, when given, is the diagonal offset itself and replaces ``causal_align``'s: a caller
+        that passes a slice of a longer key sequence keeps the whole sequence's geometry with it (a decode
+        split of keys ``[s0, s1)`` of a cache of length ``L`` with ``N_q`` new queries: ``L - N_q - s0``;
+        see ``decode.py``)."""
         left, right = window
         packed = None
         if cu_seqlens_q is not None and cu_seqlens_k is not None:
@@ -112,7 +120,7 @@ class MaskSpec:
             attn_mask = attn_mask.reshape((1,) * (rank - attn_mask.dim()) + tuple(attn_mask.shape))
         return MaskSpec(
             shapes=shapes,
-            offset=diagonal_offset(shapes.N_q, shapes.N_k, causal_align),
+            offset=diagonal_offset(shapes.N_q, shapes.N_k, causal_align) if offset is None else offset,
             causal=causal,
             left=left,
             right=0 if causal else right,  # causal is the window's right side 0, intersected with any window

@@ -1,0 +1,380 @@
+"""Decoding against a KV cache, with split-KV (Flash-Decoding): flash-attn's ``flash_attn_with_kvcache``.
+
+A decode step appends ``N_new_kv`` new keys and values to each batch element's cache and attends its
+``N_new`` new queries (often 1) over everything cached so far. Batch element ``b`` holds
+``cache_seqlens[b]`` valid entries before the step and ``L_b = cache_seqlens[b] + N_new_kv`` after it;
+the keys are cut into ``num_splits`` ranges, each range gives a partial result, and the partials are merged
+exactly (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"). One step,
+``cache_seqlens[b] = 5``, ``N_new = N_new_kv = 2``, ``num_splits = 3``, ``N_max = 10``::
+
+    k_cache[b]  | k0 k1 k2 k3 k4 | n0 n1 | .  .  . |      (v_cache[b] alike)
+                  old entries     new     unused
+                  0               5       7 = L_b      k, v written in place at [5, 7);
+                                                       cache_seqlens is left as it was (5)
+
+    split ranges of [0, L_b), ceil(7 / 3) = 3 keys each, the last one short; each range is attended
+    alone, masked in global key positions, and the partial results are merged in any order:
+
+        s = 0  keys [0, 3)  k0 k1 k2  ->  (O_0, lse_0) --+
+                                                         +-- merge --> (O_01, lse_01) --+
+        s = 1  keys [3, 6)  k3 k4 n0  ->  (O_1, lse_1) --+                              +-- merge --> (O, lse)
+                                                                                        |    of q[b] over [0, L_b)
+        s = 2  keys [6, 7)  n1        ->  (O_2, lse_2) ---------------------------------+
+
+    merge (merge_attention_states):  lse = log(exp(lse_a) + exp(lse_b))
+                                     O   = exp(lse_a - lse) O_a + exp(lse_b - lse) O_b
+
+    causal, bottom-right per batch element: query row i sits at position L_b - N_new + i (x: visible)
+                keys 0 1 2 3 4 5 6
+        q 0 (at 5)   x x x x x x .        row 0 sees nothing of split 2: its lse_2 = -inf, and the
+        q 1 (at 6)   x x x x x x x        merge ignores that partial for row 0
+
+Masks in global key positions: query row ``i`` of batch element ``b`` sees key ``j < L_b`` iff
+``j <= L_b - N_new + i`` (causal) and ``L_b - N_new + i - left <= j <= L_b - N_new + i + right``
+(``window``), and ALiBi adds ``-slope * |L_b - N_new + i - j|``: flash-attn's kvcache alignment, to each
+batch element's own length. (``flash_attention``'s ``seqlens_k`` is different: its offset comes from
+``N_q`` and ``N_k``, the padded lengths; see ``masks.py``.) Each range ``[s0, s1)`` is run as an ordinary
+call on the views ``k_cache[b, :, s0:s1]`` with the mask contract's diagonal offset set to
+``L_b - N_new - s0``, which puts row ``i``'s diagonal at global key ``L_b - N_new + i``; so one spec is
+built per batch element and range, and the contract itself needs no per-batch offset.
+
+On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
+heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
+query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
+head (:func:`_decode_one`). A GPU decode kernel would run the ranges as ``B x H_kv x num_splits`` programs
+at once, and :mod:`flashattn_teach.splitkv` says how many splits fill the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, overload
+
+import torch
+from torch import Tensor
+
+from ._layout import compute_dtype
+from ._options import AttentionOptions, make_options
+from ._validate import check_bool, check_scale, check_softcap, check_window
+from ._validate_decode import (
+    check_cache_inputs,
+    check_cache_seqlens,
+    check_decode_alibi,
+    check_no_grad_through_write,
+    check_num_splits,
+    check_room,
+)
+from .api import Plan, plan
+from .errors import AttentionValueError
+from .masks import MaskSpec
+from .merge import merge_attention_states
+from .reference.dense import dense_forward
+from .reference.online import tiled_attention
+from .splitkv import default_num_splits, split_ranges
+
+DECODE_BACKENDS = ("auto", "parallel", "online", "key_major", "dense")
+
+
+def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
+    """Write ``k, v`` into the caches in place at ``[cache_seqlens[b], cache_seqlens[b] + N_new_kv)``."""
+    N_new_kv = k.shape[2]
+    with torch.no_grad():  # an in-place write of inference state (check_no_grad_through_write)
+        for b, n in enumerate(cache_seqlens):
+            k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
+            v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
+
+
+# A decode step has few query rows, so its tiles are short and long. One step (B=4, H_q=32, H_kv=8, D=128,
+# caches of 8191, 4000, 100 and 8000 keys, N_new=1, float32, one split, the 2-core development machine):
+# about 90 ms at 2048 keys per tile, 207 ms at the prefill tiles' 256 (query heads run as rows in both),
+# 165-178 ms for torch's SDPA called per batch element; /tmp scripts, not a benchmark of record.
+DECODE_TILES = {
+    "parallel": ("parallel", 1024, 2048),
+    "online": ("query_major", 128, 2048),
+    "key_major": ("key_major", 128, 2048),
+}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One call's settings, as every batch element and range reads them (``window`` validated)."""
+
+    causal: bool
+    scale: float | None
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+
+
+def _range_options(
+    q: Tensor, k: Tensor, v: Tensor, step: _Step, *, offset: int, alibi_slopes: Tensor | None
+) -> AttentionOptions:
+    """The options of one batch element's key range: ``make_options``'s checks, with the diagonal offset
+    that puts the range's keys at their global positions (module docs)."""
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=step.causal,
+        scale=step.scale,
+        enable_gqa=True,
+        window=step.window,
+        softcap=step.softcap,
+        alibi_slopes=alibi_slopes,
+    )
+    mask = MaskSpec.build(
+        opts.shapes,
+        q.dtype,
+        causal=opts.causal,
+        causal_align="bottom_right",
+        window=step.window,
+        softcap=opts.mask.softcap,
+        alibi_slopes=opts.mask.alibi_slopes,
+        offset=offset,
+    )
+    return AttentionOptions(
+        shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align="bottom_right", enable_gqa=True
+    )
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
+    """The library's choice for one range, on a CPU path: there is no Triton decode kernel yet, and the
+    prefill kernel does not take the per-range diagonal offset."""
+    p = plan(q, k, v, opts, backend)
+    if p.backend == "triton":
+        return Plan("online", "CUDA tensors: no Triton decode kernel yet, the query-major reference")
+    return p
+
+
+def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the decode tiles."""
+    if p.backend == "dense":
+        return dense_forward(q, k, v, opts)
+    order, block_m, block_n = DECODE_TILES[p.backend]
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+def _merged_ranges(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: _Step,
+    *,
+    keys: tuple[int, int],
+    first: int,
+    alibi_slopes: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
+    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
+    in float32 too), merged."""
+    dt = compute_dtype(q.dtype)
+    qc = q.to(dt)  # a no-op for float32/float64
+    lo, L = keys
+    merged: tuple[Tensor, Tensor] | None = None
+    for a, b in split_ranges(L - lo, step.num_splits):
+        if a == b:
+            continue  # an empty range: lse = -inf for every row, which the merge would ignore
+        s0, s1 = lo + a, lo + b
+        k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
+        # offset = first - s0 puts row i's diagonal at global key first + i
+        opts = _range_options(qc, k_s, v_s, step, offset=first - s0, alibi_slopes=alibi_slopes)
+        part = _partial(_plan(qc, k_s, v_s, opts, step.backend), qc, k_s, v_s, opts)
+        merged = part if merged is None else merge_attention_states(*merged, *part)
+    if merged is None:  # no key to see: every row gives O = 0, lse = -inf
+        shape = (*q.shape[:3], v_cache.shape[3])
+        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
+    return merged
+
+
+def _decode_one(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: _Step, *, L: int, alibi_slopes: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
+
+    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
+    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
+    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
+    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
+    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
+    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
+    per query head, and each score tile is ``G`` rows tall."""
+    _, H_q, N_new, D = q.shape
+    H_kv = k_cache.shape[1]
+    G = H_q // H_kv
+    left = step.window[0]
+    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
+    if N_new == 1 and G > 1 and alibi_slopes is None:
+        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
+        O, lse = _merged_ranges(
+            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, keys=keys, first=L - 1, alibi_slopes=None
+        )
+        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
+    return _merged_ranges(q, k_cache, v_cache, step, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
+
+
+@overload
+def flash_attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool = True,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool = True,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    backend: str = "auto",
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def flash_attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool = True,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+def flash_attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool = True,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """One decode step against a KV cache: append ``k, v`` in place, attend ``q`` over the valid entries.
+
+    Args:
+        q: ``(B, H_q, N_new, D)``, the new queries; ``H_q`` a multiple of ``H_kv`` (grouped-query
+            attention: query head h reads key/value head ``h // (H_q // H_kv)``).
+        k_cache, v_cache: ``(B, H_kv, N_max, D)`` and ``(B, H_kv, N_max, D_v)``; entries
+            ``[0, cache_seqlens[b])`` of batch element ``b`` are valid, the rest unused.
+        k, v: ``(B, H_kv, N_new_kv, D)`` and ``(B, H_kv, N_new_kv, D_v)``, or both None. Written into the
+            caches IN PLACE at ``[cache_seqlens[b], cache_seqlens[b] + N_new_kv)`` (an error if that passes
+            ``N_max``) before attending. ``cache_seqlens`` is not updated (as in flash-attn): add
+            ``N_new_kv`` to it for the next step.
+        cache_seqlens: int32/int64 ``(B,)`` on ``q``'s device, or one int for every batch element: valid
+            entries before this step. Batch element ``b`` attends over keys ``[0, L_b)``,
+            ``L_b = cache_seqlens[b] + N_new_kv``.
+        causal: query row i sits at position ``L_b - N_new + i`` and sees keys ``j <= L_b - N_new + i``
+            (bottom-right, per batch element; the module docs draw it). On by default, as flash-attn.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        window: ``(left, right)`` around that same diagonal (-1: unbounded); causal is ``right = 0``.
+        softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.
+        alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |L_b - N_new + i - j|`` added to the scores.
+        num_splits: how many contiguous ranges the keys are cut into: ``[0, L_b)``, or with a window's left
+            side the keys some row's window reaches, ``[max(0, L_b - N_new - left), L_b)``; the same number
+            of keys in each (rounded up), ranges past the last key empty. Any count gives the same result
+            up to rounding. ``0`` chooses: on CUDA flash-attn's rule from the SM count and the shapes
+            (:mod:`flashattn_teach.splitkv`), on the CPU 1, since the CPU paths run the ranges one after
+            another and already spread the heads over their worker threads.
+        backend: ``"auto"`` (the threaded CPU path; the query-major reference under a torch.func
+            transform or for CUDA tensors), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"``
+            (the oracle), for every range. ``"triton"`` is refused: there is no Triton decode kernel yet.
+        return_lse: also return ``lse`` of shape ``(B, H_q, N_new)``.
+
+    Returns:
+        ``O`` of shape ``(B, H_q, N_new, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse`` in float32
+        (float64 for float64 inputs). A row that sees no key gives 0 and ``lse = -inf``.
+
+    Gradients: decoding is inference, but ``q`` is differentiable (also ``k_cache`` and ``v_cache`` when
+    ``k, v`` are None, over their first ``L_b`` entries). With ``k, v`` given, the in-place write is not
+    differentiated: if grad mode is on and any of ``k, v, k_cache, v_cache`` requires grad, the call
+    raises instead of silently dropping that gradient.
+    """
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
+    B, H_q, N_new, _ = q.shape
+    N_max = k_cache.shape[2]
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)
+    N_new_kv = 0 if k is None else k.shape[2]
+    if k is not None and v is not None:
+        check_room(lengths, N_new_kv, N_max)
+        check_no_grad_through_write(k_cache, v_cache, k, v)
+    causal = check_bool("causal", causal)
+    # Checked here too (each range's make_options checks them again) so that bad values fail even for B = 0.
+    check_scale(scale, q.shape[3])
+    window_sizes = check_window(window)
+    check_softcap(softcap)
+    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
+    splits = check_num_splits(num_splits)
+    lse_wanted = check_bool("return_lse", return_lse)
+    if backend == "triton":
+        raise NotImplementedError(
+            "flash_attention_with_kvcache has no Triton decode kernel yet; use backend='auto' or a CPU backend "
+            "('parallel', 'online', 'key_major', 'dense')"
+        )
+    if backend not in DECODE_BACKENDS:
+        raise AttentionValueError(f"backend must be one of {(*DECODE_BACKENDS, 'triton')}, got {backend!r}")
+
+    if k is not None and v is not None:
+        append_to_cache(k_cache, v_cache, k, v, lengths)
+    L = [n + N_new_kv for n in lengths]
+    if splits == 0:
+        splits = default_num_splits(q, k_cache, max(L, default=0))
+    step = _Step(causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=splits, backend=backend)
+    parts = [
+        _decode_one(
+            q[b : b + 1],
+            k_cache[b : b + 1],
+            v_cache[b : b + 1],
+            step,
+            L=L[b],
+            alibi_slopes=None if slopes is None else slopes[b] if slopes.dim() == 2 else slopes,
+        )
+        for b in range(B)
+    ]
+    dt = compute_dtype(q.dtype)
+    if parts:
+        O = torch.cat([O_b for O_b, _ in parts]).to(q.dtype)  # (B, H_q, N_new, D_v)
+        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
+    else:
+        O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)
+    return (O, lse) if lse_wanted else O
