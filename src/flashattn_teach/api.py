@@ -8,8 +8,9 @@ Backends:
     "dense"      the dense oracle: holds all N_q x N_k scores; the only one with dropout
 
 Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
-``masks.py``) run tile by tile on every CPU backend; "triton" does not honour them yet and refuses them, so
-``auto`` runs such calls on a CPU path even for CUDA tensors.
+``masks.py``) run tile by tile on every CPU backend; "triton" runs the window, softcap, ALiBi and
+``seqlens_k`` in its kernels and refuses an ``attn_mask``, so ``auto`` runs a call with a mask on a CPU
+path even for CUDA tensors.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -63,7 +64,7 @@ def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
         tr = importlib.import_module("flashattn_teach.triton")
     except ImportError as e:
         return f"the Triton backend is unavailable ({e})"
-    reason: str | None = tr.shapes_unsupported_reason(q, k, v, opts.shapes)
+    reason: str | None = tr.variants_unsupported_reason(opts) or tr.shapes_unsupported_reason(q, k, v, opts.shapes)
     return reason
 
 
@@ -105,7 +106,7 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
         if needs_dense:
             return Plan("dense", needs_dense + " (it holds all N_q x N_k scores)")
         if q.is_cuda:
-            why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
+            why_not = _triton_unsupported(q, k, v, opts)
             if why_not is None:
                 return Plan("triton", "CUDA tensors: the fused Triton kernels")
             return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
@@ -125,7 +126,7 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
     if needs_dense and backend != "dense":
         raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
-        why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
+        why_not = _triton_unsupported(q, k, v, opts)
         if why_not is not None:
             raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
     if backend == "parallel" and _transforms_active():

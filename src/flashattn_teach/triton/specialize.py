@@ -32,6 +32,7 @@ import torch
 
 from .._validate import AttentionShapes
 from .configs import AttentionConfig
+from .variants import PLAIN, UNBOUNDED, KernelVariants
 
 # The benchmark's long-sequence shape (benchmarks/results/gpu/*/bench/attention.csv, hd128 rows): every
 # size divisible by 16 and none equal to 1, as in the runs the loop profile is calibrated against.
@@ -167,15 +168,20 @@ def attention_requests(
     backward: bool,
     causal: bool = True,
     group: int = 1,
+    variants: KernelVariants = PLAIN,
 ) -> dict[str, CompileRequest]:
     """The kernels the launcher compiles for a sample call (see :func:`sample_shapes`), by kernel name of
-    :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels."""
+    :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels; with
+    ``variants`` (e.g. :func:`sample_variants`) the kernels of a call that uses them."""
     from . import launch
 
     s, q, k, v = sample_shapes(dtype, head_dim, group)
     if not backward:
         (fwd,) = requests_for(
-            lambda: launch.forward(q, k, v, s, causal=causal, causal_align="bottom_right", config=config), arch
+            lambda: launch.forward(
+                q, k, v, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
+            ),
+            arch,
         )
         return {"forward": fwd}
     o, do = torch.empty_like(q), torch.empty_like(q)
@@ -184,11 +190,25 @@ def attention_requests(
     # stands for both
     preprocess, dkdv, *_, dq = requests_for(
         lambda: launch.backward(
-            q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config
+            q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
         ),
         arch,
     )
     return {"backward_preprocess": preprocess, "backward_dkdv": dkdv, "backward_dq": dq}
+
+
+def sample_variants(*, window: bool = True, softcap: bool = True, alibi: bool = True, seqlens: bool = False):
+    """Variants for a sample call of :func:`sample_shapes`: a causal sliding window of 4096 keys, Gemma 2's
+    softcap of 50, ALiBi slopes per head and, with ``seqlens``, key lengths per batch element (allocated,
+    never read)."""
+    return KernelVariants(
+        window=window,
+        left=4096 if window else UNBOUNDED,
+        right=0 if window else UNBOUNDED,
+        softcap=50.0 if softcap else None,
+        alibi_slopes=torch.empty(1, SAMPLE_HEADS) if alibi else None,
+        seqlens_k=torch.empty(SAMPLE_BATCH, dtype=torch.int32) if seqlens else None,
+    )
 
 
 def kernel_request(

@@ -1,0 +1,102 @@
+"""What the kernels need of a call's mask contract (:class:`flashattn_teach.masks.MaskSpec`): the
+constexpr flag of each variant and its runtime arguments, in the kernels' order.
+
+The kernels take, after ``OFFSET``::
+
+    SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2
+
+and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS`` (see :mod:`.masking`). A variant that is not set passes a
+placeholder pointer that is never read, so a call without variants compiles to the plain kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..masks import MaskSpec
+
+LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
+# A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
+# enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
+UNBOUNDED = 2**30
+
+# The variants of the mask contract the kernels honour, by MaskSpec.variants' names.
+SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k")
+
+
+@dataclass(frozen=True)
+class KernelVariants:
+    """The kernels' view of one call's variants. ``left, right``: the window with causal folded in and
+    :data:`UNBOUNDED` for an open side; ``alibi_slopes (1 or B, H_q)`` and ``seqlens_k (B,)`` on
+    the query's device, in the dtypes the kernels read (float32, int32)."""
+
+    window: bool = False
+    left: int = UNBOUNDED
+    right: int = UNBOUNDED
+    softcap: float | None = None
+    alibi_slopes: Tensor | None = None
+    seqlens_k: Tensor | None = None
+
+    @staticmethod
+    def from_spec(spec: MaskSpec) -> KernelVariants:
+        """The variants of ``spec`` (those of :data:`SUPPORTED`; the caller refuses the others)."""
+        slopes = spec.alibi_slopes
+        if slopes is not None:
+            slopes = slopes.detach().reshape(-1, spec.shapes.H_q).to(torch.float32)  # (1 or B, H_q)
+        lengths = spec.seqlens_k
+        if lengths is not None:
+            lengths = lengths.reshape(-1).to(torch.int32)  # (B,)
+        window = "window" in spec.variants
+        return KernelVariants(
+            window=window,
+            left=spec.left if window and spec.left >= 0 else UNBOUNDED,
+            right=spec.right if window and spec.right >= 0 else UNBOUNDED,
+            softcap=spec.softcap,
+            alibi_slopes=slopes,
+            seqlens_k=lengths,
+        )
+
+    @property
+    def used(self) -> bool:
+        """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
+        return self.window or self.modifies_scores or self.has_seqlens
+
+    @property
+    def modifies_scores(self) -> bool:
+        """Softcap or ALiBi: the scale must reach the scores before them (no scale inside the exponent)."""
+        return self.softcap is not None or self.alibi_slopes is not None
+
+    def args(self, placeholder: Tensor) -> tuple[object, ...]:
+        """The runtime arguments after ``OFFSET``; ``placeholder`` stands for an unset pointer."""
+        slopes = placeholder if self.alibi_slopes is None else self.alibi_slopes
+        # a (1, H_q) table serves every batch element: stride 0 along the batch
+        stride_b = 0 if self.alibi_slopes is None or slopes.shape[0] == 1 else slopes.stride(0)
+        stride_h = 0 if self.alibi_slopes is None else slopes.stride(1)
+        return (
+            placeholder if self.seqlens_k is None else self.seqlens_k,
+            slopes,
+            stride_b,
+            stride_h,
+            self.left,
+            self.right,
+            1.0 if self.softcap is None else self.softcap * LOG2E,
+        )
+
+    @property
+    def has_softcap(self) -> bool:
+        return self.softcap is not None
+
+    @property
+    def has_alibi(self) -> bool:
+        return self.alibi_slopes is not None
+
+    @property
+    def has_seqlens(self) -> bool:
+        return self.seqlens_k is not None
+
+
+PLAIN = KernelVariants()
