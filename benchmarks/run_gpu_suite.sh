@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the GPU tests, a trimmed benchmark (bf16, head dims 64 and 128, causal and
 # not, N = 2k and 8k), then the loop-profile estimate of the same kernels next to the measured numbers, within
-# 6 minutes on an H200 (each part's timeout is capped by what is left of SUITE_SECONDS, default 350). Outputs,
-# kept few: iomodel.txt, gpu-tests.{log,xml} (or gpu-checks.log), bench.log, bench/, loops.txt, under $OUT when
+# 6 minutes on an H200 (each part's timeout is capped by what is left of SUITE_SECONDS, default 350), then the
+# variant rows (benchmarks/bench_gpu_variants.py). Outputs, kept few: iomodel.txt, gpu-tests.{log,xml} (or
+# gpu-checks.log), bench.log, bench/, variants.log, variants/, loops.txt, under $OUT when
 # it is set, else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
 # Needs only python3 with torch and triton: no network, no pip install. Triton compiles each kernel once per
 # machine (its cache is shared by the tests, the benchmark and the loop profile's runs).
@@ -11,7 +12,8 @@
 # traffic, and exits 0.
 #
 #   bash benchmarks/run_gpu_suite.sh
-#   OUT=/some/dir PYTHON=python3 SUITE_SECONDS=350 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=150 bash benchmarks/run_gpu_suite.sh
+#   OUT=/some/dir PYTHON=python3 SUITE_SECONDS=350 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=150 VARIANTS_TIMEOUT=90 \
+#       bash benchmarks/run_gpu_suite.sh
 #
 # Exit status: 0 when every part that ran succeeded; 1 if the GPU tests failed; 2 if the benchmark failed.
 set -u
@@ -44,6 +46,7 @@ EOF
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "== CUDA is absent (torch.cuda.is_available() is False): GPU tests skipped"
     "$PY" benchmarks/bench_attention.py --trimmed --out "$OUT_DIR/bench"
+    "$PY" benchmarks/bench_gpu_variants.py --out "$OUT_DIR/variants"
     exit 0
 fi
 
@@ -94,6 +97,14 @@ if [ "$rc" -ne 0 ]; then
     echo "benchmark: FAILED (exit $rc; rows of finished cells are in $OUT_DIR/bench/attention.csv)"
     [ "$status" -eq 0 ] && status=2
 fi
+
+# Variant rows (window, softcap, seqlens_k, varlen: ours, SDPA with the dense mask, FlexAttention). Every row
+# fails soft inside the script; a timeout keeps the rows written so far. Not counted in the exit status.
+echo "== Variant rows (window, softcap, seqlens_k, varlen)"
+timeout "$(budget "${VARIANTS_TIMEOUT:-90}")" "$PY" benchmarks/bench_gpu_variants.py --out "$OUT_DIR/variants" \
+    2>&1 | tee "$OUT_DIR/variants.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] && echo "variant rows: exit $rc (124 is a timeout; rows so far in $OUT_DIR/variants/variants.csv)"
 
 # The loop profile's estimate of the benchmarked kernels, next to their measured TFLOP/s: what calibrates it.
 if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--loops"; then

@@ -4,6 +4,7 @@ without CUDA the GPU suite says so and exits 0. Nothing here looks at a timing."
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -108,3 +109,73 @@ def test_gpu_suite_without_cuda_says_so_and_exits_0(tmp_path):
     assert "CUDA is absent" in proc.stdout
     assert "standard (FA1 Alg. 0)" in (tmp_path / "iomodel.txt").read_text()
     assert (tmp_path / "bench" / "iomodel_grid.csv").exists()
+
+
+def test_bench_variants_quick_writes_its_rows(tmp_path):
+    argv = ["--quick", "--min-time", "0", "--cases", "window", "varlen", "--impls", "ours", "sdpa"]
+    proc = _run([sys.executable, str(BENCH / "bench_variants.py"), *argv, "--out", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "variants.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["case"], r["impl"]) for r in rows] == [("window", "ours"), ("window", "sdpa"), ("varlen", "ours"),
+                                                      ("varlen", "sdpa")]  # fmt: skip
+    for r in rows:
+        if r["case"] == "varlen" and r["impl"] == "ours" and r["status"].startswith("skipped"):
+            continue  # flash_attention_varlen not there yet
+        assert r["status"] == "ok", r
+        assert float(r["time_ms"]) > 0 and float(r["peak_rss_mib"]) > 0 and float(r["added_mib"]) >= 0
+    record = json.loads((tmp_path / "variants.json").read_text())
+    assert {"cpu", "torch", "date"} <= set(record["machine"]) and len(record["rows"]) == len(rows)
+
+
+def test_bench_variants_rows_compute_the_same_attention(monkeypatch):
+    """Every row's call, built in this process at the quick sizes: ours, SDPA with its dense mask and the dense
+    path agree, so the rows compare the same attention."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_variants
+    import flashattn_teach
+
+    for case in bench_variants.CASES:
+        if case == "varlen" and not hasattr(flashattn_teach, "flash_attention_varlen"):
+            continue
+        outs = {impl: bench_variants.build(case, impl, bench_variants.QUICK)[1]() for impl in bench_variants.IMPLS}
+        for impl in ("ours", "sdpa"):
+            torch.testing.assert_close(outs[impl], outs["dense"], rtol=1e-4, atol=1e-5, msg=f"{case} {impl}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's clear_refs")
+def test_bench_variants_memory_probe_sees_a_freed_block_of_known_size():
+    """The probe bench_variants uses, with a negative control: 64 MiB allocated and freed after the reset is
+    seen as about 64 MiB of peak over the RSS before; nothing allocated is seen as about 0."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import torch\n"
+        "from bench_variants import _peak_mib, _reset_peak, _rss_mib\n"
+        "torch.ones(2**24); assert _reset_peak(); before = _rss_mib()\n"
+        "idle = _peak_mib(True) - before\n"
+        "x = torch.ones(2**24); del x\n"
+        "print(idle, _peak_mib(True) - before)\n"
+    )
+    proc = _run([sys.executable, "-c", code, str(BENCH)], MALLOC_MMAP_THRESHOLD_="131072")
+    assert proc.returncode == 0, proc.stderr
+    idle, seen = map(float, proc.stdout.split())
+    assert idle < 4 and 60 < seen < 70
+
+
+def test_bench_gpu_variants_dry_run_fails_soft_and_checks_outputs(tmp_path):
+    argv = ["--dry-run", "--cases", "window", "softcap", "--providers", "triton", "sdpa", "flex", "--passes", "fwd"]
+    proc = _run([sys.executable, str(BENCH / "bench_gpu_variants.py"), *argv, "--out", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["case"], r["provider"]): r for r in json.loads((tmp_path / "variants.json").read_text())["rows"]}
+    assert len(rows) == 6
+    assert rows[("window", "sdpa")]["status"] == "ok" and rows[("window", "sdpa")]["max_err"] < 1e-5
+    assert rows[("softcap", "sdpa")]["status"].startswith("not available: torch SDPA cannot cap scores")
+    assert rows[("window", "triton")]["status"] != ""  # ok once the kernels have it; a status either way
+    if _has("torch.nn.attention.flex_attention"):
+        assert rows[("softcap", "flex")]["status"] == "ok" and rows[("softcap", "flex")]["max_err"] < 1e-5
+
+
+@no_cuda
+def test_bench_gpu_variants_without_cuda_says_so_and_exits_0(tmp_path):
+    proc = _run([sys.executable, str(BENCH / "bench_gpu_variants.py"), "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA is absent" in proc.stdout

@@ -3,6 +3,7 @@
 Public API:
     scaled_dot_product_attention  drop-in for ``torch.nn.functional.scaled_dot_product_attention``
     flash_attention               the same with FlashAttention's options (causal alignment, lse, backend)
+    flash_attention_varlen        packed variable-length sequences, flash-attn's varlen layout
     explain                       which backend would run for given inputs, and why
     reference                     dense oracle, online-softmax references, memory-efficient backward
     merge_attention_states        attention over two disjoint key sets from each one's (O, lse)
@@ -20,6 +21,7 @@ from .errors import AttentionError, AttentionTypeError, AttentionValueError
 from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
+from .varlen import flash_attention_varlen
 
 __all__ = [
     "BACKENDS",
@@ -31,6 +33,7 @@ __all__ = [
     "dense_attention",
     "explain",
     "flash_attention",
+    "flash_attention_varlen",
     "flash_backward",
     "key_major_attention",
     "keymajor_attention",

@@ -27,6 +27,7 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
+from . import ops
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool
@@ -265,6 +266,13 @@ def flash_attention(
         gives 0 (and ``lse = -inf``).
     """
     q, k, v = cast_inputs(q, k, v)
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+        # one opaque op in the graph instead of the traced tile loops (see ops.py)
+        w = None if window is None else list(window)
+        O, lse = ops.attention(
+            q, k, v, attn_mask, alibi_slopes, seqlens_k, causal, causal_align, scale, w, softcap, enable_gqa, backend
+        )
+        return (O, lse) if return_lse else O
     opts = make_options(
         q,
         k,
@@ -306,6 +314,11 @@ def scaled_dot_product_attention(
     function deliberately differs from torch.
     """
     query, key, value = cast_inputs(query, key, value)
+    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(attn_mask, None):
+        O, _ = ops.attention(
+            query, key, value, attn_mask, None, None, is_causal, "top_left", scale, None, None, enable_gqa, "auto"
+        )
+        return O
     opts = make_options(
         query,
         key,

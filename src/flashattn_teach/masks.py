@@ -13,6 +13,7 @@ then mask and add the ALiBi bias; its test reference does the same)::
 
     visible(b, h, i, j) =  i + off - left <= j <= i + off + right    window (left, right); -1: unbounded
                        and j < seqlens_k[b]                          keys past a batch element's length
+                       and seq_q(i) == seq_k(j)                      packed sequences (cu_seqlens; packed.py)
                        and attn_mask[b, h, i, j]                     a bool attn_mask (True: visible)
 
 ``causal=True`` is the window's right side 0: ``window=(-1, 0)`` with ``causal=False`` is causal masking.
@@ -29,20 +30,23 @@ A window is allowed without ``causal``; with it, ``right`` is 0 whatever was giv
     q 4    . . x x x .       q 4    . . . x x x
     q 5    . . . x x x       q 5    . . . . x x
 
+With packed sequences (``cu_seqlens_q``, ``cu_seqlens_k``) ``i`` and ``j`` run over the packed axis, each
+sequence sees only itself, and the window, the causal offset and the ALiBi distance are those of the
+sequence (``packed.py``).
+
 Tiles, not elements: each (query block ``i``, key block ``j``) tile is SKIP (no key visible to any row: never
 visited), FULL (every key visible to every row: no per-element mask work; an ALiBi or additive bias is
 still added) or PARTIAL (the tile's own mask is built). For the window, the causal diagonal and
-``seqlens_k`` the kind is arithmetic on the block bounds. For an ``attn_mask`` it comes from a per-tile
-summary (FlexAttention's block mask) built once per call and tiling, in one pass over the user's mask,
-which holds ``O(T_r x T_c)`` flags and nothing ``N_q x N_k``. Masks and biases are then built one tile at a
-time, in the score layout ``(*batch, H_q, Br, Bc)`` with size-1 dims where they broadcast, or in the
-grouped layout of ``_layout.py``.
+``seqlens_k`` the kind is arithmetic on the block bounds (``window.py``; per sequence for packed ones).
+For an ``attn_mask`` it comes from a per-tile summary (FlexAttention's block mask) built once per call and
+tiling, in one pass over the user's mask, which holds ``O(T_r x T_c)`` flags and nothing ``N_q x N_k``.
+Masks and biases are then built one tile at a time, in the score layout ``(*batch, H_q, Br, Bc)`` with
+size-1 dims where they broadcast, or in the grouped layout of ``_layout.py``. The per-call tile plan,
+:class:`Tiling`, and the ``attn_mask`` block summary, :class:`MaskSummary`, live in ``tiling.py``.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -52,29 +56,11 @@ from torch import Tensor
 from ._layout import compute_dtype
 from ._validate import AttentionShapes
 from .causal import TileKind, diagonal_offset
+from .packed import PackedSequences
+from .tiling import MaskSummary, Tiling, unravel
+from .window import band_keys, band_kind, band_rows
 
-NEG_INF = float("-inf")
-
-
-def _blocks(N: int, size: int) -> list[tuple[int, int]]:
-    """``[(0, size), (size, 2 size), ..., (., N)]``: the bounds of each block; the last may be short."""
-    return [(start, min(start + size, N)) for start in range(0, N, size)]
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The multi-index of ``flat`` in row-major ``shape``."""
-    index = []
-    for n in reversed(shape):
-        index.append(flat % n)
-        flat //= n
-    return tuple(reversed(index))
-
-
-def _combine(a: TileKind, b: TileKind) -> TileKind:
-    """The kind of a tile under two masks at once (visible = visible under both)."""
-    if TileKind.SKIP in (a, b):
-        return TileKind.SKIP
-    return TileKind.FULL if a is b is TileKind.FULL else TileKind.PARTIAL
+__all__ = ["MaskSpec", "MaskSummary", "Tiling"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +69,8 @@ class MaskSpec:
 
     ``causal`` is the user's flag; ``left, right`` are the window with causal folded in (``-1``:
     unbounded); ``seqlens_k`` has the batch shape; ``attn_mask`` is the user's mask with leading 1s up to
-    the score rank (a view, no copy).
+    the score rank (a view, no copy); ``packed`` the sequence bounds of a packed call (``offset`` is then
+    unused: each sequence has its own).
     """
 
     shapes: AttentionShapes
@@ -95,6 +82,7 @@ class MaskSpec:
     alibi_slopes: Tensor | None = None
     seqlens_k: Tensor | None = None
     attn_mask: Tensor | None = None
+    packed: PackedSequences | None = None
     dtype: torch.dtype = torch.float32  # the compute dtype biases are built in
     _tilings: dict[tuple[int, int], Tiling] = field(default_factory=dict, compare=False, repr=False)
 
@@ -110,8 +98,15 @@ class MaskSpec:
         alibi_slopes: Tensor | None = None,
         seqlens_k: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        cu_seqlens_q: Tensor | None = None,
+        cu_seqlens_k: Tensor | None = None,
     ) -> MaskSpec:
+        """``cu_seqlens_q, cu_seqlens_k`` (validated, both or neither) make the call packed: 3-D inputs
+        ``(H, total, D)`` whose sequence axis holds the sequences back to back."""
         left, right = window
+        packed = None
+        if cu_seqlens_q is not None and cu_seqlens_k is not None:
+            packed = PackedSequences.build(cu_seqlens_q, cu_seqlens_k, causal_align)
         if attn_mask is not None:
             rank = len(shapes.score_shape)
             attn_mask = attn_mask.reshape((1,) * (rank - attn_mask.dim()) + tuple(attn_mask.shape))
@@ -125,6 +120,7 @@ class MaskSpec:
             alibi_slopes=alibi_slopes,
             seqlens_k=seqlens_k,
             attn_mask=attn_mask,
+            packed=packed,
             dtype=compute_dtype(q_dtype),
         )
 
@@ -140,6 +136,7 @@ class MaskSpec:
             "alibi_slopes": self.alibi_slopes is not None,
             "seqlens_k": self.seqlens_k is not None,
             "attn_mask": self.attn_mask is not None,
+            "cu_seqlens": self.packed is not None,
         }
         return tuple(name for name, used in named.items() if used)
 
@@ -151,51 +148,36 @@ class MaskSpec:
             return N_k, N_k
         return int(self.seqlens_k.min()), int(self.seqlens_k.max())
 
-    # ----------------------------------------------------------------- the window, causal and seqlens_k
+    # ------------------------------------------------- the window, causal, seqlens_k and packed sequences
 
     def key_range(self, r0: int, r1: int) -> tuple[int, int]:
-        """``[c_lo, c_hi)``: the key columns any of the rows ``[r0, r1)`` may see (before ``attn_mask``).
-
-        Row i sees ``i + off - left <= j <= i + off + right``; the bounds grow with i.
-        """
-        N_k = self.shapes.N_k
-        lo = 0 if self.left < 0 else max(0, r0 + self.offset - self.left)
-        hi = N_k if self.right < 0 else min(N_k, (r1 - 1) + self.offset + self.right + 1)
-        hi = min(hi, self.seqlen_bounds[1])
-        return lo, max(lo, hi)
+        """``[c_lo, c_hi)``: the key columns any of the rows ``[r0, r1)`` may see (before ``attn_mask``)."""
+        if self.packed is not None:
+            return self.packed.key_range(r0, r1, self.left, self.right)
+        return band_keys(r0, r1, self.offset, self.left, self.right, (0, self.seqlen_bounds[1]))
 
     def query_range(self, c0: int, c1: int) -> tuple[int, int]:
-        """``[r_lo, r_hi)``: the query rows that may see some key of ``[c0, c1)`` (before ``attn_mask``).
-
-        Key j is seen by rows ``j - off - right <= i <= j - off + left``.
-        """
-        N_q = self.shapes.N_q
+        """``[r_lo, r_hi)``: the query rows that may see some key of ``[c0, c1)`` (before ``attn_mask``)."""
+        if self.packed is not None:
+            return self.packed.query_range(c0, c1, self.left, self.right)
         if c0 >= self.seqlen_bounds[1]:
             return 0, 0
-        lo = 0 if self.right < 0 else max(0, c0 - self.offset - self.right)
-        hi = N_q if self.left < 0 else min(N_q, (c1 - 1) - self.offset + self.left + 1)
-        return lo, max(lo, hi)
+        return band_rows(c0, c1, self.offset, self.left, self.right, (0, self.shapes.N_q))
 
     def structure_kind(self, r0: int, r1: int, c0: int, c1: int, *, b: int | None = None) -> TileKind:
-        """The tile's kind under the window, causal and ``seqlens_k`` (of batch element ``b``, flat index;
-        None: over the whole batch, SKIP only if SKIP for every element, FULL only if FULL for every one)."""
-        lo, hi = self.key_range(r0, r1)
+        """The tile's kind under the window, causal, ``seqlens_k`` (of batch element ``b``, flat index;
+        None: over the whole batch, SKIP only if SKIP for every element, FULL only if FULL for every one)
+        and packed sequences."""
+        if self.packed is not None:
+            return self.packed.kind(r0, r1, c0, c1, self.left, self.right)
         if self.seqlens_k is not None and b is not None:
-            length = self._lengths[b]
-            shortest = longest = length
+            shortest = longest = self._lengths[b]
         else:
             shortest, longest = self.seqlen_bounds
-        if c1 <= lo or c0 >= hi or c0 >= longest:
+        if c0 >= longest:
             return TileKind.SKIP
-        # Rows that see some key of the tile form one range (both window bounds grow with i) ...
-        q_lo, q_hi = self.query_range(c0, c1)
-        if max(q_lo, r0) >= min(q_hi, r1):
-            return TileKind.SKIP
-        # ... and every row sees every key when the last row's lower bound and the first row's upper bound
-        # enclose the tile.
-        full_left = self.left < 0 or (r1 - 1) + self.offset - self.left <= c0
-        full_right = self.right < 0 or r0 + self.offset + self.right >= c1 - 1
-        return TileKind.FULL if full_left and full_right and c1 <= shortest else TileKind.PARTIAL
+        kind = band_kind(r0, r1, c0, c1, self.offset, self.left, self.right)
+        return TileKind.PARTIAL if kind is TileKind.FULL and c1 > shortest else kind
 
     # ---------------------------------------------------------------------------- tensors of one tile
 
@@ -205,8 +187,10 @@ class MaskSpec:
     def structure_visible(
         self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None
     ) -> Tensor:
-        """Bool, broadcastable to the score tile ``(*batch, H_q, Br, Bc)``: window, causal, ``seqlens_k``;
-        ``(Br, Bc)`` for batch element ``b`` alone."""
+        """Bool, broadcastable to the score tile ``(*batch, H_q, Br, Bc)``: window, causal, ``seqlens_k``,
+        packed sequences; ``(Br, Bc)`` for batch element ``b`` alone."""
+        if self.packed is not None:
+            return self.packed.visible(r0, r1, c0, c1, self.left, self.right, device)
         rows = torch.arange(r0, r1, device=device)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device)[None, :]  # (1, Bc)
         vis = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)  # (Br, Bc)
@@ -228,6 +212,8 @@ class MaskSpec:
         batch element ``b`` and head ``h``); None without ALiBi."""
         if self.alibi_slopes is None:
             return None
+        if self.packed is not None:
+            return self.packed.alibi_bias(self.alibi_slopes, r0, r1, c0, c1, self.dtype, h=None if b is None else h)
         rows = torch.arange(r0, r1, device=device, dtype=self.dtype)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device, dtype=self.dtype)[None, :]  # (1, Bc)
         distance = (rows + self.offset - cols).abs()  # (Br, Bc)
@@ -244,7 +230,7 @@ class MaskSpec:
         assert self.attn_mask is not None
         m = self.attn_mask
         if b is not None and m.dim() > 2:
-            index = (*_unravel(b, self.shapes.batch), h)
+            index = (*unravel(b, self.shapes.batch), h)
             m = m[tuple(x if n > 1 else 0 for x, n in zip(index, m.shape[:-2], strict=True))]  # 2-D
         rows = slice(r0, r1) if m.shape[-2] > 1 else slice(None)
         cols = slice(c0, c1) if m.shape[-1] > 1 else slice(None)
@@ -297,139 +283,3 @@ class MaskSpec:
         if key not in self._tilings:
             self._tilings[key] = Tiling(self, block_m, block_n)
         return self._tilings[key]
-
-
-class MaskSummary:
-    """FlexAttention's block mask for a user ``attn_mask``: per (query block, key block) whether some
-    entry is visible (``some``) and whether every entry is visible with nothing added (``free``).
-
-    A bool mask's entry is visible where True and free where True; an additive mask's entry is visible
-    where it is not ``-inf`` and free where it is 0. One pass over the mask, one key block at a time
-    (``O(mask size)`` work, ``O(N_q x T_c)`` extra memory), then one pass over the query blocks.
-    Broadcast dims stay size 1: a mask of shape ``(1, 1, 1, N_k)`` gives flags of shape ``(1, 1, 1, T_c)``.
-    """
-
-    def __init__(self, mask: Tensor, block_m: int, block_n: int) -> None:
-        row_blocks = _blocks(mask.shape[-2], block_m) if mask.shape[-2] > 1 else [(0, 1)]
-        col_blocks = _blocks(mask.shape[-1], block_n) if mask.shape[-1] > 1 else [(0, 1)]
-        some_cols, free_cols = [], []
-        for c0, c1 in col_blocks:  # key block j: reduce its columns, (..., N_q', Bc) -> (..., N_q')
-            m = mask[..., c0:c1]
-            seen, free = (m, m) if m.dtype == torch.bool else (m != NEG_INF, m == 0)
-            some_cols.append(seen.any(dim=-1))
-            free_cols.append(free.all(dim=-1))
-        some_rc = torch.stack(some_cols, dim=-1)  # (..., N_q', T_c')
-        free_rc = torch.stack(free_cols, dim=-1)
-        # query block i: reduce its rows, (..., N_q', T_c') -> (..., T_r', T_c')
-        self.some = torch.stack([some_rc[..., r0:r1, :].any(dim=-2) for r0, r1 in row_blocks], dim=-2)
-        self.free = torch.stack([free_rc[..., r0:r1, :].all(dim=-2) for r0, r1 in row_blocks], dim=-2)
-        lead = tuple(range(self.some.dim() - 2))
-        # Over the whole batch and every head: SKIP only if no element sees anything of the tile.
-        self.some_anywhere: list[list[bool]] = self.some.any(dim=lead).tolist() if lead else self.some.tolist()
-        self.free_everywhere: list[list[bool]] = self.free.all(dim=lead).tolist() if lead else self.free.tolist()
-
-    def kind(self, i: int, j: int, index: tuple[int, ...] | None = None) -> TileKind:
-        """The tile's kind under the mask, anywhere (``index`` None) or at one ``(*batch, h)`` index."""
-        i = min(i, self.some.shape[-2] - 1)  # a broadcast row or column dim has one block
-        j = min(j, self.some.shape[-1] - 1)
-        if index is None:
-            some, free = self.some_anywhere[i][j], self.free_everywhere[i][j]
-        else:
-            at = tuple(x if n > 1 else 0 for x, n in zip(index, self.some.shape[:-2], strict=True))
-            where = (*at, i, j)
-            some, free = bool(self.some[where]), bool(self.free[where])
-        if not some:
-            return TileKind.SKIP
-        return TileKind.FULL if free else TileKind.PARTIAL
-
-
-class Tiling:
-    """One call's tiles at ``block_m x block_n``: their kinds, which to visit, and their masks.
-
-    Kinds here are over the whole batch and every head (the CPU references run all of them at once):
-    a tile is visited if any batch element or head sees part of it.
-    """
-
-    def __init__(self, spec: MaskSpec, block_m: int, block_n: int) -> None:
-        self.spec = spec
-        self.row_blocks = _blocks(spec.shapes.N_q, block_m)
-        self.col_blocks = _blocks(spec.shapes.N_k, block_n)
-        self.block_m, self.block_n = block_m, block_n
-        self.summary = None if spec.attn_mask is None else MaskSummary(spec.attn_mask, block_m, block_n)
-
-    def _kinds(self, i: int, j: int) -> tuple[TileKind, TileKind]:
-        (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
-        structure = self.spec.structure_kind(r0, r1, c0, c1)
-        mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j)
-        return structure, mask
-
-    def kind(self, i: int, j: int, *, b: int | None = None, h: int | None = None) -> TileKind:
-        """The kind of tile ``(i, j)``: over the whole batch and every head, or for batch element ``b``
-        (a flat index into the batch dims) and query head ``h`` (both needed for an ``attn_mask``)."""
-        if b is None:
-            return _combine(*self._kinds(i, j))
-        (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
-        structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
-        mask = TileKind.FULL
-        if self.summary is not None:
-            if h is None:
-                raise ValueError("a tile's kind under an attn_mask depends on the head: pass h")
-            mask = self.summary.kind(i, j, self._index(b, h))
-        return _combine(structure, mask)
-
-    def key_blocks(self, i: int, *, b: int | None = None, h: int | None = None) -> list[int]:
-        """The key blocks query block ``i`` visits, in order: every one whose tile is not SKIP (over the
-        whole batch, or for batch element ``b`` and head ``h``)."""
-        r0, r1 = self.row_blocks[i]
-        lo, hi = self.spec.key_range(r0, r1)
-        near = range(lo // self.block_n, math.ceil(hi / self.block_n)) if hi > lo else range(0)
-        return [j for j in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
-
-    def query_blocks(self, j: int, *, b: int | None = None, h: int | None = None) -> list[int]:
-        """The query blocks that visit key block ``j``, in order (the key-major loops' inner range)."""
-        c0, c1 = self.col_blocks[j]
-        lo, hi = self.spec.query_range(c0, c1)
-        near = range(lo // self.block_m, math.ceil(hi / self.block_m)) if hi > lo else range(0)
-        return [i for i in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
-
-    def head_tile(
-        self, i: int, j: int, rows: tuple[int, int], *, b: int, h: int, device: torch.device
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """``(visible, bias)`` of tile ``(i, j)`` of batch element ``b`` and head ``h``, for the query rows
-        ``rows = (r0, r1)`` within block ``i`` (a loop may leave out rows that see nothing of the tile)."""
-        r0, r1 = rows
-        c0, c1 = self.col_blocks[j]
-        structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
-        mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j, self._index(b, h))
-        return self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask, b=b, h=h)
-
-    def _index(self, b: int, h: int) -> tuple[int, ...]:
-        """The ``(*batch, h)`` index into the mask summary's leading dims for flat batch ``b``, head ``h``
-        (none for 2-D inputs, whose scores have no batch or head dims)."""
-        assert self.summary is not None
-        return (*_unravel(b, self.spec.shapes.batch), h) if self.summary.some.dim() > 2 else ()
-
-    def tile(self, i: int, j: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-        """``(visible, bias)`` of tile ``(i, j)`` in the grouped layout ``(B|1, H_kv|1, G|1, Br, Bc)``."""
-        (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
-        structure, mask = self._kinds(i, j)
-        visible, bias = self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask)
-        return (None if visible is None else self.grouped(visible)), (None if bias is None else self.grouped(bias))
-
-    def grouped(self, t: Tensor) -> Tensor:
-        """A tensor broadcastable to the score tile ``(*batch, H_q, Br, Bc)`` -> the grouped layout, keeping
-        size-1 batch and head dims (no copy unless some batch dims broadcast and others do not)."""
-        s = self.spec.shapes
-        rank = len(s.score_shape)
-        if rank == 2:
-            return t.reshape(1, 1, 1, *t.shape[-2:])
-        t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
-        lead, h, tile = t.shape[:-3], t.shape[-3], t.shape[-2:]
-        batch = lead if all(n == 1 for n in lead) else s.batch
-        B = math.prod(batch)
-        heads = (1, 1) if h == 1 else (s.H_kv, s.group)
-        return t.expand(*batch, h, *tile).reshape(B, *heads, *tile)
-
-    def counts(self) -> Counter[TileKind]:
-        """How many tiles of each kind the call has (over the whole batch and every head)."""
-        return Counter(self.kind(i, j) for i in range(len(self.row_blocks)) for j in range(len(self.col_blocks)))

@@ -19,6 +19,7 @@ READ_PAGE = """(() => ({
   metrics: [...document.querySelectorAll("#metrics tr")].map(tr => [tr.cells[0].textContent, tr.cells[1].textContent]),
   states: Object.fromEntries([...document.querySelectorAll("#grid rect")].map(
     e => [e.dataset.row + "," + e.dataset.column, e.dataset.state])),
+  masked: [...document.querySelectorAll("#grid rect.masked")].map(e => e.dataset.row + "," + e.dataset.column),
   prev: document.getElementById("prev").disabled,
   next: document.getElementById("next").disabled,
 }))()"""
@@ -52,6 +53,10 @@ def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
     [
         ("seed-query-major", "--seq-len 6 --block-m 2 --block-n 2".split()),
         ("causal-key-major", "--seq-len 7 --block-m 3 --block-n 2 --query-block 1 --causal --order key_major".split()),
+        (
+            "window-left-pad",
+            "--seq-len 8 --query-block 3 --window 2,0 --batch 2 --batch-index 1 --pad-left 0,5".split(),
+        ),
     ],
 )
 def test_html_page_steps_through_updates_and_shows_the_json_numbers(
@@ -82,6 +87,9 @@ def test_html_page_steps_through_updates_and_shows_the_json_numbers(
     for i, j in experiment["replay"]["skipped"]:
         assert page["states"][f"{i * experiment['replay']['blockM']},{j * experiment['replay']['blockN']}"] == "skipped"
     browser.screenshot(artifacts / f"replay-{name}.png")
+    if name == "window-left-pad":  # pale: the visited tiles' cells outside the band (row 6 sees keys 4-6) or padded
+        assert {"6,7", "7,4"} <= set(page["masked"]) and "6,5" not in page["masked"] and "1,0" not in page["masked"]
+        assert "6,4" in page["masked"] and "5,5" not in page["masked"]  # keys 0-4 of element 1 are padding
 
     browser.press("ArrowRight")  # past the end: stays on the last update
     assert browser.evaluate(READ_PAGE)["counter"] == f"Tile update {total} of {total}"

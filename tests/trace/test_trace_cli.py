@@ -37,7 +37,7 @@ def test_table_shows_every_update_and_the_error_shrinking(tmp_path):
     for n in (1, 2, 3):
         assert f"Tile update {n}/3" in text
     assert "The error shrinks to zero at the last tile" in text
-    assert "masked" in text and "-inf" in text and "Causally skipped tiles" in text
+    assert "masked" in text and "-inf" in text and "Skipped (SKIP) tiles" in text
 
 
 def test_html_is_self_contained(tmp_path):
@@ -97,4 +97,4 @@ def test_table_of_a_long_replay_draws_a_window_and_both_ends(tmp_path):
     assert shown == [*range(1, 11), *range(592, 602)]
     assert "… tile updates 11–591 of 601 not drawn …" in text
     assert "query blocks i = 592–607 of 1000, key blocks j = 0–47 of 1000" in text  # the window around (600, 0)
-    assert "Causally skipped tiles of this block: key blocks j = 601–999" in text
+    assert "Skipped (SKIP) tiles of this block: key blocks j = 601–999" in text

@@ -3,21 +3,38 @@
 Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
 ``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
 above 1, batch element ``--batch-index`` (default 0) is replayed.
+
+The mask contract's options (see :mod:`flashattn_teach.masks`) are all here: ``--window L,R`` (flash-attn's
+window, -1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one slope, or one per batch element),
+``--seqlens-k N`` (one key length, or one per batch element), and a mask: ``--pad-left K`` (one count, or
+one per batch element) builds the left-padding mask a Hugging Face tokenizer's ``attention_mask`` gives,
+bool ``(B, 1, N)``, False on each element's first ``K`` keys; ``--mask FILE.pt`` reads any bool or additive
+mask saved with ``torch.save``, broadcastable to ``(B, N, N)`` (or Hugging Face's ``(B, 1, N, N)``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import torch
 
-from .._cli_types import ArgumentParser, finite_float, nonnegative_int, output_path, positive_int, seed
+from .._cli_types import (
+    ArgumentParser,
+    finite_float,
+    finite_positive_float,
+    nonnegative_int,
+    output_path,
+    positive_int,
+    seed,
+)
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
 from .replay import ORDERS, Replay, replay
@@ -26,6 +43,7 @@ from .schedule import blocks
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FORMATS = ("table", "json", "html", "png")
 PROG = "flashattn-teach replay"
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,12 +70,113 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="query_major",
         help="query_major (FlashAttention-2) or key_major (FlashAttention Alg. 1)",
     )
+    parser.add_argument(
+        "--window", type=window, default=None, metavar="L,R", help="sliding window (left, right); -1: unbounded"
+    )
+    parser.add_argument(
+        "--softcap", type=finite_positive_float, default=None, metavar="X", help="scores -> X tanh(score / X)"
+    )
+    parser.add_argument(
+        "--alibi", type=floats, default=None, metavar="SLOPE[,SLOPE...]", help="ALiBi slope, one or one per batch"
+    )
+    parser.add_argument(
+        "--seqlens-k", type=counts, default=None, metavar="N[,N...]", help="key lengths, one or one per batch"
+    )
+    masks = parser.add_mutually_exclusive_group()
+    masks.add_argument(
+        "--pad-left", type=counts, default=None, metavar="K[,K...]", help="HF left padding: hide the first K keys"
+    )
+    masks.add_argument("--mask", type=Path, default=None, metavar="FILE.pt", help="attn_mask saved with torch.save")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument(
         "--extensions", action="store_true", help="json: add the skipped tiles and the schedule to the seed format"
     )
     parser.add_argument("--step", type=positive_int, default=None, help="png: draw only this tile update (1-based)")
     parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
+
+
+def _list(text: str, item: Callable[[str], T]) -> list[T]:
+    return [item(x) for x in text.split(",")]
+
+
+def _window_side(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}")
+    return value
+
+
+def window(text: str) -> tuple[int, int]:
+    """``L,R``: two integers >= -1."""
+    sides = _list(text, _window_side)
+    if len(sides) != 2:
+        raise argparse.ArgumentTypeError(f"must be two integers L,R, got {text!r}")
+    return sides[0], sides[1]
+
+
+def floats(text: str) -> list[float]:
+    """``X`` or ``X,Y,...``: finite numbers."""
+    return _list(text, finite_float)
+
+
+def counts(text: str) -> list[int]:
+    """``N`` or ``N,M,...``: integers >= 0."""
+    return _list(text, nonnegative_int)
+
+
+def _per_batch(option: str, values: list[T] | None, B: int) -> list[T] | None:
+    """One value for every batch element, or one each; else an error naming the option."""
+    if values is None or len(values) == B:
+        return values
+    if len(values) == 1:
+        return values * B
+    raise ValueError(f"argument {option}: give one value or {B} (one per batch element), got {len(values)}")
+
+
+@dataclass(frozen=True)
+class MaskOptions:
+    """The mask contract's arguments of :func:`~flashattn_teach.trace.replay.replay`, made from the options."""
+
+    window: tuple[int, int] | None
+    softcap: float | None
+    alibi_slopes: torch.Tensor | None
+    seqlens_k: torch.Tensor | None
+    attn_mask: torch.Tensor | None
+
+
+def _load_mask(path: Path) -> torch.Tensor:
+    try:
+        mask = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError) as error:
+        raise ValueError(f"argument --mask: cannot read {path}: {str(error).splitlines()[0]}") from None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"argument --mask: {path} holds a {type(mask).__name__}, not a tensor")
+    return mask
+
+
+def make_mask_options(args: argparse.Namespace) -> MaskOptions:
+    """``--window``, ``--softcap``, ``--alibi``, ``--seqlens-k`` and ``--pad-left`` or ``--mask`` as tensors."""
+    B, N = args.batch, args.seq_len
+    slopes = _per_batch("--alibi", args.alibi, B)
+    lengths = _per_batch("--seqlens-k", args.seqlens_k, B)
+    pads = _per_batch("--pad-left", args.pad_left, B)
+    attn_mask = None
+    if pads is not None:
+        # Hugging Face's attention_mask (B, N) is 0 on the padding, which a left-padding tokenizer puts first.
+        attn_mask = torch.arange(N)[None, :] >= torch.tensor(pads)[:, None]  # (B, N_k)
+        attn_mask = attn_mask[:, None, :]  # (B, 1, N_k): every query row of element b
+    elif args.mask is not None:
+        attn_mask = _load_mask(args.mask)
+    return MaskOptions(
+        window=args.window,
+        softcap=args.softcap,
+        alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64),
+        seqlens_k=None if lengths is None else torch.tensor(lengths),
+        attn_mask=attn_mask,
+    )
 
 
 def make_inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -115,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: cannot make q, k, v of shape {shape}: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
     try:
+        masks = make_mask_options(args)
         r = replay(
             q,
             k,
@@ -127,6 +247,11 @@ def run(args: argparse.Namespace) -> int:
             scale=args.scale,
             order=args.order,
             batch_index=args.batch_index,
+            window=masks.window,
+            softcap=masks.softcap,
+            alibi_slopes=masks.alibi_slopes,
+            seqlens_k=masks.seqlens_k,
+            attn_mask=masks.attn_mask,
         )
         problem = _output_error(r, args)
         if problem is not None:

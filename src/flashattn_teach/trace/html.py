@@ -3,8 +3,9 @@
 The page embeds ``to_experiment(replay, extensions=True)`` as JSON and draws it with the script
 ``page.js`` and the style ``page.css`` (package data next to this file), both inlined; a
 Content-Security-Policy of ``default-src 'none'`` forbids every network fetch. It renders any seed-format
-experiment; the extensions only add the causally skipped tiles and, for the key-major order, the tiles of
-other query blocks already computed. The tile states reach the script as the values of
+experiment; the extensions only add the skipped (SKIP) tiles, each update's tile kind, which cells are
+masked (``visible``, added here: the page draws every cell anyway) and, for the key-major order, the tiles
+of other query blocks already computed. The tile states reach the script as the values of
 :class:`~flashattn_teach.trace.replay.TileState`, embedded next to the data.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from typing import Any
 
 from ..causal import TileKind
 from ..errors import AttentionValueError
@@ -81,6 +83,13 @@ def _script_json(obj: object) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
+def _experiment(replay: Replay) -> dict[str, Any]:
+    """The experiment with its extensions, and the masked cells as one string of 0/1 per query row."""
+    experiment = to_experiment(replay, extensions=True)
+    experiment["replay"]["visible"] = ["".join("1" if x else "0" for x in row) for row in replay.visible().tolist()]
+    return experiment
+
+
 def render_html(replay: Replay) -> str:
     """The self-contained page for ``replay``: no network, no external script or style."""
     check_drawable(replay, "the HTML page")
@@ -92,7 +101,7 @@ def render_html(replay: Replay) -> str:
     return TEMPLATE.format(
         style=_package_text("page.css"),
         legend=legend,
-        data=_script_json(to_experiment(replay, extensions=True)),
+        data=_script_json(_experiment(replay)),
         enums=_script_json(enums),
         script=_package_text("page.js"),
     )

@@ -4,9 +4,9 @@ The field names and labels are those of the recorded teaching example, character
 dash ``–`` in ranges, middle dot ``·`` as separator); ``replay.schema.json`` next to this file is the
 documented JSON Schema. Two choices the seed did not have to make:
 
-- JSON has no infinities, so a causally masked score (``-inf``) and the running maximum of a row that has
+- JSON has no infinities, so a masked score (``-inf``) and the running maximum of a row that has
   seen no visible key yet (``-inf``) are written as ``null``.
-- Tiles skipped by causality and the key-major schedule are not in the seed format. With
+- Skipped (SKIP) tiles, each update's tile kind and the key-major schedule are not in the seed format. With
   ``extensions=True`` they are added under a top-level ``"replay"`` key and a per-case ``"tiles"`` key,
   which a reader of the seed format ignores; by default the dict holds the seed's keys only.
 
@@ -109,6 +109,8 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
             "causal": replay.causal,
             "causalAlign": replay.causal_align,
             "diagonalOffset": replay.diagonal_offset,
+            "window": list(replay.window),
+            "variants": list(replay.variants),
             "scale": replay.scale,
             "blockM": replay.block_m,
             "blockN": replay.block_n,

@@ -2,6 +2,7 @@
 const data = JSON.parse(document.getElementById("replay-data").textContent);
 // The Python enums TileState and TileKind, as {NAME: value}, so no state is spelt here a second time.
 const {TileState: STATE, TileKind: KIND} = JSON.parse(document.getElementById("replay-enums").textContent);
+const KIND_NAME = Object.fromEntries(Object.entries(KIND).map(([name, value]) => [value, name]));
 const cases = data.cases, ext = data.replay || null;
 const SVG = "http://www.w3.org/2000/svg", CELL = 26;
 let index = 0;
@@ -40,7 +41,7 @@ function drawGrid(c) {
     for (let col = 0; col < s.columns; col++) {
       const e = document.createElementNS(SVG, "rect"), state = tileState(c, r, col);
       // Masked cells of a partial tile are drawn pale; a skipped tile is masked everywhere and drawn grey.
-      const masked = ext && ext.causal && state !== STATE.SKIPPED && col > r + ext.diagonalOffset;
+      const masked = ext && ext.visible && state !== STATE.SKIPPED && ext.visible[r][col] === "0";
       e.setAttribute("x", pad + col * CELL); e.setAttribute("y", pad + r * CELL);
       e.setAttribute("width", CELL); e.setAttribute("height", CELL);
       e.setAttribute("stroke", "#888"); e.setAttribute("class", state + (masked ? " masked" : ""));
@@ -106,7 +107,7 @@ function show(k) {
   document.getElementById("counter").textContent = `${data.controlLabel} ${index + 1} of ${cases.length}`;
   document.getElementById("case-label").textContent = c.label;
   document.getElementById("position").textContent = ext && c.tiles
-    ? `tile (i=${c.tiles.i}, j=${c.tiles.j}), ${c.tiles.kind === KIND.PARTIAL ? "masked, " : ""}` +
+    ? `tile (i=${c.tiles.i}, j=${c.tiles.j}), ${KIND_NAME[c.tiles.kind]}${c.tiles.kind === KIND.PARTIAL ? " (masked)" : ""}, ` +
       `step ${c.tiles.position} of ${ext.scheduleLength} in the ${ext.order} schedule` : "";
   document.getElementById("prev").disabled = index === 0;
   document.getElementById("next").disabled = index === cases.length - 1;
@@ -117,7 +118,9 @@ function show(k) {
 document.getElementById("title").textContent = data.title;
 document.getElementById("meta").textContent = ext
   ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
-    (ext.causal ? ` · causal (${ext.causalAlign})` : "") : "";
+    (ext.causal ? ` · causal (${ext.causalAlign})` : "") +
+    (ext.variants.includes("window") ? ` · window (${ext.window[0]}, ${ext.window[1]})` : "") +
+    ext.variants.filter(v => v !== "window").map(v => ` · ${v}`).join("") : "";
 document.getElementById("legend").innerHTML =
   Object.values(STATE).map(s => `<span><i class="${s}"></i>${s}</span>`).join("");
 document.getElementById("prev").addEventListener("click", () => show(index - 1));

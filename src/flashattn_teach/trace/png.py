@@ -31,21 +31,21 @@ def _vectors(step: TileStep) -> list[tuple[str, Tensor]]:
     ]
 
 
-def _cell_colour(replay: Replay, states: list[list[TileState]], r: int, c: int) -> RGB:
+def _cell_colour(states: list[list[TileState]], visible: list[list[bool]], replay: Replay, r: int, c: int) -> RGB:
     from matplotlib.colors import to_rgb
 
     state = states[r // replay.block_m][c // replay.block_n]
     red, green, blue = to_rgb(LEGEND_COLOURS[state])
-    if replay.causal and state is not TileState.SKIPPED and c > r + replay.diagonal_offset:  # masked cell
+    if state is not TileState.SKIPPED and not visible[r][c]:  # a masked cell of a visited tile: pale
         return 1 - 0.4 * (1 - red), 1 - 0.4 * (1 - green), 1 - 0.4 * (1 - blue)
     return red, green, blue
 
 
-def _grid(ax: Any, replay: Replay, step: TileStep, legend: bool) -> None:
+def _grid(ax: Any, replay: Replay, step: TileStep, visible: list[list[bool]], legend: bool) -> None:
     from matplotlib.patches import Patch
 
     states = replay.grid(step)
-    image = [[_cell_colour(replay, states, r, c) for c in range(replay.N_k)] for r in range(replay.N_q)]
+    image = [[_cell_colour(states, visible, replay, r, c) for c in range(replay.N_k)] for r in range(replay.N_q)]
     ax.imshow(image, extent=(-0.5, replay.N_k - 0.5, replay.N_q - 0.5, -0.5), interpolation="nearest")
     for r in (*range(0, replay.N_q, replay.block_m), replay.N_q):  # tile boundaries
         ax.axhline(r - 0.5, color="#222", lw=1.5)
@@ -107,13 +107,14 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
     row_height = max(2.6, 0.14 * n_bars + 0.6)
     fig = Figure(figsize=(10, row_height * len(drawn) + 0.6), layout="constrained")
     axes = fig.subplots(len(drawn), 2, squeeze=False, width_ratios=(1, 2.4))
+    visible = replay.visible().tolist()
     for row, ((ax_grid, ax_bars), s) in enumerate(zip(axes, drawn, strict=True)):
-        _grid(ax_grid, replay, s, legend=row == 0)
-        ax_grid.set_title(f"update {s.index + 1} of {total}", fontsize=8)
+        _grid(ax_grid, replay, s, visible, legend=row == 0)
+        ax_grid.set_title(f"update {s.index + 1} of {total} · {s.kind.name} tile (j={s.j})", fontsize=8)
         _bars(ax_bars, s, limit)
     fig.suptitle(
         f"Tile replay · {replay.order} · query block {replay.query_block} · BLOCK_M={replay.block_m}, "
-        f"BLOCK_N={replay.block_n}" + (f" · causal ({replay.causal_align})" if replay.causal else ""),
+        f"BLOCK_N={replay.block_n}" + "".join(f" · {label}" for label in replay.labels()),
         fontsize=10,
     )
     path = Path(path)

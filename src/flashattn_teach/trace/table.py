@@ -7,6 +7,7 @@ and last ``SHOWN_AT_EACH_END`` are drawn (every update is still computed; ``--fo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import IO
 
 from torch import Tensor
@@ -93,29 +94,43 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
     console.print(
         f"[bold]Tile replay[/bold] · {replay.order} · query block i={replay.query_block} (rows {span(r0, r1)}) · "
         f"N_q={replay.N_q}, N_k={replay.N_k} · BLOCK_M={replay.block_m}, BLOCK_N={replay.block_n} · "
-        f"causal={replay.causal}" + (f" ({replay.causal_align})" if replay.causal else "")
+        + " · ".join(replay.labels() or ["no mask"])
     )
     summary = Table(title="The error shrinks to zero at the last tile")
     for column in ("update", "key columns", "columns seen", "max difference"):
         summary.add_column(column, justify="right")
     total = len(replay.steps)
     hidden = range(SHOWN_AT_EACH_END, total - SHOWN_AT_EACH_END)  # empty unless the replay is long
+    seen = 0  # key columns of the tiles visited so far (with a window, not all columns before this tile)
     for step in replay.steps:  # computed as they come, so one pass draws the panels and fills the summary
+        (c0, c1) = step.cols
+        seen += c1 - c0
         if step.index in hidden:
             if step.index == hidden.start:
                 console.print(f"… tile updates {hidden.start + 1}–{hidden.stop} of {total} not drawn …")
                 summary.add_row("…", "…", "…", "…")
             continue
-        (c0, c1) = step.cols
-        summary.add_row(str(step.index + 1), span(c0, c1), str(c1), f"{step.max_diff:.3e}")
+        summary.add_row(str(step.index + 1), span(c0, c1), str(seen), f"{step.max_diff:.3e}")
         title = (
             f"Tile update {step.index + 1}/{total} · key block j={step.j} (columns {span(c0, c1)}) · "
-            f"schedule position {step.position + 1}/{len(replay.schedule)}" + (" · masked" if step.masked else "")
+            f"schedule position {step.position + 1}/{len(replay.schedule)} · {step.kind.name} tile"
+            + (" (masked)" if step.masked else "")
         )
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(Panel(Group(_grid(replay, step), _stats(step), error), title=title, title_align="left"))
     console.print(summary)
     if replay.skipped:
-        n_i = replay.schedule.key_blocks(replay.query_block)  # this block computes key blocks 0 .. n_i - 1
-        skipped = f"key blocks j = {span(n_i, replay.T_c)}" if n_i < replay.T_c else "none"
-        console.print(f"Causally skipped tiles of this block: {skipped}")
+        runs = _runs(replay.schedule.skipped_key_blocks(replay.query_block))
+        skipped = "key blocks j = " + ", ".join(span(a, b) for a, b in runs) if runs else "none"
+        console.print(f"Skipped (SKIP) tiles of this block: {skipped}")
+
+
+def _runs(js: Iterable[int]) -> list[tuple[int, int]]:
+    """Increasing ``js`` as half-open runs of consecutive blocks: ``0 1 2 5 6`` -> ``[(0, 3), (5, 7)]``."""
+    runs: list[tuple[int, int]] = []
+    for j in js:
+        if runs and runs[-1][1] == j:
+            runs[-1] = (runs[-1][0], j + 1)
+        else:
+            runs.append((j, j + 1))
+    return runs

@@ -1,0 +1,98 @@
+"""flashattn_teach as a Hugging Face ``transformers`` attention implementation.
+
+Two lines in a user's code::
+
+    from flashattn_teach.integrations.transformers import register
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register())
+
+:func:`register` puts :func:`attention_forward` into ``transformers.AttentionInterface`` *and* a mask
+function into ``AttentionMaskInterface`` under the same name. Both are needed: for an implementation name
+it has no mask function for, transformers builds no mask at all, and padding is silently ignored.
+
+The mask function is transformers' own SDPA one, so every mask a model builds (causal, left padding,
+sliding windows, packed sequences, the overlays of multimodal models) arrives exactly as torch's SDPA would
+get it: a bool ``(B, 1, N_q, N_k)`` tensor (True: visible), or None when plain causal masking says it all.
+:func:`attention_forward` hands the mask to :func:`flashattn_teach.flash_attention`, which reads it tile by
+tile (tiles no query sees are skipped, tiles every query sees run unmasked; see ``masks.py``), and maps the
+rest of transformers' arguments onto the library's:
+
+    transformers                 flashattn_teach.flash_attention
+    query, key, value            q, k, v: (B, H_q, N_q, D), (B, H_kv, N_k, D); grouped heads as they come
+    attention_mask (bool 4-D)    attn_mask
+    attention_mask None          causal=module.is_causal, causal_align="bottom_right" (a decode step or a
+                                 chunk against a KV cache sees the whole cache)
+    scaling                      scale
+    softcap (Gemma 2)            softcap
+    dropout (training)           dropout_p (refused until the fused paths have dropout)
+    output (B, N_q, H_q, D_v)    O transposed, as transformers' attention functions return it
+
+A query row that sees no key (a left-padding position) gives 0, where eager attention gives an average of
+padding values; transformers discards those rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..api import flash_attention
+from ..errors import AttentionValueError
+
+DEFAULT_NAME = "teach"
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function contract: ``query (B, H_q, N_q, D)``, ``key (B, H_kv, N_k, D)``,
+    ``value (B, H_kv, N_k, D_v)`` -> ``(output (B, N_q, H_q, D_v), None)`` (no attention weights are kept).
+    ``sliding_window`` and the other keyword arguments models pass are already in ``attention_mask``."""
+    if dropout:
+        raise AttentionValueError(
+            f"dropout={dropout} (module.training={module.training}): the fused paths have no dropout yet; "
+            "call model.eval() or set the config's attention_dropout to 0"
+        )
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        raise AttentionValueError(
+            f"attention_mask of {attention_mask.dtype}: register() installs transformers' bool SDPA masks; "
+            "a float mask means another mask function was registered under this name"
+        )
+    causal = attention_mask is None and bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
+    O = flash_attention(
+        query,
+        key,
+        value,
+        causal=causal,
+        causal_align="bottom_right",
+        scale=scaling,
+        softcap=softcap,
+        attn_mask=attention_mask,
+    )
+    return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register flashattn_teach with transformers under ``name`` and return the name to pass as
+    ``attn_implementation``. Names transformers reserves (containing "flash", or "/" for a hub kernel)
+    are refused."""
+    if "flash" in name or "/" in name or name in ("eager", "sdpa", "flex_attention", "paged|eager"):
+        raise AttentionValueError(
+            f"name={name!r}: transformers reserves names with 'flash' or '/' (hub kernels) and its own "
+            f"implementations; use another, e.g. {DEFAULT_NAME!r}"
+        )
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name

@@ -1,0 +1,194 @@
+"""flashattn_teach as one torch operator, so ``torch.compile`` and ``torch.export`` see one node per call.
+
+Traced through as Python, the tile loops unroll into the graph: every sequence length is a new graph, and
+``torch.export`` with a dynamic length fails on the loop bounds. Registered with ``torch.library``, a call
+is one opaque op whose output shapes come from a fake (meta) implementation, symbolic in every size, so one
+graph serves all lengths. Eager calls do not go through here: :func:`flashattn_teach.flash_attention` and
+:func:`flashattn_teach.scaled_dot_product_attention` use these ops only while being compiled or exported
+(``torch.compiler.is_compiling()``), and eager behaviour, the torch.func transforms included, is unchanged.
+
+    flashattn_teach::attention(q, k, v, attn_mask, alibi_slopes, seqlens_k, <options>) -> (O, lse)
+    flashattn_teach::attention_backward(dO, dlse, q, k, v, attn_mask, alibi_slopes, seqlens_k, <options>)
+        -> (dq, dk, dv)
+
+The backward op recomputes the forward under autograd and differentiates it (a tiled forward saves only
+``q, k, v, O, lse``, so memory stays O(N); the cost is one forward more than the eager backward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._layout import compute_dtype
+from ._validate import validate_inputs
+
+
+def _eager(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    seqlens_k: Tensor | None,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: list[int] | None,
+    softcap: float | None,
+    enable_gqa: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """The eager call the op stands for (validation included)."""
+    from .api import flash_attention
+
+    O, lse = flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        window=None if window is None else (window[0], window[1]),
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
+        backend=backend,
+        return_lse=True,
+    )
+    return O, lse
+
+
+@torch.library.custom_op("flashattn_teach::attention", mutates_args=())
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    seqlens_k: Tensor | None,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: list[int] | None,
+    softcap: float | None,
+    enable_gqa: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of :func:`flashattn_teach.flash_attention` called with these arguments."""
+    with torch.no_grad():
+        O, lse = _eager(
+            q,
+            k,
+            v,
+            attn_mask,
+            alibi_slopes,
+            seqlens_k,
+            causal,
+            causal_align,
+            scale,
+            window,
+            softcap,
+            enable_gqa,
+            backend,
+        )
+    # An op's outputs may not alias its inputs or each other; a path may return views (e.g. for empty inputs).
+    return O.clone() if O._base is not None else O, lse.clone() if lse._base is not None else lse
+
+
+@attention.register_fake
+def _attention_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    seqlens_k: Tensor | None,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: list[int] | None,
+    softcap: float | None,
+    enable_gqa: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """Output shapes from the input shapes alone (symbolic under dynamic shapes): ``O (..., H_q, N_q, D_v)``
+    in ``q``'s dtype, ``lse (..., H_q, N_q)`` in the compute dtype."""
+    s = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=enable_gqa, attn_mask=attn_mask)
+    return q.new_empty(s.out_shape), q.new_empty(s.lse_shape, dtype=compute_dtype(q.dtype))
+
+
+@torch.library.custom_op("flashattn_teach::attention_backward", mutates_args=())
+def attention_backward(
+    dO: Tensor,
+    dlse: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    seqlens_k: Tensor | None,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: list[int] | None,
+    softcap: float | None,
+    enable_gqa: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` for the gradients ``dO`` of ``O`` and ``dlse`` of ``lse``, in the inputs' shapes."""
+    with torch.enable_grad():
+        qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+        O, lse = _eager(
+            qd,
+            kd,
+            vd,
+            attn_mask,
+            alibi_slopes,
+            seqlens_k,
+            causal,
+            causal_align,
+            scale,
+            window,
+            softcap,
+            enable_gqa,
+            backend,
+        )
+        dq, dk, dv = torch.autograd.grad((O, lse), (qd, kd, vd), (dO, dlse), allow_unused=True)
+    # autograd.grad gives None for an input the call never read (an empty sequence): its gradient is 0
+    return (
+        torch.zeros_like(q) if dq is None else dq,
+        torch.zeros_like(k) if dk is None else dk,
+        torch.zeros_like(v) if dv is None else dv,
+    )
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(
+    dO: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, *_: object
+) -> tuple[Tensor, ...]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, attn_mask, alibi_slopes, seqlens_k, *options = inputs
+    ctx.save_for_backward(q, k, v, attn_mask, alibi_slopes, seqlens_k)
+    ctx.options = options
+
+
+def _backward(ctx: Any, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:
+    grads = attention_backward(dO, dlse, *ctx.saved_tensors, *ctx.options)
+    return (*grads, *(None,) * (3 + len(ctx.options)))  # no gradient into masks, slopes, lengths or options
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def traceable(attn_mask: Tensor | None, alibi_slopes: Tensor | None) -> bool:
+    """Whether a call being compiled can be this op: not when a mask or slopes need gradients (the op gives
+    none to them; such calls are traced through instead)."""
+    return not any(t is not None and t.requires_grad for t in (attn_mask, alibi_slopes))

@@ -1,0 +1,222 @@
+"""Attention over packed variable-length sequences: flash-attn's ``flash_attn_varlen_func``.
+
+A batch of sequences of different lengths is stored back to back, without padding::
+
+    q (total_q, H_q, D)    k (total_k, H_kv, D)    v (total_k, H_kv, D_v)
+    sequence b: query rows cu_seqlens_q[b] : cu_seqlens_q[b + 1], keys cu_seqlens_k[b] : cu_seqlens_k[b + 1]
+
+and each sequence attends only within itself. The packed tensors are viewed (no copy) as one batch element
+``(H, total, D)`` and run by the same tiled CPU paths as :func:`flashattn_teach.flash_attention`, with the
+packed sequences in the mask contract (``packed.py``): the tiles off the block diagonal are never visited,
+so the work is ``O(sum_b len_q[b] len_k[b])`` up to tiles cut by sequence boundaries, and no tensor of
+``total_q x total_k`` elements is built (except by ``backend="dense"``, the oracle).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+from torch import Tensor
+
+from ._autocast import cast_inputs
+from ._options import AttentionOptions, make_options
+from ._validate import check_bool, check_window
+from ._validate_varlen import (
+    check_cu_seqlens,
+    check_max_seqlen,
+    check_packed_alibi,
+    check_packed_dropout,
+    check_packed_qkv,
+    check_same_batch,
+)
+from .api import _run, plan
+from .masks import MaskSpec
+
+
+def _packed_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    *,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+) -> AttentionOptions:
+    """The options of the ``(H, total, D)`` views: ``make_options``'s checks, with the packed sequences (and
+    slopes per sequence, which ``make_options`` does not know) in the mask contract."""
+    opts = make_options(
+        q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=True, window=window, softcap=softcap
+    )
+    mask = MaskSpec.build(
+        opts.shapes,
+        q.dtype,
+        causal=opts.causal,
+        causal_align=causal_align,
+        window=check_window(window),
+        softcap=opts.mask.softcap,
+        alibi_slopes=alibi_slopes,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+    )
+    return AttentionOptions(
+        shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align=causal_align, enable_gqa=True
+    )
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact attention over ``B`` packed sequences, each attending only within itself (flash-attn's varlen).
+
+    Args:
+        q: ``(total_q, H_q, D)``; k: ``(total_k, H_kv, D)``; v: ``(total_k, H_kv, D_v)``; ``H_q`` a
+            multiple of ``H_kv`` (grouped-query attention as in flash-attn: query head h reads key/value
+            head ``h // (H_q // H_kv)``).
+        cu_seqlens_q, cu_seqlens_k: int32 or int64 ``(B + 1,)``: 0, then the end of each sequence on the
+            packed axis (``cu_seqlens_q[-1] = total_q``); empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: at least the longest query and key sequence (checked; the CPU paths
+            take the lengths from ``cu_seqlens``).
+        causal: causal masking within each sequence. ``causal_align`` defaults to ``"bottom_right"``, as
+            flash-attn's varlen functions align it per sequence (query i' of sequence b sees keys
+            ``j' <= i' + len_k[b] - len_q[b]``, the decode-step convention); note that
+            :func:`flashattn_teach.flash_attention` defaults to ``"top_left"``, torch's. With equal query
+            and key lengths the two agree.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        window: ``(left, right)``, flash-attn's sliding window in each sequence's own coordinates
+            (-1: unbounded); the causal offset above is its diagonal.
+        softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.
+        alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |i' + off_b - j'|`` added to the scores, in
+            each sequence's coordinates. Not differentiated except by ``backend="dense"``.
+        dropout_p: only 0.0 for now (anything else raises ``NotImplementedError``).
+        backend: ``"auto"`` (the threaded CPU path, or the query-major reference under a torch.func
+            transform or for CUDA tensors), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"``
+            (the oracle, holding ``H_q x total_q x total_k`` scores). ``"triton"`` is refused for now.
+        return_lse: also return ``lse`` of shape ``(H_q, total_q)`` (flash-attn's layout), float32
+            (float64 for float64 inputs).
+
+    Returns:
+        ``O`` of shape ``(total_q, H_q, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse``.
+        Differentiable with respect to ``q, k, v`` by autograd. A query row that sees no key (a window
+        or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
+    """
+    q, k, v = cast_inputs(q, k, v)
+    check_packed_qkv(q, k, v)
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
+    B = check_same_batch(cu_q, cu_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
+    slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
+    check_packed_dropout(dropout_p)
+    lse_wanted = check_bool("return_lse", return_lse)
+    if backend == "triton":
+        raise NotImplementedError(
+            "flash_attention_varlen has no Triton backend yet; use backend='auto' or a CPU backend "
+            "('parallel', 'online', 'key_major', 'dense')"
+        )
+
+    # (total, H, D) -> (H, total, D): one batch element whose sequence axis is the packed axis (views).
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
+    opts = _packed_options(
+        qh,
+        kh,
+        vh,
+        cu_q,
+        cu_k,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=slopes,
+    )
+    O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
+    O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
+    return (O, lse) if lse_wanted else O
