@@ -1,5 +1,6 @@
 """Every shipped kernel configuration compiles for sm_90 and sm_80 within the hardware's limits, also with
-the variants of the mask contract (window, softcap, ALiBi, seqlens_k) at head dims 64 and 128.
+the variants of the mask contract (window, softcap, ALiBi, seqlens_k), without and with dropout, at head
+dims 64 and 128.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
 process has set. Both architectures compile at once, one subprocess each. The checks live in
@@ -56,25 +57,30 @@ def test_every_shipped_kernel_compiles_without_spills_within_limits(arch: str, r
 
 
 @pytest.fixture(scope="module")
-def variant_reports() -> dict[str, subprocess.Popen]:
+def variant_reports() -> dict[tuple[str, bool], subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     command = [sys.executable, "-m", "flashattn_teach.triton.inspect", "--variants", "--head-dim", "64", "128"]
     return {
-        arch: subprocess.Popen(
-            [*command, "--dtype", "float16", "bfloat16", "--arch", arch],
+        (arch, dropout): subprocess.Popen(
+            [*command, "--dtype", "float16", "bfloat16", "--arch", arch, *(["--dropout"] if dropout else [])],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for arch in ARCHS
+        for dropout in (False, True)
     }
 
 
+@pytest.mark.parametrize("dropout", [False, True], ids=["", "and_dropout"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_with_window_softcap_alibi_and_seqlens_compile_without_spills(arch: str, variant_reports) -> None:
-    out, err = variant_reports[arch].communicate(timeout=900)
-    assert variant_reports[arch].returncode == 0, f"{out}\n{err[-3000:]}"
+def test_kernels_with_window_softcap_alibi_and_seqlens_compile_without_spills(
+    arch: str, dropout: bool, variant_reports
+) -> None:
+    report = variant_reports[(arch, dropout)]
+    out, err = report.communicate(timeout=900)
+    assert report.returncode == 0, f"{out}\n{err[-3000:]}"
     rows = [line.split() for line in out.splitlines()[2:]]
     # forward, preprocess, dK/dV, dQ for fp16 and bf16 at head dims 64 and 128
     assert len(rows) == 16 and all(row[-1] == "ok" for row in rows), out

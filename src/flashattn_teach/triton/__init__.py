@@ -26,6 +26,7 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate import AttentionShapes, check_bool, validate_inputs
+from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
 from .variants import SUPPORTED, KernelVariants
@@ -91,6 +92,8 @@ def triton_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_key: DropoutKey | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention with the fused Triton kernels; differentiable.
 
@@ -107,6 +110,10 @@ def triton_attention(
         window, softcap, alibi_slopes, seqlens_k: the variants of :func:`flashattn_teach.flash_attention`
             (see :mod:`flashattn_teach.masks`), honoured in the forward and backward kernels; ALiBi slopes
             get no gradient.
+        dropout_p: drop attention weights with this probability, survivors scaled by ``1 / (1 - p)``
+            (``lse`` is not dropped); the keep mask is :mod:`flashattn_teach.dropout`'s, keyed by a seed
+            drawn from torch's default generator, or by ``dropout_key`` when given (whose ``p`` then
+            counts): the CPU references draw the same mask for the same key.
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
     up to 256, or float32 with head dims up to 64, forward and backward. A query row that sees no key
@@ -126,15 +133,26 @@ def triton_attention(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        dropout_p=dropout_p if dropout_key is None else dropout_key.p,
     )
-    O, lse = triton_forward(q, k, v, opts, config=config)
+    O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def triton_forward(
-    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, config: AttentionConfig | str | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    opts: AttentionOptions,
+    *,
+    config: AttentionConfig | str | None = None,
+    dropout: DropoutKey | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them."""
+    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them.
+
+    With ``opts.dropout_p > 0`` the keep mask is keyed by ``dropout`` (its ``p`` must be
+    ``opts.dropout_p``), or by a key drawn here from torch's default generator
+    (:func:`flashattn_teach.dropout.draw`)."""
     from . import launch
     from .autograd import TritonAttentionFunction
 
@@ -147,7 +165,11 @@ def triton_forward(
     missing = variants_unsupported_reason(opts)
     if missing is not None:
         raise NotImplementedError(missing)
-    variants = KernelVariants.from_spec(opts.mask)
+    if dropout is None:
+        dropout = draw(opts.dropout_p)
+    elif dropout.p != opts.dropout_p:
+        raise AttentionValueError(f"dropout key has p={dropout.p}, but the call's dropout_p is {opts.dropout_p}")
+    variants = KernelVariants.from_spec(opts.mask, dropout)
     if config == "autotune":
         from .autotune import autotune
 

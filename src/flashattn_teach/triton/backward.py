@@ -32,6 +32,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from .dropout import _dropout_keep
 from .forward import LOG2E, _causal_key_range
 from .masking import _in_window, _modify_scores, _window_key_range, _window_query_range
 from .tiles import _load_block, _load_block_T, _store_block
@@ -134,6 +135,12 @@ def _attn_bwd_dkdv_inner(
     softcap_log2,
     SLOPES_group,  # ALiBi slope of the group's first query head
     stride_slope_h,
+    seed,  # dropout: the key, the group's first (b * H_q + h), N_k, threshold and 1 / (1 - p)
+    dropout_offset,
+    bh0,
+    N_k,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -144,6 +151,7 @@ def _attn_bwd_dkdv_inner(
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
@@ -202,7 +210,19 @@ def _attn_bwd_dkdv_inner(
             if WINDOW:
                 visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
             pT = tl.where(visible, pT, 0.0)
-        if WITH_DV:
+        if DROPOUT:
+            # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
+            keepT = tl.trans(
+                _dropout_keep(seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q, N_k, dropout_threshold)
+            )
+            # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
+            if WITH_DV:
+                pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
+                dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            if WITH_DK:
+                # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
+                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+        elif WITH_DV:
             # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if WITH_DK:
@@ -265,6 +285,10 @@ def _attn_bwd_dkdv(
     LEFT,
     RIGHT,
     softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -279,6 +303,7 @@ def _attn_bwd_dkdv(
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -325,21 +350,27 @@ def _attn_bwd_dkdv(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     if SEQLENS:
@@ -383,6 +414,13 @@ def _attn_bwd_dq_inner(
     RIGHT,
     softcap_log2,
     slope_log2,
+    seed,  # dropout, as in _attn_bwd_dkdv_inner (bh: this program's b * H_q + h)
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -393,6 +431,7 @@ def _attn_bwd_dq_inner(
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASK: tl.constexpr,
 ):
@@ -438,6 +477,10 @@ def _attn_bwd_dq_inner(
             p = tl.where(visible, p, 0.0)
         # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        if DROPOUT:
+            # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
+            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
@@ -489,6 +532,10 @@ def _attn_bwd_dq(
     LEFT,
     RIGHT,
     softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -501,6 +548,7 @@ def _attn_bwd_dq(
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
@@ -531,8 +579,9 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
-        N_k = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
     if ALIBI:
         slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
     else:
@@ -540,26 +589,32 @@ def _attn_bwd_dq(
     # (start_n, end_n, MASK) of the stages: the window's left side, the full key blocks, then the diagonal
     # (the window's right side) and the ragged last block
     if WINDOW:
-        begin, full_begin, full_end, end = _window_key_range(start_m, N_k, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, full_begin, start_m, N_k, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+            begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            DOT_PRECISION,
             MASK=True,
         )  # fmt: skip
     else:
         full_begin = 0
-        full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_begin, full_end, start_m, N_k, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+        full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        DOT_PRECISION,
         MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_end, end, start_m, N_k, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION,
+        full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        DOT_PRECISION,
         MASK=True,
     )  # fmt: skip
 

@@ -124,6 +124,14 @@ _VARIANT_ROWS: dict[tuple[str, int], _Row] = {
     ("sm80", 64): (K(64, 64, 4, 3), K(32, 64, 8, 2), K(128, 32, 8, 3)),
     ("sm80", 128): (K(64, 32, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 3)),
 }
+# Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV
+# and dQ loops: thinner tiles again, compiled with every variant and dropout at once.
+_DROPOUT_ROWS: dict[tuple[str, int], _Row] = {
+    ("sm90", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm90", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", 64): (K(64, 32, 4, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
+}
 del K
 
 _TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
@@ -167,10 +175,13 @@ def arch_of(device: torch.device) -> str:
     return "sm90" if major >= 9 else "sm80"
 
 
-def shipped_config(head_dim: int, dtype: torch.dtype, arch: str, *, variants: bool = False) -> AttentionConfig:
+def shipped_config(
+    head_dim: int, dtype: torch.dtype, arch: str, *, variants: bool = False, dropout: bool = False
+) -> AttentionConfig:
     """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
     None where the backward does not ship (see :func:`max_head_dim`). ``variants``: for a call with a
-    window, softcap, ALiBi or ``seqlens_k`` (the variant row where there is one)."""
+    window, softcap, ALiBi or ``seqlens_k``, ``dropout``: with dropout (the variant or dropout row where
+    there is one)."""
     rows = _table(arch, dtype)
     if not MIN_HEAD_DIM <= head_dim <= max(rows):
         raise AttentionValueError(
@@ -178,15 +189,19 @@ def shipped_config(head_dim: int, dtype: torch.dtype, arch: str, *, variants: bo
         )
     d = block_d(head_dim)
     fwd, dkdv, dq = rows[d]
-    if variants and dtype != torch.float32 and (arch, d) in _VARIANT_ROWS:
-        fwd, dkdv, dq = _VARIANT_ROWS[(arch, d)]
+    table = _DROPOUT_ROWS if dropout else _VARIANT_ROWS if variants else {}
+    if dtype != torch.float32 and (arch, d) in table:
+        fwd, dkdv, dq = table[(arch, d)]
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
 
 
-def shipped_configs(arch: str, *, variants: bool = False) -> list[tuple[torch.dtype, int, AttentionConfig]]:
-    """Every (dtype, padded head dim, configuration) that ships for ``arch`` (for calls with variants)."""
+def shipped_configs(
+    arch: str, *, variants: bool = False, dropout: bool = False
+) -> list[tuple[torch.dtype, int, AttentionConfig]]:
+    """Every (dtype, padded head dim, configuration) that ships for ``arch`` (for calls with variants, with
+    dropout)."""
     return [
-        (dt, d, shipped_config(d, dt, arch, variants=variants))
+        (dt, d, shipped_config(d, dt, arch, variants=variants, dropout=dropout))
         for dt in DTYPES
         for d in HEAD_DIMS
         if d in _table(arch, dt)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from .dropout import _dropout_keep
 from .masking import _in_window, _modify_scores, _window_key_range
 from .tiles import _load_block, _store_block
 
@@ -112,6 +113,13 @@ def _attn_fwd_inner(
     RIGHT,
     softcap_log2,
     slope_log2,
+    seed,  # dropout: the key and this program's (b * H_q + h), the counters' sizes N_q x N_k, threshold
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -121,6 +129,7 @@ def _attn_fwd_inner(
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
@@ -173,6 +182,11 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_new_safe)
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
+            # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
+            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
+            p = tl.where(keep, p * keep_scale, 0.0)
         # V_j: (BLOCK_N, BLOCK_DV)
         v = _load_kv_block(V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK)
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
@@ -219,6 +233,10 @@ def _attn_fwd(
     LEFT,
     RIGHT,
     softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -233,6 +251,7 @@ def _attn_fwd(
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -245,7 +264,8 @@ def _attn_fwd(
     Variants (see :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded in, ``CAUSAL`` then
     False); ``SOFTCAP`` with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with ``ALIBI_SLOPES`` fp32
     read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32. The
-    pointers of unused variants are never read.
+    pointers of unused variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the
+    ``dropout_threshold`` of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``.
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
@@ -280,25 +300,27 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
-        N_k = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
     if ALIBI:
         slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
     else:
         slope_log2 = 0.0
 
     if WINDOW:
-        begin, full_begin, full_end, end = _window_key_range(start_m, N_k, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         # the key blocks some row's left bound cuts
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, full_begin, offs_m, N_k, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DOT_PRECISION, TMA,
-            MASK=True,
+            begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, dropout_offset, pid_bh, N_q, N_k, dropout_threshold, keep_scale,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, DOT_PRECISION,
+            TMA, MASK=True,
         )  # fmt: skip
     else:
         full_begin = 0
-        full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(
         acc,
         l_i,
@@ -315,13 +337,20 @@ def _attn_fwd(
         full_begin,
         full_end,
         offs_m,
-        N_k,
+        n_keys,
         qk_scale,
         OFFSET,
         LEFT,
         RIGHT,
         softcap_log2,
         slope_log2,
+        seed,
+        dropout_offset,
+        pid_bh,
+        N_q,
+        N_k,
+        dropout_threshold,
+        keep_scale,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
@@ -331,6 +360,7 @@ def _attn_fwd(
         WINDOW,
         SOFTCAP,
         ALIBI,
+        DROPOUT,
         DOT_PRECISION,
         TMA,
         MASK=False,
@@ -351,13 +381,20 @@ def _attn_fwd(
         full_end,
         end,
         offs_m,
-        N_k,
+        n_keys,
         qk_scale,
         OFFSET,
         LEFT,
         RIGHT,
         softcap_log2,
         slope_log2,
+        seed,
+        dropout_offset,
+        pid_bh,
+        N_q,
+        N_k,
+        dropout_threshold,
+        keep_scale,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
@@ -367,6 +404,7 @@ def _attn_fwd(
         WINDOW,
         SOFTCAP,
         ALIBI,
+        DROPOUT,
         DOT_PRECISION,
         TMA,
         MASK=True,

@@ -17,7 +17,8 @@ no grouped-query attention, so ``GROUP = 1`` and the unit strides become constan
 
 ``--variants`` compiles the kernels of a call with every variant at once (a causal sliding window,
 softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.specialize.sample_variants`) in the
-configurations such calls get (``shipped_config(..., variants=True)``).
+configurations such calls get (``shipped_config(..., variants=True)``); ``--dropout`` adds dropout (and
+uses the dropout rows).
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
@@ -125,7 +126,8 @@ def compile_kernel(
     parameters ``c`` (see :func:`flashattn_teach.triton.specialize.attention_requests`), and read its
     resource use from the cubin."""
     t0 = time.perf_counter()
-    config = specialize.with_kernel_config(shipped_config(head_dim, dtype, arch, variants=variants.used), name, c)
+    base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
+    config = specialize.with_kernel_config(base, name, c)
     request = specialize.kernel_request(
         name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants
     )
@@ -155,11 +157,12 @@ def compile_kernel(
 
 
 def shipped_kernels(
-    arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False
+    arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
 ) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
-    """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants)."""
+    """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
+    with dropout)."""
     out = []
-    for dt, d, config in shipped_configs(arch, variants=variants):
+    for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
         if dt in dtypes and d in head_dims:
             backward = config.backward_dkdv is not None
             for name in KERNELS:
@@ -188,6 +191,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variants",
         action="store_true",
         help="compile with a window, softcap, ALiBi and seqlens_k at once, in the configurations such calls get",
+    )
+    parser.add_argument(
+        "--dropout", action="store_true", help="with --variants: add dropout, in the configurations it gets"
     )
     parser.add_argument(
         "--loops",
@@ -252,10 +258,12 @@ def run(args: argparse.Namespace) -> int:
     kernels = args.kernel or KERNELS
     selected = [
         (name, dt, d, c)
-        for name, dt, d, c in shipped_kernels(args.arch, dtypes, head_dims, variants=args.variants)
+        for name, dt, d, c in shipped_kernels(
+            args.arch, dtypes, head_dims, variants=args.variants, dropout=args.variants and args.dropout
+        )
         if name in kernels
     ]
-    variants = specialize.sample_variants(seqlens=True) if args.variants else PLAIN
+    variants = specialize.sample_variants(seqlens=True, dropout=args.dropout) if args.variants else PLAIN
     if not selected:
         dtype_names = " ".join(args.dtype or ["any"])
         print(
@@ -273,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
     )
     with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
+    with_variants += " with dropout" if args.variants and args.dropout else ""
     print(
         f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
         f"{SMEM_LIMIT[args.arch]} B"

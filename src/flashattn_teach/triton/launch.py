@@ -70,7 +70,9 @@ def default_config(q: Tensor, s: AttentionShapes, variants: KernelVariants = PLA
     interpreter."""
     if q.device.type != "cuda":
         return TEST_CONFIG
-    return shipped_config(max(s.D, s.D_v), q.dtype, arch_of(q.device), variants=variants.used)
+    return shipped_config(
+        max(s.D, s.D_v), q.dtype, arch_of(q.device), variants=variants.used, dropout=variants.has_dropout
+    )
 
 
 def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
@@ -217,6 +219,7 @@ def forward(
         SOFTCAP=variants.has_softcap,
         ALIBI=variants.has_alibi,
         SEQLENS=variants.has_seqlens,
+        DROPOUT=variants.has_dropout,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -321,6 +324,7 @@ def backward(
             SOFTCAP=variants.has_softcap,
             ALIBI=variants.has_alibi,
             SEQLENS=variants.has_seqlens,
+            DROPOUT=variants.has_dropout,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -362,6 +366,7 @@ def backward(
         SOFTCAP=variants.has_softcap,
         ALIBI=variants.has_alibi,
         SEQLENS=variants.has_seqlens,
+        DROPOUT=variants.has_dropout,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

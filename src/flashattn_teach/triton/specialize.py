@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from .._validate import AttentionShapes
+from ..dropout import DropoutKey
 from .configs import AttentionConfig
-from .variants import PLAIN, UNBOUNDED, KernelVariants
+from .variants import NO_DROPOUT, PLAIN, UNBOUNDED, KernelVariants
 
 # The benchmark's long-sequence shape (benchmarks/results/gpu/*/bench/attention.csv, hd128 rows): every
 # size divisible by 16 and none equal to 1, as in the runs the loop profile is calibrated against.
@@ -197,10 +198,12 @@ def attention_requests(
     return {"backward_preprocess": preprocess, "backward_dkdv": dkdv, "backward_dq": dq}
 
 
-def sample_variants(*, window: bool = True, softcap: bool = True, alibi: bool = True, seqlens: bool = False):
+def sample_variants(
+    *, window: bool = True, softcap: bool = True, alibi: bool = True, seqlens: bool = False, dropout: bool = False
+) -> KernelVariants:
     """Variants for a sample call of :func:`sample_shapes`: a causal sliding window of 4096 keys, Gemma 2's
     softcap of 50, ALiBi slopes per head and, with ``seqlens``, key lengths per batch element (allocated,
-    never read)."""
+    never read); with ``dropout``, dropout 0.1 under a 64-bit seed."""
     return KernelVariants(
         window=window,
         left=4096 if window else UNBOUNDED,
@@ -208,6 +211,7 @@ def sample_variants(*, window: bool = True, softcap: bool = True, alibi: bool = 
         softcap=50.0 if softcap else None,
         alibi_slopes=torch.empty(1, SAMPLE_HEADS) if alibi else None,
         seqlens_k=torch.empty(SAMPLE_BATCH, dtype=torch.int32) if seqlens else None,
+        dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
     )
 
 

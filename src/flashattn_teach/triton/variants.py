@@ -3,10 +3,12 @@ constexpr flag of each variant and its runtime arguments, in the kernels' order.
 
 The kernels take, after ``OFFSET``::
 
-    SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2
+    SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
+    seed, dropout_offset, dropout_threshold, keep_scale
 
-and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS`` (see :mod:`.masking`). A variant that is not set passes a
-placeholder pointer that is never read, so a call without variants compiles to the plain kernel.
+and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT`` (see :mod:`.masking` and
+:mod:`.dropout`). A variant that is not set passes a placeholder pointer that is never read, so a call
+without variants compiles to the plain kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..dropout import DropoutKey
 from ..masks import MaskSpec
 
 LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
@@ -26,13 +29,15 @@ UNBOUNDED = 2**30
 
 # The variants of the mask contract the kernels honour, by MaskSpec.variants' names.
 SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k")
+NO_DROPOUT = DropoutKey()
 
 
 @dataclass(frozen=True)
 class KernelVariants:
     """The kernels' view of one call's variants. ``left, right``: the window with causal folded in and
     :data:`UNBOUNDED` for an open side; ``alibi_slopes (1 or B, H_q)`` and ``seqlens_k (B,)`` on
-    the query's device, in the dtypes the kernels read (float32, int32)."""
+    the query's device, in the dtypes the kernels read (float32, int32); ``dropout``: the key of
+    :mod:`flashattn_teach.dropout` (``p = 0``: none), the same in the forward and the backward."""
 
     window: bool = False
     left: int = UNBOUNDED
@@ -40,9 +45,10 @@ class KernelVariants:
     softcap: float | None = None
     alibi_slopes: Tensor | None = None
     seqlens_k: Tensor | None = None
+    dropout: DropoutKey = NO_DROPOUT
 
     @staticmethod
-    def from_spec(spec: MaskSpec) -> KernelVariants:
+    def from_spec(spec: MaskSpec, dropout: DropoutKey = NO_DROPOUT) -> KernelVariants:
         """The variants of ``spec`` (those of :data:`SUPPORTED`; the caller refuses the others)."""
         slopes = spec.alibi_slopes
         if slopes is not None:
@@ -58,12 +64,13 @@ class KernelVariants:
             softcap=spec.softcap,
             alibi_slopes=slopes,
             seqlens_k=lengths,
+            dropout=dropout,
         )
 
     @property
     def used(self) -> bool:
         """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
-        return self.window or self.modifies_scores or self.has_seqlens
+        return self.window or self.modifies_scores or self.has_seqlens or self.has_dropout
 
     @property
     def modifies_scores(self) -> bool:
@@ -84,6 +91,10 @@ class KernelVariants:
             self.left,
             self.right,
             1.0 if self.softcap is None else self.softcap * LOG2E,
+            self.dropout.seed,
+            self.dropout.offset,
+            self.dropout.threshold,
+            self.dropout.keep_scale,
         )
 
     @property
@@ -97,6 +108,10 @@ class KernelVariants:
     @property
     def has_seqlens(self) -> bool:
         return self.seqlens_k is not None
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout.p > 0.0
 
 
 PLAIN = KernelVariants()
