@@ -8,9 +8,8 @@ Backends:
     "dense"      the dense oracle: holds all N_q x N_k scores; the only one with dropout
 
 Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
-``masks.py``) run tile by tile on every CPU backend; "triton" runs the window, softcap, ALiBi and
-``seqlens_k`` in its kernels and refuses an ``attn_mask``, so ``auto`` runs a call with a mask on a CPU
-path even for CUDA tensors.
+``masks.py``) run tile by tile on every CPU backend and in the "triton" kernels (the mask read tile by
+tile), so ``auto`` runs them on Triton for CUDA tensors.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``

@@ -1,5 +1,6 @@
 """The Triton kernels honour the mask contract of :mod:`flashattn_teach.masks`: window (both causal
-alignments, with and without causal), softcap, ALiBi and ``seqlens_k``, alone and combined, forward and
+alignments, with and without causal), softcap, ALiBi, ``seqlens_k`` and ``attn_mask`` (bool or additive,
+broadcast), alone and combined, forward and
 backward, against the float64 dense oracle; their loop bounds visit no tile the contract skips and run
 unmasked only tiles it calls full.
 """
@@ -158,6 +159,22 @@ def _slopes(*shape: int) -> torch.Tensor:
     return torch.linspace(0.05, 0.6, int(torch.tensor(shape).prod())).reshape(shape)
 
 
+def _masks() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    padding = torch.ones(2, 1, 1, 53, dtype=torch.bool)
+    padding[0, ..., :10] = False  # left padding
+    padding[1] = False  # a batch element with no key at all
+    scattered = torch.rand(2, 2, 37, 53, generator=g) > 0.4
+    scattered[1, 0, 5:9] = False  # rows that see nothing
+    scattered[0, 1, :16, 16:32] = False  # a fully masked tile
+    additive = torch.randn(37, 53, generator=g)
+    additive[3:7] = float("-inf")
+    additive[:, 20:36] = float("-inf")
+    return padding, scattered, additive
+
+
+PADDING, SCATTERED, ADDITIVE = _masks()
+
 CASES = {
     "window_top_left": VariantCase(options={"window": (5, 3)}),
     "window_left_only": VariantCase(options={"window": (9, -1), "causal_align": "bottom_right"}),
@@ -185,6 +202,15 @@ CASES = {
         N_q=53,
         N_k=37,
         options={"seqlens_k": torch.tensor([37, 5]), "causal": True, "causal_align": "bottom_right"},
+    ),
+    # a padding mask (B, 1, 1, N_k), as a Hugging Face model builds it: left padding of 10 and 0 keys
+    "bool_mask_padding": VariantCase(
+        B=2, options={"attn_mask": PADDING, "causal": True, "causal_align": "bottom_right"}
+    ),
+    # a mask of every score's own, with rows it empties and a fully masked tile
+    "bool_mask_full": VariantCase(B=2, options={"attn_mask": SCATTERED}),
+    "additive_mask_softcap_window": VariantCase(
+        options={"attn_mask": ADDITIVE, "softcap": 2.0, "window": (9, 4), "alibi_slopes": _slopes(2)}
     ),
     "gqa_everything": VariantCase(
         B=2,
@@ -235,13 +261,12 @@ def test_rows_that_see_nothing_give_zero_output_minus_inf_lse_and_zero_gradients
 # --------------------------------------------------------------------------------------------- routing
 
 
-def test_triton_backend_runs_the_variants_and_refuses_attn_mask() -> None:
+def test_triton_backend_runs_the_variants_and_masks() -> None:
     q = torch.randn(1, 2, 20, 16, device=DEVICE)
     slopes = _slopes(2).to(DEVICE)
-    got = fa.flash_attention(q, q, q, window=(4, 0), softcap=5.0, alibi_slopes=slopes, backend="triton")
-    want = dense_attention(q.double(), q.double(), q.double(), window=(4, 0), softcap=5.0, alibi_slopes=slopes)
+    mask = torch.rand(20, 20, device=DEVICE) > 0.3
+    options = {"window": (4, 0), "softcap": 5.0, "alibi_slopes": slopes, "attn_mask": mask}
+    got = fa.flash_attention(q, q, q, backend="triton", **options)
+    want = dense_attention(q.double(), q.double(), q.double(), **options)
     assert_close_scaled(got, want, REL_TOL[torch.float32], "flash_attention(backend='triton')")
-    assert str(fa.explain(q, q, q, window=(4, 0), backend="triton")) == "triton: requested explicitly"
-    mask = torch.ones(20, 20, dtype=torch.bool, device=DEVICE)
-    with pytest.raises(NotImplementedError, match="attn_mask not yet in the Triton kernels"):
-        fa.flash_attention(q, q, q, attn_mask=mask, backend="triton")
+    assert str(fa.explain(q, q, q, attn_mask=mask, window=(4, 0), backend="triton")) == "triton: requested explicitly"

@@ -92,6 +92,7 @@ def triton_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_key: DropoutKey | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -107,9 +108,10 @@ def triton_attention(
         config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
             :data:`TEST_CONFIG` in the interpreter; ``"autotune"`` times the candidates of
             :func:`~flashattn_teach.triton.autotune.autotune` once per shape class and uses the fastest.
-        window, softcap, alibi_slopes, seqlens_k: the variants of :func:`flashattn_teach.flash_attention`
-            (see :mod:`flashattn_teach.masks`), honoured in the forward and backward kernels; ALiBi slopes
-            get no gradient.
+        window, softcap, alibi_slopes, seqlens_k, attn_mask: the variants of
+            :func:`flashattn_teach.flash_attention` (see :mod:`flashattn_teach.masks`), honoured in the
+            forward and backward kernels (a mask read tile by tile); ALiBi slopes and the mask get no
+            gradient.
         dropout_p: drop attention weights with this probability, survivors scaled by ``1 / (1 - p)``
             (``lse`` is not dropped); the keep mask is :mod:`flashattn_teach.dropout`'s, keyed by a seed
             drawn from torch's default generator, or by ``dropout_key`` when given (whose ``p`` then
@@ -133,6 +135,7 @@ def triton_attention(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
         dropout_p=dropout_p if dropout_key is None else dropout_key.p,
     )
     O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)

@@ -34,7 +34,7 @@ from triton import language as tl
 
 from .dropout import _dropout_keep
 from .forward import LOG2E, _causal_key_range
-from .masking import _in_window, _modify_scores, _window_key_range, _window_query_range
+from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range, _window_query_range
 from .tiles import _load_block, _load_block_T, _store_block
 
 
@@ -141,6 +141,10 @@ def _attn_bwd_dkdv_inner(
     N_k,
     dropout_threshold,
     keep_scale,
+    MASK_group,  # the user's attn_mask at the group's first query head, and its strides
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -152,6 +156,8 @@ def _attn_bwd_dkdv_inner(
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
@@ -166,7 +172,8 @@ def _attn_bwd_dkdv_inner(
     blocks, whose loads need no row mask.
     """
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)
+    offs_n = start_n + cols
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
@@ -190,7 +197,7 @@ def _attn_bwd_dkdv_inner(
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-        if SOFTCAP or ALIBI:
+        if SOFTCAP or ALIBI or ADD_MASK:
             slope_log2 = 0.0
             if ALIBI:
                 slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
@@ -199,16 +206,28 @@ def _attn_bwd_dkdv_inner(
                 qkT * qk_scale, start + offs_m[None, :], offs_n[:, None], OFFSET, softcap_log2, slope_log2,
                 SOFTCAP, ALIBI,
             )  # fmt: skip
+            if ADD_MASK:
+                biasT = _attn_mask_tile(
+                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                    stride_mask_m, stride_mask_n, N_q, N_k,
+                )  # fmt: skip
+                sT = sT + biasT.to(tl.float32) * LOG2E
             pT = tl.math.exp2(sT - lse2[None, :])
         else:
             # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
             pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
-        if MASK:
+        if MASK or BOOL_MASK:
             visible = in_q[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
             if WINDOW:
                 visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                userT = _attn_mask_tile(
+                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                    stride_mask_m, stride_mask_n, N_q, N_k,
+                )  # fmt: skip
+                visible = visible & (userT != 0)
             pT = tl.where(visible, pT, 0.0)
         if DROPOUT:
             # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
@@ -289,6 +308,11 @@ def _attn_bwd_dkdv(
     dropout_offset,
     dropout_threshold,
     keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -304,6 +328,8 @@ def _attn_bwd_dkdv(
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
     DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -334,6 +360,7 @@ def _attn_bwd_dkdv(
     LSE_group = LSE + (b * H_q + h0) * N_q
     DELTA_group = DELTA + (b * H_q + h0) * N_q
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
+    MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
     if WINDOW:
         begin, diag_end, full_end, end = _window_query_range(start_n, N_q, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     else:
@@ -351,8 +378,9 @@ def _attn_bwd_dkdv(
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
@@ -360,8 +388,9 @@ def _attn_bwd_dkdv(
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
@@ -369,8 +398,9 @@ def _attn_bwd_dkdv(
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     if SEQLENS:
@@ -421,6 +451,9 @@ def _attn_bwd_dq_inner(
     N_k_all,
     dropout_threshold,
     keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -432,11 +465,14 @@ def _attn_bwd_dq_inner(
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -460,20 +496,46 @@ def _attn_bwd_dq_inner(
         )
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        if SOFTCAP or ALIBI:
+        if SOFTCAP or ALIBI or ADD_MASK:
             s, t = _modify_scores(
                 qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
                 SOFTCAP, ALIBI,
             )  # fmt: skip
+            if ADD_MASK:
+                bias = _attn_mask_tile(
+                    MASK_head,
+                    start_m,
+                    start,
+                    rows[:, None],
+                    offs_n[None, :],
+                    stride_mask_m,
+                    stride_mask_n,
+                    N_q,
+                    N_k_all,
+                )
+                s = s + bias.to(tl.float32) * LOG2E
             p = tl.math.exp2(s - lse2[:, None])
         else:
             p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        if MASK:
+        if MASK or BOOL_MASK:
             visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
             if WINDOW:
                 visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                user = _attn_mask_tile(
+                    MASK_head,
+                    start_m,
+                    start,
+                    rows[:, None],
+                    offs_n[None, :],
+                    stride_mask_m,
+                    stride_mask_n,
+                    N_q,
+                    N_k_all,
+                )
+                visible = visible & (user != 0)
             p = tl.where(visible, p, 0.0)
         # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
@@ -536,6 +598,11 @@ def _attn_bwd_dq(
     dropout_offset,
     dropout_threshold,
     keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -549,6 +616,8 @@ def _attn_bwd_dq(
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
     DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
@@ -579,6 +648,7 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
@@ -594,8 +664,9 @@ def _attn_bwd_dq(
             dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            DOT_PRECISION,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
             MASK=True,
         )  # fmt: skip
     else:
@@ -605,16 +676,18 @@ def _attn_bwd_dq(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
         full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
         MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
         MASK=True,
     )  # fmt: skip
 

@@ -121,7 +121,7 @@ _SM80_FP32: dict[int, _Row] = {
 _VARIANT_ROWS: dict[tuple[str, int], _Row] = {
     ("sm90", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
     ("sm90", 128): (K(128, 64, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
-    ("sm80", 64): (K(64, 64, 4, 3), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm80", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
     ("sm80", 128): (K(64, 32, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 3)),
 }
 # Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV

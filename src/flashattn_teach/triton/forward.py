@@ -31,7 +31,7 @@ import triton
 from triton import language as tl
 
 from .dropout import _dropout_keep
-from .masking import _in_window, _modify_scores, _window_key_range
+from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range
 from .tiles import _load_block, _store_block
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
@@ -120,16 +120,23 @@ def _attn_fwd_inner(
     N_k_all,
     dropout_threshold,
     keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), the block's first row, and the mask's row and column strides
+    offs_m0,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
@@ -142,28 +149,42 @@ def _attn_fwd_inner(
     The row max is taken over the raw scores and scaled once per row: with ``qk_scale >= 0`` (the
     launcher negates Q for a negative scale), ``max(qk_scale * S) = qk_scale * max(S)``, so the scale
     reaches each score only inside the exponent, as one FFMA: ``P = exp2(S * qk_scale - m_new)``.
-    With ``SOFTCAP`` or ``ALIBI`` the scale must come first (tanh is not linear, the bias is not scaled):
-    the scores are scaled and modified in log2 units (:func:`~.masking._modify_scores`), and the scale left
-    for the exponent is 1.
+    With ``SOFTCAP``, ``ALIBI`` or an additive mask the scale must come first (tanh is not linear, the
+    biases are not scaled): the scores are scaled and modified in log2 units
+    (:func:`~.masking._modify_scores`), and the scale left for the exponent is 1. With a user mask
+    (``BOOL_MASK``, ``ADD_MASK``) every stage runs the masked arithmetic: any row may see none of a tile.
     """
+    if BOOL_MASK or ADD_MASK:
+        rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
+        cols = tl.arange(0, BLOCK_N)
     for start in tl.range(start_n, end_n, BLOCK_N):
         # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
         k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         offs_n = start + tl.arange(0, BLOCK_N)
-        if SOFTCAP or ALIBI:
+        if SOFTCAP or ALIBI or ADD_MASK:
             s, _ = _modify_scores(
                 s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
             )
+            if ADD_MASK:
+                bias = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                s = s + bias.to(tl.float32) * LOG2E
             s_scale = 1.0
         else:
             s_scale = qk_scale
-        if MASK:
+        if MASK or BOOL_MASK or ADD_MASK:
             visible = (offs_n < N_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
             if WINDOW:
                 visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                user = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                visible = visible & (user != 0)
             s = tl.where(visible, s, float("-inf"))
             s_max = tl.max(s, 1)
             # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
@@ -237,6 +258,11 @@ def _attn_fwd(
     dropout_offset,
     dropout_threshold,
     keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -252,6 +278,8 @@ def _attn_fwd(
     ALIBI: tl.constexpr = False,
     SEQLENS: tl.constexpr = False,
     DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -266,6 +294,8 @@ def _attn_fwd(
     read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32. The
     pointers of unused variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the
     ``dropout_threshold`` of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``.
+    ``BOOL_MASK`` (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any
+    strides (0 where it broadcasts).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
@@ -300,6 +330,7 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    MASK_head = ATTN_MASK + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
@@ -315,8 +346,9 @@ def _attn_fwd(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, dropout_offset, pid_bh, N_q, N_k, dropout_threshold, keep_scale,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, DOT_PRECISION,
-            TMA, MASK=True,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
         )  # fmt: skip
     else:
         full_begin = 0
@@ -351,16 +383,23 @@ def _attn_fwd(
         N_k,
         dropout_threshold,
         keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
         BLOCK_DV,
+        BLOCK_M,
         BLOCK_N,
         CAUSAL,
         WINDOW,
         SOFTCAP,
         ALIBI,
         DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
         DOT_PRECISION,
         TMA,
         MASK=False,
@@ -395,16 +434,23 @@ def _attn_fwd(
         N_k,
         dropout_threshold,
         keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
         BLOCK_DV,
+        BLOCK_M,
         BLOCK_N,
         CAUSAL,
         WINDOW,
         SOFTCAP,
         ALIBI,
         DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
         DOT_PRECISION,
         TMA,
         MASK=True,

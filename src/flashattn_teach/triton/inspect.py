@@ -18,7 +18,8 @@ no grouped-query attention, so ``GROUP = 1`` and the unit strides become constan
 ``--variants`` compiles the kernels of a call with every variant at once (a causal sliding window,
 softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.specialize.sample_variants`) in the
 configurations such calls get (``shipped_config(..., variants=True)``); ``--dropout`` adds dropout (and
-uses the dropout rows).
+uses the dropout rows). ``--mask bool`` or ``--mask additive`` compiles a causal call with a padding
+``attn_mask`` (no other variant), in the variant rows.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
@@ -196,6 +197,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dropout", action="store_true", help="with --variants: add dropout, in the configurations it gets"
     )
     parser.add_argument(
+        "--mask",
+        choices=("bool", "additive"),
+        default=None,
+        help="compile a causal call with a padding attn_mask of this kind (bool, or additive in the input dtype)",
+    )
+    parser.add_argument(
         "--loops",
         action="store_true",
         help="profile each kernel's steady-state loop from its SASS and estimate TFLOP/s (docs/loop-profile.md)",
@@ -259,7 +266,11 @@ def run(args: argparse.Namespace) -> int:
     selected = [
         (name, dt, d, c)
         for name, dt, d, c in shipped_kernels(
-            args.arch, dtypes, head_dims, variants=args.variants, dropout=args.variants and args.dropout
+            args.arch,
+            dtypes,
+            head_dims,
+            variants=args.variants or args.mask is not None,
+            dropout=args.variants and args.dropout,
         )
         if name in kernels
     ]
@@ -282,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
     with_variants += " with dropout" if args.variants and args.dropout else ""
+    with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
     print(
         f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
         f"{SMEM_LIMIT[args.arch]} B"
@@ -289,6 +301,9 @@ def run(args: argparse.Namespace) -> int:
     print(header)
     failed = 0
     for name, dt, d, c in selected:
+        if args.mask is not None:  # the mask in the input dtype, or bool
+            mask_dtype = torch.bool if args.mask == "bool" else dt
+            variants = specialize.sample_variants(window=False, softcap=False, alibi=False, mask=mask_dtype)
         r = compile_kernel(name, args.arch, dt, d, c, variants=variants)
         if args.dump is not None:
             _dump(r, args.dump)

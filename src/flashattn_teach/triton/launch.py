@@ -220,6 +220,8 @@ def forward(
         ALIBI=variants.has_alibi,
         SEQLENS=variants.has_seqlens,
         DROPOUT=variants.has_dropout,
+        BOOL_MASK=variants.bool_mask,
+        ADD_MASK=variants.additive_mask,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -325,6 +327,8 @@ def backward(
             ALIBI=variants.has_alibi,
             SEQLENS=variants.has_seqlens,
             DROPOUT=variants.has_dropout,
+            BOOL_MASK=variants.bool_mask,
+            ADD_MASK=variants.additive_mask,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -367,6 +371,8 @@ def backward(
         ALIBI=variants.has_alibi,
         SEQLENS=variants.has_seqlens,
         DROPOUT=variants.has_dropout,
+        BOOL_MASK=variants.bool_mask,
+        ADD_MASK=variants.additive_mask,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

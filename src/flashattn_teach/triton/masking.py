@@ -23,6 +23,11 @@ Scores reach the modifiers in log2 units, ``s2 = scale * log2(e) * q.k``, and le
 
     softcap:  s2 = c2 * tanh(s2 / c2),       c2 = softcap * log2(e) (the cap in the same units)
     ALiBi:    s2 -= slope * log2(e) * |i + OFFSET - j|
+    additive attn_mask:  s2 += log2(e) * attn_mask[b, h, i, j]
+
+A user ``attn_mask`` (``BOOL_MASK`` or ``ADD_MASK``) is read tile by tile through its strides, 0 along
+broadcast dims, so nothing ``N_q x N_k`` is built beyond the user's own mask; every visited tile is then
+handled as a masked one (its rows may see none of its keys).
 """
 
 from __future__ import annotations
@@ -92,3 +97,13 @@ def _modify_scores(s, rows, cols, OFFSET, softcap_log2, slope_log2, SOFTCAP: tl.
     if ALIBI:
         s = s - slope_log2 * tl.abs(rows + OFFSET - cols).to(tl.float32)
     return s, t
+
+
+@triton.jit
+def _attn_mask_tile(MASK_head, row0, col0, rows, cols, stride_mask_m, stride_mask_n, N_q, N_k):
+    """The user's mask over the tile at query row ``row0`` and key ``col0`` of one (b, h), at in-tile
+    offsets ``rows`` and ``cols`` (broadcast index tensors): its raw values, 0 outside ``N_q x N_k``. The
+    tile's base moves in 64-bit (``N_q x N_k`` may pass 2^31), the offsets inside it stay 32-bit."""
+    base = MASK_head + tl.cast(row0, tl.int64) * stride_mask_m + tl.cast(col0, tl.int64) * stride_mask_n
+    in_tile = (row0 + rows < N_q) & (col0 + cols < N_k)
+    return tl.load(base + rows * stride_mask_m + cols * stride_mask_n, mask=in_tile, other=0)

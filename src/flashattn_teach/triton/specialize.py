@@ -199,11 +199,18 @@ def attention_requests(
 
 
 def sample_variants(
-    *, window: bool = True, softcap: bool = True, alibi: bool = True, seqlens: bool = False, dropout: bool = False
+    *,
+    window: bool = True,
+    softcap: bool = True,
+    alibi: bool = True,
+    seqlens: bool = False,
+    dropout: bool = False,
+    mask: torch.dtype | None = None,
 ) -> KernelVariants:
     """Variants for a sample call of :func:`sample_shapes`: a causal sliding window of 4096 keys, Gemma 2's
     softcap of 50, ALiBi slopes per head and, with ``seqlens``, key lengths per batch element (allocated,
-    never read); with ``dropout``, dropout 0.1 under a 64-bit seed."""
+    never read); with ``dropout``, dropout 0.1 under a 64-bit seed; with ``mask`` (torch.bool, or a float
+    dtype for an additive mask), a padding mask of shape ``(B, 1, 1, N_k)`` broadcast over heads and rows."""
     return KernelVariants(
         window=window,
         left=4096 if window else UNBOUNDED,
@@ -212,7 +219,15 @@ def sample_variants(
         alibi_slopes=torch.empty(1, SAMPLE_HEADS) if alibi else None,
         seqlens_k=torch.empty(SAMPLE_BATCH, dtype=torch.int32) if seqlens else None,
         dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
+        attn_mask=None if mask is None else _sample_mask(mask),
     )
+
+
+def _sample_mask(dtype: torch.dtype) -> torch.Tensor:
+    """``(B, 1, 1, N)`` expanded to the kernels' ``(B, H, N, N)`` (strides 0), as the launcher passes it."""
+    mask = torch.empty(SAMPLE_BATCH, 1, 1, SAMPLE_SEQ, dtype=dtype)
+    mask = mask.expand(SAMPLE_BATCH, SAMPLE_HEADS, SAMPLE_SEQ, SAMPLE_SEQ)
+    return mask.view(torch.uint8) if dtype == torch.bool else mask
 
 
 def kernel_request(

@@ -4,9 +4,10 @@ constexpr flag of each variant and its runtime arguments, in the kernels' order.
 The kernels take, after ``OFFSET``::
 
     SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
-    seed, dropout_offset, dropout_threshold, keep_scale
+    seed, dropout_offset, dropout_threshold, keep_scale,
+    ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n
 
-and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT`` (see :mod:`.masking` and
+and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK`` (see :mod:`.masking` and
 :mod:`.dropout`). A variant that is not set passes a placeholder pointer that is never read, so a call
 without variants compiles to the plain kernel.
 """
@@ -28,7 +29,7 @@ LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernel
 UNBOUNDED = 2**30
 
 # The variants of the mask contract the kernels honour, by MaskSpec.variants' names.
-SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k")
+SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k", "attn_mask")
 NO_DROPOUT = DropoutKey()
 
 
@@ -37,7 +38,9 @@ class KernelVariants:
     """The kernels' view of one call's variants. ``left, right``: the window with causal folded in and
     :data:`UNBOUNDED` for an open side; ``alibi_slopes (1 or B, H_q)`` and ``seqlens_k (B,)`` on
     the query's device, in the dtypes the kernels read (float32, int32); ``dropout``: the key of
-    :mod:`flashattn_teach.dropout` (``p = 0``: none), the same in the forward and the backward."""
+    :mod:`flashattn_teach.dropout` (``p = 0``: none), the same in the forward and the backward;
+    ``attn_mask (B, H_q, N_q, N_k)``: the user's mask as a view with stride 0 along broadcast dims (a
+    bool mask viewed as uint8), copied only when several batch dims broadcast unevenly."""
 
     window: bool = False
     left: int = UNBOUNDED
@@ -46,6 +49,7 @@ class KernelVariants:
     alibi_slopes: Tensor | None = None
     seqlens_k: Tensor | None = None
     dropout: DropoutKey = NO_DROPOUT
+    attn_mask: Tensor | None = None
 
     @staticmethod
     def from_spec(spec: MaskSpec, dropout: DropoutKey = NO_DROPOUT) -> KernelVariants:
@@ -56,6 +60,13 @@ class KernelVariants:
         lengths = spec.seqlens_k
         if lengths is not None:
             lengths = lengths.reshape(-1).to(torch.int32)  # (B,)
+        mask = spec.attn_mask
+        if mask is not None:
+            s = spec.shapes
+            # (*batch, H_q, N_q, N_k) with stride 0 where the user's mask broadcasts -> (B, H_q, N_q, N_k)
+            mask = mask.detach().expand(s.score_shape).reshape(math.prod(s.batch), s.H_q, s.N_q, s.N_k)
+            if mask.dtype == torch.bool:
+                mask = mask.view(torch.uint8)  # same bytes; the kernels test != 0
         window = "window" in spec.variants
         return KernelVariants(
             window=window,
@@ -65,17 +76,19 @@ class KernelVariants:
             alibi_slopes=slopes,
             seqlens_k=lengths,
             dropout=dropout,
+            attn_mask=mask,
         )
 
     @property
     def used(self) -> bool:
         """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
-        return self.window or self.modifies_scores or self.has_seqlens or self.has_dropout
+        return self.window or self.modifies_scores or self.has_seqlens or self.has_dropout or self.bool_mask
 
     @property
     def modifies_scores(self) -> bool:
-        """Softcap or ALiBi: the scale must reach the scores before them (no scale inside the exponent)."""
-        return self.softcap is not None or self.alibi_slopes is not None
+        """Softcap, ALiBi or an additive mask: the scale must reach the scores before them (no scale inside
+        the exponent)."""
+        return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask
 
     def args(self, placeholder: Tensor) -> tuple[object, ...]:
         """The runtime arguments after ``OFFSET``; ``placeholder`` stands for an unset pointer."""
@@ -95,6 +108,8 @@ class KernelVariants:
             self.dropout.offset,
             self.dropout.threshold,
             self.dropout.keep_scale,
+            placeholder if self.attn_mask is None else self.attn_mask,
+            *((0, 0, 0, 0) if self.attn_mask is None else self.attn_mask.stride()),
         )
 
     @property
@@ -108,6 +123,14 @@ class KernelVariants:
     @property
     def has_seqlens(self) -> bool:
         return self.seqlens_k is not None
+
+    @property
+    def bool_mask(self) -> bool:
+        return self.attn_mask is not None and self.attn_mask.dtype == torch.uint8
+
+    @property
+    def additive_mask(self) -> bool:
+        return self.attn_mask is not None and self.attn_mask.dtype != torch.uint8
 
     @property
     def has_dropout(self) -> bool:
