@@ -8,9 +8,10 @@ Backends:
     "dense"      the dense oracle: holds all N_q x N_k scores
 
 Masks and attention variants (``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see
-``masks.py``) run tile by tile on every CPU backend; "triton" does not honour them yet and refuses them, so
-``auto`` runs such calls on a CPU path even for CUDA tensors. Dropout is the same on every CPU backend: a
-counter-based generator (``dropout.py``) keyed once per call from torch's generator; "triton" refuses it.
+``masks.py``) run tile by tile on every CPU backend and in the "triton" kernels (the mask read tile by
+tile), so ``auto`` runs them on Triton for CUDA tensors. Dropout is the same on every backend: a
+counter-based generator (``dropout.py``) keyed once per call from torch's generator, so every path drops
+the same weights for the same key.
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
 one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
@@ -71,9 +72,7 @@ def _triton_unsupported(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
         tr = importlib.import_module("flashattn_teach.triton")
     except ImportError as e:
         return f"the Triton backend is unavailable ({e})"
-    if opts.dropout_p > 0.0:
-        return "dropout is not yet in the Triton kernels"
-    reason: str | None = tr.shapes_unsupported_reason(q, k, v, opts.shapes)
+    reason: str | None = tr.variants_unsupported_reason(opts) or tr.shapes_unsupported_reason(q, k, v, opts.shapes)
     return reason
 
 
@@ -113,7 +112,7 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
         if needs_dense:
             return Plan("dense", needs_dense + " (it holds all N_q x N_k scores)")
         if q.is_cuda:
-            why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
+            why_not = _triton_unsupported(q, k, v, opts)
             if why_not is None:
                 return Plan("triton", "CUDA tensors: the fused Triton kernels")
             return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
@@ -133,7 +132,7 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
     if needs_dense and backend != "dense":
         raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
-        why_not = f"{variants} not yet in the Triton kernels" if variants else _triton_unsupported(q, k, v, opts)
+        why_not = _triton_unsupported(q, k, v, opts)
         if why_not is not None:
             raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
     if backend == "parallel" and _transforms_active():
@@ -163,7 +162,7 @@ def _run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
     if p.backend == "triton":
         from .triton import triton_forward
 
-        return triton_forward(q, k, v, opts)
+        return triton_forward(q, k, v, opts, dropout=opts.dropout)
     order, block_m, block_n = _TILED[p.backend]
     return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 

@@ -1,4 +1,6 @@
-"""Every shipped kernel configuration compiles for sm_90 and sm_80 within the hardware's limits.
+"""Every shipped kernel configuration compiles for sm_90 and sm_80 within the hardware's limits, also with
+the variants of the mask contract at head dims 64 and 128: window, softcap, ALiBi and seqlens_k at once,
+without and with dropout, and a causal call with a bool or additive padding mask.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
 process has set. Both architectures compile at once, one subprocess each. The checks live in
@@ -52,3 +54,42 @@ def test_every_shipped_kernel_compiles_without_spills_within_limits(arch: str, r
                 assert mma == {"HGMMA"}, out
             heads = {int(row[2]) for row in rows if row[0] == kernel and row[1] == "float16"}
             assert {64, 128} <= heads
+
+
+# What each variant run adds to ``flashattn-teach kernels`` (at head dims 64 and 128, fp16 and bf16)
+VARIANT_RUNS = {
+    "window_softcap_alibi_seqlens": ["--variants"],
+    "and_dropout": ["--variants", "--dropout"],
+    "causal_bool_mask": ["--mask", "bool"],
+    "causal_additive_mask": ["--mask", "additive"],
+}
+
+
+@pytest.fixture(scope="module")
+def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-m", "flashattn_teach.triton.inspect", "--head-dim", "64", "128"]
+    return {
+        (arch, run): subprocess.Popen(
+            [*command, "--dtype", "float16", "bfloat16", "--arch", arch, *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for arch in ARCHS
+        for run, flags in VARIANT_RUNS.items()
+    }
+
+
+@pytest.mark.parametrize("run", list(VARIANT_RUNS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports) -> None:
+    report = variant_reports[(arch, run)]
+    out, err = report.communicate(timeout=1800)
+    assert report.returncode == 0, f"{out}\n{err[-3000:]}"
+    rows = [line.split() for line in out.splitlines()[2:]]
+    # forward, preprocess, dK/dV, dQ for fp16 and bf16 at head dims 64 and 128
+    assert len(rows) == 16 and all(row[-1] == "ok" for row in rows), out
+    if arch == "sm90":
+        assert {row[10] for row in rows if row[0] != "backward_preprocess"} == {"HGMMA"}, out

@@ -6,6 +6,8 @@ Layers, each in its own file:
     tiles.py      the tile loads and stores both kernels use
     backward.py   the backward kernels: delta preprocess, dK/dV, dQ
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
+    masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
+    variants.py   a call's variants as the kernels' flags and arguments
     launch.py     validate, allocate, launch
     autograd.py   the differentiable function (saves q, k, v, O, lse)
     autotune.py   optional: time candidate configurations, keep the fastest
@@ -24,8 +26,10 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate import AttentionShapes, check_bool, validate_inputs
+from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
+from .variants import SUPPORTED, KernelVariants
 
 __all__ = [
     "TEST_CONFIG",
@@ -36,6 +40,7 @@ __all__ = [
     "triton_attention",
     "triton_forward",
     "unsupported_reason",
+    "variants_unsupported_reason",
 ]
 
 
@@ -66,6 +71,12 @@ def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShape
     return launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
 
 
+def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
+    """None if the kernels honour every variant of the call's mask contract, else which they lack."""
+    missing = [name for name in opts.mask.variants if name not in SUPPORTED]
+    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+
+
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -77,6 +88,13 @@ def triton_attention(
     enable_gqa: bool = False,
     return_lse: bool = False,
     config: AttentionConfig | str | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_key: DropoutKey | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention with the fused Triton kernels; differentiable.
 
@@ -90,6 +108,14 @@ def triton_attention(
         config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
             :data:`TEST_CONFIG` in the interpreter; ``"autotune"`` times the candidates of
             :func:`~flashattn_teach.triton.autotune.autotune` once per shape class and uses the fastest.
+        window, softcap, alibi_slopes, seqlens_k, attn_mask: the variants of
+            :func:`flashattn_teach.flash_attention` (see :mod:`flashattn_teach.masks`), honoured in the
+            forward and backward kernels (a mask read tile by tile); ALiBi slopes and the mask get no
+            gradient.
+        dropout_p: drop attention weights with this probability, survivors scaled by ``1 / (1 - p)``
+            (``lse`` is not dropped); the keep mask is :mod:`flashattn_teach.dropout`'s, keyed by a seed
+            drawn from torch's default generator, or by ``dropout_key`` when given (whose ``p`` then
+            counts): the CPU references draw the same mask for the same key.
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
     up to 256, or float32 with head dims up to 64, forward and backward. A query row that sees no key
@@ -97,15 +123,39 @@ def triton_attention(
     first, as torch's SDPA does.
     """
     q, k, v = cast_inputs(q, k, v)
-    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=enable_gqa)
-    O, lse = triton_forward(q, k, v, opts, config=config)
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p if dropout_key is None else dropout_key.p,
+    )
+    O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def triton_forward(
-    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, config: AttentionConfig | str | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    opts: AttentionOptions,
+    *,
+    config: AttentionConfig | str | None = None,
+    dropout: DropoutKey | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them."""
+    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them.
+
+    With ``opts.dropout_p > 0`` the keep mask is keyed by ``dropout`` (its ``p`` must be
+    ``opts.dropout_p``), or by a key drawn here from torch's default generator
+    (:func:`flashattn_teach.dropout.draw`)."""
     from . import launch
     from .autograd import TritonAttentionFunction
 
@@ -115,6 +165,14 @@ def triton_forward(
     reason = shapes_unsupported_reason(q, k, v, s)
     if reason is not None:
         raise AttentionValueError(reason)
+    missing = variants_unsupported_reason(opts)
+    if missing is not None:
+        raise NotImplementedError(missing)
+    if dropout is None:
+        dropout = draw(opts.dropout_p)
+    elif dropout.p != opts.dropout_p:
+        raise AttentionValueError(f"dropout key has p={dropout.p}, but the call's dropout_p is {opts.dropout_p}")
+    variants = KernelVariants.from_spec(opts.mask, dropout)
     if config == "autotune":
         from .autotune import autotune
 
@@ -128,10 +186,10 @@ def triton_forward(
             backward=launch.needs_grad(q, k, v),
         )
     elif config is None:
-        config = launch.default_config(q, s)
+        config = launch.default_config(q, s, variants)
     elif not isinstance(config, AttentionConfig):
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
     if launch.needs_grad(q, k, v):
         launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
-    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config)
+    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config, variants)
     return O, lse

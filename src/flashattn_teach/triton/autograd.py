@@ -17,6 +17,7 @@ from .._layout import grad_to_input
 from .._validate import AttentionShapes
 from . import launch
 from .configs import AttentionConfig
+from .variants import PLAIN, KernelVariants
 
 
 class TritonAttentionFunction(torch.autograd.Function):
@@ -31,21 +32,25 @@ class TritonAttentionFunction(torch.autograd.Function):
         causal: bool,
         causal_align: str,
         config: AttentionConfig,
+        variants: KernelVariants = PLAIN,
     ) -> tuple[Tensor, Tensor]:
         q4, k4, v4 = launch.to_4d(q, s, s.H_q), launch.to_4d(k, s, s.H_kv), launch.to_4d(v, s, s.H_kv)
-        o4, lse3 = launch.forward(q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config)
+        o4, lse3 = launch.forward(
+            q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config, variants=variants
+        )
         # (B, H_q, N_q, D_v) -> (*batch, H_q, N_q, D_v): a view, as is the lse's
         return o4.reshape(s.out_shape), lse3.reshape(s.lse_shape)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        q, k, v, s, causal, causal_align, config = inputs
+        q, k, v, s, causal, causal_align, config, *rest = inputs
         O, lse = output
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.shapes = s
         ctx.causal = causal
         ctx.causal_align = causal_align
         ctx.config = config
+        ctx.variants = rest[0] if rest else PLAIN
         # a loss of O alone passes dlse = None rather than zeros, and the backward skips its subtraction
         ctx.set_materialize_grads(False)
 
@@ -59,10 +64,21 @@ class TritonAttentionFunction(torch.autograd.Function):
         do4 = torch.zeros_like(o4) if dO is None else launch.to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
         dq4, dk4, dv4 = launch.backward(
-            q4, k4, v4, o4, lse3, do4, dlse3, s, causal=ctx.causal, causal_align=ctx.causal_align, config=ctx.config
+            q4,
+            k4,
+            v4,
+            o4,
+            lse3,
+            do4,
+            dlse3,
+            s,
+            causal=ctx.causal,
+            causal_align=ctx.causal_align,
+            config=ctx.config,
+            variants=ctx.variants,
         )
         # (B, H, N, X) -> (B, H, 1, N, X), the grouped layout grad_to_input undoes broadcasting from
         dq = grad_to_input(dq4.unsqueeze(2), q, s)
         dk = grad_to_input(dk4.unsqueeze(2), k, s)
         dv = grad_to_input(dv4.unsqueeze(2), v, s)
-        return dq, dk, dv, None, None, None, None
+        return (dq, dk, dv) + (None,) * (len(ctx.needs_input_grad) - 3)

@@ -18,6 +18,9 @@ As in the forward, exponentials run in base 2 (``qk_scale = scale * log2(e)``, `
 and causal masking splits each loop into stages that run with and without a mask. A query row that saw
 no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` is 0 rather than NaN.
 
+The mask contract's variants enter as in the forward (:mod:`.masking`); softcap multiplies ``dS`` by
+``1 - tanh^2`` of the capped score, and keys past ``seqlens_k[b]`` get ``dK = dV = 0``.
+
 Grids are one-dimensional, ``n_blocks * B * H`` programs with the block index fastest, so programs of
 one head run side by side (their K/V or Q/dO tiles meet in L2) and no grid axis limit applies to B * H.
 Offsets are 64-bit where they can pass 2^31: each block's base pointer moves by the scalar
@@ -29,7 +32,9 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from .dropout import _dropout_keep
 from .forward import LOG2E, _causal_key_range
+from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range, _window_query_range
 from .tiles import _load_block, _load_block_T, _store_block
 
 
@@ -125,6 +130,21 @@ def _attn_bwd_dkdv_inner(
     N_q,
     qk_scale,
     OFFSET,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    SLOPES_group,  # ALiBi slope of the group's first query head
+    stride_slope_h,
+    seed,  # dropout: the key, the group's first (b * H_q + h), N_k, threshold and 1 / (1 - p)
+    dropout_offset,
+    bh0,
+    N_k,
+    dropout_threshold,
+    keep_scale,
+    MASK_group,  # the user's attn_mask at the group's first query head, and its strides
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -132,6 +152,12 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
@@ -146,7 +172,8 @@ def _attn_bwd_dkdv_inner(
     blocks, whose loads need no row mask.
     """
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)
+    offs_n = start_n + cols
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
@@ -170,19 +197,59 @@ def _attn_bwd_dkdv_inner(
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-        # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
-        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
-        if MASK:
+        if SOFTCAP or ALIBI or ADD_MASK:
+            slope_log2 = 0.0
+            if ALIBI:
+                slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
+            # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
+            sT, tT = _modify_scores(
+                qkT * qk_scale, start + offs_m[None, :], offs_n[:, None], OFFSET, softcap_log2, slope_log2,
+                SOFTCAP, ALIBI,
+            )  # fmt: skip
+            if ADD_MASK:
+                biasT = _attn_mask_tile(
+                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                    stride_mask_m, stride_mask_n, N_q, N_k,
+                )  # fmt: skip
+                sT = sT + biasT.to(tl.float32) * LOG2E
+            pT = tl.math.exp2(sT - lse2[None, :])
+        else:
+            # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
+            pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        if MASK or BOOL_MASK:
             visible = in_q[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
+            if WINDOW:
+                visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                userT = _attn_mask_tile(
+                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                    stride_mask_m, stride_mask_n, N_q, N_k,
+                )  # fmt: skip
+                visible = visible & (userT != 0)
             pT = tl.where(visible, pT, 0.0)
-        if WITH_DV:
+        if DROPOUT:
+            # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
+            keepT = tl.trans(
+                _dropout_keep(seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q, N_k, dropout_threshold)
+            )
+            # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
+            if WITH_DV:
+                pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
+                dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            if WITH_DK:
+                # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
+                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+        elif WITH_DV:
             # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if WITH_DK:
             # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
             dsT = pT * (dpT - delta[None, :])
+            if SOFTCAP:
+                # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
+                dsT = dsT * (1.0 - tT * tT)
             # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); the scale is applied once at the end
             dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
     return dk, dv
@@ -230,6 +297,22 @@ def _attn_bwd_dkdv(
     scale,
     qk_scale,
     OFFSET,
+    SEQLENS_K,
+    ALIBI_SLOPES,
+    stride_slope_b,
+    stride_slope_h,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -240,9 +323,17 @@ def _attn_bwd_dkdv(
     DOT_PRECISION: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
+    SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
-    ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv."""
+    ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
+    Variants as in :func:`~.forward._attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign."""
     n_blocks = tl.cdiv(N_k, BLOCK_N)
     pid = tl.program_id(0)
     bh = pid // n_blocks
@@ -268,26 +359,56 @@ def _attn_bwd_dkdv(
     DO_group = DO + b * stride_dob + h0 * stride_doh
     LSE_group = LSE + (b * H_q + h0) * N_q
     DELTA_group = DELTA + (b * H_q + h0) * N_q
-    begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    # (start_m, end_m, MASK) of the three stages: the diagonal, the full blocks, the ragged last block
+    SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
+    MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
+    if WINDOW:
+        begin, diag_end, full_end, end = _window_query_range(start_n, N_q, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    else:
+        begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        end = N_q
+    if SEQLENS:
+        # a key block past this batch element's length is seen by no row: no stage runs, dK_j = dV_j = 0
+        end = tl.where(start_n < tl.load(SEQLENS_K + b), end, begin)
+        diag_end = tl.minimum(diag_end, end)
+        full_end = tl.minimum(full_end, end)
+    # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
+    # ragged last block (and the window's left side)
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        begin, diag_end, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=True,
+        begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        diag_end, full_end, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=False,
+        diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        WITH_DK, WITH_DV, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        full_end, N_q, start_n, N_q, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, WITH_DK, WITH_DV, MASK=True,
+        full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
+    if SEQLENS:
+        # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key
+        # alone), and no row sees them: their gradient is 0
+        seen = start_n + offs_n < tl.load(SEQLENS_K + b)
+        dk = tl.where(seen[:, None], dk, 0.0)
+        dv = tl.where(seen[:, None], dv, 0.0)
 
     # each output pointer is formed just before its store: one fewer 64-bit register live at the peak
     if WITH_DK:
@@ -319,6 +440,20 @@ def _attn_bwd_dq_inner(
     N_k,
     qk_scale,
     OFFSET,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    slope_log2,
+    seed,  # dropout, as in _attn_bwd_dkdv_inner (bh: this program's b * H_q + h)
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -326,11 +461,18 @@ def _attn_bwd_dq_inner(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -354,15 +496,56 @@ def _attn_bwd_dq_inner(
         )
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        if MASK:
+        if SOFTCAP or ALIBI or ADD_MASK:
+            s, t = _modify_scores(
+                qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
+                SOFTCAP, ALIBI,
+            )  # fmt: skip
+            if ADD_MASK:
+                bias = _attn_mask_tile(
+                    MASK_head,
+                    start_m,
+                    start,
+                    rows[:, None],
+                    offs_n[None, :],
+                    stride_mask_m,
+                    stride_mask_n,
+                    N_q,
+                    N_k_all,
+                )
+                s = s + bias.to(tl.float32) * LOG2E
+            p = tl.math.exp2(s - lse2[:, None])
+        else:
+            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASK or BOOL_MASK:
             visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                user = _attn_mask_tile(
+                    MASK_head,
+                    start_m,
+                    start,
+                    rows[:, None],
+                    offs_n[None, :],
+                    stride_mask_m,
+                    stride_mask_n,
+                    N_q,
+                    N_k_all,
+                )
+                visible = visible & (user != 0)
             p = tl.where(visible, p, 0.0)
         # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        if DROPOUT:
+            # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
+            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
         # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
     return dq
@@ -404,6 +587,22 @@ def _attn_bwd_dq(
     scale,
     qk_scale,
     OFFSET,
+    SEQLENS_K,
+    ALIBI_SLOPES,
+    stride_slope_b,
+    stride_slope_h,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -412,6 +611,13 @@ def _attn_bwd_dq(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
+    SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
@@ -442,17 +648,47 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    # (start_n, end_n, MASK) of the two stages: the full key blocks, then the diagonal and ragged last block
+    MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
+    n_keys = N_k  # the keys that exist for this batch element
+    if SEQLENS:
+        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+    if ALIBI:
+        slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
+    else:
+        slope_log2 = 0.0
+    # (start_n, end_n, MASK) of the stages: the window's left side, the full key blocks, then the diagonal
+    # (the window's right side) and the ragged last block
+    if WINDOW:
+        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            MASK=True,
+        )  # fmt: skip
+    else:
+        full_begin = 0
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        0, full_end, start_m, N_k, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=False,
+        full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        MASK_head, stride_mask_m, stride_mask_n,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_end, end, start_m, N_k, qk_scale, OFFSET,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DOT_PRECISION, MASK=True,
+        full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        MASK_head, stride_mask_m, stride_mask_n,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        MASK=True,
     )  # fmt: skip
 
     # dQ_i = scale * sum_j dS_ij K_j

@@ -114,6 +114,24 @@ _SM80_FP32: dict[int, _Row] = {
     32: (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 16, 4, 2)),
     64: (K(64, 16, 4, 2), K(16, 16, 4, 2), K(32, 32, 4, 2)),
 }
+# Calls with variants (window, softcap, ALiBi, seqlens_k) keep more per score live in the loop (index
+# tensors, the tanh, the bias): where a plain tile spills with all of them at once (compiled ahead of time
+# with triton 3.9, ``flashattn-teach kernels --variants``), a thinner one that does not. Head dims and
+# dtypes without a row here use the plain row.
+_VARIANT_ROWS: dict[tuple[str, int], _Row] = {
+    ("sm90", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    ("sm90", 128): (K(128, 64, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm80", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
+    ("sm80", 128): (K(64, 32, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 3)),
+}
+# Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV
+# and dQ loops: thinner tiles again, compiled with every variant and dropout at once.
+_DROPOUT_ROWS: dict[tuple[str, int], _Row] = {
+    ("sm90", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm90", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", 64): (K(64, 32, 4, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
+}
 del K
 
 _TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
@@ -157,18 +175,34 @@ def arch_of(device: torch.device) -> str:
     return "sm90" if major >= 9 else "sm80"
 
 
-def shipped_config(head_dim: int, dtype: torch.dtype, arch: str) -> AttentionConfig:
+def shipped_config(
+    head_dim: int, dtype: torch.dtype, arch: str, *, variants: bool = False, dropout: bool = False
+) -> AttentionConfig:
     """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
-    None where the backward does not ship (see :func:`max_head_dim`)."""
+    None where the backward does not ship (see :func:`max_head_dim`). ``variants``: for a call with a
+    window, softcap, ALiBi or ``seqlens_k``, ``dropout``: with dropout (the variant or dropout row where
+    there is one)."""
     rows = _table(arch, dtype)
     if not MIN_HEAD_DIM <= head_dim <= max(rows):
         raise AttentionValueError(
             f"head_dim must be between {MIN_HEAD_DIM} and {max(rows)} for {dtype} on {arch}, got {head_dim}"
         )
-    fwd, dkdv, dq = rows[block_d(head_dim)]
+    d = block_d(head_dim)
+    fwd, dkdv, dq = rows[d]
+    table = _DROPOUT_ROWS if dropout else _VARIANT_ROWS if variants else {}
+    if dtype != torch.float32 and (arch, d) in table:
+        fwd, dkdv, dq = table[(arch, d)]
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
 
 
-def shipped_configs(arch: str) -> list[tuple[torch.dtype, int, AttentionConfig]]:
-    """Every (dtype, padded head dim, configuration) that ships for ``arch``."""
-    return [(dt, d, shipped_config(d, dt, arch)) for dt in DTYPES for d in HEAD_DIMS if d in _table(arch, dt)]
+def shipped_configs(
+    arch: str, *, variants: bool = False, dropout: bool = False
+) -> list[tuple[torch.dtype, int, AttentionConfig]]:
+    """Every (dtype, padded head dim, configuration) that ships for ``arch`` (for calls with variants, with
+    dropout)."""
+    return [
+        (dt, d, shipped_config(d, dt, arch, variants=variants, dropout=dropout))
+        for dt in DTYPES
+        for d in HEAD_DIMS
+        if d in _table(arch, dt)
+    ]

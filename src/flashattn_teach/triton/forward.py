@@ -17,6 +17,11 @@ below the diagonal run without a mask (and without bounds checks), blocks that s
 last block run masked, and blocks wholly above it are never visited. On Hopper the key and value blocks
 arrive by TMA (the tensor memory accelerator) from tensor descriptors; elsewhere through pointers.
 
+The variants of the mask contract (a sliding window, softcap, ALiBi, ``seqlens_k``) are ``tl.constexpr``
+flags, each compiled in only when a call uses it (:mod:`.masking`): a window adds a third, masked stage
+before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]`` takes the place of
+``N_k``; softcap and ALiBi modify each score after scaling it.
+
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
 """
 
@@ -25,6 +30,8 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from .dropout import _dropout_keep
+from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range
 from .tiles import _load_block, _store_block
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
@@ -102,12 +109,34 @@ def _attn_fwd_inner(
     N_k,
     qk_scale,
     OFFSET,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    slope_log2,
+    seed,  # dropout: the key and this program's (b * H_q + h), the counters' sizes N_q x N_k, threshold
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), the block's first row, and the mask's row and column strides
+    offs_m0,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
@@ -120,34 +149,65 @@ def _attn_fwd_inner(
     The row max is taken over the raw scores and scaled once per row: with ``qk_scale >= 0`` (the
     launcher negates Q for a negative scale), ``max(qk_scale * S) = qk_scale * max(S)``, so the scale
     reaches each score only inside the exponent, as one FFMA: ``P = exp2(S * qk_scale - m_new)``.
+    With ``SOFTCAP``, ``ALIBI`` or an additive mask the scale must come first (tanh is not linear, the
+    biases are not scaled): the scores are scaled and modified in log2 units
+    (:func:`~.masking._modify_scores`), and the scale left for the exponent is 1. With a user mask
+    (``BOOL_MASK``, ``ADD_MASK``) every stage runs the masked arithmetic: any row may see none of a tile.
     """
+    if BOOL_MASK or ADD_MASK:
+        rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
+        cols = tl.arange(0, BLOCK_N)
     for start in tl.range(start_n, end_n, BLOCK_N):
         # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
         k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if MASK:
-            offs_n = start + tl.arange(0, BLOCK_N)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        if SOFTCAP or ALIBI or ADD_MASK:
+            s, _ = _modify_scores(
+                s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
+            )
+            if ADD_MASK:
+                bias = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                s = s + bias.to(tl.float32) * LOG2E
+            s_scale = 1.0
+        else:
+            s_scale = qk_scale
+        if MASK or BOOL_MASK or ADD_MASK:
             visible = (offs_n < N_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                user = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                visible = visible & (user != 0)
             s = tl.where(visible, s, float("-inf"))
             s_max = tl.max(s, 1)
             # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
-            m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * qk_scale))
+            m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * s_scale))
             # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
-            p = tl.math.exp2(tl.where(visible, s * qk_scale - m_new_safe[:, None], float("-inf")))
+            p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
         else:
             # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
             m_new_safe = m_new
             # P_ij = exp(scale * S_ij - m_new), in base 2: one FFMA and one MUFU.EX2 per score
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            p = tl.math.exp2(s * s_scale - m_new[:, None])
         # alpha = exp(m_i - m_new) rescales what was accumulated under the old max
         alpha = tl.math.exp2(m_i - m_new_safe)
         # l_new = alpha * l_i + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
+            # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
+            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
+            p = tl.where(keep, p * keep_scale, 0.0)
         # V_j: (BLOCK_N, BLOCK_DV)
         v = _load_kv_block(V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK)
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
@@ -187,6 +247,22 @@ def _attn_fwd(
     GROUP,
     qk_scale,
     OFFSET,
+    SEQLENS_K,
+    ALIBI_SLOPES,
+    stride_slope_b,
+    stride_slope_h,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -197,13 +273,29 @@ def _attn_fwd(
     DOT_PRECISION: tl.constexpr,
     NEGATE_Q: tl.constexpr,
     TMA: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
+    SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
     ``Q, O (B, H_q, N_q, .)`` with any strides; ``K, V (B, H_kv, N_k, .)``: tensors with any strides, or
     with ``TMA`` tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE (B, H_q, N_q)``
     contiguous fp32. Query head h reads key/value head h // GROUP. ``qk_scale = |scale| * log2(e)``;
-    ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| * (-Q) K^T``).
+    ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| * (-Q) K^T``); with ``SOFTCAP`` or
+    ``ALIBI`` instead ``qk_scale = scale * log2(e)`` and Q as given.
+
+    Variants (see :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded in, ``CAUSAL`` then
+    False); ``SOFTCAP`` with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with ``ALIBI_SLOPES`` fp32
+    read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32. The
+    pointers of unused variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the
+    ``dropout_threshold`` of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``.
+    ``BOOL_MASK`` (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any
+    strides (0 where it broadcasts).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
@@ -238,8 +330,29 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    MASK_head = ATTN_MASK + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+    n_keys = N_k  # the keys that exist for this batch element
+    if SEQLENS:
+        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+    if ALIBI:
+        slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
+    else:
+        slope_log2 = 0.0
 
-    full_end, end = _causal_key_range(start_m, N_k, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        # the key blocks some row's left bound cuts
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, dropout_offset, pid_bh, N_q, N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
+        )  # fmt: skip
+    else:
+        full_begin = 0
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(
         acc,
         l_i,
@@ -253,18 +366,40 @@ def _attn_fwd(
         stride_kd,
         stride_vn,
         stride_vd,
-        0,
+        full_begin,
         full_end,
         offs_m,
-        N_k,
+        n_keys,
         qk_scale,
         OFFSET,
+        LEFT,
+        RIGHT,
+        softcap_log2,
+        slope_log2,
+        seed,
+        dropout_offset,
+        pid_bh,
+        N_q,
+        N_k,
+        dropout_threshold,
+        keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
         BLOCK_DV,
+        BLOCK_M,
         BLOCK_N,
         CAUSAL,
+        WINDOW,
+        SOFTCAP,
+        ALIBI,
+        DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
         DOT_PRECISION,
         TMA,
         MASK=False,
@@ -285,15 +420,37 @@ def _attn_fwd(
         full_end,
         end,
         offs_m,
-        N_k,
+        n_keys,
         qk_scale,
         OFFSET,
+        LEFT,
+        RIGHT,
+        softcap_log2,
+        slope_log2,
+        seed,
+        dropout_offset,
+        pid_bh,
+        N_q,
+        N_k,
+        dropout_threshold,
+        keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
         HEAD_DIM,
         HEAD_DIM_V,
         BLOCK_D,
         BLOCK_DV,
+        BLOCK_M,
         BLOCK_N,
         CAUSAL,
+        WINDOW,
+        SOFTCAP,
+        ALIBI,
+        DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
         DOT_PRECISION,
         TMA,
         MASK=True,

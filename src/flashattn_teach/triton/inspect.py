@@ -15,6 +15,12 @@ Each kernel is compiled exactly as the JIT would specialise it for a sample call
 no grouped-query attention, so ``GROUP = 1`` and the unit strides become constants) with
 ``CAUSAL=True``, whose code has both the unmasked and the masked stage.
 
+``--variants`` compiles the kernels of a call with every variant at once (a causal sliding window,
+softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.specialize.sample_variants`) in the
+configurations such calls get (``shipped_config(..., variants=True)``); ``--dropout`` adds dropout (and
+uses the dropout rows). ``--mask bool`` or ``--mask additive`` compiles a causal call with a padding
+``attn_mask`` (no other variant), in the variant rows.
+
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
 in the benchmark it is calibrated against. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
@@ -38,6 +44,7 @@ import torch
 from .._cli_types import ArgumentParser, positive_int
 from . import loops, sass, specialize
 from .configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
+from .variants import PLAIN, KernelVariants
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
@@ -114,13 +121,17 @@ def compile_kernel(
     c: KernelConfig,
     causal: bool = True,
     group: int = 1,
+    variants: KernelVariants = PLAIN,
 ) -> CompileReport:
     """Compile one kernel for ``arch`` ("sm90" or "sm80") as the JIT would for a sample call with launch
     parameters ``c`` (see :func:`flashattn_teach.triton.specialize.attention_requests`), and read its
     resource use from the cubin."""
     t0 = time.perf_counter()
-    config = specialize.with_kernel_config(shipped_config(head_dim, dtype, arch), name, c)
-    request = specialize.kernel_request(name, config, dtype, head_dim, arch, causal=causal, group=group)
+    base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
+    config = specialize.with_kernel_config(base, name, c)
+    request = specialize.kernel_request(
+        name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants
+    )
     compiled = request.compile()
     text, res = sass.disassemble(compiled.asm["cubin"])
     registers = _resource(res, "REG")
@@ -146,10 +157,13 @@ def compile_kernel(
     )
 
 
-def shipped_kernels(arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
-    """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch``."""
+def shipped_kernels(
+    arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
+) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
+    """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
+    with dropout)."""
     out = []
-    for dt, d, config in shipped_configs(arch):
+    for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
         if dt in dtypes and d in head_dims:
             backward = config.backward_dkdv is not None
             for name in KERNELS:
@@ -174,6 +188,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="padded head dimensions (default: all shipped)",
     )
     parser.add_argument("--kernel", nargs="+", choices=KERNELS, default=None, help="kernels (default: all)")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="compile with a window, softcap, ALiBi and seqlens_k at once, in the configurations such calls get",
+    )
+    parser.add_argument(
+        "--dropout", action="store_true", help="with --variants: add dropout, in the configurations it gets"
+    )
+    parser.add_argument(
+        "--mask",
+        choices=("bool", "additive"),
+        default=None,
+        help="compile a causal call with a padding attn_mask of this kind (bool, or additive in the input dtype)",
+    )
     parser.add_argument(
         "--loops",
         action="store_true",
@@ -235,7 +263,18 @@ def run(args: argparse.Namespace) -> int:
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS
-    selected = [(name, dt, d, c) for name, dt, d, c in shipped_kernels(args.arch, dtypes, head_dims) if name in kernels]
+    selected = [
+        (name, dt, d, c)
+        for name, dt, d, c in shipped_kernels(
+            args.arch,
+            dtypes,
+            head_dims,
+            variants=args.variants or args.mask is not None,
+            dropout=args.variants and args.dropout,
+        )
+        if name in kernels
+    ]
+    variants = specialize.sample_variants(seqlens=True, dropout=args.dropout) if args.variants else PLAIN
     if not selected:
         dtype_names = " ".join(args.dtype or ["any"])
         print(
@@ -252,11 +291,20 @@ def run(args: argparse.Namespace) -> int:
         f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
         f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
     )
-    print(f"# {args.arch}: registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B")
+    with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
+    with_variants += " with dropout" if args.variants and args.dropout else ""
+    with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
+    print(
+        f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
+        f"{SMEM_LIMIT[args.arch]} B"
+    )
     print(header)
     failed = 0
     for name, dt, d, c in selected:
-        r = compile_kernel(name, args.arch, dt, d, c)
+        if args.mask is not None:  # the mask in the input dtype, or bool
+            mask_dtype = torch.bool if args.mask == "bool" else dt
+            variants = specialize.sample_variants(window=False, softcap=False, alibi=False, mask=mask_dtype)
+        r = compile_kernel(name, args.arch, dt, d, c, variants=variants)
         if args.dump is not None:
             _dump(r, args.dump)
         problems = r.problems()

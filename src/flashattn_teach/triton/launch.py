@@ -28,6 +28,7 @@ from .configs import (
     max_head_dim,
     shipped_config,
 )
+from .variants import PLAIN, KernelVariants
 
 
 def interpreting() -> bool:
@@ -64,11 +65,14 @@ def needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def default_config(q: Tensor, s: AttentionShapes) -> AttentionConfig:
-    """The shipped configuration for these inputs; the fixed test configuration in the interpreter."""
+def default_config(q: Tensor, s: AttentionShapes, variants: KernelVariants = PLAIN) -> AttentionConfig:
+    """The shipped configuration for these inputs (and variants); the fixed test configuration in the
+    interpreter."""
     if q.device.type != "cuda":
         return TEST_CONFIG
-    return shipped_config(max(s.D, s.D_v), q.dtype, arch_of(q.device))
+    return shipped_config(
+        max(s.D, s.D_v), q.dtype, arch_of(q.device), variants=variants.used, dropout=variants.has_dropout
+    )
 
 
 def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
@@ -153,10 +157,19 @@ def _descriptor(t: Tensor, block_n: int, block_x: int):
 
 
 def forward(
-    q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes, *, causal: bool, causal_align: str, config: AttentionConfig
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: AttentionShapes,
+    *,
+    causal: bool,
+    causal_align: str,
+    config: AttentionConfig,
+    variants: KernelVariants = PLAIN,
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
-    in q's dtype and ``lse (B, H_q, N_q)`` in float32."""
+    in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
+    (a window carries causal in its right side, so ``causal`` is then ignored)."""
     import triton
 
     from .forward import LOG2E, _attn_fwd
@@ -173,6 +186,8 @@ def forward(
     V_src = _descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     # one program per (query block, batch, head), the query block fastest (see _attn_fwd)
     grid = (triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)
+    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see _attn_fwd)
+    signed = variants.modifies_scores
     _attn_fwd[grid](
         q,
         K_src,
@@ -187,18 +202,26 @@ def forward(
         s.N_q,
         s.N_k,
         s.group,
-        abs(s.scale) * LOG2E.value,
+        (s.scale if signed else abs(s.scale)) * LOG2E.value,
         diagonal_offset(s.N_q, s.N_k, causal_align),
+        *variants.args(lse),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
-        CAUSAL=causal,
+        CAUSAL=causal and not variants.window,
         DOT_PRECISION=dot_precision(q.dtype),
-        NEGATE_Q=s.scale < 0,
+        NEGATE_Q=s.scale < 0 and not signed,
         TMA=tma,
+        WINDOW=variants.window,
+        SOFTCAP=variants.has_softcap,
+        ALIBI=variants.has_alibi,
+        SEQLENS=variants.has_seqlens,
+        DROPOUT=variants.has_dropout,
+        BOOL_MASK=variants.bool_mask,
+        ADD_MASK=variants.additive_mask,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -218,9 +241,11 @@ def backward(
     causal: bool,
     causal_align: str,
     config: AttentionConfig,
+    variants: KernelVariants = PLAIN,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
     its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group.
+    ``variants`` as the forward's.
 
     Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
@@ -286,16 +311,24 @@ def backward(
             s.scale,
             qk_scale,
             offset,
+            *variants.args(lse),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
             BLOCK_DV=Dv_pad,
             BLOCK_M=c.BLOCK_M,
             BLOCK_N=c.BLOCK_N,
-            CAUSAL=causal,
+            CAUSAL=causal and not variants.window,
             DOT_PRECISION=precision,
             WITH_DK=with_dk,
             WITH_DV=with_dv,
+            WINDOW=variants.window,
+            SOFTCAP=variants.has_softcap,
+            ALIBI=variants.has_alibi,
+            SEQLENS=variants.has_seqlens,
+            DROPOUT=variants.has_dropout,
+            BOOL_MASK=variants.bool_mask,
+            ADD_MASK=variants.additive_mask,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -324,14 +357,22 @@ def backward(
         s.scale,
         qk_scale,
         offset,
+        *variants.args(lse),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
-        CAUSAL=causal,
+        CAUSAL=causal and not variants.window,
         DOT_PRECISION=precision,
+        WINDOW=variants.window,
+        SOFTCAP=variants.has_softcap,
+        ALIBI=variants.has_alibi,
+        SEQLENS=variants.has_seqlens,
+        DROPOUT=variants.has_dropout,
+        BOOL_MASK=variants.bool_mask,
+        ADD_MASK=variants.additive_mask,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

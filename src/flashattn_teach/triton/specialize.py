@@ -31,7 +31,9 @@ from typing import Any
 import torch
 
 from .._validate import AttentionShapes
+from ..dropout import DropoutKey
 from .configs import AttentionConfig
+from .variants import NO_DROPOUT, PLAIN, UNBOUNDED, KernelVariants
 
 # The benchmark's long-sequence shape (benchmarks/results/gpu/*/bench/attention.csv, hd128 rows): every
 # size divisible by 16 and none equal to 1, as in the runs the loop profile is calibrated against.
@@ -167,15 +169,20 @@ def attention_requests(
     backward: bool,
     causal: bool = True,
     group: int = 1,
+    variants: KernelVariants = PLAIN,
 ) -> dict[str, CompileRequest]:
     """The kernels the launcher compiles for a sample call (see :func:`sample_shapes`), by kernel name of
-    :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels."""
+    :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels; with
+    ``variants`` (e.g. :func:`sample_variants`) the kernels of a call that uses them."""
     from . import launch
 
     s, q, k, v = sample_shapes(dtype, head_dim, group)
     if not backward:
         (fwd,) = requests_for(
-            lambda: launch.forward(q, k, v, s, causal=causal, causal_align="bottom_right", config=config), arch
+            lambda: launch.forward(
+                q, k, v, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
+            ),
+            arch,
         )
         return {"forward": fwd}
     o, do = torch.empty_like(q), torch.empty_like(q)
@@ -184,11 +191,43 @@ def attention_requests(
     # stands for both
     preprocess, dkdv, *_, dq = requests_for(
         lambda: launch.backward(
-            q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config
+            q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
         ),
         arch,
     )
     return {"backward_preprocess": preprocess, "backward_dkdv": dkdv, "backward_dq": dq}
+
+
+def sample_variants(
+    *,
+    window: bool = True,
+    softcap: bool = True,
+    alibi: bool = True,
+    seqlens: bool = False,
+    dropout: bool = False,
+    mask: torch.dtype | None = None,
+) -> KernelVariants:
+    """Variants for a sample call of :func:`sample_shapes`: a causal sliding window of 4096 keys, Gemma 2's
+    softcap of 50, ALiBi slopes per head and, with ``seqlens``, key lengths per batch element (allocated,
+    never read); with ``dropout``, dropout 0.1 under a 64-bit seed; with ``mask`` (torch.bool, or a float
+    dtype for an additive mask), a padding mask of shape ``(B, 1, 1, N_k)`` broadcast over heads and rows."""
+    return KernelVariants(
+        window=window,
+        left=4096 if window else UNBOUNDED,
+        right=0 if window else UNBOUNDED,
+        softcap=50.0 if softcap else None,
+        alibi_slopes=torch.empty(1, SAMPLE_HEADS) if alibi else None,
+        seqlens_k=torch.empty(SAMPLE_BATCH, dtype=torch.int32) if seqlens else None,
+        dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
+        attn_mask=None if mask is None else _sample_mask(mask),
+    )
+
+
+def _sample_mask(dtype: torch.dtype) -> torch.Tensor:
+    """``(B, 1, 1, N)`` expanded to the kernels' ``(B, H, N, N)`` (strides 0), as the launcher passes it."""
+    mask = torch.empty(SAMPLE_BATCH, 1, 1, SAMPLE_SEQ, dtype=dtype)
+    mask = mask.expand(SAMPLE_BATCH, SAMPLE_HEADS, SAMPLE_SEQ, SAMPLE_SEQ)
+    return mask.view(torch.uint8) if dtype == torch.bool else mask
 
 
 def kernel_request(

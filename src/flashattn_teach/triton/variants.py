@@ -1,0 +1,140 @@
+"""What the kernels need of a call's mask contract (:class:`flashattn_teach.masks.MaskSpec`): the
+constexpr flag of each variant and its runtime arguments, in the kernels' order.
+
+The kernels take, after ``OFFSET``::
+
+    SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
+    seed, dropout_offset, dropout_threshold, keep_scale,
+    ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n
+
+and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK`` (see :mod:`.masking` and
+:mod:`.dropout`). A variant that is not set passes a placeholder pointer that is never read, so a call
+without variants compiles to the plain kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..dropout import DropoutKey
+from ..masks import MaskSpec
+
+LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
+# A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
+# enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
+UNBOUNDED = 2**30
+
+# The variants of the mask contract the kernels honour, by MaskSpec.variants' names.
+SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k", "attn_mask")
+NO_DROPOUT = DropoutKey()
+
+
+@dataclass(frozen=True)
+class KernelVariants:
+    """The kernels' view of one call's variants. ``left, right``: the window with causal folded in and
+    :data:`UNBOUNDED` for an open side; ``alibi_slopes (1 or B, H_q)`` and ``seqlens_k (B,)`` on
+    the query's device, in the dtypes the kernels read (float32, int32); ``dropout``: the key of
+    :mod:`flashattn_teach.dropout` (``p = 0``: none), the same in the forward and the backward;
+    ``attn_mask (B, H_q, N_q, N_k)``: the user's mask as a view with stride 0 along broadcast dims (a
+    bool mask viewed as uint8), copied only when several batch dims broadcast unevenly."""
+
+    window: bool = False
+    left: int = UNBOUNDED
+    right: int = UNBOUNDED
+    softcap: float | None = None
+    alibi_slopes: Tensor | None = None
+    seqlens_k: Tensor | None = None
+    dropout: DropoutKey = NO_DROPOUT
+    attn_mask: Tensor | None = None
+
+    @staticmethod
+    def from_spec(spec: MaskSpec, dropout: DropoutKey = NO_DROPOUT) -> KernelVariants:
+        """The variants of ``spec`` (those of :data:`SUPPORTED`; the caller refuses the others)."""
+        slopes = spec.alibi_slopes
+        if slopes is not None:
+            slopes = slopes.detach().reshape(-1, spec.shapes.H_q).to(torch.float32)  # (1 or B, H_q)
+        lengths = spec.seqlens_k
+        if lengths is not None:
+            lengths = lengths.reshape(-1).to(torch.int32)  # (B,)
+        mask = spec.attn_mask
+        if mask is not None:
+            s = spec.shapes
+            # (*batch, H_q, N_q, N_k) with stride 0 where the user's mask broadcasts -> (B, H_q, N_q, N_k)
+            mask = mask.detach().expand(s.score_shape).reshape(math.prod(s.batch), s.H_q, s.N_q, s.N_k)
+            if mask.dtype == torch.bool:
+                mask = mask.view(torch.uint8)  # same bytes; the kernels test != 0
+        window = "window" in spec.variants
+        return KernelVariants(
+            window=window,
+            left=spec.left if window and spec.left >= 0 else UNBOUNDED,
+            right=spec.right if window and spec.right >= 0 else UNBOUNDED,
+            softcap=spec.softcap,
+            alibi_slopes=slopes,
+            seqlens_k=lengths,
+            dropout=dropout,
+            attn_mask=mask,
+        )
+
+    @property
+    def used(self) -> bool:
+        """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
+        return self.window or self.modifies_scores or self.has_seqlens or self.has_dropout or self.bool_mask
+
+    @property
+    def modifies_scores(self) -> bool:
+        """Softcap, ALiBi or an additive mask: the scale must reach the scores before them (no scale inside
+        the exponent)."""
+        return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask
+
+    def args(self, placeholder: Tensor) -> tuple[object, ...]:
+        """The runtime arguments after ``OFFSET``; ``placeholder`` stands for an unset pointer."""
+        slopes = placeholder if self.alibi_slopes is None else self.alibi_slopes
+        # a (1, H_q) table serves every batch element: stride 0 along the batch
+        stride_b = 0 if self.alibi_slopes is None or slopes.shape[0] == 1 else slopes.stride(0)
+        stride_h = 0 if self.alibi_slopes is None else slopes.stride(1)
+        return (
+            placeholder if self.seqlens_k is None else self.seqlens_k,
+            slopes,
+            stride_b,
+            stride_h,
+            self.left,
+            self.right,
+            1.0 if self.softcap is None else self.softcap * LOG2E,
+            self.dropout.seed,
+            self.dropout.offset,
+            self.dropout.threshold,
+            self.dropout.keep_scale,
+            placeholder if self.attn_mask is None else self.attn_mask,
+            *((0, 0, 0, 0) if self.attn_mask is None else self.attn_mask.stride()),
+        )
+
+    @property
+    def has_softcap(self) -> bool:
+        return self.softcap is not None
+
+    @property
+    def has_alibi(self) -> bool:
+        return self.alibi_slopes is not None
+
+    @property
+    def has_seqlens(self) -> bool:
+        return self.seqlens_k is not None
+
+    @property
+    def bool_mask(self) -> bool:
+        return self.attn_mask is not None and self.attn_mask.dtype == torch.uint8
+
+    @property
+    def additive_mask(self) -> bool:
+        return self.attn_mask is not None and self.attn_mask.dtype != torch.uint8
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout.p > 0.0
+
+
+PLAIN = KernelVariants()
