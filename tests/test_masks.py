@@ -430,12 +430,12 @@ def test_a_left_padded_batch_with_a_hugging_face_mask_runs_tiled_and_matches_tor
         torch.testing.assert_close(a, b, atol=2e-5, rtol=0, msg=f"d{name}")
 
 
-def test_named_backends_refuse_the_variants_they_do_not_honour():
+def test_triton_takes_the_variants_and_refuses_a_mask_that_requires_grad():
     q = torch.randn(1, 1, 5, 16)
-    with pytest.raises(NotImplementedError, match="window, softcap not yet in the Triton kernels"):
-        fa.explain(q, q, q, window=(2, 0), softcap=3.0, backend="triton")
-    with pytest.raises(NotImplementedError, match="seqlens_k not yet in the Triton kernels"):
-        fa.flash_attention(q, q, q, seqlens_k=torch.tensor([3]), backend="triton")
+    assert fa.explain(q, q, q, window=(2, 0), softcap=3.0, backend="triton").backend == "triton"
+    assert fa.explain(q, q, q, seqlens_k=torch.tensor([3]), backend="triton").backend == "triton"
+    with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
+        fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True), backend="triton")
     p = fa.explain(q, q, q, window=(1, 0))
     assert p.backend == "parallel" and "1 tile of 1024 x 256: 0 visited whole, 1 visited with a tile mask" in p.reason
 

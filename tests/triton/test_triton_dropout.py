@@ -12,6 +12,7 @@ triton = pytest.importorskip("triton")
 import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 
+import flashattn_teach as fa  # noqa: E402
 from flashattn_teach import dropout as dp  # noqa: E402
 from flashattn_teach._options import make_options  # noqa: E402
 from flashattn_teach.triton import AttentionConfig, triton_attention  # noqa: E402
@@ -85,3 +86,18 @@ def test_dropout_drops_something_and_the_seed_follows_torch_manual_seed() -> Non
     assert torch.equal(call(), first)
     assert not torch.equal(call(), first)  # the generator moved on: a new key
     assert not torch.allclose(first, triton_attention(q, q, q, config=CONFIG))
+
+
+def test_the_api_sends_dropout_to_triton_with_the_calls_key():
+    """flash_attention(backend="triton") draws one key per call, as every backend does, so under one seed the
+    Triton call and the dense oracle drop the same weights (values and gradients)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, n, 32, generator=g, device=DEVICE) for h, n in ((4, 37), (2, 53), (2, 53)))
+    results = {}
+    for backend in ("triton", "dense"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(7)
+        O = fa.flash_attention(*leaves, causal=True, window=(9, 0), dropout_p=0.3, backend=backend)
+        results[backend] = (O, *torch.autograd.grad(O.square().sum(), leaves))
+    for name, got, expected in zip(("O", "dq", "dk", "dv"), results["triton"], results["dense"], strict=True):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4, msg=name)
