@@ -151,3 +151,24 @@ def test_compiled_model_makes_one_graph_for_five_lengths():
             )
         assert (got - expected)[mask.bool()].abs().max().item() < 1e-5
     assert counter.frame_count == 1
+
+
+def test_attention_dropout_in_training_runs_on_the_fast_path_and_follows_the_seed(backends):
+    config = copy.deepcopy(CONFIGS["llama"])
+    config.attention_dropout = 0.3
+    torch.manual_seed(0)
+    model = MODELS["llama"](config)
+    model.set_attn_implementation(register())
+    ids, mask = _left_padded_batch()
+
+    def logits(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits
+
+    model.train()
+    first, again, other = logits(1), logits(1), logits(2)
+    assert torch.equal(first, again) and not torch.allclose(first, other)
+    model.eval()  # no dropout: the seed no longer matters
+    assert torch.equal(logits(1), logits(2))
+    assert backends and "dense" not in backends

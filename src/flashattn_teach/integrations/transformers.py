@@ -23,7 +23,8 @@ rest of transformers' arguments onto the library's:
                                  chunk against a KV cache sees the whole cache)
     scaling                      scale
     softcap (Gemma 2)            softcap
-    dropout (training)           dropout_p (refused until the fused paths have dropout)
+    dropout (training)           dropout_p (the counter-based dropout of dropout.py, seeded by torch's
+                                 generator)
     output (B, N_q, H_q, D_v)    O transposed, as transformers' attention functions return it
 
 A query row that sees no key (a left-padding position) gives 0, where eager attention gives an average of
@@ -57,11 +58,6 @@ def attention_forward(
     """transformers' attention-function contract: ``query (B, H_q, N_q, D)``, ``key (B, H_kv, N_k, D)``,
     ``value (B, H_kv, N_k, D_v)`` -> ``(output (B, N_q, H_q, D_v), None)`` (no attention weights are kept).
     ``sliding_window`` and the other keyword arguments models pass are already in ``attention_mask``."""
-    if dropout:
-        raise AttentionValueError(
-            f"dropout={dropout} (module.training={module.training}): the fused paths have no dropout yet; "
-            "call model.eval() or set the config's attention_dropout to 0"
-        )
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         raise AttentionValueError(
             f"attention_mask of {attention_mask.dtype}: register() installs transformers' bool SDPA masks; "
@@ -77,6 +73,7 @@ def attention_forward(
         scale=scaling,
         softcap=softcap,
         attn_mask=attention_mask,
+        dropout_p=dropout,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
 
