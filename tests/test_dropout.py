@@ -223,12 +223,6 @@ def test_auto_runs_dropout_on_the_fast_path_and_explain_says_how_it_is_drawn():
     assert "Philox" not in fa.explain(q, q, q).reason
 
 
-def test_triton_refuses_dropout_naming_it():
-    q = torch.randn(1, 2, 8, 16)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        fa.flash_attention(q, q, q, dropout_p=0.1, backend="triton")
-
-
 @pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major", "dense"])
 def test_a_call_draws_one_key_from_torchs_generator(backend):
     """``torch.manual_seed`` fixes the key, and every backend's output is the oracle's at ``dropout.draw``'s key."""
