@@ -1,0 +1,99 @@
+"""Packed variable-length sequences in the Triton kernels (``VARLEN``): ``O``, ``lse`` and the gradients
+of ``q, k, v`` against the float64 dense oracle of :func:`flashattn_teach.flash_attention_varlen`, with
+empty sequences, a one-row one, lengths that cut tiles, ``len_q != len_k`` both ways, and grouped-query
+heads; plain, causal in both alignments, a window, softcap with per-sequence ALiBi slopes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+import torch  # noqa: E402
+from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
+
+import flashattn_teach as fa  # noqa: E402
+from flashattn_teach.triton import varlen as triton_varlen  # noqa: E402
+
+# (len_q, len_k) per sequence: empty, one query row, tiles cut in both axes, more queries than keys
+# (bottom-right causal then leaves rows that see nothing), keys but no queries
+LENGTHS = [(0, 3), (1, 9), (17, 33), (30, 20), (0, 5)]
+H_Q, H_KV, D = 4, 2, 16
+
+CASES = {
+    "plain": {},
+    "causal_bottom_right": {"causal": True, "causal_align": "bottom_right"},
+    "causal_top_left": {"causal": True, "causal_align": "top_left"},
+    "window": {"window": (5, 2), "causal_align": "bottom_right"},
+    "softcap_alibi": {"softcap": 2.0, "alibi_slopes": "per_sequence"},
+}
+
+
+def _packed(dtype: torch.dtype, seed: int = 0):
+    """``q, k, v`` packed ``(total, H, D)``, ``cu_seqlens`` int32 and the longest lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lq = torch.tensor([a for a, _ in LENGTHS])
+    lk = torch.tensor([b for _, b in LENGTHS])
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+    q = torch.randn(int(lq.sum()), H_Q, D, generator=g)
+    k = torch.randn(int(lk.sum()), H_KV, D, generator=g)
+    v = torch.randn(int(lk.sum()), H_KV, D, generator=g)
+    qkv = tuple(t.to(DEVICE, dtype) for t in (q, k, v))
+    return qkv, cu_q.to(DEVICE), cu_k.to(DEVICE), int(lq.max()), int(lk.max())
+
+
+def _kwargs(case: str) -> dict:
+    kw = dict(CASES[case])
+    if kw.get("alibi_slopes") == "per_sequence":  # (B, H_q): a different slope per sequence and head
+        kw["alibi_slopes"] = torch.linspace(0.05, 0.6, len(LENGTHS) * H_Q, device=DEVICE).reshape(len(LENGTHS), H_Q)
+    return kw
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_varlen_forward_and_backward_match_the_dense_oracle(case: str) -> None:
+    dtype = torch.float32
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed(dtype)
+    kw = _kwargs(case)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    O, lse = triton_varlen.triton_attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, return_lse=True, **kw)
+    dO = torch.randn(O.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    (O * dO).sum().backward()
+
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_kw = {n: (a.double() if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    O_ref, lse_ref = fa.flash_attention_varlen(
+        *ref_leaves, cu_q, cu_k, max_q, max_k, backend="dense", return_lse=True, **ref_kw
+    )
+    (O_ref * dO.double()).sum().backward()
+
+    rel = REL_TOL[dtype]
+    assert O.shape == O_ref.shape and lse.shape == lse_ref.shape == (H_Q, q.shape[0])
+    assert_close_scaled(O, O_ref, rel, f"{case}: O")
+    assert_close_scaled(lse, lse_ref, rel, f"{case}: lse")
+    for name, t, ref in zip("qkv", leaves, ref_leaves, strict=True):
+        assert t.grad is not None and ref.grad is not None
+        assert_close_scaled(t.grad, ref.grad, rel, f"{case}: d{name}")
+
+
+def test_varlen_backend_triton_routes_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed(torch.float32)
+    calls = []
+    real = triton_varlen.triton_varlen_forward
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fa.varlen, "triton_varlen_forward", spy)
+    O = fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, backend="triton")
+    assert len(calls) == 1
+    O_ref = fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, backend="dense")
+    assert_close_scaled(O, O_ref, REL_TOL[torch.float32], "backend='triton': O")
+
+
+def test_varlen_backend_triton_refuses_what_the_kernels_cannot_run() -> None:
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed(torch.float32)
+    with pytest.raises(fa.errors.AttentionValueError, match="float64"):
+        fa.flash_attention_varlen(q.double(), k.double(), v.double(), cu_q, cu_k, max_q, max_k, backend="triton")
