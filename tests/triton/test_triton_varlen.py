@@ -1,10 +1,15 @@
 """Packed variable-length sequences in the Triton kernels (``VARLEN``): ``O``, ``lse`` and the gradients
 of ``q, k, v`` against the float64 dense oracle of :func:`flashattn_teach.flash_attention_varlen`, with
 empty sequences, a one-row one, lengths that cut tiles, ``len_q != len_k`` both ways, and grouped-query
-heads; plain, causal in both alignments, a window, softcap with per-sequence ALiBi slopes.
+heads; plain, causal in both alignments, a window, softcap with per-sequence ALiBi slopes. The three
+kernels with ``VARLEN`` compile ahead of time for sm_90 (fp16, head dim 64) without spills.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +102,31 @@ def test_varlen_backend_triton_refuses_what_the_kernels_cannot_run() -> None:
     (q, k, v), cu_q, cu_k, max_q, max_k = _packed(torch.float32)
     with pytest.raises(fa.errors.AttentionValueError, match="float64"):
         fa.flash_attention_varlen(q.double(), k.double(), v.double(), cu_q, cu_k, max_q, max_k, backend="triton")
+
+
+# Compiles the varlen forward, dK/dV and dQ kernels for sm_90 (fp16, head dim 64, causal, two packed
+# sequences) as the launcher would, and prints each kernel's problems (spills, registers, shared memory).
+_AOT_SCRIPT = """
+import torch
+from flashattn_teach.triton.configs import shipped_config
+from flashattn_teach.triton.inspect import compile_kernel
+from flashattn_teach.triton.variants import KernelVariants
+cu = torch.tensor([0, 4000, 8192], dtype=torch.int32)
+var = KernelVariants(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4192, max_seqlen_k=4192)
+for kernel in ("forward", "backward_dkdv", "backward_dq"):
+    c = getattr(shipped_config(64, torch.float16, "sm90", variants=True), kernel)
+    r = compile_kernel(kernel, "sm90", torch.float16, 64, c, variants=var)
+    print(kernel, r.mma, r.problems())
+"""
+
+
+def test_varlen_kernels_compile_for_sm90_without_spills() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = done.stdout.split("\n")[:3]
+    assert [row.split(" ", 2) for row in rows] == [
+        [kernel, "HGMMA", "[]"] for kernel in ("forward", "backward_dkdv", "backward_dq")
+    ], done.stdout
