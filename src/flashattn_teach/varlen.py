@@ -29,7 +29,7 @@ from ._validate_varlen import (
     check_packed_qkv,
     check_same_batch,
 )
-from .api import _run, plan
+from .api import _dense_only, _run, plan
 from .masks import MaskSpec
 from .triton.varlen import triton_varlen_forward, varlen_unsupported_reason
 
@@ -214,9 +214,12 @@ def flash_attention_varlen(
         softcap=softcap,
         alibi_slopes=slopes,
     )
-    if backend == "auto" and q.is_cuda and varlen_unsupported_reason(qh, kh, vh, opts) is None:
+    needs_dense = _dense_only(opts)
+    if backend == "auto" and q.is_cuda and needs_dense is None and varlen_unsupported_reason(qh, kh, vh, opts) is None:
         backend = "triton"  # the fused kernels, whenever they can run the call
     if backend == "triton":
+        if needs_dense is not None:
+            raise NotImplementedError(f"backend='triton' cannot run this call: {needs_dense}; use 'dense' or 'auto'")
         O, lse = triton_varlen_forward(qh, kh, vh, opts, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     else:
         O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)

@@ -102,6 +102,9 @@ def test_varlen_backend_triton_refuses_what_the_kernels_cannot_run() -> None:
     (q, k, v), cu_q, cu_k, max_q, max_k = _packed(torch.float32)
     with pytest.raises(fa.errors.AttentionValueError, match="float64"):
         fa.flash_attention_varlen(q.double(), k.double(), v.double(), cu_q, cu_k, max_q, max_k, backend="triton")
+    slopes = torch.full((H_Q,), 0.25, device=DEVICE, requires_grad=True)  # only the dense path differentiates
+    with pytest.raises(NotImplementedError, match="alibi_slopes requires grad"):
+        fa.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes, backend="triton")
 
 
 # Compiles the varlen forward, dK/dV and dQ kernels for sm_90 (fp16, head dim 64, causal, two packed
