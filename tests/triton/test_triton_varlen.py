@@ -133,3 +133,21 @@ def test_varlen_kernels_compile_for_sm90_without_spills() -> None:
     assert [row.split(" ", 2) for row in rows] == [
         [kernel, "HGMMA", "[]"] for kernel in ("forward", "backward_dkdv", "backward_dq")
     ], done.stdout
+
+
+@pytest.mark.parametrize("lengths", [([0, 0], [3, 4]), ([2, 3], [0, 0])], ids=["no_queries", "no_keys"])
+def test_varlen_without_queries_or_keys(lengths: tuple[list[int], list[int]]) -> None:
+    """No query rows (an empty O, dK = dV = 0) or no keys (O = 0, lse = -inf, dQ = 0)."""
+    g = torch.Generator().manual_seed(0)
+    lq, lk = lengths
+    cu_q = torch.tensor([0, lq[0], lq[0] + lq[1]], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, lk[0], lk[0] + lk[1]], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lq), H_Q, D, generator=g).to(DEVICE).requires_grad_()
+    k = torch.randn(sum(lk), H_KV, D, generator=g).to(DEVICE).requires_grad_()
+    v = torch.randn(sum(lk), H_KV, D, generator=g).to(DEVICE).requires_grad_()
+    O, lse = triton_varlen.triton_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True)
+    O.sum().backward()
+    assert O.shape == (sum(lq), H_Q, D) and lse.shape == (H_Q, sum(lq))
+    assert torch.all(O == 0) and torch.all(torch.isneginf(lse))
+    for t in (q, k, v):
+        assert t.grad is not None and torch.all(t.grad == 0)
