@@ -29,8 +29,9 @@ from ._validate_varlen import (
     check_packed_qkv,
     check_same_batch,
 )
-from .api import _run, plan
+from .api import _dense_only, _run, plan
 from .masks import MaskSpec
+from .triton.varlen import triton_varlen_forward, varlen_unsupported_reason
 
 
 def _packed_options(
@@ -175,9 +176,11 @@ def flash_attention_varlen(
         alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |i' + off_b - j'|`` added to the scores, in
             each sequence's coordinates. Not differentiated except by ``backend="dense"``.
         dropout_p: only 0.0 for now (anything else raises ``NotImplementedError``).
-        backend: ``"auto"`` (the threaded CPU path, or the query-major reference under a torch.func
-            transform or for CUDA tensors), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"``
-            (the oracle, holding ``H_q x total_q x total_k`` scores). ``"triton"`` is refused for now.
+        backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
+            CPU path, or the query-major reference under a torch.func transform or for other CUDA
+            tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
+            ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"`` (the oracle, holding
+            ``H_q x total_q x total_k`` scores).
         return_lse: also return ``lse`` of shape ``(H_q, total_q)`` (flash-attn's layout), float32
             (float64 for float64 inputs).
 
@@ -196,12 +199,6 @@ def flash_attention_varlen(
     slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
     check_packed_dropout(dropout_p)
     lse_wanted = check_bool("return_lse", return_lse)
-    if backend == "triton":
-        raise NotImplementedError(
-            "flash_attention_varlen has no Triton backend yet; use backend='auto' or a CPU backend "
-            "('parallel', 'online', 'key_major', 'dense')"
-        )
-
     # (total, H, D) -> (H, total, D): one batch element whose sequence axis is the packed axis (views).
     qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
     opts = _packed_options(
@@ -217,6 +214,14 @@ def flash_attention_varlen(
         softcap=softcap,
         alibi_slopes=slopes,
     )
-    O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
+    needs_dense = _dense_only(opts)
+    if backend == "auto" and q.is_cuda and needs_dense is None and varlen_unsupported_reason(qh, kh, vh, opts) is None:
+        backend = "triton"  # the fused kernels, whenever they can run the call
+    if backend == "triton":
+        if needs_dense is not None:
+            raise NotImplementedError(f"backend='triton' cannot run this call: {needs_dense}; use 'dense' or 'auto'")
+        O, lse = triton_varlen_forward(qh, kh, vh, opts, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
+    else:
+        O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
     return (O, lse) if lse_wanted else O

@@ -10,6 +10,7 @@ Layers, each in its own file:
     variants.py   a call's variants as the kernels' flags and arguments
     launch.py     validate, allocate, launch
     autograd.py   the differentiable function (saves q, k, v, O, lse)
+    varlen.py     packed variable-length sequences (flash-attn's varlen) through the same kernels
     autotune.py   optional: time candidate configurations, keep the fastest
     inspect.py    ahead-of-time compilation report (``flashattn-teach kernels``)
 
@@ -30,6 +31,7 @@ from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
 from .variants import SUPPORTED, KernelVariants
+from .varlen import triton_attention_varlen
 
 __all__ = [
     "TEST_CONFIG",
@@ -38,6 +40,7 @@ __all__ = [
     "shapes_unsupported_reason",
     "shipped_config",
     "triton_attention",
+    "triton_attention_varlen",
     "triton_forward",
     "unsupported_reason",
     "variants_unsupported_reason",

@@ -34,7 +34,14 @@ from triton import language as tl
 
 from .dropout import _dropout_keep
 from .forward import LOG2E, _causal_key_range
-from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range, _window_query_range
+from .masking import (
+    _attn_mask_tile,
+    _in_window,
+    _modify_scores,
+    _sequence,
+    _window_key_range,
+    _window_query_range,
+)
 from .tiles import _load_block, _load_block_T, _store_block
 
 
@@ -117,6 +124,7 @@ def _attn_bwd_dkdv_inner(
     DO_group,
     LSE_group,
     DELTA_group,
+    stride_lse_h,  # the head stride of lse and delta
     stride_qh,
     stride_qn,
     stride_qd,
@@ -185,7 +193,7 @@ def _attn_bwd_dkdv_inner(
         rows = tl.cast(start, tl.int64)
         Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
         DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
-        stats = tl.cast(g, tl.int64) * N_q + rows  # lse and delta are (B, H_q, N_q) contiguous
+        stats = tl.cast(g, tl.int64) * stride_lse_h + rows
         in_q = start + offs_m < N_q
         # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
         qT = _load_block_T(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
@@ -313,6 +321,9 @@ def _attn_bwd_dkdv(
     stride_mask_h,
     stride_mask_m,
     stride_mask_n,
+    CU_SEQLENS_Q,
+    CU_SEQLENS_K,
+    stride_lse_h,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -330,6 +341,7 @@ def _attn_bwd_dkdv(
     DROPOUT: tl.constexpr = False,
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -340,6 +352,22 @@ def _attn_bwd_dkdv(
     start_n = (pid % n_blocks) * BLOCK_N
     b = (bh // H_kv).to(tl.int64)
     h_kv = (bh % H_kv).to(tl.int64)
+    h0 = h_kv * GROUP  # the group's first query head; its GROUP heads are summed here rather than with atomics
+    LSE_group = LSE + (b * H_q + h0) * stride_lse_h  # lse and delta (B, H_q, N_q) contiguous
+    DELTA_group = DELTA + (b * H_q + h0) * stride_lse_h
+    if VARLEN:
+        # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        if start_n >= N_k:
+            return  # a key block past this sequence's end
+        Q = Q + q_start * stride_qn
+        DO = DO + q_start * stride_don
+        K = K + k_start * stride_kn
+        V = V + k_start * stride_vn
+        DK = DK + k_start * stride_dkn
+        DV = DV + k_start * stride_dvn
+        LSE_group = LSE + h0 * stride_lse_h + q_start  # lse and delta (H_q, total_q)
+        DELTA_group = DELTA + h0 * stride_lse_h + q_start
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -353,12 +381,8 @@ def _attn_bwd_dkdv(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    # the group's first query head; its GROUP heads are summed here rather than with atomics
-    h0 = h_kv * GROUP
     Q_group = Q + b * stride_qb + h0 * stride_qh
     DO_group = DO + b * stride_dob + h0 * stride_doh
-    LSE_group = LSE + (b * H_q + h0) * N_q
-    DELTA_group = DELTA + (b * H_q + h0) * N_q
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
     MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
     if WINDOW:
@@ -374,7 +398,7 @@ def _attn_bwd_dkdv(
     # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
     # ragged last block (and the window's left side)
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
@@ -384,7 +408,7 @@ def _attn_bwd_dkdv(
         WITH_DK, WITH_DV, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
@@ -394,7 +418,7 @@ def _attn_bwd_dkdv(
         WITH_DK, WITH_DV, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group,
+        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
@@ -603,6 +627,9 @@ def _attn_bwd_dq(
     stride_mask_h,
     stride_mask_m,
     stride_mask_n,
+    CU_SEQLENS_Q,
+    CU_SEQLENS_K,
+    stride_lse_h,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -618,6 +645,7 @@ def _attn_bwd_dq(
     DROPOUT: tl.constexpr = False,
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
@@ -631,6 +659,18 @@ def _attn_bwd_dq(
     b = (bh // H_q).to(tl.int64)
     h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
+    stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse and delta are (B, H_q, N_q) contiguous
+    if VARLEN:
+        # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        if start_m >= N_q:
+            return  # a query block past this sequence's end
+        Q = Q + q_start * stride_qn
+        DO = DO + q_start * stride_don
+        DQ = DQ + q_start * stride_dqn
+        K = K + k_start * stride_kn
+        V = V + k_start * stride_vn
+        stats = h * stride_lse_h + q_start + start_m  # lse and delta (H_q, total_q)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -643,7 +683,6 @@ def _attn_bwd_dq(
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
     q = _load_block(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
-    stats = bh.to(tl.int64) * N_q + rows  # lse and delta are (B, H_q, N_q) contiguous
     lse2 = _load_lse2(LSE + stats, offs_m, in_q)
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -31,7 +31,7 @@ import triton
 from triton import language as tl
 
 from .dropout import _dropout_keep
-from .masking import _attn_mask_tile, _in_window, _modify_scores, _window_key_range
+from .masking import _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
 from .tiles import _load_block, _store_block
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
@@ -263,6 +263,9 @@ def _attn_fwd(
     stride_mask_h,
     stride_mask_m,
     stride_mask_n,
+    CU_SEQLENS_Q,
+    CU_SEQLENS_K,
+    stride_lse_h,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -280,6 +283,7 @@ def _attn_fwd(
     DROPOUT: tl.constexpr = False,
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -296,6 +300,12 @@ def _attn_fwd(
     ``dropout_threshold`` of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``.
     ``BOOL_MASK`` (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any
     strides (0 where it broadcasts).
+
+    ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
+    ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
+    ``N_q, N_k`` are ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right
+    alignment and 0 for top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``stride_lse_h`` (without
+    ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
@@ -307,6 +317,17 @@ def _attn_fwd(
     b = pid_bh // H_q
     h = pid_bh % H_q
     h_kv = h // GROUP
+    LSE_head = LSE + pid_bh.to(tl.int64) * stride_lse_h  # lse (B, H_q, N_q) contiguous
+    if VARLEN:
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        if start_m >= N_q:
+            return  # a query block past this sequence's end (the grid spans the longest one)
+        # the batch strides are 0: the sequence's start rows move the bases instead
+        Q = Q + q_start * stride_qn
+        O = O + q_start * stride_on
+        K = K + k_start * stride_kn
+        V = V + k_start * stride_vn
+        LSE_head = LSE + h.to(tl.int64) * stride_lse_h + q_start  # lse (H_q, total_q)
     # 64-bit: batch and head offsets of large tensors overflow int32
     Q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     O_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -461,6 +482,6 @@ def _attn_fwd(
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    tl.store(LSE + pid_bh.to(tl.int64) * N_q + offs_m, lse, mask=in_q)
+    tl.store(LSE_head + offs_m, lse, mask=in_q)
     O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
     _store_block(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)

@@ -85,10 +85,28 @@ def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
     return t.reshape(B, heads, t.shape[-2], t.shape[-1])
 
 
-def _strides(t: Tensor) -> tuple[int, int, int, int]:
-    """The strides of a ``(B, H, N, X)`` tensor, in the order the kernels take them."""
+def _strides(t: Tensor, varlen: bool = False) -> tuple[int, int, int, int]:
+    """The strides of a ``(B, H, N, X)`` tensor, in the order the kernels take them. With packed
+    sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose start
+    row moves the base pointer instead: the batch stride is passed as 0."""
     b, h, n, x = t.stride()
-    return b, h, n, x
+    return 0 if varlen else b, h, n, x
+
+
+def _grid_lengths(s: AttentionShapes, variants: KernelVariants) -> tuple[int, int]:
+    """``(N_q, N_k)`` as the kernels take them: the longest sequences with packed sequences (the grid's
+    extent; each program reads its own lengths), else the shapes'."""
+    if variants.varlen:
+        return variants.max_seqlen_q, variants.max_seqlen_k
+    return s.N_q, s.N_k
+
+
+def _offset(s: AttentionShapes, causal_align: str, variants: KernelVariants) -> int:
+    """The kernels' ``OFFSET``: the diagonal offset, or with packed sequences 1 for bottom-right alignment
+    and 0 for top-left (each program multiplies it by its sequence's ``N_k - N_q``)."""
+    if variants.varlen:
+        return int(causal_align == "bottom_right")
+    return diagonal_offset(s.N_q, s.N_k, causal_align)
 
 
 def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
@@ -180,12 +198,14 @@ def forward(
     c = config.forward
     check_tile_offsets("forward", c.BLOCK_M, q=q, o=o)
     check_tile_offsets("forward", c.BLOCK_N, k=k, v=v)
-    tma = use_tma(c, k, v)
+    tma = use_tma(c, k, v) and not variants.varlen  # a sequence's rows end inside the tensor: no TMA box
+    var = variants.varlen
+    N_q, N_k = _grid_lengths(s, variants)
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     K_src = _descriptor(k, c.BLOCK_N, D_pad) if tma else k
     V_src = _descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     # one program per (query block, batch, head), the query block fastest (see _attn_fwd)
-    grid = (triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)
+    grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
     # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see _attn_fwd)
     signed = variants.modifies_scores
     _attn_fwd[grid](
@@ -194,16 +214,16 @@ def forward(
         V_src,
         o,
         lse,
-        *_strides(q),
-        *_strides(k),
-        *_strides(v),
-        *_strides(o),
+        *_strides(q, var),
+        *_strides(k, var),
+        *_strides(v, var),
+        *_strides(o, var),
         s.H_q,
-        s.N_q,
-        s.N_k,
+        N_q,
+        N_k,
         s.group,
         (s.scale if signed else abs(s.scale)) * LOG2E.value,
-        diagonal_offset(s.N_q, s.N_k, causal_align),
+        _offset(s, causal_align, variants),
         *variants.args(lse),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
@@ -222,6 +242,7 @@ def forward(
         DROPOUT=variants.has_dropout,
         BOOL_MASK=variants.bool_mask,
         ADD_MASK=variants.additive_mask,
+        VARLEN=var,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -256,7 +277,10 @@ def backward(
     dkdv_config, dq_config = check_backward_config(config, q, s)
     B = q.shape[0]
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
-    offset = diagonal_offset(s.N_q, s.N_k, causal_align)
+    offset = _offset(s, causal_align, variants)
+    var = variants.varlen
+    N_q, N_k = _grid_lengths(s, variants)
+    n_seq = variants.batch(B)
     qk_scale = s.scale * LOG2E.value
     precision = dot_precision(q.dtype)
 
@@ -288,7 +312,7 @@ def backward(
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
     # one launch computing dK and dV, or (``split``) one for dK and one for dV
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
-        _attn_bwd_dkdv[(triton.cdiv(s.N_k, c.BLOCK_N) * B * s.H_kv,)](
+        _attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
             q,
             k,
             v,
@@ -297,16 +321,16 @@ def backward(
             delta,
             dk,
             dv,
-            *_strides(q),
-            *_strides(k),
-            *_strides(v),
-            *_strides(do),
-            *_strides(dk),
-            *_strides(dv),
+            *_strides(q, var),
+            *_strides(k, var),
+            *_strides(v, var),
+            *_strides(do, var),
+            *_strides(dk, var),
+            *_strides(dv, var),
             s.H_q,
             s.H_kv,
-            s.N_q,
-            s.N_k,
+            N_q,
+            N_k,
             s.group,
             s.scale,
             qk_scale,
@@ -329,6 +353,7 @@ def backward(
             DROPOUT=variants.has_dropout,
             BOOL_MASK=variants.bool_mask,
             ADD_MASK=variants.additive_mask,
+            VARLEN=var,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -337,7 +362,7 @@ def backward(
     c = dq_config
     check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
-    _attn_bwd_dq[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
+    _attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
         q,
         k,
         v,
@@ -345,14 +370,14 @@ def backward(
         lse,
         delta,
         dq,
-        *_strides(q),
-        *_strides(k),
-        *_strides(v),
-        *_strides(do),
-        *_strides(dq),
+        *_strides(q, var),
+        *_strides(k, var),
+        *_strides(v, var),
+        *_strides(do, var),
+        *_strides(dq, var),
         s.H_q,
-        s.N_q,
-        s.N_k,
+        N_q,
+        N_k,
         s.group,
         s.scale,
         qk_scale,
@@ -373,6 +398,7 @@ def backward(
         DROPOUT=variants.has_dropout,
         BOOL_MASK=variants.bool_mask,
         ADD_MASK=variants.additive_mask,
+        VARLEN=var,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

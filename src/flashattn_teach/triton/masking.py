@@ -16,6 +16,10 @@ three runs (and the query blocks a key block meets, likewise):
     [full_end, end)            masked: the right bound, the ragged last block
     outside [begin, end)       never visited (SKIP)
 
+Packed sequences (``VARLEN``): the grid's batch index is the sequence b, and :func:`_sequence` gives its
+start rows, its lengths (which take the place of ``N_q, N_k``) and its ``OFFSET``; every range above is
+then in the sequence's own coordinates, as the window and the ALiBi distance are (``packed.py``).
+
 ``seqlens_k`` needs no range function of its own: a program reads ``seqlens_k[b]`` and uses it in place
 of ``N_k`` for its key bounds, while ``OFFSET`` stays that of ``N_q`` and ``N_k``.
 
@@ -69,6 +73,18 @@ def _window_query_range(start_n, N_q, OFFSET, LEFT, RIGHT, BLOCK_M: tl.constexpr
     # ... and its last row sees the first key (left bound) iff r0 + BLOCK_M - 1 <= start_n - OFFSET + LEFT
     full_end = (tl.minimum(tl.maximum(start_n - OFFSET + LEFT + 1, 0), N_q) // BLOCK_M) * BLOCK_M
     return begin, full_begin, tl.maximum(full_end, full_begin), end
+
+
+@triton.jit
+def _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, BOTTOM_RIGHT):
+    """``(q_start, k_start, N_q, N_k, OFFSET)`` of packed sequence ``b``: its first query and key rows on
+    the packed axis (64-bit, to move base pointers), its lengths, and its diagonal offset (``N_k - N_q``
+    when ``BOTTOM_RIGHT`` is 1, 0 when it is 0: flash-attn's per-sequence causal alignment)."""
+    q_start = tl.load(CU_SEQLENS_Q + b)
+    k_start = tl.load(CU_SEQLENS_K + b)
+    N_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
+    N_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+    return q_start.to(tl.int64), k_start.to(tl.int64), N_q, N_k, BOTTOM_RIGHT * (N_k - N_q)
 
 
 @triton.jit

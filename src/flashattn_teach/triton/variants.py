@@ -5,11 +5,12 @@ The kernels take, after ``OFFSET``::
 
     SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
     seed, dropout_offset, dropout_threshold, keep_scale,
-    ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n
+    ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
+    CU_SEQLENS_Q, CU_SEQLENS_K, stride_lse_h
 
-and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK`` (see :mod:`.masking` and
-:mod:`.dropout`). A variant that is not set passes a placeholder pointer that is never read, so a call
-without variants compiles to the plain kernel.
+and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
+:mod:`.masking`, :mod:`.dropout` and :mod:`.varlen`). A variant that is not set passes a placeholder
+pointer that is never read, so a call without variants compiles to the plain kernel.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class KernelVariants:
     the query's device, in the dtypes the kernels read (float32, int32); ``dropout``: the key of
     :mod:`flashattn_teach.dropout` (``p = 0``: none), the same in the forward and the backward;
     ``attn_mask (B, H_q, N_q, N_k)``: the user's mask as a view with stride 0 along broadcast dims (a
-    bool mask viewed as uint8), copied only when several batch dims broadcast unevenly."""
+    bool mask viewed as uint8), copied only when several batch dims broadcast unevenly; ``cu_seqlens_q,
+    cu_seqlens_k (B + 1,)`` int32 and ``max_seqlen_q, max_seqlen_k``: packed sequences (``VARLEN``, set by
+    :mod:`.varlen`), whose batch index is the sequence."""
 
     window: bool = False
     left: int = UNBOUNDED
@@ -50,6 +53,10 @@ class KernelVariants:
     seqlens_k: Tensor | None = None
     dropout: DropoutKey = NO_DROPOUT
     attn_mask: Tensor | None = None
+    cu_seqlens_q: Tensor | None = None
+    cu_seqlens_k: Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
 
     @staticmethod
     def from_spec(spec: MaskSpec, dropout: DropoutKey = NO_DROPOUT) -> KernelVariants:
@@ -82,7 +89,9 @@ class KernelVariants:
     @property
     def used(self) -> bool:
         """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
-        return self.window or self.modifies_scores or self.has_seqlens or self.has_dropout or self.bool_mask
+        return (
+            self.window or self.modifies_scores or self.has_seqlens or self.has_dropout or self.bool_mask or self.varlen
+        )
 
     @property
     def modifies_scores(self) -> bool:
@@ -91,7 +100,8 @@ class KernelVariants:
         return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask
 
     def args(self, placeholder: Tensor) -> tuple[object, ...]:
-        """The runtime arguments after ``OFFSET``; ``placeholder`` stands for an unset pointer."""
+        """The runtime arguments after ``OFFSET``; ``placeholder``, the call's lse (whose last dimension is
+        its head stride), stands for an unset pointer."""
         slopes = placeholder if self.alibi_slopes is None else self.alibi_slopes
         # a (1, H_q) table serves every batch element: stride 0 along the batch
         stride_b = 0 if self.alibi_slopes is None or slopes.shape[0] == 1 else slopes.stride(0)
@@ -110,6 +120,9 @@ class KernelVariants:
             self.dropout.keep_scale,
             placeholder if self.attn_mask is None else self.attn_mask,
             *((0, 0, 0, 0) if self.attn_mask is None else self.attn_mask.stride()),
+            placeholder if self.cu_seqlens_q is None else self.cu_seqlens_q,
+            placeholder if self.cu_seqlens_k is None else self.cu_seqlens_k,
+            placeholder.shape[-1],
         )
 
     @property
@@ -123,6 +136,14 @@ class KernelVariants:
     @property
     def has_seqlens(self) -> bool:
         return self.seqlens_k is not None
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    def batch(self, B: int) -> int:
+        """The grid's batch extent: the number of packed sequences, or ``B``."""
+        return B if self.cu_seqlens_q is None else self.cu_seqlens_q.shape[0] - 1
 
     @property
     def bool_mask(self) -> bool:

@@ -1,0 +1,112 @@
+"""Packed variable-length sequences (flash-attn's varlen) in the fused kernels.
+
+:func:`flashattn_teach.flash_attention_varlen` views the packed ``(total, H, D)`` tensors as one batch
+element ``(H, total, D)``; the kernels see it as ``(1, H, total, D)`` and run with ``VARLEN``: the grid's
+batch index becomes the sequence b, ``cdiv(max_seqlen, BLOCK) * B * H`` programs, each reading
+``cu_seqlens[b], cu_seqlens[b + 1]`` for its sequence's rows, lengths and causal offset, and leaving at
+once when its block starts past the sequence's end (see :func:`~.masking._sequence`). Tiles across two
+sequences are never formed, so the work is that of B separate calls in one launch.
+
+Like the rest of the package this file does not import triton; the kernels are imported on first launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from .._options import AttentionOptions
+from ..errors import AttentionError, AttentionValueError
+from .configs import AttentionConfig
+from .variants import SUPPORTED, KernelVariants
+
+
+def varlen_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
+    """None if the kernels can run this packed call (``(H, total, D)`` views, ``opts`` from
+    ``varlen._packed_options``), else a short reason. Never raises."""
+    from . import shapes_unsupported_reason
+
+    reason = shapes_unsupported_reason(q, k, v, opts.shapes)
+    if reason is not None:
+        return reason
+    missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
+    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+
+
+def triton_varlen_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    opts: AttentionOptions,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    config: AttentionConfig | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(O (H_q, total_q, D_v), lse (H_q, total_q))`` of validated ``(H, total, D)`` views by the fused
+    kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call."""
+    from . import _triton_installed, launch
+    from .autograd import TritonAttentionFunction
+
+    if not _triton_installed():
+        raise AttentionError("backend='triton' needs the triton package, which is not installed")
+    reason = varlen_unsupported_reason(q, k, v, opts)
+    if reason is not None:
+        raise AttentionValueError(reason)
+    s = opts.shapes
+    variants = replace(
+        KernelVariants.from_spec(opts.mask),
+        cu_seqlens_q=cu_seqlens_q.to(torch.int32).contiguous(),
+        cu_seqlens_k=cu_seqlens_k.to(torch.int32).contiguous(),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
+    if config is None:
+        config = launch.default_config(q, s, variants)
+    if launch.needs_grad(q, k, v):
+        launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
+    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config, variants)
+    return O, lse
+
+
+def triton_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`flashattn_teach.flash_attention_varlen` with ``backend="triton"`` (see there)."""
+    from ..varlen import flash_attention_varlen
+
+    return flash_attention_varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        backend="triton",
+        return_lse=return_lse,
+    )
