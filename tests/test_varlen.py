@@ -339,8 +339,6 @@ def test_gqa_heads_that_do_not_divide_are_refused():
         fa.flash_attention_varlen(**args)
 
 
-def test_dropout_and_triton_are_refused_with_the_reason():
+def test_dropout_is_refused_with_the_reason():
     with pytest.raises(NotImplementedError, match=r"dropout.*dropout_p=0.0"):
         fa.flash_attention_varlen(**good(), dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match=r"no Triton backend"):
-        fa.flash_attention_varlen(**good(), backend="triton")
