@@ -82,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seqlens-k", type=counts, default=None, metavar="N[,N...]", help="key lengths, one or one per batch"
     )
+    parser.add_argument(
+        "--cu-seqlens",
+        type=counts,
+        default=None,
+        metavar="0,N1,...,N",
+        help="packed sequences: their boundaries on the sequence axis (batch 1)",
+    )
     masks = parser.add_mutually_exclusive_group()
     masks.add_argument(
         "--pad-left", type=counts, default=None, metavar="K[,K...]", help="HF left padding: hide the first K keys"
@@ -145,6 +152,7 @@ class MaskOptions:
     alibi_slopes: torch.Tensor | None
     seqlens_k: torch.Tensor | None
     attn_mask: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None
 
 
 def _load_mask(path: Path) -> torch.Tensor:
@@ -176,6 +184,7 @@ def make_mask_options(args: argparse.Namespace) -> MaskOptions:
         alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64),
         seqlens_k=None if lengths is None else torch.tensor(lengths),
         attn_mask=attn_mask,
+        cu_seqlens=None if args.cu_seqlens is None else torch.tensor(args.cu_seqlens),
     )
 
 
@@ -252,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
             alibi_slopes=masks.alibi_slopes,
             seqlens_k=masks.seqlens_k,
             attn_mask=masks.attn_mask,
+            cu_seqlens=masks.cu_seqlens,
         )
         problem = _output_error(r, args)
         if problem is not None:

@@ -30,7 +30,7 @@ a time, never stored.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import islice
 
@@ -39,8 +39,9 @@ from torch import Tensor
 
 from .. import online_softmax as osm
 from .._layout import compute_dtype
-from .._options import make_options
-from .._validate import validate_block_sizes
+from .._options import AttentionOptions, make_options
+from .._validate import check_window, validate_block_sizes
+from .._validate_varlen import check_cu_seqlens
 from ..causal import TileKind
 from ..errors import AttentionTypeError, AttentionValueError
 from ..masks import MaskSpec, Tiling
@@ -300,6 +301,7 @@ def replay(
     alibi_slopes: float | Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -317,6 +319,9 @@ def replay(
         attn_mask: bool (True: visible) or additive, broadcastable to ``(B, N_q, N_k)``, e.g. ``(N_q, N_k)``
             or a left-padding mask ``(B, 1, N_k)``; a 4-D mask is read as Hugging Face's
             ``(B, 1, N_q, N_k)``.
+        cu_seqlens: packed sequences (flash-attn's varlen layout) along the one batch element's sequence
+            axis, ``(S + 1,)`` boundaries from 0 to ``N`` (``N_q = N_k``): each query sees only the keys of its
+            own sequence, causal and the window aligned per sequence (see ``packed.py``); needs ``B = 1``.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
@@ -357,6 +362,8 @@ def replay(
         alibi_slopes=_slopes(alibi_slopes, B),
         seqlens_k=seqlens_k,
     )
+    if cu_seqlens is not None:
+        opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
     dt = compute_dtype(q.dtype)
     q2, k2, v2 = (_pick(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
@@ -400,3 +407,29 @@ def replay(
         mask=opts.mask,
         batch_index=batch_index,
     )
+
+
+def _packed(
+    opts: AttentionOptions, q: Tensor, cu_seqlens: Tensor, B: int, causal_align: str, window: tuple[int, int] | None
+) -> AttentionOptions:
+    """``opts`` with the packed sequences of ``cu_seqlens`` in the mask contract (the same boundaries for the
+    queries and the keys, as in self-attention over a packed batch)."""
+    s = opts.shapes
+    if B != 1 or s.N_q != s.N_k:
+        raise AttentionValueError(
+            f"cu_seqlens packs sequences along one sequence axis: it needs B = 1 and N_q = N_k, got B={B}, "
+            f"N_q={s.N_q}, N_k={s.N_k}"
+        )
+    cu = check_cu_seqlens("cu_seqlens", cu_seqlens, s.N_q, "N", q.device)
+    mask = MaskSpec.build(
+        s,
+        q.dtype,
+        causal=opts.causal,
+        causal_align=causal_align,
+        window=check_window(window),
+        softcap=opts.mask.softcap,
+        alibi_slopes=opts.mask.alibi_slopes,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+    )
+    return replace(opts, mask=mask)
