@@ -11,7 +11,7 @@ batch element and one query head, the replay records:
    keys per tile from ``s0`` on, masked in global key positions (row ``i`` at ``L - N_new + i``), exactly
    as the prefill replay's :class:`~.steps.Steps`; then the range's partial result
    ``O_s = acc / l_i`` and ``lse_s = m_i + log(l_i)`` (``-inf`` for a row that sees no key of the range);
-2. per merge of the running result ``(O_a, lse_a)`` with the next range's ``(O_b, lse_b)``
+2. per merge (:mod:`.decode_merges`) of the running result ``(O_a, lse_a)`` with the next range's ``(O_b, lse_b)``
    (:func:`flashattn_teach.merge_attention_states`)::
 
        lse = log(exp(lse_a) + exp(lse_b)),   w_a = exp(lse_a - lse),   w_b = exp(lse_b - lse),
@@ -46,9 +46,9 @@ from .._validate_decode import (
 )
 from ..errors import AttentionValueError
 from ..masks import MaskSpec
-from ..merge import merge_attention_states
 from ..reference.dense import dense_forward
 from ..splitkv import default_num_splits, split_ranges
+from .decode_merges import MergeStep, check_merge_order, fold_merges
 from .inputs import check_index
 from .schedule import Schedule, visited_key_blocks
 from .steps import Steps, TileStep
@@ -83,25 +83,6 @@ class SplitReplay:
         for step in self.steps:
             c0, c1 = step.cols
             yield replace(step, cols=(s0 + c0, s0 + c1), completed_columns=s0 + c0)
-
-
-@dataclass(frozen=True)
-class MergeStep:
-    """Merge ``index``: ``(O_a, lse_a)`` of the splits ``merged`` with ``(O_b, lse_b)`` of split ``split``.
-
-    ``lse_a, lse_b, lse, w_a, w_b`` are ``(N_new,)``, ``O`` is ``(N_new, D_v)``; ``max_diff`` is
-    ``max |O - O_final|`` over every row."""
-
-    index: int
-    merged: tuple[int, ...]
-    split: int
-    lse_a: Tensor
-    lse_b: Tensor
-    lse: Tensor
-    w_a: Tensor
-    w_b: Tensor
-    O: Tensor
-    max_diff: float
 
 
 @dataclass(frozen=True)
@@ -238,43 +219,6 @@ def _split(
     return SplitReplay(index=s, keys=keys, steps=steps, O_s=O_s, lse_s=osm.log_sum_exp(m_i, l_i))
 
 
-def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
-    """``w_a = exp(lse_a - lse)``, ``w_b = exp(lse_b - lse)``; 0 and 0 for a row that saw no key in either
-    (``lse = -inf``: subtract 0 instead, as ``merge.py`` does, so no NaN)."""
-    lse_safe = torch.where(torch.isneginf(lse), 0.0, lse)
-    return torch.exp(lse_a - lse_safe), torch.exp(lse_b - lse_safe)
-
-
-def _merges(
-    splits: Sequence[SplitReplay], order: Sequence[int], O_final: Tensor
-) -> tuple[tuple[MergeStep, ...], Tensor, Tensor]:
-    """Fold the splits' partials in ``order`` with ``merge_attention_states``; the steps and the result."""
-    by_index = {split.index: split for split in splits}
-    parts = [by_index[s] for s in order if s in by_index]  # empty ranges are never merged
-    first = parts[0]
-    O, lse = first.O_s, first.lse_s
-    merged: tuple[int, ...] = (first.index,)
-    steps = []
-    for n, part in enumerate(parts[1:]):
-        O_new, lse_new = merge_attention_states(O, lse, part.O_s, part.lse_s)
-        w_a, w_b = _merge_weights(lse, part.lse_s, lse_new)
-        max_diff = float((O_new - O_final).abs().max())
-        steps.append(MergeStep(n, merged, part.index, lse, part.lse_s, lse_new, w_a, w_b, O_new, max_diff))
-        O, lse, merged = O_new, lse_new, (*merged, part.index)
-    return tuple(steps), O, lse
-
-
-def _check_order(merge_order: Sequence[int] | None, num_splits: int) -> list[int]:
-    if merge_order is None:
-        return list(range(num_splits))
-    order = list(merge_order)
-    if sorted(order) != list(range(num_splits)):
-        raise AttentionValueError(
-            f"merge_order must list every split 0..{num_splits - 1} once (num_splits={num_splits}), got {order}"
-        )
-    return order
-
-
 def replay_decode(
     q: Tensor,
     k_cache: Tensor,
@@ -326,7 +270,7 @@ def replay_decode(
     check_room([n], N_new_kv, N_max)
     _, block_n = validate_block_sizes(N_new, block_n)
     splits = check_num_splits(num_splits) or default_num_splits(q, k_cache, n + N_new_kv)
-    order = _check_order(merge_order, splits)
+    order = check_merge_order(merge_order, splits)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     slope = None if slopes is None else (slopes[b, h] if slopes.dim() == 2 else slopes[h]).reshape(1)
     settings = _Settings(causal=causal, scale=scale, window=check_window(window), softcap=softcap, alibi_slopes=slope)
@@ -362,7 +306,7 @@ def replay_decode(
         _split(s, r, qc, kc, vc, O_final, settings, block_n=block_n) for s, r in enumerate(ranges) if r[0] < r[1]
     )
     if parts:
-        merges, O, lse = _merges(parts, order, O_final)
+        merges, O, lse = fold_merges([(p.index, p.O_s, p.lse_s) for p in parts], order, O_final)
     else:  # no key to see: O = 0, lse = -inf, as the decode returns
         merges, O, lse = (), torch.zeros_like(O_final, dtype=dt), torch.full((N_new,), float("-inf"), dtype=dt)
     return DecodeReplay(
