@@ -57,7 +57,9 @@ def _cache(ax: Any, r: DecodeReplay) -> None:
     for i in range(r.N_new):
         for j in range(r.N_max):
             if r.split_of(j) is not None and not visible[i][j]:
-                ax.text(j, i, "masked", ha="center", va="center", fontsize=7, color="#666")
+                ax.text(
+                    j, i, "masked", ha="center", va="center", fontsize=8, color="#444", bbox={"fc": "white", "lw": 0}
+                )
     for s0, s1 in r.ranges:
         for c in range(s0, s1, r.block_n):  # tiles inside the split
             ax.axvline(c - 0.5, color="#555", lw=0.8, ls=":")
@@ -67,7 +69,16 @@ def _cache(ax: Any, r: DecodeReplay) -> None:
     ax.set_yticks(range(r.N_new), [f"q{i} (at {r.L - r.N_new + i})" for i in range(r.N_new)], fontsize=9)
     for j in range(r.cache_len, r.L):  # the keys this step wrote: hatched
         ax.add_patch(
-            Rectangle((j - 0.5, -0.5), 1, r.N_new, fill=False, hatch="//", edgecolor=ROLE_COLOURS[KeyRole.NEW], lw=0)
+            Rectangle(
+                (j - 0.5, -0.5),
+                1,
+                r.N_new,
+                fill=False,
+                hatch="//",
+                edgecolor=ROLE_COLOURS[KeyRole.NEW],
+                lw=0,
+                alpha=0.5,
+            )
         )
     ax.set_xticks(range(r.N_max), [f"{j}\n{r.role(j).value}" for j in range(r.N_max)], fontsize=8)
     ax.xaxis.tick_top()
