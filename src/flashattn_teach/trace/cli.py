@@ -1,5 +1,8 @@
 """``flashattn-teach replay``: replay one query block's tile updates as a table, JSON, HTML or PNG.
 
+``--decode`` replays one decode step against a KV cache instead (split-KV ranges, then the merges;
+:mod:`.decode_cli`); the options of one mode given with the other are refused by name.
+
 Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
 ``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
 above 1, batch element ``--batch-index`` (default 0) is replayed.

@@ -281,8 +281,8 @@ def replay_decode(
     keys, values = k_cache[b, h_kv].clone(), v_cache[b, h_kv].clone()  # (N_max, D), (N_max, D_v): a copy
     if k is not None and v is not None:
         keys[n:L], values[n:L] = k[b, h_kv], v[b, h_kv]  # the step's write, into the copy
-    q1 = q[b, h].reshape(1, 1, N_new, -1)  # (1, 1, N_new, D): one head of one batch element
-    k1, v1 = keys[:L].reshape(1, 1, L, -1), values[:L].reshape(1, 1, L, -1)
+    q1 = q[b, h][None, None]  # (1, 1, N_new, D): one head of one batch element
+    k1, v1 = keys[None, None, :L], values[None, None, :L]  # (1, 1, L, D), (1, 1, L, D_v)
 
     # The oracle: dense float64 attention over [0, L), the same mask contract in global positions.
     q64, k64, v64 = q1.double(), k1.double(), v1.double()
