@@ -61,6 +61,7 @@ CASES = [  # cache_len, new_kv, N_new, num_splits, block_n, options
     (7, 1, 2, 2, 2, {"softcap": 2.0, "alibi": 0.5}),
     (0, 3, 2, 5, 1, {}),  # more splits than keys: two empty ranges
     (6, 0, 2, 2, 4, {"causal": False}),  # no new keys, no mask
+    (0, 0, 1, 2, 2, {}),  # no key at all: O = 0, lse = -inf
 ]
 
 
