@@ -228,6 +228,7 @@ def test_cli_table_and_png_are_written(tmp_path):
         ((*DECODE, "--format", "html"), "--decode writes table, json, png"),
         ((*DECODE, "--cache-size", "6"), "--cache-size: must hold"),
         ((*DECODE, "--merge-order", "0,1"), "--merge-order: must list every split"),
+        ((*DECODE, "--cache-len", "60", "--format", "png", "--out", "x.png"), "draws every cache slot"),
     ],
 )
 def test_cli_refuses_options_that_do_not_fit(argv, message, capsys):

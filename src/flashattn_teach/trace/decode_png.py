@@ -155,8 +155,6 @@ def _errors(ax: Any, r: DecodeReplay) -> None:
 
 def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = 130) -> Path:
     """Write ``r`` as a PNG to ``path``: the cache, the tile updates and merges, the error."""
-    from matplotlib.figure import Figure
-
     updates, merges = _updates(r), _merge_rows(r)
     if r.N_max > MAX_DRAWN_KEYS or len(updates) + len(merges) > MAX_DRAWN_ROWS:
         raise AttentionValueError(
@@ -164,6 +162,8 @@ def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = 130) -> P
             f"tile update and merge (at most {MAX_DRAWN_ROWS} rows, here {len(updates) + len(merges)}): use a "
             "smaller cache, a larger block_n, or the table or JSON output"
         )
+    from matplotlib.figure import Figure
+
     grid_h, updates_h, merges_h = 0.9 + 0.4 * r.N_new, 0.3 + 0.24 * (len(updates) + 1), 0.4 + 0.24 * (len(merges) + 1)
     fig = Figure(figsize=(12, 1.2 + grid_h + updates_h + merges_h), layout="constrained")
     grid = fig.add_gridspec(3, 2, height_ratios=(grid_h, updates_h, merges_h), width_ratios=(2.2, 1))
