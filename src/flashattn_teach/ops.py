@@ -17,6 +17,8 @@ The backward op recomputes the forward under autograd and differentiates it (a t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -141,23 +143,41 @@ def attention_backward(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` for the gradients ``dO`` of ``O`` and ``dlse`` of ``lse``, in the inputs' shapes."""
-    with torch.enable_grad():
+
+    def forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        options = (causal, causal_align, scale, window, softcap, enable_gqa, backend)
+        return _eager(q, k, v, attn_mask, alibi_slopes, seqlens_k, *options)
+
+    return recomputed_grads(forward, q, k, v, dO, dlse)
+
+
+@contextlib.contextmanager
+def _autograd_dispatch() -> Iterator[None]:
+    """Grad mode and the autograd dispatch keys back on. torch.library runs an op's implementation below
+    autograd (its autograd kernel excludes those keys), where a torch op records no graph: only an
+    ``autograd.Function`` would, so a recompute through the dense path, or through a view taken of a
+    Function's output (varlen's transposes), would have nothing to differentiate."""
+    K = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (K.AutogradFunctionality, K.AutogradOther, K.AutogradNestedTensor):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+def recomputed_grads(
+    forward: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dO: Tensor,
+    dlse: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``(O, lse) = forward(q, k, v)`` for the gradients ``(dO, dlse)``: the forward run
+    again under autograd and differentiated, as every backward op here does."""
+    with _autograd_dispatch():
         qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
-        O, lse = _eager(
-            qd,
-            kd,
-            vd,
-            attn_mask,
-            alibi_slopes,
-            seqlens_k,
-            causal,
-            causal_align,
-            scale,
-            window,
-            softcap,
-            enable_gqa,
-            backend,
-        )
+        O, lse = forward(qd, kd, vd)
         dq, dk, dv = torch.autograd.grad((O, lse), (qd, kd, vd), (dO, dlse), allow_unused=True)
     # autograd.grad gives None for an input the call never read (an empty sequence): its gradient is 0
     return (
