@@ -14,9 +14,9 @@ compiled graph knows the caches change and functionalizes the write. Its impleme
 (whichever backend that picks, the Triton decode kernel included); its fake implementation gives the
 output shapes from ``q`` and ``v_cache`` alone, symbolic in every size.
 
-Decoding is inference: the op has no autograd registration (an in-place write of cache state is not
-differentiated, and torch.library cannot register autograd for an op that mutates its inputs), so a call
-being compiled that needs a gradient is traced through instead (:func:`traceable`).
+Decoding is inference: the op has no autograd registration (the eager call does not differentiate the
+in-place write either), so a call being compiled that needs a gradient, into ``q`` or a cache read
+without new keys, is traced through instead (:func:`traceable`), as it was before the op existed.
 """
 
 from __future__ import annotations
@@ -82,27 +82,31 @@ def _attention_with_kvcache_fake(
     *options: object,
 ) -> tuple[Tensor, Tensor]:
     """``O (B, H_q, N_new, D_v)`` in ``q``'s dtype and ``lse (B, H_q, N_new)`` in the compute dtype, from
-    the shapes alone (checked by :func:`compiled_step` and the public function before the op is called)."""
+    the shapes alone (``q`` and the caches checked by the public function before the op is called);
+    ``cache_seqlens`` is checked here, at trace time, as far as it can be without reading it: its values
+    are checked by the eager call, when the op runs. (Here rather than in the traced caller, where some
+    torch versions replace an error's message by their own.)"""
     B, H_q, N_new, _ = q.shape
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
+    if cache_seqlens.shape != (B,):
+        raise AttentionValueError(f"cache_seqlens must have shape ({B},), got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {q.device}")
     return q.new_empty(B, H_q, N_new, v_cache.shape[3]), q.new_empty(B, H_q, N_new, dtype=compute_dtype(q.dtype))
 
 
-def seqlens_tensor(cache_seqlens: object, B: int, device: torch.device) -> Tensor:
-    """``cache_seqlens`` as the op takes it, a ``(B,)`` tensor on ``q``'s device (one int, symbolic under
-    ``dynamic=True``, is broadcast to one), checked as far as it can be without reading it: the values are
-    checked by the eager call when the op runs."""
+def _seqlens_tensor(cache_seqlens: object, B: int, device: torch.device) -> Tensor:
+    """``cache_seqlens`` as the op takes it, a ``(B,)`` tensor: one int (symbolic under ``dynamic=True``)
+    becomes one."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         cache_seqlens = int(cache_seqlens)  # a numpy int; a Python int is itself
     if isinstance(cache_seqlens, int | torch.SymInt) and not isinstance(cache_seqlens, bool):
         return torch.full((B,), cast(int, cache_seqlens), dtype=torch.int64, device=device)  # (B,): one length each
-    if not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+    if not isinstance(cache_seqlens, Tensor):
         raise AttentionTypeError(
             f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({B},) or an int, got {cache_seqlens!r}"
         )
-    if cache_seqlens.shape != (B,):
-        raise AttentionValueError(f"cache_seqlens must have shape ({B},), got {tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device != device:
-        raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
     return cache_seqlens
 
 
@@ -138,7 +142,7 @@ def compiled_step(
         v_cache,
         k,
         v,
-        seqlens_tensor(cache_seqlens, q.shape[0], q.device),
+        _seqlens_tensor(cache_seqlens, q.shape[0], q.device),
         alibi_slopes,
         causal,
         scale,

@@ -105,10 +105,15 @@ def attention_varlen(
 
 
 @attention_varlen.register_fake
-def _attention_varlen_fake(q: Tensor, k: Tensor, v: Tensor, *options: object) -> tuple[Tensor, Tensor]:
+def _attention_varlen_fake(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, *options: object
+) -> tuple[Tensor, Tensor]:
     """``O (total_q, H_q, D_v)`` in ``q``'s dtype and ``lse (H_q, total_q)`` in the compute dtype, from the
-    shapes alone, which are checked here (at trace time) as the eager call checks them."""
+    shapes alone, which are checked here, at trace time, as the eager call checks them (here rather than
+    in the traced caller, where some torch versions replace an error's message by their own)."""
     check_packed_qkv(q, k, v)
+    _check_bounds("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_bounds("cu_seqlens_k", cu_seqlens_k, q.device)
     total_q, H_q, _ = q.shape
     return q.new_empty(total_q, H_q, v.shape[2]), q.new_empty(H_q, total_q, dtype=compute_dtype(q.dtype))
 
@@ -165,16 +170,15 @@ def _backward(ctx: Any, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:
 attention_varlen.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _check_bounds(name: str, cu: object, device: torch.device) -> Tensor:
+def _check_bounds(name: str, cu: Tensor, device: torch.device) -> None:
     """What can be checked of ``cu_seqlens`` without reading it: a 1-D int32/int64 tensor on ``q``'s device
     (its values are checked by the eager call, when the op runs)."""
-    if not isinstance(cu, Tensor) or cu.dtype not in (torch.int32, torch.int64):
-        raise AttentionTypeError(f"{name} must be an int32/int64 torch.Tensor of shape (B + 1,), got {cu!r}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(f"{name} must be int32 or int64, got {cu.dtype} with shape {tuple(cu.shape)}")
     if cu.dim() != 1:
         raise AttentionValueError(f"{name} must be 1-D of shape (B + 1,), got shape {tuple(cu.shape)}")
     if cu.device != device:
         raise AttentionValueError(f"{name} is on {cu.device} but q is on {device}")
-    return cu
 
 
 def compiled_call(
@@ -200,8 +204,8 @@ def compiled_call(
         q,
         k,
         v,
-        _check_bounds("cu_seqlens_q", cu_seqlens_q, q.device),
-        _check_bounds("cu_seqlens_k", cu_seqlens_k, q.device),
+        cu_seqlens_q,
+        cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
         alibi_slopes,
