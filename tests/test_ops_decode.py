@@ -3,6 +3,8 @@ decode loop over many steps and cache lengths, and the same outputs and caches a
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch._dynamo.testing
@@ -117,3 +119,16 @@ def test_eager_calls_and_gradients_do_not_go_through_the_op(monkeypatch):
     assert not ops_decode.traceable(q.requires_grad_(), kc, vc, None, None, None)
     with torch.no_grad():
         assert ops_decode.traceable(q, kc, vc, None, None, None)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="inductor's CPU code needs a C++ compiler")
+def test_inductor_writes_the_caches_as_eager():
+    """torch.compile's default backend: inductor re-inplaces the functionalized write into the caches."""
+    compiled = torch.compile(_decode, dynamic=True, fullgraph=True)
+    g = torch.Generator().manual_seed(5)
+    kc, vc = _caches(g)
+    kc_eager, vc_eager = kc.clone(), vc.clone()
+    for lens in (torch.tensor([0, 4]), torch.tensor([1, 5])):
+        q, k, v = _step_inputs(g)
+        torch.testing.assert_close(compiled(q, kc, vc, k, v, lens), _decode(q, kc_eager, vc_eager, k, v, lens))
+        torch.testing.assert_close((kc, vc), (kc_eager, vc_eager), atol=0, rtol=0)
