@@ -90,3 +90,23 @@ def test_eager_calls_do_not_go_through_the_op(monkeypatch):
 
     monkeypatch.setattr(ops_varlen, "attention_varlen", fail)
     _varlen(*_packed([3, 4], [3, 4]))
+
+
+def test_export_with_dynamic_packing():
+    class Varlen(torch.nn.Module):
+        def forward(self, q, k, v, cu_q, cu_k, m_q, m_k):
+            return _varlen(q, k, v, cu_q, cu_k, m_q, m_k)
+
+    total, bounds = torch.export.Dim("total", min=2, max=10_000), torch.export.Dim("B_plus_1", min=2, max=100)
+    dims = (
+        {0: total},
+        {0: total},
+        {0: total},
+        {0: bounds},
+        {0: bounds},
+        torch.export.Dim.DYNAMIC,
+        torch.export.Dim.DYNAMIC,
+    )
+    exported = torch.export.export(Varlen(), _packed(*PACKINGS[:1] * 2), dynamic_shapes=dims)
+    args = _packed(PACKINGS[2], PACKINGS[2])
+    torch.testing.assert_close(exported.module()(*args), _varlen(*args), atol=1e-6, rtol=1e-5)

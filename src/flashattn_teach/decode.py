@@ -331,7 +331,6 @@ def flash_attention_with_kvcache(
     differentiated: if grad mode is on and any of ``k, v, k_cache, v_cache`` requires grad, the call
     raises instead of silently dropping that gradient.
     """
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
     if torch.compiler.is_compiling() and ops_decode.traceable(q, k_cache, v_cache, k, v, alibi_slopes):
         # one opaque op in the graph: the lengths stay a tensor, so a decode loop does not recompile per step
         return ops_decode.compiled_step(
@@ -350,6 +349,7 @@ def flash_attention_with_kvcache(
             backend=backend,
             return_lse=return_lse,
         )
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
     B, H_q, N_new, _ = q.shape
     N_max = k_cache.shape[2]
     lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)

@@ -82,10 +82,10 @@ def _attention_with_kvcache_fake(
     *options: object,
 ) -> tuple[Tensor, Tensor]:
     """``O (B, H_q, N_new, D_v)`` in ``q``'s dtype and ``lse (B, H_q, N_new)`` in the compute dtype, from
-    the shapes alone (``q`` and the caches checked by the public function before the op is called);
-    ``cache_seqlens`` is checked here, at trace time, as far as it can be without reading it: its values
-    are checked by the eager call, when the op runs. (Here rather than in the traced caller, where some
-    torch versions replace an error's message by their own.)"""
+    the shapes alone. ``cache_seqlens`` is checked here, at trace time, as far as it can be without reading
+    it (here rather than in the traced caller, where some torch versions replace an error's message by
+    their own); the rest, the shapes of ``q`` and the caches included, is checked by the eager call when
+    the op runs (``check_cache_inputs`` puts sizes in a set, which a symbolic size cannot join)."""
     B, H_q, N_new, _ = q.shape
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise AttentionTypeError(f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
@@ -110,10 +110,10 @@ def _seqlens_tensor(cache_seqlens: object, B: int, device: torch.device) -> Tens
     return cache_seqlens
 
 
-def traceable(*tensors: Tensor | None) -> bool:
+def traceable(*tensors: object) -> bool:
     """Whether a call being compiled can be this op: not when grad mode is on and an input requires grad
     (the op is not differentiated; such calls are traced through, as in eager)."""
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    return not (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
 
 
 def compiled_step(
@@ -133,9 +133,8 @@ def compiled_step(
     backend: str,
     return_lse: bool,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """The op standing for one call of ``flash_attention_with_kvcache`` while it is compiled, its inputs
-    already checked by ``check_cache_inputs``; a tensor or an int ``cache_seqlens`` both give one graph
-    for every length."""
+    """The op standing for one call of ``flash_attention_with_kvcache`` while it is compiled or exported; a
+    tensor or an int ``cache_seqlens`` both give one graph for every length."""
     O, lse = attention_with_kvcache(
         q,
         k_cache,
