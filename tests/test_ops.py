@@ -31,7 +31,9 @@ def _opcheck_cases():
     causal = (q, k, v, None, None, None, True, "bottom_right", 0.3, None, None, True, "online")
     masked = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "auto")
     variants = (q, k, v, None, slopes, lengths, False, "top_left", None, [3, 1], 2.0, True, "key_major")
-    return {"plain": plain, "causal": causal, "masked": masked, "variants": variants}
+    seed = torch.tensor(1234567)
+    dropout = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "online", 0.3, seed)
+    return {"plain": plain, "causal": causal, "masked": masked, "variants": variants, "dropout": dropout}
 
 
 @pytest.mark.parametrize("case", sorted(_opcheck_cases()))
@@ -74,9 +76,14 @@ def _graph_ops(f, args):
     return gm_ops
 
 
-def test_compiled_gradients_match_eager():
+@pytest.mark.parametrize("backend", ["auto", "dense"])
+def test_compiled_gradients_match_eager(backend):
+    """Also for the dense path, whose recompute in the backward op is plain torch ops, which record no graph
+    below autograd unless the op turns autograd back on."""
+
     def loss(q, k, v):
-        return ft.flash_attention(q, k, v, causal=True, causal_align="bottom_right", softcap=3.0).square().sum()
+        O = ft.flash_attention(q, k, v, causal=True, causal_align="bottom_right", softcap=3.0, backend=backend)
+        return O.square().sum()
 
     compiled = torch.compile(loss, backend="aot_eager", dynamic=True, fullgraph=True)
     for n_q, n_k in ((5, 9), (12, 31)):
@@ -85,6 +92,32 @@ def test_compiled_gradients_match_eager():
         got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
         for e, g_ in zip(expected, got, strict=True):
             torch.testing.assert_close(g_, e, atol=1e-10, rtol=1e-10)
+
+
+def test_compiled_dropout_is_one_graph_with_eager_masks_and_gradients():
+    """The seed is drawn in the graph by torch's randint, as eager draws it: under the same torch seed the
+    compiled forward, its gradients (the backward draws the forward's mask again) and the generator's state
+    afterwards are eager's, bit for bit, for every length, in one graph. (Inductor replaces randint by its
+    own generator unless ``torch._inductor.config.fallback_random``: other masks, as deterministic.)"""
+
+    def f(q, k, v):
+        return ft.flash_attention(q, k, v, causal=True, dropout_p=0.3, softcap=5.0)
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    for n in (9, 17):
+        q, k, v = _qkv(2, 4, 2, n, n, grad=True)
+        dO = torch.randn(2, 4, n, 16, dtype=torch.float64)
+        results = []
+        for fn in (compiled, f):
+            torch.manual_seed(5)
+            O = fn(q, k, v)
+            results.append((O, *torch.autograd.grad(O, (q, k, v), dO), torch.rand(())))
+        got, expected = results
+        assert (got[0] == 0).any()  # some weights were dropped
+        for e, g_ in zip(expected, got, strict=True):
+            torch.testing.assert_close(g_, e, atol=0, rtol=0)
+    assert counter.frame_count == 1
 
 
 def test_export_with_dynamic_batch_and_length():

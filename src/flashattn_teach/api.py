@@ -281,12 +281,11 @@ def flash_attention(
         gives 0 (and ``lse = -inf``).
     """
     q, k, v = cast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(attn_mask, alibi_slopes):
-        # one opaque op in the graph instead of the traced tile loops (see ops.py; it has no dropout)
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+        # one opaque op in the graph instead of the traced tile loops (see ops.py), its dropout seed drawn here
         w = None if window is None else list(window)
-        O, lse = ops.attention(
-            q, k, v, attn_mask, alibi_slopes, seqlens_k, causal, causal_align, scale, w, softcap, enable_gqa, backend
-        )
+        options = (causal, causal_align, scale, w, softcap, enable_gqa, backend, *ops.dropout_args(dropout_p))
+        O, lse = ops.attention(q, k, v, attn_mask, alibi_slopes, seqlens_k, *options)
         return (O, lse) if return_lse else O
     opts = make_options(
         q,
@@ -332,10 +331,9 @@ def scaled_dot_product_attention(
     function deliberately differs from torch.
     """
     query, key, value = cast_inputs(query, key, value)
-    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(attn_mask, None):
-        O, _ = ops.attention(
-            query, key, value, attn_mask, None, None, is_causal, "top_left", scale, None, None, enable_gqa, "auto"
-        )
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, None):
+        options = (is_causal, "top_left", scale, None, None, enable_gqa, "auto", *ops.dropout_args(dropout_p))
+        O, _ = ops.attention(query, key, value, attn_mask, None, None, *options)
         return O
     opts = make_options(
         query,

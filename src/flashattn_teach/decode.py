@@ -53,6 +53,7 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
+from . import ops_decode
 from ._layout import compute_dtype
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool, check_scale, check_softcap, check_window
@@ -330,6 +331,24 @@ def flash_attention_with_kvcache(
     differentiated: if grad mode is on and any of ``k, v, k_cache, v_cache`` requires grad, the call
     raises instead of silently dropping that gradient.
     """
+    if torch.compiler.is_compiling() and ops_decode.traceable(q, k_cache, v_cache, k, v, alibi_slopes):
+        # one opaque op in the graph: the lengths stay a tensor, so a decode loop does not recompile per step
+        return ops_decode.compiled_step(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            cache_seqlens=cache_seqlens,
+            causal=causal,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            num_splits=num_splits,
+            backend=backend,
+            return_lse=return_lse,
+        )
     q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
     B, H_q, N_new, _ = q.shape
     N_max = k_cache.shape[2]

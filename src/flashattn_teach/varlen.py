@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Literal, overload
 
+import torch
 from torch import Tensor
 
+from . import ops, ops_varlen
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool, check_window
@@ -190,6 +192,25 @@ def flash_attention_varlen(
         or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
     """
     q, k, v = cast_inputs(q, k, v)
+    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(None, alibi_slopes):
+        # one opaque op in the graph: the bounds stay tensors, so a new packing does not recompile
+        return ops_varlen.compiled_call(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal=causal,
+            causal_align=causal_align,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            backend=backend,
+            return_lse=return_lse,
+        )
     check_packed_qkv(q, k, v)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
