@@ -52,22 +52,31 @@ class DecodeConfig:
 # The interpreter's tiles: small key blocks so that short test caches span several blocks.
 TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 
-# Keys per block by padded head dim for 16-bit inputs: a K and a V block of BLOCK_N x BLOCK_D per pipeline
-# stage in shared memory (16 KB each at 64 x 128 in bf16), three stages in flight to cover the latency of a
-# memory-bound loop; fp32 inputs (head dims <= 64) halve the block. Compiled ahead of time for sm_90 and
-# sm_80 without spills by tests/triton/test_triton_decode.py.
-_BLOCK_N_16BIT = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}
-_BLOCK_N_FP32 = {16: 64, 32: 64, 64: 64}
-# Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile
-_MAX_BLOCK_M = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}
+# (BLOCK_N, num_warps) by padded head dim. 16-bit inputs: a K and a V block of BLOCK_N x BLOCK_D per pipeline
+# stage in shared memory (16 KB each at 64 x 128 in bf16), several stages in flight to cover the latency of a
+# memory-bound loop; at head dim 64, 128 keys need eight warps to stay clear of spills. fp32 inputs (head
+# dims <= 64) run "tf32x3" dots, whose split operands need more registers: 32 keys, two stages. Every row
+# compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
+# (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.decode_inspect --rows``).
+_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 4)}
+_TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4)}
+# Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
+# the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
+MAX_BLOCK_M_16BIT = 32
+MAX_BLOCK_M_FP32 = 16
 
 
 def decode_config(dtype: torch.dtype, head_dim: int, arch: str) -> DecodeConfig:
     """The split kernel's tiles for a dtype, head dimension (the larger of ``D`` and ``D_v``) and GPU
-    generation ("sm90", "sm80"): four warps, three stages on sm_90, two on sm_80 (less shared memory)."""
-    d = block_d(head_dim)
-    table = _BLOCK_N_FP32 if dtype == torch.float32 else _BLOCK_N_16BIT
-    return DecodeConfig(BLOCK_M=_MAX_BLOCK_M[d], BLOCK_N=table[d], num_warps=4, num_stages=3 if arch == "sm90" else 2)
+    generation ("sm90", "sm80"): three stages on sm_90, two on sm_80 (less shared memory) and for fp32."""
+    fp32 = dtype == torch.float32
+    block_n, warps = (_TILES_FP32 if fp32 else _TILES_16BIT)[block_d(head_dim)]
+    return DecodeConfig(
+        BLOCK_M=MAX_BLOCK_M_FP32 if fp32 else MAX_BLOCK_M_16BIT,
+        BLOCK_N=block_n,
+        num_warps=warps,
+        num_stages=3 if arch == "sm90" and not fp32 else 2,
+    )
 
 
 def rows_block(rows: int, cap: int) -> int:
@@ -161,10 +170,6 @@ def triton_decode(
     """``(O (B, H_q, N_new, D_v) in q's dtype, lse (B, H_q, N_new) float32)`` of one decode step by the
     Triton kernels; ``k, v`` are appended first. Inputs and options checked by the caller (``window`` as
     ``check_window`` returns it, ``scale`` the resolved one, ``num_splits`` 0 to choose)."""
-    import triton
-
-    from .decode import _decode_combine, _decode_split_fwd
-
     reason = decode_unsupported_reason(q, v_cache)
     if reason is not None:
         raise AttentionValueError(f"backend='triton' cannot run this decode call: {reason}")
@@ -174,9 +179,8 @@ def triton_decode(
             f"{', '.join(needing)} require{'s' if len(needing) == 1 else ''} grad, but the Triton decode kernel "
             "is forward only; run under torch.no_grad(), or use backend='auto' or a CPU backend for gradients"
         )
-    B, H_q, N_new, D = q.shape
-    _, H_kv, N_max, D_v = v_cache.shape
-    G = H_q // H_kv
+    B, D = q.shape[0], q.shape[3]
+    N_max, D_v = v_cache.shape[2], v_cache.shape[3]
     N_new_kv = 0 if k is None else k.shape[2]
     seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
     if k is not None and v is not None:
@@ -187,21 +191,60 @@ def triton_decode(
         append_on_device(k_cache, v_cache, k, v, seqlens)
 
     if config is None:
-        arch = arch_of(q.device) if q.is_cuda else "sm90"
-        config = decode_config(q.dtype, max(D, D_v), arch) if q.is_cuda else TEST_DECODE_CONFIG
-    BLOCK_M = rows_block(G * N_new, config.BLOCK_M)
+        config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
     splits = num_splits or default_num_splits(q, k_cache, N_max)
     splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
+    return launch_decode(
+        q,
+        k_cache,
+        v_cache,
+        seqlens,
+        N_new_kv,
+        causal=causal,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        num_splits=splits,
+        config=config,
+    )
 
+
+def launch_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    seqlens: Tensor,
+    N_new_kv: int,
+    *,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    config: DecodeConfig,
+) -> tuple[Tensor, Tensor]:
+    """Allocate and launch (the new entries already appended): the split kernel on ``num_splits >= 1``
+    splits, then the combine when there are several. ``seqlens`` int32 ``(B,)``, the lengths before the
+    step's ``N_new_kv`` new entries."""
+    import triton
+
+    from .decode import _decode_combine, _decode_split_fwd
+
+    B, H_q, N_new, D = q.shape
+    _, H_kv, N_max, D_v = v_cache.shape
+    G = H_q // H_kv
+    BLOCK_M = rows_block(G * N_new, config.BLOCK_M)
     O = torch.empty((B, H_q, N_new, D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H_q, N_new), dtype=torch.float32, device=q.device)
     if O.numel() == 0 or lse.numel() == 0:
         return O, lse.fill_(float("-inf"))
-    if splits == 1:  # the split kernel writes the final outputs: no partials, no combine
+    if num_splits == 1:  # the split kernel writes the final outputs: no partials, no combine
         O_part, lse_part = O.unsqueeze(0), lse.unsqueeze(0)
     else:
-        O_part = torch.empty((splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
+        O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
     check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)
     if alibi_slopes is None:
         slopes, stride_slope_b, stride_slope_h = lse, 0, 0  # a placeholder pointer, never read
@@ -210,7 +253,7 @@ def triton_decode(
         stride_slope_b = 0 if slopes.dim() == 1 else slopes.stride(0)
         stride_slope_h = slopes.stride(-1)
     left, right = window
-    _decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), splits)](
+    _decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
         q,
         k_cache,
         v_cache,
@@ -221,8 +264,8 @@ def triton_decode(
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
-        *(0 if splits == 1 else O_part.stride(0), *O_part.stride()[1:]),
-        *(0 if splits == 1 else lse_part.stride(0), *lse_part.stride()[1:]),
+        *O_part.stride(),
+        *lse_part.stride(),
         stride_slope_b,
         stride_slope_h,
         H_kv,
@@ -230,7 +273,7 @@ def triton_decode(
         N_new,
         N_new_kv,
         N_max,
-        splits,
+        num_splits,
         scale * LOG2E,
         UNBOUNDED if left < 0 else left,
         0 if causal else UNBOUNDED if right < 0 else right,  # causal is a window's right side of 0
@@ -247,7 +290,7 @@ def triton_decode(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if splits > 1:
+    if num_splits > 1:
         rows = B * H_q * N_new
         _decode_combine[(rows,)](
             O_part,
@@ -256,7 +299,7 @@ def triton_decode(
             lse,
             rows * D_v,
             rows,
-            splits,
+            num_splits,
             HEAD_DIM_V=D_v,
             BLOCK_DV=block_d(D_v),
             num_warps=1,
