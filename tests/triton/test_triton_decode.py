@@ -200,8 +200,9 @@ def test_decode_kernels_compile_without_spills(arch, compile_reports):
 
 
 def plain_pytorch(q, k_cache, v_cache, lengths, *, window=(-1, -1), softcap=None, alibi_slopes=None):
-    """Decode written out in torch ops in the inputs' dtype (scores, softmax and products rounded to it),
-    one batch element at a time, one new query at position L - 1: flash-attn's "plain PyTorch"."""
+    """Decode written out in torch ops, one batch element at a time, one new query at position L - 1, in the
+    inputs' dtype as ``bench_gpu_variants.py``'s reference: scores and the cap rounded to it, the ALiBi bias
+    and the softmax in fp32 (or the inputs' float64), P rounded back before ``P V``."""
     outputs = []
     G = q.shape[1] // k_cache.shape[1]
     for b, L in enumerate(lengths):
@@ -210,12 +211,13 @@ def plain_pytorch(q, k_cache, v_cache, lengths, *, window=(-1, -1), softcap=None
         S = (q[b] @ k.transpose(1, 2)) * q.shape[-1] ** -0.5  # (H_q, 1, D) @ (H_q, D, L) -> (H_q, 1, L)
         if softcap is not None:
             S = softcap * torch.tanh(S / softcap)
+        S = S.to(torch.promote_types(S.dtype, torch.float32))
         j = torch.arange(L, device=q.device)
         if alibi_slopes is not None:
-            S = S - (alibi_slopes[:, None, None] * (L - 1 - j).abs()).to(S.dtype)
+            S = S - alibi_slopes[:, None, None].to(S.dtype) * (L - 1 - j).abs()
         if window[0] >= 0:
             S = S.masked_fill(j < L - 1 - window[0], float("-inf"))
-        P = torch.softmax(S, dim=-1).nan_to_num(0.0)  # a row with no key: 0
+        P = torch.softmax(S, dim=-1).nan_to_num(0.0).to(v.dtype)  # a row with no key: 0
         outputs.append(P @ v)  # (H_q, 1, L) @ (H_q, L, D) -> (H_q, 1, D)
     return torch.stack(outputs)
 

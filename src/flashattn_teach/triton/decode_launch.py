@@ -23,6 +23,8 @@ Like the rest of the package this file does not import triton at import time.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import numbers
 from dataclasses import dataclass
@@ -85,12 +87,16 @@ def rows_block(rows: int, cap: int) -> int:
     return max(16, min(cap, 1 << max(rows - 1, 0).bit_length()))
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Asked once: a decode loop asks at every step."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
     """None if the decode kernels can run these inputs (already validated by ``_validate_decode``), else
     why not. Never raises."""
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "triton is not installed"
     reason = device_reason(q)
     if reason is not None:
