@@ -96,7 +96,8 @@ def _parallel_attention():
     import torch
 
     from flashattn_teach.reference.defaults import PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
-    from flashattn_teach.reference.parallel import default_workers, parallel_backward, parallel_forward
+    from flashattn_teach.reference.parallel import parallel_backward, parallel_forward
+    from flashattn_teach.reference.workers import default_workers
 
     class ParallelAttention(torch.autograd.Function):
         @staticmethod

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from flashattn_teach import online_softmax as osm
 from flashattn_teach._options import make_options
-from flashattn_teach.reference import dense_attention, parallel
+from flashattn_teach.reference import dense_attention, parallel, workers
 from flashattn_teach.reference.backward import backward_grouped
 from flashattn_teach.reference.parallel import parallel_backward, parallel_forward
 from flashattn_teach.reference.query_major import query_major_forward
@@ -327,7 +327,7 @@ def test_starting_a_pool_leaves_other_threads_intra_op_count_alone():
         return out[0]
 
     before, fresh_before = torch.get_num_threads(), fresh_thread_count()
-    pool = parallel._pool(5)  # a worker count no other test uses, so this call starts the pool
+    pool = workers._pool(5)  # a worker count no other test uses, so this call starts the pool
     assert pool.submit(torch.get_num_threads).result() == 1
     assert torch.get_num_threads() == before
     assert fresh_thread_count() == fresh_before

@@ -37,7 +37,7 @@ from .errors import AttentionValueError
 from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from .reference.dense import dense_forward
 from .reference.online import tiled_attention
-from .reference.parallel import default_workers
+from .reference.workers import default_workers
 
 BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 _RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning

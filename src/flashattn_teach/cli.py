@@ -17,7 +17,7 @@ from ._cli_types import ArgumentParser
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
-    "replay": ("flashattn_teach.trace.cli", "replay one query block's tile updates: table, JSON, HTML or PNG"),
+    "replay": ("flashattn_teach.trace.cli", "replay the tile updates of a query block or (--decode) of a decode step"),
     "kernels": ("flashattn_teach.triton.inspect", "compile the Triton kernels ahead of time and report resources"),
     "iomodel": ("flashattn_teach.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
 }

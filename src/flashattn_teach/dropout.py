@@ -18,8 +18,9 @@ column of the whole ``N_q x N_k`` score matrix, so any tiling, either loop order
 ``seed`` and ``offset`` are drawn once per call from torch's default generator (:func:`draw`), so
 ``torch.manual_seed`` makes runs repeatable; the backward reuses the forward's.
 
-Philox needs the high and low 32 bits of 32 x 32-bit products; torch has no unsigned 64-bit multiply, so
-:func:`_mulhilo` splits each factor into 16-bit halves and every partial product fits in int64.
+Philox needs the high and low 32 bits of 32 x 32-bit products; torch has no unsigned 64-bit type, but a
+product of two 32-bit words fits in 64 bits and int64 multiplication wraps, so :func:`_mulhilo` reads both
+halves of one int64 product.
 """
 
 from __future__ import annotations
@@ -70,14 +71,11 @@ def draw(p: float, generator: torch.Generator | None = None) -> DropoutKey:
 
 def _mulhilo(a: int, x: Tensor) -> tuple[Tensor, Tensor]:
     """``(hi, lo)``: the high and low 32 bits of ``a * x`` for a 32-bit constant ``a`` and int64 ``x`` in
-    ``[0, 2^32)``, from 16-bit halves: ``a x = ah xh 2^32 + (ah xl + al xh) 2^16 + al xl``."""
-    a_hi, a_lo = a >> 16, a & 0xFFFF
-    x_hi, x_lo = x >> 16, x & 0xFFFF
-    ll, lh, hl = a_lo * x_lo, a_lo * x_hi, a_hi * x_lo  # each < 2^32
-    mid = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)  # bits 16..47 of the product, < 3 * 2^16 + 2^16
-    lo = ((mid & 0xFFFF) << 16) | (ll & 0xFFFF)
-    hi = a_hi * x_hi + (lh >> 16) + (hl >> 16) + (mid >> 16)
-    return hi, lo
+    ``[0, 2^32)``. The product is below ``2^64``, so int64 multiplication, which wraps modulo ``2^64``,
+    holds all 64 of its bits (as a negative number when bit 63 is set); masking after the shift drops the
+    sign extension."""
+    p = x * a
+    return (p >> 32) & _M32, p & _M32
 
 
 def philox4x32(

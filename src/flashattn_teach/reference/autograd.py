@@ -21,8 +21,9 @@ from .._options import AttentionOptions
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
-from .parallel import default_workers, parallel_backward, parallel_forward
+from .parallel import parallel_backward, parallel_forward
 from .query_major import query_major_forward
+from .workers import default_workers
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
 ORDERS = (*FORWARDS, "parallel")

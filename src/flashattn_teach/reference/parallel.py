@@ -19,6 +19,8 @@ batch element skips its padding's tiles), and each tile is cut to the query rows
 Dropout draws each tile's keep mask from the head's ``b * H_q + h`` and the tile's global rows and columns
 (``tile_dropout.py``), so the pool's split of the work never changes the mask.
 
+The pool and its threads are in ``workers.py``.
+
 Splitting the work:
     forward   one task per query head ``(b, h_kv, g)`` and, when there are fewer heads than tasks wanted,
               per range of its query blocks (query blocks are independent in Alg. 1);
@@ -28,13 +30,6 @@ Splitting the work:
 Problems with fewer than ``MIN_PARALLEL_SCORES`` scores in all run inline in the calling thread, also with
 single-threaded ops.
 
-Threads: each pool thread sets its own intra-op thread count to 1 once, in the pool's initializer.
-``torch.set_num_threads`` is per thread for the calling thread's OpenMP and MKL settings, but it also sets
-the process default that a thread adopts at its first parallel op; the pool restores that default after
-its threads are set up, so the calling thread and threads started later are unaffected. The inline path
-sets the calling thread's count to 1 for the duration of the call and restores it; a thread that makes its
-first torch call during that window adopts 1.
-
 Not for ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``): their layers are thread-local and the
 worker threads would not see them. No autograd graph is recorded; wrap the pair in an
 ``autograd.Function`` (as ``reference/autograd.py`` does) to differentiate.
@@ -42,12 +37,7 @@ worker threads would not see them. No autograd graph is recorded; wrap the pair 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 from torch import Tensor
@@ -57,6 +47,7 @@ from .._validate import validate_inputs
 from ..dropout import DropoutKey
 from ..masks import MaskSpec, Tiling
 from .tile_dropout import NO_DROPOUT, tile_dropout
+from .workers import IN_WORKER, run_tasks
 
 # Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves:
 # on the 2-core development machine a forward of 2^16 scores took 0.7 ms inline and 1.0 ms on the pool,
@@ -67,85 +58,8 @@ MIN_PARALLEL_SCORES = 2**18
 TASKS_PER_WORKER = 4
 
 
-def default_workers() -> int:
-    """The calling thread's ``torch.get_num_threads()``: the cores torch would use for one op (by default
-    the physical cores; ``OMP_NUM_THREADS`` or ``torch.set_num_threads`` change it)."""
-    return torch.get_num_threads()
-
-
-# ------------------------------------------------------------------------------------------------ pool
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-_IN_WORKER = threading.local()
-
-
-def _single_threaded_worker() -> None:
-    torch.get_num_threads()  # adopt the process default now, so adopting it later cannot undo the next line
-    torch.set_num_threads(1)
-    _IN_WORKER.active = True
-
-
-def _start_pool(workers: int) -> ThreadPoolExecutor:
-    restore = torch.get_num_threads()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="flashattn_teach", initializer=_single_threaded_worker)
-    # Each waiting task occupies a thread, so the pool starts all `workers` threads before the barrier opens.
-    ready = threading.Barrier(workers + 1)
-    for _ in range(workers):
-        pool.submit(ready.wait)
-    ready.wait()
-    torch.set_num_threads(restore)  # the process default, which the initializers set to 1
-    return pool
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _POOLS_LOCK:
-        if workers not in _POOLS:
-            _POOLS[workers] = _start_pool(workers)
-        return _POOLS[workers]
-
-
-def _forget_pools() -> None:
-    """In a forked child: none of the parent's threads exist there, and the lock may have been held."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pools)
-
-
-@contextlib.contextmanager
-def _single_threaded_ops() -> Iterator[None]:
-    """One intra-op thread in the calling thread while the block runs; its count is restored afterwards."""
-    restore = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(restore)
-
-
-def _run(task: Callable[..., None], args: Iterable[tuple], *, inline: bool, workers: int) -> None:
-    """``task(*a)`` for every ``a``, on the pool or (``inline``) in the calling thread, without autograd."""
-    if inline:
-        with torch.no_grad(), _single_threaded_ops():
-            for a in args:
-                task(*a)
-        return
-    futures = [_pool(workers).submit(_no_grad, task, *a) for a in args]
-    wait(futures)
-    for f in futures:
-        f.result()  # re-raises a task's exception
-
-
-def _no_grad(task: Callable[..., None], *args) -> None:
-    with torch.no_grad():  # grad mode is per thread, and on by default in a new one
-        task(*args)
-
-
 def _runs_inline(scores: int, workers: int) -> bool:
-    return workers <= 1 or scores < MIN_PARALLEL_SCORES or getattr(_IN_WORKER, "active", False)
+    return workers <= 1 or scores < MIN_PARALLEL_SCORES or getattr(IN_WORKER, "active", False)
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -199,7 +113,7 @@ def parallel_forward(
     def task(q, k, v, O, lse, i0, i1, b, h):
         _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h, dropout, b * H_kv * G + h)
 
-    _run(task, tasks, inline=inline, workers=workers)
+    run_tasks(task, tasks, inline=inline, workers=workers)
     return O, lse
 
 
@@ -322,7 +236,7 @@ def parallel_backward(
                 (b * H_kv + h) * G + g,
             )
 
-    _run(task, tasks, inline=inline, workers=workers)
+    run_tasks(task, tasks, inline=inline, workers=workers)
     return dq, dk_parts.sum(dim=0), dv_parts.sum(dim=0)
 
 

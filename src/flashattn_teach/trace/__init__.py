@@ -1,16 +1,38 @@
 """Tile replay: the online softmax's running statistics, one tile update at a time, as data and pictures.
 
-    replay(q, k, v, block_m=2, block_n=2)   -> Replay of TileStep (replay.py; schedule.py for the order);
-                                            causal, window, softcap, alibi_slopes, seqlens_k and attn_mask
-                                            as in flashattn_teach.masks
-    to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py)
-    render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py)
+    replay(q, k, v, block_m=2, block_n=2)   -> Replay of TileStep (replay.py, steps.py; schedule.py for the
+                                            order); causal, window, softcap, alibi_slopes, seqlens_k and
+                                            attn_mask as in flashattn_teach.masks
+    replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, num_splits=3, block_n=2)
+                                            -> DecodeReplay: one decode step's split-KV ranges, their tile
+                                            updates, then the merges (decode_replay.py, decode_merges.py)
+    to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
+                                            decode_to_experiment in decode_manifest.py)
+    render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
+                                            decode_table.py, decode_png.py)
 
-``flashattn-teach replay ...`` is the command line (cli.py). rich and matplotlib load only when their
-format is asked for.
+``flashattn-teach replay ...`` is the command line (cli.py; ``--decode``: decode_cli.py). rich and
+matplotlib load only when their format is asked for.
 """
 
+from .decode_manifest import decode_to_experiment
+from .decode_merges import MergeStep
+from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
 from .manifest import to_experiment, to_json, write_json
 from .replay import Replay, TileState, TileStep, replay
 
-__all__ = ["Replay", "TileState", "TileStep", "replay", "to_experiment", "to_json", "write_json"]
+__all__ = [
+    "DecodeReplay",
+    "KeyRole",
+    "MergeStep",
+    "Replay",
+    "SplitReplay",
+    "TileState",
+    "TileStep",
+    "decode_to_experiment",
+    "replay",
+    "replay_decode",
+    "to_experiment",
+    "to_json",
+    "write_json",
+]

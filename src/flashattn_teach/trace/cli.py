@@ -1,5 +1,8 @@
 """``flashattn-teach replay``: replay one query block's tile updates as a table, JSON, HTML or PNG.
 
+``--decode`` replays one decode step against a KV cache instead (split-KV ranges, then the merges;
+:mod:`.decode_cli`); the options of one mode given with the other are refused by name.
+
 Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
 ``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
 above 1, batch element ``--batch-index`` (default 0) is replayed.
@@ -18,11 +21,8 @@ import argparse
 import math
 import pickle
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar
 
 import torch
 
@@ -35,15 +35,12 @@ from .._cli_types import (
     positive_int,
     seed,
 )
+from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, window
+from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
 from .replay import ORDERS, Replay, replay
 from .schedule import blocks
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-FORMATS = ("table", "json", "html", "png")
-PROG = "flashattn-teach replay"
-T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--query-block", type=nonnegative_int, default=0, help="i, the query block to replay (default 0)"
     )
-    parser.add_argument("--causal", action="store_true", help="causal masking; tiles above the diagonal are skipped")
+    parser.add_argument(
+        "--causal",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="causal masking; tiles above the diagonal are skipped (default: off, on with --decode)",
+    )
     parser.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
     parser.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
     parser.add_argument(
@@ -100,47 +102,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step", type=positive_int, default=None, help="png: draw only this tile update (1-based)")
     parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
+    add_decode_arguments(parser)
 
 
-def _list(text: str, item: Callable[[str], T]) -> list[T]:
-    return [item(x) for x in text.split(",")]
+# The options of one mode only, by destination; given with the other mode they are refused, not ignored.
+REPLAY_ONLY = (
+    "seq_len",
+    "block_m",
+    "query_block",
+    "causal_align",
+    "order",
+    "seqlens_k",
+    "cu_seqlens",
+    "pad_left",
+    "mask",
+    "extensions",
+    "step",
+)
+DECODE_ONLY = ("cache_len", "new_kv", "new_queries", "num_splits", "cache_size", "merge_order")
 
 
-def _window_side(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}") from None
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}")
-    return value
-
-
-def window(text: str) -> tuple[int, int]:
-    """``L,R``: two integers >= -1."""
-    sides = _list(text, _window_side)
-    if len(sides) != 2:
-        raise argparse.ArgumentTypeError(f"must be two integers L,R, got {text!r}")
-    return sides[0], sides[1]
-
-
-def floats(text: str) -> list[float]:
-    """``X`` or ``X,Y,...``: finite numbers."""
-    return _list(text, finite_float)
-
-
-def counts(text: str) -> list[int]:
-    """``N`` or ``N,M,...``: integers >= 0."""
-    return _list(text, nonnegative_int)
-
-
-def _per_batch(option: str, values: list[T] | None, B: int) -> list[T] | None:
-    """One value for every batch element, or one each; else an error naming the option."""
-    if values is None or len(values) == B:
-        return values
-    if len(values) == 1:
-        return values * B
-    raise ValueError(f"argument {option}: give one value or {B} (one per batch element), got {len(values)}")
+def _mode_error(args: argparse.Namespace) -> str | None:
+    """An option of the other mode given a value (not its default), named."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    for dest in REPLAY_ONLY if args.decode else DECODE_ONLY:
+        if getattr(args, dest) != defaults[dest]:
+            option = "--" + dest.replace("_", "-")
+            return f"argument {option}: not used with --decode" if args.decode else f"argument {option}: needs --decode"
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,9 +159,9 @@ def _load_mask(path: Path) -> torch.Tensor:
 def make_mask_options(args: argparse.Namespace) -> MaskOptions:
     """``--window``, ``--softcap``, ``--alibi``, ``--seqlens-k`` and ``--pad-left`` or ``--mask`` as tensors."""
     B, N = args.batch, args.seq_len
-    slopes = _per_batch("--alibi", args.alibi, B)
-    lengths = _per_batch("--seqlens-k", args.seqlens_k, B)
-    pads = _per_batch("--pad-left", args.pad_left, B)
+    slopes = per_batch("--alibi", args.alibi, B)
+    lengths = per_batch("--seqlens-k", args.seqlens_k, B)
+    pads = per_batch("--pad-left", args.pad_left, B)
     attn_mask = None
     if pads is not None:
         # Hugging Face's attention_mask (B, N) is 0 on the padding, which a left-padding tokenizer puts first.
@@ -232,7 +223,10 @@ def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; returns the exit status."""
-    problem = _option_error(args)
+    problem = _mode_error(args)
+    if problem is None and args.decode:
+        return run_decode(args)
+    problem = problem or _option_error(args)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
@@ -251,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             block_m=args.block_m,
             block_n=args.block_n,
             query_block=args.query_block,
-            causal=args.causal,
+            causal=bool(args.causal),
             causal_align=args.causal_align,
             scale=args.scale,
             order=args.order,
@@ -285,7 +279,7 @@ def _render(r: Replay, args: argparse.Namespace) -> None:
 
         render_png(r, args.out, step=args.step)
         return
-    with _open(args.out) as out:
+    with open_output(args.out) as out:
         if args.format == "table":
             from .table import render_table
 
@@ -299,20 +293,6 @@ def _render(r: Replay, args: argparse.Namespace) -> None:
             from .html import render_html
 
             out.write(render_html(r))
-
-
-@contextmanager
-def _open(path: Path | None) -> Iterator[IO[str]]:
-    """``path`` opened for writing, or stdout; a file is removed again if writing it fails half-way."""
-    if path is None:
-        yield sys.stdout
-        return
-    try:
-        with path.open("w", encoding="utf-8") as f:
-            yield f
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,9 @@ block ``j`` (Dao 2023, FlashAttention-2 Alg. 1 lines 8-10):
     acc = exp(m_old - m_i) acc + exp(S_ij - m_i) V_j
 
 and a replay gives, after each update, ``S_ij``, ``m_i``, ``l_i`` and the partial output
-``acc / l_i`` (attention over the keys seen so far), next to the final dense output. The update is the
-one in :mod:`flashattn_teach.online_softmax`, called exactly as the CPU references call it, so the replay
-and the references cannot drift apart.
+``acc / l_i`` (attention over the keys seen so far), next to the final dense output. The steps
+(:mod:`.steps`) call the update of :mod:`flashattn_teach.online_softmax` exactly as the CPU references
+call it, so the replay and the references cannot drift apart.
 
 ``order="key_major"`` replays FlashAttention's Algorithm 1 (Dao et al. 2022): the same tiles of block
 ``i`` in the same order, but the state goes to "HBM" between them (``O_i = acc / l_i`` is written and
@@ -29,135 +29,24 @@ a time, never stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from enum import Enum
-from itertools import islice
 
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from .._layout import compute_dtype
 from .._options import AttentionOptions, make_options
 from .._validate import check_window, validate_block_sizes
 from .._validate_varlen import check_cu_seqlens
 from ..causal import TileKind
-from ..errors import AttentionTypeError, AttentionValueError
-from ..masks import MaskSpec, Tiling
+from ..errors import AttentionValueError
+from ..masks import MaskSpec
 from ..reference.dense import dense_attention
-from .schedule import ORDERS, Done, Schedule, Skipped, Tile, blocks, visited_key_blocks
+from .inputs import check_index, one_head, one_slope, pick_matrix
+from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
+from .steps import Steps, TileState, TileStep
 
 __all__ = ["ORDERS", "Replay", "Steps", "Tile", "TileState", "TileStep", "replay"]
-
-
-class TileState(Enum):
-    """A tile of the ``(T_r, T_c)`` grid at one step of a replay; every renderer draws these."""
-
-    CURRENT = "current"  # folded in at this step
-    ACCUMULATED = "accumulated"  # an earlier tile of the replayed query block
-    DONE = "done"  # a tile of another query block, computed earlier in the schedule
-    SKIPPED = "skipped"  # a SKIP tile (causal, window, seqlens_k or attn_mask): never computed
-    PENDING = "pending"  # computed later
-
-
-@dataclass(frozen=True)
-class TileStep:
-    """The state of query block ``i`` after folding in the tile of key block ``j``.
-
-    ``rows = (r0, r1)`` and ``cols = (c0, c1)`` are half-open; ``completed_columns`` is ``c0``, the first
-    column of this tile (with a window, the columns before it need not all have been visited). ``kind`` is
-    the tile's :class:`~flashattn_teach.causal.TileKind` under the mask contract, FULL or PARTIAL.
-    ``S_ij (Br, Bc)`` is scaled, capped and biased, ``-inf`` where masked; ``m_i, l_i (Br,)`` are the values
-    after the update; ``O_partial = acc / l_i`` and ``O_final`` (dense attention) are ``(Br, D_v)``;
-    ``max_diff = max |O_partial - O_final|``. ``position`` is this update's index in the whole schedule of
-    the chosen loop order and ``done`` the tiles (of every query block) computed before it.
-    """
-
-    index: int
-    i: int
-    j: int
-    rows: tuple[int, int]
-    cols: tuple[int, int]
-    completed_columns: int
-    kind: TileKind
-    S_ij: Tensor
-    m_i: Tensor
-    l_i: Tensor
-    O_partial: Tensor
-    O_final: Tensor
-    max_diff: float
-    position: int
-    done: Done
-
-    @property
-    def masked(self) -> bool:
-        """The tile is PARTIAL and ran with its own mask."""
-        return self.kind is TileKind.PARTIAL
-
-    @property
-    def skipped(self) -> bool:
-        """Always False: a skipped tile is never visited, so it is never a step (see ``Replay.skipped``)."""
-        return self.kind is TileKind.SKIP
-
-
-@dataclass(frozen=True)
-class Steps:
-    """The tile updates of one query block, computed afresh each time they are iterated: ``len``,
-    iteration, and ``[n]`` (which runs the first ``n + 1`` updates)."""
-
-    q_i: Tensor  # (Br, D), the replayed rows
-    k: Tensor  # (N_k, D)
-    v: Tensor  # (N_k, D_v)
-    O_final: Tensor  # (Br, D_v)
-    i: int
-    rows: tuple[int, int]
-    tiling: Tiling
-    batch_index: int
-    scale: float
-    schedule: Schedule
-
-    def __len__(self) -> int:
-        return len(self.schedule.key_blocks(self.i))
-
-    def __getitem__(self, n: int) -> TileStep:
-        if n < 0:
-            n += len(self)
-        if not 0 <= n < len(self):
-            raise IndexError(f"step index out of range [0, {len(self)})")
-        return next(islice(self, n, None))
-
-    def __iter__(self) -> Iterator[TileStep]:
-        r0, r1 = self.rows
-        b, device, softcap = self.batch_index, self.q_i.device, self.tiling.spec.softcap
-        m_i, l_i, acc = osm.init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device)
-        # The inner loop of query_major_forward: the key blocks the tiling visits, SKIP tiles left out.
-        for n, j in enumerate(self.schedule.key_blocks(self.i)):
-            c0, c1 = self.tiling.col_blocks[j]
-            if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
-                acc = osm.normalize(l_i, acc) * l_i.unsqueeze(-1)
-            allowed, bias = self.tiling.head_tile(self.i, j, (r0, r1), b=b, h=0, device=device)  # (Br, Bc) or None
-            S_ij = osm.score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
-            O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
-            position = self.schedule.index((self.i, j))
-            yield TileStep(
-                index=n,
-                i=self.i,
-                j=j,
-                rows=(r0, r1),
-                cols=(c0, c1),
-                completed_columns=c0,
-                kind=self.tiling.kind(self.i, j, b=b, h=0),
-                S_ij=S_ij,
-                m_i=m_i,
-                l_i=l_i,
-                O_partial=O_partial,
-                O_final=self.O_final,
-                max_diff=float((O_partial - self.O_final).abs().max()),
-                position=position,
-                done=self.schedule.before(position),
-            )
 
 
 @dataclass(frozen=True)
@@ -248,41 +137,6 @@ class Replay:
         return cells
 
 
-def _pick(t: Tensor, name: str, batch_index: int) -> Tensor:
-    """``(N, D)`` or ``(B, N, D)`` -> the ``(N, D)`` matrix of batch element ``batch_index`` (size 1 broadcasts)."""
-    if t.dim() not in (2, 3):
-        raise AttentionValueError(f"{name} must have shape (N, D) or (B, N, D), got {tuple(t.shape)}")
-    return t if t.dim() == 2 else t[0 if t.shape[0] == 1 else batch_index]
-
-
-def _one_head(t: Tensor) -> Tensor:
-    """``(N, D)`` or ``(B, N, D)`` -> ``(B, 1, N, D)``: the replay runs one head of a batch (a view)."""
-    return t.reshape(1, 1, *t.shape) if t.dim() == 2 else t.unsqueeze(1)
-
-
-def _index(name: str, value: object, size: int, sizes: str) -> int:
-    """``value`` as an index into ``range(size)``, else an error naming the argument and ``sizes``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AttentionTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not 0 <= value < size:
-        raise AttentionValueError(f"{name} must be in [0, {size}) for {sizes}, got {value}")
-    return value
-
-
-def _slopes(alibi_slopes: float | Tensor | None, B: int) -> Tensor | None:
-    """One slope (a number) -> ``(1,)`` (the one head's); a ``(B,)`` tensor -> ``(B, 1)`` (per batch element).
-    Anything else goes on unchanged, for ``make_options`` to name."""
-    if alibi_slopes is None or (isinstance(alibi_slopes, Tensor) and alibi_slopes.shape != (B,)):
-        return alibi_slopes
-    if isinstance(alibi_slopes, Tensor):
-        return alibi_slopes.reshape(B, 1)
-    if isinstance(alibi_slopes, bool) or not isinstance(alibi_slopes, (int, float)):
-        raise AttentionTypeError(
-            f"alibi_slopes must be a number or a tensor of shape ({B},), got {type(alibi_slopes).__name__}"
-        )
-    return torch.tensor([float(alibi_slopes)], dtype=torch.float64)
-
-
 def replay(
     q: Tensor,
     k: Tensor,
@@ -342,15 +196,15 @@ def replay(
         raise AttentionValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
     for t, name in ((q, "query"), (k, "key"), (v, "value")):
         if isinstance(t, Tensor):
-            _pick(t, name, 0)  # the shape check, before the reshape below
+            pick_matrix(t, name, 0)  # the shape check, before the reshape below
     block_m, block_n = validate_block_sizes(block_m, block_n)
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
-    batch_index = _index("batch_index", batch_index, B, f"batch size B={B}")
+    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
     if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(-3)  # (B, N_q, N_k) -> (B, 1, N_q, N_k): the one head
     # The one mask contract, built as every CPU path builds it, for (B, 1, N, D): batch B, one head.
-    four_d = [_one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
+    four_d = [one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
     opts = make_options(
         *four_d,
         causal=causal,
@@ -359,15 +213,15 @@ def replay(
         attn_mask=attn_mask,
         window=window,
         softcap=softcap,
-        alibi_slopes=_slopes(alibi_slopes, B),
+        alibi_slopes=one_slope(alibi_slopes, B),
         seqlens_k=seqlens_k,
     )
     if cu_seqlens is not None:
         opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
     dt = compute_dtype(q.dtype)
-    q2, k2, v2 = (_pick(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+    q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
-    i = _index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
+    i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     tiling = opts.mask.tiling(block_m, block_n)
     order_tiles = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)

@@ -4,7 +4,9 @@ Layers, each in its own file:
 
     forward.py    the forward kernel and its key/value loop
     tiles.py      the tile loads and stores both kernels use
-    backward.py   the backward kernels: delta preprocess, dK/dV, dQ
+    backward.py   the backward scheme and its delta = rowsum(dO * O) preprocess
+    backward_dkdv.py  the dK/dV kernel (a program owns a key block)
+    backward_dq.py    the dQ kernel (a program owns a query block)
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
     variants.py   a call's variants as the kernels' flags and arguments

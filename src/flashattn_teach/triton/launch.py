@@ -271,7 +271,9 @@ def backward(
     Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
-    from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+    from .backward import _attn_bwd_preprocess
+    from .backward_dkdv import _attn_bwd_dkdv
+    from .backward_dq import _attn_bwd_dq
     from .forward import LOG2E
 
     dkdv_config, dq_config = check_backward_config(config, q, s)

@@ -1,0 +1,74 @@
+"""What ``flashattn-teach replay`` and its ``--decode`` mode share: option types, dtypes, the output file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TypeVar
+
+import torch
+
+from .._cli_types import finite_float, nonnegative_int
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+FORMATS = ("table", "json", "html", "png")
+PROG = "flashattn-teach replay"
+T = TypeVar("T")
+
+
+def _list(text: str, item: Callable[[str], T]) -> list[T]:
+    return [item(x) for x in text.split(",")]
+
+
+def _window_side(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= -1, got {text!r}")
+    return value
+
+
+def window(text: str) -> tuple[int, int]:
+    """``L,R``: two integers >= -1."""
+    sides = _list(text, _window_side)
+    if len(sides) != 2:
+        raise argparse.ArgumentTypeError(f"must be two integers L,R, got {text!r}")
+    return sides[0], sides[1]
+
+
+def floats(text: str) -> list[float]:
+    """``X`` or ``X,Y,...``: finite numbers."""
+    return _list(text, finite_float)
+
+
+def counts(text: str) -> list[int]:
+    """``N`` or ``N,M,...``: integers >= 0."""
+    return _list(text, nonnegative_int)
+
+
+def per_batch(option: str, values: list[T] | None, B: int) -> list[T] | None:
+    """One value for every batch element, or one each; else an error naming the option."""
+    if values is None or len(values) == B:
+        return values
+    if len(values) == 1:
+        return values * B
+    raise ValueError(f"argument {option}: give one value or {B} (one per batch element), got {len(values)}")
+
+
+@contextmanager
+def open_output(path: Path | None) -> Iterator[IO[str]]:
+    """``path`` opened for writing, or stdout; a file is removed again if writing it fails half-way."""
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        with path.open("w", encoding="utf-8") as f:
+            yield f
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,141 @@
+"""A decode-step replay as the seed manifest's "experiment" dict, with the splits and merges under ``"decode"``.
+
+The cases are the tile updates of every split in order, each in the seed format of :mod:`.manifest`
+(key columns in global cache positions; the partial output is the split's ``acc / l_i``; the final
+output is the dense float64 output of the whole step), plus a ``"split"`` key naming its split. The
+top-level ``"decode"`` key holds what the seed format has no place for: the cache's key roles (old, new,
+unused), the ranges, each split's partial ``(O_s, lse_s)``, and each merge's ``lse_a, lse_b, lse``, weights
+and error. A reader of the seed format ignores both keys; ``replay.schema.json`` documents them. ``-inf``
+is written as ``null``, as in :mod:`.manifest`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import IO, Any
+
+from torch import Tensor
+
+from .decode_replay import DecodeReplay, SplitReplay
+from .manifest import CONTROL_LABEL, TITLE, span
+from .steps import TileStep
+
+
+def _number(x: float) -> float | None:
+    return None if x == float("-inf") else x
+
+
+def _values(t: Tensor) -> list[float | None]:
+    return [_number(float(x)) for x in t.reshape(-1).tolist()]
+
+
+def _rows(t: Tensor) -> list[list[float | None]]:
+    return [_values(row) for row in t]
+
+
+def _case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
+    (r0, r1), (c0, c1) = step.rows, step.cols
+    return {
+        "id": f"tile-{number}",
+        "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
+        "schedule": {
+            "rows": r.N_new,
+            "columns": r.N_max,
+            "rowStart": r0,
+            "rowCount": r1 - r0,
+            "columnStart": c0,
+            "columnCount": c1 - c0,
+            "completedColumns": step.completed_columns,
+        },
+        "vectors": [
+            {"label": "Current score tile · row-major", "values": _values(step.S_ij)},
+            {"label": "Running row maximum", "values": _values(step.m_i)},
+            {"label": "Running denominator", "values": _values(step.l_i)},
+            {"label": f"Partial output · query {r0}", "values": _values(step.O_partial[0])},
+            {"label": f"Final dense output · query {r0}", "values": _values(step.O_final[0])},
+        ],
+        "metrics": [
+            {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
+            {"label": "Elements in a full score matrix", "value": r.N_new * r.L},
+            {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
+        ],
+        "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
+    }
+
+
+def _cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
+    number = 0
+    for split in r.splits:
+        for step in split:
+            number += 1
+            yield _case(r, split, step, number)
+
+
+def _decode(r: DecodeReplay) -> dict[str, Any]:
+    return {
+        "cacheLen": r.cache_len,
+        "newKeys": r.N_new_kv,
+        "newQueries": r.N_new,
+        "cacheSize": r.N_max,
+        "blockN": r.block_n,
+        "numSplits": r.num_splits,
+        "keys": list(r.keys),
+        "causal": r.causal,
+        "window": list(r.window),
+        "softcap": r.softcap,
+        "alibiSlope": r.alibi_slope,
+        "scale": r.scale,
+        "batchIndex": r.batch_index,
+        "head": r.head,
+        "keyRoles": [r.role(j).value for j in range(r.N_max)],
+        "visible": ["".join("1" if x else "0" for x in row) for row in r.visible.tolist()],
+        "ranges": [list(keys) for keys in r.ranges],
+        "splits": [
+            {
+                "split": s.index,
+                "keys": list(s.keys),
+                "tileUpdates": len(s),
+                "lse": _values(s.lse_s),
+                "output": _rows(s.O_s),
+            }
+            for s in r.splits
+        ],
+        "merges": [
+            {
+                "merge": m.index + 1,
+                "merged": list(m.merged),
+                "split": m.split,
+                "lseA": _values(m.lse_a),
+                "lseB": _values(m.lse_b),
+                "lse": _values(m.lse),
+                "weightA": _values(m.w_a),
+                "weightB": _values(m.w_b),
+                "output": _rows(m.O),
+                "maxDiff": m.max_diff,
+            }
+            for m in r.merges
+        ],
+        "output": _rows(r.O),
+        "lse": _values(r.lse),
+        "denseOutput": _rows(r.O_final),
+        "denseLse": _values(r.lse_final),
+        "maxDiff": r.max_diff,
+    }
+
+
+def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
+    """The seed manifest's ``"experiment"`` dict for a decode step: one case per tile update, then ``"decode"``."""
+    return {
+        "kind": "schedule",
+        "title": TITLE,
+        "controlLabel": CONTROL_LABEL,
+        "cases": list(_cases(r)),
+        "decode": _decode(r),
+    }
+
+
+def write_decode_json(r: DecodeReplay, file: IO[str], *, indent: int | None = 2) -> None:
+    """Write ``decode_to_experiment(r)`` to ``file`` as strict JSON (a decode step is small: no streaming)."""
+    # allow_nan=False: a stray inf or NaN raises here rather than writing the non-JSON Infinity or NaN.
+    file.write(json.dumps(decode_to_experiment(r), indent=indent, ensure_ascii=False, allow_nan=False))

@@ -1,0 +1,138 @@
+"""The tile updates of one query block: the running statistics after each, computed when iterated.
+
+For query block ``i`` the online softmax folds in one score tile ``S_ij`` per visited key block ``j``
+(Dao 2023, FlashAttention-2 Alg. 1 lines 8-10), through :mod:`flashattn_teach.online_softmax`, called
+exactly as the CPU references call it:
+
+    m_i = max(m_i, rowmax(S_ij)),   l_i = exp(m_old - m_i) l_i + rowsum(exp(S_ij - m_i)),
+    acc = exp(m_old - m_i) acc + exp(S_ij - m_i) V_j
+
+:class:`Steps` yields one :class:`TileStep` per update; the replay of a prefill query block
+(:mod:`.replay`) and of one split of a decode step (:mod:`.decode_replay`) both iterate it, and every
+renderer draws the tile states of :class:`TileState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from itertools import islice
+
+from torch import Tensor
+
+from .. import online_softmax as osm
+from ..causal import TileKind
+from ..masks import Tiling
+from .schedule import Done, Schedule
+
+__all__ = ["Steps", "TileState", "TileStep"]
+
+
+class TileState(Enum):
+    """A tile of the ``(T_r, T_c)`` grid at one step of a replay; every renderer draws these."""
+
+    CURRENT = "current"  # folded in at this step
+    ACCUMULATED = "accumulated"  # an earlier tile of the replayed query block
+    DONE = "done"  # a tile of another query block, computed earlier in the schedule
+    SKIPPED = "skipped"  # a SKIP tile (causal, window, seqlens_k or attn_mask): never computed
+    PENDING = "pending"  # computed later
+
+
+@dataclass(frozen=True)
+class TileStep:
+    """The state of query block ``i`` after folding in the tile of key block ``j``.
+
+    ``rows = (r0, r1)`` and ``cols = (c0, c1)`` are half-open; ``completed_columns`` is ``c0``, the first
+    column of this tile (with a window, the columns before it need not all have been visited). ``kind`` is
+    the tile's :class:`~flashattn_teach.causal.TileKind` under the mask contract, FULL or PARTIAL.
+    ``S_ij (Br, Bc)`` is scaled, capped and biased, ``-inf`` where masked; ``m_i, l_i (Br,)`` are the values
+    after the update; ``O_partial = acc / l_i`` and ``O_final`` (dense attention) are ``(Br, D_v)``;
+    ``max_diff = max |O_partial - O_final|``. ``position`` is this update's index in the whole schedule of
+    the chosen loop order and ``done`` the tiles (of every query block) computed before it.
+    """
+
+    index: int
+    i: int
+    j: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    completed_columns: int
+    kind: TileKind
+    S_ij: Tensor
+    m_i: Tensor
+    l_i: Tensor
+    O_partial: Tensor
+    O_final: Tensor
+    max_diff: float
+    position: int
+    done: Done
+
+    @property
+    def masked(self) -> bool:
+        """The tile is PARTIAL and ran with its own mask."""
+        return self.kind is TileKind.PARTIAL
+
+    @property
+    def skipped(self) -> bool:
+        """Always False: a skipped tile is never visited, so it is never a step (see ``Replay.skipped``)."""
+        return self.kind is TileKind.SKIP
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The tile updates of one query block, computed afresh each time they are iterated: ``len``,
+    iteration, and ``[n]`` (which runs the first ``n + 1`` updates)."""
+
+    q_i: Tensor  # (Br, D), the replayed rows
+    k: Tensor  # (N_k, D)
+    v: Tensor  # (N_k, D_v)
+    O_final: Tensor  # (Br, D_v)
+    i: int
+    rows: tuple[int, int]
+    tiling: Tiling
+    batch_index: int
+    scale: float
+    schedule: Schedule
+
+    def __len__(self) -> int:
+        return len(self.schedule.key_blocks(self.i))
+
+    def __getitem__(self, n: int) -> TileStep:
+        if n < 0:
+            n += len(self)
+        if not 0 <= n < len(self):
+            raise IndexError(f"step index out of range [0, {len(self)})")
+        return next(islice(self, n, None))
+
+    def __iter__(self) -> Iterator[TileStep]:
+        r0, r1 = self.rows
+        b, device, softcap = self.batch_index, self.q_i.device, self.tiling.spec.softcap
+        m_i, l_i, acc = osm.init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device)
+        # The inner loop of query_major_forward: the key blocks the tiling visits, SKIP tiles left out.
+        for n, j in enumerate(self.schedule.key_blocks(self.i)):
+            c0, c1 = self.tiling.col_blocks[j]
+            if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
+                acc = osm.normalize(l_i, acc) * l_i.unsqueeze(-1)
+            allowed, bias = self.tiling.head_tile(self.i, j, (r0, r1), b=b, h=0, device=device)  # (Br, Bc) or None
+            S_ij = osm.score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
+            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
+            O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
+            position = self.schedule.index((self.i, j))
+            yield TileStep(
+                index=n,
+                i=self.i,
+                j=j,
+                rows=(r0, r1),
+                cols=(c0, c1),
+                completed_columns=c0,
+                kind=self.tiling.kind(self.i, j, b=b, h=0),
+                S_ij=S_ij,
+                m_i=m_i,
+                l_i=l_i,
+                O_partial=O_partial,
+                O_final=self.O_final,
+                max_diff=float((O_partial - self.O_final).abs().max()),
+                position=position,
+                done=self.schedule.before(position),
+            )
