@@ -20,6 +20,8 @@ triton = pytest.importorskip("triton")
 
 import torch  # noqa: E402
 from _triton_cases import DEVICE, ON_GPU, REL_TOL, assert_close_scaled  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 import flashattn_teach as fa  # noqa: E402
 from flashattn_teach import decode  # noqa: E402
@@ -27,8 +29,9 @@ from flashattn_teach.triton import decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
 B, H_KV, N_MAX = 3, 2, 40
-# old entries per batch element: an empty cache, and lengths that end inside a 16-key block
-SEQLENS = [0, 17, 33]
+# old entries per batch element: an empty cache, and lengths that end inside a 16-key block, or with 3 new
+# entries (L = 32) on a block boundary, where the diagonal's block is whole and must still be masked
+SEQLENS = [0, 17, 29]
 
 
 def problem(*, group=2, n_new=1, n_new_kv=0, D=16, D_v=16, dtype=torch.float32, seed=0, layout="bhnd"):
@@ -113,9 +116,10 @@ def test_query_heads_times_new_queries_beyond_one_row_block_and_strided_caches()
 
 
 @pytest.mark.parametrize(
-    ("window", "causal"), [((5, 0), True), ((3, 2), False), ((-1, 4), False)], ids=["causal_left5", "3_2", "right4"]
+    ("window", "causal"), [((20, 0), True), ((3, 2), False), ((-1, 4), False)], ids=["causal_left20", "3_2", "right4"]
 )
 def test_window(window, causal):
+    # (20, 0) over L = 30: keys [8, 30) in two splits, the first a whole block that row 1 (left bound 9) cuts
     check_against_oracle(
         problem(n_new=2, n_new_kv=1), what=f"window {window}", window=window, causal=causal, num_splits=2
     )
@@ -131,12 +135,40 @@ def test_float16_and_a_negative_scale():
     check_against_oracle(problem(dtype=torch.float16, n_new_kv=1), what="fp16", scale=-0.3, num_splits=2)
 
 
+@settings(max_examples=6)
+@given(
+    keys=st.lists(st.one_of(st.integers(0, N_MAX), st.sampled_from([16, 32])), min_size=B, max_size=B),
+    group=st.sampled_from([1, 2, 4]),
+    n_new=st.integers(1, 3),
+    n_new_kv=st.integers(0, 2),
+    num_splits=st.integers(1, 5),
+    causal=st.booleans(),
+    window=st.sampled_from([None, (4, 0), (6, 3), (20, 0)]),
+)
+def test_the_kernel_matches_the_oracle_for_any_lengths_and_splits(
+    keys, group, n_new, n_new_kv, num_splits, causal, window
+):
+    # L_b = keys[b] (at least the new entries): often on a block boundary, where only the masks tell rows apart
+    q, k_cache, v_cache, k, v = problem(group=group, n_new=n_new, n_new_kv=n_new_kv)
+    seqlens = torch.tensor([max(L - n_new_kv, 0) for L in keys], device=DEVICE)
+    options = {"causal": causal, "window": window, "num_splits": num_splits, "return_lse": True}
+    ref_cache = (wide(k_cache), wide(v_cache))
+    O, lse = fa.flash_attention_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=seqlens, backend="triton", **options
+    )
+    O_ref, lse_ref = fa.flash_attention_with_kvcache(
+        wide(q), *ref_cache, wide(k), wide(v), cache_seqlens=seqlens.cpu(), backend="dense", **options
+    )
+    assert_close_scaled(O, O_ref, REL_TOL[q.dtype], "O")
+    assert_close_scaled(lse, lse_ref, REL_TOL[q.dtype], "lse")
+
+
 def test_lengths_outside_the_cache_are_clamped_not_read_on_the_host():
     # the Triton path does not read cache_seqlens on the host (no sync); 99 > N_max acts as N_max
     q, k_cache, v_cache, _, _ = problem()
-    O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([0, 17, 99]), backend="triton")
+    O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([0, 29, 99]), backend="triton")
     O_ref = fa.flash_attention_with_kvcache(
-        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=torch.tensor([0, 17, N_MAX]), backend="dense"
+        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=torch.tensor([0, 29, N_MAX]), backend="dense"
     )
     assert_close_scaled(O, O_ref, REL_TOL[q.dtype], "clamped lengths: O")
 
