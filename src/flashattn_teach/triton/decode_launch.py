@@ -60,7 +60,7 @@ TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stage
 # dims <= 64) run "tf32x3" dots, whose split operands need more registers: 32 keys, two stages. Every row
 # compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
 # (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.decode_inspect --rows``).
-_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 4)}
+_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 8)}
 _TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4)}
 # Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
 # the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
