@@ -188,7 +188,7 @@ def _decode_split_fwd(
 
     ``Q (B, H_q, N_new, D)``; ``K, V (B, H_kv, N_max, .)``, the caches; ``O (num_splits, B, H_q, N_new,
     D_v)`` and ``LSE (num_splits, B, H_q, N_new)``: fp32 partials, or with one split the final outputs
-    (``stride_os = stride_ls = 0``), any strides. ``CACHE_SEQLENS (B,)`` int32, clamped here to
+    viewed with a leading axis of 1, any strides. ``CACHE_SEQLENS (B,)`` int32, clamped here to
     ``[0, N_max - N_new_kv]`` so no key is read past the cache. ``qk_scale = scale log2(e)``; ``LEFT,
     RIGHT``: the window with causal folded in; ``ALIBI_SLOPES`` fp32 at ``b stride_slope_b + h
     stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``."""
