@@ -2,8 +2,9 @@
 # One command for a GPU machine: the GPU tests, a trimmed benchmark (bf16, head dims 64 and 128, causal and
 # not, N = 2k and 8k), then the loop-profile estimate of the same kernels next to the measured numbers, within
 # 6 minutes on an H200 (each part's timeout is capped by what is left of SUITE_SECONDS, default 350), then the
-# variant rows (benchmarks/bench_gpu_variants.py). Outputs, kept few: iomodel.txt, gpu-tests.{log,xml} (or
-# gpu-checks.log), bench.log, bench/, variants.log, variants/, loops.txt, under $OUT when
+# variant rows (benchmarks/bench_gpu_variants.py) and the decode rows (benchmarks/bench_decode.py). Outputs, kept
+# few: iomodel.txt, gpu-tests.{log,xml} (or gpu-checks.log), bench.log, bench/, variants.log, variants/,
+# decode.log, decode/, loops.txt, under $OUT when
 # it is set, else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
 # Needs only python3 with torch and triton: no network, no pip install. Triton compiles each kernel once per
 # machine (its cache is shared by the tests, the benchmark and the loop profile's runs).
@@ -13,7 +14,7 @@
 #
 #   bash benchmarks/run_gpu_suite.sh
 #   OUT=/some/dir PYTHON=python3 SUITE_SECONDS=350 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=150 VARIANTS_TIMEOUT=90 \
-#       bash benchmarks/run_gpu_suite.sh
+#       DECODE_TIMEOUT=75 bash benchmarks/run_gpu_suite.sh
 #
 # Exit status: 0 when every part that ran succeeded; 1 if the GPU tests failed; 2 if the benchmark failed.
 set -u
@@ -105,6 +106,14 @@ timeout "$(budget "${VARIANTS_TIMEOUT:-90}")" "$PY" benchmarks/bench_gpu_variant
     2>&1 | tee "$OUT_DIR/variants.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -ne 0 ] && echo "variant rows: exit $rc (124 is a timeout; rows so far in $OUT_DIR/variants/variants.csv)"
+
+# Decode rows (one step against a KV cache, batch 1-64, cache 1k-128k: ours with the chosen and with one split,
+# SDPA without and with a key-padding mask). Fail soft like the variant rows; not counted in the exit status.
+echo "== Decode rows (flash_attention_with_kvcache vs SDPA)"
+timeout "$(budget "${DECODE_TIMEOUT:-75}")" "$PY" benchmarks/bench_decode.py --out "$OUT_DIR/decode" \
+    2>&1 | tee "$OUT_DIR/decode.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -ne 0 ] && echo "decode rows: exit $rc (124 is a timeout; rows so far in $OUT_DIR/decode/decode.csv)"
 
 # The loop profile's estimate of the benchmarked kernels, next to their measured TFLOP/s: what calibrates it.
 if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--loops"; then

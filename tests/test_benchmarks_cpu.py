@@ -179,3 +179,22 @@ def test_bench_gpu_variants_without_cuda_says_so_and_exits_0(tmp_path):
     proc = _run([sys.executable, str(BENCH / "bench_gpu_variants.py"), "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     assert "CUDA is absent" in proc.stdout
+
+
+def test_bench_decode_cpu_writes_its_rows(tmp_path):
+    proc = _run([sys.executable, str(BENCH / "bench_decode.py"), "--cpu", "--providers", "ours", "sdpa-mask",
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "decode.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and {r["provider"] for r in rows} == {"ours", "sdpa-mask"}
+    assert all(r["status"] == "ok" and float(r["time_ms"]) > 0 and float(r["gbps"]) > 0 for r in rows), rows
+    assert (tmp_path / "decode.md").read_text().count("\n| ") == 4 + 1  # the header and one line per shape
+    assert set(json.loads((tmp_path / "decode.json").read_text())["machine"]) >= {"cpu", "torch", "date"}
+
+
+@no_cuda
+def test_bench_decode_without_cuda_says_so_and_exits_0(tmp_path):
+    proc = _run([sys.executable, str(BENCH / "bench_decode.py"), "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA is absent" in proc.stdout

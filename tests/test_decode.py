@@ -495,8 +495,9 @@ def test_bad_options_name_the_argument(options, error, words):
         fa.flash_attention_with_kvcache(**bad(), **options)
 
 
-def test_triton_is_refused_with_the_reason():
-    with pytest.raises(NotImplementedError, match="no Triton decode kernel yet"):
+def test_triton_refuses_what_its_kernel_cannot_run_with_the_reason():
+    # bad()'s float64 tensors (or, without the interpreter, CPU tensors; or no triton at all)
+    with pytest.raises(NotImplementedError, match="backend='triton' cannot run this decode call: "):
         fa.flash_attention_with_kvcache(**bad(), backend="triton")
 
 

@@ -41,8 +41,10 @@ built per batch element and range, and the contract itself needs no per-batch of
 On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
 heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
 query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
-head (:func:`_decode_one`). A GPU decode kernel would run the ranges as ``B x H_kv x num_splits`` programs
-at once, and :mod:`flashattn_teach.splitkv` says how many splits fill the GPU.
+head (:func:`_decode_one`). On CUDA the Triton decode kernel (:mod:`flashattn_teach.triton.decode`) runs
+the ranges as ``B x H_kv x num_splits`` programs at once, each taking the ``G x N_new`` query rows of one
+key/value head, and merges the partials in a second small kernel; :mod:`flashattn_teach.splitkv` says how
+many splits fill the GPU.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from .reference.dense import dense_forward
 from .reference.online import tiled_attention
 from .splitkv import default_num_splits, split_ranges
 
-DECODE_BACKENDS = ("auto", "parallel", "online", "key_major", "dense")
+DECODE_BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 
 
 def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
@@ -139,12 +141,37 @@ def _range_options(
     )
 
 
+def _triton_reason(q: Tensor, v_cache: Tensor) -> str | None:
+    """Why the Triton decode kernel cannot run these (validated) inputs, or None."""
+    from .triton.decode_launch import decode_unsupported_reason
+
+    return decode_unsupported_reason(q, v_cache)
+
+
+def _route(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> str:
+    """``"triton"`` for the Triton decode kernel, else the CPU path's backend for every range. ``"auto"``
+    takes the kernel for CUDA tensors when it can run them, no gradient is wanted (it is forward only) and
+    no torch.func transform is active; otherwise the CPU paths as before."""
+    if backend not in DECODE_BACKENDS:
+        raise AttentionValueError(f"backend must be one of {DECODE_BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        reason = _triton_reason(q, v_cache)
+        if reason is not None:
+            raise NotImplementedError(f"backend='triton' cannot run this decode call: {reason}")
+        return backend
+    if backend == "auto" and q.is_cuda and not torch._C._are_functorch_transforms_active():
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
+        if not grads and _triton_reason(q, v_cache) is None:
+            return "triton"
+    return backend
+
+
 def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
-    """The library's choice for one range, on a CPU path: there is no Triton decode kernel yet, and the
-    prefill kernel does not take the per-range diagonal offset."""
+    """The library's choice for one range, on a CPU path: the prefill kernel does not take the per-range
+    diagonal offset (the Triton decode kernel is chosen before, by :func:`_route`)."""
     p = plan(q, k, v, opts, backend)
     if p.backend == "triton":
-        return Plan("online", "CUDA tensors: no Triton decode kernel yet, the query-major reference")
+        return Plan("online", "CUDA tensors on a CPU path: the query-major reference")
     return p
 
 
@@ -304,7 +331,9 @@ def flash_attention_with_kvcache(
             ``N_new_kv`` to it for the next step.
         cache_seqlens: int32/int64 ``(B,)`` on ``q``'s device, or one int for every batch element: valid
             entries before this step. Batch element ``b`` attends over keys ``[0, L_b)``,
-            ``L_b = cache_seqlens[b] + N_new_kv``.
+            ``L_b = cache_seqlens[b] + N_new_kv``. The Triton path reads a tensor's values on the device only
+            (no host synchronisation in a decode loop): they are not checked there, but clamped to
+            ``[0, N_max - N_new_kv]``, so a bad value cannot touch memory outside the caches.
         causal: query row i sits at position ``L_b - N_new + i`` and sees keys ``j <= L_b - N_new + i``
             (bottom-right, per batch element; the module docs draw it). On by default, as flash-attn.
         scale: softmax scale, default ``1 / sqrt(D)``.
@@ -313,13 +342,18 @@ def flash_attention_with_kvcache(
         alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |L_b - N_new + i - j|`` added to the scores.
         num_splits: how many contiguous ranges the keys are cut into: ``[0, L_b)``, or with a window's left
             side the keys some row's window reaches, ``[max(0, L_b - N_new - left), L_b)``; the same number
-            of keys in each (rounded up), ranges past the last key empty. Any count gives the same result
-            up to rounding. ``0`` chooses: on CUDA flash-attn's rule from the SM count and the shapes
-            (:mod:`flashattn_teach.splitkv`), on the CPU 1, since the CPU paths run the ranges one after
-            another and already spread the heads over their worker threads.
-        backend: ``"auto"`` (the threaded CPU path; the query-major reference under a torch.func
-            transform or for CUDA tensors), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"``
-            (the oracle), for every range. ``"triton"`` is refused: there is no Triton decode kernel yet.
+            of keys in each (rounded up; the Triton kernel rounds up to whole key blocks), ranges past the
+            last key empty. Any count gives the same result up to rounding. ``0`` chooses: on CUDA
+            flash-attn's rule from the SM count and the shapes (:mod:`flashattn_teach.splitkv`; the Triton
+            path takes ``N_max`` as the key length, since the lengths stay on the device), on the CPU 1,
+            since the CPU paths run the ranges one after another and already spread the heads over their
+            worker threads.
+        backend: ``"auto"`` (for CUDA tensors the Triton decode kernel when triton is installed, no
+            gradient is wanted and no torch.func transform is active, else the query-major reference; for
+            CPU tensors the threaded CPU path, or the query-major reference under a torch.func transform),
+            ``"triton"`` (forward only: float16, bfloat16 or float32, CUDA tensors, or CPU tensors with
+            ``TRITON_INTERPRET=1``), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"`` (the
+            oracle), for every range.
         return_lse: also return ``lse`` of shape ``(B, H_q, N_new)``.
 
     Returns:
@@ -352,28 +386,39 @@ def flash_attention_with_kvcache(
     q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
     B, H_q, N_new, _ = q.shape
     N_max = k_cache.shape[2]
-    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)
     N_new_kv = 0 if k is None else k.shape[2]
     if k is not None and v is not None:
-        check_room(lengths, N_new_kv, N_max)
         check_no_grad_through_write(k_cache, v_cache, k, v)
     causal = check_bool("causal", causal)
     # Checked here too (each range's make_options checks them again) so that bad values fail even for B = 0.
-    check_scale(scale, q.shape[3])
+    resolved_scale = check_scale(scale, q.shape[3])
     window_sizes = check_window(window)
-    check_softcap(softcap)
+    cap = check_softcap(softcap)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
     lse_wanted = check_bool("return_lse", return_lse)
-    if backend == "triton":
-        raise NotImplementedError(
-            "flash_attention_with_kvcache has no Triton decode kernel yet; use backend='auto' or a CPU backend "
-            "('parallel', 'online', 'key_major', 'dense')"
-        )
-    if backend not in DECODE_BACKENDS:
-        raise AttentionValueError(f"backend must be one of {(*DECODE_BACKENDS, 'triton')}, got {backend!r}")
+    if _route(backend, q, k_cache, v_cache) == "triton":
+        from .triton.decode_launch import triton_decode
 
+        O, lse = triton_decode(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            cache_seqlens=cache_seqlens,
+            causal=causal,
+            scale=resolved_scale,
+            window=window_sizes,
+            softcap=cap,
+            alibi_slopes=slopes,
+            num_splits=splits,
+        )
+        return (O, lse) if lse_wanted else O
+
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)
     if k is not None and v is not None:
+        check_room(lengths, N_new_kv, N_max)
         append_to_cache(k_cache, v_cache, k, v, lengths)
     L = [n + N_new_kv for n in lengths]
     if splits == 0:

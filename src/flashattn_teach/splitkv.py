@@ -76,7 +76,9 @@ def split_ranges(L: int, num_splits: int) -> list[tuple[int, int]]:
 
 def default_num_splits(q: Tensor, k_cache: Tensor, L_max: int) -> int:
     """``num_splits=0``: on CUDA, :func:`cuda_num_splits` for the GPU's SM count and the longest key range
-    ``L_max``; on the CPU 1 (its paths run the ranges one after another, so more would only add merges)."""
+    ``L_max`` (the Triton decode path passes the caches' capacity ``N_max``, as flash-attn does, since its
+    lengths stay on the device); on the CPU 1 (its paths run the ranges one after another, so more would
+    only add merges)."""
     if not q.is_cuda:
         return 1
     B, H_q, N_q, D = q.shape

@@ -1,0 +1,304 @@
+"""Split-KV decoding (Flash-Decoding) in Triton: the kernels behind ``flash_attention_with_kvcache``.
+
+A decode step has ``N_new`` new queries (often 1) per head against a long cache, so the prefill kernel's
+grid of ``(query block, batch, head)`` programs would be ``B x H_q`` programs of one row each. Here
+(Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"):
+
+    program (b, h_kv, i, s)   rows: the G = H_q / H_kv query heads of key/value head h_kv times the
+                              N_new new queries, row r = g N_new + n (query head h_kv G + g, query n),
+                              BLOCK_M of them (block i); so each cached key is read once per h_kv
+                              keys: split s of batch element b's range, in BLOCK_N-key blocks j
+
+    _decode_split_fwd   B x H_kv x cdiv(G N_new, BLOCK_M) x num_splits programs, each the online
+                        softmax (FA2 Alg. 1) over its split, writing a partial (O_s, lse_s)
+    _decode_combine     one program per query row: the exact merge of the num_splits partials,
+                        split after split (merge.py's merge_attention_states, one level up)
+
+With one split the first kernel writes the final ``O`` and ``lse`` itself and the combine does not run.
+
+Lengths come from the device: ``L_b = cache_seqlens[b] + N_new_kv`` is loaded by each program, so one
+compiled kernel serves every cache length and no host synchronisation is needed. Query row n of batch
+element b sits at position ``p = L_b - N_new + n`` and sees key j iff (``decode.py``'s contract)
+
+    j < L_b   and   p - LEFT <= j <= p + RIGHT          (causal folded in as RIGHT = 0; open: UNBOUNDED)
+
+and ALiBi adds ``-slope_h |p - j|``. The keys some row may see, ``[lo, L_b)`` with ``lo = max(0, p_0 -
+LEFT)``, are cut into ``num_splits`` ranges of whole key blocks (the last one short, trailing ones empty);
+within a split, :func:`_split_key_runs` finds the blocks every row sees whole (no mask) and the ones a
+diagonal or the split's end cuts (masked), as :mod:`.masking` does for the prefill kernels.
+
+Like the prefill kernels the scores are kept in log2 units: ``s2 = scale log2(e) q.k`` and
+``lse = ln 2 (m_i + log2 l_i)``; softcap and ALiBi modify ``s2`` (:func:`~.masking._modify_scores`).
+"""
+
+from __future__ import annotations
+
+import triton
+from triton import language as tl
+
+from .forward import LN2, LOG2E
+from .masking import _in_window, _modify_scores
+from .tiles import _load_block, _store_block
+
+
+@triton.jit
+def _split_key_runs(split_begin, split_end, p_first, p_last, LEFT, RIGHT, BLOCK_N: tl.constexpr):
+    """``(begin, full_begin, full_end, end)`` of the keys ``[split_begin, split_end)`` for rows at positions
+    ``p_first..p_last``: ``[begin, full_begin)`` and ``[full_end, end)`` are masked runs (a row's left or
+    right bound, or the split's ragged end, cuts their blocks), ``[full_begin, full_end)`` holds whole
+    blocks every row sees. Block starts are ``split_begin`` plus multiples of ``BLOCK_N``."""
+    # one past the last key some row sees: the last row's right bound
+    end = tl.minimum(split_end, tl.maximum(p_last + RIGHT + 1, split_begin))
+    # the first key some row sees (the first row's left bound), rounded down to a block of the split
+    first = tl.maximum(p_first - LEFT, split_begin)
+    begin = split_begin + ((first - split_begin) // BLOCK_N) * BLOCK_N
+    # a block at c0 lies within every row's left bound iff c0 >= p_last - LEFT
+    full_begin = split_begin + tl.cdiv(tl.maximum(p_last - LEFT - split_begin, 0), BLOCK_N) * BLOCK_N
+    full_begin = tl.minimum(full_begin, end)
+    # ... and within every row's right bound and the split iff c0 + BLOCK_N <= min(p_first + RIGHT + 1, split_end)
+    right = tl.minimum(p_first + RIGHT + 1, split_end)
+    full_end = split_begin + (tl.maximum(right - split_begin, 0) // BLOCK_N) * BLOCK_N
+    return tl.minimum(begin, end), full_begin, tl.maximum(full_end, full_begin), end
+
+
+@triton.jit
+def _decode_inner(
+    acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output
+    l_i,  # (BLOCK_M,) fp32, running denominator
+    m_i,  # (BLOCK_M,) fp32, running max of the log2-unit scores
+    q,  # (BLOCK_M, BLOCK_D), the rows' queries
+    K_head,  # key and value head (b, h_kv) of the caches
+    V_head,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    start_n,
+    end_n,
+    split_end,
+    pos,  # (BLOCK_M,) int32, each row's position p
+    LEFT,
+    RIGHT,
+    qk_scale,
+    softcap_log2,
+    slope_log2,  # (BLOCK_M, 1) fp32, each row's ALiBi slope times log2(e)
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASK: tl.constexpr,
+):
+    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
+    ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_j = tl.arange(0, BLOCK_N)
+    for start in tl.range(start_n, end_n, BLOCK_N):
+        cols = start + offs_j
+        in_split = cols < split_end
+        # K_j: (BLOCK_N, BLOCK_D); S = Q K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
+        K_block = K_head + tl.cast(start, tl.int64) * stride_kn
+        k = _load_block(K_block, offs_j, offs_d, stride_kn, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+        # s2 = scale log2(e) q.k, scaled before the max (the scale may be negative)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAP or ALIBI:
+            s, _ = _modify_scores(s, pos[:, None], cols[None, :], 0, softcap_log2, slope_log2, SOFTCAP, ALIBI)
+        if MASK:
+            visible = in_split[None, :] & _in_window(pos[:, None], cols[None, :], 0, LEFT, RIGHT)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps m = -inf: subtract 0 there, not (-inf) - (-inf)
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_new_safe[:, None])  # exp2(-inf) = 0 for invisible keys
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new_safe = m_new
+            # P = exp2(s2 - m_new): every row sees a finite score in an unmasked block
+            p = tl.math.exp2(s - m_new[:, None])
+        # alpha = exp(m_old - m_new) rescales what was accumulated under the old max; l = alpha l + rowsum(P)
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # V_j: (BLOCK_N, BLOCK_DV); acc = alpha acc + P V_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV)
+        V_block = V_head + tl.cast(start, tl.int64) * stride_vn
+        v = _load_block(
+            V_block, offs_j, offs_dv, stride_vn, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+        )
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_split_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    CACHE_SEQLENS,
+    ALIBI_SLOPES,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_os,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    stride_od,
+    stride_ls,
+    stride_lb,
+    stride_lh,
+    stride_ln,
+    stride_slope_b,
+    stride_slope_h,
+    H_kv,
+    GROUP,
+    N_new,
+    N_new_kv,
+    N_max,
+    num_splits,
+    qk_scale,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``.
+
+    ``Q (B, H_q, N_new, D)``; ``K, V (B, H_kv, N_max, .)``, the caches; ``O (num_splits, B, H_q, N_new,
+    D_v)`` and ``LSE (num_splits, B, H_q, N_new)``: fp32 partials, or with one split the final outputs
+    viewed with a leading axis of 1, any strides. ``CACHE_SEQLENS (B,)`` int32, clamped here to
+    ``[0, N_max - N_new_kv]`` so no key is read past the cache. ``qk_scale = scale log2(e)``; ``LEFT,
+    RIGHT``: the window with causal folded in; ``ALIBI_SLOPES`` fp32 at ``b stride_slope_b + h
+    stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``."""
+    m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    i = pid % m_blocks
+    b = pid // m_blocks // H_kv
+    h_kv = pid // m_blocks % H_kv
+
+    # L_b = cache_seqlens[b] + N_new_kv; query row n at position p = L_b - N_new + n
+    L = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0), N_max - N_new_kv) + N_new_kv
+    p_first = L - N_new
+    # the keys some row sees: [lo, L), cut into num_splits ranges of whole blocks
+    lo = tl.minimum(tl.maximum(p_first - LEFT, 0), L)
+    blocks_per_split = tl.cdiv(tl.cdiv(L - lo, BLOCK_N), num_splits)
+    split_begin = tl.minimum(lo + s * blocks_per_split * BLOCK_N, L)
+    split_end = tl.minimum(split_begin + blocks_per_split * BLOCK_N, L)
+
+    # this block's rows r = g N_new + n: query head h = h_kv GROUP + g, query n
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_rows = rows < GROUP * N_new
+    h = h_kv * GROUP + rows // N_new
+    n = rows % N_new
+    pos = p_first + n
+    # the positions of the block's rows: the whole [p_first, L) unless the block holds fewer than N_new rows
+    p_lo = tl.min(tl.where(in_rows, pos, L), 0)
+    p_hi = tl.max(tl.where(in_rows, pos, p_first), 0)
+
+    # Q rows: (BLOCK_M, BLOCK_D), loaded once; each row its own (head, query), at a 64-bit offset from Q
+    q_rows = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + n.to(tl.int64) * stride_qn
+    q = _load_block(Q, q_rows, tl.arange(0, BLOCK_D), 1, stride_qd, in_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    if ALIBI:
+        slopes = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h, mask=in_rows, other=0.0)
+        slope_log2 = (slopes * LOG2E)[:, None]
+    else:
+        slope_log2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+
+    K_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    V_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    begin, full_begin, full_end, end = _split_key_runs(split_begin, split_end, p_lo, p_hi, LEFT, RIGHT, BLOCK_N)
+    # the blocks a left bound cuts, those every row sees whole, those a right bound or the split's end cuts
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        begin, full_begin, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=True,
+    )  # fmt: skip
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_begin, full_end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=False,
+    )  # fmt: skip
+    acc, l_i, m_i = _decode_inner(
+        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_end, end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=True,
+    )  # fmt: skip
+
+    # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of
+    # this split (l_i = 0, acc = 0) gets O = 0 and lse = -inf, which the combine weighs 0
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    lse_rows = s.to(tl.int64) * stride_ls + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + n * stride_ln
+    tl.store(LSE + lse_rows, lse, mask=in_rows)
+    o_rows = s.to(tl.int64) * stride_os + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + n * stride_on
+    _store_block(O, o.to(O.dtype.element_ty), o_rows, tl.arange(0, BLOCK_DV), 1, stride_od, in_rows, HEAD_DIM_V)
+
+
+@triton.jit
+def _decode_combine(
+    O_PART,
+    LSE_PART,
+    O,
+    LSE,
+    stride_o_split,
+    stride_lse_split,
+    num_splits,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Grid ``(rows,)``: row r of the contiguous ``O (rows, D_v)``, ``LSE (rows,)`` from the fp32 partials
+    ``O_PART (num_splits, rows, D_v)``, ``LSE_PART (num_splits, rows)`` (contiguous), merged split after split:
+
+        m' = max(m, lse_s),   l' = exp(m - m') l + exp(lse_s - m'),   acc' = exp(m - m') acc + exp(lse_s - m') O_s
+
+    the online softmax with each split as one "key" of weight ``exp(lse_s)`` and value ``O_s``; at the end
+    ``O = acc / l``, ``lse = m + log l`` (``-inf`` and ``O = 0`` for a row no split saw)."""
+    r = tl.program_id(0).to(tl.int64)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_d = offs_dv < HEAD_DIM_V
+    lse_ptr = LSE_PART + r
+    o_ptrs = O_PART + r * HEAD_DIM_V + offs_dv
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    l_r = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for _ in tl.range(0, num_splits):
+        lse_s = tl.load(lse_ptr)
+        m_new = tl.maximum(m, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        w = tl.exp(lse_s - m_safe)  # 0 for a split this row saw nothing of
+        l_r = l_r * alpha + w
+        acc = acc * alpha + w * tl.load(o_ptrs, mask=in_d, other=0.0)
+        m = m_new
+        lse_ptr += stride_lse_split
+        o_ptrs += stride_o_split
+    empty = l_r == 0.0
+    tl.store(LSE + r, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l_r))))
+    tl.store(O + r * HEAD_DIM_V + offs_dv, (acc / tl.where(empty, 1.0, l_r)).to(O.dtype.element_ty), mask=in_d)

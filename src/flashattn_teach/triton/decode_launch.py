@@ -1,0 +1,313 @@
+"""Launcher of the split-KV decode kernels (:mod:`.decode`): check, append, choose tiles and splits, launch.
+
+:func:`triton_decode` is the Triton path of :func:`flashattn_teach.flash_attention_with_kvcache`, which
+has already checked shapes, dtypes, devices and options (``_validate_decode``). What it adds:
+
+- ``cache_seqlens`` stays on the device: its dtype, shape and device are checked, its values are not read
+  on the host (that would wait for the GPU at every decode step). The kernels clamp each length to
+  ``[0, N_max - N_new_kv]``, so a bad value cannot read or write outside the caches.
+- the new keys and values are written into the caches in place at ``[cache_seqlens[b], cache_seqlens[b]
+  + N_new_kv)`` by one indexed copy each, with positions computed on the device.
+- tiles: ``BLOCK_M`` query rows (the ``G x N_new`` rows of a key/value head, padded to the 16 rows a
+  tensor-core dot needs), ``BLOCK_N`` keys by head dimension (:func:`decode_config`).
+- splits: ``num_splits = 0`` asks :func:`flashattn_teach.splitkv.default_num_splits` with the cache's
+  capacity ``N_max`` as the key length (as flash-attn does: the lengths are on the device); more splits
+  than key blocks of ``N_max`` would all be empty, so they are capped there (the partition of every
+  batch element's keys is unchanged by the cap).
+- the partials are merged by :func:`~.decode._decode_combine`, one launch, rather than by
+  ``merge_attention_states`` in torch: ``num_splits - 1`` merges of about eight torch kernels each would
+  cost more launches than the decode step itself takes on a GPU.
+
+Like the rest of the package this file does not import triton at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .._validate import shape_str
+from ..errors import AttentionTypeError, AttentionValueError
+from ..splitkv import default_num_splits
+from .configs import DTYPES, arch_of, block_d, dot_precision, max_head_dim
+from .launch import check_tile_offsets, device_reason
+from .variants import LOG2E, UNBOUNDED
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the split kernel: at most ``BLOCK_M`` query rows per program (fewer rows are
+    padded to a power of two >= 16), ``BLOCK_N`` keys per block."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+# The interpreter's tiles: small key blocks so that short test caches span several blocks.
+TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+
+# (BLOCK_N, num_warps) by padded head dim. 16-bit inputs: a K and a V block of BLOCK_N x BLOCK_D per pipeline
+# stage in shared memory (16 KB each at 64 x 128 in bf16), several stages in flight to cover the latency of a
+# memory-bound loop; at head dim 64, 128 keys need eight warps to stay clear of spills. fp32 inputs (head
+# dims <= 64) run "tf32x3" dots, whose split operands need more registers: 32 keys, two stages. Every row
+# compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
+# (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.decode_inspect --rows``).
+_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 8)}
+_TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4)}
+# Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
+# the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
+MAX_BLOCK_M_16BIT = 32
+MAX_BLOCK_M_FP32 = 16
+
+
+def decode_config(dtype: torch.dtype, head_dim: int, arch: str) -> DecodeConfig:
+    """The split kernel's tiles for a dtype, head dimension (the larger of ``D`` and ``D_v``) and GPU
+    generation ("sm90", "sm80"): three stages on sm_90, two on sm_80 (less shared memory) and for fp32."""
+    fp32 = dtype == torch.float32
+    block_n, warps = (_TILES_FP32 if fp32 else _TILES_16BIT)[block_d(head_dim)]
+    return DecodeConfig(
+        BLOCK_M=MAX_BLOCK_M_FP32 if fp32 else MAX_BLOCK_M_16BIT,
+        BLOCK_N=block_n,
+        num_warps=warps,
+        num_stages=3 if arch == "sm90" and not fp32 else 2,
+    )
+
+
+def rows_block(rows: int, cap: int) -> int:
+    """``BLOCK_M`` for ``rows = G x N_new`` query rows per key/value head: the next power of two, at least
+    16 (the smallest tensor-core M), at most ``cap``."""
+    return max(16, min(cap, 1 << max(rows - 1, 0).bit_length()))
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Asked once: a decode loop asks at every step."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
+    """None if the decode kernels can run these inputs (already validated by ``_validate_decode``), else
+    why not. Never raises."""
+    if not _triton_installed():
+        return "triton is not installed"
+    reason = device_reason(q)
+    if reason is not None:
+        return reason
+    if q.dtype not in DTYPES:
+        return f"the Triton decode kernel supports float16, bfloat16 and float32, got {q.dtype}"
+    top = max_head_dim(q.dtype, backward=False)
+    for name, d in (("D", q.shape[3]), ("D_v", v_cache.shape[3])):
+        if not 1 <= d <= top:
+            dtype = str(q.dtype).removeprefix("torch.")
+            return f"the Triton decode kernel for {dtype} supports head dimensions 1 to {top}, got {name}={d}"
+    return None
+
+
+def device_seqlens(cache_seqlens: object, B: int, N_max: int, device: torch.device) -> Tensor:
+    """``cache_seqlens`` as an int32 ``(B,)`` tensor on ``device``, checked without reading its values on the
+    host (an int is checked: it is on the host already)."""
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        n = int(cache_seqlens)
+        if not 0 <= n <= N_max:
+            raise AttentionValueError(
+                f"cache_seqlens must lie in [0, N_max] = [0, {N_max}] (N_max = k_cache.shape[2]), got {n}"
+            )
+        return torch.full((B,), n, dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, Tensor):
+        raise AttentionTypeError(
+            f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({B},) or an int, "
+            f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
+        )
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(
+            f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype} with shape {shape_str(cache_seqlens)}"
+        )
+    if tuple(cache_seqlens.shape) != (B,):
+        raise AttentionValueError(
+            f"cache_seqlens must have shape ({B},) (one length per batch element of q), got {shape_str(cache_seqlens)}"
+        )
+    if cache_seqlens.device != device:
+        raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
+    return cache_seqlens.to(torch.int32)
+
+
+def append_on_device(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor) -> None:
+    """Write ``k, v`` into the caches in place at ``[seqlens[b], seqlens[b] + N_new_kv)``, positions computed
+    on the device (clamped into the cache, as the kernels clamp the lengths)."""
+    B, _, N_max, _ = k_cache.shape
+    N_new_kv = k.shape[2]
+    first = seqlens.long().clamp(0, N_max - N_new_kv)  # (B,)
+    pos = first[:, None] + torch.arange(N_new_kv, device=k.device)  # (B, N_new_kv)
+    batch = torch.arange(B, device=k.device)[:, None]  # (B, 1)
+    with torch.no_grad():  # an in-place write of inference state, as decode.append_to_cache
+        # (B, N_max, H_kv, D)[batch, pos] = (B, N_new_kv, H_kv, D): views, so the caches change in place
+        k_cache.transpose(1, 2)[batch, pos] = k.transpose(1, 2)
+        v_cache.transpose(1, 2)[batch, pos] = v.transpose(1, 2)
+
+
+def _needs_grad(*tensors: Tensor) -> list[str]:
+    return [n for n, t in zip(("q", "k_cache", "v_cache"), tensors, strict=True) if t.requires_grad]
+
+
+def triton_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    config: DecodeConfig | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(O (B, H_q, N_new, D_v) in q's dtype, lse (B, H_q, N_new) float32)`` of one decode step by the
+    Triton kernels; ``k, v`` are appended first. Inputs and options checked by the caller (``window`` as
+    ``check_window`` returns it, ``scale`` the resolved one, ``num_splits`` 0 to choose)."""
+    reason = decode_unsupported_reason(q, v_cache)
+    if reason is not None:
+        raise AttentionValueError(f"backend='triton' cannot run this decode call: {reason}")
+    needing = _needs_grad(q, k_cache, v_cache) if torch.is_grad_enabled() else []
+    if needing:
+        raise AttentionValueError(
+            f"{', '.join(needing)} require{'s' if len(needing) == 1 else ''} grad, but the Triton decode kernel "
+            "is forward only; run under torch.no_grad(), or use backend='auto' or a CPU backend for gradients"
+        )
+    B, D = q.shape[0], q.shape[3]
+    N_max, D_v = v_cache.shape[2], v_cache.shape[3]
+    N_new_kv = 0 if k is None else k.shape[2]
+    seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
+    if k is not None and v is not None:
+        if N_new_kv > N_max:
+            raise AttentionValueError(
+                f"k and v hold N_new_kv={N_new_kv} new entries, more than k_cache and v_cache hold (N_max = {N_max})"
+            )
+        append_on_device(k_cache, v_cache, k, v, seqlens)
+
+    if config is None:
+        config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
+    splits = num_splits or default_num_splits(q, k_cache, N_max)
+    splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
+    return launch_decode(
+        q,
+        k_cache,
+        v_cache,
+        seqlens,
+        N_new_kv,
+        causal=causal,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        num_splits=splits,
+        config=config,
+    )
+
+
+def launch_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    seqlens: Tensor,
+    N_new_kv: int,
+    *,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    config: DecodeConfig,
+) -> tuple[Tensor, Tensor]:
+    """Allocate and launch (the new entries already appended): the split kernel on ``num_splits >= 1``
+    splits, then the combine when there are several. ``seqlens`` int32 ``(B,)``, the lengths before the
+    step's ``N_new_kv`` new entries."""
+    import triton
+
+    from .decode import _decode_combine, _decode_split_fwd
+
+    B, H_q, N_new, D = q.shape
+    _, H_kv, N_max, D_v = v_cache.shape
+    G = H_q // H_kv
+    BLOCK_M = rows_block(G * N_new, config.BLOCK_M)
+    O = torch.empty((B, H_q, N_new, D_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H_q, N_new), dtype=torch.float32, device=q.device)
+    if O.numel() == 0 or lse.numel() == 0:
+        return O, lse.fill_(float("-inf"))
+    if num_splits == 1:  # the split kernel writes the final outputs: no partials, no combine
+        O_part, lse_part = O.unsqueeze(0), lse.unsqueeze(0)
+    else:
+        O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
+    check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)
+    if alibi_slopes is None:
+        slopes, stride_slope_b, stride_slope_h = lse, 0, 0  # a placeholder pointer, never read
+    else:
+        slopes = alibi_slopes.detach().to(torch.float32)
+        stride_slope_b = 0 if slopes.dim() == 1 else slopes.stride(0)
+        stride_slope_h = slopes.stride(-1)
+    left, right = window
+    _decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        O_part,
+        lse_part,
+        seqlens,
+        slopes,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *O_part.stride(),
+        *lse_part.stride(),
+        stride_slope_b,
+        stride_slope_h,
+        H_kv,
+        G,
+        N_new,
+        N_new_kv,
+        N_max,
+        num_splits,
+        scale * LOG2E,
+        UNBOUNDED if left < 0 else left,
+        0 if causal else UNBOUNDED if right < 0 else right,  # causal is a window's right side of 0
+        1.0 if softcap is None else softcap * LOG2E,
+        HEAD_DIM=D,
+        HEAD_DIM_V=D_v,
+        BLOCK_D=block_d(D),
+        BLOCK_DV=block_d(D_v),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=config.BLOCK_N,
+        SOFTCAP=softcap is not None,
+        ALIBI=alibi_slopes is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        rows = B * H_q * N_new
+        _decode_combine[(rows,)](
+            O_part,
+            lse_part,
+            O,
+            lse,
+            rows * D_v,
+            rows,
+            num_splits,
+            HEAD_DIM_V=D_v,
+            BLOCK_DV=block_d(D_v),
+            num_warps=1,
+        )
+    return O, lse
