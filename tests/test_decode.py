@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import api, decode, splitkv
+from flashattn_teach import api, decode_cpu, splitkv
 from flashattn_teach.reference import parallel
 
 NEG_INF = float("-inf")
@@ -86,14 +86,14 @@ def assert_matches(O, lse, O_ref, lse_ref, atol=1e-12):
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved = dict(decode.DECODE_TILES)
+    saved = dict(decode_cpu.DECODE_TILES)
     smallest = parallel.MIN_PARALLEL_SCORES
-    decode.DECODE_TILES.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    decode_cpu.DECODE_TILES.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
-        decode.DECODE_TILES.update(saved)
+        decode_cpu.DECODE_TILES.update(saved)
         parallel.MIN_PARALLEL_SCORES = smallest
 
 
@@ -389,13 +389,13 @@ def test_num_splits_heuristic_fills_the_gpu():
 def recorded_partials(monkeypatch):
     """The ``(rows, keys, offset, causal)`` of every partial result a call computes."""
     seen = []
-    partial = decode._partial
+    partial = decode_cpu._partial
 
     def recording(p, q, k, v, opts):
         seen.append((q.shape[2], k.shape[2], opts.mask.offset, opts.mask.causal))
         return partial(p, q, k, v, opts)
 
-    monkeypatch.setattr(decode, "_partial", recording)
+    monkeypatch.setattr(decode_cpu, "_partial", recording)
     return seen
 
 
@@ -429,8 +429,8 @@ def test_a_window_cuts_only_the_keys_some_row_may_see(monkeypatch):
 
 def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
     # On CUDA tensors api.plan may pick the prefill kernel, which knows no per-range diagonal offset.
-    monkeypatch.setattr(decode, "plan", lambda *args: api.Plan("triton", "CUDA tensors"))
-    assert decode._plan(*(None,) * 4, "auto").backend == "online"
+    monkeypatch.setattr(decode_cpu, "plan", lambda *args: api.Plan("triton", "CUDA tensors"))
+    assert decode_cpu._plan(*(None,) * 4, "auto").backend == "online"
 
 
 def test_cpu_default_is_one_split():

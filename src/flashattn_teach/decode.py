@@ -41,7 +41,8 @@ built per batch element and range, and the contract itself needs no per-batch of
 On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
 heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
 query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
-head (:func:`_decode_one`). On CUDA the Triton decode kernel (:mod:`flashattn_teach.triton.decode`) runs
+head (:func:`flashattn_teach.decode_cpu.decode_one`). On CUDA the Triton decode kernel
+(:mod:`flashattn_teach.triton.decode`) runs
 the ranges as ``B x H_kv x num_splits`` programs at once, each taking the ``G x N_new`` query rows of one
 key/value head, and merges the partials in a second small kernel; :mod:`flashattn_teach.splitkv` says how
 many splits fill the GPU.
@@ -49,15 +50,12 @@ many splits fill the GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 import torch
 from torch import Tensor
 
 from . import ops_decode
-from ._layout import compute_dtype
-from ._options import AttentionOptions, make_options
 from ._validate import check_bool, check_scale, check_softcap, check_window
 from ._validate_decode import (
     check_cache_inputs,
@@ -67,13 +65,9 @@ from ._validate_decode import (
     check_num_splits,
     check_room,
 )
-from .api import Plan, plan
+from .decode_cpu import DecodeStep, cpu_decode
 from .errors import AttentionValueError
-from .masks import MaskSpec
-from .merge import merge_attention_states
-from .reference.dense import dense_forward
-from .reference.online import tiled_attention
-from .splitkv import default_num_splits, split_ranges
+from .splitkv import default_num_splits
 
 DECODE_BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 
@@ -85,60 +79,6 @@ def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cach
         for b, n in enumerate(cache_seqlens):
             k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
             v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
-
-
-# A decode step has few query rows, so its tiles are short and long. One step (B=4, H_q=32, H_kv=8, D=128,
-# caches of 8191, 4000, 100 and 8000 keys, N_new=1, float32, one split, the 2-core development machine):
-# about 90 ms at 2048 keys per tile, 207 ms at the prefill tiles' 256 (query heads run as rows in both),
-# 165-178 ms for torch's SDPA called per batch element; /tmp scripts, not a benchmark of record.
-DECODE_TILES = {
-    "parallel": ("parallel", 1024, 2048),
-    "online": ("query_major", 128, 2048),
-    "key_major": ("key_major", 128, 2048),
-}
-
-
-@dataclass(frozen=True)
-class _Step:
-    """One call's settings, as every batch element and range reads them (``window`` validated)."""
-
-    causal: bool
-    scale: float | None
-    window: tuple[int, int]
-    softcap: float | None
-    num_splits: int
-    backend: str
-
-
-def _range_options(
-    q: Tensor, k: Tensor, v: Tensor, step: _Step, *, offset: int, alibi_slopes: Tensor | None
-) -> AttentionOptions:
-    """The options of one batch element's key range: ``make_options``'s checks, with the diagonal offset
-    that puts the range's keys at their global positions (module docs)."""
-    opts = make_options(
-        q,
-        k,
-        v,
-        causal=step.causal,
-        scale=step.scale,
-        enable_gqa=True,
-        window=step.window,
-        softcap=step.softcap,
-        alibi_slopes=alibi_slopes,
-    )
-    mask = MaskSpec.build(
-        opts.shapes,
-        q.dtype,
-        causal=opts.causal,
-        causal_align="bottom_right",
-        window=step.window,
-        softcap=opts.mask.softcap,
-        alibi_slopes=opts.mask.alibi_slopes,
-        offset=offset,
-    )
-    return AttentionOptions(
-        shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align="bottom_right", enable_gqa=True
-    )
 
 
 def _triton_reason(q: Tensor, v_cache: Tensor) -> str | None:
@@ -164,81 +104,6 @@ def _route(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> str:
         if not grads and _triton_reason(q, v_cache) is None:
             return "triton"
     return backend
-
-
-def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
-    """The library's choice for one range, on a CPU path: the prefill kernel does not take the per-range
-    diagonal offset (the Triton decode kernel is chosen before, by :func:`_route`)."""
-    p = plan(q, k, v, opts, backend)
-    if p.backend == "triton":
-        return Plan("online", "CUDA tensors on a CPU path: the query-major reference")
-    return p
-
-
-def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
-    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the decode tiles."""
-    if p.backend == "dense":
-        return dense_forward(q, k, v, opts)
-    order, block_m, block_n = DECODE_TILES[p.backend]
-    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
-
-
-def _merged_ranges(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    step: _Step,
-    *,
-    keys: tuple[int, int],
-    first: int,
-    alibi_slopes: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
-    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
-    in float32 too), merged."""
-    dt = compute_dtype(q.dtype)
-    qc = q.to(dt)  # a no-op for float32/float64
-    lo, L = keys
-    merged: tuple[Tensor, Tensor] | None = None
-    for a, b in split_ranges(L - lo, step.num_splits):
-        if a == b:
-            continue  # an empty range: lse = -inf for every row, which the merge would ignore
-        s0, s1 = lo + a, lo + b
-        k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
-        # offset = first - s0 puts row i's diagonal at global key first + i
-        opts = _range_options(qc, k_s, v_s, step, offset=first - s0, alibi_slopes=alibi_slopes)
-        part = _partial(_plan(qc, k_s, v_s, opts, step.backend), qc, k_s, v_s, opts)
-        merged = part if merged is None else merge_attention_states(*merged, *part)
-    if merged is None:  # no key to see: every row gives O = 0, lse = -inf
-        shape = (*q.shape[:3], v_cache.shape[3])
-        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
-    return merged
-
-
-def _decode_one(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: _Step, *, L: int, alibi_slopes: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
-
-    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
-    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
-    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
-    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
-    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
-    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
-    per query head, and each score tile is ``G`` rows tall."""
-    _, H_q, N_new, D = q.shape
-    H_kv = k_cache.shape[1]
-    G = H_q // H_kv
-    left = step.window[0]
-    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
-    if N_new == 1 and G > 1 and alibi_slopes is None:
-        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
-        O, lse = _merged_ranges(
-            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, keys=keys, first=L - 1, alibi_slopes=None
-        )
-        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
-    return _merged_ranges(q, k_cache, v_cache, step, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
 
 
 @overload
@@ -384,7 +249,7 @@ def flash_attention_with_kvcache(
             return_lse=return_lse,
         )
     q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
-    B, H_q, N_new, _ = q.shape
+    B, H_q = q.shape[:2]
     N_max = k_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
     if k is not None and v is not None:
@@ -423,22 +288,8 @@ def flash_attention_with_kvcache(
     L = [n + N_new_kv for n in lengths]
     if splits == 0:
         splits = default_num_splits(q, k_cache, max(L, default=0))
-    step = _Step(causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=splits, backend=backend)
-    parts = [
-        _decode_one(
-            q[b : b + 1],
-            k_cache[b : b + 1],
-            v_cache[b : b + 1],
-            step,
-            L=L[b],
-            alibi_slopes=None if slopes is None else slopes[b] if slopes.dim() == 2 else slopes,
-        )
-        for b in range(B)
-    ]
-    dt = compute_dtype(q.dtype)
-    if parts:
-        O = torch.cat([O_b for O_b, _ in parts]).to(q.dtype)  # (B, H_q, N_new, D_v)
-        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
-    else:
-        O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)
+    step = DecodeStep(
+        causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=splits, backend=backend
+    )
+    O, lse = cpu_decode(q, k_cache, v_cache, step, L=L, alibi_slopes=slopes)
     return (O, lse) if lse_wanted else O

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .. import online_softmax as osm
 from .._layout import compute_dtype
-from .._options import AttentionOptions, make_options
+from .._options import AttentionOptions
 from .._validate import check_window, validate_block_sizes
 from .._validate_decode import (
     check_cache_inputs,
@@ -44,8 +44,8 @@ from .._validate_decode import (
     check_num_splits,
     check_room,
 )
+from ..decode_cpu import range_options
 from ..errors import AttentionValueError
-from ..masks import MaskSpec
 from ..reference.dense import dense_forward
 from ..splitkv import default_num_splits, split_ranges
 from .decode_merges import MergeStep, check_merge_order, fold_merges
@@ -159,8 +159,8 @@ class _Settings:
 
 def _options(q: Tensor, k: Tensor, v: Tensor, settings: _Settings, *, offset: int) -> AttentionOptions:
     """Options of the rows ``q (1, 1, N_new, D)`` over the keys ``k, v`` of one range, with the diagonal
-    offset that puts row ``i`` at global key position ``L - N_new + i`` (as ``decode.py`` builds them)."""
-    opts = make_options(
+    offset that puts row ``i`` at global key position ``L - N_new + i``, built as ``decode.py`` builds them."""
+    return range_options(
         q,
         k,
         v,
@@ -169,18 +169,8 @@ def _options(q: Tensor, k: Tensor, v: Tensor, settings: _Settings, *, offset: in
         window=settings.window,
         softcap=settings.softcap,
         alibi_slopes=settings.alibi_slopes,
-    )
-    mask = MaskSpec.build(
-        opts.shapes,
-        q.dtype,
-        causal=opts.causal,
-        causal_align="bottom_right",
-        window=settings.window,
-        softcap=opts.mask.softcap,
-        alibi_slopes=opts.mask.alibi_slopes,
         offset=offset,
     )
-    return AttentionOptions(shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align="bottom_right")
 
 
 def _split(

@@ -1,0 +1,205 @@
+"""One decode step on the CPU paths: each batch element's keys cut into split-KV ranges, attended, merged.
+
+``decode.py`` validates, writes the new keys and values into the caches and routes; what runs here, for
+batch element ``b`` with ``L_b`` valid keys, is the module docs' picture: the keys a row can see are cut
+into ``num_splits`` ranges (:func:`flashattn_teach.splitkv.split_ranges`), each range is an ordinary call
+of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's diagonal offset set so that
+row ``i`` sits at global key position ``L_b - N_new + i``, and the partials ``(O_s, lse_s)`` are merged
+by :func:`flashattn_teach.merge_attention_states`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ._layout import compute_dtype
+from ._options import AttentionOptions, make_options
+from .api import Plan, plan
+from .masks import MaskSpec
+from .merge import merge_attention_states
+from .reference.dense import dense_forward
+from .reference.online import tiled_attention
+from .splitkv import split_ranges
+
+# A decode step has few query rows, so its tiles are short and long. One step (B=4, H_q=32, H_kv=8, D=128,
+# caches of 8191, 4000, 100 and 8000 keys, N_new=1, float32, one split, the 2-core development machine):
+# about 90 ms at 2048 keys per tile, 207 ms at the prefill tiles' 256 (query heads run as rows in both),
+# 165-178 ms for torch's SDPA called per batch element; /tmp scripts, not a benchmark of record.
+DECODE_TILES = {
+    "parallel": ("parallel", 1024, 2048),
+    "online": ("query_major", 128, 2048),
+    "key_major": ("key_major", 128, 2048),
+}
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One call's settings, as every batch element and range reads them (``window`` validated)."""
+
+    causal: bool
+    scale: float | None
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+
+
+def range_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    offset: int,
+) -> AttentionOptions:
+    """The options of one batch element's key range ``k, v``: ``make_options``'s checks, with the diagonal
+    offset that puts row ``i`` at global key position ``offset + i`` (``decode.py``'s module docs); the
+    decode-step replay builds its ranges' options here too."""
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        scale=scale,
+        enable_gqa=True,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
+    mask = MaskSpec.build(
+        opts.shapes,
+        q.dtype,
+        causal=opts.causal,
+        causal_align="bottom_right",
+        window=window,
+        softcap=opts.mask.softcap,
+        alibi_slopes=opts.mask.alibi_slopes,
+        offset=offset,
+    )
+    return AttentionOptions(
+        shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align="bottom_right", enable_gqa=True
+    )
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
+    """The library's choice for one range, on a CPU path: the prefill kernel does not take the per-range
+    diagonal offset (the Triton decode kernel is chosen before, by :func:`_route`)."""
+    p = plan(q, k, v, opts, backend)
+    if p.backend == "triton":
+        return Plan("online", "CUDA tensors on a CPU path: the query-major reference")
+    return p
+
+
+def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the decode tiles."""
+    if p.backend == "dense":
+        return dense_forward(q, k, v, opts)
+    order, block_m, block_n = DECODE_TILES[p.backend]
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+def _merged_ranges(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: DecodeStep,
+    *,
+    keys: tuple[int, int],
+    first: int,
+    alibi_slopes: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
+    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
+    in float32 too), merged."""
+    dt = compute_dtype(q.dtype)
+    qc = q.to(dt)  # a no-op for float32/float64
+    lo, L = keys
+    merged: tuple[Tensor, Tensor] | None = None
+    for a, b in split_ranges(L - lo, step.num_splits):
+        if a == b:
+            continue  # an empty range: lse = -inf for every row, which the merge would ignore
+        s0, s1 = lo + a, lo + b
+        k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
+        # offset = first - s0 puts row i's diagonal at global key first + i
+        opts = range_options(
+            qc,
+            k_s,
+            v_s,
+            causal=step.causal,
+            scale=step.scale,
+            window=step.window,
+            softcap=step.softcap,
+            alibi_slopes=alibi_slopes,
+            offset=first - s0,
+        )
+        part = _partial(_plan(qc, k_s, v_s, opts, step.backend), qc, k_s, v_s, opts)
+        merged = part if merged is None else merge_attention_states(*merged, *part)
+    if merged is None:  # no key to see: every row gives O = 0, lse = -inf
+        shape = (*q.shape[:3], v_cache.shape[3])
+        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
+    return merged
+
+
+def decode_one(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, L: int, alibi_slopes: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
+
+    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
+    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
+    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
+    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
+    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
+    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
+    per query head, and each score tile is ``G`` rows tall."""
+    _, H_q, N_new, D = q.shape
+    H_kv = k_cache.shape[1]
+    G = H_q // H_kv
+    left = step.window[0]
+    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
+    if N_new == 1 and G > 1 and alibi_slopes is None:
+        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
+        O, lse = _merged_ranges(
+            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, keys=keys, first=L - 1, alibi_slopes=None
+        )
+        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
+    return _merged_ranges(q, k_cache, v_cache, step, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
+
+
+def cpu_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: DecodeStep,
+    *,
+    L: list[int],
+    alibi_slopes: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs whose new keys are already
+    in the caches: batch element ``b`` over its keys ``[0, L[b])``, one after another."""
+    B, H_q, N_new, _ = q.shape
+    parts = [
+        decode_one(
+            q[b : b + 1],
+            k_cache[b : b + 1],
+            v_cache[b : b + 1],
+            step,
+            L=L[b],
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes,
+        )
+        for b in range(B)
+    ]
+    dt = compute_dtype(q.dtype)
+    if parts:
+        O = torch.cat([O_b for O_b, _ in parts]).to(q.dtype)  # (B, H_q, N_new, D_v)
+        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
+    else:
+        O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)
+    return O, lse
