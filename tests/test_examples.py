@@ -4,11 +4,14 @@ below tolerance. The examples also exit with an error when their own check fails
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +38,21 @@ def test_seed_example_dense_equals_tiled():
     out = _run("examples/01_seed_example.py")
     assert "output shape: [2, 1, 6, 4]" in out
     assert _number(r"max \|dense - tiled\|: (\S+)", out) < 1e-6
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the [transformers] extra")
+def test_llama_generation_with_left_padding_equals_eager():
+    out = _run("examples/02_llama_generate_padding.py", "--new-tokens", "4", "--layers", "1")
+    assert "attn_implementation: 'teach', compared with 'eager'" in out
+    assert _number(r"max \|logits - eager\| on real tokens: (\S+)", out) < 1e-5
+    rows = re.findall(r"row (\d) (flashattn_teach|eager): +(\[.*\])", out)
+    assert len(rows) == 4
+    by_row: dict[str, dict[str, str]] = {}
+    for row, impl, tokens in rows:
+        by_row.setdefault(row, {})[impl] = tokens
+    assert all(r["flashattn_teach"] == r["eager"] for r in by_row.values())
+    assert "tokens equal eager's: True" in out
+    assert out.count("explain, ") == 2 and "attn_mask read tile by tile" in out
 
 
 def test_decode_loop_matches_the_dense_oracle_at_every_step():
