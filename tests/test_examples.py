@@ -55,6 +55,35 @@ def test_llama_generation_with_left_padding_equals_eager():
     assert out.count("explain, ") == 2 and "attn_mask read tile by tile" in out
 
 
+def _loss_table(out: str) -> list[tuple[int, float, float, float, float]]:
+    """The GPT example's rows: step, mean losses (flashattn_teach, torch SDPA), their relative difference,
+    the largest difference in one step."""
+    rows = re.findall(r"^ *(\d+) +(\S+) +(\S+) +(\S+) +(\S+)$", out, flags=re.MULTILINE)
+    return [(int(step), *map(float, values)) for step, *values in rows]
+
+
+def test_small_gpt_losses_track_torch_sdpa():
+    args = ("--steps", "12", "--every", "3", "--batch", "4", "--block", "16", "--layers", "1")
+    out = _run("examples/03_train_small_gpt.py", *args)
+    table = _loss_table(out)
+    assert [row[0] for row in table] == [3, 6, 9, 12]
+    # Over so few steps rounding has not grown yet: each step's losses agree far inside the example's
+    # tolerance on the means (2e-2 relative).
+    assert all(largest < 1e-4 for *_, largest in table)
+    assert table[-1][1] < table[0][1]  # it trains
+    assert _number(r"largest relative difference: (\S+)", out) <= 2e-2
+    assert "is_causal=True" in out and "parallel: " in out  # explain's line
+
+
+def test_small_gpt_compiled_is_one_graph_for_every_length():
+    args = ("--steps", "6", "--every", "2", "--batch", "2", "--block", "16", "--layers", "1")
+    out = _run("examples/03_train_small_gpt.py", *args, "--compile", "--backend", "aot_eager")
+    assert all(largest < 1e-4 for *_, largest in _loss_table(out))
+    graphs = re.search(r"backend='aot_eager'\): (\d+) graph\(s\) for (\d+) sequence lengths", out)
+    assert graphs, out
+    assert int(graphs.group(1)) == 1 and int(graphs.group(2)) >= 3
+
+
 def test_decode_loop_matches_the_dense_oracle_at_every_step():
     args = ("--prompt-lens", "9,4", "--new-tokens", "3", "--max-len", "16", "--num-splits", "2")
     out = _run("examples/04_decode_loop.py", *args)
