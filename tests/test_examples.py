@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,22 +64,25 @@ def _loss_table(out: str) -> list[tuple[int, float, float, float, float]]:
 
 
 def test_small_gpt_losses_track_torch_sdpa():
-    args = ("--steps", "12", "--every", "3", "--batch", "4", "--block", "16", "--layers", "1")
+    args = ("--steps", "8", "--every", "4", "--batch", "4", "--block", "16", "--layers", "1")
     out = _run("examples/03_train_small_gpt.py", *args)
     table = _loss_table(out)
-    assert [row[0] for row in table] == [3, 6, 9, 12]
+    assert [row[0] for row in table] == [4, 8]
     # Over so few steps rounding has not grown yet: each step's losses agree far inside the example's
-    # tolerance on the means (2e-2 relative).
+    # tolerance on the means (3e-2 relative); without the causal mask the first step already differs by 4e-3.
     assert all(largest < 1e-4 for *_, largest in table)
     assert table[-1][1] < table[0][1]  # it trains
-    assert _number(r"largest relative difference: (\S+)", out) <= 2e-2
+    assert _number(r"largest relative difference: (\S+)", out) <= 3e-2
     assert "is_causal=True" in out and "parallel: " in out  # explain's line
 
 
 def test_small_gpt_compiled_is_one_graph_for_every_length():
     args = ("--steps", "6", "--every", "2", "--batch", "2", "--block", "16", "--layers", "1")
+    # aot_eager: dynamo and AOT autograd trace the same graph (the op, its fake and its backward) as inductor
+    # does, without inductor's C++ compile, which would take most of this file's time budget.
     out = _run("examples/03_train_small_gpt.py", *args, "--compile", "--backend", "aot_eager")
-    assert all(largest < 1e-4 for *_, largest in _loss_table(out))
+    table = _loss_table(out)
+    assert len(table) == 3 and all(largest < 1e-4 for *_, largest in table)
     graphs = re.search(r"backend='aot_eager'\): (\d+) graph\(s\) for (\d+) sequence lengths", out)
     assert graphs, out
     assert int(graphs.group(1)) == 1 and int(graphs.group(2)) >= 3
@@ -94,6 +98,8 @@ def test_decode_loop_matches_the_dense_oracle_at_every_step():
 
 
 def test_ring_attention_example_on_two_ranks():
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("with CUDA the example runs one rank per GPU (NCCL), and this machine has one")
     out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "examples/ring_attention.py")
     errors = re.findall(r"max error (O|dQ|dK|dV) +(\S+)", out)
     assert [name for name, _ in errors] == ["O", "dQ", "dK", "dV"]
