@@ -13,9 +13,11 @@ runs differ by rounding only).
 Two runs that differ only in rounding drift apart, since training is chaotic: in float32 the losses of a
 step agree to 1e-7 at first, and the gap grows about tenfold every 50 steps (to a few 1e-2 by step 300). So
 the check is on the mean loss over each ``--every`` steps: the two means must agree within ``TOLERANCE``,
-relative (float32: 2e-2, where the run below reaches 2e-3; float64: 1e-6, where it reaches 3e-11). A
-real difference is far beyond that: the same run with flashattn_teach called without the causal mask gave
-mean losses 1.2e-2, 8e-2 and 1.4e-1 apart (relative) over the first three windows of 25 steps.
+relative (float32: 3e-2, where the default run below reaches 2e-3, and 8e-3 to 1.1e-2 compiled, as
+inductor's threaded reductions round differently from run to run; float64: 1e-6, where it reaches 3e-11).
+A real difference is far beyond that: the same run with flashattn_teach called without the causal mask gave
+mean losses 1.2e-2, 8e-2 and 1.4e-1 apart (relative) over the first three windows. Much longer float32 runs
+end up as far apart as two runs from different seeds; ``--dtype float64`` keeps the strict comparison.
 
 With ``--compile`` the flashattn_teach model runs under ``torch.compile(dynamic=True)``; each attention
 call is one custom op in the graph, so every sequence length shares one graph, and the example prints
@@ -23,13 +25,13 @@ dynamo's graph count.
 
 Run: python examples/03_train_small_gpt.py [--steps 300] [--compile]
 
-Prints (a real run of the defaults on a 2-core CPU, 3.7 CPU-minutes)::
+Prints (a real run of the defaults on a 2-core CPU, 2.6 CPU-minutes)::
 
     GPT: 2 layers, 4 heads, width 64, 102976 parameters, float32
     explain, each attention call at the longest length: q, k, v (8, 4, 32, 16), is_causal=True
       parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over 2 single-threaded workers
     uniform guess: loss 2.5649
-    mean loss over each 25 steps, and their relative difference (tolerance 2e-02):
+    mean loss over each 25 steps, and their relative difference (tolerance 3e-02):
       step  flashattn_teach  torch SDPA  relative difference  largest difference in a step
         25         2.372875    2.372875              3.6e-08                       7.2e-07
         50         2.129211    2.129211              9.6e-08                       9.8e-06
@@ -43,8 +45,16 @@ Prints (a real run of the defaults on a 2-core CPU, 3.7 CPU-minutes)::
        250         1.659951    1.658723              7.4e-04                       2.1e-02
        275         1.644232    1.647462              2.0e-03                       2.4e-02
        300         1.653453    1.653405              2.9e-05                       5.4e-02
-    largest relative difference: 2.0e-03 (tolerance 2e-02, float32)
+    largest relative difference: 2.0e-03 (tolerance 3e-02, float32)
     17 sequence lengths from 16 to 32
+
+With ``--compile`` (inductor, 1.2 CPU-minutes with a warm compile cache) a run ends::
+
+       250         1.651498    1.658723              4.4e-03                       3.4e-02
+       275         1.643087    1.647462              2.7e-03                       3.4e-02
+       300         1.670997    1.653405              1.1e-02                       6.6e-02
+    largest relative difference: 1.1e-02 (tolerance 3e-02, float32)
+    torch.compile(dynamic=True, backend='inductor'): 1 graph(s) for 17 sequence lengths from 16 to 32
 """
 
 from __future__ import annotations
@@ -62,7 +72,7 @@ import flashattn_teach as fa
 
 Attention = Callable[..., Tensor]
 VOCAB = "0123456789+=\n"
-TOLERANCE = {torch.float32: 2e-2, torch.float64: 1e-6}  # relative difference of the mean losses
+TOLERANCE = {torch.float32: 3e-2, torch.float64: 1e-6}  # relative difference of the mean losses
 
 
 @dataclass(frozen=True)
