@@ -33,7 +33,18 @@ def _opcheck_cases():
     variants = (q, k, v, None, slopes, lengths, False, "top_left", None, [3, 1], 2.0, True, "key_major")
     seed = torch.tensor(1234567)
     dropout = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "online", 0.3, seed)
-    return {"plain": plain, "causal": causal, "masked": masked, "variants": variants, "dropout": dropout}
+    # a GPT's q, k, v: one (B, N, 3 H D) projection split and transposed, so strided views with gaps
+    qkv = torch.randn(2, 9, 3 * 4 * 16, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    qs, ks, vs = (t.view(2, 9, 4, 16).transpose(1, 2).requires_grad_() for t in qkv.split(64, dim=2))
+    strided = (qs, ks, vs, None, None, None, True, "top_left", None, None, None, False, "auto")
+    return {
+        "plain": plain,
+        "causal": causal,
+        "masked": masked,
+        "variants": variants,
+        "dropout": dropout,
+        "strided": strided,
+    }
 
 
 @pytest.mark.parametrize("case", sorted(_opcheck_cases()))
@@ -74,6 +85,20 @@ def _graph_ops(f, args):
     assert any(n.target is torch.ops.flashattn_teach.attention.default for n in gm_ops)
     assert len(gm_ops) < 20  # tile loops traced through give thousands of nodes
     return gm_ops
+
+
+def test_compiled_backward_of_strided_views_matches_eager():
+    # The backward op returns the gradients in the layout its fake promises (empty_like of q, k, v): with a
+    # GPT's split-and-transposed views a contiguous gradient failed in the compiled graph.
+    def f(qkv):  # qkv (B, N, 3C)
+        q, k, v = (t.view(2, 8, 4, 16).transpose(1, 2) for t in qkv.split(64, dim=2))  # (B, H, N, D), strided
+        return ft.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 8, 64)
+
+    x = torch.randn(2, 8, 192, dtype=torch.float64, requires_grad=True)
+    dO = torch.randn(2, 8, 64, dtype=torch.float64)
+    (expected,) = torch.autograd.grad(f(x), x, dO)
+    (got,) = torch.autograd.grad(torch.compile(f, backend="aot_eager", dynamic=True)(x), x, dO)
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("backend", ["auto", "dense"])

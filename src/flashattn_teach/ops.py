@@ -204,12 +204,16 @@ def recomputed_grads(
         qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
         O, lse = forward(qd, kd, vd)
         dq, dk, dv = torch.autograd.grad((O, lse), (qd, kd, vd), (dO, dlse), allow_unused=True)
-    # autograd.grad gives None for an input the call never read (an empty sequence): its gradient is 0
-    return (
-        torch.zeros_like(q) if dq is None else dq,
-        torch.zeros_like(k) if dk is None else dk,
-        torch.zeros_like(v) if dv is None else dv,
-    )
+    return _laid_out_like(q, dq), _laid_out_like(k, dk), _laid_out_like(v, dv)
+
+
+def _laid_out_like(t: Tensor, grad: Tensor | None) -> Tensor:
+    """``grad`` in ``torch.empty_like(t)``'s layout, the one the fake backward promises: a compiled graph
+    reads the result with those strides, and ``q, k, v`` are often strided views (a GPT's ``qkv`` split and
+    transposed) while autograd returns other strides. ``None`` (an input the call never read, such as an
+    empty sequence) is a zero gradient."""
+    out = torch.empty_like(t)
+    return out.zero_() if grad is None else out.copy_(grad)
 
 
 @attention_backward.register_fake
