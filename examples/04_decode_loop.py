@@ -15,15 +15,17 @@ the same dtype, what rounding alone gives.
 
 Run: python examples/04_decode_loop.py [--prompt-lens 37,20] [--new-tokens 8] [--num-splits 3]
 
-Prints (a real run of the defaults on a 2-core CPU; explain's lines are its plan for the same attention as one
-flash_attention call, since explain takes no ``cache_seqlens`` or ``num_splits``)::
+Prints (a real run of the defaults on a 2-core CPU; long lines wrapped here)::
 
-    explain, the prefill of prompt 0: q (1, 8, 37, 16), k/v (1, 2, 37, 16), causal (bottom-right)
-      parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over 2 single-threaded workers
+    explain, the prefill of prompt 0:
+      parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over 2 single-threaded workers;
+        3 key ranges per batch element over L_b = [37] keys at 1024 x 2048 tiles, merged exactly
     prefill 0: 37 tokens, max |O - dense| 5.9e-07
     prefill 1: 20 tokens, max |O - dense| 3.1e-07
-    explain, a decode step of element 0: q (1, 8, 1, 16), k/v (1, 2, 38, 16), causal (bottom-right)
-      parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over 2 single-threaded workers
+    explain, a decode step:
+      parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over 2 single-threaded workers;
+        3 key ranges per batch element over L_b = [38, 21] keys at 1024 x 2048 tiles, merged exactly; one new
+        query: the G = 4 query heads of each key/value head run as 4 rows of it
     step 0: cache_seqlens [37, 20], max |O - dense| 2.8e-07
     step 1: cache_seqlens [38, 21], max |O - dense| 3.0e-07
     step 2: cache_seqlens [39, 22], max |O - dense| 3.4e-07
@@ -89,12 +91,10 @@ def oracle_errors(q: Tensor, k_seen: Tensor, v_seen: Tensor, O: Tensor) -> tuple
     return (O.double() - want).abs().max().item(), (sdpa.double() - want).abs().max().item()
 
 
-def explain_step(q: Tensor, k: Tensor, v: Tensor, what: str) -> None:
-    """What explain says about ``q`` over the keys ``k, v`` of one batch element as one flash_attention call:
-    explain has no decode entry (no ``cache_seqlens``, no ``num_splits``); flash_attention_with_kvcache asks
-    the same planner about each of its key ranges."""
-    print(f"explain, {what}: q {tuple(q.shape)}, k/v {tuple(k.shape)}, causal (bottom-right)")
-    print("  " + str(fa.explain(q, k, v, is_causal=True, causal_align="bottom_right", enable_gqa=True)))
+def explain_step(what: str, *args: Tensor, **kwargs: object) -> None:
+    """What ``explain_with_kvcache`` says the call with these arguments runs (it writes nothing)."""
+    print(f"explain, {what}:")
+    print("  " + str(fa.explain_with_kvcache(*args, **kwargs)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,11 +129,20 @@ def main(argv: list[str] | None = None) -> None:
     for b, P in enumerate(prompt_lens):
         x = torch.randn(1, P, H_q * D, generator=gen, dtype=dtype)  # (1, P, C), the prompt's embeddings
         q, k, v = layer.qkv(x)
+        if b == 0:
+            explain_step(
+                "the prefill of prompt 0",
+                q,
+                k_cache[:1],
+                v_cache[:1],
+                k,
+                v,
+                cache_seqlens=0,
+                num_splits=args.num_splits,
+            )
         O = fa.flash_attention_with_kvcache(
             q, k_cache[b : b + 1], v_cache[b : b + 1], k, v, cache_seqlens=0, num_splits=args.num_splits
         )
-        if b == 0:
-            explain_step(q, k, v, "the prefill of prompt 0")
         k_seen.append(k)
         v_seen.append(v)
         error, sdpa_error = oracle_errors(q, k, v, O)
@@ -147,14 +156,16 @@ def main(argv: list[str] | None = None) -> None:
     cache_seqlens = torch.tensor(prompt_lens, dtype=torch.int32)
     for step in range(args.new_tokens):
         q, k, v = layer.qkv(x)  # (B, H_q, 1, D), (B, H_kv, 1, D)
+        if step == 0:
+            explain_step(
+                "a decode step", q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, num_splits=args.num_splits
+            )
         O = fa.flash_attention_with_kvcache(
             q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, num_splits=args.num_splits
         )  # writes k, v at cache_seqlens[b], attends over [0, cache_seqlens[b] + 1)
         for b in range(B):
             k_seen[b] = torch.cat([k_seen[b], k[b : b + 1]], dim=2)
             v_seen[b] = torch.cat([v_seen[b], v[b : b + 1]], dim=2)
-        if step == 0:
-            explain_step(q[:1], k_seen[0], v_seen[0], "a decode step of element 0")
         step_errors = [oracle_errors(q[b : b + 1], k_seen[b], v_seen[b], O[b : b + 1]) for b in range(B)]
         errors.append(max(e for e, _ in step_errors))
         sdpa_errors.append(max(e for _, e in step_errors))

@@ -94,7 +94,8 @@ def test_decode_loop_matches_the_dense_oracle_at_every_step():
     steps = re.findall(r"^step (\d): cache_seqlens \[(\d+), (\d+)\]", out, flags=re.MULTILINE)
     assert steps == [("0", "9", "4"), ("1", "10", "5"), ("2", "11", "6")]
     assert _number(r"max error over 5 calls: (\S+)", out) < 1e-5
-    assert out.count("explain, ") == 2
+    assert out.count("explain, ") == 2 and out.count("2 key ranges per batch element") == 2
+    assert "L_b = [10, 5] keys" in out and "run as 4 rows" in out  # the first step, G = 8 / 2 heads folded
 
 
 def test_ring_attention_example_on_two_ranks():

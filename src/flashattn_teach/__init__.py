@@ -6,6 +6,7 @@ Public API:
     flash_attention_varlen        packed variable-length sequences, flash-attn's varlen layout
     flash_attention_with_kvcache  a decode step against a KV cache, split-KV (Flash-Decoding)
     explain                       which backend would run for given inputs, and why
+    explain_with_kvcache          which path, how many key ranges and which row layout a decode step would use
     reference                     dense oracle, online-softmax references, memory-efficient backward
     merge_attention_states        attention over two disjoint key sets from each one's (O, lse)
     distributed                   ring attention over torch.distributed (imported on its own)
@@ -19,6 +20,7 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 from . import reference
 from .api import BACKENDS, Plan, explain, flash_attention, scaled_dot_product_attention
 from .decode import flash_attention_with_kvcache
+from .decode_explain import explain_with_kvcache
 from .errors import AttentionError, AttentionTypeError, AttentionValueError
 from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
@@ -34,6 +36,7 @@ __all__ = [
     "Plan",
     "dense_attention",
     "explain",
+    "explain_with_kvcache",
     "flash_attention",
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
