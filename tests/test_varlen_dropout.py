@@ -13,9 +13,10 @@ import math
 
 import pytest
 import torch
+import torch._dynamo.testing
 
 import flashattn_teach as fa
-from flashattn_teach import api
+from flashattn_teach import api, ops_varlen
 from flashattn_teach import dropout as dp
 from flashattn_teach.reference import parallel
 
@@ -116,3 +117,40 @@ def test_dropout_p_one_gives_zeros_and_the_undropped_lse() -> None:
     _, lse_plain = _call(*leaves, bounds, return_lse=True)
     assert torch.equal(O, torch.zeros_like(O))
     torch.testing.assert_close(lse, lse_plain)
+
+
+def test_opcheck_passes_with_dropout() -> None:
+    (q, k, v), (cu_q, cu_k, m_q, m_k) = _packed()
+    flags = (True, "bottom_right", None, None, None, "online")
+    seed = torch.tensor(123456789, dtype=torch.int64)
+    torch.library.opcheck(ops_varlen.attention_varlen, (q, k, v, cu_q, cu_k, m_q, m_k, None, *flags, P, seed))
+
+
+def test_compiled_dropout_is_one_graph_with_eager_masks_and_gradients() -> None:
+    """The op's seed is drawn in the graph by the same ``torch.randint`` as eager's key: under the same
+    torch seed the compiled call, its gradients (the backward draws the mask again) and the generator's
+    state afterwards are eager's, bit for bit, for two packings, the second compiling nothing."""
+
+    def f(q, k, v, cu_q, cu_k, m_q, m_k):
+        return fa.flash_attention_varlen(q, k, v, cu_q, cu_k, m_q, m_k, causal=True, dropout_p=P)
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    frames = []  # frames compiled after each packing: none for the second
+    for lengths in ([3, 9, 4, 1], [7, 2, 5, 1, 1]):  # B + 1 in {5, 6}, never a head count or D (duck sizing)
+        g = torch.Generator().manual_seed(len(lengths))
+        cu = torch.tensor([0, *lengths]).cumsum(0)
+        q, k, v = (
+            torch.randn(sum(lengths), h, D, generator=g, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2)
+        )
+        results = []
+        for fn in (compiled, f):
+            torch.manual_seed(5)
+            O = fn(q, k, v, cu, cu, max(lengths), max(lengths))
+            results.append((O, *torch.autograd.grad(O.square().sum(), (q, k, v)), torch.rand(())))
+        got, expected = results
+        assert (got[0] == 0).any()  # some weights were dropped (a row keeps nothing now and then)
+        for e, g_ in zip(expected, got, strict=True):
+            torch.testing.assert_close(g_, e, atol=0, rtol=0)
+        frames.append(counter.frame_count)
+    assert frames[0] == frames[1]

@@ -43,6 +43,7 @@ from ._validate_varlen import (
     check_same_batch,
 )
 from .api import _dense_only, _run, plan
+from .dropout import DropoutKey
 from .masks import MaskSpec
 from .triton.varlen import triton_varlen_forward, varlen_unsupported_reason
 
@@ -61,10 +62,11 @@ def _packed_options(
     softcap: float | None,
     alibi_slopes: Tensor | None,
     dropout_p: float,
+    dropout_key: DropoutKey | None,
 ) -> AttentionOptions:
     """The options of the ``(H, total, D)`` views: ``make_options``'s checks, with the packed sequences (and
     slopes per sequence, which ``make_options`` does not know) in the mask contract, and the call's dropout
-    key drawn (once, here: the CPU paths and the kernels read the same one)."""
+    key: ``dropout_key`` (the compiled op's), else drawn here, once (the CPU paths and the kernels read it)."""
     opts = make_options(
         q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=True, window=window, softcap=softcap
     )
@@ -86,7 +88,7 @@ def _packed_options(
         causal_align=causal_align,
         enable_gqa=True,
         dropout_p=check_dropout(dropout_p),
-    ).with_dropout()
+    ).with_dropout(dropout_key)
 
 
 @overload
@@ -213,7 +215,7 @@ def flash_attention_varlen(
         or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
     """
     q, k, v = cast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(None, alibi_slopes):
+    if torch.compiler.is_compiling() and ops.traceable(None, alibi_slopes):
         # one opaque op in the graph: the bounds stay tensors, so a new packing does not recompile
         return ops_varlen.compiled_call(
             q,
@@ -229,9 +231,52 @@ def flash_attention_varlen(
             window=window,
             softcap=softcap,
             alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p,
             backend=backend,
             return_lse=return_lse,
         )
+    lse_wanted = check_bool("return_lse", return_lse)
+    O, lse = packed_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
+        backend=backend,
+    )
+    return (O, lse) if lse_wanted else O
+
+
+def packed_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    dropout_p: float,
+    backend: str,
+    dropout_key: DropoutKey | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of :func:`flash_attention_varlen` in eager mode (inputs already autocast), the dropout
+    keyed by ``dropout_key`` when given (the compiled op's, from its seed tensor), else drawn here."""
     check_packed_qkv(q, k, v)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
@@ -239,7 +284,6 @@ def flash_attention_varlen(
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
     check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
     slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
-    lse_wanted = check_bool("return_lse", return_lse)
     # (total, H, D) -> (H, total, D): one batch element whose sequence axis is the packed axis (views).
     qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
     opts = _packed_options(
@@ -255,6 +299,7 @@ def flash_attention_varlen(
         softcap=softcap,
         alibi_slopes=slopes,
         dropout_p=dropout_p,
+        dropout_key=dropout_key,
     )
     needs_dense = _dense_only(opts)
     if backend == "auto" and q.is_cuda and needs_dense is None and varlen_unsupported_reason(qh, kh, vh, opts) is None:
@@ -265,5 +310,4 @@ def flash_attention_varlen(
         O, lse = triton_varlen_forward(qh, kh, vh, opts, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     else:
         O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
-    O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
-    return (O, lse) if lse_wanted else O
+    return O.transpose(0, 1).contiguous(), lse  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
