@@ -339,6 +339,6 @@ def test_gqa_heads_that_do_not_divide_are_refused():
         fa.flash_attention_varlen(**args)
 
 
-def test_dropout_is_refused_with_the_reason():
-    with pytest.raises(NotImplementedError, match=r"dropout.*dropout_p=0.0"):
-        fa.flash_attention_varlen(**good(), dropout_p=0.1)
+def test_dropout_out_of_range_is_named():
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\], got 1.5"):
+        fa.flash_attention_varlen(**good(), dropout_p=1.5)

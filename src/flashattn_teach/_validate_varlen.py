@@ -13,7 +13,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._validate import check_dropout, shape_str
+from ._validate import shape_str
 from .errors import AttentionTypeError, AttentionValueError
 
 
@@ -111,11 +111,3 @@ def check_packed_alibi(slopes: object, B: int, H_q: int, device: torch.device) -
     if slopes.device != device:
         raise AttentionValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
     return slopes
-
-
-def check_packed_dropout(dropout_p: object) -> None:
-    """Only ``dropout_p = 0`` for now: the tiled paths have no dropout yet."""
-    if check_dropout(dropout_p) > 0.0:
-        raise NotImplementedError(
-            f"flash_attention_varlen does not support dropout yet (got dropout_p={dropout_p}); pass dropout_p=0.0"
-        )

@@ -7,13 +7,14 @@ never looks into, ``max_seqlen_q, max_seqlen_k`` stay symbolic ints (nothing in 
 them), and the outputs' shapes come from ``q`` and ``v`` alone::
 
     flashattn_teach::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        alibi_slopes, <options>) -> (O (total_q, H_q, D_v), lse (H_q, total_q))
+        alibi_slopes, <options>, dropout_p, dropout_seed) -> (O (total_q, H_q, D_v), lse (H_q, total_q))
     flashattn_teach::attention_varlen_backward(dO, dlse, q, k, v, <the same>) -> (dq, dk, dv)
 
 The implementations are the eager call (the Triton varlen kernels for CUDA tensors they can run, the CPU
 paths otherwise); the backward recomputes the forward under autograd and differentiates it, as
 :mod:`flashattn_teach.ops` does. Slopes that need a gradient (only the dense path gives one) are traced
-through instead.
+through instead. Dropout is keyed as in :mod:`flashattn_teach.ops`: the caller draws the seed as a tensor
+(:func:`flashattn_teach.ops.dropout_args`) and the op and its backward build the same ``DropoutKey`` from it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from torch import Tensor
 
 from ._layout import compute_dtype
 from ._validate_varlen import check_packed_qkv
+from .dropout import DropoutKey
 from .errors import AttentionTypeError, AttentionValueError
-from .ops import recomputed_grads
+from .ops import dropout_args, recomputed_grads
 
 
 def _eager(
@@ -44,11 +46,17 @@ def _eager(
     window: list[int] | None,
     softcap: float | None,
     backend: str,
+    dropout_p: float,
+    dropout_seed: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """The eager call the op stands for (validation of the bounds' values included)."""
-    from .varlen import flash_attention_varlen
+    """The eager call the op stands for (validation of the bounds' values included), with the dropout key
+    from ``dropout_seed``."""
+    from .varlen import packed_attention
 
-    return flash_attention_varlen(
+    if dropout_p > 0.0 and dropout_seed is None:
+        raise AttentionValueError(f"dropout_p={dropout_p} needs a dropout_seed (an int64 tensor, see dropout_args)")
+    key = DropoutKey(dropout_p, seed=int(dropout_seed)) if dropout_seed is not None and dropout_p > 0.0 else None
+    return packed_attention(
         q,
         k,
         v,
@@ -62,8 +70,9 @@ def _eager(
         window=None if window is None else (window[0], window[1]),
         softcap=softcap,
         alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
         backend=backend,
-        return_lse=True,
+        dropout_key=key,
     )
 
 
@@ -83,8 +92,11 @@ def attention_varlen(
     window: list[int] | None,
     softcap: float | None,
     backend: str,
+    dropout_p: float = 0.0,
+    dropout_seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of :func:`flashattn_teach.flash_attention_varlen` called with these arguments."""
+    """``(O, lse)`` of :func:`flashattn_teach.flash_attention_varlen` called with these arguments, dropout
+    keyed by ``dropout_seed`` (an int64 scalar, needed when ``dropout_p > 0``)."""
     with torch.no_grad():
         return _eager(
             q,
@@ -101,6 +113,8 @@ def attention_varlen(
             window,
             softcap,
             backend,
+            dropout_p,
+            dropout_seed,
         )
 
 
@@ -136,12 +150,15 @@ def attention_varlen_backward(
     window: list[int] | None,
     softcap: float | None,
     backend: str,
+    dropout_p: float = 0.0,
+    dropout_seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` for the gradients ``dO`` of ``O`` and ``dlse`` of ``lse``, in the inputs' shapes."""
+    """``(dq, dk, dv)`` for the gradients ``dO`` of ``O`` and ``dlse`` of ``lse``, in the inputs' shapes; the
+    forward's dropout mask drawn again from the same ``dropout_seed``."""
 
     def forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes)
-        return _eager(q, k, v, *bounds, causal, causal_align, scale, window, softcap, backend)
+        return _eager(q, k, v, *bounds, causal, causal_align, scale, window, softcap, backend, dropout_p, dropout_seed)
 
     return recomputed_grads(forward, q, k, v, dO, dlse)
 
@@ -154,17 +171,19 @@ def _attention_varlen_backward_fake(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, *options = inputs
-    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    # the dispatcher passes every argument, defaults included: the seed is the last
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, *options, dropout_seed = inputs
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.options = options
+    ctx.options = options  # the flags, then dropout_p
 
 
 def _backward(ctx: Any, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed = ctx.saved_tensors
     bounds = (cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, alibi_slopes)
-    grads = attention_varlen_backward(dO, dlse, q, k, v, *bounds, *ctx.options)
-    return (*grads, *(None,) * (len(bounds) + len(ctx.options)))  # none into bounds, slopes or options
+    grads = attention_varlen_backward(dO, dlse, q, k, v, *bounds, *ctx.options, dropout_seed)
+    # no gradient into the bounds, slopes, options or the seed
+    return (*grads, *(None,) * (len(bounds) + len(ctx.options) + 1))
 
 
 attention_varlen.register_autograd(_backward, setup_context=_setup_context)
@@ -196,10 +215,12 @@ def compiled_call(
     window: tuple[int, int] | None,
     softcap: float | None,
     alibi_slopes: Tensor | None,
+    dropout_p: float,
     backend: str,
     return_lse: bool,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """The op standing for one call of ``flash_attention_varlen`` while it is compiled."""
+    """The op standing for one call of ``flash_attention_varlen`` while it is compiled, its dropout seed
+    drawn here."""
     O, lse = attention_varlen(
         q,
         k,
@@ -215,5 +236,6 @@ def compiled_call(
         None if window is None else list(window),
         softcap,
         backend,
+        *dropout_args(dropout_p),
     )
     return (O, lse) if return_lse else O

@@ -10,6 +10,18 @@ and each sequence attends only within itself. The packed tensors are viewed (no 
 packed sequences in the mask contract (``packed.py``): the tiles off the block diagonal are never visited,
 so the work is ``O(sum_b len_q[b] len_k[b])`` up to tiles cut by sequence boundaries, and no tensor of
 ``total_q x total_k`` elements is built (except by ``backend="dense"``, the oracle).
+
+Dropout follows from that view: the keep mask of :mod:`flashattn_teach.dropout` is drawn for the packed
+``total_q x total_k`` score matrix of one batch element, so weight ``P[h, i, j]`` (query head h, packed
+query row i, packed key column j) has the counter::
+
+    counter = offset + (h * total_q + i) * total_k + j,     i = cu_seqlens_q[b] + i',  j = cu_seqlens_k[b] + j'
+
+for row i' and column j' of sequence b. Every (head, row, column) has its own counter, so no two sequences
+share draws (counters per sequence, ``((b H_q + h) len_q[b] + i') len_k[b] + j'``, would collide when the
+lengths differ). The CPU paths draw it as for any ``(H, total, D)`` input; the Triton kernels, which run a
+sequence per program in its own coordinates, shift the offset by the sequence's start rows
+(:func:`flashattn_teach.triton.dropout._packed_dropout`), and draw the same bits.
 """
 
 from __future__ import annotations
@@ -22,16 +34,16 @@ from torch import Tensor
 from . import ops, ops_varlen
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
-from ._validate import check_bool, check_window
+from ._validate import check_bool, check_dropout, check_window
 from ._validate_varlen import (
     check_cu_seqlens,
     check_max_seqlen,
     check_packed_alibi,
-    check_packed_dropout,
     check_packed_qkv,
     check_same_batch,
 )
 from .api import _dense_only, _run, plan
+from .dropout import DropoutKey
 from .masks import MaskSpec
 from .triton.varlen import triton_varlen_forward, varlen_unsupported_reason
 
@@ -49,9 +61,12 @@ def _packed_options(
     window: tuple[int, int] | None,
     softcap: float | None,
     alibi_slopes: Tensor | None,
+    dropout_p: float,
+    dropout_key: DropoutKey | None,
 ) -> AttentionOptions:
     """The options of the ``(H, total, D)`` views: ``make_options``'s checks, with the packed sequences (and
-    slopes per sequence, which ``make_options`` does not know) in the mask contract."""
+    slopes per sequence, which ``make_options`` does not know) in the mask contract, and the call's dropout
+    key: ``dropout_key`` (the compiled op's), else drawn here, once (the CPU paths and the kernels read it)."""
     opts = make_options(
         q, k, v, causal=causal, causal_align=causal_align, scale=scale, enable_gqa=True, window=window, softcap=softcap
     )
@@ -67,8 +82,13 @@ def _packed_options(
         cu_seqlens_k=cu_seqlens_k,
     )
     return AttentionOptions(
-        shapes=opts.shapes, mask=mask, causal=opts.causal, causal_align=causal_align, enable_gqa=True
-    )
+        shapes=opts.shapes,
+        mask=mask,
+        causal=opts.causal,
+        causal_align=causal_align,
+        enable_gqa=True,
+        dropout_p=check_dropout(dropout_p),
+    ).with_dropout(dropout_key)
 
 
 @overload
@@ -177,7 +197,10 @@ def flash_attention_varlen(
         softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.
         alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |i' + off_b - j'|`` added to the scores, in
             each sequence's coordinates. Not differentiated except by ``backend="dense"``.
-        dropout_p: only 0.0 for now (anything else raises ``NotImplementedError``).
+        dropout_p: zero each attention weight with this probability and scale the rest by
+            ``1 / (1 - dropout_p)`` (``lse`` stays undropped), as :func:`flashattn_teach.flash_attention`;
+            the keep mask is drawn over the packed matrix (see the module's docstring), the same on every
+            backend, and drawn again by the backward.
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
@@ -192,7 +215,7 @@ def flash_attention_varlen(
         or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
     """
     q, k, v = cast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and dropout_p == 0.0 and ops.traceable(None, alibi_slopes):
+    if torch.compiler.is_compiling() and ops.traceable(None, alibi_slopes):
         # one opaque op in the graph: the bounds stay tensors, so a new packing does not recompile
         return ops_varlen.compiled_call(
             q,
@@ -208,9 +231,52 @@ def flash_attention_varlen(
             window=window,
             softcap=softcap,
             alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p,
             backend=backend,
             return_lse=return_lse,
         )
+    lse_wanted = check_bool("return_lse", return_lse)
+    O, lse = packed_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
+        backend=backend,
+    )
+    return (O, lse) if lse_wanted else O
+
+
+def packed_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    dropout_p: float,
+    backend: str,
+    dropout_key: DropoutKey | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of :func:`flash_attention_varlen` in eager mode (inputs already autocast), the dropout
+    keyed by ``dropout_key`` when given (the compiled op's, from its seed tensor), else drawn here."""
     check_packed_qkv(q, k, v)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
@@ -218,8 +284,6 @@ def flash_attention_varlen(
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
     check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
     slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
-    check_packed_dropout(dropout_p)
-    lse_wanted = check_bool("return_lse", return_lse)
     # (total, H, D) -> (H, total, D): one batch element whose sequence axis is the packed axis (views).
     qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
     opts = _packed_options(
@@ -234,6 +298,8 @@ def flash_attention_varlen(
         window=window,
         softcap=softcap,
         alibi_slopes=slopes,
+        dropout_p=dropout_p,
+        dropout_key=dropout_key,
     )
     needs_dense = _dense_only(opts)
     if backend == "auto" and q.is_cuda and needs_dense is None and varlen_unsupported_reason(qh, kh, vh, opts) is None:
@@ -244,5 +310,4 @@ def flash_attention_varlen(
         O, lse = triton_varlen_forward(qh, kh, vh, opts, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     else:
         O, lse = _run(plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
-    O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
-    return (O, lse) if lse_wanted else O
+    return O.transpose(0, 1).contiguous(), lse  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout

@@ -151,3 +151,32 @@ def test_varlen_without_queries_or_keys(lengths: tuple[list[int], list[int]]) ->
     assert torch.all(O == 0) and torch.all(torch.isneginf(lse))
     for t in (q, k, v):
         assert t.grad is not None and torch.all(t.grad == 0)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_bottom_right"])
+def test_varlen_dropout_draws_the_cpu_paths_mask(case: str) -> None:
+    """For the same seed the kernels drop the weights the CPU path drops (the packed counters of
+    ``flashattn_teach.varlen``), in the forward and in the backward's redraw: a single differing bit moves
+    ``O`` or a gradient by about a weight, far above the tolerance."""
+    dtype = torch.float32
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed(dtype)
+    kw = _kwargs(case)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(7)
+    O = triton_varlen.triton_attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, dropout_p=0.5, **kw)
+    dO = torch.randn(O.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    (O * dO).sum().backward()
+
+    ref_leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(7)
+    O_ref = fa.flash_attention_varlen(
+        *ref_leaves, cu_q.cpu(), cu_k.cpu(), max_q, max_k, dropout_p=0.5, backend="online", **kw
+    )
+    (O_ref * dO.cpu().double()).sum().backward()
+
+    rel = REL_TOL[dtype]
+    assert_close_scaled(O.cpu(), O_ref, rel, f"{case}: O")
+    assert not torch.allclose(O_ref, fa.flash_attention_varlen(*ref_leaves, cu_q.cpu(), cu_k.cpu(), max_q, max_k, **kw))
+    for name, t, ref in zip("qkv", leaves, ref_leaves, strict=True):
+        assert t.grad is not None and ref.grad is not None
+        assert_close_scaled(t.grad.cpu(), ref.grad, rel, f"{case}: d{name}")

@@ -15,7 +15,7 @@ import triton
 from triton import language as tl
 
 from .backward import _causal_query_range, _load_lse2
-from .dropout import _dropout_keep
+from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E
 from .masking import (
     _attn_mask_tile,
@@ -56,9 +56,10 @@ def _attn_bwd_dkdv_inner(
     softcap_log2,
     SLOPES_group,  # ALiBi slope of the group's first query head
     stride_slope_h,
-    seed,  # dropout: the key, the group's first (b * H_q + h), N_k, threshold and 1 / (1 - p)
+    seed,  # dropout: the key, the group's first (b * H_q + h), the counters' N_q x N_k, threshold, 1 / (1 - p)
     dropout_offset,
     bh0,
+    N_q_all,
     N_k,
     dropout_threshold,
     keep_scale,
@@ -153,7 +154,7 @@ def _attn_bwd_dkdv_inner(
         if DROPOUT:
             # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
             keepT = tl.trans(
-                _dropout_keep(seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q, N_k, dropout_threshold)
+                _dropout_keep(seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q_all, N_k, dropout_threshold)
             )
             # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
             if WITH_DV:
@@ -268,11 +269,18 @@ def _attn_bwd_dkdv(
     h0 = h_kv * GROUP  # the group's first query head; its GROUP heads are summed here rather than with atomics
     LSE_group = LSE + (b * H_q + h0) * stride_lse_h  # lse and delta (B, H_q, N_q) contiguous
     DELTA_group = DELTA + (b * H_q + h0) * stride_lse_h
+    drop_offset, drop_bh0, drop_N_q, drop_N_k = dropout_offset, b * H_q + h0, N_q, N_k  # the forward's counters
     if VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
         q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
         if start_n >= N_k:
             return  # a key block past this sequence's end
+        if DROPOUT:
+            n_seq = tl.num_programs(0) // (n_blocks * H_kv)
+            drop_offset, drop_N_q, drop_N_k = _packed_dropout(
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+            )
+            drop_bh0 = h0
         Q = Q + q_start * stride_qn
         DO = DO + q_start * stride_don
         K = K + k_start * stride_kn
@@ -314,7 +322,7 @@ def _attn_bwd_dkdv(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
@@ -324,7 +332,7 @@ def _attn_bwd_dkdv(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
@@ -334,7 +342,7 @@ def _attn_bwd_dkdv(
         dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, dropout_offset, b * H_q + h0, N_k, dropout_threshold, keep_scale,
+        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,

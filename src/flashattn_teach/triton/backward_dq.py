@@ -11,7 +11,7 @@ import triton
 from triton import language as tl
 
 from .backward import _load_lse2
-from .dropout import _dropout_keep
+from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .masking import (
     _attn_mask_tile,
@@ -238,11 +238,18 @@ def _attn_bwd_dq(
     h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
     stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse and delta are (B, H_q, N_q) contiguous
+    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, bh, N_q, N_k  # the forward's dropout counters
     if VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
         q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end
+        if DROPOUT:
+            n_seq = tl.num_programs(0) // (n_blocks * H_q)
+            drop_offset, drop_N_q, drop_N_k = _packed_dropout(
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+            )
+            drop_bh = h
         Q = Q + q_start * stride_qn
         DO = DO + q_start * stride_don
         DQ = DQ + q_start * stride_dqn
@@ -280,7 +287,7 @@ def _attn_bwd_dq(
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION,
@@ -292,7 +299,7 @@ def _attn_bwd_dq(
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
         full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
@@ -301,7 +308,7 @@ def _attn_bwd_dq(
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, dropout_offset, bh, N_q, N_k, dropout_threshold, keep_scale,
+        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,

@@ -22,3 +22,15 @@ def _dropout_keep(seed, offset, bh, offs_m, offs_n, N_q, N_k, threshold):
     r = tl.randint(seed, counter)  # uint32, Philox4x32-10 word 0
     # keep iff the top 31 bits reach the threshold: P(keep) = 1 - threshold / 2^31
     return (r >> 1).to(tl.int32) >= threshold
+
+
+@triton.jit
+def _packed_dropout(CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset):
+    """``(offset, N_q, N_k)`` of the counters of packed sequences (``VARLEN``), for a program of the sequence
+    starting at rows ``q_start, k_start``: the counter is that of the packed ``total_q x total_k`` matrix of
+    one batch element (``flashattn_teach.varlen``), ``offset + (h * total_q + q_start + i') * total_k +
+    k_start + j'`` for head h and in-sequence row i', column j'. The start rows go into the offset, so
+    ``_dropout_keep(seed, offset, h, i', j', total_q, total_k, threshold)`` draws it."""
+    total_q = tl.load(CU_SEQLENS_Q + n_seq)  # cu_seqlens (B + 1,): the last bound is the packed length
+    total_k = tl.load(CU_SEQLENS_K + n_seq)
+    return dropout_offset + q_start * total_k + k_start, total_q, total_k

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .dropout import _dropout_keep
+from .dropout import _dropout_keep, _packed_dropout
 from .masking import _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
 from .tiles import _load_block, _store_block
 
@@ -318,10 +318,18 @@ def _attn_fwd(
     h = pid_bh % H_q
     h_kv = h // GROUP
     LSE_head = LSE + pid_bh.to(tl.int64) * stride_lse_h  # lse (B, H_q, N_q) contiguous
+    # the dropout counter's (offset, b * H_q + h, N_q, N_k) (flashattn_teach.dropout)
+    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, pid_bh, N_q, N_k
     if VARLEN:
         q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end (the grid spans the longest one)
+        if DROPOUT:  # counters of the packed matrix, one batch element: head h, rows and columns shifted
+            n_seq = tl.num_programs(0) // (n_blocks * H_q)
+            drop_offset, drop_N_q, drop_N_k = _packed_dropout(
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+            )
+            drop_bh = h
         # the batch strides are 0: the sequence's start rows move the bases instead
         Q = Q + q_start * stride_qn
         O = O + q_start * stride_on
@@ -366,7 +374,7 @@ def _attn_fwd(
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, dropout_offset, pid_bh, N_q, N_k, dropout_threshold, keep_scale,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
@@ -398,10 +406,10 @@ def _attn_fwd(
         softcap_log2,
         slope_log2,
         seed,
-        dropout_offset,
-        pid_bh,
-        N_q,
-        N_k,
+        drop_offset,
+        drop_bh,
+        drop_N_q,
+        drop_N_k,
         dropout_threshold,
         keep_scale,
         MASK_head,
@@ -449,10 +457,10 @@ def _attn_fwd(
         softcap_log2,
         slope_log2,
         seed,
-        dropout_offset,
-        pid_bh,
-        N_q,
-        N_k,
+        drop_offset,
+        drop_bh,
+        drop_N_q,
+        drop_N_k,
         dropout_threshold,
         keep_scale,
         MASK_head,

@@ -5,7 +5,9 @@ element ``(H, total, D)``; the kernels see it as ``(1, H, total, D)`` and run wi
 batch index becomes the sequence b, ``cdiv(max_seqlen, BLOCK) * B * H`` programs, each reading
 ``cu_seqlens[b], cu_seqlens[b + 1]`` for its sequence's rows, lengths and causal offset, and leaving at
 once when its block starts past the sequence's end (see :func:`~.masking._sequence`). Tiles across two
-sequences are never formed, so the work is that of B separate calls in one launch.
+sequences are never formed, so the work is that of B separate calls in one launch. Dropout draws the
+counters of the packed ``total_q x total_k`` matrix, as the CPU paths do (``flashattn_teach.varlen``): each
+program shifts the key's offset by its sequence's start rows (:func:`~.dropout._packed_dropout`).
 
 Like the rest of the package this file does not import triton; the kernels are imported on first launch.
 """
@@ -48,7 +50,8 @@ def triton_varlen_forward(
     config: AttentionConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(O (H_q, total_q, D_v), lse (H_q, total_q))`` of validated ``(H, total, D)`` views by the fused
-    kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call."""
+    kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call. With
+    ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
     from . import _triton_installed, launch
     from .autograd import TritonAttentionFunction
 
@@ -59,7 +62,7 @@ def triton_varlen_forward(
         raise AttentionValueError(reason)
     s = opts.shapes
     variants = replace(
-        KernelVariants.from_spec(opts.mask),
+        KernelVariants.from_spec(opts.mask, opts.dropout),  # the counters of the packed matrix (varlen.py)
         cu_seqlens_q=cu_seqlens_q.to(torch.int32).contiguous(),
         cu_seqlens_k=cu_seqlens_k.to(torch.int32).contiguous(),
         max_seqlen_q=max_seqlen_q,
@@ -88,6 +91,7 @@ def triton_attention_varlen(
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`flashattn_teach.flash_attention_varlen` with ``backend="triton"`` (see there)."""
@@ -107,6 +111,7 @@ def triton_attention_varlen(
         window=window,
         softcap=softcap,
         alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
         backend="triton",
         return_lse=return_lse,
     )
