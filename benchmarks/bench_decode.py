@@ -3,6 +3,7 @@
 
     python benchmarks/bench_decode.py              # bf16 on CUDA, the grid below (run_gpu_suite.sh runs this)
     python benchmarks/bench_decode.py --cpu        # small float32 rows on the CPU
+    python benchmarks/bench_decode.py --cpu --shape 4,8192,32,8,128   # B,N,H_q,H_kv,D rows instead of the grid
     python benchmarks/bench_decode.py --out DIR    # default: $OUT/decode if OUT is set, else
                                                    # benchmarks/results/local/decode (or decode-cpu)
 
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     env_out = os.environ.get("OUT")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpu", action="store_true", help="small float32 rows on the CPU")
+    p.add_argument(
+        "--shape", action="append", default=None, metavar="B,N,H_q,H_kv,D", help="a row, not the grid (repeatable)"
+    )
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up, ms (default 10)")
     p.add_argument("--rep", type=int, default=30, help="do_bench measuring time, ms (default 30)")
@@ -243,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[dict[str, object]] = []
     start = time.perf_counter()
-    for s in shapes(not cuda):
+    grid = [Shape(*(int(x) for x in text.split(","))) for text in args.shape] if args.shape else shapes(not cuda)
+    for s in grid:
         new = run_shape(s, args, cuda)
         rows.extend(new)
         summary = ", ".join(f"{r['provider']} {_fmt(r.get('time_ms', r['status']))}" for r in new)
