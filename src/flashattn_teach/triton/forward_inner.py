@@ -1,0 +1,185 @@
+"""The key/value loop of the Triton forward: one query block's online softmax over a range of key blocks.
+
+:func:`_attn_fwd_inner` carries ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax` through the key
+blocks ``j`` of one stage of :mod:`.forward`'s loop (masked or not, by ``tl.constexpr``), in base 2:
+
+    S_ij = Q_i K_j^T,   m_new = max(m_i, rowmax(S_ij) qk_scale),   P_ij = exp2(S_ij qk_scale - m_new)
+    l_i  = exp2(m_i - m_new) l_i + rowsum(P_ij),      acc = exp2(m_i - m_new) acc + P_ij V_j
+
+:func:`_load_kv_block` brings ``K_j`` and ``V_j`` in, by TMA descriptors on Hopper or through pointers.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton import language as tl
+
+from .dropout import _dropout_keep
+from .masking import _attn_mask_tile, _in_window, _modify_scores
+from .tiles import _load_block
+
+LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
+
+
+@triton.jit
+def _load_kv_block(
+    src,
+    b,
+    h,
+    start,
+    N,
+    stride_n,
+    stride_d,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TMA: tl.constexpr,
+    MASK: tl.constexpr,
+):
+    """Key (or value) block ``j``, rows ``[start, start + BLOCK_N)`` of head ``(b, h)``: (BLOCK_N, BLOCK_D).
+
+    With ``TMA`` ``src`` is a ``(B, H, N, D)`` tensor descriptor: the copy engine fetches the box into
+    shared memory and fills rows ``>= N`` and lanes ``>= D`` with zeros, with no address arithmetic in
+    the loop. Otherwise ``src`` points at head ``(b, h)``; the block's base advances in 64-bit (``N x
+    stride_n`` may pass 2^31) and the in-tile offsets stay 32-bit. Rows are masked only when ``MASK``
+    (a ragged last block can occur only in the masked stage), lanes only when ``HEAD_DIM < BLOCK_D``.
+    """
+    if TMA:
+        return src.load([b, h, start, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        rows = tl.arange(0, BLOCK_N)
+        block = src + tl.cast(start, tl.int64) * stride_n
+        lanes = tl.arange(0, BLOCK_D)
+        return _load_block(
+            block, rows, lanes, stride_n, stride_d, start + rows < N, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
+        )
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output O_i
+    l_i,  # (BLOCK_M,) fp32, running denominator
+    m_i,  # (BLOCK_M,) fp32, running max of qk_scale * S (log2 units)
+    q,  # Q_i (BLOCK_M, BLOCK_D)
+    K_src,
+    V_src,
+    b,
+    h_kv,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    start_n,
+    end_n,
+    offs_m,
+    N_k,
+    qk_scale,
+    OFFSET,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    slope_log2,
+    seed,  # dropout: the key and this program's (b * H_q + h), the counters' sizes N_q x N_k, threshold
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), the block's first row, and the mask's row and column strides
+    offs_m0,
+    stride_mask_m,
+    stride_mask_n,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+    MASK: tl.constexpr,
+):
+    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
+
+    ``MASK`` selects the stage: False for blocks every row may fully see (no mask, no bounds check),
+    True for the diagonal and the ragged last block, where scores of invisible keys become -inf.
+
+    The row max is taken over the raw scores and scaled once per row: with ``qk_scale >= 0`` (the
+    launcher negates Q for a negative scale), ``max(qk_scale * S) = qk_scale * max(S)``, so the scale
+    reaches each score only inside the exponent, as one FFMA: ``P = exp2(S * qk_scale - m_new)``.
+    With ``SOFTCAP``, ``ALIBI`` or an additive mask the scale must come first (tanh is not linear, the
+    biases are not scaled): the scores are scaled and modified in log2 units
+    (:func:`~.masking._modify_scores`), and the scale left for the exponent is 1. With a user mask
+    (``BOOL_MASK``, ``ADD_MASK``) every stage runs the masked arithmetic: any row may see none of a tile.
+    """
+    if BOOL_MASK or ADD_MASK:
+        rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
+        cols = tl.arange(0, BLOCK_N)
+    for start in tl.range(start_n, end_n, BLOCK_N):
+        # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
+        k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        if SOFTCAP or ALIBI or ADD_MASK:
+            s, _ = _modify_scores(
+                s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
+            )
+            if ADD_MASK:
+                bias = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                s = s + bias.to(tl.float32) * LOG2E
+            s_scale = 1.0
+        else:
+            s_scale = qk_scale
+        if MASK or BOOL_MASK or ADD_MASK:
+            visible = (offs_n < N_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
+            if BOOL_MASK:
+                user = _attn_mask_tile(
+                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                )
+                visible = visible & (user != 0)
+            s = tl.where(visible, s, float("-inf"))
+            s_max = tl.max(s, 1)
+            # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
+            m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * s_scale))
+            # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
+            p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
+        else:
+            # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
+            m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
+            m_new_safe = m_new
+            # P_ij = exp(scale * S_ij - m_new), in base 2: one FFMA and one MUFU.EX2 per score
+            p = tl.math.exp2(s * s_scale - m_new[:, None])
+        # alpha = exp(m_i - m_new) rescales what was accumulated under the old max
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        # l_new = alpha * l_i + rowsum(P_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
+            # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
+            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
+            p = tl.where(keep, p * keep_scale, 0.0)
+        # V_j: (BLOCK_N, BLOCK_DV)
+        v = _load_kv_block(V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK)
+        # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
+        # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
