@@ -78,14 +78,16 @@ def per_sequence_oracle(q, k, v, lens_q, lens_k, *, alibi_slopes=None, causal_al
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved = dict(api._TILED)
+    saved, few_rows = dict(api._TILED), api.FEW_ROWS
     smallest = parallel.MIN_PARALLEL_SCORES
     api._TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    api.FEW_ROWS = 0  # no wide key tiles for few rows: the tiles asked for
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
         api._TILED.update(saved)
+        api.FEW_ROWS = few_rows
         parallel.MIN_PARALLEL_SCORES = smallest
 
 
