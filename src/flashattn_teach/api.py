@@ -13,9 +13,9 @@ tile), so ``auto`` runs them on Triton for CUDA tensors. Dropout is the same on 
 counter-based generator (``dropout.py``) keyed once per call from torch's generator, so every path drops
 the same weights for the same key.
 
-``backend="auto"`` picks the fastest backend that can honour every argument; :func:`explain` says which
-one and why. An explicitly named backend that cannot honour an argument raises ``NotImplementedError``
-instead of silently doing something else.
+``backend="auto"`` picks the fastest backend that can honour every argument; :func:`flashattn_teach.explain`
+(``explanation.py``) says which one and why. An explicitly named backend that cannot honour an argument
+raises ``NotImplementedError`` instead of silently doing something else.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from . import ops
 from ._autocast import cast_inputs
 from ._options import AttentionOptions, make_options
 from ._validate import check_bool
-from .causal import TileKind
 from .errors import AttentionValueError
 from .reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from .reference.dense import dense_forward
@@ -53,12 +52,6 @@ _TILED = {
 # tile, and to 1.9 ms with the query heads folded into rows as well (2-core machine; torch's SDPA 0.13 ms).
 FEW_ROWS = 64
 FEW_ROWS_BLOCK_N = 2048
-
-
-_DROPOUT_NOTE = (
-    "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
-    "the key drawn once per call from torch's generator"
-)
 
 
 @dataclass(frozen=True)
@@ -147,17 +140,6 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             "it); use 'online' or 'auto'"
         )
     return Plan(backend, "requested explicitly")
-
-
-def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
-    """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
-    _, block_m, block_n = _tiles(p.backend, opts.shapes.N_q)
-    counts = opts.mask.tiling(block_m, block_n).counts()
-    n = sum(counts.values())
-    return (
-        f"; {n} tile{'' if n == 1 else 's'} of {block_m} x {block_n}: {counts[TileKind.FULL]} visited whole, "
-        f"{counts[TileKind.PARTIAL]} visited with a tile mask, {counts[TileKind.SKIP]} skipped"
-    )
 
 
 def _tiles(backend: str, N_q: int) -> tuple[str, int, int]:
@@ -367,54 +349,3 @@ def scaled_dot_product_attention(
     )
     O, _ = _run(plan(query, key, value, opts), query, key, value, opts)
     return O
-
-
-def explain(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    *,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    causal_align: str = "top_left",
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    backend: str = "auto",
-) -> Plan:
-    """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
-    with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
-
-    >>> import torch, flashattn_teach as fa
-    >>> q = torch.randn(1, 2, 8, 16)
-    >>> print(fa.explain(q, q, q))  # doctest: +ELLIPSIS
-    parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over ... workers
-    """
-    query, key, value = cast_inputs(query, key, value)
-    opts = make_options(
-        query,
-        key,
-        value,
-        causal=is_causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        causal_name="is_causal",
-    )
-    p = plan(query, key, value, opts, backend)
-    if p.backend in _TILED and opts.mask.variants:
-        p = Plan(p.backend, p.reason + _tile_counts(p, opts))
-    if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator
-        again = ", and the backward draws the mask again instead of storing it" if p.backend in _TILED else ""
-        p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
-    return p
