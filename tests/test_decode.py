@@ -86,14 +86,16 @@ def assert_matches(O, lse, O_ref, lse_ref, atol=1e-12):
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved = dict(decode_cpu.DECODE_TILES)
+    saved, few_rows = dict(api._TILED), api.FEW_ROWS
     smallest = parallel.MIN_PARALLEL_SCORES
-    decode_cpu.DECODE_TILES.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    api._TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    api.FEW_ROWS = 0  # the tiles asked for, not the wide ones of a few-row call
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
-        decode_cpu.DECODE_TILES.update(saved)
+        api._TILED.update(saved)
+        api.FEW_ROWS = few_rows
         parallel.MIN_PARALLEL_SCORES = smallest
 
 

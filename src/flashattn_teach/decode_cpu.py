@@ -17,22 +17,12 @@ from torch import Tensor
 
 from ._layout import compute_dtype
 from ._options import AttentionOptions, make_options
-from .api import Plan, plan
+from .api import Plan, _tiles, plan
 from .masks import MaskSpec
 from .merge import merge_attention_states
 from .reference.dense import dense_forward
 from .reference.online import tiled_attention
 from .splitkv import split_ranges
-
-# A decode step has few query rows, so its tiles are short and long. One step (B=4, H_q=32, H_kv=8, D=128,
-# caches of 8191, 4000, 100 and 8000 keys, N_new=1, float32, one split, the 2-core development machine):
-# about 90 ms at 2048 keys per tile, 207 ms at the prefill tiles' 256 (query heads run as rows in both),
-# 165-178 ms for torch's SDPA called per batch element; /tmp scripts, not a benchmark of record.
-DECODE_TILES = {
-    "parallel": ("parallel", 1024, 2048),
-    "online": ("query_major", 128, 2048),
-    "key_major": ("key_major", 128, 2048),
-}
 
 
 @dataclass(frozen=True)
@@ -98,10 +88,11 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str)
 
 
 def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
-    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the decode tiles."""
+    """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the library's tiles for its
+    number of rows (a decode step's few rows take wide key tiles: ``api._tiles``)."""
     if p.backend == "dense":
         return dense_forward(q, k, v, opts)
-    order, block_m, block_n = DECODE_TILES[p.backend]
+    order, block_m, block_n = _tiles(p.backend, q.shape[2])
     return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
 

@@ -19,9 +19,9 @@ from ._validate_decode import (
     check_num_splits,
     check_room,
 )
-from .api import Plan
+from .api import Plan, _tiles
 from .decode import _route
-from .decode_cpu import DECODE_TILES, _plan
+from .decode_cpu import _plan
 from .splitkv import default_num_splits
 
 
@@ -78,10 +78,12 @@ def explain_with_kvcache(
     # every range of every batch element gets the plan of this one-key range of element 0
     q0, k0, v0 = q[:1], k_cache[:1, :, :1], v_cache[:1, :, :1]
     p = _plan(q0, k0, v0, make_options(q0, k0, v0, enable_gqa=True), backend)
-    tiles = "" if p.backend == "dense" else f" at {DECODE_TILES[p.backend][1]} x {DECODE_TILES[p.backend][2]} tiles"
+    folded = N_new == 1 and G > 1 and slopes is None
+    _, block_m, block_n = _tiles(p.backend, G if folded else N_new) if p.backend != "dense" else ("", 0, 0)
+    tiles = "" if p.backend == "dense" else f" at {block_m} x {block_n} tiles"
     why = " (num_splits=0 on the CPU: its paths run the ranges one after another)" if splits == 0 else ""
     merged = ", merged exactly" if n > 1 else ""
     how = f"{n} key range{'s' if n != 1 else ''}{why} per batch element over L_b = {L} keys{tiles}{merged}"
-    if N_new == 1 and G > 1 and slopes is None:
+    if folded:
         how += f"; one new query: the G = {G} query heads of each key/value head run as {G} rows of it"
     return Plan(p.backend, f"{p.reason}; {how}")
