@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
-from flashattn_teach.triton import AttentionConfig, KernelConfig, shipped_config, triton_attention
+from flashattn_teach.triton import AttentionConfig, KernelConfig, shipped_config, tma, triton_attention
 
 
 def grads(c: Case, q, k, v, dO, dlse=None, triton: bool = True):
@@ -291,3 +291,52 @@ def test_the_shipped_hd256_backward_matches_dense() -> None:
         assert config.backward_dkdv is not None and config.backward_dkdv.split
         c = Case(1, 1, 2, 70, 81, 256, 256, True, "bottom_right", torch.float16, config)
         check_backward(c)
+
+
+def _by_tma(config: AttentionConfig) -> AttentionConfig:
+    """``config`` with the dK/dV kernel's Q_i, dO_i and the dQ kernel's K_j, V_j read by TMA."""
+    assert config.backward_dkdv is not None and config.backward_dq is not None
+    return dataclasses.replace(
+        config,
+        backward_dkdv=dataclasses.replace(config.backward_dkdv, tma=True),
+        backward_dq=dataclasses.replace(config.backward_dq, tma=True),
+    )
+
+
+@settings(max_examples=25)
+@given(c=cases(max_n=64))
+def test_backward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
+    # the copy engine's zero fill past N and D stands in for the pointer path's masked loads
+    q, k, v = c.tensors()
+    c = dataclasses.replace(c, config=_by_tma(c.config))
+    assert tma.launch_tile(c.config.backward_dkdv, q, v, varlen=False) == (c.config.backward_dkdv, True)
+    assert tma.launch_tile(c.config.backward_dq, k, v, varlen=False) == (c.config.backward_dq, True)
+    check_backward(c)
+
+
+def test_bnhd_views_by_tma_match_dense() -> None:
+    # (B, N, H, D) tensors seen as (B, H, N, D): the 4-D descriptors take their strides as they are
+    g = torch.Generator().manual_seed(10)
+    q = torch.randn(2, 41, 4, 40, generator=g).to(DEVICE).transpose(1, 2)
+    k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
+    dO = torch.randn(2, 4, 41, 40, generator=g).to(DEVICE)
+    c = Case(2, 2, 2, 41, 29, 40, 40, True, "bottom_right", torch.float32, _by_tma(AttentionConfig.uniform(32, 16)))
+    assert not q.is_contiguous() and tma.launch_tile(c.config.backward_dkdv, q, dO, varlen=False)[1]
+    got = grads(c, q, k, v, dO)
+    want = grads(c, *(t.double().cpu() for t in (q, k, v, dO)), triton=False)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert_close_scaled(a, b, 2 * REL_TOL[torch.float32], name)
+
+
+def test_a_tma_tile_falls_back_to_its_pointer_tile_where_tma_cannot_run() -> None:
+    # D = 17 in fp16: rows 34 bytes apart, which no tensor descriptor describes; packed sequences never use TMA
+    pointer_tile = KernelConfig(16, 16, 4, 1)
+    tile = KernelConfig(32, 32, 4, 1, tma=True, fallback=pointer_tile)
+    config = dataclasses.replace(AttentionConfig.uniform(32, 16), backward_dkdv=tile, backward_dq=tile)
+    c = Case(1, 1, 2, 45, 37, 17, 17, True, "bottom_right", torch.float16, config)
+    q, _, v = c.tensors()
+    assert tma.launch_tile(tile, q, v, varlen=False) == (pointer_tile, False)
+    aligned = torch.zeros(1, 2, 45, 16, dtype=torch.float16, device=DEVICE)
+    assert tma.launch_tile(tile, aligned, varlen=True) == (pointer_tile, False)
+    assert tma.launch_tile(tile, aligned, varlen=False) == (tile, True)
+    check_backward(c)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
-from flashattn_teach.triton import AttentionConfig, launch, triton_attention
+from flashattn_teach.triton import AttentionConfig, tma, triton_attention
 from flashattn_teach.triton.configs import max_head_dim
 
 
@@ -127,18 +127,18 @@ TMA_CONFIG = _with_forward(AttentionConfig.uniform(32, 16), tma=True)
 def test_forward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
     # the interpreter runs tensor descriptors too, with the copy engine's zero fill past N and D
     _, k, v = c.tensors()
-    assert launch.use_tma(TMA_CONFIG.forward, k, v)  # rows of 16 to 64 fp16/fp32 lanes: 16-byte multiples
+    assert tma.use_tma(TMA_CONFIG.forward, k, v)  # rows of 16 to 64 fp16/fp32 lanes: 16-byte multiples
     check_forward(dataclasses.replace(c, config=_with_forward(c.config, tma=True)))
 
 
-@pytest.mark.parametrize("tma", [False, True])
-def test_bnhd_views_with_gqa_match_dense_through_either_load_path(tma: bool) -> None:
+@pytest.mark.parametrize("by_tma", [False, True])
+def test_bnhd_views_with_gqa_match_dense_through_either_load_path(by_tma: bool) -> None:
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 41, 4, 40, generator=g).to(DEVICE).transpose(1, 2)  # (B, H_q, N_q, D) view of (B, N, H, D)
     k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
-    assert launch.tma_reason(k) is None and not k.is_contiguous()
-    config = _with_forward(AttentionConfig.uniform(32, 16), tma=tma)
-    assert launch.use_tma(config.forward, k, v) == tma
+    assert tma.tma_reason(k) is None and not k.is_contiguous()
+    config = _with_forward(AttentionConfig.uniform(32, 16), tma=by_tma)
+    assert tma.use_tma(config.forward, k, v) == by_tma
     O = triton_attention(q, k, v, causal=True, causal_align="bottom_right", enable_gqa=True, config=config)
     ref = dense_attention(
         *(t.double().cpu() for t in (q, k, v)), causal=True, causal_align="bottom_right", enable_gqa=True
@@ -149,21 +149,21 @@ def test_bnhd_views_with_gqa_match_dense_through_either_load_path(tma: bool) -> 
 def test_tma_falls_back_to_pointers_when_strides_are_not_16_byte_multiples() -> None:
     # D = 17 in fp16: rows are 34 bytes apart, which a tensor descriptor cannot describe
     q, k, v = (torch.randn(1, 2, n, 17).to(DEVICE, torch.float16) for n in (21, 35, 35))
-    assert launch.tma_reason(k) == f"strides {k.stride()} are not multiples of 16 bytes"
-    assert not launch.use_tma(TMA_CONFIG.forward, k, v)
+    assert tma.tma_reason(k) == f"strides {k.stride()} are not multiples of 16 bytes"
+    assert not tma.use_tma(TMA_CONFIG.forward, k, v)
     O = triton_attention(q, k, v, causal=True, config=TMA_CONFIG)
     assert_close_scaled(O, dense_attention(q.double(), k.double(), v.double(), causal=True), 5e-3, "O")
 
 
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("by_tma", [False, True])
 @pytest.mark.parametrize("scale", [-0.7, 0.0, 2.5])
-def test_any_sign_of_scale_matches_dense(scale: float, tma: bool) -> None:
+def test_any_sign_of_scale_matches_dense(scale: float, by_tma: bool) -> None:
     # the kernel takes the row max of raw scores: a negative scale must flip it (the launcher negates Q),
     # and scale = 0 gives uniform weights over the visible keys: a masked score is -inf, and -inf * 0 must
     # not reach P as NaN
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(DEVICE) for n in (37, 37, 37))
-    config = _with_forward(AttentionConfig.uniform(16, 16), tma=tma)
+    config = _with_forward(AttentionConfig.uniform(16, 16), tma=by_tma)
     O, lse = triton_attention(q, k, v, causal=True, scale=scale, return_lse=True, config=config)
     ref_O, ref_lse = dense_attention(
         q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=True, scale=scale, return_lse=True
@@ -214,12 +214,12 @@ def test_empty_and_broadcast_keys_take_the_pointer_path() -> None:
     # a descriptor needs a positive size in every dimension; a broadcast batch has stride 0
     q = torch.randn(2, 1, 3, 16).to(DEVICE)
     empty = torch.randn(2, 1, 0, 16).to(DEVICE)
-    assert launch.tma_reason(empty) == "it is empty (a descriptor needs a positive size in every dimension)"
+    assert tma.tma_reason(empty) == "it is empty (a descriptor needs a positive size in every dimension)"
     O, lse = triton_attention(q, empty, empty, return_lse=True, config=TMA_CONFIG)
     assert (O == 0).all() and torch.isneginf(lse).all()
     k = torch.randn(1, 1, 19, 16).to(DEVICE)
     broadcast = k.expand(2, 1, 19, 16)
-    assert "broadcast" in str(launch.tma_reason(broadcast))
+    assert "broadcast" in str(tma.tma_reason(broadcast))
     assert_close_scaled(
         triton_attention(q, k, k, config=TMA_CONFIG), dense_attention(q.double(), k.double(), k.double()), 2e-4, "O"
     )

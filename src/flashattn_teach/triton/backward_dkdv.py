@@ -24,7 +24,7 @@ from .masking import (
     _sequence,
     _window_query_range,
 )
-from .tiles import _load_block, _load_block_T, _store_block
+from .tiles import _load_block, _load_block_T, _load_tile_tma, _store_block
 
 
 @triton.jit
@@ -33,8 +33,10 @@ def _attn_bwd_dkdv_inner(
     dv,  # dV_j (BLOCK_N, BLOCK_DV) fp32 accumulator
     k,  # K_j (BLOCK_N, BLOCK_D)
     v,  # V_j (BLOCK_N, BLOCK_DV)
-    Q_group,  # Q of the group's first query head (row 0), likewise dO, lse and delta
+    Q_group,  # Q of the group's first query head (row 0), likewise dO, lse and delta; with TMA Q's and dO's descriptors
     DO_group,
+    b_desc,  # with TMA: the batch element and the group's first query head, as descriptor coordinates
+    h0_desc,
     LSE_group,
     DELTA_group,
     stride_lse_h,  # the head stride of lse and delta
@@ -83,6 +85,7 @@ def _attn_bwd_dkdv_inner(
     DOT_PRECISION: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
+    TMA: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
@@ -102,21 +105,28 @@ def _attn_bwd_dkdv_inner(
     # moves out of an empty loop divides by zero
     n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
     for t in tl.range(0, GROUP * n_steps):
-        g = t // tl.maximum(n_steps, 1)
+        if GROUP == 1:
+            g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
+        else:
+            g = t // tl.maximum(n_steps, 1)
         start = start_m + (t - g * n_steps) * BLOCK_M
         rows = tl.cast(start, tl.int64)
-        Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
-        DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
         stats = tl.cast(g, tl.int64) * stride_lse_h + rows
         in_q = start + offs_m < N_q
         # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
-        qT = _load_block_T(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
-        do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
+        if TMA:
+            # the copy engine fills rows past N_q and lanes past D with zeros; no address arithmetic here
+            qT = tl.trans(_load_tile_tma(Q_group, b_desc, h0_desc + g, start, BLOCK_M, BLOCK_D))
+            do = _load_tile_tma(DO_group, b_desc, h0_desc + g, start, BLOCK_M, BLOCK_DV)
+        else:
+            Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
+            DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
+            qT = _load_block_T(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+            do = _load_block(
+                DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+            )
         lse2 = _load_lse2(LSE_group + stats, offs_m, in_q)
         delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
-        if WITH_DK:
-            # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
         if SOFTCAP or ALIBI or ADD_MASK:
@@ -160,15 +170,22 @@ def _attn_bwd_dkdv_inner(
             if WITH_DV:
                 pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
                 dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-            if WITH_DK:
-                # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
-                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
         elif WITH_DV:
             # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if WITH_DK:
-            # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
-            dsT = pT * (dpT - delta[None, :])
+            # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M), after the dV
+            # update so that the scores' and dP's tiles are not live at once
+            if DROPOUT:
+                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
+                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+                # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
+                dsT = pT * (dpT - delta[None, :])
+            else:
+                # dS_ij^T = P_ij^T * (dP_ij^T - delta_i): the MMA starts from -delta_i, so delta's registers
+                # are free while it runs
+                dsT = pT * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - delta[None, :])
             if SOFTCAP:
                 # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
                 dsT = dsT * (1.0 - tT * tT)
@@ -256,6 +273,7 @@ def _attn_bwd_dkdv(
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -302,8 +320,14 @@ def _attn_bwd_dkdv(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    Q_group = Q + b * stride_qb + h0 * stride_qh
-    DO_group = DO + b * stride_dob + h0 * stride_doh
+    b_desc = bh // H_kv
+    h0_desc = (bh % H_kv) * GROUP
+    if TMA:
+        Q_group = Q
+        DO_group = DO
+    else:
+        Q_group = Q + b * stride_qb + h0 * stride_qh
+        DO_group = DO + b * stride_dob + h0 * stride_doh
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
     MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
     if WINDOW:
@@ -319,34 +343,34 @@ def _attn_bwd_dkdv(
     # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
     # ragged last block (and the window's left side)
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, MASK=True,
+        WITH_DK, WITH_DV, TMA, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, MASK=False,
+        WITH_DK, WITH_DV, TMA, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, MASK=True,
+        WITH_DK, WITH_DV, TMA, MASK=True,
     )  # fmt: skip
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key

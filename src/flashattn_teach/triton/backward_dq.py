@@ -20,7 +20,7 @@ from .masking import (
     _sequence,
     _window_key_range,
 )
-from .tiles import _load_block, _load_block_T, _store_block
+from .tiles import _load_block, _load_block_T, _load_tile_tma, _store_block
 
 
 @triton.jit
@@ -30,8 +30,10 @@ def _attn_bwd_dq_inner(
     do,  # dO_i (BLOCK_M, BLOCK_DV)
     lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
     delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
-    K_head,  # K and V of the key/value head (row 0)
+    K_head,  # K and V of the key/value head (row 0); with TMA K's and V's descriptors
     V_head,
+    b_desc,  # with TMA: the batch element and the key/value head, as descriptor coordinates
+    h_desc,
     stride_kn,
     stride_kd,
     stride_vn,
@@ -70,6 +72,7 @@ def _attn_bwd_dq_inner(
     BOOL_MASK: tl.constexpr,
     ADD_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
@@ -79,23 +82,21 @@ def _attn_bwd_dq_inner(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
-        cols = tl.cast(start, tl.int64)
         in_k = start + offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        kT = _load_block_T(
-            K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
-        )
-        vT = _load_block_T(
-            V_head + cols * stride_vn,
-            offs_n,
-            offs_dv,
-            stride_vn,
-            stride_vd,
-            in_k,
-            HEAD_DIM_V,
-            BLOCK_DV,
-            ROWS_OK=not MASK,
-        )
+        if TMA:
+            kT = tl.trans(_load_tile_tma(K_head, b_desc, h_desc, start, BLOCK_N, BLOCK_D))
+            vT = tl.trans(_load_tile_tma(V_head, b_desc, h_desc, start, BLOCK_N, BLOCK_DV))
+        else:
+            cols = tl.cast(start, tl.int64)
+            kT = _load_block_T(
+                K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
+                ROWS_OK=not MASK,
+            )  # fmt: skip
+            vT = _load_block_T(
+                V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
+                ROWS_OK=not MASK,
+            )  # fmt: skip
         # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
         if SOFTCAP or ALIBI or ADD_MASK:
@@ -224,9 +225,11 @@ def _attn_bwd_dq(
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
-    query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``."""
+    query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
+    descriptors of blocks ``(1, 1, BLOCK_N, .)``."""
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
     bh = pid // n_blocks
@@ -237,6 +240,8 @@ def _attn_bwd_dq(
     b = (bh // H_q).to(tl.int64)
     h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
+    b_desc = bh // H_q  # 32-bit descriptor coordinates
+    h_desc = (bh % H_q) // GROUP
     stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse and delta are (B, H_q, N_q) contiguous
     drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, bh, N_q, N_k  # the forward's dropout counters
     if VARLEN:
@@ -263,8 +268,12 @@ def _attn_bwd_dq(
     rows = start_m.to(tl.int64)
     Q_blk = Q + b * stride_qb + h * stride_qh + rows * stride_qn
     DO_blk = DO + b * stride_dob + h * stride_doh + rows * stride_don
-    K_head = K + b * stride_kb + h_kv * stride_kh
-    V_head = V + b * stride_vb + h_kv * stride_vh
+    if TMA:
+        K_head = K
+        V_head = V
+    else:
+        K_head = K + b * stride_kb + h_kv * stride_kh
+        V_head = V + b * stride_vb + h_kv * stride_vh
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
     q = _load_block(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
@@ -285,33 +294,33 @@ def _attn_bwd_dq(
     if WINDOW:
         begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
             MASK=True,
         )  # fmt: skip
     else:
         full_begin = 0
         full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
         full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
         MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
         MASK=True,
     )  # fmt: skip
 

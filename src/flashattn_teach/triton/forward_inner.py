@@ -16,7 +16,7 @@ from triton import language as tl
 
 from .dropout import _dropout_keep
 from .masking import _attn_mask_tile, _in_window, _modify_scores
-from .tiles import _load_block
+from .tiles import _load_block, _load_tile_tma
 
 LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
@@ -46,7 +46,7 @@ def _load_kv_block(
     (a ragged last block can occur only in the masked stage), lanes only when ``HEAD_DIM < BLOCK_D``.
     """
     if TMA:
-        return src.load([b, h, start, 0]).reshape(BLOCK_N, BLOCK_D)
+        return _load_tile_tma(src, b, h, start, BLOCK_N, BLOCK_D)
     else:
         rows = tl.arange(0, BLOCK_N)
         block = src + tl.cast(start, tl.int64) * stride_n

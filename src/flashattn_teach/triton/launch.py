@@ -28,6 +28,7 @@ from .configs import (
     max_head_dim,
     shipped_config,
 )
+from .tma import descriptor, launch_tile
 from .variants import PLAIN, KernelVariants
 
 
@@ -134,46 +135,6 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
     return config.backward_dkdv, config.backward_dq
 
 
-def tma_reason(t: Tensor) -> str | None:
-    """Why a ``(B, H, N, X)`` tensor cannot be read through a TMA tensor descriptor, or None: the copy
-    engine needs a non-empty tensor, a unit innermost stride, and a 16-byte aligned base and outer
-    strides; broadcast (stride-0) dimensions are left to the pointer path too."""
-    size = t.element_size()
-    if t.numel() == 0:
-        return "it is empty (a descriptor needs a positive size in every dimension)"
-    if 0 in t.stride()[:-1]:
-        return f"strides {t.stride()} broadcast a dimension (stride 0), which has not run on a GPU by TMA"
-    if t.stride(-1) != 1:
-        return f"innermost stride is {t.stride(-1)}, not 1"
-    if t.data_ptr() % 16:
-        return "base address is not 16-byte aligned"
-    bad = [st for st in t.stride()[:-1] if (st * size) % 16]
-    if bad:
-        return f"strides {t.stride()} are not multiples of 16 bytes"
-    return None
-
-
-def use_tma(c: KernelConfig, *tensors: Tensor) -> bool:
-    """Whether the forward reads ``tensors`` by TMA: asked for by the configuration, available in the
-    installed triton, on a Hopper-or-newer GPU (or in the interpreter), and allowed by every tensor."""
-    if not c.tma or any(tma_reason(t) is not None for t in tensors):
-        return False
-    if tensors[0].device.type == "cuda" and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
-        return False
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _descriptor(t: Tensor, block_n: int, block_x: int):
-    """A tensor descriptor of a ``(B, H, N, X)`` tensor whose box is one ``(block_n, block_x)`` tile."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, block_x])
-
-
 def forward(
     q: Tensor,
     k: Tensor,
@@ -195,15 +156,14 @@ def forward(
     B = q.shape[0]
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
-    c = config.forward
+    var = variants.varlen
+    c, tma = launch_tile(config.forward, k, v, varlen=var)
     check_tile_offsets("forward", c.BLOCK_M, q=q, o=o)
     check_tile_offsets("forward", c.BLOCK_N, k=k, v=v)
-    tma = use_tma(c, k, v) and not variants.varlen  # a sequence's rows end inside the tensor: no TMA box
-    var = variants.varlen
     N_q, N_k = _grid_lengths(s, variants)
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
-    K_src = _descriptor(k, c.BLOCK_N, D_pad) if tma else k
-    V_src = _descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
+    K_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
+    V_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     # one program per (query block, batch, head), the query block fastest (see _attn_fwd)
     grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
     # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see _attn_fwd)
@@ -309,16 +269,18 @@ def backward(
 
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
-    c = dkdv_config
+    c, tma = launch_tile(dkdv_config, q, do, varlen=var)  # Q_i and dO_i by TMA
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
+    q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
+    do_src = descriptor(do, c.BLOCK_M, Dv_pad) if tma else do
     # one launch computing dK and dV, or (``split``) one for dK and one for dV
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
         _attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
-            q,
+            q_src,
             k,
             v,
-            do,
+            do_src,
             lse,
             delta,
             dk,
@@ -356,18 +318,21 @@ def backward(
             BOOL_MASK=variants.bool_mask,
             ADD_MASK=variants.additive_mask,
             VARLEN=var,
+            TMA=tma,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
-    c = dq_config
+    c, tma = launch_tile(dq_config, k, v, varlen=var)  # K_j and V_j by TMA
     check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
+    k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
+    v_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     _attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
         q,
-        k,
-        v,
+        k_src,
+        v_src,
         do,
         lse,
         delta,
@@ -401,6 +366,7 @@ def backward(
         BOOL_MASK=variants.bool_mask,
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
+        TMA=tma,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

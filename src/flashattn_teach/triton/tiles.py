@@ -5,6 +5,10 @@ A tile is ``BLOCK`` consecutive sequence rows of one (batch, head) by the padded
 (``N x stride_n`` may pass 2^31 elements), so the offsets within a tile stay 32-bit. Rows past the
 sequence (a ragged last block) and lanes past the head dimension ``D`` read 0, adding nothing to a dot
 product; ``ROWS_OK`` drops the row mask where every row is known to exist (the unmasked stages).
+
+On Hopper a tile can instead arrive by TMA (:func:`_load_tile_tma`) from a tensor descriptor of the whole
+``(B, H, N, X)`` tensor: the copy engine computes the addresses and fills rows past ``N`` and lanes past
+``X`` with zeros, so the loop issues one instruction per tile and holds no address registers.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ def _load_block_T(
             return tl.load(ptrs)
         return tl.load(ptrs, mask=offs_d[:, None] < D, other=0.0)
     return tl.load(ptrs, mask=in_r[None, :] & (offs_d[:, None] < D), other=0.0)
+
+
+@triton.jit
+def _load_tile_tma(desc, b, h, start, BLOCK: tl.constexpr, BLOCK_X: tl.constexpr):
+    """Rows ``[start, start + BLOCK)`` of head ``(b, h)`` through the descriptor ``desc``, whose box is
+    ``(1, 1, BLOCK, BLOCK_X)``: ``(BLOCK, BLOCK_X)``, zeros past the tensor's ends."""
+    return desc.load([b, h, start, 0]).reshape(BLOCK, BLOCK_X)
 
 
 @triton.jit
