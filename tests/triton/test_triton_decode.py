@@ -201,7 +201,7 @@ def compile_reports() -> dict[str, subprocess.Popen]:
     command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.decode_inspect"]
     return {
         arch: subprocess.Popen(
-            [*command, "--arch", arch, "--case", "bfloat16:128", "float32:64"],
+            [*command, "--arch", arch, "--case", "bfloat16:128", "float32:64", "float32:128"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -213,7 +213,7 @@ def compile_reports() -> dict[str, subprocess.Popen]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_decode_kernels_compile_without_spills(arch, compile_reports):
-    """bf16 at head dim 128 and fp32 at 64 (the most registers per thread), with a causal window, softcap
+    """bf16 at head dim 128 and fp32 at 64 and 128 (the most registers per thread), with a causal window, softcap
     and ALiBi: the split kernel and the combine, each within 255 registers, no spills, shared memory within
     the limit."""
     report = compile_reports[arch]
@@ -222,7 +222,7 @@ def test_decode_kernels_compile_without_spills(arch, compile_reports):
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [(row[0], row[1], row[2]) for row in rows] == [
         (kernel, dtype, d)
-        for dtype, d in (("bfloat16", "128"), ("float32", "64"))
+        for dtype, d in (("bfloat16", "128"), ("float32", "64"), ("float32", "128"))
         for kernel in ("_decode_split_fwd", "_decode_combine")
     ], out
     assert all(row[-1] == "ok" and row[-3] == "0" for row in rows), out

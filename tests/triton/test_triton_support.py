@@ -24,14 +24,16 @@ def test_supported_inputs_have_no_reason() -> None:
     assert unsupported_reason(*qkv(256, torch.float16), enable_gqa=True) is None
     assert unsupported_reason(*qkv(256, torch.float16, requires_grad=True), enable_gqa=True) is None  # split dK/dV
     assert unsupported_reason(*qkv(64, torch.float32, requires_grad=True), enable_gqa=True) is None
+    assert unsupported_reason(*qkv(128, torch.float32, requires_grad=True), enable_gqa=True) is None
 
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "phrase"),
     [
         (qkv(64, torch.float64), {"enable_gqa": True}, "float64"),
-        (qkv(128, torch.float32), {"enable_gqa": True}, "head dimensions"),
-        (qkv(128, torch.float32, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
+        (qkv(160, torch.float32), {"enable_gqa": True}, "head dimensions"),
+        (qkv(160, torch.float32, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
+        (qkv(288, torch.float16, requires_grad=True), {"enable_gqa": True}, "forward and backward"),
         (qkv(64, torch.float16), {}, "enable_gqa"),
         (qkv(64, torch.float16), {"enable_gqa": True, "causal_align": "middle"}, "causal_align"),
     ],
@@ -66,7 +68,7 @@ def test_head_dims_pad_to_the_next_power_of_two() -> None:
     padded = {1: 16, 16: 16, 17: 32, 40: 64, 64: 64, 80: 128, 96: 128, 128: 128, 129: 256, 256: 256}
     assert {d: block_d(d) for d in padded} == padded
     assert max_head_dim(torch.float16, backward=False) == 256 and max_head_dim(torch.float16, backward=True) == 256
-    assert max_head_dim(torch.float32, backward=False) == 64 and max_head_dim(torch.float32, backward=True) == 64
+    assert max_head_dim(torch.float32, backward=False) == 128 and max_head_dim(torch.float32, backward=True) == 128
 
 
 def test_uniform_config_sets_every_kernel() -> None:
@@ -107,7 +109,7 @@ def test_autotune_names_a_bad_argument() -> None:
         ((64, torch.float16, "sm70"), AttentionValueError, "arch"),
         ((64, torch.float64, "sm90"), AttentionTypeError, "dtype"),
         ((512, torch.float16, "sm90"), AttentionValueError, "head_dim"),
-        ((128, torch.float32, "sm80"), AttentionValueError, "head_dim"),
+        ((160, torch.float32, "sm80"), AttentionValueError, "head_dim"),
     ],
 )
 def test_shipped_config_names_a_bad_argument(args, error: type[Exception], phrase: str) -> None:

@@ -124,7 +124,7 @@ def triton_attention(
             counts): the CPU references draw the same mask for the same key.
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
-    up to 256, or float32 with head dims up to 64, forward and backward. A query row that sees no key
+    up to 256, or float32 with head dims up to 128, forward and backward. A query row that sees no key
     gets ``O = 0`` and ``lse = -inf``. Under ``torch.autocast`` the inputs are cast to the autocast dtype
     first, as torch's SDPA does.
     """

@@ -3,8 +3,10 @@
 A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
 D = 40 uses the 64 row, D = 80 and 96 the 128 row), by the element size of the inputs, and by the GPU
 generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
-``flashattn-teach kernels`` and by the compile-check tests, which require no register spills and shared
-memory within the architecture's limit.
+``flashattn-teach kernels`` and by the compile-check tests, which require no register spills (beyond a
+row's measured ``stage_spill``, kept out of the unmasked loop) and shared memory within the architecture's
+limit. A row may depend on the installed triton where the two compilers tested (3.6, the GPU machine's, and
+3.9) allocate registers differently.
 
 Kernels and the tiles each one owns:
 
@@ -22,6 +24,16 @@ import torch
 
 from ..errors import AttentionTypeError, AttentionValueError
 
+
+def _triton_version() -> tuple[int, ...]:
+    """(major, minor) of the installed triton; (0, 0) without it."""
+    try:
+        import triton
+    except ImportError:
+        return (0, 0)
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
 ARCHS = ("sm90", "sm80")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
@@ -31,11 +43,16 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch parameters of one kernel. ``tma``: the forward reads key/value blocks through tensor
-    descriptors (Hopper's tensor memory accelerator) when the inputs' strides allow it (16-byte aligned);
-    other kernels ignore it. ``split``: the dK/dV kernel runs as two programs per key block, one
-    accumulating dK and one dV, each recomputing the probabilities (for head dims whose two fp32
-    accumulators do not fit in registers together); other kernels ignore it."""
+    """Launch parameters of one kernel. ``tma``: the tiles that stream through the kernel's loop (key/value
+    blocks in the forward and dQ kernels, query and dO blocks in dK/dV) arrive through tensor descriptors
+    (Hopper's tensor memory accelerator) when the inputs' strides allow it (16-byte aligned, see
+    :mod:`.tma`); ``fallback``: the configuration to run instead when they do not (None: this one, through
+    pointers), for tiles that fit in registers only without the pointer path's address arithmetic.
+    ``split``: the dK/dV kernel runs as two programs per key block, one accumulating dK and one dV, each
+    recomputing the probabilities (for head dims whose two fp32 accumulators do not fit in registers
+    together); other kernels ignore it. ``stage_spill``: bytes the causal build may spill to local memory,
+    measured, as long as none of it is touched in the unmasked (steady-state) loop; 0 for every tile that
+    fits outright."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -43,6 +60,8 @@ class KernelConfig:
     num_stages: int
     tma: bool = False
     split: bool = False
+    fallback: KernelConfig | None = None
+    stage_spill: int = 0
 
     def __str__(self) -> str:
         flags = " tma" * self.tma + " split" * self.split
@@ -83,16 +102,26 @@ K = KernelConfig
 # One row per padded head dim; None where a kernel does not ship because no tile fits in registers
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
-# the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows where registers allow
-# (at hd128, 64 x 128 spills 24 to 152 bytes with triton 3.6 and 3.9 as the JIT builds it, so 32 x 128).
-# Among the tiles that compile cleanly, the sm90 rows at hd64 and hd128 are the fastest timed on an H200 with triton 3.6
-# (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log). At hd256 the dK/dV rows are ``split``: dK and
-# dV by separate programs, since their two accumulators do not fit in registers together.
+# the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows. At hd128 its 64 x 128
+# tile fits only with Q_i and dO_i read by TMA, as triton 3.9 builds it (through pointers it spills 72 to
+# 152 bytes, so that is its fallback; the causal build spills 48, all in the masked stages, none in the
+# unmasked loop). Triton 3.6 spills 120 bytes even by TMA, 33 local loads and stores an iteration of the
+# unmasked loop among them, so with it the tile stays 32 x 128. The hd64 and hd128 forward rows are the
+# fastest timed on an H200 with triton 3.6 (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log); the
+# backward rows are the loop profile's best that compile cleanly with both compilers (docs/loop-profile.md),
+# not yet timed. At hd256 the dK/dV rows are ``split``: dK and dV by separate programs, since their two
+# accumulators do not fit in registers together.
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 64, 8, 3)),
-    128: (K(128, 128, 8, 3, tma=True), K(32, 128, 8, 2), K(128, 64, 8, 3)),
+    64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 128, 8, 3, tma=True)),
+    128: (
+        K(128, 128, 8, 3, tma=True),
+        K(64, 128, 8, 3, tma=True, fallback=K(32, 128, 8, 2), stage_spill=48)
+        if _triton_version() >= (3, 9)
+        else K(32, 128, 8, 2),
+        K(128, 64, 8, 3, tma=True),
+    ),
     256: (K(128, 64, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 32, 8, 2)),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
@@ -103,16 +132,20 @@ _SM80_16BIT: dict[int, _Row] = {
     128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
     256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
-# fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers: head dims <= 64.
+# fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers. Above hd64 only thin
+# tiles fit: at hd128 these rows are the ones found to compile without spills with triton 3.6 and 3.9 on
+# both generations (most of 64 x 32, 32 x 16 with 4 warps and the like spill 32 to 600 bytes).
 _SM90_FP32: dict[int, _Row] = {
     16: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     32: (K(64, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     64: (K(64, 32, 4, 2), K(32, 16, 4, 2), K(64, 32, 4, 2)),
+    128: (K(32, 32, 8, 2), K(32, 16, 8, 2), K(16, 32, 4, 2)),
 }
 _SM80_FP32: dict[int, _Row] = {
     16: (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     32: (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 16, 4, 2)),
     64: (K(64, 16, 4, 2), K(16, 16, 4, 2), K(32, 32, 4, 2)),
+    128: (K(32, 32, 8, 2), K(32, 16, 8, 2), K(16, 32, 4, 2)),
 }
 # Calls with variants (window, softcap, ALiBi, seqlens_k) keep more per score live in the loop (index
 # tensors, the tanh, the bias): where a plain tile spills with all of them at once (compiled ahead of time
@@ -122,7 +155,7 @@ _VARIANT_ROWS: dict[tuple[str, int], _Row] = {
     ("sm90", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
     ("sm90", 128): (K(128, 64, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
     ("sm80", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
-    ("sm80", 128): (K(64, 32, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 3)),
+    ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
 }
 # Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV
 # and dQ loops: thinner tiles again, compiled with every variant and dropout at once.

@@ -57,11 +57,12 @@ TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stage
 # (BLOCK_N, num_warps) by padded head dim. 16-bit inputs: a K and a V block of BLOCK_N x BLOCK_D per pipeline
 # stage in shared memory (16 KB each at 64 x 128 in bf16), several stages in flight to cover the latency of a
 # memory-bound loop; at head dim 64, 128 keys need eight warps to stay clear of spills. fp32 inputs (head
-# dims <= 64) run "tf32x3" dots, whose split operands need more registers: 32 keys, two stages. Every row
+# dims <= 128) run "tf32x3" dots, whose split operands need more registers: 32 keys (16 at hd128), two
+# stages. Every row
 # compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
 # (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.decode_inspect --rows``).
 _TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 8)}
-_TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4)}
+_TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4), 128: (16, 4)}
 # Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
 # the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
 MAX_BLOCK_M_16BIT = 32
