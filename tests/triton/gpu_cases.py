@@ -16,8 +16,10 @@ get (``configs.shipped_config`` of its head dim, dtype and GPU generation). The 
 - N in {1, 17, 129, 4096}, and decode steps (N_q = 1) with one key/value head, N_k = 1 and B = 2, which
   the JIT compiles with those integers as constants (an N_q = 1 dK/dV fault was found that way);
   ``lse`` and a gradient into it;
-- fp32 up to head dim 64, and at head dims 80 and 128, which do not ship, a refusal naming the head dim
-  (likewise any head dim whose backward does not ship: the forward is checked and a gradient refused).
+- fp32 up to head dim 128, and at head dim 160, which does not ship, a refusal naming the head dim
+  (likewise any head dim whose backward does not ship: the forward is checked and a gradient refused);
+- a head dim whose rows are not 16-byte multiples (bf16, D = 100), which TMA cannot read: the rows that
+  ask for TMA run their pointer ``fallback`` tiles.
 
 Accuracy, against float64 attention of the same (rounded) inputs:
 
@@ -127,6 +129,7 @@ CASES: list[GpuCase] = [
     C(BF16, 96, 37, 100, causal=True, causal_align=BR, dlse=True),
     C(BF16, 256, 100, 37, causal=True, causal_align=BR, dlse=True),
     C(BF16, 256, 37, 100, causal=True, causal_align=BR, bnhd=True),
+    C(BF16, 100, 100, 37, causal=True, causal_align=BR, dlse=True),  # 200-byte rows: no TMA, the fallback tiles
     # bf16, long and single-query (a decode step against a key/value cache, in both alignments)
     C(BF16, 128, 4096, 4096, causal=True, dlse=True),
     C(BF16, 128, 1, 129, causal=True, causal_align=BR),
@@ -169,6 +172,7 @@ CASES: list[GpuCase] = [
     C(FP32, 128, 17, 17, causal=True),
     C(FP32, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
     C(FP32, 128, 37, 100, causal=True, bnhd=True),
+    C(FP32, 160, 17, 17),  # refused by name
 ]
 del C
 
