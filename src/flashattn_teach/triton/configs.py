@@ -18,6 +18,8 @@ Kernels and the tiles each one owns:
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from dataclasses import dataclass
 
 import torch
@@ -26,12 +28,14 @@ from ..errors import AttentionTypeError, AttentionValueError
 
 
 def _triton_version() -> tuple[int, ...]:
-    """(major, minor) of the installed triton; (0, 0) without it."""
+    """(major, minor) of the installed triton, read from its metadata (importing triton here would slow
+    every command that never compiles a kernel); (0, 0) without it."""
     try:
-        import triton
-    except ImportError:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         return (0, 0)
-    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+    major, minor = [*re.findall(r"\d+", version), "0", "0"][:2]
+    return int(major), int(minor)
 
 
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
@@ -129,7 +133,7 @@ _SM80_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
-    128: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(64, 64, 8, 2)),
+    128: (K(128, 64, 8, 3), K(32, 64, 8, 2), K(64, 64, 8, 2)),
     256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers. Above hd64 only thin
