@@ -104,7 +104,9 @@ def _attn_bwd_dkdv_inner(
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
     # moves out of an empty loop divides by zero
     n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
-    for t in tl.range(0, GROUP * n_steps):
+    # the masked stages run a block or two per key block; with TMA, unpipelined, they leave the 64 x 128 tile
+    # the registers it needs (through pointers one stage would hold the tiles in registers instead)
+    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA else None):
         if GROUP == 1:
             g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
         else:

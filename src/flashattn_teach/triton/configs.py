@@ -5,8 +5,8 @@ D = 40 uses the 64 row, D = 80 and 96 the 128 row), by the element size of the i
 generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
 ``flashattn-teach kernels`` and by the compile-check tests, which require no register spills (beyond a
 row's measured ``stage_spill``, kept out of the unmasked loop) and shared memory within the architecture's
-limit. A row may depend on the installed triton where the two compilers tested (3.6, the GPU machine's, and
-3.9) allocate registers differently.
+limit, with triton 3.6 (the GPU machine's) and 3.9 alike; a row may depend on the installed triton where
+the two allocate registers differently.
 
 Kernels and the tiles each one owns:
 
@@ -26,8 +26,14 @@ import torch
 
 from ..errors import AttentionTypeError, AttentionValueError
 
+KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
+ARCHS = ("sm90", "sm80")
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
+MIN_HEAD_DIM = 1
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-def _triton_version() -> tuple[int, ...]:
+
+def _triton_version() -> tuple[int, int]:
     """(major, minor) of the installed triton, read from its metadata (importing triton here would slow
     every command that never compiles a kernel); (0, 0) without it."""
     try:
@@ -36,13 +42,6 @@ def _triton_version() -> tuple[int, ...]:
         return (0, 0)
     major, minor = [*re.findall(r"\d+", version), "0", "0"][:2]
     return int(major), int(minor)
-
-
-KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
-ARCHS = ("sm90", "sm80")
-HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
-MIN_HEAD_DIM = 1
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -107,21 +106,20 @@ K = KernelConfig
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
 # the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows. At hd128 its 64 x 128
-# tile fits only with Q_i and dO_i read by TMA, as triton 3.9 builds it (through pointers it spills 72 to
-# 152 bytes, so that is its fallback; the causal build spills 48, all in the masked stages, none in the
-# unmasked loop). Triton 3.6 spills 120 bytes even by TMA, 33 local loads and stores an iteration of the
-# unmasked loop among them, so with it the tile stays 32 x 128. The hd64 and hd128 forward rows are the
-# fastest timed on an H200 with triton 3.6 (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log); the
-# backward rows are the loop profile's best that compile cleanly with both compilers (docs/loop-profile.md),
-# not yet timed. At hd256 the dK/dV rows are ``split``: dK and dV by separate programs, since their two
-# accumulators do not fit in registers together.
+# tile fits only with Q_i and dO_i read by TMA, as triton 3.9 builds it (through pointers it spills 72 to 152
+# bytes, so that is its fallback); its causal build spills 16 bytes, all outside the loops. Triton 3.6
+# builds the same tile with 4 local loads and stores an iteration of the unmasked loop (non-causal), so with
+# it the tile stays 32 x 128. The hd64 and hd128 forward rows are the fastest timed on an H200 with triton
+# 3.6 (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log); the backward rows are the loop profile's
+# best that compile cleanly (docs/loop-profile.md), not yet timed. At hd256 the dK/dV rows are ``split``:
+# dK and dV by separate programs, since their two accumulators do not fit in registers together.
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
     64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 128, 8, 3, tma=True)),
     128: (
         K(128, 128, 8, 3, tma=True),
-        K(64, 128, 8, 3, tma=True, fallback=K(32, 128, 8, 2), stage_spill=48)
+        K(64, 128, 8, 3, tma=True, fallback=K(32, 128, 8, 2), stage_spill=16)
         if _triton_version() >= (3, 9)
         else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
@@ -166,7 +164,7 @@ _VARIANT_ROWS: dict[tuple[str, int], _Row] = {
 _DROPOUT_ROWS: dict[tuple[str, int], _Row] = {
     ("sm90", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
     ("sm90", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
-    ("sm80", 64): (K(64, 32, 4, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", 64): (K(64, 32, 8, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
     ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
 }
 del K
