@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hypothesis import given, settings
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
-from flashattn_teach.triton import AttentionConfig, KernelConfig, shipped_config, tma, triton_attention
+from flashattn_teach.triton import AttentionConfig, KernelConfig, launch, shipped_config, tma, triton_attention
 
 
 def grads(c: Case, q, k, v, dO, dlse=None, triton: bool = True):
@@ -293,6 +295,23 @@ def test_the_shipped_hd256_backward_matches_dense() -> None:
         check_backward(c)
 
 
+@contextlib.contextmanager
+def _launches() -> Iterator[list[tuple[KernelConfig, bool]]]:
+    """Records what ``launch.launch_tile`` returns, in launch order: (configuration launched, by TMA)."""
+    seen: list[tuple[KernelConfig, bool]] = []
+    real = launch.launch_tile
+
+    def recording(c: KernelConfig, *tensors: torch.Tensor, varlen: bool) -> tuple[KernelConfig, bool]:
+        seen.append(real(c, *tensors, varlen=varlen))
+        return seen[-1]
+
+    launch.launch_tile = recording
+    try:
+        yield seen
+    finally:
+        launch.launch_tile = real
+
+
 def _by_tma(config: AttentionConfig) -> AttentionConfig:
     """``config`` with the dK/dV kernel's Q_i, dO_i and the dQ kernel's K_j, V_j read by TMA."""
     assert config.backward_dkdv is not None and config.backward_dq is not None
@@ -307,11 +326,11 @@ def _by_tma(config: AttentionConfig) -> AttentionConfig:
 @given(c=cases(max_n=64))
 def test_backward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
     # the copy engine's zero fill past N and D stands in for the pointer path's masked loads
-    q, k, v = c.tensors()
     c = dataclasses.replace(c, config=_by_tma(c.config))
-    assert tma.launch_tile(c.config.backward_dkdv, q, v, varlen=False) == (c.config.backward_dkdv, True)
-    assert tma.launch_tile(c.config.backward_dq, k, v, varlen=False) == (c.config.backward_dq, True)
-    check_backward(c)
+    with _launches() as seen:
+        check_backward(c)
+    # the forward, the triton backward's dK/dV and dQ (the oracle's backward launches nothing)
+    assert seen == [(c.config.forward, False), (c.config.backward_dkdv, True), (c.config.backward_dq, True)]
 
 
 def test_bnhd_views_by_tma_match_dense() -> None:
@@ -321,8 +340,10 @@ def test_bnhd_views_by_tma_match_dense() -> None:
     k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
     dO = torch.randn(2, 4, 41, 40, generator=g).to(DEVICE)
     c = Case(2, 2, 2, 41, 29, 40, 40, True, "bottom_right", torch.float32, _by_tma(AttentionConfig.uniform(32, 16)))
-    assert not q.is_contiguous() and tma.launch_tile(c.config.backward_dkdv, q, dO, varlen=False)[1]
-    got = grads(c, q, k, v, dO)
+    assert not q.is_contiguous()
+    with _launches() as seen:
+        got = grads(c, q, k, v, dO)
+    assert [by_tma for _, by_tma in seen] == [False, True, True]
     want = grads(c, *(t.double().cpu() for t in (q, k, v, dO)), triton=False)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert_close_scaled(a, b, 2 * REL_TOL[torch.float32], name)
@@ -334,9 +355,14 @@ def test_a_tma_tile_falls_back_to_its_pointer_tile_where_tma_cannot_run() -> Non
     tile = KernelConfig(32, 32, 4, 1, tma=True, fallback=pointer_tile)
     config = dataclasses.replace(AttentionConfig.uniform(32, 16), backward_dkdv=tile, backward_dq=tile)
     c = Case(1, 1, 2, 45, 37, 17, 17, True, "bottom_right", torch.float16, config)
-    q, _, v = c.tensors()
-    assert tma.launch_tile(tile, q, v, varlen=False) == (pointer_tile, False)
+    with _launches() as seen:
+        check_backward(c)
+    assert seen == [(config.forward, False), (pointer_tile, False), (pointer_tile, False)]
     aligned = torch.zeros(1, 2, 45, 16, dtype=torch.float16, device=DEVICE)
     assert tma.launch_tile(tile, aligned, varlen=True) == (pointer_tile, False)
     assert tma.launch_tile(tile, aligned, varlen=False) == (tile, True)
-    check_backward(c)
+    # without a fallback the tile itself runs through pointers; a fallback belongs to a TMA tile only
+    own = KernelConfig(32, 32, 4, 1, tma=True)
+    assert tma.launch_tile(own, aligned, varlen=True) == (KernelConfig(32, 32, 4, 1), False)
+    with pytest.raises(AttentionValueError, match="fallback"):
+        KernelConfig(32, 32, 4, 1, fallback=pointer_tile)

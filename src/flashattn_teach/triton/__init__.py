@@ -5,6 +5,7 @@ Layers, each in its own file:
     forward.py    the forward kernel: a program per query block, its causal and window stages
     forward_inner.py  the forward's key/value loop (online softmax in base 2) and its K/V loads
     tiles.py      the tile loads and stores both kernels use
+    tma.py        when a tile may arrive by TMA, and the configuration that runs when it cannot
     backward.py   the backward scheme and its delta = rowsum(dO * O) preprocess
     backward_dkdv.py  the dK/dV kernel (a program owns a key block)
     backward_dq.py    the dQ kernel (a program owns a query block)

@@ -35,8 +35,8 @@ def _attn_bwd_dkdv_inner(
     v,  # V_j (BLOCK_N, BLOCK_DV)
     Q_group,  # Q of the group's first query head (row 0), likewise dO, lse and delta; with TMA Q's and dO's descriptors
     DO_group,
-    b_desc,  # with TMA: the batch element and the group's first query head, as descriptor coordinates
-    h0_desc,
+    b_coord,  # with TMA: the batch element and the group's first query head, as descriptor coordinates
+    h0_coord,
     LSE_group,
     DELTA_group,
     stride_lse_h,  # the head stride of lse and delta
@@ -104,8 +104,8 @@ def _attn_bwd_dkdv_inner(
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
     # moves out of an empty loop divides by zero
     n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
-    # the masked stages run a block or two per key block; with TMA, unpipelined, they leave the 64 x 128 tile
-    # the registers it needs (through pointers one stage would hold the tiles in registers instead)
+    # the masked stages run a block or two per key block; by TMA they run unpipelined, which leaves more
+    # registers to the tile (through pointers one stage would hold the loaded tiles in registers instead)
     for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA else None):
         if GROUP == 1:
             g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
@@ -118,8 +118,8 @@ def _attn_bwd_dkdv_inner(
         # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
         if TMA:
             # the copy engine fills rows past N_q and lanes past D with zeros; no address arithmetic here
-            qT = tl.trans(_load_tile_tma(Q_group, b_desc, h0_desc + g, start, BLOCK_M, BLOCK_D))
-            do = _load_tile_tma(DO_group, b_desc, h0_desc + g, start, BLOCK_M, BLOCK_DV)
+            qT = tl.trans(_load_tile_tma(Q_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_D))
+            do = _load_tile_tma(DO_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_DV)
         else:
             Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
             DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
@@ -178,16 +178,12 @@ def _attn_bwd_dkdv_inner(
         if WITH_DK:
             # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M), after the dV
             # update so that the scores' and dP's tiles are not live at once
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             if DROPOUT:
-                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
                 # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
                 dpT = tl.where(keepT, dpT * keep_scale, 0.0)
-                # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
-                dsT = pT * (dpT - delta[None, :])
-            else:
-                # dS_ij^T = P_ij^T * (dP_ij^T - delta_i): the MMA starts from -delta_i, so delta's registers
-                # are free while it runs
-                dsT = pT * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - delta[None, :])
+            # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
+            dsT = pT * (dpT - delta[None, :])
             if SOFTCAP:
                 # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
                 dsT = dsT * (1.0 - tT * tT)
@@ -279,7 +275,9 @@ def _attn_bwd_dkdv(
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
-    Variants as in :func:`~.forward._attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign."""
+    Variants as in :func:`~.forward._attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign. With
+    ``TMA`` ``Q`` and ``DO`` are tensor descriptors of blocks ``(1, 1, BLOCK_M, .)``."""
+    tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
     pid = tl.program_id(0)
     bh = pid // n_blocks
@@ -322,8 +320,8 @@ def _attn_bwd_dkdv(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    b_desc = bh // H_kv
-    h0_desc = (bh % H_kv) * GROUP
+    b_coord = bh // H_kv
+    h0_coord = (bh % H_kv) * GROUP
     if TMA:
         Q_group = Q
         DO_group = DO
@@ -345,34 +343,34 @@ def _attn_bwd_dkdv(
     # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
     # ragged last block (and the window's left side)
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA, MASK=True,
+        WITH_DK, WITH_DV, TMA=TMA, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA, MASK=False,
+        WITH_DK, WITH_DV, TMA=TMA, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_desc, h0_desc, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA, MASK=True,
+        WITH_DK, WITH_DV, TMA=TMA, MASK=True,
     )  # fmt: skip
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key

@@ -32,8 +32,8 @@ def _attn_bwd_dq_inner(
     delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
     K_head,  # K and V of the key/value head (row 0); with TMA K's and V's descriptors
     V_head,
-    b_desc,  # with TMA: the batch element and the key/value head, as descriptor coordinates
-    h_desc,
+    b_coord,  # with TMA: the batch element and the key/value head, as descriptor coordinates
+    h_coord,
     stride_kn,
     stride_kd,
     stride_vn,
@@ -85,8 +85,8 @@ def _attn_bwd_dq_inner(
         in_k = start + offs_n < N_k
         # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
         if TMA:
-            kT = tl.trans(_load_tile_tma(K_head, b_desc, h_desc, start, BLOCK_N, BLOCK_D))
-            vT = tl.trans(_load_tile_tma(V_head, b_desc, h_desc, start, BLOCK_N, BLOCK_DV))
+            kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
+            vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
         else:
             cols = tl.cast(start, tl.int64)
             kT = _load_block_T(
@@ -230,6 +230,7 @@ def _attn_bwd_dq(
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
     descriptors of blocks ``(1, 1, BLOCK_N, .)``."""
+    tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
     bh = pid // n_blocks
@@ -240,8 +241,8 @@ def _attn_bwd_dq(
     b = (bh // H_q).to(tl.int64)
     h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
-    b_desc = bh // H_q  # 32-bit descriptor coordinates
-    h_desc = (bh % H_q) // GROUP
+    b_coord = bh // H_q  # 32-bit descriptor coordinates
+    h_coord = (bh % H_q) // GROUP
     stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse and delta are (B, H_q, N_q) contiguous
     drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, bh, N_q, N_k  # the forward's dropout counters
     if VARLEN:
@@ -294,33 +295,33 @@ def _attn_bwd_dq(
     if WINDOW:
         begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
             MASK=True,
         )  # fmt: skip
     else:
         full_begin = 0
         full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
         full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
         MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_desc, h_desc, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA,
+        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
         MASK=True,
     )  # fmt: skip
 

@@ -3,10 +3,9 @@
 A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
 D = 40 uses the 64 row, D = 80 and 96 the 128 row), by the element size of the inputs, and by the GPU
 generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
-``flashattn-teach kernels`` and by the compile-check tests, which require no register spills (beyond a
-row's measured ``stage_spill``, kept out of the unmasked loop) and shared memory within the architecture's
-limit, with triton 3.6 (the GPU machine's) and 3.9 alike; a row may depend on the installed triton where
-the two allocate registers differently.
+``flashattn-teach kernels`` and by the compile-check tests, which require no register spills and shared
+memory within the architecture's limit, with triton 3.6 (the GPU machine's) and 3.9 alike; a row may
+depend on the installed triton where the two allocate registers differently.
 
 Kernels and the tiles each one owns:
 
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,9 +52,7 @@ class KernelConfig:
     pointers), for tiles that fit in registers only without the pointer path's address arithmetic.
     ``split``: the dK/dV kernel runs as two programs per key block, one accumulating dK and one dV, each
     recomputing the probabilities (for head dims whose two fp32 accumulators do not fit in registers
-    together); other kernels ignore it. ``stage_spill``: bytes the causal build may spill to local memory,
-    measured, as long as none of it is touched in the unmasked (steady-state) loop; 0 for every tile that
-    fits outright."""
+    together); other kernels ignore it."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -64,7 +61,18 @@ class KernelConfig:
     tma: bool = False
     split: bool = False
     fallback: KernelConfig | None = None
-    stage_spill: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fallback is not None and (not self.tma or self.fallback.tma or self.fallback.fallback):
+            raise AttentionValueError(
+                f"fallback is the tile for when TMA cannot run: it needs tma=True here and a pointer tile "
+                f"without a fallback of its own, got tma={self.tma} and fallback={self.fallback!r}"
+            )
+
+    def by_pointers(self) -> KernelConfig:
+        """The configuration that runs when this one cannot read by TMA: ``fallback``, or this tile through
+        pointers."""
+        return self.fallback or replace(self, tma=False)
 
     def __str__(self) -> str:
         flags = " tma" * self.tma + " split" * self.split
@@ -106,25 +114,25 @@ K = KernelConfig
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
 # the MMA's input type. The dK/dV tile is a multiple of the warpgroup MMA's 64 rows. At hd128 its 64 x 128
-# tile fits only with Q_i and dO_i read by TMA, as triton 3.9 builds it (through pointers it spills 72 to 152
-# bytes, so that is its fallback); its causal build spills 16 bytes, all outside the loops. Triton 3.6
-# builds the same tile with 4 local loads and stores an iteration of the unmasked loop (non-causal), so with
-# it the tile stays 32 x 128. The hd64 and hd128 forward rows are the fastest timed on an H200 with triton
-# 3.6 (benchmarks/results/gpu/2026-11-30-h200-issue9/probe.log); the backward rows are the loop profile's
-# best that compile cleanly (docs/loop-profile.md), not yet timed. At hd256 the dK/dV rows are ``split``:
-# dK and dV by separate programs, since their two accumulators do not fit in registers together.
+# tile fits only with Q_i and dO_i read by TMA and four stages, as triton 3.9 builds it (through pointers it
+# spills 72 to 152 bytes, so its fallback is 32 x 128; with three stages the causal build spills 16). The
+# forward's TMA tiles at hd64 to hd256 spill 8 to 80 bytes through pointers: they fall back to smaller ones. Triton 3.6
+# spills it in every build tried: 16 to 56 bytes with four stages, and with two or three stages also local
+# loads and stores in the unmasked loop; so with 3.6 the tile stays 32 x 128. The hd64 and hd128 forward
+# rows are the fastest timed on an H200 with triton 3.6 (benchmarks/results/gpu/2026-11-30-h200-issue9/
+# probe.log); the backward rows are the loop profile's best that compile cleanly (docs/loop-profile.md), not
+# yet timed. At hd256 the dK/dV rows are ``split``: dK and dV by separate programs, since their two
+# accumulators do not fit in registers together.
 _SM90_16BIT: dict[int, _Row] = {
     16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 64, 4, 3, tma=True), K(64, 128, 8, 3), K(128, 128, 8, 3, tma=True)),
+    64: (K(128, 64, 4, 3, tma=True, fallback=K(128, 64, 8, 3)), K(64, 128, 8, 3), K(128, 128, 8, 3, tma=True)),
     128: (
-        K(128, 128, 8, 3, tma=True),
-        K(64, 128, 8, 3, tma=True, fallback=K(32, 128, 8, 2), stage_spill=16)
-        if _triton_version() >= (3, 9)
-        else K(32, 128, 8, 2),
+        K(128, 128, 8, 3, tma=True, fallback=K(128, 64, 8, 3)),
+        K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
-    256: (K(128, 64, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 32, 8, 2)),
+    256: (K(128, 64, 8, 2, tma=True, fallback=K(64, 64, 8, 2)), K(16, 64, 8, 2, split=True), K(128, 32, 8, 2)),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT: dict[int, _Row] = {
@@ -155,7 +163,7 @@ _SM80_FP32: dict[int, _Row] = {
 # dtypes without a row here use the plain row.
 _VARIANT_ROWS: dict[tuple[str, int], _Row] = {
     ("sm90", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
-    ("sm90", 128): (K(128, 64, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm90", 128): (K(128, 64, 8, 3, tma=True, fallback=K(128, 32, 8, 3)), K(32, 64, 8, 2), K(128, 32, 8, 3)),
     ("sm80", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
     ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
 }

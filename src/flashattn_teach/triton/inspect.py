@@ -73,7 +73,7 @@ class CompileReport:
     def problems(self) -> list[str]:
         """Why this kernel fails the compile checks; empty if it passes."""
         out = []
-        if self.spill_bytes and not self._spill_allowed():
+        if self.spill_bytes:
             out.append(
                 "spills to local memory"
                 if self.spill_bytes < 0
@@ -91,13 +91,6 @@ class CompileReport:
         ):
             out.append(f"matmuls use {self.mma}, not HGMMA")
         return out
-
-    def _spill_allowed(self) -> bool:
-        """Spills within the configuration's ``stage_spill``, none of them in the steady-state loop."""
-        if not 0 < self.spill_bytes <= self.config.stage_spill:
-            return False
-        profile = self.loop_profile()
-        return profile is not None and profile.counts.get("local", 0) == 0
 
     def file_stem(self) -> str:
         """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile, for dumped files."""
@@ -168,7 +161,7 @@ def shipped_kernels(
     arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
 ) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
     """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
-    with dropout), each TMA configuration's pointer ``fallback`` right after it."""
+    with dropout), each TMA configuration followed by the one that runs when TMA cannot (``by_pointers``)."""
     out = []
     for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
         if dt in dtypes and d in head_dims:
@@ -177,8 +170,8 @@ def shipped_kernels(
                 c = config.kernel(name)
                 if c is not None and (backward or name == "forward"):
                     out.append((name, dt, d, c))
-                    if c.fallback is not None:
-                        out.append((name, dt, d, c.fallback))
+                    if c.tma:
+                        out.append((name, dt, d, c.by_pointers()))
     return out
 
 
@@ -267,12 +260,6 @@ def pass_estimates(profiled: list[tuple[CompileReport, loops.LoopProfile]]) -> l
     return lines
 
 
-def _ok(r: CompileReport) -> str:
-    """The check column of a kernel that passes: ``ok``, or ``ok:stage_spill`` where its spills are
-    within the row's ``stage_spill`` and outside the unmasked loop."""
-    return "ok:stage_spill" if r.spill_bytes else "ok"
-
-
 def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
@@ -310,8 +297,7 @@ def run(args: argparse.Namespace) -> int:
     with_variants += " with dropout" if args.variants and args.dropout else ""
     with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
     print(
-        f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills (beyond a row's stage_spill), "
-        f"shared memory <= "
+        f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
         f"{SMEM_LIMIT[args.arch]} B"
     )
     print(header)
@@ -328,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{name:<20} {str(dt).removeprefix('torch.'):<9} {d:>4} {c.BLOCK_M:>7} {c.BLOCK_N:>7} "
             f"{c.num_warps:>5} {c.num_stages:>6} {r.registers:>5} {r.spill_bytes:>6} {r.smem_bytes:>8} "
-            f"{r.mma:>6}  {'; '.join(problems) or _ok(r)}",
+            f"{r.mma:>6}  {'; '.join(problems) or 'ok'}",
             flush=True,
         )
     if args.loops:
@@ -347,9 +333,9 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     )
     print(_LOOP_HEADER)
     profiled = []
-    fallbacks = {(name, dt, d, c.fallback) for name, dt, d, c in selected}
+    by_pointers = {(name, dt, d, c.by_pointers()) for name, dt, d, c in selected if c.tma}
     for name, dt, d, c in selected:
-        if (name, dt, d, c) in fallbacks:
+        if (name, dt, d, c) in by_pointers:
             continue  # the loop profile is of the tiles that run where TMA is allowed
         r = compile_kernel(name, args.arch, dt, d, c, causal=False)
         if args.dump is not None:

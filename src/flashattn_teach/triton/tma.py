@@ -4,10 +4,12 @@ A kernel configuration with ``tma=True`` asks for the tiles that stream through 
 from tensor descriptors: the forward's and dQ's key/value blocks, the dK/dV kernel's query and output-
 gradient blocks. The copy engine then computes every address, so the loop holds no address registers;
 some tiles fit in registers only that way, and name in ``fallback`` the tile to run when TMA cannot be used
-(a stride the copy engine cannot describe, a GPU older than Hopper, packed sequences).
+(a stride the copy engine cannot describe, packed sequences).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,14 +52,14 @@ def use_tma(c: KernelConfig, *tensors: Tensor) -> bool:
 
 def launch_tile(c: KernelConfig, *tensors: Tensor, varlen: bool) -> tuple[KernelConfig, bool]:
     """The configuration to launch and whether it reads ``tensors`` by TMA: ``c`` by TMA where
-    :func:`use_tma` allows it, else ``c.fallback`` (or ``c`` itself) through pointers. Packed sequences
+    :func:`use_tma` allows it, else ``c.by_pointers()`` (its ``fallback``, or its own tile). Packed sequences
     (``varlen``) never use TMA: a sequence's rows end inside the tensor, where no descriptor box stops."""
     if not varlen and use_tma(c, *tensors):
         return c, True
-    return c.fallback or c, False
+    return c.by_pointers(), False
 
 
-def descriptor(t: Tensor, block_n: int, block_x: int):
+def descriptor(t: Tensor, block_n: int, block_x: int) -> Any:
     """A tensor descriptor of a ``(B, H, N, X)`` tensor whose box is one ``(block_n, block_x)`` tile."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
