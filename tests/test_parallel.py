@@ -259,14 +259,20 @@ def test_rows_that_see_no_key_give_zero_output_and_gradients(workers):
 
 class ThreadLog:
     """Wraps a per-task function of ``parallel`` and records which thread ran each call, and with how many
-    intra-op threads."""
+    intra-op threads. With ``meet=n`` the first n calls wait for one another (10 s at most), so n threads
+    must each take one: otherwise one fast worker may drain a short queue alone, and a count of the threads
+    used would depend on the scheduler."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, meet: int = 1):
         self.fn, self.calls, self.lock = fn, [], threading.Lock()
+        self.barrier = threading.Barrier(meet, timeout=10)
 
     def __call__(self, *args):
         with self.lock:
             self.calls.append((threading.current_thread().name, torch.get_num_threads()))
+            first = len(self.calls) <= self.barrier.parties
+        if first:
+            self.barrier.wait()
         self.fn(*args)
 
     @property
@@ -275,7 +281,7 @@ class ThreadLog:
 
 
 def test_large_problems_run_on_the_pool_with_one_thread_per_worker(monkeypatch):
-    log = ThreadLog(parallel._forward_rows)
+    log = ThreadLog(parallel._forward_rows, meet=2)
     monkeypatch.setattr(parallel, "_forward_rows", log)
     q, k, v = make_grouped(1, 4, 1, 512, 512, 8, 8, dtype=torch.float32)  # 4 * 512 * 512 = 2^20 scores
     assert q.shape[1] * 512 * 512 >= parallel.MIN_PARALLEL_SCORES
@@ -302,7 +308,7 @@ def test_small_problems_run_inline_in_the_calling_thread(monkeypatch):
 def test_few_key_value_heads_split_the_query_heads_of_a_group(monkeypatch):
     """MQA with one key/value head: the backward's tasks are ranges of its G query heads, each with its own
     dK, dV partial; their sum equals the single-threaded loops."""
-    log = ThreadLog(parallel._backward_head)
+    log = ThreadLog(parallel._backward_head, meet=2)
     monkeypatch.setattr(parallel, "_backward_head", log)
     q, k, v = make_grouped(1, 1, 4, 23, 17, 5, 3)
     kw = dict(scale=0.4, causal=True, causal_align="top_left", block_m=4, block_n=5)
