@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -183,6 +184,26 @@ def test_torch_func_vjp_matches_autograd_of_the_dense_oracle() -> None:
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert a.shape == b.shape
         assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
+
+
+def test_the_preprocess_writes_delta_and_lse_in_log2_units_with_inf_for_rows_that_saw_no_key() -> None:
+    from flashattn_teach.triton.backward import _attn_bwd_preprocess
+
+    B, H, N, D = 2, 3, 37, 24  # N past a block of 16, D below its padded 32: ragged rows and lanes
+    g = torch.Generator().manual_seed(3)
+    o, do = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(2))
+    lse = torch.randn(B, H, N, generator=g, dtype=torch.float64)
+    lse[0, 1, :5] = float("-inf")  # rows that saw no key
+    delta, lse2 = (torch.full((B, H, N), float("nan"), dtype=torch.float32, device=DEVICE) for _ in range(2))
+    o32, do32 = (t.to(DEVICE, torch.float32).transpose(1, 2).contiguous().transpose(1, 2) for t in (o, do))
+    _attn_bwd_preprocess[(3 * B * H,)](
+        o32, do32, lse.to(DEVICE, torch.float32), delta, lse2,
+        *o32.stride(), *do32.stride(), H, N, HEAD_DIM_V=D, BLOCK_DV=32, BLOCK_M=16,
+    )  # fmt: skip
+    torch.testing.assert_close(delta.double().cpu(), (o * do).sum(-1), atol=1e-5, rtol=1e-5)
+    want = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
+    torch.testing.assert_close(lse2.double().cpu(), want, atol=1e-5, rtol=1e-6)
+    assert torch.isposinf(lse2[0, 1, :5]).all() and torch.isfinite(lse2[0, 1, 5:]).all()
 
 
 def test_a_config_without_backward_kernels_is_refused_when_gradients_are_asked() -> None:

@@ -8,8 +8,8 @@ the same two bounds for the backward (Algorithms 3 and 4).
 The functions below count those accesses exactly, in bytes, for the schedules as written and as if every
 load reached HBM (no cache in between; :mod:`.l2` adds one): ragged last blocks, key blocks wholly above
 the causal diagonal skipped, per (batch, head) pair and then times ``B * H``. Matrices
-``Q, K, V, O, dO, S, P, ...`` take ``elem_bytes`` per element; the per-row statistics ``l, m, lse, delta``
-are float32 (4 bytes), as in every implementation. Schedules:
+``Q, K, V, O, dO, S, P, ...`` take ``elem_bytes`` per element; the per-row statistics ``l, m, lse, lse2,
+delta`` are float32 (4 bytes), as in every implementation. Schedules:
 
     standard        Alg. 0 (forward) / Alg. 3 (backward): S, P (and dP, dS) go through HBM.
     key-major       FA1 Alg. 1 / Alg. 4: key blocks j outside; Q_i, O_i, l_i, m_i (and dO_i, dQ_i) are
@@ -17,8 +17,8 @@ are float32 (4 bytes), as in every implementation. Schedules:
     query-major     FA2's forward (Dao 2023, Alg. 1): query blocks i outside; K_j, V_j re-read once per
                     query block; O_i and lse_i written once.
     split           FA2-style backward as in Triton's tutorial and ``flashattn_teach.triton``: a preprocess
-                    (delta = rowsum(dO * O)), a dK/dV pass (key blocks outside) and a dQ pass (query
-                    blocks outside), with no atomics.
+                    (delta = rowsum(dO * O), and lse2 = lse * log2(e) as FA3's), a dK/dV pass (key
+                    blocks outside) and a dQ pass (query blocks outside), with no atomics.
 
 FLOPs follow the papers' benchmark convention: ``4 B H N^2 d`` for the forward (two matmuls, two FLOPs
 per multiply-add), halved when causal, and 2.5 times that for the backward (five matmuls instead of two).
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-STAT_BYTES = 4  # l, m, lse, delta are float32 everywhere
+STAT_BYTES = 4  # l, m, lse, lse2, delta are float32 everywhere
 BACKWARD_FLOP_FACTOR = 2.5  # backward: 5 matmuls of N^2 d against the forward's 2 (FA2 paper, Sec. 4)
 
 
@@ -213,24 +213,24 @@ def split_backward_io(p: Problem, block_m: int, block_n: int) -> Traffic:
 
 
 def split_backward_passes(p: Problem, block_m: int, block_n: int) -> dict[str, Traffic]:
-    """The three kernels of the split backward, by name: ``"preprocess"`` reads ``O, dO`` and writes
-    ``delta``; ``"dK/dV"`` reads ``K_j, V_j`` once and ``Q_i, dO_i, lse_i, delta_i`` per visible tile,
-    writing ``dK_j, dV_j`` once; ``"dQ"`` reads ``Q_i, dO_i, lse_i, delta_i`` once and ``K_j, V_j`` per
-    visible tile, writing ``dQ_i`` once."""
+    """The three kernels of the split backward, by name: ``"preprocess"`` reads ``O, dO, lse`` and writes
+    ``delta`` and ``lse2 = lse * log2(e)``; ``"dK/dV"`` reads ``K_j, V_j`` once and ``Q_i, dO_i, lse2_i,
+    delta_i`` per visible tile, writing ``dK_j, dV_j`` once; ``"dQ"`` reads ``Q_i, dO_i, lse2_i, delta_i``
+    once and ``K_j, V_j`` per visible tile, writing ``dQ_i`` once."""
     _check_blocks(block_m, block_n)
     N, d = p.seq_len, p.head_dim
     q_rows = _sum_query_rows(p, block_m, block_n)  # dK/dV pass: key blocks outside
     k_rows = _sum_key_rows(p, block_m, block_n)  # dQ pass: query blocks outside
-    stats = frozenset({"lse", "delta"})
-    preprocess = _scaled(p, {"O": N * d, "dO": N * d}, {"delta": N}, stats)
+    stats = frozenset({"lse", "lse2", "delta"})
+    preprocess = _scaled(p, {"O": N * d, "dO": N * d, "lse": N}, {"delta": N, "lse2": N}, stats)
     dkdv = _scaled(
         p,
-        {"K": N * d, "V": N * d, "Q": q_rows * d, "dO": q_rows * d, "lse": q_rows, "delta": q_rows},
+        {"K": N * d, "V": N * d, "Q": q_rows * d, "dO": q_rows * d, "lse2": q_rows, "delta": q_rows},
         {"dK": N * d, "dV": N * d},
         stats,
     )
     dq = _scaled(
-        p, {"Q": N * d, "dO": N * d, "lse": N, "delta": N, "K": k_rows * d, "V": k_rows * d}, {"dQ": N * d}, stats
+        p, {"Q": N * d, "dO": N * d, "lse2": N, "delta": N, "K": k_rows * d, "V": k_rows * d}, {"dQ": N * d}, stats
     )
     return {"preprocess": preprocess, "dK/dV": dkdv, "dQ": dq}
 

@@ -15,7 +15,7 @@ a window of ``P`` consecutive ``pid``s, which touches at most
     heads resident = min(B H, 1 + ceil((P - 1) / T))
 
 (batch, head) pairs: the worst window starts one program before a head boundary. Each pair re-reads a
-working set, ``K, V`` (``2 N d e`` bytes) in the forward and the dQ pass, ``Q, dO, lse, delta``
+working set, ``K, V`` (``2 N d e`` bytes) in the forward and the dQ pass, ``Q, dO, lse2, delta``
 (``2 N d e + 8 N``) in the dK/dV pass, and the model is
 
     heads resident x working set of a head <= L2 size
@@ -127,13 +127,13 @@ def query_major_forward_l2(p: Problem, block_m: int, block_n: int, l2: L2Cache) 
 
 def split_backward_l2(p: Problem, block_m: int, block_n: int, l2: L2Cache) -> L2Figure:
     """The split backward, pass by pass: the preprocess re-reads nothing; ``T_c = ceil(N / BLOCK_N)``
-    dK/dV programs per head re-read ``Q, dO`` (``N d e`` bytes each) and ``lse, delta`` (``4 N``);
+    dK/dV programs per head re-read ``Q, dO`` (``N d e`` bytes each) and ``lse2, delta`` (``4 N``);
     ``T_r`` dQ programs per head re-read ``K, V``."""
     passes = split_backward_passes(p, block_m, block_n)
     matrix, stat = p.seq_len * p.head_dim * p.elem_bytes, p.seq_len * STAT_BYTES
     t_r, t_c = math.ceil(p.seq_len / block_m), math.ceil(p.seq_len / block_n)
     dkdv, dkdv_res = _reuse(
-        p, "backward dK/dV", passes["dK/dV"], t_c, {"Q": matrix, "dO": matrix, "lse": stat, "delta": stat}, l2
+        p, "backward dK/dV", passes["dK/dV"], t_c, {"Q": matrix, "dO": matrix, "lse2": stat, "delta": stat}, l2
     )
     dq, dq_res = _reuse(p, "backward dQ", passes["dQ"], t_r, {"K": matrix, "V": matrix}, l2)
     without = passes["preprocess"] + passes["dK/dV"] + passes["dQ"]

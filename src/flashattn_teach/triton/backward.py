@@ -2,7 +2,7 @@
 
 Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile by tile:
 
-    delta_i = rowsum(dO_i * O_i)                  _attn_bwd_preprocess   (Alg. 2 line 4)
+    delta_i = rowsum(dO_i * O_i)                  _attn_bwd_preprocess (Alg. 2 line 4; also lse_i * log2(e))
     P_ij    = exp(S_ij - lse_i)                   recomputed in both passes below
     dV_j    = sum_i P_ij^T dO_i                   _attn_bwd_dkdv (backward_dkdv.py): a program owns key block j
     dS_ij   = P_ij * (dO_i V_j^T - delta_i)
@@ -14,9 +14,10 @@ the same on every run. With grouped-query attention the dK/dV program of a key/v
 its ``GROUP`` query heads, in one flat loop over (query head, query block) pairs: a nested head loop
 would keep the inner loop's pipeline state alive across heads and cost registers that the tile needs.
 
-As in the forward, exponentials run in base 2 (``qk_scale = scale * log2(e)``, ``lse2 = lse * log2(e)``),
-and causal masking splits each loop into stages that run with and without a mask. A query row that saw
-no key has ``lse = -inf``; it is read as ``+inf`` so that its recomputed ``P`` is 0 rather than NaN.
+As in the forward, exponentials run in base 2 (``qk_scale = scale * log2(e)``, ``lse2 = lse * log2(e)``,
+written by the preprocess), and causal masking splits each loop into stages that run with and without a
+mask. A query row that saw no key has ``lse = -inf``; its ``lse2`` is ``+inf`` so that its recomputed
+``P`` is 0 rather than NaN.
 
 The mask contract's variants enter as in the forward (:mod:`.masking`); softcap multiplies ``dS`` by
 ``1 - tanh^2`` of the capped score, and keys past ``seqlens_k[b]`` get ``dK = dV = 0``.
@@ -40,7 +41,9 @@ from .tiles import _load_block
 def _attn_bwd_preprocess(
     O,
     DO,
+    LSE,
     DELTA,
+    LSE2,
     stride_ob,
     stride_oh,
     stride_on,
@@ -55,7 +58,13 @@ def _attn_bwd_preprocess(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``DELTA (B, H_q, N_q)`` contiguous fp32."""
+    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``LSE`` (read), ``DELTA`` and ``LSE2`` (written) are
+    ``(B, H_q, N_q)`` contiguous fp32.
+
+    Writes ``delta_i = rowsum(dO_i * O_i)`` and ``lse2_i = lse_i * log2(e)``, the statistic both loops
+    subtract from a log2-unit score. A row that saw no key has ``lse = -inf``; its ``lse2`` is ``+inf``, so
+    that its recomputed ``P = exp2(S - lse2)`` is 0, not NaN. Done here once per row rather than in the
+    dK/dV loop, where each warp would redo it for every score column of every step."""
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     pid = tl.program_id(0)
     bh = pid // n_blocks
@@ -72,16 +81,10 @@ def _attn_bwd_preprocess(
     do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
     # delta_i = rowsum(dO_i * O_i), in fp32; it equals rowsum(P_ij * dP_ij) summed over all key blocks j
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh.to(tl.int64) * N_q + start_m + offs_m, delta, mask=in_q)
-
-
-@triton.jit
-def _load_lse2(LSE_blk, offs_m, in_q):
-    """``lse_i * log2(e)`` for rows ``offs_m`` of a block (those in ``in_q`` exist): (BLOCK_M,) fp32. A row
-    that saw no key has ``lse = -inf``; it reads ``+inf`` so that its recomputed ``P = exp2(S - lse2)`` is
-    0, not NaN."""
-    lse = tl.load(LSE_blk + offs_m, mask=in_q, other=0.0)
-    return tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    rows = bh.to(tl.int64) * N_q + start_m + offs_m
+    tl.store(DELTA + rows, delta, mask=in_q)
+    lse = tl.load(LSE + rows, mask=in_q, other=0.0)
+    tl.store(LSE2 + rows, tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, mask=in_q)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .backward import _causal_query_range, _load_lse2
+from .backward import _causal_query_range
 from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E
 from .masking import (
@@ -33,13 +33,13 @@ def _attn_bwd_dkdv_inner(
     dv,  # dV_j (BLOCK_N, BLOCK_DV) fp32 accumulator
     k,  # K_j (BLOCK_N, BLOCK_D)
     v,  # V_j (BLOCK_N, BLOCK_DV)
-    Q_group,  # Q of the group's first query head (row 0), likewise dO, lse and delta; with TMA Q's and dO's descriptors
+    Q_group,  # Q of the group's first query head (row 0), likewise dO, lse2, delta; with TMA Q's and dO's descriptors
     DO_group,
     b_coord,  # with TMA: the batch element and the group's first query head, as descriptor coordinates
     h0_coord,
-    LSE_group,
+    LSE2_group,
     DELTA_group,
-    stride_lse_h,  # the head stride of lse and delta
+    stride_lse_h,  # the head stride of lse2 and delta
     stride_qh,
     stride_qn,
     stride_qd,
@@ -127,7 +127,8 @@ def _attn_bwd_dkdv_inner(
             do = _load_block(
                 DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
             )
-        lse2 = _load_lse2(LSE_group + stats, offs_m, in_q)
+        # lse_i * log2(e) (+inf for a row that saw no key) and delta_i: (BLOCK_M,)
+        lse2 = tl.load(LSE2_group + stats + offs_m, mask=in_q, other=0.0)
         delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
         # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
@@ -198,7 +199,7 @@ def _attn_bwd_dkdv(
     K,
     V,
     DO,
-    LSE,
+    LSE2,
     DELTA,
     DK,
     DV,
@@ -285,7 +286,7 @@ def _attn_bwd_dkdv(
     b = (bh // H_kv).to(tl.int64)
     h_kv = (bh % H_kv).to(tl.int64)
     h0 = h_kv * GROUP  # the group's first query head; its GROUP heads are summed here rather than with atomics
-    LSE_group = LSE + (b * H_q + h0) * stride_lse_h  # lse and delta (B, H_q, N_q) contiguous
+    LSE2_group = LSE2 + (b * H_q + h0) * stride_lse_h  # lse2 and delta (B, H_q, N_q) contiguous
     DELTA_group = DELTA + (b * H_q + h0) * stride_lse_h
     drop_offset, drop_bh0, drop_N_q, drop_N_k = dropout_offset, b * H_q + h0, N_q, N_k  # the forward's counters
     if VARLEN:
@@ -305,7 +306,7 @@ def _attn_bwd_dkdv(
         V = V + k_start * stride_vn
         DK = DK + k_start * stride_dkn
         DV = DV + k_start * stride_dvn
-        LSE_group = LSE + h0 * stride_lse_h + q_start  # lse and delta (H_q, total_q)
+        LSE2_group = LSE2 + h0 * stride_lse_h + q_start  # lse2 and delta (H_q, total_q)
         DELTA_group = DELTA + h0 * stride_lse_h + q_start
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -343,7 +344,7 @@ def _attn_bwd_dkdv(
     # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
     # ragged last block (and the window's left side)
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
@@ -353,7 +354,7 @@ def _attn_bwd_dkdv(
         WITH_DK, WITH_DV, TMA=TMA, MASK=True,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
@@ -363,7 +364,7 @@ def _attn_bwd_dkdv(
         WITH_DK, WITH_DV, TMA=TMA, MASK=False,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE_group, DELTA_group, stride_lse_h,
+        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
         stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .backward import _load_lse2
 from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .masking import (
@@ -160,7 +159,7 @@ def _attn_bwd_dq(
     K,
     V,
     DO,
-    LSE,
+    LSE2,
     DELTA,
     DQ,
     stride_qb,
@@ -243,7 +242,7 @@ def _attn_bwd_dq(
     h_kv = h // GROUP
     b_coord = bh // H_q  # 32-bit descriptor coordinates
     h_coord = (bh % H_q) // GROUP
-    stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse and delta are (B, H_q, N_q) contiguous
+    stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse2 and delta are (B, H_q, N_q) contiguous
     drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, bh, N_q, N_k  # the forward's dropout counters
     if VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
@@ -261,7 +260,7 @@ def _attn_bwd_dq(
         DQ = DQ + q_start * stride_dqn
         K = K + k_start * stride_kn
         V = V + k_start * stride_vn
-        stats = h * stride_lse_h + q_start + start_m  # lse and delta (H_q, total_q)
+        stats = h * stride_lse_h + q_start + start_m  # lse2 and delta (H_q, total_q)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -278,7 +277,7 @@ def _attn_bwd_dq(
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
     q = _load_block(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
-    lse2 = _load_lse2(LSE + stats, offs_m, in_q)
+    lse2 = tl.load(LSE2 + stats + offs_m, mask=in_q, other=0.0)  # lse_i * log2(e), +inf for no key
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 

@@ -246,13 +246,17 @@ def backward(
     qk_scale = s.scale * LOG2E.value
     precision = dot_precision(q.dtype)
 
+    # delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for a row that saw no key), as lse: (B, H_q, N_q)
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
     c = config.backward_preprocess
     check_tile_offsets("backward_preprocess", c.BLOCK_M, o=o, do=do)
     _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
         o,
         do,
+        lse.contiguous(),
         delta,
+        lse2,
         *_strides(o),
         *_strides(do),
         s.H_q,
@@ -281,7 +285,7 @@ def backward(
             k,
             v,
             do_src,
-            lse,
+            lse2,
             delta,
             dk,
             dv,
@@ -334,7 +338,7 @@ def backward(
         k_src,
         v_src,
         do,
-        lse,
+        lse2,
         delta,
         dq,
         *_strides(q, var),
