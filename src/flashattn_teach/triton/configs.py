@@ -157,23 +157,57 @@ _SM80_FP32: dict[int, _Row] = {
     64: (K(64, 16, 4, 2), K(16, 16, 4, 2), K(32, 32, 4, 2)),
     128: (K(32, 32, 8, 2), K(32, 16, 8, 2), K(16, 32, 4, 2)),
 }
-# Calls with variants (window, softcap, ALiBi, seqlens_k) keep more per score live in the loop (index
-# tensors, the tanh, the bias): where a plain tile spills with all of them at once (compiled ahead of time
-# with triton 3.9, ``flashattn-teach kernels --variants``), a thinner one that does not. Head dims and
-# dtypes without a row here use the plain row.
-_VARIANT_ROWS: dict[tuple[str, int], _Row] = {
-    ("sm90", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
-    ("sm90", 128): (K(128, 64, 8, 3, tma=True, fallback=K(128, 32, 8, 3)), K(32, 64, 8, 2), K(128, 32, 8, 3)),
-    ("sm80", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
-    ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
+# Calls with variants (window, softcap, ALiBi, seqlens_k, or an attn_mask) keep more per score live in the
+# loop (index tensors, the tanh, the bias): where a plain tile spills with all of them at once or with a
+# padding mask (``flashattn-teach kernels --variants``, ``--mask bool``, ``--mask additive``), a thinner
+# one that does not, with triton 3.6 and 3.9. Keyed by (arch, "16-bit" or "fp32", padded head dim);
+# those without a row use the plain row. At hd256 on sm_90 no dK/dV tile tried compiles without spilling
+# with an additive mask and triton 3.9 (this one: 8 to 16 bytes; with 3.6 none).
+_VARIANT_ROWS: dict[tuple[str, str, int], _Row] = {
+    ("sm90", "16-bit", 16): (K(128, 64, 8, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 32): (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 128): (
+        K(128, 64, 8, 3, tma=True, fallback=K(128, 32, 8, 3)),
+        K(32, 64, 8, 2),
+        K(128, 32, 8, 3),
+    ),
+    ("sm90", "16-bit", 256): (
+        K(128, 32, 8, 2, tma=True, fallback=K(64, 32, 8, 2)),
+        K(16, 64, 8, 2, split=True),
+        K(128, 32, 8, 2),
+    ),
+    ("sm90", "fp32", 16): (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
+    ("sm90", "fp32", 32): (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
+    ("sm90", "fp32", 64): (K(64, 32, 4, 2), K(32, 16, 4, 2), K(32, 32, 4, 2)),
+    ("sm90", "fp32", 128): (K(16, 32, 4, 2), K(16, 16, 8, 2), K(16, 32, 4, 1)),
+    ("sm80", "16-bit", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
+    ("sm80", "16-bit", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
+    ("sm80", "16-bit", 256): (K(64, 64, 8, 2), K(32, 32, 8, 2, split=True), K(64, 32, 8, 2)),
+    ("sm80", "fp32", 16): (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 16, 4, 2)),
+    ("sm80", "fp32", 32): (K(64, 32, 4, 2), K(16, 32, 4, 2), K(32, 16, 4, 2)),
+    ("sm80", "fp32", 128): (K(32, 32, 8, 2), K(16, 16, 8, 1), K(16, 32, 4, 2)),
 }
 # Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV
-# and dQ loops: thinner tiles again, compiled with every variant and dropout at once.
-_DROPOUT_ROWS: dict[tuple[str, int], _Row] = {
-    ("sm90", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
-    ("sm90", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
-    ("sm80", 64): (K(64, 32, 8, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
-    ("sm80", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
+# and dQ loops: thinner tiles again, compiled with every variant and dropout at once. At hd256 on sm_90 no
+# dK/dV tile tried compiles without spilling with triton 3.9 (this one spills 96 bytes; with 3.6 none).
+_DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
+    ("sm90", "16-bit", 16): (K(128, 32, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 32, 8, 3)),
+    ("sm90", "16-bit", 32): (K(128, 32, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 32, 8, 3)),
+    ("sm90", "16-bit", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
+    ("sm90", "16-bit", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
+    ("sm90", "16-bit", 256): (K(64, 16, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 16, 8, 2)),
+    ("sm90", "fp32", 32): (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
+    ("sm90", "fp32", 64): (K(64, 32, 4, 2), K(32, 16, 4, 2), K(32, 32, 8, 2)),
+    ("sm90", "fp32", 128): (K(16, 32, 4, 2), K(16, 16, 8, 1), K(16, 16, 8, 2)),
+    ("sm80", "16-bit", 16): (K(128, 32, 8, 3), K(32, 128, 8, 3), K(128, 32, 8, 3)),
+    ("sm80", "16-bit", 32): (K(128, 32, 8, 3), K(32, 128, 8, 3), K(128, 32, 8, 3)),
+    ("sm80", "16-bit", 64): (K(64, 32, 8, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
+    ("sm80", "16-bit", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
+    ("sm80", "16-bit", 256): (K(64, 16, 8, 2), K(32, 32, 8, 2, split=True), K(32, 32, 8, 2)),
+    ("sm80", "fp32", 16): (K(64, 16, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
+    ("sm80", "fp32", 64): (K(64, 16, 4, 2), K(16, 16, 4, 2), K(16, 32, 4, 2)),
+    ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 8, 2)),
 }
 del K
 
@@ -233,8 +267,9 @@ def shipped_config(
     d = block_d(head_dim)
     fwd, dkdv, dq = rows[d]
     table = _DROPOUT_ROWS if dropout else _VARIANT_ROWS if variants else {}
-    if dtype != torch.float32 and (arch, d) in table:
-        fwd, dkdv, dq = table[(arch, d)]
+    key = (arch, "fp32" if dtype == torch.float32 else "16-bit", d)
+    if key in table:
+        fwd, dkdv, dq = table[key]
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
 
 
