@@ -1,7 +1,7 @@
 """Every shipped kernel configuration compiles for sm_90 and sm_80 within the hardware's limits, also with
 the variants of the mask contract (in bf16, which shares its rows with fp16, and in fp32): window,
-softcap, ALiBi and seqlens_k at once, without and with dropout, and a causal call with a bool or additive
-padding mask.
+softcap, ALiBi and seqlens_k at once, without and with dropout, a causal call with a bool or additive
+padding mask, and packed sequences without and with dropout.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
 process has set. Both architectures compile at once, one subprocess each. The checks live in
@@ -64,6 +64,8 @@ VARIANT_RUNS = {
     "and_dropout": ["--variants", "--dropout"],
     "causal_bool_mask": ["--mask", "bool"],
     "causal_additive_mask": ["--mask", "additive"],
+    "packed_sequences": ["--varlen"],
+    "packed_with_dropout": ["--varlen", "--dropout"],
 }
 
 
@@ -86,7 +88,7 @@ def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
 
 # (arch, run, kernel, dtype, padded head dim) that spill with the installed triton although no tile tried
 # avoids it (see configs._VARIANT_ROWS); any other row must pass, and these may fail by spilling only
-KNOWN_SPILLS = (
+KNOWN_SPILLS = {("sm90", "packed_with_dropout", "backward_dkdv", "bfloat16", 256)} | (
     {
         ("sm90", "and_dropout", "backward_dkdv", "bfloat16", 256),
         ("sm90", "causal_additive_mask", "backward_dkdv", "bfloat16", 256),
@@ -109,9 +111,12 @@ def test_kernels_with_variants_compile_without_spills(arch: str, run: str, varia
     assert report.returncode == (1 if failed else 0), f"{out}\n{err[-3000:]}"
     rows = [row for row in rows if row not in failed]
     # forward, preprocess, dK/dV, dQ for bf16 at head dims 16 to 256 and fp32 to 128, and each TMA row
-    # through pointers
-    expected = shipped_kernels(arch, (torch.bfloat16, torch.float32), variants=True, dropout=run == "and_dropout")
-    assert len(expected) > 36 if arch == "sm90" else len(expected) == 36
+    # through pointers (packed sequences: only those)
+    dropout = run in ("and_dropout", "packed_with_dropout")
+    expected = shipped_kernels(arch, (torch.bfloat16, torch.float32), variants=True, dropout=dropout)
+    if run.startswith("packed"):  # packed sequences run the pointer rows only
+        expected = [kernel for kernel in expected if not kernel[3].tma]
+    assert len(expected) > 36 if arch == "sm90" and not run.startswith("packed") else len(expected) == 36
     assert len(rows) + len(failed) == len(expected), out
     if arch == "sm90":
         bf16 = {row[10] for row in rows if row[0] != "backward_preprocess" and row[1] == "bfloat16"}

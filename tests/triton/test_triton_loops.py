@@ -277,3 +277,10 @@ def test_dump_into_a_file_is_refused(tmp_path, capsys) -> None:
     status = main(["kernels", "--kernel", "forward", "--head-dim", "16", "--dump", str(blocker)])
     assert status == 2
     assert f"--dump {blocker}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("other", [["--variants"], ["--mask", "bool"]])
+def test_varlen_with_other_variants_is_refused(other: list[str], capsys) -> None:
+    status = main(["kernels", "--kernel", "forward", "--head-dim", "16", "--varlen", *other])
+    assert status == 2
+    assert "--varlen combines with --dropout only" in capsys.readouterr().err

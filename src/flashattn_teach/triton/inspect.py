@@ -19,7 +19,9 @@ no grouped-query attention, so ``GROUP = 1`` and the unit strides become constan
 softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.specialize.sample_variants`) in the
 configurations such calls get (``shipped_config(..., variants=True)``); ``--dropout`` adds dropout (and
 uses the dropout rows). ``--mask bool`` or ``--mask additive`` compiles a causal call with a padding
-``attn_mask`` (no other variant), in the variant rows.
+``attn_mask`` (no other variant), in the variant rows. ``--varlen`` compiles a call on packed sequences
+(:func:`flashattn_teach.triton.specialize.sample_varlen`), in the variant rows (with ``--dropout``, the
+dropout rows) and through pointers, since TMA does not serve packed sequences.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
@@ -196,7 +198,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compile with a window, softcap, ALiBi and seqlens_k at once, in the configurations such calls get",
     )
     parser.add_argument(
-        "--dropout", action="store_true", help="with --variants: add dropout, in the configurations it gets"
+        "--dropout", action="store_true", help="with --variants or --varlen: add dropout, in the configurations it gets"
+    )
+    parser.add_argument(
+        "--varlen", action="store_true", help="compile a call on packed sequences (cu_seqlens), in the rows it gets"
     )
     parser.add_argument(
         "--mask",
@@ -265,18 +270,25 @@ def run(args: argparse.Namespace) -> int:
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS
+    if args.varlen and (args.variants or args.mask is not None):
+        print("flashattn-teach kernels: error: --varlen combines with --dropout only", file=sys.stderr)
+        return 2
     selected = [
         (name, dt, d, c)
         for name, dt, d, c in shipped_kernels(
             args.arch,
             dtypes,
             head_dims,
-            variants=args.variants or args.mask is not None,
-            dropout=args.variants and args.dropout,
+            variants=args.variants or args.mask is not None or args.varlen,
+            dropout=(args.variants or args.varlen) and args.dropout,
         )
-        if name in kernels
+        if name in kernels and not (args.varlen and c.tma)  # packed sequences run the pointer rows
     ]
-    variants = specialize.sample_variants(seqlens=True, dropout=args.dropout) if args.variants else PLAIN
+    variants = PLAIN
+    if args.variants:
+        variants = specialize.sample_variants(seqlens=True, dropout=args.dropout)
+    elif args.varlen:
+        variants = specialize.sample_varlen(dropout=args.dropout)
     if not selected:
         dtype_names = " ".join(args.dtype or ["any"])
         print(
@@ -294,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
         f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
     )
     with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
-    with_variants += " with dropout" if args.variants and args.dropout else ""
+    with_variants += " (packed sequences)" if args.varlen else ""
+    with_variants += " with dropout" if (args.variants or args.varlen) and args.dropout else ""
     with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
     print(
         f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "

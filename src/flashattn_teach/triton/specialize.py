@@ -223,6 +223,20 @@ def sample_variants(
     )
 
 
+def sample_varlen(*, dropout: bool = False) -> KernelVariants:
+    """Packed sequences for a sample call: two of 4000 and 4192 tokens in :data:`SAMPLE_SEQ` rows, for
+    queries and keys alike; with ``dropout``, dropout as :func:`sample_variants` draws it."""
+    cu = torch.tensor([0, 4000, SAMPLE_SEQ], dtype=torch.int32)
+    longest = SAMPLE_SEQ - 4000
+    return KernelVariants(
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=longest,
+        max_seqlen_k=longest,
+        dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
+    )
+
+
 def _sample_mask(dtype: torch.dtype) -> torch.Tensor:
     """``(B, 1, 1, N)`` expanded to the kernels' ``(B, H, N, N)`` (strides 0), as the launcher passes it."""
     mask = torch.empty(SAMPLE_BATCH, 1, 1, SAMPLE_SEQ, dtype=dtype)
