@@ -189,26 +189,29 @@ _VARIANT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "fp32", 128): (K(32, 32, 8, 2), K(16, 16, 8, 1), K(16, 32, 4, 2)),
 }
 # Dropout draws a Philox4x32-10 number per score (ten rounds of 32-bit multiplies) in the forward, dK/dV
-# and dQ loops: thinner tiles again, compiled with every variant and dropout at once. At hd256 on sm_90 no
-# dK/dV tile tried compiles without spilling with triton 3.9 (this one spills 96 bytes; with 3.6 none).
+# and dQ loops: thinner tiles again, compiled with dropout alone, with every variant, with a padding mask
+# and on packed sequences. Exceptions, in every tile tried: the sm_90 hd256 dK/dV spills 96 bytes with
+# triton 3.9 (and 16 to 160 with a mask or packed sequences, with 3.6 too); the sm_90 fp32 hd128 dQ
+# spills 16 bytes on packed sequences with 3.9 (the tiles clean there spill with a mask).
 _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm90", "16-bit", 16): (K(128, 32, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 32, 8, 3)),
     ("sm90", "16-bit", 32): (K(128, 32, 8, 3, tma=True), K(32, 128, 8, 3), K(128, 32, 8, 3)),
     ("sm90", "16-bit", 64): (K(128, 32, 8, 3, tma=True), K(32, 64, 8, 2), K(128, 32, 8, 3)),
     ("sm90", "16-bit", 128): (K(128, 32, 8, 3, tma=True), K(16, 64, 8, 2), K(64, 32, 8, 3)),
-    ("sm90", "16-bit", 256): (K(64, 16, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 16, 8, 2)),
+    ("sm90", "16-bit", 256): (K(64, 16, 8, 2, tma=True), K(16, 64, 8, 2, split=True), K(128, 16, 8, 3)),
+    ("sm90", "fp32", 16): (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2)),
     ("sm90", "fp32", 32): (K(64, 32, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
     ("sm90", "fp32", 64): (K(64, 32, 4, 2), K(32, 16, 4, 2), K(32, 32, 8, 2)),
-    ("sm90", "fp32", 128): (K(16, 32, 4, 2), K(16, 16, 8, 1), K(16, 16, 8, 2)),
+    ("sm90", "fp32", 128): (K(16, 32, 4, 2), K(16, 16, 8, 1), K(16, 16, 4, 2)),
     ("sm80", "16-bit", 16): (K(128, 32, 8, 3), K(32, 128, 8, 3), K(128, 32, 8, 3)),
     ("sm80", "16-bit", 32): (K(64, 32, 4, 3), K(32, 128, 8, 3), K(128, 32, 8, 3)),
     ("sm80", "16-bit", 64): (K(64, 32, 8, 3), K(32, 32, 8, 2), K(64, 32, 8, 3)),
     ("sm80", "16-bit", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
     ("sm80", "16-bit", 256): (K(64, 16, 8, 2), K(32, 32, 8, 2, split=True), K(32, 32, 8, 2)),
     ("sm80", "fp32", 16): (K(64, 16, 4, 2), K(16, 64, 4, 2), K(64, 32, 4, 2)),
-    ("sm80", "fp32", 32): (K(64, 32, 4, 2), K(16, 64, 4, 2), K(16, 32, 4, 2)),
+    ("sm80", "fp32", 32): (K(64, 32, 4, 2), K(16, 32, 4, 2), K(16, 32, 4, 2)),
     ("sm80", "fp32", 64): (K(64, 16, 4, 2), K(16, 16, 4, 2), K(16, 32, 4, 2)),
-    ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 8, 2)),
+    ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 4, 2)),
 }
 del K
 

@@ -17,11 +17,11 @@ no grouped-query attention, so ``GROUP = 1`` and the unit strides become constan
 
 ``--variants`` compiles the kernels of a call with every variant at once (a causal sliding window,
 softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.specialize.sample_variants`) in the
-configurations such calls get (``shipped_config(..., variants=True)``); ``--dropout`` adds dropout (and
-uses the dropout rows). ``--mask bool`` or ``--mask additive`` compiles a causal call with a padding
-``attn_mask`` (no other variant), in the variant rows. ``--varlen`` compiles a call on packed sequences
-(:func:`flashattn_teach.triton.specialize.sample_varlen`), in the variant rows (with ``--dropout``, the
-dropout rows) and through pointers, since TMA does not serve packed sequences.
+configurations such calls get (``shipped_config(..., variants=True)``). ``--mask bool`` or ``--mask
+additive`` compiles a causal call with a padding ``attn_mask`` (no other variant), in the variant rows.
+``--varlen`` compiles a call on packed sequences (:func:`flashattn_teach.triton.specialize.sample_varlen`),
+in the variant rows and through pointers, since TMA does not serve packed sequences. ``--dropout`` adds
+dropout, alone or to any of these runs, and uses the dropout rows.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
@@ -198,7 +198,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compile with a window, softcap, ALiBi and seqlens_k at once, in the configurations such calls get",
     )
     parser.add_argument(
-        "--dropout", action="store_true", help="with --variants or --varlen: add dropout, in the configurations it gets"
+        "--dropout",
+        action="store_true",
+        help="add dropout (alone, or to --variants, --mask or --varlen), in the rows it gets",
     )
     parser.add_argument(
         "--varlen", action="store_true", help="compile a call on packed sequences (cu_seqlens), in the rows it gets"
@@ -280,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
             dtypes,
             head_dims,
             variants=args.variants or args.mask is not None or args.varlen,
-            dropout=(args.variants or args.varlen) and args.dropout,
+            dropout=args.dropout,
         )
         if name in kernels and not (args.varlen and c.tma)  # packed sequences run the pointer rows
     ]
@@ -289,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         variants = specialize.sample_variants(seqlens=True, dropout=args.dropout)
     elif args.varlen:
         variants = specialize.sample_varlen(dropout=args.dropout)
+    elif args.dropout:
+        variants = specialize.sample_variants(window=False, softcap=False, alibi=False, dropout=True)
     if not selected:
         dtype_names = " ".join(args.dtype or ["any"])
         print(
@@ -307,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
     with_variants += " (packed sequences)" if args.varlen else ""
-    with_variants += " with dropout" if (args.variants or args.varlen) and args.dropout else ""
+    with_variants += " with dropout" if args.dropout else ""
     with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
     print(
         f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
@@ -318,7 +322,9 @@ def run(args: argparse.Namespace) -> int:
     for name, dt, d, c in selected:
         if args.mask is not None:  # the mask in the input dtype, or bool
             mask_dtype = torch.bool if args.mask == "bool" else dt
-            variants = specialize.sample_variants(window=False, softcap=False, alibi=False, mask=mask_dtype)
+            variants = specialize.sample_variants(
+                window=False, softcap=False, alibi=False, dropout=args.dropout, mask=mask_dtype
+            )
         r = compile_kernel(name, args.arch, dt, d, c, variants=variants)
         if args.dump is not None:
             _dump(r, args.dump)
