@@ -113,9 +113,8 @@ _AOT_SCRIPT = """
 import torch
 from flashattn_teach.triton.configs import shipped_config
 from flashattn_teach.triton.inspect import compile_kernel
-from flashattn_teach.triton.variants import KernelVariants
-cu = torch.tensor([0, 4000, 8192], dtype=torch.int32)
-var = KernelVariants(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4192, max_seqlen_k=4192)
+from flashattn_teach.triton.specialize import sample_varlen
+var = sample_varlen()
 for kernel in ("forward", "backward_dkdv", "backward_dq"):
     c = getattr(shipped_config(64, torch.float16, "sm90", variants=True), kernel)
     r = compile_kernel(kernel, "sm90", torch.float16, 64, c, variants=var)

@@ -40,6 +40,7 @@ from .variants import NO_DROPOUT, PLAIN, UNBOUNDED, KernelVariants
 SAMPLE_BATCH = 2
 SAMPLE_HEADS = 16
 SAMPLE_SEQ = 8192
+SAMPLE_DROPOUT = DropoutKey(p=0.1, seed=2**40 + 1)  # dropout of the sample calls, a 64-bit seed
 # A sample call with grouped-query attention: 16 query heads share 4 key/value heads (GROUP = 4)
 SAMPLE_GQA_KV_HEADS = 4
 
@@ -218,14 +219,14 @@ def sample_variants(
         softcap=50.0 if softcap else None,
         alibi_slopes=torch.empty(1, SAMPLE_HEADS) if alibi else None,
         seqlens_k=torch.empty(SAMPLE_BATCH, dtype=torch.int32) if seqlens else None,
-        dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
+        dropout=SAMPLE_DROPOUT if dropout else NO_DROPOUT,
         attn_mask=None if mask is None else _sample_mask(mask),
     )
 
 
 def sample_varlen(*, dropout: bool = False) -> KernelVariants:
     """Packed sequences for a sample call: two of 4000 and 4192 tokens in :data:`SAMPLE_SEQ` rows, for
-    queries and keys alike; with ``dropout``, dropout as :func:`sample_variants` draws it."""
+    queries and keys alike; with ``dropout``, :data:`SAMPLE_DROPOUT`."""
     cu = torch.tensor([0, 4000, SAMPLE_SEQ], dtype=torch.int32)
     longest = SAMPLE_SEQ - 4000
     return KernelVariants(
@@ -233,7 +234,7 @@ def sample_varlen(*, dropout: bool = False) -> KernelVariants:
         cu_seqlens_k=cu,
         max_seqlen_q=longest,
         max_seqlen_k=longest,
-        dropout=DropoutKey(p=0.1, seed=2**40 + 1) if dropout else NO_DROPOUT,
+        dropout=SAMPLE_DROPOUT if dropout else NO_DROPOUT,
     )
 
 
