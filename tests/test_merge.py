@@ -95,6 +95,39 @@ def test_rows_that_see_nothing_on_either_side_give_zero_and_minus_inf_without_na
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("backend", ["parallel", "online", "key_major", "dense"])
+def test_split_kv_from_two_calls_gives_the_one_calls_gradients_with_empty_rows(backend):
+    """Split-KV by hand: two ``flash_attention(return_lse=True)`` calls over the two halves of the keys,
+    merged. Rows 0-1 see no key on either side (bottom-right causal, N_q = 6 > N_k = 4); their gradients are
+    zero, as the one call over all keys gives, not NaN."""
+    q, k, v = (r(1, 2, n, 4, seed=s).requires_grad_() for s, n in ((1, 6), (2, 4), (3, 4)))
+    visible = torch.ones(6, 4, dtype=torch.bool).tril(diagonal=-2)  # bottom-right causal, offset -2
+    halves = torch.zeros(2, 4, dtype=torch.bool)
+    halves[0, :2], halves[1, 2:] = True, True
+    sides = [fa.flash_attention(q, k, v, attn_mask=visible & h, backend=backend, return_lse=True) for h in halves]
+    O, lse = fa.merge_attention_states(*sides[0], *sides[1])
+    (O.square().sum() + lse.masked_fill(lse.isneginf(), 0.0).sum()).backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    O_one, lse_one = fa.flash_attention(q, k, v, attn_mask=visible, backend=backend, return_lse=True)
+    (O_one.square().sum() + lse_one.masked_fill(lse_one.isneginf(), 0.0).sum()).backward()
+    for g, t in zip(got, (q, k, v), strict=True):
+        torch.testing.assert_close(g, t.grad)
+    assert torch.equal(got[0][..., :2, :], torch.zeros_like(got[0][..., :2, :]))
+
+
+def test_the_merged_lse_of_two_empty_sides_has_zero_gradient():
+    lse_a = torch.tensor([float("-inf"), 0.5], dtype=torch.float64, requires_grad=True)
+    lse_b = torch.tensor([float("-inf"), -1.0], dtype=torch.float64, requires_grad=True)
+    O_a, O_b = torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)
+    O, lse = fa.merge_attention_states(O_a, lse_a, O_b, lse_b)
+    assert torch.isneginf(lse[0]) and torch.equal(O[0], torch.zeros(3, dtype=torch.float64))
+    (lse * torch.tensor([1.0, 1.0], dtype=torch.float64)).sum().backward()
+    assert lse_a.grad[0] == 0 and lse_b.grad[0] == 0
+    torch.testing.assert_close(lse_a.grad[1] + lse_b.grad[1], torch.tensor(1.0, dtype=torch.float64))
+
+
 def test_an_empty_side_is_ignored_even_if_its_output_holds_nan():
     O_a, lse_a = r(2, 5, 3, seed=1), r(2, 5, seed=2)
     O_b, lse_b = torch.full((2, 5, 3), float("nan"), dtype=torch.float64), torch.full((2, 5), float("-inf"))

@@ -107,3 +107,20 @@ def test_explain_counts_the_wide_tiles_of_a_decode_step():
     q, k, v = _qkv(N_k=3000)
     plan = fa.explain(q, k, v, attn_mask=_padding(2, 3000), enable_gqa=True)
     assert "tiles of 1024 x 2048" in plan.reason
+
+
+@pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("H_k, H_v", [(1, 4), (4, 1)])
+@pytest.mark.parametrize("N_q", [1, 2])
+def test_key_and_value_heads_that_broadcast_match_torch(backend, H_k, H_v, N_q):
+    """One of key and value has a single head that broadcasts over the other's (torch's rule): the folded
+    decode rows must take the key/value head count after broadcasting, not ``k``'s alone."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, N_q, 8, generator=g)
+    k, v = torch.randn(1, H_k, 6, 8, generator=g), torch.randn(1, H_v, 6, 8, generator=g)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    if backend == "auto":
+        got = fa.scaled_dot_product_attention(q, k, v)
+    else:
+        got = fa.flash_attention(q, k, v, enable_gqa=False, backend=backend)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

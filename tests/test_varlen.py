@@ -322,7 +322,8 @@ BAD = [
     (dict(k=torch.randn(7, 1, 3), v=torch.randn(7, 1, 3)), ValueError, r"same head dimension D"),
     (dict(alibi_slopes=torch.rand(3, 2)), ValueError, r"alibi_slopes must have shape \(2,\) or \(2, 2\)"),
     (dict(window=(-2, 0)), ValueError, r"window left must be -1"),
-    (dict(softcap=0.0), ValueError, r"softcap must be a finite number > 0"),
+    (dict(softcap=-0.5), ValueError, r"softcap must be a finite number > 0"),
+    (dict(max_seqlen_q=-1), ValueError, r"max_seqlen_q must be at least 0"),
     (dict(causal_align="middle"), ValueError, r"causal_align must be one of"),
     (dict(backend="bogus"), ValueError, r"backend must be one of"),
 ]

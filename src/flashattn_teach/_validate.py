@@ -273,12 +273,15 @@ def check_window(window: object) -> tuple[int, int]:
 
 
 def check_softcap(softcap: object) -> float | None:
-    """The logit cap: None (no cap) or a finite positive number."""
+    """The logit cap: a finite positive number, or None for no cap. ``0`` is no cap too, as in flash-attn,
+    whose functions default to ``softcap=0.0``."""
     if softcap is None:
         return None
     value = _real("softcap", softcap)
+    if value == 0.0:
+        return None
     if not (math.isfinite(value) and value > 0.0):
-        raise AttentionValueError(f"softcap must be a finite number > 0 (or None for no cap), got {value}")
+        raise AttentionValueError(f"softcap must be a finite number > 0 (or 0 or None for no cap), got {value}")
     return value
 
 

@@ -81,9 +81,11 @@ def check_max_seqlen(name: str, value: object, cu: Tensor, cu_name: str) -> int:
     """An int at least as large as every sequence's length (flash-attn sizes its grid by it)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise AttentionTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise AttentionValueError(f"{name} must be at least 0 (the longest sequence's length), got {int(value)}")
     lengths = (cu[1:] - cu[:-1]).tolist()
     longest = max(lengths, default=0)
-    if value < max(longest, 0):
+    if value < longest:
         b = lengths.index(longest)
         raise AttentionValueError(
             f"{name} = {int(value)} is smaller than sequence {b}'s length {longest} (from {cu_name}); pass "

@@ -69,10 +69,13 @@ def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tenso
     wide = torch.float64 in (o_a.dtype, lse_a.dtype, lse_b.dtype)
     dt = torch.float64 if wide else compute_dtype(o_a.dtype)
     la, lb = lse_a.to(dt), lse_b.to(dt)
-    lse = torch.logaddexp(la, lb)  # (..., N_q); -inf only where both are -inf
-    # exp(lse_x - lse) for each side; where both are -inf subtract 0 instead of -inf, as in
-    # online_softmax.update, so the weights are exp(-inf) = 0 rather than NaN (value and gradient).
-    lse_safe = torch.where(torch.isneginf(lse), 0.0, lse)
+    # A row that saw no key on either side: logaddexp(-inf, -inf) is -inf, but its gradient is
+    # exp(-inf - -inf) = NaN. Such rows take logaddexp(0, 0) instead and get -inf back by a select, whose
+    # gradient into lse_a and lse_b there is 0 (as online_softmax.update handles -inf - -inf).
+    empty = torch.isneginf(la) & torch.isneginf(lb)  # (..., N_q)
+    lse_safe = torch.logaddexp(la.masked_fill(empty, 0.0), lb.masked_fill(empty, 0.0))  # finite where empty
+    lse = lse_safe.masked_fill(empty, NEG_INF)  # (..., N_q); -inf exactly where both are -inf
+    # exp(lse_x - lse) for each side: exp(-inf - log 2) = 0 for an empty row, value and gradient.
     w_a = torch.exp(la - lse_safe).unsqueeze(-1)  # (..., N_q, 1)
     w_b = torch.exp(lb - lse_safe).unsqueeze(-1)
     # A side with weight 0 contributes nothing, even if its output row holds garbage (or NaN).

@@ -39,10 +39,10 @@ def _folded_mask(attn_mask: Tensor | None, H_q: int, H_kv: int, G: int) -> Tenso
 def fold(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, AttentionOptions] | None:
     """``(q (B, H_kv, G, D), options of that call)`` when the call's query heads can run as rows (module
     docs), else None."""
-    if q.dim() != 4 or k.dim() != 4 or q.shape[2] != 1 or q.shape[0] != k.shape[0]:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[2] != 1 or not q.shape[0] == k.shape[0] == v.shape[0]:
         return None
     B, H_q, _, D = q.shape
-    H_kv = k.shape[1]
+    H_kv = opts.shapes.H_kv  # after broadcasting: key and value heads may differ when one of them is 1
     if H_kv == 0 or H_q <= H_kv or H_q % H_kv:
         return None
     spec = opts.mask
