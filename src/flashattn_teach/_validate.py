@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -75,6 +77,12 @@ def shape_str(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
+def _qkv_shapes(q: Tensor, k: Tensor, v: Tensor) -> str:
+    """The shapes of a call, as its errors quote them; built only when raising (under ``torch.compile``
+    with dynamic shapes the sizes are symbols that cannot be formatted while tracing)."""
+    return f"query {shape_str(q)}, key {shape_str(k)}, value {shape_str(v)}"
+
+
 def _check_tensor(name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
         raise AttentionTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -95,7 +103,7 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-def _real(name: str, value: object) -> float:
+def real_number(name: str, value: object) -> float:
     """A Python or numpy real number, or a one-element tensor, as a float (torch's SDPA takes all three)."""
     if isinstance(value, Tensor):
         if value.numel() != 1 or value.is_complex():
@@ -106,7 +114,15 @@ def _real(name: str, value: object) -> float:
         return float(value.item())
     if isinstance(value, numbers.Real):
         return float(value)
+    if isinstance(value, np.ndarray) and value.size == 1 and (torch.compiler.is_compiling() or np.isrealobj(value)):
+        # a 0-d array: torch.compile traces a numpy scalar as one (and cannot read its dtype while tracing)
+        return float(value)
     raise AttentionTypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def _finite(x: float) -> bool:
+    """``math.isfinite`` by comparisons, which dynamo can trace for a numpy float read while compiling."""
+    return x == x and -math.inf < x < math.inf  # NaN is the one value not equal to itself
 
 
 def check_scale(scale: object, D: int) -> float:
@@ -117,25 +133,25 @@ def check_scale(scale: object, D: int) -> float:
     """
     if scale is None:
         return 1.0 / math.sqrt(D) if D > 0 else 1.0
-    value = _real("scale", scale)
-    if not math.isfinite(value):
+    value = real_number("scale", scale)
+    if not _finite(value):
         raise AttentionValueError(f"scale must be finite, got {value}")
     return value
 
 
 def check_dropout(dropout_p: object) -> float:
     """A dropout probability in ``[0, 1]``."""
-    p = _real("dropout_p", dropout_p)
+    p = real_number("dropout_p", dropout_p)
     if not 0.0 <= p <= 1.0:
         raise AttentionValueError(f"dropout_p must be in [0, 1], got {p}")
     return p
 
 
-def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, shapes: str) -> tuple[int, int]:
+def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, qkv: tuple[Tensor, ...]) -> tuple[int, int]:
     """``(H_out, H_kv)``: the output's heads and the key/value heads after broadcasting."""
     if H_k != H_v and 1 not in (H_k, H_v):
         raise AttentionValueError(
-            f"key and value heads (dim -3) must be equal or 1, got H_k={H_k} and H_v={H_v} ({shapes})"
+            f"key and value heads (dim -3) must be equal or 1, got H_k={H_k} and H_v={H_v} ({_qkv_shapes(*qkv)})"
         )
     H_kv = H_v if H_k == 1 else H_k
     if H_q == H_kv or H_kv == 1:
@@ -144,13 +160,13 @@ def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, shapes: str
         if H_kv == 0 or H_q % H_kv != 0:
             raise AttentionValueError(
                 f"with enable_gqa=True the query heads H_q={H_q} must be a multiple of the key/value heads "
-                f"H_kv={H_kv} ({shapes})"
+                f"H_kv={H_kv} ({_qkv_shapes(*qkv)})"
             )
         return H_q, H_kv
     if H_q == 1:
         return H_kv, H_kv  # the one query head broadcasts over the key/value heads, as torch.matmul does
     hint = "; pass enable_gqa=True for grouped-query attention" if H_kv and H_q % H_kv == 0 else ""
-    raise AttentionValueError(f"query has {H_q} heads but key/value have {H_kv} ({shapes}){hint}")
+    raise AttentionValueError(f"query has {H_q} heads but key/value have {H_kv} ({_qkv_shapes(*qkv)}){hint}")
 
 
 def validate_inputs(
@@ -172,7 +188,6 @@ def validate_inputs(
     q = _check_tensor("query", q)
     k = _check_tensor("key", k)
     v = _check_tensor("value", v)
-    shapes = f"query {shape_str(q)}, key {shape_str(k)}, value {shape_str(v)}"
     if not (q.dtype == k.dtype == v.dtype):
         raise AttentionTypeError(
             f"query, key and value must share one dtype, got query {q.dtype}, key {k.dtype}, value {v.dtype}"
@@ -207,9 +222,9 @@ def validate_inputs(
             batch = tuple(torch.broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
         except RuntimeError:
             raise AttentionValueError(
-                f"the batch dimensions of query, key and value do not broadcast: {shapes}"
+                f"the batch dimensions of query, key and value do not broadcast: {_qkv_shapes(q, k, v)}"
             ) from None
-        H_q, H_kv = _broadcast_heads(qs[-3], ks[-3], vs[-3], enable_gqa, shapes)
+        H_q, H_kv = _broadcast_heads(qs[-3], ks[-3], vs[-3], enable_gqa, (q, k, v))
     s = AttentionShapes(
         batch=batch,
         H_q=H_q,
@@ -277,10 +292,10 @@ def check_softcap(softcap: object) -> float | None:
     whose functions default to ``softcap=0.0``."""
     if softcap is None:
         return None
-    value = _real("softcap", softcap)
+    value = real_number("softcap", softcap)
     if value == 0.0:
         return None
-    if not (math.isfinite(value) and value > 0.0):
+    if not (_finite(value) and value > 0.0):
         raise AttentionValueError(f"softcap must be a finite number > 0 (or 0 or None for no cap), got {value}")
     return value
 
@@ -290,16 +305,19 @@ def check_alibi_slopes(slopes: object, q: Tensor, s: AttentionShapes) -> Tensor 
     if slopes is None:
         return None
     allowed = ((s.H_q,), (*s.batch, s.H_q))
-    want = " or ".join(sorted({"(" + ", ".join(map(str, a)) + ("," if len(a) == 1 else "") + ")" for a in allowed}))
+
+    def want() -> str:
+        return " or ".join(sorted({_shape_text(a)() for a in allowed}))
+
     if not isinstance(slopes, Tensor):
-        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
+        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want()}, got {type(slopes).__name__}")
     if not slopes.is_floating_point():
         raise AttentionTypeError(
             f"alibi_slopes must be floating-point, got {slopes.dtype} with shape {shape_str(slopes)}"
         )
     if tuple(slopes.shape) not in allowed:
         raise AttentionValueError(
-            f"alibi_slopes must have shape {want} (one slope per query head, optionally per batch element), "
+            f"alibi_slopes must have shape {want()} (one slope per query head, optionally per batch element), "
             f"got {shape_str(slopes)}"
         )
     if slopes.device != q.device:
@@ -311,22 +329,34 @@ def check_seqlens_k(seqlens_k: object, q: Tensor, s: AttentionShapes) -> Tensor 
     """Key lengths per batch element: an integer tensor of the batch shape, each in ``[0, N_k]``."""
     if seqlens_k is None:
         return None
-    want = "(" + ", ".join(map(str, s.batch)) + ("," if len(s.batch) == 1 else "") + ")"
+    want = _shape_text(s.batch)
     if not isinstance(seqlens_k, Tensor):
-        raise AttentionTypeError(f"seqlens_k must be a torch.Tensor of shape {want}, got {type(seqlens_k).__name__}")
+        raise AttentionTypeError(f"seqlens_k must be a torch.Tensor of shape {want()}, got {type(seqlens_k).__name__}")
     if seqlens_k.dtype not in (torch.int32, torch.int64):
         raise AttentionTypeError(f"seqlens_k must be int32 or int64, got {seqlens_k.dtype}")
     if tuple(seqlens_k.shape) != s.batch:
         raise AttentionValueError(
-            f"seqlens_k must have the batch shape {want} (one key length per batch element), got {shape_str(seqlens_k)}"
+            f"seqlens_k must have the batch shape {want()} (one key length per batch element), "
+            f"got {shape_str(seqlens_k)}"
         )
     if seqlens_k.device != q.device:
         raise AttentionValueError(f"seqlens_k is on {seqlens_k.device} but query is on {q.device}")
-    if seqlens_k.numel() and not bool(((seqlens_k >= 0) & (seqlens_k <= s.N_k)).all()):
+    in_range = ((seqlens_k >= 0) & (seqlens_k <= s.N_k)).all()
+    if torch.compiler.is_compiling():
+        # The lengths' values are unknown while tracing: the graph checks them when it runs (the custom op of
+        # ops.py validates its inputs again in eager mode, with the message below).
+        torch._assert_async(in_range, "seqlens_k must lie in [0, N_k]")
+        return seqlens_k
+    if seqlens_k.numel() and not bool(in_range):
         raise AttentionValueError(
             f"seqlens_k must lie in [0, N_k] = [0, {s.N_k}], got min {int(seqlens_k.min())}, max {int(seqlens_k.max())}"
         )
     return seqlens_k
+
+
+def _shape_text(shape: tuple[int, ...]) -> Callable[[], str]:
+    """``(2,)`` or ``(2, 3)``, built when an error needs it (sizes may be symbols while compiling)."""
+    return lambda: "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def validate_block_sizes(block_m: object, block_n: object) -> tuple[int, int]:

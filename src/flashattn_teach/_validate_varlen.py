@@ -29,15 +29,18 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         if t.dim() != 3:
             raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+
+    def shapes() -> str:  # built when raising: while compiling, the sizes may be symbols
+        return f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+
     if k.shape[:2] != v.shape[:2]:
-        raise AttentionValueError(f"k and v must share total_k and H_kv (dims 0 and 1), got {shapes}")
+        raise AttentionValueError(f"k and v must share total_k and H_kv (dims 0 and 1), got {shapes()}")
     if q.shape[2] != k.shape[2]:
-        raise AttentionValueError(f"q and k must have the same head dimension D (dim 2), got {shapes}")
+        raise AttentionValueError(f"q and k must have the same head dimension D (dim 2), got {shapes()}")
     H_q, H_kv = q.shape[1], k.shape[1]
     if H_kv == 0 or H_q % H_kv != 0:
         raise AttentionValueError(
-            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} ({shapes})"
+            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} ({shapes()})"
         )
 
 
@@ -77,12 +80,19 @@ def check_same_batch(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> int:
     return cu_seqlens_q.numel() - 1
 
 
-def check_max_seqlen(name: str, value: object, cu: Tensor, cu_name: str) -> int:
-    """An int at least as large as every sequence's length (flash-attn sizes its grid by it)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+def check_max_seqlen_type(name: str, value: object) -> None:
+    """A non-negative int (a symbol while compiling with dynamic shapes): what can be checked without
+    reading the sequence bounds."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
         raise AttentionTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 0:
         raise AttentionValueError(f"{name} must be at least 0 (the longest sequence's length), got {int(value)}")
+
+
+def check_max_seqlen(name: str, value: object, cu: Tensor, cu_name: str) -> int:
+    """An int at least as large as every sequence's length (flash-attn sizes its grid by it)."""
+    check_max_seqlen_type(name, value)
+    assert isinstance(value, numbers.Integral)
     lengths = (cu[1:] - cu[:-1]).tolist()
     longest = max(lengths, default=0)
     if value < longest:

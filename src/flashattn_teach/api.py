@@ -285,12 +285,6 @@ def flash_attention(
         gives 0 (and ``lse = -inf``).
     """
     q, k, v = cast_inputs(q, k, v)
-    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
-        # one opaque op in the graph instead of the traced tile loops (see ops.py), its dropout seed drawn here
-        w = None if window is None else list(window)
-        options = (causal, causal_align, scale, w, softcap, enable_gqa, backend, *ops.dropout_args(dropout_p))
-        O, lse = ops.attention(q, k, v, attn_mask, alibi_slopes, seqlens_k, *options)
-        return (O, lse) if return_lse else O
     opts = make_options(
         q,
         k,
@@ -306,8 +300,17 @@ def flash_attention(
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
     )
-    O, lse = _run(plan(q, k, v, opts, backend), q, k, v, opts)
-    return (O, lse) if check_bool("return_lse", return_lse) else O
+    lse_wanted = check_bool("return_lse", return_lse)
+    backend = _check_backend(backend)
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+        # one opaque op in the graph instead of the traced tile loops (see ops.py), called with the checked
+        # arguments; its dropout seed is drawn here
+        O, lse = ops.attention(
+            q, k, v, attn_mask, alibi_slopes, seqlens_k, *ops.flags(opts, backend, scale_given=scale is not None)
+        )
+    else:
+        O, lse = _run(plan(q, k, v, opts, backend), q, k, v, opts)
+    return (O, lse) if lse_wanted else O
 
 
 def scaled_dot_product_attention(
@@ -335,10 +338,6 @@ def scaled_dot_product_attention(
     function deliberately differs from torch.
     """
     query, key, value = cast_inputs(query, key, value)
-    if torch.compiler.is_compiling() and ops.traceable(attn_mask, None):
-        options = (is_causal, "top_left", scale, None, None, enable_gqa, "auto", *ops.dropout_args(dropout_p))
-        O, _ = ops.attention(query, key, value, attn_mask, None, None, *options)
-        return O
     opts = make_options(
         query,
         key,
@@ -350,5 +349,10 @@ def scaled_dot_product_attention(
         dropout_p=dropout_p,
         causal_name="is_causal",
     )
-    O, _ = _run(plan(query, key, value, opts), query, key, value, opts)
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, None):
+        O, _ = ops.attention(
+            query, key, value, attn_mask, None, None, *ops.flags(opts, "auto", scale_given=scale is not None)
+        )
+    else:
+        O, _ = _run(plan(query, key, value, opts), query, key, value, opts)
     return O

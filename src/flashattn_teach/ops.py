@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ._layout import compute_dtype
-from ._options import make_options
+from ._options import AttentionOptions, make_options
 from ._validate import check_dropout, validate_inputs
 from .dropout import DropoutKey
 from .errors import AttentionValueError
@@ -248,6 +248,26 @@ def dropout_args(dropout_p: object) -> tuple[float, Tensor | None]:
     if p == 0.0:
         return 0.0, None  # a constant, so the graph holds no symbolic float for a call without dropout
     return p, torch.randint(0, 2**62, (), dtype=torch.int64)
+
+
+def flags(opts: AttentionOptions, backend: str, *, scale_given: bool) -> tuple[Any, ...]:
+    """The op's arguments after ``seqlens_k``, from a call's checked options: ``causal, causal_align, scale,
+    window, softcap, enable_gqa, backend, dropout_p, dropout_seed``, each in the type the op's schema
+    declares (a ``scale`` given as a numpy float or a tensor is a float here, a window a list or None).
+    Without ``scale_given`` the scale is None and the op takes ``1 / sqrt(D)`` itself, so a graph with a
+    symbolic ``D`` holds no square root."""
+    spec = opts.mask
+    window = None if spec.left == spec.right == -1 else [spec.left, spec.right]
+    return (
+        opts.causal,
+        opts.causal_align,
+        opts.scale if scale_given else None,
+        window,
+        spec.softcap,
+        opts.enable_gqa,
+        backend,
+        *dropout_args(opts.dropout_p),
+    )
 
 
 def traceable(attn_mask: Tensor | None, alibi_slopes: Tensor | None) -> bool:

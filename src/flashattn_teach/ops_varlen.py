@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ._layout import compute_dtype
+from ._options import AttentionOptions
 from ._validate_varlen import check_packed_qkv
 from .dropout import DropoutKey
 from .errors import AttentionTypeError, AttentionValueError
@@ -208,20 +209,17 @@ def compiled_call(
     cu_seqlens_k: Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    *,
-    causal: bool,
-    causal_align: str,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
     alibi_slopes: Tensor | None,
-    dropout_p: float,
+    opts: AttentionOptions,
     backend: str,
-    return_lse: bool,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """The op standing for one call of ``flash_attention_varlen`` while it is compiled, its dropout seed
-    drawn here."""
-    O, lse = attention_varlen(
+    *,
+    scale_given: bool,
+) -> tuple[Tensor, Tensor]:
+    """The op standing for one call of ``flash_attention_varlen`` while it is compiled: ``opts`` holds the
+    call's checked scalar options (of the ``(H, total, D)`` views); the op checks the bounds' values when
+    it runs. Its dropout seed is drawn here."""
+    spec = opts.mask
+    return attention_varlen(
         q,
         k,
         v,
@@ -230,12 +228,11 @@ def compiled_call(
         max_seqlen_q,
         max_seqlen_k,
         alibi_slopes,
-        causal,
-        causal_align,
-        scale,
-        None if window is None else list(window),
-        softcap,
+        opts.causal,
+        opts.causal_align,
+        opts.scale if scale_given else None,  # None: the op takes 1 / sqrt(D), no square root in the graph
+        None if spec.left == spec.right == -1 else [spec.left, spec.right],
+        spec.softcap,
         backend,
-        *dropout_args(dropout_p),
+        *dropout_args(opts.dropout_p),
     )
-    return (O, lse) if return_lse else O

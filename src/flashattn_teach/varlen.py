@@ -38,6 +38,7 @@ from ._validate import check_bool, check_dropout, check_window
 from ._validate_varlen import (
     check_cu_seqlens,
     check_max_seqlen,
+    check_max_seqlen_type,
     check_packed_alibi,
     check_packed_qkv,
     check_same_batch,
@@ -215,27 +216,30 @@ def flash_attention_varlen(
         or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
     """
     q, k, v = cast_inputs(q, k, v)
+    lse_wanted = check_bool("return_lse", return_lse)
     if torch.compiler.is_compiling() and ops.traceable(None, alibi_slopes):
-        # one opaque op in the graph: the bounds stay tensors, so a new packing does not recompile
-        return ops_varlen.compiled_call(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
+        # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
+        # arguments that need no look into the bounds are checked here, as in eager mode; the op checks the
+        # rest when it runs.
+        check_packed_qkv(q, k, v)
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            check_max_seqlen_type(name, value)
+        qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
+        opts = make_options(
+            qh,
+            kh,
+            vh,
             causal=causal,
             causal_align=causal_align,
             scale=scale,
+            enable_gqa=True,
             window=window,
             softcap=softcap,
-            alibi_slopes=alibi_slopes,
             dropout_p=dropout_p,
-            backend=backend,
-            return_lse=return_lse,
         )
-    lse_wanted = check_bool("return_lse", return_lse)
+        bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        O, lse = ops_varlen.compiled_call(q, k, v, *bounds, alibi_slopes, opts, backend, scale_given=scale is not None)
+        return (O, lse) if lse_wanted else O
     O, lse = packed_attention(
         q,
         k,

@@ -7,6 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -122,14 +123,22 @@ def run_world_and_subgroups(
 
 
 def bad_calls(rank: int, world_size: int) -> list[Exception]:
-    """The errors of three bad calls, in order: rank 1 passes a different N_local (every rank must raise,
-    naming both shapes), then a different ``causal``, then every rank an odd N_local to the zigzag layout."""
+    """The errors of the bad calls, in order: rank 1 passes a different N_local (every rank must raise,
+    naming both shapes), then a different ``causal``, then every rank an odd N_local to the zigzag layout,
+    then scales that differ as a tensor, a numpy float and a tensor against a float."""
     errors = []
-    calls = [(8 if rank == 0 else 6, "contiguous", False), (8, "contiguous", rank == 0), (5, "zigzag", False)]
-    for n, layout, causal in calls:
+    calls: list[tuple[int, str, bool, object]] = [
+        (8 if rank == 0 else 6, "contiguous", False, None),
+        (8, "contiguous", rank == 0, None),
+        (5, "zigzag", False, None),
+        (8, "contiguous", False, torch.tensor(0.5 if rank == 0 else 0.25)),
+        (8, "contiguous", False, np.float32(0.5 if rank == 0 else 0.25)),
+        (8, "contiguous", False, torch.tensor(0.5) if rank == 0 else 0.25),
+    ]
+    for n, layout, causal, scale in calls:
         q = torch.randn(1, 2, n, 4, dtype=torch.float64)
         try:
-            ring_attention(q, q, q, layout=layout, causal=causal, timeout=30.0)
+            ring_attention(q, q, q, layout=layout, causal=causal, scale=scale, timeout=30.0)
         except Exception as e:
             errors.append(e)
     return errors

@@ -110,12 +110,18 @@ def test_zigzag_balances_causal_work_and_contiguous_does_not(four_ranks):
 
 
 def test_bad_calls_raise_on_every_rank():
-    for rank, (shapes, causal, odd) in enumerate(values(run_ranks(bad_calls, 2))):
+    for rank, (shapes, causal, odd, *scales) in enumerate(values(run_ranks(bad_calls, 2))):
         assert isinstance(shapes, RingMismatchError), (rank, shapes)
         assert "same query shape, but rank 0 passed (1, 2, 8, 4) and rank 1 passed (1, 2, 6, 4)" in str(shapes)
         assert isinstance(causal, RingMismatchError), (rank, causal)
         assert "same causal, but rank 0 passed True and rank 1 passed False" in str(causal)
         assert isinstance(odd, ValueError) and "N_local must be even" in str(odd), (rank, odd)
+        # scales given as tensors or numpy floats are compared as the numbers they are, not only Python floats
+        assert len(scales) == 3, (rank, scales)
+        for e in scales:
+            assert isinstance(
+                e, RingMismatchError
+            ) and "same scale, but rank 0 passed 0.5 and rank 1 passed 0.25" in str(e), (rank, e)
 
 
 @pytest.mark.parametrize("dies", [True, False], ids=["dies", "never-arrives"])

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .._validate import real_number
 from ..api import BACKENDS
 from ..errors import AttentionError, AttentionValueError
 from .layout import LAYOUTS
@@ -175,13 +176,14 @@ def _optional_int(name: str, value: object) -> Field:
 
 
 def _scale(scale: object) -> Field:
-    """``None`` or a real number, its float64 bits exactly; anything else travels as invalid."""
-    if scale is None:
-        kind, bits = _NONE, 0
-    elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        kind, bits = _GIVEN, float_bits(float(scale))
-    else:
-        kind, bits = _INVALID, 0
+    """``None`` or a real number, its float64 bits exactly, read as the validation reads it (a Python or
+    numpy number, or a one-element tensor); anything else travels as invalid."""
+    kind, bits = _NONE, 0
+    if scale is not None:
+        try:
+            kind, bits = _GIVEN, float_bits(real_number("scale", scale))
+        except AttentionError:
+            kind, bits = _INVALID, 0
     return Field("scale", (kind, bits), lambda x: _read_number(x, lambda b: repr(bits_float(b))))
 
 
