@@ -147,3 +147,23 @@ def test_varlen_with_no_sequences_names_a_negative_max_seqlen():
         fa.flash_attention_varlen(q, k, v, cu, cu, -1, 0)
     O = fa.flash_attention_varlen(q, k, v, cu, cu, 0, 0)  # no sequences, no rows: an empty output
     assert O.shape == (0, 2, 8)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dropout_p=np.float64(0.0)),
+        dict(dropout_p=torch.tensor(0.1, dtype=torch.float64)),
+        dict(softcap=np.float64(2.0)),
+        dict(softcap=torch.tensor(2.0, dtype=torch.float64)),
+    ],
+    ids=["dropout numpy", "dropout tensor", "softcap numpy", "softcap tensor"],
+)
+def test_dropout_and_softcap_given_as_numpy_or_tensor_compile_with_fullgraph(kw):
+    q, k, v = _qkv()
+    torch.manual_seed(0)
+    expected = fa.flash_attention(q, k, v, **kw)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: fa.flash_attention(q, k, v, **kw), fullgraph=True, **COMPILE)
+    torch.manual_seed(0)  # the same dropout seed: the graph draws it with eager's torch.randint
+    torch.testing.assert_close(compiled(q, k, v), expected, atol=1e-12, rtol=0)
