@@ -1,5 +1,6 @@
 """flashattn_teach inside Hugging Face models: small random-weight models built in code (no download),
-left-padded batches, compared with transformers' eager attention."""
+left-padded batches, compared with transformers' eager attention. The ``backends`` fixture (conftest.py)
+records the backend of every call."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flashattn_teach.api as api  # noqa: E402
 from flashattn_teach.errors import AttentionValueError  # noqa: E402
 from flashattn_teach.integrations.transformers import register  # noqa: E402
 
@@ -43,20 +43,6 @@ MODELS = {
     "mistral": transformers.MistralForCausalLM,
     "gemma2": transformers.Gemma2ForCausalLM,
 }
-
-
-@pytest.fixture
-def backends(monkeypatch):
-    """The backend of every flashattn_teach call made during the test."""
-    seen: list[str] = []
-    run = api._run
-
-    def record(p, *args):
-        seen.append(p.backend)
-        return run(p, *args)
-
-    monkeypatch.setattr(api, "_run", record)
-    return seen
 
 
 def _pair(family: str):

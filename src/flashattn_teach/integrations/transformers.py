@@ -19,8 +19,9 @@ rest of transformers' arguments onto the library's:
     transformers                 flashattn_teach.flash_attention
     query, key, value            q, k, v: (B, H_q, N_q, D), (B, H_kv, N_k, D); grouped heads as they come
     attention_mask (bool 4-D)    attn_mask
-    attention_mask None          causal=module.is_causal, causal_align="bottom_right" (a decode step or a
-                                 chunk against a KV cache sees the whole cache)
+    attention_mask None          causal=is_causal (the call's, else module.is_causal) for N_q > 1,
+                                 causal_align="top_left", as torch's is_causal (a prefill into a static
+                                 cache: no query sees the empty slots); no masking for one query row
     scaling                      scale
     softcap (Gemma 2)            softcap
     dropout (training)           dropout_p (the counter-based dropout of dropout.py, seeded by torch's
@@ -53,23 +54,31 @@ def attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     softcap: float | None = None,
+    is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention-function contract: ``query (B, H_q, N_q, D)``, ``key (B, H_kv, N_k, D)``,
     ``value (B, H_kv, N_k, D_v)`` -> ``(output (B, N_q, H_q, D_v), None)`` (no attention weights are kept).
-    ``sliding_window`` and the other keyword arguments models pass are already in ``attention_mask``."""
+    ``sliding_window`` and the other keyword arguments models pass are already in ``attention_mask``.
+
+    Without a mask, causal masking follows ``sdpa_attention_forward``: the call's ``is_causal``, else the
+    module's, and only for more than one query row, aligned top-left as torch's ``is_causal``. That is the
+    prefill into a static cache (the empty slots after the prompt stay invisible); for a decode step's one
+    row, or a chunk against a cache, transformers passes a mask or needs none."""
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         raise AttentionValueError(
             f"attention_mask of {attention_mask.dtype}: register() installs transformers' bool SDPA masks; "
             "a float mask means another mask function was registered under this name"
         )
-    causal = attention_mask is None and bool(getattr(module, "is_causal", True)) and query.shape[-2] > 1
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
     O = flash_attention(
         query,
         key,
         value,
         causal=causal,
-        causal_align="bottom_right",
+        causal_align="top_left",
         scale=scaling,
         softcap=softcap,
         attn_mask=attention_mask,
