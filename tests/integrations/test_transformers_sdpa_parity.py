@@ -62,3 +62,60 @@ def test_is_causal_of_the_call_wins_over_the_module(call, module):
     # negative control: the other choice gives another result
     other = flash_attention(q, k, v, causal=not (module if call is None else call)).transpose(1, 2)
     assert (other - want).abs().max() > 1e-2
+
+
+def _float_mask(visible: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An additive mask as transformers' models and tests build them: 0 where visible, finfo.min elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+
+
+def _visible(N_q: int, N_k: int, seed: int = 1) -> torch.Tensor:
+    """A random bool mask ``(B, 1, N_q, N_k)`` (True: visible) in which every row sees its key 0."""
+    g = torch.Generator().manual_seed(seed)
+    visible = torch.rand(B, 1, N_q, N_k, generator=g) > 0.4
+    visible[..., 0] = True
+    return visible
+
+
+def test_a_float_4d_mask_is_added_as_torch_does_and_a_row_masked_with_finfo_min_is_not_nan():
+    q, k, v = _qkv(6, 9)
+    visible = _visible(6, 9)
+    visible[1, 0, 2] = False  # a row that sees no key: finfo.min everywhere, an average of the values in torch
+    want = _same_as_sdpa(_Attention(), q, k, v, _float_mask(visible))
+    assert not want.isnan().any()
+
+
+def _bias(N_q: int, N_k: int, heads: int = H_Q) -> torch.Tensor:
+    """A position bias ``(1, H_q, N_q, N_k)`` as T5's relative attention buckets give, one per head."""
+    return torch.randn(1, heads, N_q, N_k, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize(("N_q", "N_k"), [(7, 7), (7, 11), (1, 11)])  # plain; a static-cache prefill; a decode step
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_position_bias_is_added_to_the_scores_without_a_mask(N_q, N_k, is_causal):
+    q, k, v = _qkv(N_q, N_k)
+    module = _Attention(is_causal=is_causal)
+    want = _same_as_sdpa(module, q, k, v, None, position_bias=_bias(N_q, N_k), scaling=1.0)
+    # negative control: without the bias the result is another
+    assert (_same_as_sdpa(module, q, k, v, None, scaling=1.0) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_position_bias_combines_with_a_mask(kind):
+    q, k, v = _qkv(6, 9)
+    visible = _visible(6, 9)
+    mask = visible if kind == "bool" else _float_mask(visible)
+    _same_as_sdpa(_Attention(), q, k, v, mask, position_bias=_bias(6, 9), scaling=1.0)
+
+
+def test_position_bias_with_a_bool_mask_gives_zero_for_a_row_that_sees_no_key():
+    # transformers' SDPA turns a bool mask into finfo.min, and such a row into an average of the values; here it
+    # is -inf, so the row is 0 as the library's bool masks give (transformers discards those rows)
+    q, k, v = _qkv(6, 9)
+    visible = _visible(6, 9)
+    visible[1, 0, 2] = False
+    got, _ = attention_forward(_Attention(), q, k, v, visible, position_bias=_bias(6, 9))
+    assert not got.isnan().any() and got[1, 2].abs().max() == 0
+    want, _ = sdpa_attention_forward(_Attention(), q, k, v, visible, position_bias=_bias(6, 9))
+    seen = visible.any(-1)[:, 0]  # (B, N_q): the rows that see some key
+    torch.testing.assert_close(got[seen], want[seen], atol=1e-5, rtol=1e-5)

@@ -18,7 +18,9 @@ rest of transformers' arguments onto the library's:
 
     transformers                 flashattn_teach.flash_attention
     query, key, value            q, k, v: (B, H_q, N_q, D), (B, H_kv, N_k, D); grouped heads as they come
-    attention_mask (bool 4-D)    attn_mask
+    attention_mask (bool 4-D)    attn_mask (True: visible)
+    attention_mask (float 4-D)   attn_mask, added to the scores (a ready-made mask, finfo.min where masked)
+    position_bias (T5 & co.)     added to the scores: attn_mask = where(mask, bias, -inf), or bias + mask
     attention_mask None          causal=is_causal (the call's, else module.is_causal) for N_q > 1,
                                  causal_align="top_left", as torch's is_causal (a prefill into a static
                                  cache: no query sees the empty slots); no masking for one query row
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from ..api import flash_attention
-from ..errors import AttentionValueError
+from ..errors import AttentionTypeError, AttentionValueError
 
 DEFAULT_NAME = "teach"
 
@@ -55,24 +57,35 @@ def attention_forward(
     dropout: float = 0.0,
     softcap: float | None = None,
     is_causal: bool | None = None,
+    position_bias: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention-function contract: ``query (B, H_q, N_q, D)``, ``key (B, H_kv, N_k, D)``,
     ``value (B, H_kv, N_k, D_v)`` -> ``(output (B, N_q, H_q, D_v), None)`` (no attention weights are kept).
-    ``sliding_window`` and the other keyword arguments models pass are already in ``attention_mask``.
+
+    ``attention_mask`` is a bool ``(B, 1, N_q, N_k)`` mask (True: visible; what register()'s mask function
+    builds) or an additive float one (0 visible, ``finfo(dtype).min`` or -inf masked; a ready-made 4-D mask),
+    or anything broadcastable to ``(B, H_q, N_q, N_k)``. ``position_bias`` (T5 and its relatives: the relative
+    position buckets, ``(1 | B, H_q, N_q, N_k)``) is added to the scores.
 
     Without a mask, causal masking follows ``sdpa_attention_forward``: the call's ``is_causal``, else the
     module's, and only for more than one query row, aligned top-left as torch's ``is_causal``. That is the
     prefill into a static cache (the empty slots after the prompt stay invisible); for a decode step's one
     row, or a chunk against a cache, transformers passes a mask or needs none."""
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        raise AttentionValueError(
-            f"attention_mask of {attention_mask.dtype}: register() installs transformers' bool SDPA masks; "
-            "a float mask means another mask function was registered under this name"
+    if attention_mask is not None and not (
+        isinstance(attention_mask, Tensor)
+        and (attention_mask.dtype == torch.bool or attention_mask.is_floating_point())
+    ):
+        what = attention_mask.dtype if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise AttentionTypeError(
+            f"attention_mask of {what}: pass a bool mask (True: visible) or an additive float mask (0 visible, "
+            "finfo(dtype).min or -inf masked), as torch's SDPA takes; a flex BlockMask needs "
+            "attn_implementation='flex_attention'"
         )
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
+    mask = attention_mask if position_bias is None else _with_position_bias(position_bias, attention_mask)
     O = flash_attention(
         query,
         key,
@@ -81,10 +94,22 @@ def attention_forward(
         causal_align="top_left",
         scale=scaling,
         softcap=softcap,
-        attn_mask=attention_mask,
+        attn_mask=mask,
         dropout_p=dropout,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
+
+
+def _with_position_bias(position_bias: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """One additive mask, broadcast to ``(B, H_q, N_q, N_k)``, carrying ``position_bias`` and the call's mask, as
+    transformers' ``create_position_bias_mask``: the bias where a bool mask is True and -inf elsewhere (so a
+    row that sees no key gives 0, as with a bool mask; transformers' finfo.min gives an average there), or the
+    sum with an additive mask. Causal masking without a mask stays flash_attention's, which skips tiles."""
+    if attention_mask is None:
+        return position_bias
+    if attention_mask.dtype == torch.bool:
+        return torch.where(attention_mask, position_bias, float("-inf"))
+    return position_bias + attention_mask
 
 
 def register(name: str = DEFAULT_NAME) -> str:
