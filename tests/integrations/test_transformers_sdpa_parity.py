@@ -11,7 +11,8 @@ transformers = pytest.importorskip("transformers")
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 from flashattn_teach import flash_attention  # noqa: E402
-from flashattn_teach.integrations.transformers import attention_forward  # noqa: E402
+from flashattn_teach.errors import AttentionTypeError  # noqa: E402
+from flashattn_teach.integrations.transformers import IGNORED_KWARGS, attention_forward  # noqa: E402
 
 B, H_Q, H_KV, D = 2, 4, 2, 16
 
@@ -119,3 +120,26 @@ def test_position_bias_with_a_bool_mask_gives_zero_for_a_row_that_sees_no_key():
     want, _ = sdpa_attention_forward(_Attention(), q, k, v, visible, position_bias=_bias(6, 9))
     seen = visible.any(-1)[:, 0]  # (B, N_q): the rows that see some key
     torch.testing.assert_close(got[seen], want[seen], atol=1e-5, rtol=1e-5)
+
+
+def test_every_ignored_keyword_changes_nothing():
+    q, k, v = _qkv(7, 7)
+    mask = _visible(7, 7)
+    plain, _ = attention_forward(_Attention(), q, k, v, mask)
+    for name in sorted(IGNORED_KWARGS):
+        got, _ = attention_forward(_Attention(), q, k, v, mask, **{name: torch.ones(B, 7, dtype=torch.long)})
+        assert torch.equal(got, plain), name
+
+
+@pytest.mark.parametrize("name", ["s_aux", "sinks", "indices", "block_indices"])
+def test_a_keyword_for_a_feature_not_implemented_is_refused_by_name(name):
+    q, k, v = _qkv(7, 7)
+    with pytest.raises(NotImplementedError, match=rf"{name}.*attn_implementation="):
+        attention_forward(_Attention(), q, k, v, None, **{name: torch.zeros(H_Q)})
+    attention_forward(_Attention(), q, k, v, None, **{name: None})  # None: the feature is off
+
+
+def test_an_unknown_keyword_is_refused_by_name_not_dropped():
+    q, k, v = _qkv(7, 7)
+    with pytest.raises(AttentionTypeError, match=r"alibi_bias=.*attn_implementation='sdpa'"):
+        attention_forward(_Attention(), q, k, v, None, alibi_bias=torch.zeros(H_Q, 7, 7))

@@ -8,7 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import PAD, build, padded_batch, t5_config  # noqa: E402
+from hf_tiny import PAD, build, gpt_oss_config, padded_batch, t5_config  # noqa: E402
 
 T5 = transformers.T5ForConditionalGeneration
 
@@ -50,3 +50,18 @@ def test_t5_training_gradients_match_eager():
     assert grads[0].keys() == grads[1].keys() and any("relative_attention_bias" in n for n in grads[0])
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gpt_oss_attention_sinks_are_refused_by_name():
+    ids, mask = padded_batch("left")
+    teach = build(transformers.GptOssForCausalLM, gpt_oss_config(), "teach")
+    with pytest.raises(NotImplementedError, match=r"s_aux.*attn_implementation='eager'"), torch.no_grad():
+        teach(input_ids=ids, attention_mask=mask)
+    # negative control: the model runs with eager attention, and its sinks change its logits
+    eager = build(transformers.GptOssForCausalLM, gpt_oss_config(), "eager")
+    with torch.no_grad():
+        logits = eager(input_ids=ids, attention_mask=mask).logits
+        for layer in eager.model.layers:
+            layer.self_attn.sinks.fill_(-torch.inf)  # exp(-inf) = 0: the sink takes no weight
+        without_sinks = eager(input_ids=ids, attention_mask=mask).logits
+    assert logits.isfinite().all() and (logits - without_sinks).abs().max() > 1e-3

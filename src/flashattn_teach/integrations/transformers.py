@@ -46,6 +46,46 @@ from ..errors import AttentionTypeError, AttentionValueError
 
 DEFAULT_NAME = "teach"
 
+# Keywords models pass to attention functions that cannot change this call's result, and why. A value of
+# None is always accepted (transformers' own "not given").
+IGNORED_KWARGS: frozenset[str] = frozenset(
+    {
+        # Rotary embeddings are applied to query and key before the call; the packed sequences position_ids may
+        # mark reach the call in attention_mask, which transformers' mask function builds from them.
+        "position_ids",
+        # Where the new tokens sit in the cache: the cache update and the mask already used it.
+        "cache_position",
+        "layer_idx",
+        # The window is in attention_mask: transformers builds no mask only while every key is inside it.
+        "sliding_window",
+        # flash-attn's description of packed sequences; the mask carries the same boundaries (built from
+        # position_ids), and sdpa_attention_forward ignores these too.
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "seq_idx",  # Mamba layers' packed-sequence index, read by state-space layers, not by attention
+        # key and value were computed from it before the call (BERT-style cross attention).
+        "encoder_hidden_states",
+        # flash-attn's choice of a deterministic backward: no forward value depends on it.
+        "deterministic",
+        # What the model returns or how its loss is averaged, not how attention is computed.
+        "use_cache",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "num_items_in_batch",
+    }
+)
+
+# Keywords that change the result and are not implemented here: refused by name, with what to use instead.
+_NOT_IMPLEMENTED: dict[str, str] = {
+    "s_aux": "attention sinks (GPT-OSS and others: one learned logit per head in every softmax)",
+    "sinks": "attention sinks (one learned logit per head in every softmax)",
+    "indices": "sparse attention over selected keys (DeepSeek V3.2-style indexers)",
+    "block_indices": "block-sparse attention over selected key blocks",
+}
+
 
 def attention_forward(
     module: torch.nn.Module,
@@ -82,6 +122,7 @@ def attention_forward(
             "finfo(dtype).min or -inf masked), as torch's SDPA takes; a flex BlockMask needs "
             "attn_implementation='flex_attention'"
         )
+    _refuse_unknown(kwargs)
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
@@ -98,6 +139,24 @@ def attention_forward(
         dropout_p=dropout,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
+
+
+def _refuse_unknown(kwargs: dict[str, Any]) -> None:
+    """Refuse, by name, every keyword that is not None and not known to leave the result unchanged: dropping
+    it could silently compute something else than the model asks for."""
+    for name, value in kwargs.items():
+        if value is None or name in IGNORED_KWARGS or name == "output_attentions":
+            continue
+        if name in _NOT_IMPLEMENTED:
+            raise NotImplementedError(
+                f"{name}: {_NOT_IMPLEMENTED[name]} is not implemented in flashattn_teach; load the model with "
+                "attn_implementation='eager' (or another implementation that supports it)"
+            )
+        shown = f"tensor {tuple(value.shape)}" if isinstance(value, Tensor) else repr(value)
+        raise AttentionTypeError(
+            f"{name}={shown}: flashattn_teach's attention does not know this keyword and will not drop what "
+            "it may change; load the model with attn_implementation='sdpa' or 'eager'"
+        )
 
 
 def _with_position_bias(position_bias: Tensor, attention_mask: Tensor | None) -> Tensor:
