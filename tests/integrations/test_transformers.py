@@ -158,3 +158,25 @@ def test_attention_dropout_in_training_runs_on_the_fast_path_and_follows_the_see
     model.eval()  # no dropout: the seed no longer matters
     assert torch.equal(logits(1), logits(2))
     assert backends and "dense" not in backends
+
+
+def test_output_attentions_warns_as_transformers_sdpa_does_and_returns_none():
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    _, teach = _pair("llama")
+    ids, mask = _left_padded_batch()
+    logging.warning_once.cache_clear()  # transformers logs each message once per process
+    with CaptureLogger(logging.get_logger("transformers")) as captured, torch.no_grad():
+        out = teach(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert "output_attentions=True" in captured.out and "attn_implementation='eager'" in captured.out
+    sdpa = MODELS["llama"](copy.deepcopy(CONFIGS["llama"]))
+    sdpa.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        sdpa_out = sdpa.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert [a is None for a in out.attentions] == [a is None for a in sdpa_out.attentions]  # what SDPA returns
+    # negative control: without output_attentions nothing is logged
+    logging.warning_once.cache_clear()
+    with CaptureLogger(logging.get_logger("transformers")) as captured, torch.no_grad():
+        teach(input_ids=ids, attention_mask=mask)
+    assert captured.out == ""

@@ -123,6 +123,11 @@ def attention_forward(
             "attn_implementation='flex_attention'"
         )
     _refuse_unknown(kwargs)
+    if kwargs.get("output_attentions", False):
+        _transformers_logger().warning_once(
+            "flashattn_teach attention does not support `output_attentions=True` (it never forms the attention "
+            "weights; None is returned in their place); load the model with attn_implementation='eager' to get them"
+        )
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
@@ -139,6 +144,14 @@ def attention_forward(
         dropout_p=dropout,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
+
+
+def _transformers_logger() -> Any:
+    """A logger under transformers' own, so that its verbosity settings (``TRANSFORMERS_VERBOSITY``,
+    ``transformers.logging.set_verbosity_error()``) and its ``warning_once`` apply, as to its SDPA's warnings."""
+    from transformers.utils import logging
+
+    return logging.get_logger("transformers.integrations.flashattn_teach")
 
 
 def _refuse_unknown(kwargs: dict[str, Any]) -> None:
