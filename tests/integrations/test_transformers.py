@@ -113,11 +113,40 @@ def test_training_step_gradients_match_eager(family, backends):
         torch.testing.assert_close(p_t.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_register_refuses_names_transformers_reserves():
-    for name in ("flash_teach", "kernels-community/teach", "sdpa"):
-        with pytest.raises(AttentionValueError, match="name="):
-            register(name)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "paged|teach",  # transformers strips "paged|" and looks for "teach"
+        "teach|kernels-community/attn",  # split at "|" for a hub kernel
+        "kernels-community/teach",  # a hub kernel repository
+        "flash_teach",  # any name with "flash" takes transformers' flash-attention paths
+        "teach_sdpa",  # its SDPA dispatch checks
+        "flex_attention_teach",  # its flex-attention checks
+        "eager",
+        "sdpa",
+        "paged|eager",
+        "",
+    ],
+)
+def test_register_refuses_names_transformers_rewrites_or_reserves(name):
+    with pytest.raises(AttentionValueError, match="name="):
+        register(name)
+
+
+def test_register_accepts_a_plain_name_and_a_paged_prefix_would_have_been_stripped():
     assert register("teach_attention") == "teach_attention"
+    _, model = _pair("llama")
+    model.set_attn_implementation("teach_attention")
+    # negative control: registered directly under "paged|...", transformers strips the prefix and refuses the rest
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    from flashattn_teach.integrations.transformers import attention_forward
+
+    AttentionInterface.register("paged|teach_probe", attention_forward)
+    AttentionMaskInterface.register("paged|teach_probe", sdpa_mask)
+    with pytest.raises(ValueError, match="teach_probe"), pytest.warns(FutureWarning, match="paged"):
+        model.set_attn_implementation("paged|teach_probe")
 
 
 def test_compiled_model_makes_one_graph_for_five_lengths():

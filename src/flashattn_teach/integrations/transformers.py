@@ -186,16 +186,34 @@ def _with_position_bias(position_bias: Tensor, attention_mask: Tensor | None) ->
 
 def register(name: str = DEFAULT_NAME) -> str:
     """Register flashattn_teach with transformers under ``name`` and return the name to pass as
-    ``attn_implementation``. Names transformers reserves (containing "flash", or "/" for a hub kernel)
-    are refused."""
-    if "flash" in name or "/" in name or name in ("eager", "sdpa", "flex_attention", "paged|eager"):
-        raise AttentionValueError(
-            f"name={name!r}: transformers reserves names with 'flash' or '/' (hub kernels) and its own "
-            f"implementations; use another, e.g. {DEFAULT_NAME!r}"
-        )
+    ``attn_implementation``. Names transformers rewrites or treats as its own are refused (see
+    :func:`_reserved_because`)."""
+    if not isinstance(name, str):
+        raise AttentionTypeError(f"name must be a str, got {type(name).__name__}; e.g. {DEFAULT_NAME!r}")
+    reason = _reserved_because(name)
+    if reason is not None:
+        raise AttentionValueError(f"name={name!r}: {reason}; use another name, e.g. {DEFAULT_NAME!r}")
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
+
+
+def _reserved_because(name: str) -> str | None:
+    """Why transformers 5.x would not run ``name`` as registered (``modeling_utils``:
+    ``_check_and_adjust_attn_implementation``, ``get_correct_attn_implementation``, ``AttentionInterface``;
+    ``hub_kernels.is_kernel``), or None for a name it takes as it is."""
+    if not name:
+        return "transformers needs a non-empty name"
+    if "|" in name:
+        return "transformers strips a 'paged|' prefix and splits hub-kernel names at '|'"
+    if "/" in name:
+        return "transformers loads a name with '/' as a hub kernel repository"
+    for word in ("flash", "sdpa", "flex_attention"):
+        if word in name:
+            return f"transformers runs its own {word} checks and code paths for every name containing {word!r}"
+    if name == "eager":
+        return "'eager' is transformers' own implementation (and mask function)"
+    return None
