@@ -44,3 +44,18 @@ def test_custom_float_4d_mask_matches_eager_and_the_sequences_run_alone(family, 
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
     assert backends and "dense" not in backends
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_is_causal_false_passed_to_the_model_gives_bidirectional_attention_as_sdpa(family):
+    # transformers' kwargs carry is_causal to every attention call ("use decoder attention modules as encoders");
+    # without padding its mask function builds no mask, and SDPA then attends both ways
+    model_class, config = FAMILIES[family]
+    sdpa, teach = (build(model_class, config(), name) for name in ("sdpa", "teach"))
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = sdpa(input_ids=ids, is_causal=False).logits
+        got = teach(input_ids=ids, is_causal=False).logits
+        causal = teach(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (causal - want).abs().max() > 1e-3  # negative control: the flag matters

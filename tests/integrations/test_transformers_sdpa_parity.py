@@ -78,12 +78,21 @@ def _visible(N_q: int, N_k: int, seed: int = 1) -> torch.Tensor:
     return visible
 
 
-def test_a_float_4d_mask_is_added_as_torch_does_and_a_row_masked_with_finfo_min_is_not_nan():
-    q, k, v = _qkv(6, 9)
+# dtype: (atol, rtol) of this library against torch's SDPA in that dtype
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
+def test_a_float_4d_mask_is_added_as_torch_does_and_a_row_masked_with_finfo_min_is_not_nan(dtype):
+    q, k, v = (t.to(dtype) for t in _qkv(6, 9))
     visible = _visible(6, 9)
     visible[1, 0, 2] = False  # a row that sees no key: finfo.min everywhere, an average of the values in torch
-    want = _same_as_sdpa(_Attention(), q, k, v, _float_mask(visible))
-    assert not want.isnan().any()
+    mask = _float_mask(visible, dtype)
+    want, _ = sdpa_attention_forward(_Attention(), q, k, v, mask)
+    got, _ = attention_forward(_Attention(), q, k, v, mask)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    assert not got.isnan().any()
 
 
 def _bias(N_q: int, N_k: int, heads: int = H_Q) -> torch.Tensor:
