@@ -7,31 +7,40 @@ Two lines in a user's code::
 
 :func:`register` puts :func:`attention_forward` into ``transformers.AttentionInterface`` *and* a mask
 function into ``AttentionMaskInterface`` under the same name. Both are needed: for an implementation name
-it has no mask function for, transformers builds no mask at all, and padding is silently ignored.
+it has no mask function for, transformers builds no mask at all, and padding is silently ignored. Names
+transformers rewrites or treats as its own ("paged|..." and any "|", "/" for hub kernels, "flash", "sdpa",
+"flex_attention", "eager") are refused.
 
 The mask function is transformers' own SDPA one, so every mask a model builds (causal, left padding,
 sliding windows, packed sequences, the overlays of multimodal models) arrives exactly as torch's SDPA would
 get it: a bool ``(B, 1, N_q, N_k)`` tensor (True: visible), or None when plain causal masking says it all.
-:func:`attention_forward` hands the mask to :func:`flashattn_teach.flash_attention`, which reads it tile by
-tile (tiles no query sees are skipped, tiles every query sees run unmasked; see ``masks.py``), and maps the
-rest of transformers' arguments onto the library's:
+A mask the caller built (``test_custom_4d_attention_mask``) arrives as it is, often float. The contract is
+transformers' ``sdpa_attention_forward`` (``transformers/integrations/sdpa_attention.py``), argument for
+argument; :func:`attention_forward` hands the mask to :func:`flashattn_teach.flash_attention`, which reads it
+tile by tile (tiles no query sees are skipped, tiles every query sees run unmasked; see ``masks.py``):
 
     transformers                 flashattn_teach.flash_attention
     query, key, value            q, k, v: (B, H_q, N_q, D), (B, H_kv, N_k, D); grouped heads as they come
     attention_mask (bool 4-D)    attn_mask (True: visible)
-    attention_mask (float 4-D)   attn_mask, added to the scores (a ready-made mask, finfo.min where masked)
+    attention_mask (float 4-D)   attn_mask, added to the scores (finfo.min where masked: such a row gives
+                                 an average of the values, as in torch)
+    attention_mask None          causal=is_causal for N_q > 1, causal_align="top_left" as torch's
+                                 is_causal (a prefill into a static cache: no query sees the empty
+                                 slots); one query row sees every key
+    is_causal                    the call's, else module.is_causal (default True)
     position_bias (T5 & co.)     added to the scores: attn_mask = where(mask, bias, -inf), or bias + mask
-    attention_mask None          causal=is_causal (the call's, else module.is_causal) for N_q > 1,
-                                 causal_align="top_left", as torch's is_causal (a prefill into a static
-                                 cache: no query sees the empty slots); no masking for one query row
     scaling                      scale
-    softcap (Gemma 2)            softcap
+    softcap (Gemma 2)            softcap (transformers' SDPA refuses it)
     dropout (training)           dropout_p (the counter-based dropout of dropout.py, seeded by torch's
                                  generator)
+    output_attentions=True       a warning through transformers' logging, once; None for the weights
+    IGNORED_KWARGS               nothing: each is listed with why it cannot change the result
+    s_aux, sinks, indices, ...   NotImplementedError naming the keyword (attention sinks, sparse attention)
+    any other keyword            AttentionTypeError naming it (None is accepted as "not given")
     output (B, N_q, H_q, D_v)    O transposed, as transformers' attention functions return it
 
-A query row that sees no key (a left-padding position) gives 0, where eager attention gives an average of
-padding values; transformers discards those rows.
+A query row that sees no key through a bool mask (a left-padding position) gives 0, where eager attention
+and transformers' SDPA give an average of padding values; transformers discards those rows.
 """
 
 from __future__ import annotations
