@@ -152,3 +152,10 @@ def test_an_unknown_keyword_is_refused_by_name_not_dropped():
     q, k, v = _qkv(7, 7)
     with pytest.raises(AttentionTypeError, match=r"alibi_bias=.*attn_implementation='sdpa'"):
         attention_forward(_Attention(), q, k, v, None, alibi_bias=torch.zeros(H_Q, 7, 7))
+
+
+@pytest.mark.parametrize("mask", [torch.ones(B, 1, 7, 7, dtype=torch.long), object()], ids=["int64", "BlockMask-like"])
+def test_a_mask_neither_bool_nor_float_is_refused_naming_attention_mask(mask):
+    q, k, v = _qkv(7, 7)
+    with pytest.raises(AttentionTypeError, match=r"attention_mask of .*bool mask"):
+        attention_forward(_Attention(), q, k, v, mask)

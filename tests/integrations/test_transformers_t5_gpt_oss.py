@@ -31,10 +31,11 @@ def test_t5_logits_match_eager(side, backends):
     assert backends and "dense" not in backends
 
 
-def test_t5_greedy_generation_matches_eager():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_t5_greedy_generation_matches_eager(cache):
     eager, teach = (build(T5, t5_config(), name) for name in ("eager", "teach"))
     ids, mask = padded_batch("right")
-    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=PAD)
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=PAD, cache_implementation=cache)
     assert torch.equal(teach.generate(ids, **kwargs), eager.generate(ids, **kwargs))
 
 
