@@ -62,13 +62,14 @@ IGNORED_KWARGS: frozenset[str] = frozenset(
         # Rotary embeddings are applied to query and key before the call; the packed sequences position_ids may
         # mark reach the call in attention_mask, which transformers' mask function builds from them.
         "position_ids",
-        # Where the new tokens sit in the cache: the cache update and the mask already used it.
+        # Where the new tokens sit in the cache, and which layer's cache: the cache update before the call and
+        # the mask already used them.
         "cache_position",
         "layer_idx",
         # The window is in attention_mask: transformers builds no mask only while every key is inside it.
         "sliding_window",
-        # flash-attn's description of packed sequences; the mask carries the same boundaries (built from
-        # position_ids), and sdpa_attention_forward ignores these too.
+        # flash-attn's description of packed sequences. For SDPA-style masks the packing reaches the call only
+        # through the mask transformers builds from position_ids; sdpa_attention_forward ignores these too.
         "cu_seq_lens_q",
         "cu_seq_lens_k",
         "max_length_q",
