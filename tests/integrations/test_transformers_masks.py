@@ -59,3 +59,20 @@ def test_is_causal_false_passed_to_the_model_gives_bidirectional_attention_as_sd
         causal = teach(input_ids=ids).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (causal - want).abs().max() > 1e-3  # negative control: the flag matters
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_sequences_marked_by_position_ids_alone_match_eager(family, backends):
+    # training on packed rows without an attention_mask or cache: transformers' mask function finds the
+    # sequences from the restarting position_ids and builds a block-causal bool mask
+    model_class, config = FAMILIES[family]
+    eager, teach = (build(model_class, config(), name) for name in ("eager", "teach"))
+    ids, positions, _ = _packed()
+    with torch.no_grad():
+        want = eager(input_ids=ids, position_ids=positions, use_cache=False).logits
+        backends.clear()
+        got = teach(input_ids=ids, position_ids=positions, use_cache=False).logits
+        unpacked = teach(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert backends and "dense" not in backends
+    assert (unpacked - want).abs().max() > 1e-3  # negative control: the packing matters
