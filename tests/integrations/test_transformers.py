@@ -1,5 +1,6 @@
 """flashattn_teach inside Hugging Face models: small random-weight models built in code (no download),
-left-padded batches, compared with transformers' eager attention."""
+left-padded batches, compared with transformers' eager attention. The ``backends`` fixture (conftest.py)
+records the backend of every call."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flashattn_teach.api as api  # noqa: E402
 from flashattn_teach.errors import AttentionValueError  # noqa: E402
 from flashattn_teach.integrations.transformers import register  # noqa: E402
 
@@ -43,20 +43,6 @@ MODELS = {
     "mistral": transformers.MistralForCausalLM,
     "gemma2": transformers.Gemma2ForCausalLM,
 }
-
-
-@pytest.fixture
-def backends(monkeypatch):
-    """The backend of every flashattn_teach call made during the test."""
-    seen: list[str] = []
-    run = api._run
-
-    def record(p, *args):
-        seen.append(p.backend)
-        return run(p, *args)
-
-    monkeypatch.setattr(api, "_run", record)
-    return seen
 
 
 def _pair(family: str):
@@ -127,11 +113,40 @@ def test_training_step_gradients_match_eager(family, backends):
         torch.testing.assert_close(p_t.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_register_refuses_names_transformers_reserves():
-    for name in ("flash_teach", "kernels-community/teach", "sdpa"):
-        with pytest.raises(AttentionValueError, match="name="):
-            register(name)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "paged|teach",  # transformers strips "paged|" and looks for "teach"
+        "teach|kernels-community/attn",  # split at "|" for a hub kernel
+        "kernels-community/teach",  # a hub kernel repository
+        "flash_teach",  # any name with "flash" takes transformers' flash-attention paths
+        "teach_sdpa",  # its SDPA dispatch checks
+        "flex_attention_teach",  # its flex-attention checks
+        "eager",
+        "sdpa",
+        "paged|eager",
+        "",
+    ],
+)
+def test_register_refuses_names_transformers_rewrites_or_reserves(name):
+    with pytest.raises(AttentionValueError, match="name="):
+        register(name)
+
+
+def test_register_accepts_a_plain_name_and_a_paged_prefix_would_have_been_stripped():
     assert register("teach_attention") == "teach_attention"
+    _, model = _pair("llama")
+    model.set_attn_implementation("teach_attention")
+    # negative control: registered directly under "paged|...", transformers strips the prefix and refuses the rest
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    from flashattn_teach.integrations.transformers import attention_forward
+
+    AttentionInterface.register("paged|teach_probe", attention_forward)
+    AttentionMaskInterface.register("paged|teach_probe", sdpa_mask)
+    with pytest.raises(ValueError, match="teach_probe"), pytest.warns(FutureWarning, match="paged"):
+        model.set_attn_implementation("paged|teach_probe")
 
 
 def test_compiled_model_makes_one_graph_for_five_lengths():
@@ -172,3 +187,25 @@ def test_attention_dropout_in_training_runs_on_the_fast_path_and_follows_the_see
     model.eval()  # no dropout: the seed no longer matters
     assert torch.equal(logits(1), logits(2))
     assert backends and "dense" not in backends
+
+
+def test_output_attentions_warns_as_transformers_sdpa_does_and_returns_none():
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    _, teach = _pair("llama")
+    ids, mask = _left_padded_batch()
+    logging.warning_once.cache_clear()  # transformers logs each message once per process
+    with CaptureLogger(logging.get_logger("transformers")) as captured, torch.no_grad():
+        out = teach(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert "output_attentions=True" in captured.out and "attn_implementation='eager'" in captured.out
+    sdpa = MODELS["llama"](copy.deepcopy(CONFIGS["llama"]))
+    sdpa.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        sdpa_out = sdpa.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert [a is None for a in out.attentions] == [a is None for a in sdpa_out.attentions]  # what SDPA returns
+    # negative control: without output_attentions nothing is logged
+    logging.warning_once.cache_clear()
+    with CaptureLogger(logging.get_logger("transformers")) as captured, torch.no_grad():
+        teach(input_ids=ids, attention_mask=mask)
+    assert captured.out == ""
