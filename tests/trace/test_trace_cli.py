@@ -98,3 +98,17 @@ def test_table_of_a_long_replay_draws_a_window_and_both_ends(tmp_path):
     assert "… tile updates 11–591 of 601 not drawn …" in text
     assert "query blocks i = 592–607 of 1000, key blocks j = 0–47 of 1000" in text  # the window around (600, 0)
     assert "Skipped (SKIP) tiles of this block: key blocks j = 601–999" in text
+
+
+@pytest.mark.parametrize(("option", "value"), [("--pad-left", "7"), ("--seqlens-k", "7"), ("--pad-left", "2,7")])
+def test_more_keys_than_the_sequence_holds_is_refused_naming_both_options(option, value, capsys):
+    assert run(parse("--seq-len", "6", "--batch", "2", option, value)) == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be in [0, 6] for --seq-len 6, got {value}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [("--pad-left", "6"), ("--seqlens-k", "0")])
+def test_every_key_padded_is_a_row_that_sees_none(argv, capsys):
+    """The negative control of the test above: the bounds are inclusive, as flash-attn's seqlens_k."""
+    assert run(parse("--seq-len", "6", *argv, "--format", "json", "--extensions")) == 0
+    assert json.loads(capsys.readouterr().out)["cases"] == []  # no tile visited

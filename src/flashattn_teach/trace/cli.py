@@ -11,8 +11,9 @@ The mask contract's options (see :mod:`flashattn_teach.masks`) are all here: ``-
 window, -1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one slope, or one per batch element),
 ``--seqlens-k N`` (one key length, or one per batch element), and a mask: ``--pad-left K`` (one count, or
 one per batch element) builds the left-padding mask a Hugging Face tokenizer's ``attention_mask`` gives,
-bool ``(B, 1, N)``, False on each element's first ``K`` keys; ``--mask FILE.pt`` reads any bool or additive
-mask saved with ``torch.save``, broadcastable to ``(B, N, N)`` (or Hugging Face's ``(B, 1, N, N)``).
+bool ``(B, 1, N)``, False on each element's first ``K`` keys (``N`` and ``K`` in ``[0, --seq-len]``);
+``--mask FILE.pt`` reads any bool or additive mask saved with ``torch.save``, broadcastable to ``(B, N, N)``
+(or Hugging Face's ``(B, 1, N, N)``).
 """
 
 from __future__ import annotations
@@ -199,6 +200,11 @@ def _option_error(args: argparse.Namespace) -> str | None:
         )
     if args.batch_index >= args.batch:
         return f"argument --batch-index: must be in [0, {args.batch}) for --batch {args.batch}, got {args.batch_index}"
+    for option, values in (("--seqlens-k", args.seqlens_k), ("--pad-left", args.pad_left)):
+        # A key length, or a count of padded keys, from 0 (every key padded: the row sees none) to N.
+        if values is not None and max(values) > args.seq_len:
+            given = ",".join(map(str, values))
+            return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
     if args.format in ("html", "png") and args.seq_len**2 > MAX_DRAWN_CELLS:
