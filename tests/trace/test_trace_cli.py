@@ -112,3 +112,25 @@ def test_every_key_padded_is_a_row_that_sees_none(argv, capsys):
     """The negative control of the test above: the bounds are inclusive, as flash-attn's seqlens_k."""
     assert run(parse("--seq-len", "6", *argv, "--format", "json", "--extensions")) == 0
     assert json.loads(capsys.readouterr().out)["cases"] == []  # no tile visited
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--step", "1"), "argument --step: draws one tile update of --format png, not --format table"),
+        (
+            ("--step", "1", "--format", "html"),
+            "argument --step: draws one tile update of --format png, not --format html",
+        ),
+        (("--extensions",), "argument --extensions: adds to --format json, not --format table"),
+        (
+            ("--extensions", "--format", "png", "--out", "r.png"),
+            "argument --extensions: adds to --format json, not --format png",
+        ),
+    ],
+)
+def test_an_option_of_another_format_is_refused_not_ignored(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -99,9 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     masks.add_argument("--mask", type=Path, default=None, metavar="FILE.pt", help="attn_mask saved with torch.save")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument(
-        "--extensions", action="store_true", help="json: add the skipped tiles and the schedule to the seed format"
+        "--extensions",
+        action="store_true",
+        help="--format json only: add the skipped tiles and the schedule to the seed format",
     )
-    parser.add_argument("--step", type=positive_int, default=None, help="png: draw only this tile update (1-based)")
+    parser.add_argument(
+        "--step", type=positive_int, default=None, help="--format png only: draw only this tile update (1-based)"
+    )
     parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
     add_decode_arguments(parser)
 
@@ -207,6 +211,10 @@ def _option_error(args: argparse.Namespace) -> str | None:
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
+    if args.step is not None and args.format != "png":
+        return f"argument --step: draws one tile update of --format png, not --format {args.format}"
+    if args.extensions and args.format != "json":
+        return f"argument --extensions: adds to --format json, not --format {args.format}"
     if args.format in ("html", "png") and args.seq_len**2 > MAX_DRAWN_CELLS:
         return (
             f"argument --format: {args.format} draws every one of the N x N = {args.seq_len**2} score cells, at "
