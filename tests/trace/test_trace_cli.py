@@ -134,3 +134,11 @@ def test_an_option_of_another_format_is_refused_not_ignored(argv, message, capsy
     assert run(parse(*argv)) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_causal_align_without_causal_is_refused(capsys):
+    assert run(parse("--causal-align", "bottom_right")) == 2
+    err = capsys.readouterr().err
+    assert "argument --causal-align: aligns the causal diagonal, needs --causal (got bottom_right)" in err
+    assert run(parse("--causal", "--causal-align", "bottom_right")) == 0  # the negative control
+    assert "causal (bottom_right)" in capsys.readouterr().out

@@ -65,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="causal masking; tiles above the diagonal are skipped (default: off, on with --decode)",
     )
-    parser.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
+    parser.add_argument(
+        "--causal-align",
+        choices=("top_left", "bottom_right"),
+        default=None,
+        help="with --causal: the diagonal's alignment (default top_left; the same diagonal here, as N_q = N_k)",
+    )
     parser.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
     parser.add_argument(
         "--order",
@@ -209,6 +214,8 @@ def _option_error(args: argparse.Namespace) -> str | None:
         if values is not None and max(values) > args.seq_len:
             given = ",".join(map(str, values))
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
+    if args.causal_align is not None and not args.causal:
+        return f"argument --causal-align: aligns the causal diagonal, needs --causal (got {args.causal_align})"
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
     if args.step is not None and args.format != "png":
@@ -260,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
             block_n=args.block_n,
             query_block=args.query_block,
             causal=bool(args.causal),
-            causal_align=args.causal_align,
+            causal_align=args.causal_align or "top_left",
             scale=args.scale,
             order=args.order,
             batch_index=args.batch_index,
