@@ -101,6 +101,8 @@ BAD_VALUES = [
     ("iomodel", "--sram-kib 0", "--sram-kib"),
     ("iomodel", "--sram-kib 1e307", "--sram-kib"),
     ("iomodel", "--sram-kib 0.1", "--sram-kib"),
+    ("iomodel", "--sram-kib 0.5", "--sram-kib"),
+    ("iomodel", "--sram-kib 1", "--sram-kib"),
     ("iomodel", "--seq-len 0", "--seq-len"),
     ("iomodel", "--head-dim -1", "--head-dim"),
     ("iomodel", "--batch 0", "--batch"),
