@@ -634,9 +634,9 @@ def test_cli_prints_the_roofline_the_l2_level_and_the_ring(capsys):
         ("--ring 3", "--ring"),
         ("--ring 0", "--ring"),
         ("--causal --seq-len 8200 --ring 8", "--ring"),
-        ("--heads 4 --kv-heads 3", "--kv-heads"),
-        ("--heads 4 --kv-heads 8", "--kv-heads"),
-        ("--efficiency 1.5", "--efficiency"),
+        ("--heads 4 --kv-heads 3 --ring 2", "--kv-heads"),
+        ("--heads 4 --kv-heads 8 --ring 2", "--kv-heads"),
+        ("--efficiency 1.5 --ring 2", "--efficiency"),
         ("--efficiency 0", "--efficiency"),
         ("--l2-mib 0", "--l2-mib"),
         ("--l2-mib 1e307", "--l2-mib"),
@@ -651,6 +651,15 @@ def test_cli_rejects_bad_l2_roofline_and_ring_values_in_one_line(options, named,
     status, out, err = _main(options.split(), capsys)
     assert (status, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("flashattn-teach iomodel: error:") and f"argument {named}" in err
+
+
+@pytest.mark.parametrize("option", ["--kv-heads 2", "--link-gbs 50", "--efficiency 0.7"])
+def test_cli_refuses_a_ring_option_without_the_ring(option, capsys):
+    status, out, err = _main(["--heads", "4", *option.split()], capsys)
+    assert (status, out) == (2, "")
+    assert f"argument {option.split()[0]}: describes the ring, needs --ring W (got {option})" in err
+    status, out, err = _main(["--heads", "4", "--ring", "2", *option.split()], capsys)  # the negative control
+    assert (status, err) == (0, "") and "Ring over W = 2 devices" in out
 
 
 def test_cli_accepts_good_ring_values(capsys):

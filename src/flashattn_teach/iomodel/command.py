@@ -96,21 +96,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ring = parser.add_argument_group("ring (context parallelism)")
     ring.add_argument("--ring", type=positive_int, metavar="W", help="also model a ring over W >= 2 devices")
     ring.add_argument(
-        "--kv-heads", type=positive_int, help="key/value heads H_kv of the ring's shards (GQA; default H)"
+        "--kv-heads", type=positive_int, help="with --ring: key/value heads H_kv of its shards (GQA; default H)"
     )
+    # None until given, so that one given without --ring is refused rather than ignored.
     ring.add_argument(
         "--link-gbs",
         type=finite_positive_float,
-        default=NVLINK4_GBS,
-        help=f"link bandwidth per direction in GB/s (default {NVLINK4_GBS:g}: NVLink 4, 900 GB/s bidirectional "
-        "per H100/H200; 50 for one 400 Gb/s InfiniBand NIC per GPU)",
+        help=f"with --ring: link bandwidth per direction in GB/s (default {NVLINK4_GBS:g}: NVLink 4, 900 GB/s "
+        "bidirectional per H100/H200; 50 for one 400 Gb/s InfiniBand NIC per GPU)",
     )
     ring.add_argument(
         "--efficiency",
         type=finite_positive_float,
-        default=ACHIEVED,
-        help=f"fraction of --peak-tflops a block's attention achieves, in (0, 1] (default {ACHIEVED:g})",
+        help=f"with --ring: fraction of --peak-tflops a block's attention achieves, in (0, 1] (default {ACHIEVED:g})",
     )
+
+
+RING_ONLY = ("kv_heads", "link_gbs", "efficiency")  # the options that describe the ring, by destination
 
 
 def _error(option: str, message: str) -> int:
@@ -181,9 +183,14 @@ def run(args: argparse.Namespace) -> int:
         cache = L2Cache(_bytes_option(args.l2_mib, 2**20, f"{args.l2_mib:g} MiB"), args.programs)
     except ValueError as e:
         return _error("--l2-mib", str(e))
-    if args.efficiency > 1:
-        return _error("--efficiency", f"must be in (0, 1], got {args.efficiency:g}")
-    hw = RingHardware(args.link_gbs, args.peak_tflops, args.efficiency)
+    given = [dest for dest in RING_ONLY if getattr(args, dest) is not None]
+    if args.ring is None and given:
+        option, value = "--" + given[0].replace("_", "-"), getattr(args, given[0])
+        return _error(option, f"describes the ring, needs --ring W (got {option} {value:g})")
+    efficiency = ACHIEVED if args.efficiency is None else args.efficiency
+    if efficiency > 1:
+        return _error("--efficiency", f"must be in (0, 1], got {efficiency:g}")
+    hw = RingHardware(NVLINK4_GBS if args.link_gbs is None else args.link_gbs, args.peak_tflops, efficiency)
     if args.ring is not None:
         try:
             shard_len(p, args.ring)
