@@ -142,6 +142,20 @@ def test_good_values_exit_0(argv, capsys):
     assert (status, err) == (0, "") and out
 
 
+@pytest.mark.parametrize(
+    ("argv", "with_equals"),
+    [
+        (["--window", "-1,0"], ["--window=-1,0"]),
+        (["--batch", "2", "--alibi", "-0.5,-1"], ["--batch", "2", "--alibi=-0.5,-1"]),
+    ],
+)
+def test_a_value_that_starts_with_a_negative_number_is_a_value(argv, with_equals, capsys):
+    """The help says -1 is an unbounded window side; ``--window -1,0`` must not read as an option ``-1,0``."""
+    status, out, err = outcome(["replay", "--format", "json", *argv], capsys)
+    assert (status, err) == (0, "")
+    assert out == outcome(["replay", "--format", "json", *with_equals], capsys)[1]
+
+
 def test_out_writes_only_the_named_file(tmp_path, capsys):
     out = tmp_path / "replay.json"
     assert outcome(["replay", "--format", "json", "--out", str(out)], capsys)[:2] == (0, "")
