@@ -220,11 +220,11 @@ def _traffic_table(p: Problem, args: argparse.Namespace, sram: int, br: int, bc:
         f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
         f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)"
     )
-    paper = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
-    if paper != (br, bc):
+    paper_br, paper_bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+    if (paper_br, paper_bc) != (br, bc):
         print(
-            f"FA1 Alg. 1 line 1's Bc = ceil(M/4d) gives a {paper[0]}x{paper[1]} tile of "
-            f"{_tile_bytes(*paper, p)} bytes, more than M: the key-major rows round M/4d down, {br}x{bc}"
+            f"FA1 Alg. 1 line 1's Bc = ceil(M/4d) gives a {paper_br}x{paper_bc} tile of "
+            f"{_tile_bytes(paper_br, paper_bc, p)} bytes, more than M: the key-major rows round M/4d down, {br}x{bc}"
         )
     print(
         f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
