@@ -136,9 +136,15 @@ def test_an_option_of_another_format_is_refused_not_ignored(argv, message, capsy
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_causal_align_without_causal_is_refused(capsys):
-    assert run(parse("--causal-align", "bottom_right")) == 2
+def test_causal_align_without_a_diagonal_to_align_is_refused(capsys):
+    assert run(parse("--causal-align", "bottom_right", "--seqlens-k", "4")) == 2
     err = capsys.readouterr().err
-    assert "argument --causal-align: aligns the causal diagonal, needs --causal (got bottom_right)" in err
-    assert run(parse("--causal", "--causal-align", "bottom_right")) == 0  # the negative control
-    assert "causal (bottom_right)" in capsys.readouterr().out
+    assert "argument --causal-align: aligns the diagonal of --causal, --window and --alibi, needs one of them" in err
+    assert "(got --causal-align bottom_right)" in err
+
+
+@pytest.mark.parametrize("uses_it", [("--causal",), ("--window", "2,0"), ("--alibi", "0.5")])
+def test_causal_align_with_causal_window_or_alibi_runs(uses_it, capsys):
+    """The negative control of the test above: each of the three places the diagonal offset (masks.py)."""
+    assert run(parse(*uses_it, "--causal-align", "bottom_right")) == 0
+    assert capsys.readouterr().err == ""

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--causal-align",
         choices=("top_left", "bottom_right"),
         default=None,
-        help="with --causal: the diagonal's alignment (default top_left; the same diagonal here, as N_q = N_k)",
+        help="with --causal, --window or --alibi: where their diagonal lies (default top_left)",
     )
     parser.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
     parser.add_argument(
@@ -214,8 +214,12 @@ def _option_error(args: argparse.Namespace) -> str | None:
         if values is not None and max(values) > args.seq_len:
             given = ",".join(map(str, values))
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
-    if args.causal_align is not None and not args.causal:
-        return f"argument --causal-align: aligns the causal diagonal, needs --causal (got {args.causal_align})"
+    uses_diagonal = args.causal or args.window is not None or args.alibi is not None  # masks.py: i + off
+    if args.causal_align is not None and not uses_diagonal:
+        return (
+            f"argument --causal-align: aligns the diagonal of --causal, --window and --alibi, needs one of them "
+            f"(got --causal-align {args.causal_align})"
+        )
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
     if args.step is not None and args.format != "png":
