@@ -148,3 +148,17 @@ def test_causal_align_with_causal_window_or_alibi_runs(uses_it, capsys):
     """The negative control of the test above: each of the three places the diagonal offset (masks.py)."""
     assert run(parse(*uses_it, "--causal-align", "bottom_right")) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--decode", "--seq-len", "6"), "argument --seq-len: not used with --decode"),
+        (("--decode", "--order", "query_major"), "argument --order: not used with --decode"),
+        (("--cache-len", "5"), "argument --cache-len: needs --decode"),
+        (("--num-splits", "3"), "argument --num-splits: needs --decode"),
+    ],
+)
+def test_an_option_of_the_other_mode_is_refused_even_at_its_default_value(argv, message, capsys):
+    assert run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err

@@ -45,7 +45,13 @@ from .schedule import blocks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the ``replay`` subcommand."""
+    """The options of the ``replay`` subcommand; those of one mode only stay None until given (``run`` fills
+    in their defaults), so that one given with the other mode is refused even at its default value."""
+    _add_options(parser)
+    parser.set_defaults(**dict.fromkeys((*REPLAY_ONLY, *DECODE_ONLY)))
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="torch.manual_seed before making q, k, v (default 0)")
     parser.add_argument("--batch", type=positive_int, default=1, help="B in (B, N, D) (default 1)")
     parser.add_argument(
@@ -133,15 +139,21 @@ DECODE_ONLY = ("cache_len", "new_kv", "new_queries", "num_splits", "cache_size",
 
 
 def _mode_error(args: argparse.Namespace) -> str | None:
-    """An option of the other mode given a value (not its default), named."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    defaults = vars(parser.parse_args([]))
+    """An option of the other mode that was given, named."""
     for dest in REPLAY_ONLY if args.decode else DECODE_ONLY:
-        if getattr(args, dest) != defaults[dest]:
+        if getattr(args, dest) is not None:
             option = "--" + dest.replace("_", "-")
             return f"argument {option}: not used with --decode" if args.decode else f"argument {option}: needs --decode"
     return None
+
+
+def _with_mode_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each mode's options not given set to their defaults."""
+    parser = argparse.ArgumentParser()
+    _add_options(parser)
+    defaults = vars(parser.parse_args([]))
+    missing = {dest: defaults[dest] for dest in (*REPLAY_ONLY, *DECODE_ONLY) if getattr(args, dest) is None}
+    return argparse.Namespace(**{**vars(args), **missing})
 
 
 @dataclass(frozen=True)
@@ -249,6 +261,8 @@ def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; returns the exit status."""
     problem = _mode_error(args)
+    if problem is None:
+        args = _with_mode_defaults(args)
     if problem is None and args.decode:
         return run_decode(args)
     problem = problem or _option_error(args)
