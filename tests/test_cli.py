@@ -101,6 +101,8 @@ BAD_VALUES = [
     ("iomodel", "--sram-kib 0", "--sram-kib"),
     ("iomodel", "--sram-kib 1e307", "--sram-kib"),
     ("iomodel", "--sram-kib 0.1", "--sram-kib"),
+    ("iomodel", "--sram-kib 0.5", "--sram-kib"),
+    ("iomodel", "--sram-kib 1", "--sram-kib"),
     ("iomodel", "--seq-len 0", "--seq-len"),
     ("iomodel", "--head-dim -1", "--head-dim"),
     ("iomodel", "--batch 0", "--batch"),
@@ -138,6 +140,20 @@ def test_good_values_exit_0(argv, capsys):
     """The negative control of the test above: valid options run, print, and say nothing on stderr."""
     status, out, err = outcome(argv, capsys)
     assert (status, err) == (0, "") and out
+
+
+@pytest.mark.parametrize(
+    ("argv", "with_equals"),
+    [
+        (["--window", "-1,0"], ["--window=-1,0"]),
+        (["--batch", "2", "--alibi", "-0.5,-1"], ["--batch", "2", "--alibi=-0.5,-1"]),
+    ],
+)
+def test_a_value_that_starts_with_a_negative_number_is_a_value(argv, with_equals, capsys):
+    """The help says -1 is an unbounded window side; ``--window -1,0`` must not read as an option ``-1,0``."""
+    status, out, err = outcome(["replay", "--format", "json", *argv], capsys)
+    assert (status, err) == (0, "")
+    assert out == outcome(["replay", "--format", "json", *with_equals], capsys)[1]
 
 
 def test_out_writes_only_the_named_file(tmp_path, capsys):

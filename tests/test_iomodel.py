@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -312,7 +313,43 @@ def test_cli_rejects_bad_sizes_with_a_message(capsys):
     iomodel.add_arguments(parser)
     assert iomodel.run(parser.parse_args(["--head-dim", "128", "--sram-kib", "0.1"])) == 2
     err = capsys.readouterr().err
-    assert "argument --sram-kib" in err and "Theorem 2 needs M >= d" in err and err.count("\n") == 1
+    assert "argument --sram-kib: 0.1 KiB holds no tile at --head-dim 128 and --elem-bytes 2" in err
+    assert "4 x 128 x 2 = 1024 bytes; use --sram-kib 1 or more" in err and err.count("\n") == 1
+
+
+def _reported_tiles(out: str) -> list[tuple[int, int]]:
+    """The ``Br x Bc`` column of the traffic table, for each tiled row, in the table's order."""
+    rows = [line for line in out.splitlines() if line.startswith(("forward ", "backward "))]
+    return [tuple(map(int, w.split("x"))) for row in rows for w in row.split() if re.fullmatch(r"\d+x\d+", w)]
+
+
+@pytest.mark.parametrize(
+    ("sram_kib", "d", "e", "blocks"),
+    list(itertools.product([0.5, 1, 1.5, 3.3, 64, 100, 228], [64, 128], [2, 4], [(1, 1), (128, 64)])),
+)
+def test_the_command_shows_only_tiles_that_fit_m_or_names_the_budget_that_does(sram_kib, d, e, blocks, capsys):
+    """A tile fits when its Q_i, O_i, K_j, V_j do (what FA1 Alg. 1 line 1 sizes): 2 (Br + Bc) d e <= M bytes.
+    A refusal's budget is checked by running one byte below it (the same refusal) and at it (not that one)."""
+    base = ["--seq-len", "1024", "--head-dim", str(d), "--elem-bytes", str(e)]
+    base += ["--block-m", str(blocks[0]), "--block-n", str(blocks[1])]
+    status, out, err = _main([*base, "--sram-kib", str(sram_kib)], capsys)
+    if status == 0:
+        tiles = _reported_tiles(out)
+        assert len(tiles) == 4  # key-major forward, query-major, key-major backward, split
+        assert all(2 * (br + bc) * d * e <= sram_kib * 1024 for br, bc in tiles), tiles
+        paper = iomodel.paper_block_sizes(int(sram_kib * 1024), d, e)
+        if 2 * sum(paper) * d * e <= sram_kib * 1024:
+            assert tiles[0] == paper  # the paper's tile wherever it fits
+        return
+    assert (status, out) == (2, "") and err.startswith("flashattn-teach iomodel: error: argument --sram-kib:")
+    found = re.search(r"= (\d+) bytes; use --sram-kib (\S+) or more", err)
+    assert found is not None, err
+    need, kib = int(found[1]), found[2]
+    assert float(kib) * 1024 == need > sram_kib * 1024
+    below = _main([*base, "--sram-kib", repr((need - 1) / 1024)], capsys)
+    assert below[0] == 2 and found[0] in below[2]
+    at = _main([*base, "--sram-kib", kib], capsys)
+    assert at[0] == 0 or found[0] not in at[2]
 
 
 # ------------------------------------------------------------------------------------------------- L2
@@ -597,9 +634,9 @@ def test_cli_prints_the_roofline_the_l2_level_and_the_ring(capsys):
         ("--ring 3", "--ring"),
         ("--ring 0", "--ring"),
         ("--causal --seq-len 8200 --ring 8", "--ring"),
-        ("--heads 4 --kv-heads 3", "--kv-heads"),
-        ("--heads 4 --kv-heads 8", "--kv-heads"),
-        ("--efficiency 1.5", "--efficiency"),
+        ("--heads 4 --kv-heads 3 --ring 2", "--kv-heads"),
+        ("--heads 4 --kv-heads 8 --ring 2", "--kv-heads"),
+        ("--efficiency 1.5 --ring 2", "--efficiency"),
         ("--efficiency 0", "--efficiency"),
         ("--l2-mib 0", "--l2-mib"),
         ("--l2-mib 1e307", "--l2-mib"),
@@ -614,6 +651,15 @@ def test_cli_rejects_bad_l2_roofline_and_ring_values_in_one_line(options, named,
     status, out, err = _main(options.split(), capsys)
     assert (status, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("flashattn-teach iomodel: error:") and f"argument {named}" in err
+
+
+@pytest.mark.parametrize("option", ["--kv-heads 2", "--link-gbs 50", "--efficiency 0.7"])
+def test_cli_refuses_a_ring_option_without_the_ring(option, capsys):
+    status, out, err = _main(["--heads", "4", *option.split()], capsys)
+    assert (status, out) == (2, "")
+    assert f"argument {option.split()[0]}: describes the ring, needs --ring W (got {option})" in err
+    status, out, err = _main(["--heads", "4", "--ring", "2", *option.split()], capsys)  # the negative control
+    assert (status, err) == (0, "") and "Ring over W = 2 devices" in out
 
 
 def test_cli_accepts_good_ring_values(capsys):

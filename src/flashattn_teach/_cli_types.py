@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # torch.manual_seed accepts [-2**63, 2**64 - 1] and raises RuntimeError outside it.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -18,7 +19,14 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, but an error is the one line ``prog: error: message`` on stderr and exit status 2,
-    without the usage block (``--help`` still prints it)."""
+    without the usage block (``--help`` still prints it), and a value that starts with a negative number is
+    a value: ``--window -1,0``, ``--alibi -0.5,-1``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse before 3.13 takes only a lone number (-1, -0.5) for a value and "-1,0" for an option; no
+        # option here starts with a digit, so do as 3.13 does: "-" and then a digit begins a value.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")

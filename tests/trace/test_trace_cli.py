@@ -98,3 +98,67 @@ def test_table_of_a_long_replay_draws_a_window_and_both_ends(tmp_path):
     assert "… tile updates 11–591 of 601 not drawn …" in text
     assert "query blocks i = 592–607 of 1000, key blocks j = 0–47 of 1000" in text  # the window around (600, 0)
     assert "Skipped (SKIP) tiles of this block: key blocks j = 601–999" in text
+
+
+@pytest.mark.parametrize(("option", "value"), [("--pad-left", "7"), ("--seqlens-k", "7"), ("--pad-left", "2,7")])
+def test_more_keys_than_the_sequence_holds_is_refused_naming_both_options(option, value, capsys):
+    assert run(parse("--seq-len", "6", "--batch", "2", option, value)) == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be in [0, 6] for --seq-len 6, got {value}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [("--pad-left", "6"), ("--seqlens-k", "0")])
+def test_every_key_padded_is_a_row_that_sees_none(argv, capsys):
+    """The negative control of the test above: the bounds are inclusive, as flash-attn's seqlens_k."""
+    assert run(parse("--seq-len", "6", *argv, "--format", "json", "--extensions")) == 0
+    assert json.loads(capsys.readouterr().out)["cases"] == []  # no tile visited
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--step", "1"), "argument --step: draws one tile update of --format png, not --format table"),
+        (
+            ("--step", "1", "--format", "html"),
+            "argument --step: draws one tile update of --format png, not --format html",
+        ),
+        (("--extensions",), "argument --extensions: adds to --format json, not --format table"),
+        (
+            ("--extensions", "--format", "png", "--out", "r.png"),
+            "argument --extensions: adds to --format json, not --format png",
+        ),
+    ],
+)
+def test_an_option_of_another_format_is_refused_not_ignored(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_causal_align_without_a_diagonal_to_align_is_refused(capsys):
+    assert run(parse("--causal-align", "bottom_right", "--seqlens-k", "4")) == 2
+    err = capsys.readouterr().err
+    assert "argument --causal-align: aligns the diagonal of --causal, --window and --alibi, needs one of them" in err
+    assert "(got --causal-align bottom_right)" in err
+
+
+@pytest.mark.parametrize("uses_it", [("--causal",), ("--window", "2,0"), ("--alibi", "0.5")])
+def test_causal_align_with_causal_window_or_alibi_runs(uses_it, capsys):
+    """The negative control of the test above: each of the three places the diagonal offset (masks.py)."""
+    assert run(parse(*uses_it, "--causal-align", "bottom_right")) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--decode", "--seq-len", "6"), "argument --seq-len: not used with --decode"),
+        (("--decode", "--order", "query_major"), "argument --order: not used with --decode"),
+        (("--cache-len", "5"), "argument --cache-len: needs --decode"),
+        (("--num-splits", "3"), "argument --num-splits: needs --decode"),
+    ],
+)
+def test_an_option_of_the_other_mode_is_refused_even_at_its_default_value(argv, message, capsys):
+    assert run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err

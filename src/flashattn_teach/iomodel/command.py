@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sram-kib",
         type=finite_positive_float,
         default=228.0,
-        help="on-chip memory M per thread block in KiB (default 228: H100/H200 shared memory)",
+        help="on-chip memory M per thread block in KiB, which a tile's Q_i, O_i, K_j, V_j must fit "
+        "(default 228: H100/H200 shared memory)",
     )
     parser.add_argument("--block-m", type=positive_int, default=128, help="BLOCK_M of the query-major/split schedules")
     parser.add_argument("--block-n", type=positive_int, default=64, help="BLOCK_N of the query-major/split schedules")
@@ -95,21 +96,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ring = parser.add_argument_group("ring (context parallelism)")
     ring.add_argument("--ring", type=positive_int, metavar="W", help="also model a ring over W >= 2 devices")
     ring.add_argument(
-        "--kv-heads", type=positive_int, help="key/value heads H_kv of the ring's shards (GQA; default H)"
+        "--kv-heads", type=positive_int, help="with --ring: key/value heads H_kv of its shards (GQA; default H)"
     )
+    # None until given, so that one given without --ring is refused rather than ignored.
     ring.add_argument(
         "--link-gbs",
         type=finite_positive_float,
-        default=NVLINK4_GBS,
-        help=f"link bandwidth per direction in GB/s (default {NVLINK4_GBS:g}: NVLink 4, 900 GB/s bidirectional "
-        "per H100/H200; 50 for one 400 Gb/s InfiniBand NIC per GPU)",
+        help=f"with --ring: link bandwidth per direction in GB/s (default {NVLINK4_GBS:g}: NVLink 4, 900 GB/s "
+        "bidirectional per H100/H200; 50 for one 400 Gb/s InfiniBand NIC per GPU)",
     )
     ring.add_argument(
         "--efficiency",
         type=finite_positive_float,
-        default=ACHIEVED,
-        help=f"fraction of --peak-tflops a block's attention achieves, in (0, 1] (default {ACHIEVED:g})",
+        help=f"with --ring: fraction of --peak-tflops a block's attention achieves, in (0, 1] (default {ACHIEVED:g})",
     )
+
+
+RING_ONLY = ("kv_heads", "link_gbs", "efficiency")  # the options that describe the ring, by destination
 
 
 def _error(option: str, message: str) -> int:
@@ -124,20 +127,70 @@ def _bytes_option(value: float, unit: int, text: str) -> int:
     return int(value * unit)
 
 
+def _tile_bytes(block_m: int, block_n: int, p: Problem) -> int:
+    """On-chip bytes of a tile's four d-wide blocks: ``Q_i, O_i`` (``block_m x d``), ``K_j, V_j`` (``block_n x d``).
+
+    These are what FA1 Alg. 1 line 1 sizes against ``M`` (``Bc = M / 4d``: a quarter of ``M`` each when
+    ``Br = Bc``); the scores ``S_ij`` and the row statistics come on top, in the paper as here."""
+    return 2 * (block_m + block_n) * p.head_dim * p.elem_bytes
+
+
+def _kib(n: int) -> str:
+    """``n`` bytes in KiB, exactly (``n / 1024`` is a binary fraction), so the value given back is ``n`` again."""
+    return repr(n / 1024).removesuffix(".0")
+
+
+def _key_major_tile(sram: int, p: Problem, sram_kib: float) -> tuple[int, int]:
+    """FA1 Alg. 1 line 1's ``(Br, Bc)``; where its ``ceil(M / 4d)`` makes the tile larger than ``M``, the
+    largest of the same shape that fits, ``Bc = floor(M / 4d)``; a ValueError when not even 1 x 1 fits."""
+    smallest = _tile_bytes(1, 1, p)
+    if sram < smallest:
+        raise ValueError(
+            f"{sram_kib:g} KiB holds no tile at --head-dim {p.head_dim} and --elem-bytes {p.elem_bytes}: "
+            f"the smallest, 1 x 1, holds Q_i, K_j, V_j, O_i, 4 x {p.head_dim} x {p.elem_bytes} = {smallest} bytes; "
+            f"use --sram-kib {_kib(smallest)} or more"
+        )
+    br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+    if _tile_bytes(br, bc, p) > sram:
+        bc = sram // p.elem_bytes // (4 * p.head_dim)  # >= 1 as M >= 4d; 2d (Br + Bc) <= 4d Bc <= M
+        br = min(bc, p.head_dim)
+    return br, bc
+
+
+def _tile_error(p: Problem, args: argparse.Namespace, sram: int) -> str | None:
+    """The query-major and split rows' tile, ``--block-m x --block-n``, when it does not fit ``M``."""
+    need = _tile_bytes(args.block_m, args.block_n, p)
+    if need <= sram:
+        return None
+    return (
+        f"{args.sram_kib:g} KiB does not hold the FA2 rows' tile, --block-m {args.block_m} x --block-n "
+        f"{args.block_n}: Q_i, O_i, K_j, V_j are 2 x ({args.block_m} + {args.block_n}) x {p.head_dim} x "
+        f"{p.elem_bytes} = {need} bytes; use --sram-kib {_kib(need)} or more, or a smaller --block-m/--block-n"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     p = Problem(args.batch, args.heads, args.seq_len, args.head_dim, args.elem_bytes, args.causal)
     try:
         sram = _bytes_option(args.sram_kib, 1024, f"{args.sram_kib:g} KiB")
-        br, bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+        br, bc = _key_major_tile(sram, p, args.sram_kib)
     except ValueError as e:
         return _error("--sram-kib", str(e))
+    problem = _tile_error(p, args, sram)
+    if problem is not None:
+        return _error("--sram-kib", problem)
     try:
         cache = L2Cache(_bytes_option(args.l2_mib, 2**20, f"{args.l2_mib:g} MiB"), args.programs)
     except ValueError as e:
         return _error("--l2-mib", str(e))
-    if args.efficiency > 1:
-        return _error("--efficiency", f"must be in (0, 1], got {args.efficiency:g}")
-    hw = RingHardware(args.link_gbs, args.peak_tflops, args.efficiency)
+    given = [dest for dest in RING_ONLY if getattr(args, dest) is not None]
+    if args.ring is None and given:
+        option, value = "--" + given[0].replace("_", "-"), getattr(args, given[0])
+        return _error(option, f"describes the ring, needs --ring W (got {option} {value:g})")
+    efficiency = ACHIEVED if args.efficiency is None else args.efficiency
+    if efficiency > 1:
+        return _error("--efficiency", f"must be in (0, 1], got {efficiency:g}")
+    hw = RingHardware(NVLINK4_GBS if args.link_gbs is None else args.link_gbs, args.peak_tflops, efficiency)
     if args.ring is not None:
         try:
             shard_len(p, args.ring)
@@ -167,6 +220,12 @@ def _traffic_table(p: Problem, args: argparse.Namespace, sram: int, br: int, bc:
         f"IO model: B={p.batch} H={p.heads} N={p.seq_len} d={p.head_dim} causal={p.causal}, "
         f"{p.elem_bytes}-byte elements, M = {args.sram_kib:g} KiB on chip ({sram // p.elem_bytes} elements)"
     )
+    paper_br, paper_bc = paper_block_sizes(sram, p.head_dim, p.elem_bytes)
+    if (paper_br, paper_bc) != (br, bc):
+        print(
+            f"FA1 Alg. 1 line 1's Bc = ceil(M/4d) gives a {paper_br}x{paper_bc} tile of "
+            f"{_tile_bytes(paper_br, paper_bc, p)} bytes, more than M: the key-major rows round M/4d down, {br}x{bc}"
+        )
     print(
         f"FLOPs (4*B*H*N^2*d, halved if causal; backward x2.5): forward {fwd / 1e9:.2f} GFLOP, "
         f"backward {bwd / 1e9:.2f} GFLOP"

@@ -11,8 +11,9 @@ The mask contract's options (see :mod:`flashattn_teach.masks`) are all here: ``-
 window, -1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one slope, or one per batch element),
 ``--seqlens-k N`` (one key length, or one per batch element), and a mask: ``--pad-left K`` (one count, or
 one per batch element) builds the left-padding mask a Hugging Face tokenizer's ``attention_mask`` gives,
-bool ``(B, 1, N)``, False on each element's first ``K`` keys; ``--mask FILE.pt`` reads any bool or additive
-mask saved with ``torch.save``, broadcastable to ``(B, N, N)`` (or Hugging Face's ``(B, 1, N, N)``).
+bool ``(B, 1, N)``, False on each element's first ``K`` keys (``N`` and ``K`` in ``[0, --seq-len]``);
+``--mask FILE.pt`` reads any bool or additive mask saved with ``torch.save``, broadcastable to ``(B, N, N)``
+(or Hugging Face's ``(B, 1, N, N)``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,13 @@ from .schedule import blocks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the ``replay`` subcommand."""
+    """The options of the ``replay`` subcommand; those of one mode only stay None until given (``run`` fills
+    in their defaults), so that one given with the other mode is refused even at its default value."""
+    _add_options(parser)
+    parser.set_defaults(**dict.fromkeys((*REPLAY_ONLY, *DECODE_ONLY)))
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="torch.manual_seed before making q, k, v (default 0)")
     parser.add_argument("--batch", type=positive_int, default=1, help="B in (B, N, D) (default 1)")
     parser.add_argument(
@@ -64,7 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="causal masking; tiles above the diagonal are skipped (default: off, on with --decode)",
     )
-    parser.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
+    parser.add_argument(
+        "--causal-align",
+        choices=("top_left", "bottom_right"),
+        default=None,
+        help="with --causal, --window or --alibi: where their diagonal lies (default top_left)",
+    )
     parser.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
     parser.add_argument(
         "--order",
@@ -98,9 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     masks.add_argument("--mask", type=Path, default=None, metavar="FILE.pt", help="attn_mask saved with torch.save")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     parser.add_argument(
-        "--extensions", action="store_true", help="json: add the skipped tiles and the schedule to the seed format"
+        "--extensions",
+        action="store_true",
+        help="--format json only: add the skipped tiles and the schedule to the seed format",
     )
-    parser.add_argument("--step", type=positive_int, default=None, help="png: draw only this tile update (1-based)")
+    parser.add_argument(
+        "--step", type=positive_int, default=None, help="--format png only: draw only this tile update (1-based)"
+    )
     parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
     add_decode_arguments(parser)
 
@@ -123,15 +139,21 @@ DECODE_ONLY = ("cache_len", "new_kv", "new_queries", "num_splits", "cache_size",
 
 
 def _mode_error(args: argparse.Namespace) -> str | None:
-    """An option of the other mode given a value (not its default), named."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    defaults = vars(parser.parse_args([]))
+    """An option of the other mode that was given, named."""
     for dest in REPLAY_ONLY if args.decode else DECODE_ONLY:
-        if getattr(args, dest) != defaults[dest]:
+        if getattr(args, dest) is not None:
             option = "--" + dest.replace("_", "-")
             return f"argument {option}: not used with --decode" if args.decode else f"argument {option}: needs --decode"
     return None
+
+
+def _with_mode_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each mode's options not given set to their defaults."""
+    parser = argparse.ArgumentParser()
+    _add_options(parser)
+    defaults = vars(parser.parse_args([]))
+    missing = {dest: defaults[dest] for dest in (*REPLAY_ONLY, *DECODE_ONLY) if getattr(args, dest) is None}
+    return argparse.Namespace(**{**vars(args), **missing})
 
 
 @dataclass(frozen=True)
@@ -199,8 +221,23 @@ def _option_error(args: argparse.Namespace) -> str | None:
         )
     if args.batch_index >= args.batch:
         return f"argument --batch-index: must be in [0, {args.batch}) for --batch {args.batch}, got {args.batch_index}"
+    for option, values in (("--seqlens-k", args.seqlens_k), ("--pad-left", args.pad_left)):
+        # A key length, or a count of padded keys, from 0 (every key padded: the row sees none) to N.
+        if values is not None and max(values) > args.seq_len:
+            given = ",".join(map(str, values))
+            return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
+    uses_diagonal = args.causal or args.window is not None or args.alibi is not None  # masks.py: i + off
+    if args.causal_align is not None and not uses_diagonal:
+        return (
+            f"argument --causal-align: aligns the diagonal of --causal, --window and --alibi, needs one of them "
+            f"(got --causal-align {args.causal_align})"
+        )
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
+    if args.step is not None and args.format != "png":
+        return f"argument --step: draws one tile update of --format png, not --format {args.format}"
+    if args.extensions and args.format != "json":
+        return f"argument --extensions: adds to --format json, not --format {args.format}"
     if args.format in ("html", "png") and args.seq_len**2 > MAX_DRAWN_CELLS:
         return (
             f"argument --format: {args.format} draws every one of the N x N = {args.seq_len**2} score cells, at "
@@ -224,6 +261,8 @@ def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; returns the exit status."""
     problem = _mode_error(args)
+    if problem is None:
+        args = _with_mode_defaults(args)
     if problem is None and args.decode:
         return run_decode(args)
     problem = problem or _option_error(args)
@@ -246,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
             block_n=args.block_n,
             query_block=args.query_block,
             causal=bool(args.causal),
-            causal_align=args.causal_align,
+            causal_align=args.causal_align or "top_left",
             scale=args.scale,
             order=args.order,
             batch_index=args.batch_index,
