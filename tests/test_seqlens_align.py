@@ -233,6 +233,22 @@ def test_top_left_keeps_offset_zero_for_every_element(attention):
         assert torch.equal(seen[b], rule_visible(3, 6, L, causal_align="top_left"))
 
 
+@pytest.mark.parametrize("backend", ["online", "key_major", "dense"])
+def test_forward_mode_ad_aligns_each_element_to_its_own_length(backend):
+    """``torch.func.jvp`` runs the tiled forward-mode path (``reference/forward_ad.py``) on the CPU backends."""
+    g = torch.Generator().manual_seed(7)
+    primals = tuple(torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64) for n in (5, 8, 8))
+    tangents = tuple(torch.randn_like(t) for t in primals)
+    lengths = torch.tensor([8, 3])
+    kw = {"window": (2, 0), "causal_align": "bottom_right", "seqlens_k": lengths}
+    out, t_out = torch.func.jvp(lambda q, k, v: fa.flash_attention(q, k, v, **kw, backend=backend), primals, tangents)
+    want, t_want = torch.func.jvp(lambda q, k, v: rule(q, k, v, lengths, causal=False, window=(2, 0))[0], primals,
+                                  tangents)  # fmt: skip
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(t_out, t_want, atol=1e-12, rtol=0)
+    assert (t_out[1, :, :2] == 0).all()  # element 1: off_1 = -2, rows 0-1 see nothing
+
+
 # ---------------------------------------------------------------------------------------------- tile plan
 
 
