@@ -10,10 +10,10 @@ them)::
     q (B, H_kv G, 1, D)  ->  q (B, H_kv, G, D),     O (B, H_kv, G, D_v)  ->  O (B, H_kv G, 1, D_v)
 
 That holds when the one row's mask does not depend on its position or its head: causal masking and the
-window hide no key from it (bottom-right causal: the single row is the last and sees every key, of its
-own batch element's ``seqlens_k[b]`` keys with them), no ALiBi
-(a slope per head), no dropout (its counters name the head and the row), and an ``attn_mask`` whose head
-size is 1 or ``H_q`` (read as ``(B, H_kv, G, N_k)``). flash-attn does the same when decoding; for
+window hide no key from it (bottom-right causal: the single row is the last and sees every key; with
+``seqlens_k``, every one of its own batch element's ``seqlens_k[b]``), no ALiBi (a slope per head), no
+dropout (its counters name the head and the row), and an ``attn_mask`` whose head size is 1 or ``H_q``
+(read as ``(B, H_kv, G, N_k)``). flash-attn does the same when decoding; for
 ``flash_attention_with_kvcache`` it is :func:`flashattn_teach.decode_cpu.decode_one`.
 """
 
