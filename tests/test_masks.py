@@ -59,6 +59,8 @@ def formula(q, k, v, *, causal=False, causal_align="top_left", window=None, soft
     if softcap is not None:
         S = softcap * torch.tanh(S / softcap)
     off = 0 if causal_align == "top_left" else N_k - N_q
+    if seqlens_k is not None and causal_align == "bottom_right":
+        off = (seqlens_k - N_q).reshape(-1, 1, 1, 1)  # flash-attn: each batch element aligned to its own length
     i = torch.arange(N_q)[:, None]
     j = torch.arange(N_k)[None, :]
     seen = torch.ones(B, H_q, N_q, N_k, dtype=torch.bool)
@@ -201,7 +203,7 @@ def test_dense_matches_torch_sdpa_given_the_equivalent_float_mask(case):
         bias = torch.zeros(B, H_q, N_q, N_k, dtype=torch.float64)
         seen = formula_visible(p, opts, i, j)
         if "alibi_slopes" in opts:
-            off = 0 if p.causal_align == "top_left" else N_k - N_q
+            off = diagonal(p, opts)
             bias = bias - opts["alibi_slopes"].reshape(-1, H_q, 1, 1) * (i + off - j).abs()
         m = opts.get("attn_mask")
         if m is not None and m.dtype != torch.bool:
@@ -215,11 +217,21 @@ def test_dense_matches_torch_sdpa_given_the_equivalent_float_mask(case):
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
 
 
+def diagonal(p, opts):
+    """:func:`formula`'s diagonal offset: 0, ``N_k - N_q``, or ``seqlens_k[b] - N_q`` per batch element."""
+    N_q, N_k = p.q.shape[-2], p.k.shape[-2]
+    if p.causal_align == "top_left":
+        return 0
+    if "seqlens_k" in opts:
+        return (opts["seqlens_k"] - N_q).reshape(-1, 1, 1, 1)
+    return N_k - N_q
+
+
 def formula_visible(p, opts, i, j):
     """The bool visibility of :func:`formula`, for the SDPA comparison."""
     B, H_q, N_q = p.q.shape[:3]
     N_k = p.k.shape[-2]
-    off = 0 if p.causal_align == "top_left" else N_k - N_q
+    off = diagonal(p, opts)
     seen = torch.ones(B, H_q, N_q, N_k, dtype=torch.bool)
     if p.causal:
         seen &= j <= i + off
@@ -490,7 +502,8 @@ def test_the_parallel_path_skips_each_batch_elements_padding(monkeypatch):
 
 @pytest.mark.parametrize("attention", ALL)
 @pytest.mark.parametrize("batch", [(), (2, 3)], ids=["rank 3", "rank 5"])
-def test_batch_shapes_other_than_one_dim_map_each_option_to_its_element(attention, batch):
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_batch_shapes_other_than_one_dim_map_each_option_to_its_element(attention, batch, causal_align):
     """seqlens_k has the batch shape, slopes (*batch, H_q), the mask broadcasts: checked through the formula
     on the same problem flattened to (B, H, N, D)."""
     g = torch.Generator().manual_seed(5)
@@ -500,12 +513,14 @@ def test_batch_shapes_other_than_one_dim_map_each_option_to_its_element(attentio
     slopes = torch.rand(*batch, H, generator=g, dtype=torch.float64)
     mask = torch.rand(*batch[:1], *(1,) * len(batch[1:]), 1, N_q, N_k, generator=g) > 0.3
     kw = dict(window=(3, 2), softcap=2.0, alibi_slopes=slopes, seqlens_k=lengths, attn_mask=mask)
+    kw["causal_align"] = causal_align  # bottom_right: the window follows each element's length
     tiles = {} if attention is dense_attention else dict(block_m=3, block_n=4)
     O, lse = attention(q, k, v, return_lse=True, **kw, **tiles)
     flat = math.prod(batch)
     O_ref, lse_ref = formula(
         *(t.reshape(flat, H, -1, 4) for t in (q, k, v)),
         window=(3, 2),
+        causal_align=causal_align,
         softcap=2.0,
         alibi_slopes=slopes.reshape(flat, H),
         seqlens_k=lengths.reshape(flat),
@@ -516,10 +531,12 @@ def test_batch_shapes_other_than_one_dim_map_each_option_to_its_element(attentio
 
 
 @pytest.mark.parametrize("attention", ALL)
-def test_two_dimensional_inputs_take_a_scalar_length_and_one_slope(attention):
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_two_dimensional_inputs_take_a_scalar_length_and_one_slope(attention, causal_align):
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (6, 8, 8))
     kw = dict(window=(2, -1), alibi_slopes=torch.tensor([0.4], dtype=torch.float64), seqlens_k=torch.tensor(5))
+    kw["causal_align"] = causal_align
     tiles = {} if attention is dense_attention else dict(block_m=4, block_n=3)
     O = attention(q, k, v, **kw, **tiles)
     O_ref, _ = formula(q[None, None], k[None, None], v[None, None], **{**kw, "seqlens_k": torch.tensor([5])})

@@ -47,6 +47,12 @@ CASES = {
     "additive mask": {"attn_mask": "additive"},
     "bottom-right causal": {"causal": True, "causal_align": "bottom_right"},
     "softcap and seqlens_k": {"softcap": 3.0, "seqlens_k": torch.tensor([300, 123])},
+    # each row sits at its own element's last key, L_b - 1: it sees all of that element's keys
+    "bottom-right causal and seqlens_k": {
+        "causal": True,
+        "causal_align": "bottom_right",
+        "seqlens_k": torch.tensor([300, 123]),
+    },
     "a window that hides no key": {"window": (400, 0), "causal_align": "bottom_right"},
 }
 
@@ -79,6 +85,12 @@ NOT_FOLDED = {
     "top-left causal": {"causal": True},  # the one row sees key 0 only; as rows they would see more
     "a window": {"window": (50, 0), "causal_align": "bottom_right"},
     "ALiBi": {"alibi_slopes": torch.rand(8, dtype=torch.float64)},
+    # element 1's row (at key 122) sees its 123 keys; element 0's (at key 299) not its first 99
+    "a window over seqlens_k": {
+        "window": (200, 0),
+        "causal_align": "bottom_right",
+        "seqlens_k": torch.tensor([300, 123]),
+    },
     "dropout": {"dropout_p": 0.2},
 }
 

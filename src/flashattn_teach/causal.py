@@ -15,6 +15,22 @@ Two conventions exist when the number of queries ``N_q`` differs from the number
 With ``N_q == N_k`` both are the usual lower triangle. Under ``bottom_right`` with ``N_q > N_k`` the
 first ``N_q - N_k`` query rows see no key at all; every backend returns output 0 and ``lse = -inf``
 for such rows rather than NaN.
+
+With ``seqlens_k`` (keys ``j >= L_b`` of batch element ``b`` are padding) ``bottom_right`` aligns each
+element to its own length, as flash-attn's varlen and KV-cache calls do: the last query row sits at the
+element's last key, ``off_b = L_b - N_q``, for causal masking, the window and the ALiBi distance
+alike. ``top_left`` keeps ``off = 0`` for every element::
+
+    N_q = 2, N_k = 6, seqlens_k = [6, 4], bottom_right, causal (x: visible, - : padding)
+
+    b = 0, L_0 = 6, off_0 = 4               b = 1, L_1 = 4, off_1 = 2
+            keys 0 1 2 3 4 5                        keys 0 1 2 3 4 5
+    query 0      x x x x x .                query 0      x x x . - -
+    query 1      x x x x x x                query 1      x x x x - -
+
+An offset of ``N_k - N_q = 4`` for every element would let element 1's query 0 see key 3 and put its
+diagonal among the padding. A row can see nothing: with ``L_b < N_q`` the first ``N_q - L_b`` rows of
+element ``b`` do.
 """
 
 from __future__ import annotations

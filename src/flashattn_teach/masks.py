@@ -1,9 +1,10 @@
 """The mask contract: which keys a query row sees, and what is added to its scores.
 
 For query row ``i`` and key column ``j`` of batch element ``b`` and query head ``h``, with ``off`` the
-diagonal offset of ``causal_align`` (0 for ``top_left``, ``N_k - N_q`` for ``bottom_right``; see
-:mod:`flashattn_teach.causal`), the score is built in flash-attn's order (its kernels scale, then cap,
-then mask and add the ALiBi bias; its test reference does the same)::
+diagonal offset of ``causal_align`` (0 for ``top_left``; ``N_k - N_q`` for ``bottom_right``, and with
+``seqlens_k`` each element's own ``seqlens_k[b] - N_q``; see :mod:`flashattn_teach.causal`), the score is
+built in flash-attn's order (its kernels scale, then cap, then mask and add the ALiBi bias; its test
+reference does the same)::
 
     S_ij  = scale * q_i . k_j
     S_ij  = softcap * tanh(S_ij / softcap)        softcap: before any bias or mask
@@ -17,10 +18,11 @@ then mask and add the ALiBi bias; its test reference does the same)::
                        and attn_mask[b, h, i, j]                     a bool attn_mask (True: visible)
 
 ``causal=True`` is the window's right side 0: ``window=(-1, 0)`` with ``causal=False`` is causal masking.
-A window is allowed without ``causal``; with it, ``right`` is 0 whatever was given. ``off`` comes from
-``N_q`` and ``N_k``, not from ``seqlens_k[b]`` (decoding against a KV cache aligns to each batch element's
-own length instead: ``decode.py`` builds one spec per batch element and key range, each with its own
-``offset``). A row that sees no key gives ``O = 0`` and ``lse = -inf``. Two shapes of window,
+A window is allowed without ``causal``; with it, ``right`` is 0 whatever was given. Under ``bottom_right``
+with ``seqlens_k`` the offset is each batch element's own, ``off_b = seqlens_k[b] - N_q``: the last query
+row sits at the element's last key, as in flash-attn's varlen and KV-cache calls (``top_left`` keeps
+``off = 0`` for every element; the decode path passes its own ``offset`` per batch element and key range,
+``decode.py``). A row that sees no key gives ``O = 0`` and ``lse = -inf``. Two shapes of window,
 ``N_q = N_k = 6``, ``top_left`` (x: visible)::
 
     window=(2, 0)            window=(1, 1)
@@ -72,7 +74,9 @@ class MaskSpec:
     ``causal`` is the user's flag; ``left, right`` are the window with causal folded in (``-1``:
     unbounded); ``seqlens_k`` has the batch shape; ``attn_mask`` is the user's mask with leading 1s up to
     the score rank (a view, no copy); ``packed`` the sequence bounds of a packed call (``offset`` is then
-    unused: each sequence has its own).
+    unused: each sequence has its own). ``offset`` is the diagonal offset of ``N_q`` and ``N_k``; with
+    ``per_element`` (``bottom_right`` and ``seqlens_k``) batch element ``b``'s is
+    ``offset + seqlens_k[b] - N_k = seqlens_k[b] - N_q`` (:meth:`offset_of`).
     """
 
     shapes: AttentionShapes
@@ -85,6 +89,7 @@ class MaskSpec:
     seqlens_k: Tensor | None = None
     attn_mask: Tensor | None = None
     packed: PackedSequences | None = None
+    per_element: bool = False  # the diagonal follows each batch element's seqlens_k[b]
     dtype: torch.dtype = torch.float32  # the compute dtype biases are built in
     _tilings: dict[tuple[int, int], Tiling] = field(default_factory=dict, compare=False, repr=False)
 
@@ -110,7 +115,8 @@ class MaskSpec:
         ``offset``, when given, is the diagonal offset itself and replaces ``causal_align``'s: a caller
         that passes a slice of a longer key sequence keeps the whole sequence's geometry with it (a decode
         split of keys ``[s0, s1)`` of a cache of length ``L`` with ``N_q`` new queries: ``L - N_q - s0``;
-        see ``decode.py``)."""
+        see ``decode.py``); it is then the same for every batch element. Without it, ``bottom_right`` with
+        ``seqlens_k`` aligns each batch element to its own length (flash-attn's rule)."""
         left, right = window
         packed = None
         if cu_seqlens_q is not None and cu_seqlens_k is not None:
@@ -129,6 +135,7 @@ class MaskSpec:
             seqlens_k=seqlens_k,
             attn_mask=attn_mask,
             packed=packed,
+            per_element=offset is None and causal_align == "bottom_right" and seqlens_k is not None,
             dtype=compute_dtype(q_dtype),
         )
 
@@ -158,19 +165,53 @@ class MaskSpec:
 
     # ------------------------------------------------- the window, causal, seqlens_k and packed sequences
 
-    def key_range(self, r0: int, r1: int) -> tuple[int, int]:
-        """``[c_lo, c_hi)``: the key columns any of the rows ``[r0, r1)`` may see (before ``attn_mask``)."""
+    def offset_of(self, b: int) -> int:
+        """Batch element ``b``'s diagonal offset (flat index): ``offset``, or ``seqlens_k[b] - N_q`` with
+        ``per_element``."""
+        return self.offset + self._lengths[b] - self.shapes.N_k if self.per_element else self.offset
+
+    def _geometries(self, b: int | None) -> list[tuple[int, int]]:
+        """``(off_b, L_b)``, the diagonal offset and key length, of batch element ``b``; with ``b`` None,
+        enough of the batch's to decide any tile over the whole batch: every distinct pair with
+        ``per_element``, else the shortest and the longest length (one offset; a tile SKIP for the longest
+        is SKIP for all, one FULL for the shortest is FULL for all)."""
+        if self.seqlens_k is None or not self._lengths:
+            return [(self.offset, self.shapes.N_k)]
+        if b is not None:
+            return [(self.offset_of(b), self._lengths[b])]
+        return self._batch_geometries
+
+    @cached_property
+    def _batch_geometries(self) -> list[tuple[int, int]]:
+        if self.per_element:
+            return sorted({(self.offset_of(b), length) for b, length in enumerate(self._lengths)})
+        shortest, longest = self.seqlen_bounds
+        return sorted({(self.offset, shortest), (self.offset, longest)})
+
+    def key_range(self, r0: int, r1: int, *, b: int | None = None) -> tuple[int, int]:
+        """``[c_lo, c_hi)``: the key columns any of the rows ``[r0, r1)`` may see (before ``attn_mask``), in
+        batch element ``b`` or (None) in any of them (the hull of theirs)."""
         if self.packed is not None:
             return self.packed.key_range(r0, r1, self.left, self.right)
-        return band_keys(r0, r1, self.offset, self.left, self.right, (0, self.seqlen_bounds[1]))
+        ranges = [band_keys(r0, r1, off, self.left, self.right, (0, n)) for off, n in self._geometries(b)]
+        seen = [(lo, hi) for lo, hi in ranges if hi > lo]
+        if not seen:
+            return ranges[0]  # empty
+        return min(lo for lo, _ in seen), max(hi for _, hi in seen)
 
-    def query_range(self, c0: int, c1: int) -> tuple[int, int]:
-        """``[r_lo, r_hi)``: the query rows that may see some key of ``[c0, c1)`` (before ``attn_mask``)."""
+    def query_range(self, c0: int, c1: int, *, b: int | None = None) -> tuple[int, int]:
+        """``[r_lo, r_hi)``: the query rows that may see some key of ``[c0, c1)`` (before ``attn_mask``), in
+        batch element ``b`` or (None) in any of them (the hull of theirs)."""
         if self.packed is not None:
             return self.packed.query_range(c0, c1, self.left, self.right)
-        if c0 >= self.seqlen_bounds[1]:
+        rows = (0, self.shapes.N_q)
+        ranges = [
+            band_rows(c0, min(c1, n), off, self.left, self.right, rows) for off, n in self._geometries(b) if c0 < n
+        ]
+        seen = [(lo, hi) for lo, hi in ranges if hi > lo]
+        if not seen:
             return 0, 0
-        return band_rows(c0, c1, self.offset, self.left, self.right, (0, self.shapes.N_q))
+        return min(lo for lo, _ in seen), max(hi for _, hi in seen)
 
     def structure_kind(self, r0: int, r1: int, c0: int, c1: int, *, b: int | None = None) -> TileKind:
         """The tile's kind under the window, causal, ``seqlens_k`` (of batch element ``b``, flat index;
@@ -178,19 +219,27 @@ class MaskSpec:
         and packed sequences."""
         if self.packed is not None:
             return self.packed.kind(r0, r1, c0, c1, self.left, self.right)
-        if self.seqlens_k is not None and b is not None:
-            shortest = longest = self._lengths[b]
-        else:
-            shortest, longest = self.seqlen_bounds
-        if c0 >= longest:
-            return TileKind.SKIP
-        kind = band_kind(r0, r1, c0, c1, self.offset, self.left, self.right)
-        return TileKind.PARTIAL if kind is TileKind.FULL and c1 > shortest else kind
+        kinds = set()
+        for off, n in self._geometries(b):
+            kind = TileKind.SKIP if c0 >= n else band_kind(r0, r1, c0, c1, off, self.left, self.right)
+            kinds.add(TileKind.PARTIAL if kind is TileKind.FULL and c1 > n else kind)
+        return kinds.pop() if len(kinds) == 1 else TileKind.PARTIAL  # mixed: some element sees part of it
 
     # ---------------------------------------------------------------------------- tensors of one tile
 
     def _rank(self) -> int:
         return len(self.shapes.score_shape)
+
+    def _diagonal(self, dtype: torch.dtype, *, b: int | None) -> int | Tensor:
+        """``off``, or with ``per_element`` and ``b`` None every element's ``off_b`` as a tensor of shape
+        ``(*batch, 1, 1, 1)`` (``()`` for rank 2), broadcastable to the score tile."""
+        if not self.per_element:
+            return self.offset
+        if b is not None:
+            return self.offset_of(b)
+        assert self.seqlens_k is not None
+        lengths = self.seqlens_k.reshape(*self.shapes.batch, *(1,) * (self._rank() - len(self.shapes.batch)))
+        return (lengths - self.shapes.N_q).to(dtype)  # off_b = seqlens_k[b] - N_q
 
     def structure_visible(
         self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None
@@ -201,11 +250,12 @@ class MaskSpec:
             return self.packed.visible(r0, r1, c0, c1, self.left, self.right, device)
         rows = torch.arange(r0, r1, device=device)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device)[None, :]  # (1, Bc)
+        diagonal = rows + self._diagonal(torch.long, b=b)  # i + off_b: (Br, 1), or (*batch, 1, Br, 1)
         vis = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)  # (Br, Bc)
         if self.left >= 0:
-            vis &= cols >= rows + self.offset - self.left
+            vis = vis & (cols >= diagonal - self.left)
         if self.right >= 0:
-            vis &= cols <= rows + self.offset + self.right
+            vis = vis & (cols <= diagonal + self.right)
         if self.seqlens_k is not None and b is not None:
             vis &= cols < self._lengths[b]
         elif self.seqlens_k is not None:
@@ -216,7 +266,7 @@ class MaskSpec:
     def alibi_bias(
         self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None, h: int = 0
     ) -> Tensor | None:
-        """``-slope[b, h] * |i + off - j|`` over the tile, broadcastable to the score tile (``(Br, Bc)`` for
+        """``-slope[b, h] * |i + off_b - j|`` over the tile, broadcastable to the score tile (``(Br, Bc)`` for
         batch element ``b`` and head ``h``); None without ALiBi."""
         if self.alibi_slopes is None:
             return None
@@ -224,10 +274,12 @@ class MaskSpec:
             return self.packed.alibi_bias(self.alibi_slopes, r0, r1, c0, c1, self.dtype, h=None if b is None else h)
         rows = torch.arange(r0, r1, device=device, dtype=self.dtype)[:, None]  # (Br, 1)
         cols = torch.arange(c0, c1, device=device, dtype=self.dtype)[None, :]  # (1, Bc)
-        distance = (rows + self.offset - cols).abs()  # (Br, Bc)
-        if b is not None or self._rank() == 2:  # one head, or 2-D inputs with their one slope
+        if b is None and self._rank() == 2:
+            b = 0  # 2-D inputs: one batch element, one head
+        distance = (rows + self._diagonal(self.dtype, b=b) - cols).abs()  # (Br, Bc), or (*batch, 1, Br, Bc)
+        if b is not None:  # one head
             slopes = self.alibi_slopes.reshape(-1, self.shapes.H_q)  # (1 or B, H_q)
-            slope = slopes[b if b is not None and slopes.shape[0] > 1 else 0, h].to(self.dtype)
+            slope = slopes[b if slopes.shape[0] > 1 else 0, h].to(self.dtype)
             return -slope * distance  # (Br, Bc)
         slopes = self.alibi_slopes.to(self.dtype).reshape(*self.alibi_slopes.shape, 1, 1)
         return -slopes * distance  # (*batch, H_q, Br, Bc) or (H_q, Br, Bc)

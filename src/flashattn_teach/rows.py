@@ -10,9 +10,10 @@ them)::
     q (B, H_kv G, 1, D)  ->  q (B, H_kv, G, D),     O (B, H_kv, G, D_v)  ->  O (B, H_kv G, 1, D_v)
 
 That holds when the one row's mask does not depend on its position or its head: causal masking and the
-window hide no key from it (bottom-right causal: the single row is the last and sees every key), no ALiBi
-(a slope per head), no dropout (its counters name the head and the row), and an ``attn_mask`` whose head
-size is 1 or ``H_q`` (read as ``(B, H_kv, G, N_k)``). flash-attn does the same when decoding; for
+window hide no key from it (bottom-right causal: the single row is the last and sees every key; with
+``seqlens_k``, every one of its own batch element's ``seqlens_k[b]``), no ALiBi (a slope per head), no
+dropout (its counters name the head and the row), and an ``attn_mask`` whose head size is 1 or ``H_q``
+(read as ``(B, H_kv, G, N_k)``). flash-attn does the same when decoding; for
 ``flash_attention_with_kvcache`` it is :func:`flashattn_teach.decode_cpu.decode_one`.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ._options import AttentionOptions, make_options
+from .masks import MaskSpec
 
 
 def _folded_mask(attn_mask: Tensor | None, H_q: int, H_kv: int, G: int) -> Tensor | bool | None:
@@ -36,6 +38,20 @@ def _folded_mask(attn_mask: Tensor | None, H_q: int, H_kv: int, G: int) -> Tenso
     return False
 
 
+def _sees_every_key(spec: MaskSpec, N_k: int) -> bool:
+    """Whether causal masking and the window leave the one row of every batch element all of its keys
+    ``[0, L_b)``: the row sits at key position ``off_b`` (``L_b - 1`` under ``bottom_right``, per element
+    with ``seqlens_k``) and sees ``off_b - left <= j <= off_b + right``."""
+    lengths = spec.seqlens_k.reshape(-1).tolist() if spec.per_element and spec.seqlens_k is not None else [N_k]
+    for b, n in enumerate(lengths):
+        off, last = spec.offset_of(b), n - 1
+        if (spec.causal and off < last) or (spec.left >= 0 and off - spec.left > 0):
+            return False
+        if spec.right >= 0 and off + spec.right < last:
+            return False
+    return True
+
+
 def fold(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, AttentionOptions] | None:
     """``(q (B, H_kv, G, D), options of that call)`` when the call's query heads can run as rows (module
     docs), else None."""
@@ -46,11 +62,7 @@ def fold(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tenso
     if H_kv == 0 or H_q <= H_kv or H_q % H_kv:
         return None
     spec = opts.mask
-    # the one row sits at key position ``offset``: causal masking and the window must leave it every key
-    last = k.shape[2] - 1
-    if (spec.causal and spec.offset < last) or (spec.left >= 0 and spec.offset - spec.left > 0):
-        return None
-    if (spec.right >= 0 and spec.offset + spec.right < last) or spec.alibi_slopes is not None:
+    if not _sees_every_key(spec, k.shape[2]) or spec.alibi_slopes is not None:
         return None
     if spec.packed is not None:
         return None

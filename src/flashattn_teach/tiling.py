@@ -103,10 +103,14 @@ class Tiling:
         self.col_blocks = blocks(spec.shapes.N_k, block_n)
         self.block_m, self.block_n = block_m, block_n
         self.summary = None if spec.attn_mask is None else MaskSummary(spec.attn_mask, block_m, block_n)
+        # batch-wide structure kinds, asked for again by every loop (over each element's geometry: O(B) each)
+        self._structure: dict[tuple[int, int], TileKind] = {}
 
     def _kinds(self, i: int, j: int) -> tuple[TileKind, TileKind]:
-        (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
-        structure = self.spec.structure_kind(r0, r1, c0, c1)
+        if (i, j) not in self._structure:
+            (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
+            self._structure[i, j] = self.spec.structure_kind(r0, r1, c0, c1)
+        structure = self._structure[i, j]
         mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j)
         return structure, mask
 
@@ -128,14 +132,14 @@ class Tiling:
         """The key blocks query block ``i`` visits, in order: every one whose tile is not SKIP (over the
         whole batch, or for batch element ``b`` and head ``h``)."""
         r0, r1 = self.row_blocks[i]
-        lo, hi = self.spec.key_range(r0, r1)
+        lo, hi = self.spec.key_range(r0, r1, b=b)
         near = range(lo // self.block_n, math.ceil(hi / self.block_n)) if hi > lo else range(0)
         return [j for j in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
 
     def query_blocks(self, j: int, *, b: int | None = None, h: int | None = None) -> list[int]:
         """The query blocks that visit key block ``j``, in order (the key-major loops' inner range)."""
         c0, c1 = self.col_blocks[j]
-        lo, hi = self.spec.query_range(c0, c1)
+        lo, hi = self.spec.query_range(c0, c1, b=b)
         near = range(lo // self.block_m, math.ceil(hi / self.block_m)) if hi > lo else range(0)
         return [i for i in near if self.kind(i, j, b=b, h=h) is not TileKind.SKIP]
 

@@ -53,8 +53,10 @@ def schedule_of(g, attn_mask=None) -> Schedule:
 
 
 def cell_visible(g, r: int, c: int) -> bool:
-    """masks.py's rule, cell by cell: causal, window (left, right) around the diagonal, the key length."""
-    offset = 0 if g["causal_align"] == "top_left" else g["N_k"] - g["N_q"]
+    """masks.py's rule, cell by cell: causal, window (left, right) around the diagonal, the key length
+    (bottom-right: the diagonal of the batch element's own length, as flash-attn's)."""
+    length = g["N_k"] if g["seqlen"] is None else g["seqlen"]
+    offset = 0 if g["causal_align"] == "top_left" else length - g["N_q"]
     left, right = g["window"]
     right = 0 if g["causal"] else right
     return (

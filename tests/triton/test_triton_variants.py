@@ -252,9 +252,10 @@ def test_rows_that_see_nothing_give_zero_output_minus_inf_lse_and_zero_gradients
     c = CASES["seqlens_k_causal_empties_rows"]
     q, k, v, dO = (t.to(DEVICE) for t in c.tensors())
     O, lse, dq, dk, dv = _run(lambda *a, **kw: triton_attention(*a, config=c.config, **kw), c, q, k, v, dO)
-    # batch element 1 has 5 keys; bottom_right puts row i's diagonal at key i - 16: rows < 16 see nothing
-    assert torch.isneginf(lse[1, :, :16]).all() and torch.isfinite(lse[1, :, 16:]).all()
-    assert (O[1, :, :16] == 0).all() and (dq[1, :, :16] == 0).all()
+    # batch element 1 has 5 keys; bottom_right aligns it to its own length, putting row i's diagonal at key
+    # i + 5 - 53 = i - 48: rows < 48 see nothing
+    assert torch.isneginf(lse[1, :, :48]).all() and torch.isfinite(lse[1, :, 48:]).all()
+    assert (O[1, :, :48] == 0).all() and (dq[1, :, :48] == 0).all()
     assert (dk[1, :, 5:] == 0).all() and (dv[1, :, 5:] == 0).all()  # keys past the length
 
 

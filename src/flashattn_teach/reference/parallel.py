@@ -161,7 +161,7 @@ def _forward_rows(
             c0, c1 = tiling.col_blocks[j]
             # Rows outside the ones that may see key block j see nothing of it, and folding in a fully masked
             # row changes nothing: the tile is cut to those rows, and the state's views of them are updated.
-            q_lo, q_hi = spec.query_range(c0, c1)
+            q_lo, q_hi = spec.query_range(c0, c1, b=b)
             rv, rh = max(r0, q_lo), min(r1, q_hi)
             q_i = q[rv - r_start : rh - r_start]  # (Br', D), Br' = rh - rv <= Br
             S_ij = torch.mm(q_i, k_T[:, c0:c1], out=_tile(S_buf, rh - rv, c1 - c0))  # (Br', D) @ (D, Bc)
@@ -276,7 +276,7 @@ def _backward_head(
     T_buf = torch.empty_like(S_buf) if softcap is not None else S_buf
     for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j, dk_j, dv_j = k[c0:c1], v[c0:c1], dk[c0:c1], dv[c0:c1]  # (Bc, .); dk_j, dv_j are views
-        q_lo, q_hi = spec.query_range(c0, c1)  # rows outside see nothing of this block
+        q_lo, q_hi = spec.query_range(c0, c1, b=b)  # rows outside see nothing of this block
         for i in tiling.query_blocks(j, b=b, h=h):  # query block i; tiles this head sees nothing of left out
             r0, r1 = tiling.row_blocks[i]
             rv, rh = max(r0, q_lo), min(r1, q_hi)  # P = 0 on the other rows, which would add nothing

@@ -71,7 +71,9 @@ class Replay:
 
     @property
     def diagonal_offset(self) -> int:
-        return self.mask.offset
+        """The replayed batch element's ``off_b`` (``seqlens_k[b] - N_q`` under ``bottom_right`` with
+        ``seqlens_k``)."""
+        return self.mask.offset_of(self.batch_index)
 
     @property
     def window(self) -> tuple[int, int]:

@@ -56,7 +56,7 @@ def visited_key_blocks(tiling: Tiling, *, b: int, h: int = 0) -> list[Sequence[i
     cols: list[Sequence[int]] = []
     last = 0  # b_{i-1}: an empty block keeps the bounds non-decreasing, so rows_j stays one range
     for r0, r1 in tiling.row_blocks:
-        lo, hi = spec.key_range(r0, r1)  # [lo, hi): the keys any row of the block may see
+        lo, hi = spec.key_range(r0, r1, b=b)  # [lo, hi): the keys any row of the block may see
         hi = min(hi, length)
         visited = range(lo // block_n, math.ceil(hi / block_n)) if hi > lo else range(last, last)
         cols.append(visited)

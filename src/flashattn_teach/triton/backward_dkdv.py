@@ -331,6 +331,9 @@ def _attn_bwd_dkdv(
         DO_group = DO + b * stride_dob + h0 * stride_doh
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
     MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
+    if SEQLENS:
+        # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
+        OFFSET = OFFSET * (tl.minimum(tl.load(SEQLENS_K + b), N_k) - N_q)
     if WINDOW:
         begin, diag_end, full_end, end = _window_query_range(start_n, N_q, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     else:

@@ -20,7 +20,8 @@ arrive by TMA (the tensor memory accelerator) from tensor descriptors; elsewhere
 The variants of the mask contract (a sliding window, softcap, ALiBi, ``seqlens_k``) are ``tl.constexpr``
 flags, each compiled in only when a call uses it (:mod:`.masking`): a window adds a third, masked stage
 before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]`` takes the place of
-``N_k``; softcap and ALiBi modify each score after scaling it.
+``N_k`` (and, bottom-right, gives the diagonal offset ``seqlens_k[b] - N_q``); softcap and ALiBi modify
+each score after scaling it.
 
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
 """
@@ -130,11 +131,13 @@ def _attn_fwd(
 
     Variants (see :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded in, ``CAUSAL`` then
     False); ``SOFTCAP`` with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with ``ALIBI_SLOPES`` fp32
-    read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32. The
-    pointers of unused variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the
-    ``dropout_threshold`` of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``.
-    ``BOOL_MASK`` (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any
-    strides (0 where it broadcasts).
+    read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32, and
+    ``OFFSET`` then 1 for bottom-right alignment and 0 for top-left (``off_b = OFFSET * (seqlens_k[b] -
+    N_q)``: each batch element aligned to its own length, as flash-attn does). The pointers of unused
+    variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the ``dropout_threshold``
+    of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``. ``BOOL_MASK``
+    (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any strides (0
+    where it broadcasts).
 
     ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
     ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
@@ -198,6 +201,8 @@ def _attn_fwd(
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
+        OFFSET = OFFSET * (n_keys - N_q)
     if ALIBI:
         slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
     else:

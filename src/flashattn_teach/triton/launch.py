@@ -103,9 +103,10 @@ def _grid_lengths(s: AttentionShapes, variants: KernelVariants) -> tuple[int, in
 
 
 def _offset(s: AttentionShapes, causal_align: str, variants: KernelVariants) -> int:
-    """The kernels' ``OFFSET``: the diagonal offset, or with packed sequences 1 for bottom-right alignment
-    and 0 for top-left (each program multiplies it by its sequence's ``N_k - N_q``)."""
-    if variants.varlen:
+    """The kernels' ``OFFSET``: the diagonal offset, or with packed sequences or ``seqlens_k`` 1 for
+    bottom-right alignment and 0 for top-left (each program multiplies it by its sequence's ``N_k - N_q``,
+    or by its batch element's ``seqlens_k[b] - N_q``: flash-attn aligns to each one's own length)."""
+    if variants.varlen or variants.has_seqlens:
         return int(causal_align == "bottom_right")
     return diagonal_offset(s.N_q, s.N_k, causal_align)
 

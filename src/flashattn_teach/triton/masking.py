@@ -20,8 +20,10 @@ Packed sequences (``VARLEN``): the grid's batch index is the sequence b, and :fu
 start rows, its lengths (which take the place of ``N_q, N_k``) and its ``OFFSET``; every range above is
 then in the sequence's own coordinates, as the window and the ALiBi distance are (``packed.py``).
 
-``seqlens_k`` needs no range function of its own: a program reads ``seqlens_k[b]`` and uses it in place
-of ``N_k`` for its key bounds, while ``OFFSET`` stays that of ``N_q`` and ``N_k``.
+``seqlens_k`` needs no range function of its own: a program reads ``L_b = seqlens_k[b]`` and uses it in
+place of ``N_k`` for its key bounds, and its diagonal offset is ``OFFSET * (L_b - N_q)`` (the launcher
+passes ``OFFSET`` = 1 for bottom-right alignment, 0 for top-left, as for packed sequences): flash-attn
+aligns the causal diagonal, the window and the ALiBi distance to each batch element's own length.
 
 Scores reach the modifiers in log2 units, ``s2 = scale * log2(e) * q.k``, and leave in them:
 
