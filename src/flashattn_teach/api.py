@@ -257,12 +257,14 @@ def flash_attention(
     Args:
         q: ``(..., H_q, N_q, D)``; k: ``(..., H_kv, N_k, D)``; v: ``(..., H_kv, N_k, D_v)``.
         causal: causal masking; ``causal_align`` is ``"top_left"`` (torch: query i sees keys j <= i) or
-            ``"bottom_right"`` (flash-attn: j <= i + N_k - N_q, as in a decode step against a KV cache).
+            ``"bottom_right"`` (flash-attn: j <= i + N_k - N_q, as in a decode step against a KV cache;
+            ``N_k`` is ``seqlens_k[b]`` when given).
         scale: softmax scale, default ``1 / sqrt(D)``.
         enable_gqa: allow fewer key/value heads than query heads (on by default, as in flash-attn).
         window: ``(left, right)``, flash-attn's sliding window: query i sees keys
             ``i + off - left <= j <= i + off + right`` (``off`` = 0 for ``top_left``, ``N_k - N_q`` for
-            ``bottom_right``; -1: unbounded on that side). ``causal=True`` is ``right = 0``.
+            ``bottom_right``, and with ``seqlens_k`` each batch element's own ``seqlens_k[b] - N_q``, as
+            flash-attn aligns; -1: unbounded on that side). ``causal=True`` is ``right = 0``.
         softcap: scores become ``softcap * tanh(score / softcap)``, after scaling, before any bias or mask.
         alibi_slopes: ``(H_q,)`` or ``(*batch, H_q)``: ``-slope * |i + off - j|`` added to the scores.
         seqlens_k: integer tensor of the batch shape (``(B,)`` for 4-D inputs): keys
