@@ -45,6 +45,11 @@ class CheckoutError(SystemExit):
         super().__init__(f"run_transformers_tests.py: {message}")
 
 
+def installed_transformers() -> str:
+    """The version of the transformers the runs will import (this interpreter's)."""
+    return importlib.metadata.version("transformers")
+
+
 def checkout_version(repo: Path) -> str:
     """The version a transformers checkout declares in its setup.py (``version="5.2.0"``)."""
     setup = repo / "setup.py"
@@ -151,11 +156,18 @@ def render(baseline: RunReport, library: RunReport, comparison: Comparison, mode
     return "\n".join(lines)
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def summary(
     selection: Selection, baseline: RunReport, library: RunReport, comparison: Comparison, found: list[str]
 ) -> dict[str, object]:
     """Everything the table shows, with the command, the versions and the machine, for summary.json."""
-    versions = {p: importlib.metadata.version(p) for p in ("torch", "transformers", "pytest")}
+    versions = {p: _version(p) for p in ("torch", "transformers", "pytest")}
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": shlex.join(sys.argv),
@@ -199,7 +211,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     repo, models = args.transformers_repo.resolve(), tuple(args.models)
-    files = check_checkout(repo, importlib.metadata.version("transformers"), models)
+    files = check_checkout(repo, installed_transformers(), models)
     selection = Selection(repo, models, files, args.keyword, args.timeout)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.compare_only:
