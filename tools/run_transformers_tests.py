@@ -26,10 +26,10 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from transformers_outcomes import Comparison, Outcome, RunReport, compare, problems
+from transformers_outcomes import Comparison, Outcome, RunReport, compare, problems, recheck
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent  # this repository: its src/ is the flashattn_teach the library run imports
@@ -80,29 +80,34 @@ def check_checkout(repo: Path, installed: str, models: tuple[str, ...]) -> list[
 
 @dataclass(frozen=True)
 class Selection:
-    """What both runs run: the same files, the same -k expression, the same per-test time limit."""
+    """What both runs run: the same tests, the same -k expression, the same per-test time limit."""
 
     repo: Path
     models: tuple[str, ...]
-    files: list[Path]
-    keyword: str
+    targets: list[str]  # test files relative to repo, or node ids (a rerun)
+    keyword: str  # "": every test of the targets
     timeout_s: int  # pytest-timeout's per-test limit; 0: none
 
 
 def pytest_command(selection: Selection, *, library: bool, report: Path) -> list[str]:
     """The pytest command line of one run, run in the checkout's root (its conftest.py sets transformers' tests up)."""
-    command = [sys.executable, "-m", "pytest", *(str(f.relative_to(selection.repo)) for f in selection.files)]
-    command += ["-k", selection.keyword, "-p", PLUGIN, "--flashattn-report", str(report), "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *selection.targets]
+    if selection.keyword:
+        command += ["-k", selection.keyword]
+    command += ["-p", PLUGIN, "--flashattn-report", str(report), "-p", "no:cacheprovider"]
     command += ["-q", "-rfE", "--tb=short"]
     if selection.timeout_s and importlib.util.find_spec("pytest_timeout") is not None:
         command += ["--timeout", str(selection.timeout_s)]
     return [*command, "--flashattn-swap"] if library else command
 
 
-def run(selection: Selection, *, library: bool, out_dir: Path) -> RunReport:
-    """Run pytest once, its output to ``<name>.log``, and read the report the plugin wrote."""
-    name = "library" if library else "baseline"
+def run(selection: Selection, *, library: bool, out_dir: Path, suffix: str = "", reuse: bool = False) -> RunReport:
+    """Run pytest once, its output to ``<name>.log``, and read the report the plugin wrote (with ``reuse``, only
+    read the report an earlier run left)."""
+    name = ("library" if library else "baseline") + suffix
     report, log = out_dir / f"{name}.json", out_dir / f"{name}.log"
+    if reuse:
+        return RunReport.load(report)
     report.unlink(missing_ok=True)
     command = pytest_command(selection, library=library, report=report)
     # The plugin and its outcomes module live in tools/; the library run imports this checkout's flashattn_teach.
@@ -145,8 +150,13 @@ def render(baseline: RunReport, library: RunReport, comparison: Comparison, mode
             lines.append(f"{title:<20}{cells}   {time_s}")
     lines.append("calls: of the function serving transformers' 'sdpa' (flashattn_teach's attention_forward in its run)")
     lines.append(f"\n{len(comparison.regressions)} pass with transformers' SDPA and fail with flashattn_teach:")
+    rerun = {None: "", True: " (failed again on a rerun)", False: " (passed on a rerun)"}
     for r in comparison.regressions:
-        lines.append(f"  {r.node}\n      {r.library.value if r.library else 'not run'}: {r.message[:300]}")
+        lines.append(f"  {r.node}{rerun[r.reproduced]}")
+        lines.append(f"      {r.library.value if r.library else 'not run'}: {r.message[:300]}")
+    if comparison.flaky:
+        lines.append(f"\n{len(comparison.flaky)} failed with flashattn_teach, then with transformers' SDPA on a rerun:")
+        lines += [f"  {r.node}\n      {r.message[:300]}" for r in comparison.flaky]
     if comparison.fixed:
         lines.append(f"\n{len(comparison.fixed)} fail with transformers' SDPA and pass with flashattn_teach:")
         lines += [f"  {node}" for node in comparison.fixed]
@@ -174,7 +184,7 @@ def summary(
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "versions": versions,
         "repo": str(selection.repo),
-        "files": [str(f.relative_to(selection.repo)) for f in selection.files],
+        "targets": selection.targets,
         "keyword": selection.keyword,
         "timeout_s": selection.timeout_s,
         "runs": {
@@ -186,9 +196,10 @@ def summary(
             },
         },
         "regressions": [
-            {"node": r.node, "baseline": r.baseline.value, "library": r.library and r.library.value, "error": r.message}
+            {"node": r.node, "library": r.library and r.library.value, "error": r.message, "reproduced": r.reproduced}
             for r in comparison.regressions
         ],
+        "flaky": [{"node": r.node, "error": r.message} for r in comparison.flaky],
         "fixed": comparison.fixed,
         "changed": comparison.changed,
         "problems": found,
@@ -202,8 +213,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-k", dest="keyword", default=SELECTION, help=f"pytest -k expression (default: {SELECTION})")
     parser.add_argument("--timeout", type=int, default=900, help="per-test limit in s with pytest-timeout; 0: none")
     parser.add_argument("--out-dir", type=Path, default=Path("transformers-tests"), help="reports, logs, summary")
+    parser.add_argument("--compare-only", action="store_true", help="compare the reports in --out-dir, run nothing")
     parser.add_argument(
-        "--compare-only", action="store_true", help="compare the reports already in --out-dir, run nothing"
+        "--recheck",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rerun the regressed tests both ways; one that fails with transformers' SDPA too is flaky (default: on)",
     )
     return parser.parse_args(argv)
 
@@ -212,18 +227,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     repo, models = args.transformers_repo.resolve(), tuple(args.models)
     files = check_checkout(repo, installed_transformers(), models)
-    selection = Selection(repo, models, files, args.keyword, args.timeout)
+    targets = [str(f.relative_to(repo)) for f in files]
+    selection = Selection(repo, models, targets, args.keyword, args.timeout)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if args.compare_only:
-        baseline, library = (RunReport.load(args.out_dir / f"{n}.json") for n in ("baseline", "library"))
-    else:
-        baseline = run(selection, library=False, out_dir=args.out_dir)
-        library = run(selection, library=True, out_dir=args.out_dir)
+    reuse, out = args.compare_only, args.out_dir
+    baseline = run(selection, library=False, out_dir=out, reuse=reuse)
+    library = run(selection, library=True, out_dir=out, reuse=reuse)
     comparison = compare(baseline, library)
+    can_recheck = not reuse or (out / "library-recheck.json").is_file()
+    if args.recheck and comparison.regressions and can_recheck:
+        again = replace(selection, targets=[r.node for r in comparison.regressions], keyword="")
+        baseline_again = run(again, library=False, out_dir=out, suffix="-recheck", reuse=reuse)
+        library_again = run(again, library=True, out_dir=out, suffix="-recheck", reuse=reuse)
+        comparison = recheck(comparison, baseline_again, library_again)
     found = problems(baseline, library, comparison)
     print(render(baseline, library, comparison, models))
     record = summary(selection, baseline, library, comparison, found)
-    (args.out_dir / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
     for problem in found:
         print(f"FAIL: {problem}", file=sys.stderr)
     return 1 if found else 0

@@ -14,7 +14,7 @@ This file imports neither pytest nor transformers, so the comparison is tested o
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -90,6 +90,7 @@ class Regression:
     baseline: Outcome
     library: Outcome | None  # None: the library run never reported the test (the run stopped before it)
     message: str
+    reproduced: bool | None = None  # failed again with flashattn_teach when rerun; None: not rerun
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Comparison:
     regressions: list[Regression]
     fixed: list[str]  # failed with transformers' SDPA, pass with flashattn_teach
     changed: list[str]  # any other change of outcome, e.g. passed -> skipped: "node: before -> after"
+    flaky: list[Regression] = field(default_factory=list)  # rerun, failed with transformers' SDPA too
 
 
 def compare(baseline: RunReport, library: RunReport) -> Comparison:
@@ -117,6 +119,20 @@ def compare(baseline: RunReport, library: RunReport) -> Comparison:
         elif before.outcome != after.outcome:
             changed.append(f"{node}: {before.outcome.value} -> {after.outcome.value}")
     return Comparison(regressions, fixed, changed)
+
+
+def recheck(comparison: Comparison, baseline_again: RunReport, library_again: RunReport) -> Comparison:
+    """Judge the regressions by a rerun of their tests in both ways. transformers' tests draw their inputs from
+    unseeded generators, so a test can fail by chance: one that fails with transformers' SDPA on the rerun
+    is flaky without the library and moves to ``flaky``; the others stay regressions, each marked with
+    whether the library failed it again."""
+    regressions: list[Regression] = []
+    flaky: list[Regression] = []
+    for regression in comparison.regressions:
+        before, after = baseline_again.tests.get(regression.node), library_again.tests.get(regression.node)
+        judged = replace(regression, reproduced=after is None or after.outcome.is_failure)
+        (flaky if before is not None and before.outcome.is_failure else regressions).append(judged)
+    return replace(comparison, regressions=regressions, flaky=[*comparison.flaky, *flaky])
 
 
 def problems(baseline: RunReport, library: RunReport, comparison: Comparison) -> list[str]:

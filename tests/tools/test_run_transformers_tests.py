@@ -80,6 +80,23 @@ def test_a_library_run_that_never_reached_the_library_fails_however_green(tools)
     assert any("swapped" in p for p in swapped)
 
 
+def test_a_regression_that_fails_with_sdpa_too_on_a_rerun_is_flaky_and_fails_nothing(tools):
+    outcomes, _ = tools
+    baseline = _report(outcomes, library=False, calls=4, a="passed", b="passed", c="passed")
+    library = _report(outcomes, library=True, calls=4, a="failed", b="failed", c="failed")
+    first = outcomes.compare(baseline, library)
+    again = outcomes.recheck(
+        first,
+        _report(outcomes, library=False, calls=3, a="passed", b="failed", c="passed"),
+        _report(outcomes, library=True, calls=3, a="failed", b="failed", c="passed"),
+    )
+    assert [(r.node, r.reproduced) for r in again.regressions] == [("a", True), ("c", False)]
+    assert [r.node for r in again.flaky] == ["b"]
+    assert outcomes.problems(baseline, library, again) == [
+        "2 tests pass with transformers' SDPA and fail with flashattn_teach"
+    ]
+
+
 def _fake_checkout(path: Path, version: str, models=("llama",)) -> Path:
     (path / "setup.py").write_text(f'setup(\n    name="transformers",\n    version="{version}",  # x.y.z\n)\n')
     for m in models:
