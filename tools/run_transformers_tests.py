@@ -87,6 +87,7 @@ class Selection:
     targets: list[str]  # test files relative to repo, or node ids (a rerun)
     keyword: str  # "": every test of the targets
     timeout_s: int  # pytest-timeout's per-test limit; 0: none
+    slow: bool = False  # RUN_SLOW=1: also the tests transformers marks @slow
 
 
 def pytest_command(selection: Selection, *, library: bool, report: Path) -> list[str]:
@@ -113,6 +114,7 @@ def run(selection: Selection, *, library: bool, out_dir: Path, suffix: str = "",
     # The plugin and its outcomes module live in tools/; the library run imports this checkout's flashattn_teach.
     path = os.pathsep.join([str(TOOLS), str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}  # no test may wait on the network
+    env["RUN_SLOW"] = "1" if selection.slow else "0"
     print(f"[{name}] {shlex.join(command)}\n[{name}] log: {log}", flush=True)
     with log.open("w") as stream:
         code = subprocess.call(command, cwd=selection.repo, env=env, stdout=stream, stderr=subprocess.STDOUT)
@@ -132,7 +134,11 @@ def count_rows(report: RunReport, models: tuple[str, ...]) -> list[dict[str, int
     rows: list[dict[str, int | str]] = []
     for model in (*models, "all"):
         results = [r for node, r in report.tests.items() if model in ("all", model_of(node))]
-        row: dict[str, int | str] = {"model": model, "tests": len(results)}
+        row: dict[str, int | str] = {
+            "model": model,
+            "tests": len(results),
+            "reached": sum(r.calls > 0 for r in results),
+        }
         row.update({o.value: sum(r.outcome == o for r in results) for o in Outcome})
         row["calls"] = report.calls if model == "all" else sum(r.calls for r in results)
         rows.append(row)
@@ -141,14 +147,14 @@ def count_rows(report: RunReport, models: tuple[str, ...]) -> list[dict[str, int
 
 def render(baseline: RunReport, library: RunReport, comparison: Comparison, models: tuple[str, ...]) -> str:
     """The table of both runs, then the regressions with their errors."""
-    columns = ["model", "tests", *(o.value for o in Outcome), "calls"]
+    columns = ["model", "tests", "reached", *(o.value for o in Outcome), "calls"]
     lines = ["run                 " + "".join(f"{c:>9}" for c in columns) + "   time"]
     for title, report in (("transformers' SDPA", baseline), ("flashattn_teach", library)):
         for row in count_rows(report, models):
             cells = "".join(f"{row[c]!s:>9}" for c in columns)
             time_s = f"{report.duration_s:>6.0f} s" if row["model"] == "all" else ""
             lines.append(f"{title:<20}{cells}   {time_s}")
-    lines.append("calls: of the function serving transformers' 'sdpa' (flashattn_teach's attention_forward in its run)")
+    lines.append("reached: tests that called the function serving transformers' 'sdpa' at least once; calls: its calls")
     lines.append(f"\n{len(comparison.regressions)} pass with transformers' SDPA and fail with flashattn_teach:")
     rerun = {None: "", True: " (failed again on a rerun)", False: " (passed on a rerun)"}
     for r in comparison.regressions:
@@ -187,6 +193,7 @@ def summary(
         "targets": selection.targets,
         "keyword": selection.keyword,
         "timeout_s": selection.timeout_s,
+        "slow": selection.slow,
         "runs": {
             "baseline": {"rows": count_rows(baseline, selection.models), "duration_s": baseline.duration_s},
             "library": {
@@ -212,6 +219,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"default: {' '.join(MODELS)}")
     parser.add_argument("-k", dest="keyword", default=SELECTION, help=f"pytest -k expression (default: {SELECTION})")
     parser.add_argument("--timeout", type=int, default=900, help="per-test limit in s with pytest-timeout; 0: none")
+    parser.add_argument(
+        "--slow",
+        action="store_true",
+        help="RUN_SLOW=1: also transformers' @slow tests (its integration tests then fail both ways: no weights)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("transformers-tests"), help="reports, logs, summary")
     parser.add_argument("--compare-only", action="store_true", help="compare the reports in --out-dir, run nothing")
     parser.add_argument(
@@ -228,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     repo, models = args.transformers_repo.resolve(), tuple(args.models)
     files = check_checkout(repo, installed_transformers(), models)
     targets = [str(f.relative_to(repo)) for f in files]
-    selection = Selection(repo, models, targets, args.keyword, args.timeout)
+    selection = Selection(repo, models, targets, args.keyword, args.timeout, args.slow)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     reuse, out = args.compare_only, args.out_dir
     baseline = run(selection, library=False, out_dir=out, reuse=reuse)

@@ -130,8 +130,8 @@ def test_main_exits_1_and_lists_the_regression_and_0_when_the_runs_agree(tools, 
     record = json.loads((out / "summary.json").read_text())
     assert [r["node"] for r in record["regressions"]] == [node]
     assert record["runs"]["library"]["rows"][-1] == {
-        "model": "all", "tests": 1, "passed": 0, "failed": 1, "error": 0, "skipped": 0, "xfailed": 0, "xpassed": 0,
-        "calls": 4,
+        "model": "all", "tests": 1, "reached": 1, "passed": 0, "failed": 1, "error": 0, "skipped": 0, "xfailed": 0,
+        "xpassed": 0, "calls": 4,
     }  # fmt: skip
     _report(outcomes, library=True, calls=4, **{node: "passed"}).save(out / "library.json")
     assert runner.main(args) == 0
