@@ -186,7 +186,7 @@ def summary(
     versions = {p: _version(p) for p in ("torch", "transformers", "pytest")}
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": shlex.join(sys.argv),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "versions": versions,
         "repo": str(selection.repo),
