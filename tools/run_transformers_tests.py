@@ -1,6 +1,6 @@
 """Run transformers' own model tests with flashattn_teach in place of transformers' SDPA, and without it.
 
-    python tools/run_transformers_tests.py --transformers-repo PATH [--models llama mistral ...] [-k EXPR]
+    python tools/run_transformers_tests.py --transformers-repo PATH [--slow] [--out-dir DIR] [--models ...] [-k EXPR]
 
 ``PATH`` is a checkout of transformers' repository at the tag of the installed version (``v5.2.0`` for
 transformers 5.2.0): the source distribution on the package index lacks ``tests/models``. The script runs
@@ -9,7 +9,8 @@ transformers 5.2.0): the source distribution on the package index lacks ``tests/
 with ``-p transformers_sdpa_plugin --flashattn-swap``, which serves transformers' ``"sdpa"`` attention with
 ``flashattn_teach.integrations.transformers.attention_forward`` (this checkout's ``src/``) and counts its calls.
 It prints a table of both runs and the tests that pass with transformers' SDPA and fail with this library,
-writes ``summary.json`` (and each run's report and log) to ``--out-dir``, and exits 1 if there is such a test
+reruns those both ways (``--no-recheck`` skips it; one that fails with transformers' SDPA too is flaky),
+writes ``summary.json`` (and each run's report and log) to ``--out-dir``, and exits 1 if such a test stands
 or if the library run never reached the library (``transformers_outcomes.problems``).
 """
 
