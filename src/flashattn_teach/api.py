@@ -21,8 +21,11 @@ raises ``NotImplementedError`` instead of silently doing something else.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import warnings
 from dataclasses import dataclass
+from types import FrameType
 from typing import Literal, overload
 
 import torch
@@ -41,6 +44,7 @@ from .rows import fold, unfold
 
 BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 _RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # warnings name the first frame outside it
 # The tiled CPU backends: their loop order and tile sizes.
 _TILED = {
     "parallel": ("parallel", PARALLEL_BLOCK_M, PARALLEL_BLOCK_N),
@@ -83,10 +87,17 @@ def _transforms_active() -> bool:
     return bool(torch._C._are_functorch_transforms_active())
 
 
-def _check_backend(backend: object) -> str:
+def check_backend(backend: object) -> str:
+    """``backend`` as one of :data:`BACKENDS`, for every public function (``flash_attention``, varlen, the
+    KV-cache call): a deprecated spelling warns, pointing at the caller's line outside this package, and
+    becomes its new name; anything else raises."""
     if isinstance(backend, str) and backend in _RENAMED:
         new = _RENAMED[backend]
-        warnings.warn(f"backend={backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=4)
+        frame: FrameType | None = sys._getframe(1)
+        level = 2  # the caller of this function
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(f"backend={backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=level)
         return new
     if backend not in BACKENDS:
         raise AttentionValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -106,7 +117,7 @@ def _dense_only(opts: AttentionOptions) -> str | None:
 
 def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
     """Choose a backend for validated inputs; raises ``NotImplementedError`` for an incapable named one."""
-    backend = _check_backend(backend)
+    backend = check_backend(backend)
     needs_dense = _dense_only(opts)
     variants = ", ".join(opts.mask.variants)  # empty for plain (causal) attention
 
@@ -303,7 +314,7 @@ def flash_attention(
         seqlens_k=seqlens_k,
     )
     lse_wanted = check_bool("return_lse", return_lse)
-    backend = _check_backend(backend)
+    backend = check_backend(backend)
     if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
         # one opaque op in the graph instead of the traced tile loops (see ops.py), called with the checked
         # arguments; its dropout seed is drawn here

@@ -65,11 +65,9 @@ from ._validate_decode import (
     check_num_splits,
     check_room,
 )
+from .api import check_backend
 from .decode_cpu import DecodeStep, cpu_decode
-from .errors import AttentionValueError
 from .splitkv import default_num_splits
-
-DECODE_BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
 
 
 def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
@@ -89,11 +87,10 @@ def _triton_reason(q: Tensor, v_cache: Tensor) -> str | None:
 
 
 def _route(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> str:
-    """``"triton"`` for the Triton decode kernel, else the CPU path's backend for every range. ``"auto"``
-    takes the kernel for CUDA tensors when it can run them, no gradient is wanted (it is forward only) and
-    no torch.func transform is active; otherwise the CPU paths as before."""
-    if backend not in DECODE_BACKENDS:
-        raise AttentionValueError(f"backend must be one of {DECODE_BACKENDS}, got {backend!r}")
+    """``"triton"`` for the Triton decode kernel, else the CPU path's backend for every range (``backend``
+    already through :func:`~flashattn_teach.api.check_backend`). ``"auto"`` takes the kernel for CUDA
+    tensors when it can run them, no gradient is wanted (it is forward only) and no torch.func transform is
+    active; otherwise the CPU paths as before."""
     if backend == "triton":
         reason = _triton_reason(q, v_cache)
         if reason is not None:
@@ -262,6 +259,7 @@ def flash_attention_with_kvcache(
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
     lse_wanted = check_bool("return_lse", return_lse)
+    backend = check_backend(backend)
     if _route(backend, q, k_cache, v_cache) == "triton":
         from .triton.decode_launch import triton_decode
 

@@ -19,7 +19,7 @@ from ._validate_decode import (
     check_num_splits,
     check_room,
 )
-from .api import Plan, _tiles
+from .api import Plan, _tiles, check_backend
 from .decode import _route
 from .decode_cpu import _plan
 from .splitkv import default_num_splits
@@ -60,6 +60,7 @@ def explain_with_kvcache(
     check_softcap(softcap)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
+    backend = check_backend(backend)
     if _route(backend, q, k_cache, v_cache) == "triton":
         n = splits or default_num_splits(q, k_cache, N_max)
         chosen = "chosen from the GPU's SM count and N_max" if splits == 0 else "as given"
