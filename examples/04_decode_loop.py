@@ -138,10 +138,11 @@ def main(argv: list[str] | None = None) -> None:
                 k,
                 v,
                 cache_seqlens=0,
+                causal=True,
                 num_splits=args.num_splits,
             )
         O = fa.flash_attention_with_kvcache(
-            q, k_cache[b : b + 1], v_cache[b : b + 1], k, v, cache_seqlens=0, num_splits=args.num_splits
+            q, k_cache[b : b + 1], v_cache[b : b + 1], k, v, cache_seqlens=0, causal=True, num_splits=args.num_splits
         )
         k_seen.append(k)
         v_seen.append(v)
@@ -158,10 +159,18 @@ def main(argv: list[str] | None = None) -> None:
         q, k, v = layer.qkv(x)  # (B, H_q, 1, D), (B, H_kv, 1, D)
         if step == 0:
             explain_step(
-                "a decode step", q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, num_splits=args.num_splits
+                "a decode step",
+                q,
+                k_cache,
+                v_cache,
+                k,
+                v,
+                cache_seqlens=cache_seqlens,
+                causal=True,
+                num_splits=args.num_splits,
             )
         O = fa.flash_attention_with_kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, num_splits=args.num_splits
+            q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens, causal=True, num_splits=args.num_splits
         )  # writes k, v at cache_seqlens[b], attends over [0, cache_seqlens[b] + 1)
         for b in range(B):
             k_seen[b] = torch.cat([k_seen[b], k[b : b + 1]], dim=2)

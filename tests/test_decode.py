@@ -143,13 +143,13 @@ def test_decode_matches_the_dense_oracle_for_every_cache_length_and_split_count(
 
 
 VARIANTS = {
-    "window": {"window": (3, 0)},
+    "window": {"window": (3, 0), "causal": True},
     "window both sides, not causal": {"window": (2, 1), "causal": False},
     "window left unbounded, not causal": {"window": (-1, 2), "causal": False},
-    "softcap": {"softcap": 1.5, "scale": 2.0},
-    "alibi per head": {"alibi": (4,)},
-    "alibi per batch element": {"alibi": (3, 4)},
-    "all at once": {"window": (4, 0), "softcap": 2.0, "alibi": (3, 4)},
+    "softcap": {"softcap": 1.5, "scale": 2.0, "causal": True},
+    "alibi per head": {"alibi": (4,), "causal": True},
+    "alibi per batch element": {"alibi": (3, 4), "causal": True},
+    "all at once": {"window": (4, 0), "softcap": 2.0, "alibi": (3, 4), "causal": True},
 }
 
 
@@ -260,7 +260,7 @@ def test_float32_matches_the_oracle(N_new):
     q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
     lengths = [60, 13]
     O, lse = fa.flash_attention_with_kvcache(
-        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), num_splits=3, return_lse=True
+        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), causal=True, num_splits=3, return_lse=True
     )
     assert O.dtype == lse.dtype == torch.float32
     O_ref, lse_ref = batch_oracle(q, k_cache, v_cache, lengths)
@@ -310,7 +310,9 @@ def test_gradients_flow_to_q_and_to_the_cache_when_nothing_is_written():
     for t in (q, k_cache, v_cache):
         t.requires_grad_()
     w = randn(2, 4, 3, 6, seed=9)
-    O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), num_splits=3)
+    O = fa.flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths), causal=True, num_splits=3
+    )
     grads = torch.autograd.grad((O * w).sum(), (q, k_cache, v_cache))
     O_ref, _ = batch_oracle(q, k_cache, v_cache, lengths)
     grads_ref = torch.autograd.grad((O_ref * w).sum(), (q, k_cache, v_cache))
@@ -334,7 +336,8 @@ def test_torch_func_grad_in_q():
     lengths = torch.tensor([5, 8])
 
     def f(q):
-        return fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=3).square().sum()
+        O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True, num_splits=3)
+        return O.square().sum()
 
     def f_ref(q):
         return batch_oracle(q, k_cache, v_cache, lengths.tolist())[0].square().sum()
@@ -405,7 +408,9 @@ def test_each_range_is_one_call_over_its_own_keys(monkeypatch):
     # The split is real: one tiled call per non-empty range, each given only that range's keys.
     seen = recorded_partials(monkeypatch)
     q, k_cache, v_cache, (k, v) = problem(2, 2, 2, 12, 2, 2, seed=1)
-    fa.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 0]), num_splits=3)
+    fa.flash_attention_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 0]), causal=True, num_splits=3
+    )
     # L = 7: ranges [0, 3), [3, 6), [6, 7), offsets L - N_new - s0; L = 2: [0, 1), [1, 2) and an empty one.
     assert seen == [(2, 3, 5, True), (2, 3, 2, True), (2, 1, -1, True), (2, 1, 0, True), (2, 1, -1, True)]
 
@@ -417,7 +422,9 @@ def test_one_new_query_runs_its_query_heads_as_rows_of_their_key_value_head(monk
     assert [(rows, causal) for rows, _, _, causal in seen] == [(3, False), (3, False)]  # G = 3 rows, no mask
     seen.clear()  # ALiBi has a slope per query head: no folding
     slopes = slopes_of(6, seed=1)
-    fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=6, alibi_slopes=slopes, num_splits=1)
+    fa.flash_attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=6, causal=True, alibi_slopes=slopes, num_splits=1
+    )
     assert [(rows, causal) for rows, _, _, causal in seen] == [(1, True)]  # the 6 heads, one row each
 
 

@@ -4,6 +4,7 @@ that raises writes nothing into the caches."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -74,3 +75,20 @@ def test_every_public_function_refuses_an_unknown_backend_in_the_same_words(call
     with pytest.raises(fa.AttentionValueError) as info:
         PUBLIC[call]("fast")
     assert str(info.value) == f"backend must be one of {fa.BACKENDS}, got 'fast'"
+
+
+# ------------------------------------------------------------------------------- causal default
+
+
+@pytest.mark.parametrize("function", [fa.flash_attention_with_kvcache, fa.explain_with_kvcache])
+def test_causal_is_off_by_default_as_in_flash_attn(function):
+    assert inspect.signature(function).parameters["causal"].default is False
+
+
+def test_several_new_queries_see_every_valid_key_unless_causal():
+    def run(**causal):
+        args = step(N_new=3)
+        return fa.flash_attention_with_kvcache(**args, cache_seqlens=torch.tensor([2, 9]), **causal)
+
+    assert torch.equal(run(), run(causal=False))
+    assert not torch.allclose(run(), run(causal=True))

@@ -112,7 +112,7 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
@@ -132,7 +132,7 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
@@ -152,7 +152,7 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
@@ -171,7 +171,7 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
@@ -197,7 +197,9 @@ def flash_attention_with_kvcache(
             (no host synchronisation in a decode loop): they are not checked there, but clamped to
             ``[0, N_max - N_new_kv]``, so a bad value cannot touch memory outside the caches.
         causal: query row i sits at position ``L_b - N_new + i`` and sees keys ``j <= L_b - N_new + i``
-            (bottom-right, per batch element; the module docs draw it). On by default, as flash-attn.
+            (bottom-right, per batch element; the module docs draw it). Off by default, as in flash-attn's
+            ``flash_attn_with_kvcache``: a step with several new queries (a prefill, speculative decoding)
+            usually wants ``causal=True``; one new query sees every valid key either way.
         scale: softmax scale, default ``1 / sqrt(D)``.
         window: ``(left, right)`` around that same diagonal (-1: unbounded); causal is ``right = 0``.
         softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.

@@ -33,7 +33,7 @@ def explain_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,

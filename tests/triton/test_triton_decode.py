@@ -57,8 +57,9 @@ def wide(t):
 
 def check_against_oracle(args, *, what, rel=None, **options):
     """Run ``backend="triton"`` and the float64 dense oracle on copies of the same inputs; compare O, lse
-    and the caches after the append."""
+    and the caches after the append; causal unless ``options`` say otherwise (a language model's step)."""
     q, k_cache, v_cache, k, v = args
+    options = {"causal": True, **options}
     seqlens = torch.tensor(SEQLENS, device=DEVICE)
     ref_cache = (wide(k_cache), wide(v_cache))
     ref_options = {n: wide(a) if isinstance(a, torch.Tensor) else a for n, a in options.items()}
@@ -98,8 +99,9 @@ def test_more_splits_than_key_blocks_leave_empty_splits_that_the_combine_ignores
     config = decode_launch.TEST_DECODE_CONFIG
     O, lse = decode_launch.launch_decode(q, k_cache, v_cache, seqlens, 0, num_splits=8, config=config, **options)
     O_ref, lse_ref = fa.flash_attention_with_kvcache(
-        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=seqlens.cpu(), scale=0.25, backend="dense", return_lse=True
-    )
+        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=seqlens.cpu(), causal=True, scale=0.25,
+        backend="dense", return_lse=True,
+    )  # fmt: skip
     assert_close_scaled(O, O_ref, REL_TOL[q.dtype], "8 splits: O")
     assert_close_scaled(lse, lse_ref, REL_TOL[q.dtype], "8 splits: lse")
 
