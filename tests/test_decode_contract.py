@@ -92,3 +92,79 @@ def test_several_new_queries_see_every_valid_key_unless_causal():
 
     assert torch.equal(run(), run(causal=False))
     assert not torch.allclose(run(), run(causal=True))
+
+
+# ------------------------------------------------------------- a call that raises writes nothing
+
+
+def _slopes_needing_grad():
+    return torch.rand(H_Q).requires_grad_()
+
+
+# One case per kind of refusal on the CPU path: (changes to a good call, the error raised, its words).
+REFUSALS = {
+    "input shapes": ({"q": randn(B, 3, 1, D, seed=0)}, ValueError, "H_q=3 must be a multiple"),
+    "input dtypes": ({"q": randn(B, H_Q, 1, D, seed=0, dtype=torch.float64)}, TypeError, "share one dtype"),
+    "cache_seqlens type": ({"cache_seqlens": "3"}, TypeError, "cache_seqlens must be an int32/int64"),
+    "cache_seqlens range": ({"cache_seqlens": torch.tensor([3, 17])}, ValueError, r"cache_seqlens\[1\] = 17"),
+    "no room, tensor": ({"cache_seqlens": torch.tensor([3, 16])}, ValueError, r"cache_seqlens\[1\] = 16 leaves"),
+    "no room, int": ({"cache_seqlens": 16}, ValueError, "cache_seqlens = 16 leaves no room"),
+    "option value": ({"window": (-2, 0)}, ValueError, "window left"),
+    "option type": ({"causal": 1}, TypeError, "causal must be a bool"),
+    "return_lse": ({"return_lse": "yes"}, TypeError, "return_lse must be a bool"),
+    "backend name": ({"backend": "fast"}, ValueError, "backend must be one of"),
+    "grad through the write": ({"k": randn(B, H_KV, 1, D, seed=3).requires_grad_()}, ValueError, "k requires grad"),
+    "backend refuses": ({"alibi_slopes": _slopes_needing_grad(), "backend": "online"}, NotImplementedError, "dense"),
+}
+
+
+def _assert_refused_without_writing(changes, error, words):
+    args = {**step(), "cache_seqlens": torch.tensor([3, 7]), **changes}
+    before = (args["k_cache"].clone(), args["v_cache"].clone())
+    with pytest.raises(error, match=words):
+        fa.flash_attention_with_kvcache(**args)
+    assert torch.equal(args["k_cache"], before[0]) and torch.equal(args["v_cache"], before[1])
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+def test_a_call_that_raises_writes_nothing_into_the_caches(refusal):
+    _assert_refused_without_writing(*REFUSALS[refusal])
+
+
+def test_a_backend_that_refuses_under_torch_func_writes_nothing():
+    args = {**step(), "cache_seqlens": 3, "backend": "parallel"}
+    before = args["k_cache"].clone()
+
+    def f(q):
+        return fa.flash_attention_with_kvcache(**{**args, "q": q}).sum()
+
+    with pytest.raises(NotImplementedError, match=r"torch\.func transform"):
+        torch.func.grad(f)(args["q"])
+    assert torch.equal(args["k_cache"], before)
+
+
+# On the Triton path (the interpreter runs it on CPU tensors): an int or a CPU tensor of lengths is read on
+# the host at no cost, so a length that leaves no room is refused there too, before anything is written.
+TRITON_REFUSALS = {
+    "no room, int": ({"cache_seqlens": 16}, ValueError, r"cache_seqlens = 16 leaves no room for the N_new_kv=1"),
+    "no room, cpu tensor": ({"cache_seqlens": torch.tensor([3, 16])}, ValueError, r"cache_seqlens\[1\] = 16"),
+    "negative int": ({"cache_seqlens": -1}, ValueError, r"cache_seqlens must lie in \[0, N_max\] = \[0, 16\]"),
+    "gradient": ({"q": randn(B, H_Q, 1, D, seed=0).requires_grad_()}, ValueError, "Triton decode kernel"),
+    "unsupported dtype": (step(dtype=torch.float64), NotImplementedError, "backend='triton' cannot run"),
+}
+
+
+@pytest.mark.parametrize("refusal", TRITON_REFUSALS)
+def test_the_triton_path_refuses_before_writing(refusal):
+    pytest.importorskip("triton")
+    changes, error, words = TRITON_REFUSALS[refusal]
+    _assert_refused_without_writing({"backend": "triton", **changes}, error, words)
+
+
+def test_the_room_error_names_cache_seqlens_its_value_the_new_entries_and_the_cache_length():
+    with pytest.raises(fa.AttentionValueError) as info:
+        fa.flash_attention_with_kvcache(**step(), cache_seqlens=16)
+    assert str(info.value) == (
+        "cache_seqlens = 16 leaves no room for the N_new_kv=1 new entries of k and v: 16 + 1 > N_max = 16 "
+        "(k_cache.shape[2]); enlarge the caches or pass fewer"
+    )

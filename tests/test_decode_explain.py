@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach import decode_cpu
+from flashattn_teach import decode_cpu, decode_explain
 
 
 def _problem(B=2, H_q=8, H_kv=2, N_max=32, N_new=1, N_new_kv=1, D=8):
@@ -89,3 +89,17 @@ def test_triton_path_is_named_with_its_grid():
     plan = fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=5, num_splits=4, backend="triton")
     assert plan.backend == "triton"
     assert "2 x 2 x 4" in plan.reason and "4 x 1 query rows" in plan.reason and "merges the 4 partials" in plan.reason
+
+
+def test_the_triton_path_says_whether_the_lengths_are_checked_or_clamped(monkeypatch):
+    pytest.importorskip("triton")
+    q, k_cache, v_cache, k, v = _problem()
+    plan = fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 9]), backend="triton")
+    assert "cache_seqlens checked on the host (no device sync)" in plan.reason
+    with pytest.raises(fa.AttentionValueError, match="leaves no room"):
+        fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=k_cache.shape[2], backend="triton")
+    # a CUDA tensor of lengths (not on this machine: the check that tells them apart answers as for one)
+    monkeypatch.setattr(decode_explain, "lengths_on_host", lambda cache_seqlens: False)
+    plan = fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 9]), backend="triton")
+    assert "not checked (that would synchronise)" in plan.reason
+    assert "overwrite the last valid ones" in plan.reason

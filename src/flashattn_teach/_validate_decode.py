@@ -80,46 +80,66 @@ def check_cache_inputs(
     return q, k_cache, v_cache, (new[0] if new else None), (new[1] if new else None)
 
 
-def check_cache_seqlens(cache_seqlens: object, B: int, N_max: int, device: torch.device) -> list[int]:
-    """The valid cache entries per batch element: an int32/int64 tensor ``(B,)`` on ``q``'s device, or one
-    Python int for every element, each in ``[0, N_max]``."""
+def check_cache_seqlens(
+    cache_seqlens: object, B: int, N_max: int, device: torch.device, *, N_new_kv: int = 0
+) -> list[int]:
+    """The valid cache entries per batch element, read on the host: an int32/int64 tensor ``(B,)`` on
+    ``q``'s device, or one Python int for every element, each in ``[0, N_max]`` and leaving room for the
+    ``N_new_kv`` new entries (:func:`check_room`), so that no write passes a cache's end. Reading a CUDA
+    tensor waits for the GPU; the Triton path does not call this for one."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         lengths = [int(cache_seqlens)] * B
+        labels = [""] * B  # one int: its errors quote it as it was given
     elif isinstance(cache_seqlens, Tensor):
-        if cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise AttentionTypeError(
-                f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype} with shape {shape_str(cache_seqlens)}"
-            )
-        if tuple(cache_seqlens.shape) != (B,):
-            raise AttentionValueError(
-                f"cache_seqlens must have shape ({B},) (one length per batch element of q), got "
-                f"{shape_str(cache_seqlens)}"
-            )
-        if cache_seqlens.device != device:
-            raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
+        check_seqlens_tensor(cache_seqlens, B, device)
         lengths = [int(n) for n in cache_seqlens.tolist()]
+        labels = [f"[{b}]" for b in range(B)]
     else:
         raise AttentionTypeError(
             f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({B},) or an int, "
             f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
         )
-    for b, n in enumerate(lengths):
+    for n, at in zip(lengths, labels, strict=True):
         if not 0 <= n <= N_max:
             raise AttentionValueError(
                 f"cache_seqlens must lie in [0, N_max] = [0, {N_max}] (N_max = k_cache.shape[2]), got "
-                f"cache_seqlens[{b}] = {n}"
+                f"cache_seqlens{at} = {n}"
             )
+    _check_room(lengths, labels, N_new_kv, N_max)
     return lengths
 
 
 def check_room(lengths: list[int], N_new_kv: int, N_max: int) -> None:
     """The new keys fit: ``cache_seqlens[b] + N_new_kv <= N_max`` for every batch element."""
-    for b, n in enumerate(lengths):
+    _check_room(lengths, [f"[{b}]" for b in range(len(lengths))], N_new_kv, N_max)
+
+
+def _check_room(lengths: list[int], labels: list[str], N_new_kv: int, N_max: int) -> None:
+    for n, at in zip(lengths, labels, strict=True):
         if n + N_new_kv > N_max:
             raise AttentionValueError(
-                f"k and v hold N_new_kv={N_new_kv} new entries, which written at cache_seqlens[{b}] = {n} "
-                f"pass the end of k_cache and v_cache (N_max = {N_max}); enlarge the cache or pass fewer"
+                f"cache_seqlens{at} = {n} leaves no room for the N_new_kv={N_new_kv} new entries of k and v: "
+                f"{n} + {N_new_kv} > N_max = {N_max} (k_cache.shape[2]); enlarge the caches or pass fewer"
             )
+
+
+def check_seqlens_tensor(cache_seqlens: Tensor, B: int, device: torch.device) -> None:
+    """A ``cache_seqlens`` tensor's dtype, shape and device, which need no look at its values."""
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(
+            f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype} with shape {shape_str(cache_seqlens)}"
+        )
+    if tuple(cache_seqlens.shape) != (B,):
+        raise AttentionValueError(
+            f"cache_seqlens must have shape ({B},) (one length per batch element of q), got {shape_str(cache_seqlens)}"
+        )
+    if cache_seqlens.device != device:
+        raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
+
+
+def lengths_on_host(cache_seqlens: object) -> bool:
+    """Whether ``cache_seqlens`` can be checked without waiting for a device: an int, or a CPU tensor."""
+    return not isinstance(cache_seqlens, Tensor) or cache_seqlens.device.type == "cpu"
 
 
 def check_no_grad_through_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor) -> None:

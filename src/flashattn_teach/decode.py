@@ -63,10 +63,10 @@ from ._validate_decode import (
     check_decode_alibi,
     check_no_grad_through_write,
     check_num_splits,
-    check_room,
+    lengths_on_host,
 )
 from .api import check_backend
-from .decode_cpu import DecodeStep, cpu_decode
+from .decode_cpu import DecodeStep, cpu_decode, range_plan
 from .splitkv import default_num_splits
 
 
@@ -193,9 +193,11 @@ def flash_attention_with_kvcache(
             ``N_new_kv`` to it for the next step.
         cache_seqlens: int32/int64 ``(B,)`` on ``q``'s device, or one int for every batch element: valid
             entries before this step. Batch element ``b`` attends over keys ``[0, L_b)``,
-            ``L_b = cache_seqlens[b] + N_new_kv``. The Triton path reads a tensor's values on the device only
-            (no host synchronisation in a decode loop): they are not checked there, but clamped to
-            ``[0, N_max - N_new_kv]``, so a bad value cannot touch memory outside the caches.
+            ``L_b = cache_seqlens[b] + N_new_kv``. Each must lie in ``[0, N_max - N_new_kv]`` (room for the
+            new entries); an int or a CPU tensor is checked on every path. The Triton path reads a CUDA
+            tensor's values on the device only (no host synchronisation in a decode loop): they are not
+            checked there, but clamped to ``[0, N_max - N_new_kv]``, so a bad value cannot touch memory
+            outside the caches, though one that leaves no room overwrites the last valid entries.
         causal: query row i sits at position ``L_b - N_new + i`` and sees keys ``j <= L_b - N_new + i``
             (bottom-right, per batch element; the module docs draw it). Off by default, as in flash-attn's
             ``flash_attn_with_kvcache``: a step with several new queries (a prefill, speculative decoding)
@@ -223,6 +225,8 @@ def flash_attention_with_kvcache(
     Returns:
         ``O`` of shape ``(B, H_q, N_new, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse`` in float32
         (float64 for float64 inputs). A row that sees no key gives 0 and ``lse = -inf``.
+
+    A call that raises writes nothing into the caches: every check runs before the write.
 
     Gradients: decoding is inference, but ``q`` is differentiable (also ``k_cache`` and ``v_cache`` when
     ``k, v`` are None, over their first ``L_b`` entries). With ``k, v`` given, the in-place write is not
@@ -265,6 +269,8 @@ def flash_attention_with_kvcache(
     if _route(backend, q, k_cache, v_cache) == "triton":
         from .triton.decode_launch import triton_decode
 
+        if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
+            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
         O, lse = triton_decode(
             q,
             k_cache,
@@ -281,15 +287,16 @@ def flash_attention_with_kvcache(
         )
         return (O, lse) if lse_wanted else O
 
-    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)
-    if k is not None and v is not None:
-        check_room(lengths, N_new_kv, N_max)
-        append_to_cache(k_cache, v_cache, k, v, lengths)
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
     L = [n + N_new_kv for n in lengths]
     if splits == 0:
-        splits = default_num_splits(q, k_cache, max(L, default=0))
+        splits = default_num_splits(q, k_cache, max(L) if L else 0)
     step = DecodeStep(
         causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=splits, backend=backend
     )
+    if B > 0:
+        range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes)  # every refusal before the write
+    if k is not None and v is not None:
+        append_to_cache(k_cache, v_cache, k, v, lengths)
     O, lse = cpu_decode(q, k_cache, v_cache, step, L=L, alibi_slopes=slopes)
     return (O, lse) if lse_wanted else O

@@ -87,6 +87,27 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str)
     return p
 
 
+def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, alibi_slopes: Tensor | None) -> Plan:
+    """The plan of every range of every batch element, from a one-key range of element 0 with every option
+    of the step: ``make_options``'s checks and the backend's refusals (``NotImplementedError``) all happen
+    here, before the call writes into the caches, so a call that raises writes nothing."""
+    dt = compute_dtype(q.dtype)
+    q0, k0, v0 = q[:1].to(dt), k_cache[:1, :, :1].to(dt), v_cache[:1, :, :1].to(dt)  # (1, H, <=1, D): tiny
+    slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[0]
+    opts = range_options(
+        q0,
+        k0,
+        v0,
+        causal=step.causal,
+        scale=step.scale,
+        window=step.window,
+        softcap=step.softcap,
+        alibi_slopes=slopes,
+        offset=0,
+    )
+    return _plan(q0, k0, v0, opts, step.backend)
+
+
 def _partial(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
     """``(O_s, lse_s)`` of one range by the planned backend, the tiled ones at the library's tiles for its
     number of rows (a decode step's few rows take wide key tiles: ``api._tiles``)."""

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ._options import make_options
 from ._validate import check_bool, check_scale, check_softcap, check_window
 from ._validate_decode import (
     check_cache_inputs,
     check_cache_seqlens,
     check_decode_alibi,
     check_num_splits,
-    check_room,
+    lengths_on_host,
 )
 from .api import Plan, _tiles, check_backend
 from .decode import _route
-from .decode_cpu import _plan
+from .decode_cpu import DecodeStep, range_plan
 from .splitkv import default_num_splits
 
 
@@ -54,9 +53,9 @@ def explain_with_kvcache(
     B, H_q, N_new, D = q.shape
     H_kv, N_max = k_cache.shape[1], k_cache.shape[2]
     G, N_new_kv = H_q // H_kv, 0 if k is None else k.shape[2]
-    check_bool("causal", causal)
+    causal = check_bool("causal", causal)
     check_scale(scale, D)
-    check_window(window)
+    window_sizes = check_window(window)
     check_softcap(softcap)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
@@ -65,20 +64,25 @@ def explain_with_kvcache(
         n = splits or default_num_splits(q, k_cache, N_max)
         chosen = "chosen from the GPU's SM count and N_max" if splits == 0 else "as given"
         combine = f", then a combine kernel merges the {n} partials per row" if n > 1 else ""
+        if lengths_on_host(cache_seqlens):  # as the call: an int or a CPU tensor is checked, no device sync
+            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
+            read = "cache_seqlens checked on the host (no device sync)"
+        else:
+            read = (
+                f"cache_seqlens read on the device and not checked (that would synchronise): each length is "
+                f"clamped to [0, N_max - N_new_kv] = [0, {N_max - N_new_kv}], so one that leaves no room makes "
+                f"the new entries overwrite the last valid ones"
+            )
         return Plan(
             "triton",
             f"the Triton split-KV decode kernel: {B} x {H_kv} x {n} (batch x key/value head x split, {chosen}) "
-            f"programs, each over the G x N_new = {G} x {N_new} query rows of one key/value head; "
-            f"cache_seqlens read on the device{combine}",
+            f"programs, each over the G x N_new = {G} x {N_new} query rows of one key/value head; {read}{combine}",
         )
-    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device)
-    if k is not None:
-        check_room(lengths, N_new_kv, N_max)
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
     L = [n + N_new_kv for n in lengths]
-    n = splits or default_num_splits(q, k_cache, max(L, default=0))
-    # every range of every batch element gets the plan of this one-key range of element 0
-    q0, k0, v0 = q[:1], k_cache[:1, :, :1], v_cache[:1, :, :1]
-    p = _plan(q0, k0, v0, make_options(q0, k0, v0, enable_gqa=True), backend)
+    n = splits or default_num_splits(q, k_cache, max(L) if L else 0)
+    step = DecodeStep(causal=causal, scale=scale, window=window_sizes, softcap=softcap, num_splits=n, backend=backend)
+    p = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes)  # what every range of the call gets
     folded = N_new == 1 and G > 1 and slopes is None
     _, block_m, block_n = _tiles(p.backend, G if folded else N_new) if p.backend != "dense" else ("", 0, 0)
     tiles = "" if p.backend == "dense" else f" at {block_m} x {block_n} tiles"

@@ -165,13 +165,18 @@ def test_the_kernel_matches_the_oracle_for_any_lengths_and_splits(
     assert_close_scaled(lse, lse_ref, REL_TOL[q.dtype], "lse")
 
 
-def test_lengths_outside_the_cache_are_clamped_not_read_on_the_host():
-    # the Triton path does not read cache_seqlens on the host (no sync); 99 > N_max acts as N_max
+def test_lengths_outside_the_cache_are_clamped_by_the_kernel():
+    # A CUDA cache_seqlens is not read on the host (no sync), so the kernel clamps it: 99 > N_max acts as
+    # N_max. (An int or a CPU tensor is checked before the call gets here: tests/test_decode_contract.py.)
     q, k_cache, v_cache, _, _ = problem()
-    O = fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([0, 29, 99]), backend="triton")
+    seqlens = torch.tensor([0, 29, 99], dtype=torch.int32, device=DEVICE)
+    options = {"causal": True, "scale": 0.25, "window": (-1, -1), "softcap": None, "alibi_slopes": None}
+    config = decode_launch.TEST_DECODE_CONFIG
+    O, _ = decode_launch.launch_decode(q, k_cache, v_cache, seqlens, 0, num_splits=2, config=config, **options)
     O_ref = fa.flash_attention_with_kvcache(
-        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=torch.tensor([0, 29, N_MAX]), backend="dense"
-    )
+        wide(q), wide(k_cache), wide(v_cache), cache_seqlens=torch.tensor([0, 29, N_MAX]), causal=True,
+        backend="dense",
+    )  # fmt: skip
     assert_close_scaled(O, O_ref, REL_TOL[q.dtype], "clamped lengths: O")
 
 

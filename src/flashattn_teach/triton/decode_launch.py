@@ -3,9 +3,13 @@
 :func:`triton_decode` is the Triton path of :func:`flashattn_teach.flash_attention_with_kvcache`, which
 has already checked shapes, dtypes, devices and options (``_validate_decode``). What it adds:
 
-- ``cache_seqlens`` stays on the device: its dtype, shape and device are checked, its values are not read
-  on the host (that would wait for the GPU at every decode step). The kernels clamp each length to
-  ``[0, N_max - N_new_kv]``, so a bad value cannot read or write outside the caches.
+- a CUDA ``cache_seqlens`` stays on the device: its dtype, shape and device are checked, its values are
+  not read on the host (that would wait for the GPU at every decode step). The kernels clamp each length
+  to ``[0, N_max - N_new_kv]``, so a bad value cannot read or write outside the caches, but one that
+  leaves no room makes the new entries overwrite the last valid ones. An int or a CPU tensor costs no
+  sync to read: the caller (``decode.py``) has checked its values before this runs.
+- everything that can refuse the call is checked before the new entries are written, so a call that
+  raises leaves the caches as they were.
 - the new keys and values are written into the caches in place at ``[cache_seqlens[b], cache_seqlens[b]
   + N_new_kv)`` by one indexed copy each, with positions computed on the device.
 - tiles: ``BLOCK_M`` query rows (the ``G x N_new`` rows of a key/value head, padded to the 16 rows a
@@ -190,17 +194,17 @@ def triton_decode(
     N_max, D_v = v_cache.shape[2], v_cache.shape[3]
     N_new_kv = 0 if k is None else k.shape[2]
     seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
+    if config is None:
+        config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
+    splits = num_splits or default_num_splits(q, k_cache, N_max)
+    splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
+    check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)  # before the write, too
     if k is not None and v is not None:
         if N_new_kv > N_max:
             raise AttentionValueError(
                 f"k and v hold N_new_kv={N_new_kv} new entries, more than k_cache and v_cache hold (N_max = {N_max})"
             )
         append_on_device(k_cache, v_cache, k, v, seqlens)
-
-    if config is None:
-        config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
-    splits = num_splits or default_num_splits(q, k_cache, N_max)
-    splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
     return launch_decode(
         q,
         k_cache,
