@@ -94,6 +94,54 @@ def test_several_new_queries_see_every_valid_key_unless_causal():
     assert not torch.allclose(run(), run(causal=True))
 
 
+# ------------------------------------------------------------------------------------ autocast
+
+
+@pytest.mark.parametrize("new_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("N_new", [1, 3])
+def test_autocast_is_followed_as_flash_attention_follows_it(new_dtype, N_new):
+    """Under autocast, q is cast (the result in the autocast dtype, lse in float32) and the caches are read
+    as flash_attention reads keys and values there; k, v (here as a bfloat16 projection under autocast
+    would give them) are written in the caches' own dtype."""
+    args = step(N_new=N_new)
+    args["k"], args["v"] = args["k"].to(new_dtype), args["v"].to(new_dtype)
+    lengths = [3, 9]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        O, lse = fa.flash_attention_with_kvcache(
+            **args, cache_seqlens=torch.tensor(lengths), causal=True, num_splits=2, return_lse=True
+        )
+        expected = [
+            fa.flash_attention(
+                args["q"][b : b + 1],
+                args["k_cache"][b : b + 1, :, : n + N_new],
+                args["v_cache"][b : b + 1, :, : n + N_new],
+                causal=True,
+                causal_align="bottom_right",
+                return_lse=True,
+            )
+            for b, n in enumerate(lengths)
+        ]
+    assert O.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert args["k_cache"].dtype == torch.float32  # the caller's storage keeps its dtype
+    for b, n in enumerate(lengths):
+        assert torch.equal(args["k_cache"][b, :, n : n + N_new], args["k"][b].float())
+        assert torch.equal(args["v_cache"][b, :, n : n + N_new], args["v"][b].float())
+        O_b, lse_b = expected[b]
+        assert O_b.dtype == torch.bfloat16
+        torch.testing.assert_close(O[b : b + 1], O_b)
+        torch.testing.assert_close(lse[b : b + 1], lse_b, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_leaves_float64_alone_and_names_a_mismatch():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        O = fa.flash_attention_with_kvcache(**step(dtype=torch.float64), cache_seqlens=3)
+        assert O.dtype == torch.float64
+        args = {**step(), "q": randn(B, H_Q, 1, D, seed=0, dtype=torch.float64)}
+        with pytest.raises(fa.AttentionTypeError, match=r"q becomes torch\.float64 but the caches"):
+            fa.flash_attention_with_kvcache(**args, cache_seqlens=3)
+        assert fa.explain_with_kvcache(**step(), cache_seqlens=3).backend == "parallel"
+
+
 # ------------------------------------------------------------- a call that raises writes nothing
 
 

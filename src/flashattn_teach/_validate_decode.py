@@ -12,8 +12,9 @@ from __future__ import annotations
 import numbers
 
 import torch
-from torch import Tensor
+from torch import Tensor, dtype
 
+from ._autocast import autocast_dtype
 from ._validate import shape_str
 from .errors import AttentionTypeError, AttentionValueError
 
@@ -37,17 +38,56 @@ def _tensor4(name: str, t: object) -> Tensor:
 
 
 def _same(names: tuple[str, ...], tensors: tuple[Tensor, ...], dims: tuple[int, ...], what: str) -> None:
-    """The tensors agree on ``dims`` (their ``what``), else an error quoting every shape."""
-    sizes = {tuple(t.shape[d] for d in dims) for t in tensors}
-    if len(sizes) > 1:
+    """The tensors agree on ``dims`` (their ``what``), else an error quoting every shape. Sizes are compared,
+    not hashed: under ``torch.compile(dynamic=True)`` they are symbolic, and a symbolic size has no hash."""
+    first = [tensors[0].shape[d] for d in dims]
+    if any([t.shape[d] for d in dims] != first for t in tensors[1:]):
         shapes = ", ".join(f"{n} {shape_str(t)}" for n, t in zip(names, tensors, strict=True))
         raise AttentionValueError(f"{' and '.join(names)} must have the same {what}, got {shapes}")
 
 
+def autocast_inputs(
+    q: Tensor, k_cache: Tensor, k: Tensor | None, v: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor | None, dtype | None]:
+    """``q, k, v`` as a decode step computes from them under ``torch.autocast`` on ``q``'s device type, and
+    the autocast dtype (None when autocast is off there). ``q`` is cast to the autocast dtype, float64
+    untouched, as torch's SDPA casts its query; ``k, v`` are cast to the caches' dtype, not autocast's,
+    since they are written into the caches, which are the caller's storage; the caches themselves are read
+    in ``q``'s dtype, a range at a time, as SDPA would cast them (``decode_cpu``)."""
+    if not isinstance(q, Tensor) or not isinstance(k_cache, Tensor):
+        return q, k, v, None  # check_cache_inputs names the argument that is not a tensor
+    cast = autocast_dtype(q.device.type)
+    if cast is None:
+        return q, k, v, None
+    if q.is_floating_point() and q.dtype != torch.float64:
+        q = q.to(cast)
+    k_new, v_new = (t.to(k_cache.dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for t in (k, v))
+    return q, k_new, v_new, cast
+
+
+def _check_dtypes(names: tuple[str, ...], tensors: tuple[Tensor, ...], autocast: dtype | None) -> None:
+    """One dtype for all; under autocast, one for the caches and ``k, v`` (the storage), and ``q`` in the
+    dtype the caches are read in (autocast's, float64 untouched)."""
+    if autocast is None:
+        if len({t.dtype for t in tensors}) > 1:
+            dtypes = ", ".join(f"{n} {t.dtype}" for n, t in zip(names, tensors, strict=True))
+            raise AttentionTypeError(f"{', '.join(names)} must share one dtype, got {dtypes}")
+        return
+    _check_dtypes(names[1:], tensors[1:], None)
+    q, k_cache = tensors[0], tensors[1]
+    read = k_cache.dtype if k_cache.dtype == torch.float64 else autocast
+    if q.dtype != read:
+        raise AttentionTypeError(
+            f"under torch.autocast to {autocast}, q becomes {q.dtype} but the caches ({k_cache.dtype}) are read "
+            f"as {read}: they must agree (float64 is not cast); pass q and the caches in one dtype"
+        )
+
+
 def check_cache_inputs(
-    q: object, k_cache: object, v_cache: object, k: object, v: object
+    q: object, k_cache: object, v_cache: object, k: object, v: object, *, autocast: dtype | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Shapes, dtypes and devices of the queries, the caches and the new keys and values."""
+    """Shapes, dtypes and devices of the queries, the caches and the new keys and values (``autocast``: the
+    autocast dtype :func:`autocast_inputs` cast them for, or None)."""
     q, k_cache, v_cache = _tensor4("q", q), _tensor4("k_cache", k_cache), _tensor4("v_cache", v_cache)
     if (k is None) != (v is None):
         raise AttentionValueError(
@@ -57,9 +97,7 @@ def check_cache_inputs(
     new = () if k is None else (_tensor4("k", k), _tensor4("v", v))
     names = ("q", "k_cache", "v_cache", *(("k", "v") if new else ()))
     tensors = (q, k_cache, v_cache, *new)
-    if len({t.dtype for t in tensors}) > 1:
-        dtypes = ", ".join(f"{n} {t.dtype}" for n, t in zip(names, tensors, strict=True))
-        raise AttentionTypeError(f"{', '.join(names)} must share one dtype, got {dtypes}")
+    _check_dtypes(names, tensors, autocast)
     if len({t.device for t in tensors}) > 1:
         devices = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors, strict=True))
         raise AttentionValueError(f"{', '.join(names)} must be on one device, got {devices}")
@@ -100,27 +138,31 @@ def check_cache_seqlens(
             f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
         )
     for n, at in zip(lengths, labels, strict=True):
-        if not 0 <= n <= N_max:
-            raise AttentionValueError(
-                f"cache_seqlens must lie in [0, N_max] = [0, {N_max}] (N_max = k_cache.shape[2]), got "
-                f"cache_seqlens{at} = {n}"
-            )
-    _check_room(lengths, labels, N_new_kv, N_max)
+        check_length(n, N_new_kv, N_max, at=at)
     return lengths
 
 
 def check_room(lengths: list[int], N_new_kv: int, N_max: int) -> None:
     """The new keys fit: ``cache_seqlens[b] + N_new_kv <= N_max`` for every batch element."""
-    _check_room(lengths, [f"[{b}]" for b in range(len(lengths))], N_new_kv, N_max)
+    for b, n in enumerate(lengths):
+        check_length(n, N_new_kv, N_max, at=f"[{b}]")
 
 
-def _check_room(lengths: list[int], labels: list[str], N_new_kv: int, N_max: int) -> None:
-    for n, at in zip(lengths, labels, strict=True):
-        if n + N_new_kv > N_max:
-            raise AttentionValueError(
-                f"cache_seqlens{at} = {n} leaves no room for the N_new_kv={N_new_kv} new entries of k and v: "
-                f"{n} + {N_new_kv} > N_max = {N_max} (k_cache.shape[2]); enlarge the caches or pass fewer"
-            )
+def check_length(n: int | torch.SymInt, N_new_kv: int, N_max: int, *, at: str = "") -> None:
+    """One cache length ``cache_seqlens{at} = n`` in ``[0, N_max]``, with room for the ``N_new_kv`` new
+    entries. Compared, never hashed, and formatted only to raise, so a symbolic int (``torch.compile``
+    with ``dynamic=True``) is guarded on rather than specialised."""
+    if n < 0 or n > N_max:
+        raise AttentionValueError(
+            f"cache_seqlens must lie in [0, N_max] = [0, {int(N_max)}] (N_max = k_cache.shape[2]), got "
+            f"cache_seqlens{at} = {int(n)}"
+        )
+    if n + N_new_kv > N_max:
+        raise AttentionValueError(
+            f"cache_seqlens{at} = {int(n)} leaves no room for the N_new_kv={int(N_new_kv)} new entries of k and "
+            f"v: {int(n)} + {int(N_new_kv)} > N_max = {int(N_max)} (k_cache.shape[2]); enlarge the caches or "
+            "pass fewer"
+        )
 
 
 def check_seqlens_tensor(cache_seqlens: Tensor, B: int, device: torch.device) -> None:
@@ -175,7 +217,8 @@ def check_decode_alibi(slopes: object, B: int, H_q: int, device: torch.device) -
         raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
     if not slopes.is_floating_point():
         raise AttentionTypeError(f"alibi_slopes must be floating-point, got {slopes.dtype}")
-    if tuple(slopes.shape) not in ((H_q,), (B, H_q)):
+    per_head = slopes.dim() == 1 and slopes.shape[0] == H_q
+    if not (per_head or (slopes.dim() == 2 and slopes.shape[0] == B and slopes.shape[1] == H_q)):
         raise AttentionValueError(f"alibi_slopes must have shape {want}, got {shape_str(slopes)}")
     if slopes.device != device:
         raise AttentionValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")

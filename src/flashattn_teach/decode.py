@@ -56,8 +56,10 @@ import torch
 from torch import Tensor
 
 from . import ops_decode
+from ._autocast import autocast_off
 from ._validate import check_bool, check_scale, check_softcap, check_window
 from ._validate_decode import (
+    autocast_inputs,
     check_cache_inputs,
     check_cache_seqlens,
     check_decode_alibi,
@@ -226,6 +228,10 @@ def flash_attention_with_kvcache(
         ``O`` of shape ``(B, H_q, N_new, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse`` in float32
         (float64 for float64 inputs). A row that sees no key gives 0 and ``lse = -inf``.
 
+    Under ``torch.autocast``, as :func:`flashattn_teach.flash_attention`: ``q`` is cast to the autocast
+    dtype (float64 untouched), so ``O`` has that dtype, and the caches are read in it; ``k, v`` are cast to
+    the caches' dtype instead, since they are written into the caches, the caller's storage.
+
     A call that raises writes nothing into the caches: every check runs before the write.
 
     Gradients: decoding is inference, but ``q`` is differentiable (also ``k_cache`` and ``v_cache`` when
@@ -233,25 +239,48 @@ def flash_attention_with_kvcache(
     differentiated: if grad mode is on and any of ``k, v, k_cache, v_cache`` requires grad, the call
     raises instead of silently dropping that gradient.
     """
-    if torch.compiler.is_compiling() and ops_decode.traceable(q, k_cache, v_cache, k, v, alibi_slopes):
-        # one opaque op in the graph: the lengths stay a tensor, so a decode loop does not recompile per step
-        return ops_decode.compiled_step(
-            q,
-            k_cache,
-            v_cache,
-            k,
-            v,
-            cache_seqlens=cache_seqlens,
-            causal=causal,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            num_splits=num_splits,
-            backend=backend,
-            return_lse=return_lse,
-        )
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
+    q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
+    step = ops_decode.compiled_step if torch.compiler.is_compiling() else decode_step  # the op, or traced
+    return step(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens=cache_seqlens,
+        causal=causal,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        num_splits=num_splits,
+        backend=backend,
+        return_lse=return_lse,
+        autocast=autocast,
+    )
+
+
+def decode_step(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    backend: str,
+    return_lse: bool,
+    autocast: torch.dtype | None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
+    ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast)
     B, H_q = q.shape[:2]
     N_max = k_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
@@ -298,5 +327,6 @@ def flash_attention_with_kvcache(
         range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes)  # every refusal before the write
     if k is not None and v is not None:
         append_to_cache(k_cache, v_cache, k, v, lengths)
-    O, lse = cpu_decode(q, k_cache, v_cache, step, L=L, alibi_slopes=slopes)
+    with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
+        O, lse = cpu_decode(q, k_cache, v_cache, step, L=L, alibi_slopes=slopes)
     return (O, lse) if lse_wanted else O

@@ -138,7 +138,8 @@ def _merged_ranges(
         if a == b:
             continue  # an empty range: lse = -inf for every row, which the merge would ignore
         s0, s1 = lo + a, lo + b
-        k_s, v_s = k_cache[:, :, s0:s1].to(dt), v_cache[:, :, s0:s1].to(dt)  # (1, H_kv, s1 - s0, D or D_v)
+        # (1, H_kv, s1 - s0, D or D_v), read in q's dtype first: a no-op, or autocast's cast (autocast_inputs)
+        k_s, v_s = (cache[:, :, s0:s1].to(q.dtype).to(dt) for cache in (k_cache, v_cache))
         # offset = first - s0 puts row i's diagonal at global key first + i
         opts = range_options(
             qc,

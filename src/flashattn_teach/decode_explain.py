@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ._validate import check_bool, check_scale, check_softcap, check_window
 from ._validate_decode import (
+    autocast_inputs,
     check_cache_inputs,
     check_cache_seqlens,
     check_decode_alibi,
@@ -49,7 +50,8 @@ def explain_with_kvcache(
     ... # doctest: +ELLIPSIS
     parallel: cpu tensors: ...; 1 key range (num_splits=0 on the CPU: ...) per batch element over L_b = [37, 20] keys...
     """
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
+    q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast)
     B, H_q, N_new, D = q.shape
     H_kv, N_max = k_cache.shape[1], k_cache.shape[2]
     G, N_new_kv = H_q // H_kv, 0 if k is None else k.shape[2]

@@ -15,8 +15,16 @@ compiled graph knows the caches change and functionalizes the write. Its impleme
 output shapes from ``q`` and ``v_cache`` alone, symbolic in every size.
 
 Decoding is inference: the op has no autograd registration (the eager call does not differentiate the
-in-place write either), so a call being compiled that needs a gradient, into ``q`` or a cache read
-without new keys, is traced through instead (:func:`traceable`), as it was before the op existed.
+in-place write either). A call being compiled that needs a gradient, into ``q`` or a cache read without
+new keys, is put in the graph instead as torch ops (:func:`traced_step`): the write as an indexed copy,
+then :func:`flashattn_teach.flash_attention`, whose own op is differentiated, over the whole caches with a
+mask built in the graph from the lengths, so that graph too serves every length.
+
+Both check what the eager call checks while the call is traced, as far as that needs no look at a
+tensor's values (so a bad option raises the eager call's error): the options, and an int
+``cache_seqlens``. The op checks the rest when it runs, with the eager call's messages; the traced path
+checks a tensor's lengths in the graph (``torch._assert_async``: a ``RuntimeError`` naming
+``cache_seqlens`` when the graph runs, before the write).
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ import torch
 from torch import Tensor
 
 from ._layout import compute_dtype
+from ._validate import check_bool, check_scale, check_softcap, check_window
+from ._validate_decode import check_length, check_num_splits
+from .decode_traced import traced_step
 from .errors import AttentionTypeError, AttentionValueError
 
 
@@ -46,13 +57,15 @@ def attention_with_kvcache(
     softcap: float | None,
     num_splits: int,
     backend: str,
+    autocast: torch.dtype | None,
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of :func:`flashattn_teach.flash_attention_with_kvcache` with these arguments; ``k, v``
-    written into ``k_cache, v_cache`` in place."""
-    from .decode import flash_attention_with_kvcache
+    written into ``k_cache, v_cache`` in place. ``autocast``: the dtype the caller's autocast cast ``q``
+    for (the compiled graph may run without autocast), or None."""
+    from .decode import decode_step
 
     with torch.no_grad():
-        O, lse = flash_attention_with_kvcache(
+        O, lse = decode_step(
             q,
             k_cache,
             v_cache,
@@ -67,6 +80,7 @@ def attention_with_kvcache(
             num_splits=num_splits,
             backend=backend,
             return_lse=True,
+            autocast=autocast,
         )
     return O, lse
 
@@ -85,7 +99,7 @@ def _attention_with_kvcache_fake(
     the shapes alone. ``cache_seqlens`` is checked here, at trace time, as far as it can be without reading
     it (here rather than in the traced caller, where some torch versions replace an error's message by
     their own); the rest, the shapes of ``q`` and the caches included, is checked by the eager call when
-    the op runs (``check_cache_inputs`` puts sizes in a set, which a symbolic size cannot join)."""
+    the op runs, with its messages."""
     B, H_q, N_new, _ = q.shape
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise AttentionTypeError(f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
@@ -96,23 +110,30 @@ def _attention_with_kvcache_fake(
     return q.new_empty(B, H_q, N_new, v_cache.shape[3]), q.new_empty(B, H_q, N_new, dtype=compute_dtype(q.dtype))
 
 
-def _seqlens_tensor(cache_seqlens: object, B: int, device: torch.device) -> Tensor:
+def _int_or_tensor(cache_seqlens: object, B: int) -> Tensor | int | torch.SymInt:
+    """``cache_seqlens`` as a tensor, an int (a numpy int becomes one) or a symbolic int (``dynamic=True``),
+    else the eager call's error."""
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        return int(cache_seqlens)
+    if isinstance(cache_seqlens, Tensor | torch.SymInt):
+        return cache_seqlens
+    raise AttentionTypeError(
+        f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({int(B)},) or an int, "
+        f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
+    )
+
+
+def _seqlens_tensor(cache_seqlens: Tensor | int | torch.SymInt, B: int, device: torch.device) -> Tensor:
     """``cache_seqlens`` as the op takes it, a ``(B,)`` tensor: one int (symbolic under ``dynamic=True``)
     becomes one."""
-    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = int(cache_seqlens)  # a numpy int; a Python int is itself
-    if isinstance(cache_seqlens, int | torch.SymInt) and not isinstance(cache_seqlens, bool):
-        return torch.full((B,), cast(int, cache_seqlens), dtype=torch.int64, device=device)  # (B,): one length each
-    if not isinstance(cache_seqlens, Tensor):
-        raise AttentionTypeError(
-            f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({B},) or an int, got {cache_seqlens!r}"
-        )
-    return cache_seqlens
+    if isinstance(cache_seqlens, Tensor):
+        return cache_seqlens
+    return torch.full((B,), cast(int, cache_seqlens), dtype=torch.int64, device=device)  # (B,): one length each
 
 
 def traceable(*tensors: object) -> bool:
     """Whether a call being compiled can be this op: not when grad mode is on and an input requires grad
-    (the op is not differentiated; such calls are traced through, as in eager)."""
+    (the op is not differentiated; such calls are built from torch ops instead: ``decode_traced.py``)."""
     return not (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
 
 
@@ -132,16 +153,44 @@ def compiled_step(
     num_splits: int,
     backend: str,
     return_lse: bool,
+    autocast: torch.dtype | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """The op standing for one call of ``flash_attention_with_kvcache`` while it is compiled or exported; a
-    tensor or an int ``cache_seqlens`` both give one graph for every length."""
+    """One call of ``flash_attention_with_kvcache`` while it is compiled or exported: the op, or with a
+    gradient wanted :func:`traced_step`; a tensor or an int ``cache_seqlens`` both give one graph for every
+    length."""
+    causal, lse_wanted = check_bool("causal", causal), check_bool("return_lse", return_lse)
+    window_sizes = check_window(window)
+    check_softcap(softcap)
+    check_num_splits(num_splits)
+    if scale is not None:
+        check_scale(scale, 1)  # the default depends on D alone, which the op's checks see
+    lengths = _int_or_tensor(cache_seqlens, q.shape[0])
+    if not isinstance(lengths, Tensor):
+        check_length(lengths, 0 if k is None else k.shape[2], k_cache.shape[2])
+    if not traceable(q, k_cache, v_cache, k, v, alibi_slopes):
+        O, lse = traced_step(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            cache_seqlens=lengths,
+            causal=causal,
+            scale=scale,
+            window=window_sizes,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            backend=backend,
+            autocast=autocast,
+        )
+        return (O, lse) if lse_wanted else O
     O, lse = attention_with_kvcache(
         q,
         k_cache,
         v_cache,
         k,
         v,
-        _seqlens_tensor(cache_seqlens, q.shape[0], q.device),
+        _seqlens_tensor(lengths, q.shape[0], q.device),
         alibi_slopes,
         causal,
         scale,
@@ -149,5 +198,6 @@ def compiled_step(
         softcap,
         num_splits,
         backend,
+        autocast,
     )
-    return (O, lse) if return_lse else O
+    return (O, lse) if lse_wanted else O

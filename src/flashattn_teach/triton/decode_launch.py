@@ -108,6 +108,11 @@ def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
         return reason
     if q.dtype not in DTYPES:
         return f"the Triton decode kernel supports float16, bfloat16 and float32, got {q.dtype}"
+    if v_cache.dtype != q.dtype:  # torch.autocast cast q but not the caches, which are the caller's storage
+        return (
+            f"the Triton decode kernel reads the caches in q's dtype, but under torch.autocast q is {q.dtype} "
+            f"and the caches {v_cache.dtype}"
+        )
     top = max_head_dim(q.dtype, backward=False)
     for name, d in (("D", q.shape[3]), ("D_v", v_cache.shape[3])):
         if not 1 <= d <= top:
