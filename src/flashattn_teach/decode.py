@@ -240,7 +240,8 @@ def flash_attention_with_kvcache(
     raises instead of silently dropping that gradient.
     """
     q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
-    step = ops_decode.compiled_step if torch.compiler.is_compiling() else decode_step  # the op, or traced
+    # compiled: the op, or torch ops in the graph when a gradient is wanted (ops_decode.compiled_step)
+    step = ops_decode.compiled_step if torch.compiler.is_compiling() else decode_step
     return step(
         q,
         k_cache,

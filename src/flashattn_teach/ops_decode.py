@@ -16,9 +16,10 @@ output shapes from ``q`` and ``v_cache`` alone, symbolic in every size.
 
 Decoding is inference: the op has no autograd registration (the eager call does not differentiate the
 in-place write either). A call being compiled that needs a gradient, into ``q`` or a cache read without
-new keys, is put in the graph instead as torch ops (:func:`traced_step`): the write as an indexed copy,
-then :func:`flashattn_teach.flash_attention`, whose own op is differentiated, over the whole caches with a
-mask built in the graph from the lengths, so that graph too serves every length.
+new keys, is put in the graph instead as torch ops (:func:`traced_step`): the new entries put into copies
+of the caches, :func:`flashattn_teach.flash_attention`, whose own op is differentiated, over all ``N_max``
+keys with a mask built in the graph from the lengths, then the in-place write; that graph too serves every
+length.
 
 Both check what the eager call checks while the call is traced, as far as that needs no look at a
 tensor's values (so a bad option raises the eager call's error): the options, and an int
@@ -165,7 +166,8 @@ def compiled_step(
     if scale is not None:
         check_scale(scale, 1)  # the default depends on D alone, which the op's checks see
     lengths = _int_or_tensor(cache_seqlens, q.shape[0])
-    if not isinstance(lengths, Tensor):
+    shapes_known = isinstance(k_cache, Tensor) and (k is None or isinstance(k, Tensor))  # else checked later
+    if not isinstance(lengths, Tensor) and shapes_known:
         check_length(lengths, 0 if k is None else k.shape[2], k_cache.shape[2])
     if not traceable(q, k_cache, v_cache, k, v, alibi_slopes):
         O, lse = traced_step(
