@@ -494,7 +494,7 @@ def test_bad_input_names_the_argument(changes, error, words):
         ({"num_splits": 1.5}, TypeError, "num_splits must be an int"),
         ({"alibi_slopes": torch.ones(3)}, ValueError, r"alibi_slopes must have shape \(4,\) or \(2, 4\)"),
         ({"window": (-2, 0)}, ValueError, "window left"),
-        ({"softcap": 0.0}, ValueError, "softcap must be"),
+        ({"softcap": -1.0}, ValueError, "softcap must be"),
         ({"causal": 1}, TypeError, "causal must be a bool"),
         ({"backend": "fast"}, ValueError, "backend must be one of"),
     ],
