@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._validate import shape_str
+from .._validate_decode import check_seqlens_tensor
 from ..errors import AttentionTypeError, AttentionValueError
 from ..splitkv import default_num_splits
 from .configs import DTYPES, arch_of, block_d, dot_precision, max_head_dim
@@ -136,16 +136,7 @@ def device_seqlens(cache_seqlens: object, B: int, N_max: int, device: torch.devi
             f"cache_seqlens must be an int32/int64 torch.Tensor of shape ({B},) or an int, "
             f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
         )
-    if cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise AttentionTypeError(
-            f"cache_seqlens must be int32 or int64, got {cache_seqlens.dtype} with shape {shape_str(cache_seqlens)}"
-        )
-    if tuple(cache_seqlens.shape) != (B,):
-        raise AttentionValueError(
-            f"cache_seqlens must have shape ({B},) (one length per batch element of q), got {shape_str(cache_seqlens)}"
-        )
-    if cache_seqlens.device != device:
-        raise AttentionValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {device}")
+    check_seqlens_tensor(cache_seqlens, B, device)
     return cache_seqlens.to(torch.int32)
 
 
