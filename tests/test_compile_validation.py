@@ -167,3 +167,14 @@ def test_dropout_and_softcap_given_as_numpy_or_tensor_compile_with_fullgraph(kw)
     compiled = torch.compile(lambda q, k, v: fa.flash_attention(q, k, v, **kw), fullgraph=True, **COMPILE)
     torch.manual_seed(0)  # the same dropout seed: the graph draws it with eager's torch.randint
     torch.testing.assert_close(compiled(q, k, v), expected, atol=1e-12, rtol=0)
+
+
+def test_a_deprecated_backend_spelling_compiles_with_fullgraph_and_warns_when_it_runs():
+    q, k, v = _qkv()
+    with pytest.warns(DeprecationWarning, match="backend='keymajor' is deprecated; use 'key_major'"):
+        expected = fa.flash_attention(q, k, v, backend="keymajor")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: fa.flash_attention(q, k, v, backend="keymajor"), fullgraph=True, **COMPILE)
+    with pytest.warns(DeprecationWarning, match="backend='keymajor' is deprecated"):
+        got = compiled(q, k, v)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)

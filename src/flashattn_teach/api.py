@@ -314,8 +314,10 @@ def flash_attention(
         seqlens_k=seqlens_k,
     )
     lse_wanted = check_bool("return_lse", return_lse)
-    backend = check_backend(backend)
     if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+        # A deprecated spelling is warned about by the op when it runs (a warning cannot be traced).
+        if not (isinstance(backend, str) and backend in _RENAMED):
+            backend = check_backend(backend)
         # one opaque op in the graph instead of the traced tile loops (see ops.py), called with the checked
         # arguments; its dropout seed is drawn here
         O, lse = ops.attention(
