@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from flashattn_teach._options import make_options
+from flashattn_teach.reference import parallel
+from flashattn_teach.reference.online import tiled_attention
+
 LENGTHS = st.one_of(st.integers(1, 17), st.sampled_from([1, 2, 3, 5, 7, 13, 31, 37]))
 HEAD_DIMS = st.one_of(st.integers(1, 9), st.sampled_from([1, 3, 5, 16]))
 BLOCKS = st.one_of(st.integers(1, 8), st.sampled_from([1, 3, 5, 16, 64]))
@@ -54,3 +58,14 @@ def problems(draw, dtype=torch.float64, max_batch: int = 2, requires_grad: bool 
         block_m=draw(BLOCKS),
         block_n=draw(BLOCKS),
     )
+
+
+def parallel_attention(q, k, v, *, block_m, block_n, return_lse=False, **kwargs):
+    """The parallel path with chosen tiles, its forward spread over the pool even for a small problem."""
+    opts = make_options(q, k, v, **kwargs)
+    smallest, parallel.MIN_PARALLEL_SCORES = parallel.MIN_PARALLEL_SCORES, 0
+    try:
+        O, lse = tiled_attention(q, k, v, opts, order="parallel", block_m=block_m, block_n=block_n)
+    finally:
+        parallel.MIN_PARALLEL_SCORES = smallest
+    return (O, lse) if return_lse else O

@@ -20,23 +20,11 @@ from flashattn_teach import online_softmax
 from flashattn_teach._options import make_options
 from flashattn_teach.causal import TileKind
 from flashattn_teach.masks import Tiling
-from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention, parallel
-from flashattn_teach.reference.online import tiled_attention
+from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 
-from attention_strategies import Problem, problems
+from attention_strategies import Problem, parallel_attention, problems
 
 NEG_INF = float("-inf")
-
-
-def parallel_attention(q, k, v, *, block_m, block_n, return_lse=False, **kwargs):
-    """The parallel path with chosen tiles, its forward spread over the pool even for a small problem."""
-    opts = make_options(q, k, v, **kwargs)
-    smallest, parallel.MIN_PARALLEL_SCORES = parallel.MIN_PARALLEL_SCORES, 0
-    try:
-        O, lse = tiled_attention(q, k, v, opts, order="parallel", block_m=block_m, block_n=block_n)
-    finally:
-        parallel.MIN_PARALLEL_SCORES = smallest
-    return (O, lse) if return_lse else O
 
 
 TILED = [

@@ -23,9 +23,10 @@ import flashattn_teach as fa
 from flashattn_teach import api
 from flashattn_teach._options import make_options
 from flashattn_teach.causal import TileKind
-from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention, parallel
-from flashattn_teach.reference.online import tiled_attention
+from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 from flashattn_teach.trace import replay
+
+from attention_strategies import parallel_attention
 
 NEG_INF = float("-inf")
 
@@ -67,17 +68,6 @@ def rule(q, k, v, seqlens_k, *, causal=True, causal_align="bottom_right", window
         outs.append(torch.softmax(S, dim=-1).masked_fill(empty, 0.0) @ v[b])
         lses.append(torch.logsumexp(S, dim=-1).masked_fill(empty[:, 0], NEG_INF))
     return torch.stack(outs), torch.stack(lses)
-
-
-def parallel_attention(q, k, v, *, block_m, block_n, return_lse=False, **kwargs):
-    """The parallel path with chosen tiles, its forward spread over the pool even for a small problem."""
-    opts = make_options(q, k, v, **kwargs)
-    smallest, parallel.MIN_PARALLEL_SCORES = parallel.MIN_PARALLEL_SCORES, 0
-    try:
-        O, lse = tiled_attention(q, k, v, opts, order="parallel", block_m=block_m, block_n=block_n)
-    finally:
-        parallel.MIN_PARALLEL_SCORES = smallest
-    return (O, lse) if return_lse else O
 
 
 BACKENDS = [
