@@ -29,7 +29,7 @@ def compiled_kernels() -> dict[str, int]:
     """Per launched kernel, how many specialisations Triton's JIT holds compiled (all devices)."""
     from triton.runtime.jit import JITFunction
 
-    from flashattn_teach.triton import backward, forward
+    from flashattn_teach.triton.kernels import backward, forward
 
     counts = {}
     for module in (forward, backward):

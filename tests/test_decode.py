@@ -18,7 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import api, decode_cpu, splitkv
+from flashattn_teach import splitkv
+from flashattn_teach.api import attention as api
+from flashattn_teach.decode import ranges as decode_cpu
 from flashattn_teach.reference import parallel
 
 NEG_INF = float("-inf")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach import decode_cpu, decode_explain
+from flashattn_teach.api import explain_decode as decode_explain
+from flashattn_teach.decode import ranges as decode_cpu
 
 
 def _problem(B=2, H_q=8, H_kv=2, N_max=32, N_new=1, N_new_kv=1, D=8):

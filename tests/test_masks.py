@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import flashattn_teach as fa
 from flashattn_teach import online_softmax
 from flashattn_teach._options import make_options
-from flashattn_teach.causal import TileKind
-from flashattn_teach.masks import Tiling
+from flashattn_teach.masks.causal import TileKind
+from flashattn_teach.masks.spec import Tiling
 from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 
 from attention_strategies import Problem, parallel_attention, problems

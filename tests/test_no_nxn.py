@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn_teach as fa
-from flashattn_teach import api
+from flashattn_teach.api import attention as api
 from flashattn_teach.reference import parallel
 
 # backend -> (loop order, block_m, block_n), in the form of api._TILED

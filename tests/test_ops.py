@@ -8,7 +8,7 @@ import torch
 import torch._dynamo.testing
 
 import flashattn_teach as ft
-from flashattn_teach import ops
+from flashattn_teach.ops import attention as ops
 
 LENGTHS = (17, 33, 64, 100, 129)
 

@@ -8,7 +8,7 @@ import torch
 import torch._dynamo.testing
 
 import flashattn_teach as ft
-from flashattn_teach import ops_varlen
+from flashattn_teach.ops import varlen as ops_varlen
 
 H_Q, H_KV, D = 4, 2, 8
 # B + 1 in {3, 5, 6}, never H_Q or D: torch's duck sizing would tie cu_seqlens' size to an equal head count

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach import api
+from flashattn_teach.api import attention as api
 from flashattn_teach.reference import dense_attention
 
 

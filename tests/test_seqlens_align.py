@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import api
 from flashattn_teach._options import make_options
-from flashattn_teach.causal import TileKind
+from flashattn_teach.api import attention as api
+from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 from flashattn_teach.trace import replay
 
@@ -188,7 +188,7 @@ def test_the_pictured_batch_sees_the_keys_drawn(attention, case):
 
 
 def test_the_causal_module_draws_the_pictured_batch():
-    import flashattn_teach.causal as causal
+    import flashattn_teach.masks.causal as causal
 
     doc = causal.__doc__
     assert "seqlens_k = [6, 4]" in doc

@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flashattn_teach import online_softmax
-from flashattn_teach.causal import causal_mask
+from flashattn_teach.masks.causal import causal_mask
 from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 
 TILED = [pytest.param(online_attention, id="query_major"), pytest.param(key_major_attention, id="key_major")]

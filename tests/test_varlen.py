@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import api, online_softmax
-from flashattn_teach._validate import validate_inputs
-from flashattn_teach.causal import TileKind
-from flashattn_teach.masks import MaskSpec
-from flashattn_teach.packed import PackedSequences
+from flashattn_teach import online_softmax
+from flashattn_teach._validate.inputs import validate_inputs
+from flashattn_teach.api import attention as api
+from flashattn_teach.masks.causal import TileKind
+from flashattn_teach.masks.packed import PackedSequences
+from flashattn_teach.masks.spec import MaskSpec
 from flashattn_teach.reference import dense_attention, parallel
 
 NEG_INF = float("-inf")

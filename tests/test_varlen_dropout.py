@@ -16,8 +16,9 @@ import torch
 import torch._dynamo.testing
 
 import flashattn_teach as fa
-from flashattn_teach import api, ops_varlen
 from flashattn_teach import dropout as dp
+from flashattn_teach.api import attention as api
+from flashattn_teach.ops import varlen as ops_varlen
 from flashattn_teach.reference import parallel
 
 CPU_BACKENDS = ["online", "key_major", "parallel", "dense"]

@@ -18,15 +18,19 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 """
 
 from . import reference
-from .api import BACKENDS, Plan, flash_attention, scaled_dot_product_attention
-from .decode import flash_attention_with_kvcache
-from .decode_explain import explain_with_kvcache
+from .api import (
+    explain,
+    explain_with_kvcache,
+    flash_attention,
+    flash_attention_varlen,
+    flash_attention_with_kvcache,
+    scaled_dot_product_attention,
+)
+from .dispatch import BACKENDS, Plan
 from .errors import AttentionError, AttentionTypeError, AttentionValueError
-from .explanation import explain
 from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
-from .varlen import flash_attention_varlen
 
 __all__ = [
     "BACKENDS",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import AttentionShapes
+from ._validate.inputs import AttentionShapes
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

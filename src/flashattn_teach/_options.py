@@ -2,16 +2,20 @@
 
 The public functions keep flat, typed signatures (torch's for the drop-in); :func:`make_options` checks
 every argument there, once, and every backend reads the frozen :class:`AttentionOptions` it returns, so
-no backend validates again or receives an untyped ``**dict``.
+no backend validates again or receives an untyped ``**dict``. The variations of a call that the library
+runs below a public function (the query heads of a decode step folded into rows, one key range of a
+decode step, a dropout key fixed by a compiled op) are built from it with ``replace``-style methods that
+check nothing again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import cast
 
 from torch import Tensor
 
-from ._validate import (
+from ._validate.inputs import (
     AttentionShapes,
     check_alibi_slopes,
     check_bool,
@@ -21,33 +25,48 @@ from ._validate import (
     check_window,
     validate_inputs,
 )
+from ._validate.varlen import (
+    check_cu_seqlens,
+    check_max_seqlen,
+    check_packed_alibi,
+    check_packed_qkv,
+    check_same_batch,
+)
 from .dropout import DropoutKey, draw
-from .masks import MaskSpec
+from .masks.spec import MaskSpec
 
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """Everything about a call except ``q, k, v`` themselves.
+    """Everything about a call except ``q, k, v`` themselves, one field per fact.
 
     ``shapes`` carries the broadcast sizes and the resolved ``scale``; ``mask`` is the call's mask contract
-    (causal, window, softcap, ALiBi, ``seqlens_k``, ``attn_mask``; see ``masks.py``), which every backend
-    reads; ``attn_mask`` is the user's mask, already checked to broadcast to the scores. ``dropout_key`` is
-    the call's dropout (``dropout.py``): drawn by :meth:`with_dropout` where the call runs (not by
-    ``explain``, which draws nothing), and kept for the backward, which regenerates the mask from it.
+    (causal, window, softcap, ALiBi, ``seqlens_k``, packed sequences, ``attn_mask``; see
+    :mod:`flashattn_teach.masks`), which every backend reads; ``causal_align`` is how the causal diagonal
+    was placed (the contract holds its offset). ``dropout_key`` is the call's dropout
+    (:mod:`flashattn_teach.dropout`): drawn by :meth:`with_dropout` where the call runs (not by ``explain``,
+    which draws nothing), and kept for the backward, which regenerates the mask from it.
     """
 
     shapes: AttentionShapes
     mask: MaskSpec
-    causal: bool = False
     causal_align: str = "top_left"
     enable_gqa: bool = False
-    attn_mask: Tensor | None = None
     dropout_p: float = 0.0
     dropout_key: DropoutKey | None = None
 
     @property
     def scale(self) -> float:
         return self.shapes.scale
+
+    @property
+    def causal(self) -> bool:
+        return self.mask.causal
+
+    @property
+    def attn_mask(self) -> Tensor | None:
+        """The user's mask, checked to broadcast to the scores (with leading 1s to the scores' rank)."""
+        return self.mask.attn_mask
 
     @property
     def dropout(self) -> DropoutKey:
@@ -59,14 +78,20 @@ class AttentionOptions:
         return DropoutKey()
 
     def with_dropout(self, key: DropoutKey | None = None) -> AttentionOptions:
-        """These options with the call's dropout key: ``key`` if given (tests fix one), the one already
-        drawn, or one drawn now from torch's default generator (:func:`flashattn_teach.dropout.draw`, which
-        consumes nothing when ``dropout_p = 0``), so ``torch.manual_seed`` makes calls repeatable."""
+        """These options with the call's dropout key: ``key`` if given (tests and the compiled ops fix one),
+        the one already drawn, or one drawn now from torch's default generator
+        (:func:`flashattn_teach.dropout.draw`, which consumes nothing when ``dropout_p = 0``), so
+        ``torch.manual_seed`` makes calls repeatable."""
         if key is None:
-            if self.dropout_key is not None:
+            if self.dropout_key is not None or self.dropout_p == 0.0:
                 return self
             key = draw(self.dropout_p)
         return replace(self, dropout_p=key.p, dropout_key=key)
+
+    def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
+        """These options for the same keys read by other query rows (``shapes`` and ``mask`` of those rows,
+        as :mod:`flashattn_teach.dispatch.rows` builds them); nothing is checked again."""
+        return replace(self, shapes=shapes, mask=mask, enable_gqa=True)
 
 
 def make_options(
@@ -84,12 +109,22 @@ def make_options(
     softcap: object = None,
     alibi_slopes: object = None,
     seqlens_k: object = None,
+    packed: tuple[Tensor, Tensor] | None = None,
+    offset: int | None = None,
     causal_name: str = "causal",
 ) -> AttentionOptions:
-    """Validate a call's arguments (naming them as the caller's signature does) and freeze them."""
+    """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
+
+    ``packed``: ``(cu_seqlens_q, cu_seqlens_k)``, already checked
+    (:mod:`flashattn_teach._validate.varlen`), for the ``(H, total, D)`` views of packed sequences; the
+    ALiBi slopes are then per sequence, checked by the caller too. ``offset`` fixes the causal diagonal's
+    offset itself (a decode step's key range; see :meth:`flashattn_teach.masks.MaskSpec.build`)."""
     causal = check_bool(causal_name, causal)
     gqa = check_bool("enable_gqa", enable_gqa)
     shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
+    # packed: slopes per sequence, checked by the caller (check_packed_alibi)
+    slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
+    cu_q, cu_k = packed if packed is not None else (None, None)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
@@ -97,16 +132,62 @@ def make_options(
         causal_align=causal_align,
         window=check_window(window),
         softcap=check_softcap(softcap),
-        alibi_slopes=check_alibi_slopes(alibi_slopes, q, shapes),
+        alibi_slopes=slopes,
         seqlens_k=check_seqlens_k(seqlens_k, q, shapes),
         attn_mask=attn_mask,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        offset=offset,
     )
     return AttentionOptions(
         shapes=shapes,
         mask=mask,
-        causal=causal,
         causal_align=causal_align,
         enable_gqa=gqa,
-        attn_mask=attn_mask,
         dropout_p=check_dropout(dropout_p),
     )
+
+
+def make_packed_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: object,
+    causal_align: str,
+    scale: object,
+    window: object,
+    softcap: object,
+    alibi_slopes: object,
+    dropout_p: object,
+) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
+    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments) and return the
+    ``(H, total, D)`` views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no
+    copy) with their options, the packed sequences in the mask contract."""
+    check_packed_qkv(q, k, v)
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
+    B = check_same_batch(cu_q, cu_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
+    slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
+    qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # (total, H, D) -> (H, total, D)
+    opts = make_options(
+        qh,
+        kh,
+        vh,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=True,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=slopes,
+        dropout_p=dropout_p,
+        packed=(cu_q, cu_k),
+    )
+    return qh, kh, vh, opts

@@ -14,7 +14,7 @@ as 1, 2, 3"), the one behind torch's CUDA generator and Triton's ``tl.randint``:
 so a weight survives with probability ``1 - threshold / 2^31`` (``dropout_p`` to within ``2^-32``) and
 ``E[P_drop] = P``. ``b`` is the flat batch index and ``h`` the query head; ``i`` and ``j`` are the row and
 column of the whole ``N_q x N_k`` score matrix, so any tiling, either loop order and the Triton kernels
-(:mod:`flashattn_teach.triton.dropout`, the same arithmetic in ``tl.randint``) draw the same mask.
+(:mod:`flashattn_teach.triton.kernels.dropout`, the same arithmetic in ``tl.randint``) draw the same mask.
 ``seed`` and ``offset`` are drawn once per call from torch's default generator (:func:`draw`), so
 ``torch.manual_seed`` makes runs repeatable; the backward reuses the forward's.
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ._layout import compute_dtype
-from ._validate import shape_str
+from ._validate.inputs import shape_str
 from .errors import AttentionTypeError, AttentionValueError
 
 NEG_INF = float("-inf")

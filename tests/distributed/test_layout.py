@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn_teach.causal import TileKind
 from flashattn_teach.distributed import chunk_ids, picture, ring_schedule, shard, unshard, visited_tiles
 from flashattn_teach.distributed.layout import pair_kind
 from flashattn_teach.errors import AttentionValueError
+from flashattn_teach.masks.causal import TileKind
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import flashattn_teach.api as api
+import flashattn_teach.api.attention as api
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from flashattn_teach.causal import TileKind
+from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.trace import TileState, replay, to_experiment
 from flashattn_teach.trace.cli import add_arguments, run
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashattn_teach.causal import TileKind
+from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.reference import dense_attention
 from flashattn_teach.trace import replay, to_experiment
 from flashattn_teach.trace.cli import add_arguments, run

@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flashattn_teach.causal import causal_mask
 from flashattn_teach.errors import AttentionValueError
+from flashattn_teach.masks.causal import causal_mask
 from flashattn_teach.reference import dense_attention
 from flashattn_teach.triton import triton_attention
 from flashattn_teach.triton.configs import max_head_dim

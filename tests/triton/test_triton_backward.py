@@ -187,7 +187,7 @@ def test_torch_func_vjp_matches_autograd_of_the_dense_oracle() -> None:
 
 
 def test_the_preprocess_writes_delta_and_lse_in_log2_units_with_inf_for_rows_that_saw_no_key() -> None:
-    from flashattn_teach.triton.backward import _attn_bwd_preprocess
+    from flashattn_teach.triton.kernels.backward import _attn_bwd_preprocess
 
     B, H, N, D = 2, 3, 37, 24  # N past a block of 16, D below its padded 32: ragged rows and lanes
     g = torch.Generator().manual_seed(3)
@@ -247,7 +247,7 @@ def _lazy_rows(n_rows: int, stride_n: int, width: int, dtype: torch.dtype) -> to
 def test_block_offsets_past_2_31_elements_are_64_bit() -> None:
     # Rows 2^24 elements apart: query and key block bases beyond row 128 lie past 2^31 elements, while
     # offsets inside a 32-row tile stay below it. 32-bit block offsets would read and write wrong rows.
-    from flashattn_teach import _validate
+    from flashattn_teach._validate import inputs as _validate
     from flashattn_teach.triton import launch
 
     N, D, stride = 136, 16, 2**24

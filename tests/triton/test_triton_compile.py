@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from flashattn_teach.triton.configs import ARCHS
-from flashattn_teach.triton.inspect import shipped_kernels
+from flashattn_teach.triton.inspect.report import shipped_kernels
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 

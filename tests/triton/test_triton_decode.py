@@ -1,4 +1,4 @@
-"""The Triton decode kernels (split-KV, :mod:`flashattn_teach.triton.decode`): ``O`` and ``lse`` of
+"""The Triton decode kernels (split-KV, :mod:`flashattn_teach.triton.kernels.decode`): ``O`` and ``lse`` of
 ``flash_attention_with_kvcache(..., backend="triton")`` against the float64 dense oracle (the same call
 with ``backend="dense"`` on float64 copies), with per-batch cache lengths that include an empty cache and
 lengths that cut key blocks, 1 to more splits than key blocks, one and several new queries, grouped-query
@@ -24,7 +24,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import flashattn_teach as fa  # noqa: E402
-from flashattn_teach import decode  # noqa: E402
+from flashattn_teach.api import decode  # noqa: E402
 from flashattn_teach.triton import decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
@@ -205,7 +205,7 @@ def test_default_splits_fill_the_gpu_from_the_cache_capacity():
 @pytest.fixture(scope="module")
 def compile_reports() -> dict[str, subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.decode_inspect"]
+    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.inspect.decode"]
     return {
         arch: subprocess.Popen(
             [*command, "--arch", arch, "--case", "bfloat16:128", "float32:64", "float32:128"],

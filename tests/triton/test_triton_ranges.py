@@ -1,4 +1,4 @@
-"""The kernels' loop bounds agree with the tile geometry of :mod:`flashattn_teach.causal`.
+"""The kernels' loop bounds agree with the tile geometry of :mod:`flashattn_teach.masks.causal`.
 
 A probe kernel stores what ``_causal_key_range`` (forward and dQ) and ``_causal_query_range`` (dK/dV)
 return for every block; each bound is then checked against ``key_end``, ``first_visible_row`` and
@@ -18,9 +18,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from triton import language as tl  # noqa: E402
 
-from flashattn_teach.causal import TileKind, diagonal_offset, first_visible_row, key_end, tile_kind  # noqa: E402
-from flashattn_teach.triton.backward import _causal_query_range  # noqa: E402
-from flashattn_teach.triton.forward import _causal_key_range  # noqa: E402
+from flashattn_teach.masks.causal import TileKind, diagonal_offset, first_visible_row, key_end, tile_kind  # noqa: E402
+from flashattn_teach.triton.kernels.backward import _causal_query_range  # noqa: E402
+from flashattn_teach.triton.kernels.forward import _causal_key_range  # noqa: E402
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import pytest
 import torch
 from _triton_cases import DEVICE, DTYPES, REL_TOL, assert_close_scaled
 
-from flashattn_teach.causal import causal_mask
+from flashattn_teach.masks.causal import causal_mask
 from flashattn_teach.reference import dense_attention
 from flashattn_teach.triton import AttentionConfig, shipped_config, triton_attention
 from flashattn_teach.triton.configs import ARCHS, shipped_configs

@@ -20,12 +20,12 @@ from hypothesis import strategies as st  # noqa: E402
 from triton import language as tl  # noqa: E402
 
 import flashattn_teach as fa  # noqa: E402
-from flashattn_teach._validate import AttentionShapes  # noqa: E402
-from flashattn_teach.causal import TileKind  # noqa: E402
-from flashattn_teach.masks import MaskSpec  # noqa: E402
+from flashattn_teach._validate.inputs import AttentionShapes  # noqa: E402
+from flashattn_teach.masks.causal import TileKind  # noqa: E402
+from flashattn_teach.masks.spec import MaskSpec  # noqa: E402
 from flashattn_teach.reference import dense_attention  # noqa: E402
 from flashattn_teach.triton import AttentionConfig, triton_attention  # noqa: E402
-from flashattn_teach.triton.masking import _window_key_range, _window_query_range  # noqa: E402
+from flashattn_teach.triton.kernels.masking import _window_key_range, _window_query_range  # noqa: E402
 
 # ------------------------------------------------------------------------------------------ loop bounds
 

@@ -112,8 +112,8 @@ def test_varlen_backend_triton_refuses_what_the_kernels_cannot_run() -> None:
 _AOT_SCRIPT = """
 import torch
 from flashattn_teach.triton.configs import shipped_config
-from flashattn_teach.triton.inspect import compile_kernel
-from flashattn_teach.triton.specialize import sample_varlen
+from flashattn_teach.triton.inspect.report import compile_kernel
+from flashattn_teach.triton.inspect.specialize import sample_varlen
 var = sample_varlen()
 for kernel in ("forward", "backward_dkdv", "backward_dq"):
     c = getattr(shipped_config(64, torch.float16, "sm90", variants=True), kernel)
@@ -155,7 +155,7 @@ def test_varlen_without_queries_or_keys(lengths: tuple[list[int], list[int]]) ->
 @pytest.mark.parametrize("case", ["plain", "causal_bottom_right"])
 def test_varlen_dropout_draws_the_cpu_paths_mask(case: str) -> None:
     """For the same seed the kernels drop the weights the CPU path drops (the packed counters of
-    ``flashattn_teach.varlen``), in the forward and in the backward's redraw: a single differing bit moves
+    ``flashattn_teach.api.varlen``), in the forward and in the backward's redraw: a single differing bit moves
     ``O`` or a gradient by about a weight, far above the tolerance."""
     dtype = torch.float32
     (q, k, v), cu_q, cu_k, max_q, max_k = _packed(dtype)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .._validate import validate_inputs
-from ..api import flash_attention
+from .._validate.inputs import validate_inputs
+from ..api.attention import flash_attention
 from ..reference import flash_backward, online_attention
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 

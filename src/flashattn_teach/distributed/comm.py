@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validate import real_number
-from ..api import BACKENDS
+from .._validate.inputs import real_number
+from ..dispatch import BACKENDS
 from ..errors import AttentionError, AttentionValueError
 from .layout import LAYOUTS
 

@@ -6,7 +6,7 @@ The sequence of ``N`` positions is cut into equal chunks. Two layouts:
     zigzag       2W chunks of N/(2W); rank r holds chunks r and 2W-1-r, concatenated in that order
 
 Under causal masking a pair (query chunk a, key chunk b) is FULL (b < a: every key visible), diagonal
-(b == a: the causal triangle; :class:`~flashattn_teach.causal.TileKind` calls it PARTIAL) or SKIP (b > a).
+(b == a: the causal triangle; :class:`~flashattn_teach.masks.causal.TileKind` calls it PARTIAL) or SKIP (b > a).
 With the contiguous layout rank r has r full pairs and one diagonal, so the last rank works W times as
 long as the first; zigzag pairs an early chunk with a late one and gives every rank 2W-1 full pairs and
 two diagonals (Brandon et al. 2023, "Striped Attention", arXiv:2311.09431, balance causal ring attention
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..causal import TileKind, tile_kind
 from ..errors import AttentionValueError
+from ..masks.causal import TileKind, tile_kind
 
 LAYOUTS = ("contiguous", "zigzag")
 

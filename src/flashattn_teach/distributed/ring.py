@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._layout import compute_dtype
-from .._validate import check_bool, shape_str, validate_block_sizes, validate_inputs
+from .._validate.inputs import check_bool, shape_str, validate_block_sizes, validate_inputs
+from ..api.explain import explain
 from ..errors import AttentionTypeError, AttentionValueError
-from ..explanation import explain
 from ..merge import merge_attention_states
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 from .blocks import LocalBackend

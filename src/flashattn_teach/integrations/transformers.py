@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..api import flash_attention
+from ..api.attention import flash_attention
 from ..errors import AttentionTypeError, AttentionValueError
 
 DEFAULT_NAME = "teach"

@@ -20,15 +20,7 @@ from .hbm import (
     theorem2_scale,
 )
 from .l2 import H100_L2_BYTES, H100_SMS, L2Cache, query_major_forward_l2, split_backward_l2
-from .ring import (
-    ACHIEVED,
-    H200_BF16_TFLOPS,
-    NVLINK4_GBS,
-    RingHardware,
-    kv_heads_of,
-    ring_step,
-    shard_len,
-)
+from .ring import ACHIEVED, H200_BF16_TFLOPS, NVLINK4_GBS, RingHardware, kv_heads_of, ring_step, shard_len
 
 H200_HBM_TBS = 4.8  # H200 SXM datasheet, HBM3e (H100 SXM: 3.35)
 PROG = "flashattn-teach iomodel"

@@ -33,10 +33,10 @@ from torch import Tensor
 
 from .._layout import grad_to_input, rows_to_grouped, to_grouped
 from .._options import make_options
-from .._validate import shape_str, validate_block_sizes
+from .._validate.inputs import shape_str, validate_block_sizes
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
-from ..masks import Tiling
+from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout

@@ -24,7 +24,7 @@ from torch import Tensor
 from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
-from .._validate import check_bool
+from .._validate.inputs import check_bool
 from ..dropout import drop
 from ..online_softmax import soft_cap
 
@@ -123,7 +123,7 @@ def dense_attention(
                 query 2    x x x . .           query 2    x x x x x
 
             ``bottom_right`` is what a decode step against a KV cache needs; see
-            :mod:`flashattn_teach.causal`.
+            :mod:`flashattn_teach.masks.causal`.
         scale: softmax scale, default ``1 / sqrt(D)``.
         attn_mask: bool (True = may attend) or additive float mask, broadcastable to
             ``(..., H_q, N_q, N_k)``; combined with ``causal`` if both are given.

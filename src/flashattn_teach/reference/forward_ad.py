@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..dropout import DropoutKey
-from ..masks import Tiling
+from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
-from .._validate import check_bool, validate_block_sizes
+from .._validate.inputs import check_bool, validate_block_sizes
 from .autograd import TiledAttentionFunction
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -154,7 +154,7 @@ def online_attention(
     Args:
         q: ``(..., H_q, N_q, D)``; k: ``(..., H_kv, N_k, D)``; v: ``(..., H_kv, N_k, D_v)``, broadcasting
             as in torch's ``scaled_dot_product_attention``.
-        causal, causal_align: see :mod:`flashattn_teach.causal`; key blocks wholly above the diagonal are
+        causal, causal_align: see :mod:`flashattn_teach.masks.causal`; key blocks wholly above the diagonal are
             skipped, not computed.
         scale: softmax scale, default ``1 / sqrt(D)``.
         enable_gqa: allow ``H_kv`` to divide ``H_q``.

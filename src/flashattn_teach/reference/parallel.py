@@ -43,9 +43,9 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from .._validate import validate_inputs
+from .._validate.inputs import validate_inputs
 from ..dropout import DropoutKey
-from ..masks import MaskSpec, Tiling
+from ..masks.spec import MaskSpec, Tiling
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 

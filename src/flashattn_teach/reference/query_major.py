@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import online_softmax as osm
 from ..dropout import DropoutKey
-from ..masks import Tiling
+from ..masks.spec import Tiling
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

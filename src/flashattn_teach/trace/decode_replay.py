@@ -36,15 +36,9 @@ from torch import Tensor
 from .. import online_softmax as osm
 from .._layout import compute_dtype
 from .._options import AttentionOptions
-from .._validate import check_window, validate_block_sizes
-from .._validate_decode import (
-    check_cache_inputs,
-    check_cache_seqlens,
-    check_decode_alibi,
-    check_num_splits,
-    check_room,
-)
-from ..decode_cpu import range_options
+from .._validate.decode import check_cache_inputs, check_cache_seqlens, check_decode_alibi, check_num_splits, check_room
+from .._validate.inputs import check_bool, check_scale, check_softcap, check_window, validate_block_sizes
+from ..decode.ranges import range_options
 from ..errors import AttentionValueError
 from ..reference.dense import dense_forward
 from ..splitkv import default_num_splits, split_ranges
@@ -148,10 +142,10 @@ class DecodeReplay:
 
 @dataclass(frozen=True)
 class _Settings:
-    """The call's masking options, as every key range reads them (``window`` validated)."""
+    """The call's masking options, as every key range reads them (checked, ``scale`` resolved)."""
 
     causal: bool
-    scale: float | None
+    scale: float
     window: tuple[int, int]
     softcap: float | None
     alibi_slopes: Tensor | None  # (1,): the replayed head's slope
@@ -263,7 +257,13 @@ def replay_decode(
     order = check_merge_order(merge_order, splits)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     slope = None if slopes is None else (slopes[b, h] if slopes.dim() == 2 else slopes[h]).reshape(1)
-    settings = _Settings(causal=causal, scale=scale, window=check_window(window), softcap=softcap, alibi_slopes=slope)
+    settings = _Settings(
+        causal=check_bool("causal", causal),
+        scale=check_scale(scale, q.shape[3]),
+        window=check_window(window),
+        softcap=check_softcap(softcap),
+        alibi_slopes=slope,
+    )
 
     L = n + N_new_kv
     dt = compute_dtype(q.dtype)  # float64 for float64 inputs, else float32, as the references

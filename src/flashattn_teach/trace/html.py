@@ -15,8 +15,8 @@ import json
 from importlib import resources
 from typing import Any
 
-from ..causal import TileKind
 from ..errors import AttentionValueError
+from ..masks.causal import TileKind
 from .manifest import to_experiment
 from .replay import Replay, TileState
 

@@ -36,11 +36,11 @@ from torch import Tensor
 
 from .._layout import compute_dtype
 from .._options import AttentionOptions, make_options
-from .._validate import check_window, validate_block_sizes
-from .._validate_varlen import check_cu_seqlens
-from ..causal import TileKind
+from .._validate.inputs import check_window, validate_block_sizes
+from .._validate.varlen import check_cu_seqlens
 from ..errors import AttentionValueError
-from ..masks import MaskSpec
+from ..masks.causal import TileKind
+from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from .inputs import check_index, one_head, one_slope, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
@@ -166,7 +166,7 @@ def replay(
             element ``batch_index`` is replayed (a size-1 batch broadcasts). The replay runs one head.
         block_m, block_n: tile sizes ``BLOCK_M x BLOCK_N``; any sizes >= 1.
         query_block: ``i``, the block of query rows ``[i * block_m, min((i + 1) * block_m, N_q))``.
-        causal, causal_align: see :mod:`flashattn_teach.causal`.
+        causal, causal_align: see :mod:`flashattn_teach.masks.causal`.
         scale: softmax scale, default ``1 / sqrt(D)``.
         order: ``"query_major"`` (FlashAttention-2) or ``"key_major"`` (FlashAttention Alg. 1).
         window, softcap, seqlens_k: as for :func:`flashattn_teach.flash_attention` (see

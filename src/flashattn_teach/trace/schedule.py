@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from itertools import accumulate, islice
 from typing import TypeGuard
 
-from ..masks import Tiling
+from ..masks.spec import Tiling
 
 ORDERS = ("query_major", "key_major")
 Tile = tuple[int, int]  # (i, j): query block i, key block j

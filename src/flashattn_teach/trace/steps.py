@@ -22,8 +22,8 @@ from itertools import islice
 from torch import Tensor
 
 from .. import online_softmax as osm
-from ..causal import TileKind
-from ..masks import Tiling
+from ..masks.causal import TileKind
+from ..masks.spec import Tiling
 from .schedule import Done, Schedule
 
 __all__ = ["Steps", "TileState", "TileStep"]
@@ -45,7 +45,7 @@ class TileStep:
 
     ``rows = (r0, r1)`` and ``cols = (c0, c1)`` are half-open; ``completed_columns`` is ``c0``, the first
     column of this tile (with a window, the columns before it need not all have been visited). ``kind`` is
-    the tile's :class:`~flashattn_teach.causal.TileKind` under the mask contract, FULL or PARTIAL.
+    the tile's :class:`~flashattn_teach.masks.causal.TileKind` under the mask contract, FULL or PARTIAL.
     ``S_ij (Br, Bc)`` is scaled, capped and biased, ``-inf`` where masked; ``m_i, l_i (Br,)`` are the values
     after the update; ``O_partial = acc / l_i`` and ``O_final`` (dense attention) are ``(Br, D_v)``;
     ``max_diff = max |O_partial - O_final|``. ``position`` is this update's index in the whole schedule of

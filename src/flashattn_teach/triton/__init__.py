@@ -5,6 +5,7 @@ Layers, each in its own file:
     forward.py    the forward kernel: a program per query block, its causal and window stages
     forward_inner.py  the forward's key/value loop (online softmax in base 2) and its K/V loads
     tiles.py      the tile loads and stores both kernels use
+    support.py    can the kernels run a call, and if not, why
     tma.py        when a tile may arrive by TMA, and the configuration that runs when it cannot
     backward.py   the backward scheme and its delta = rowsum(dO * O) preprocess
     backward_dkdv.py  the dK/dV kernel (a program owns a key block)
@@ -24,17 +25,16 @@ works (and reports why the Triton path is unavailable) on machines without trito
 
 from __future__ import annotations
 
-import importlib.util
-
 from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
-from .._validate import AttentionShapes, check_bool, validate_inputs
+from .._validate.inputs import check_bool
 from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
-from .variants import SUPPORTED, KernelVariants
+from .support import shapes_unsupported_reason, triton_installed, unsupported_reason, variants_unsupported_reason
+from .variants import KernelVariants
 from .varlen import triton_attention_varlen
 
 __all__ = [
@@ -49,39 +49,6 @@ __all__ = [
     "unsupported_reason",
     "variants_unsupported_reason",
 ]
-
-
-def _triton_installed() -> bool:
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def unsupported_reason(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left", enable_gqa: bool = False
-) -> str | None:
-    """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
-    try:
-        s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
-    except AttentionError as e:  # invalid inputs are a reason too; the caller decides whether to raise
-        return str(e)
-    return shapes_unsupported_reason(q, k, v, s)
-
-
-def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes) -> str | None:
-    """:func:`unsupported_reason` for inputs already validated into ``s``."""
-    if not _triton_installed():
-        return "triton is not installed"
-    from . import launch
-
-    return launch.device_reason(q) or launch.shape_reason(q, s, launch.needs_grad(q, k, v))
-
-
-def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
-    """None if the kernels honour every variant of the call's mask contract, else which they lack."""
-    missing = [name for name in opts.mask.variants if name not in SUPPORTED]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
 
 
 def triton_attention(
@@ -109,7 +76,7 @@ def triton_attention(
         q: ``(..., H_q, N_q, D)`` queries, as torch's ``scaled_dot_product_attention``; any strides.
         k: ``(..., H_kv, N_k, D)`` keys; ``H_kv`` divides ``H_q`` with ``enable_gqa`` (or is 1).
         v: ``(..., H_kv, N_k, D_v)`` values.
-        causal, causal_align: see :mod:`flashattn_teach.causal` (``"top_left"`` or ``"bottom_right"``).
+        causal, causal_align: see :mod:`flashattn_teach.masks.causal` (``"top_left"`` or ``"bottom_right"``).
         scale: softmax scale, default ``1 / sqrt(D)``.
         return_lse: also return ``lse`` (float32, shape ``(..., H_q, N_q)``).
         config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
@@ -167,7 +134,7 @@ def triton_forward(
     from .autograd import TritonAttentionFunction
 
     s = opts.shapes
-    if not _triton_installed():
+    if not triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")
     reason = shapes_unsupported_reason(q, k, v, s)
     if reason is not None:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .._layout import grad_to_input
-from .._validate import AttentionShapes
+from .._validate.inputs import AttentionShapes
 from . import launch
 from .configs import AttentionConfig
 from .variants import PLAIN, KernelVariants

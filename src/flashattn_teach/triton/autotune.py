@@ -18,7 +18,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from .._validate import validate_inputs
+from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
 from . import launch
 from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, shipped_config

@@ -27,8 +27,6 @@ Like the rest of the package this file does not import triton at import time.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
 import numbers
 from dataclasses import dataclass
@@ -36,11 +34,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._validate_decode import check_seqlens_tensor
+from .._validate.decode import check_seqlens_tensor
 from ..errors import AttentionTypeError, AttentionValueError
 from ..splitkv import default_num_splits
-from .configs import DTYPES, arch_of, block_d, dot_precision, max_head_dim
-from .launch import check_tile_offsets, device_reason
+from .configs import arch_of, block_d, dot_precision
+from .launch import check_tile_offsets
+from .support import decode_unsupported_reason
 from .variants import LOG2E, UNBOUNDED
 
 
@@ -64,7 +63,7 @@ TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stage
 # dims <= 128) run "tf32x3" dots, whose split operands need more registers: 32 keys (16 at hd128), two
 # stages. Every row
 # compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
-# (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.decode_inspect --rows``).
+# (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.inspect.decode --rows``).
 _TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 8)}
 _TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4), 128: (16, 4)}
 # Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
@@ -90,35 +89,6 @@ def rows_block(rows: int, cap: int) -> int:
     """``BLOCK_M`` for ``rows = G x N_new`` query rows per key/value head: the next power of two, at least
     16 (the smallest tensor-core M), at most ``cap``."""
     return max(16, min(cap, 1 << max(rows - 1, 0).bit_length()))
-
-
-@functools.cache
-def _triton_installed() -> bool:
-    """Asked once: a decode loop asks at every step."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
-    """None if the decode kernels can run these inputs (already validated by ``_validate_decode``), else
-    why not. Never raises."""
-    if not _triton_installed():
-        return "triton is not installed"
-    reason = device_reason(q)
-    if reason is not None:
-        return reason
-    if q.dtype not in DTYPES:
-        return f"the Triton decode kernel supports float16, bfloat16 and float32, got {q.dtype}"
-    if v_cache.dtype != q.dtype:  # torch.autocast cast q but not the caches, which are the caller's storage
-        return (
-            f"the Triton decode kernel reads the caches in q's dtype, but under torch.autocast q is {q.dtype} "
-            f"and the caches {v_cache.dtype}"
-        )
-    top = max_head_dim(q.dtype, backward=False)
-    for name, d in (("D", q.shape[3]), ("D_v", v_cache.shape[3])):
-        if not 1 <= d <= top:
-            dtype = str(q.dtype).removeprefix("torch.")
-            return f"the Triton decode kernel for {dtype} supports head dimensions 1 to {top}, got {name}={d}"
-    return None
 
 
 def device_seqlens(cache_seqlens: object, B: int, N_max: int, device: torch.device) -> Tensor:
@@ -237,7 +207,7 @@ def launch_decode(
     step's ``N_new_kv`` new entries."""
     import triton
 
-    from .decode import _decode_combine, _decode_split_fwd
+    from .kernels.decode import _decode_combine, _decode_split_fwd
 
     B, H_q, N_new, D = q.shape
     _, H_kv, N_max, D_v = v_cache.shape

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from .._layout import pad_rank
-from .._validate import AttentionShapes
-from ..causal import diagonal_offset
+from .._validate.inputs import AttentionShapes
 from ..errors import AttentionValueError
+from ..masks.causal import diagonal_offset
 from .configs import (
     DTYPES,
     MIN_HEAD_DIM,
@@ -152,7 +152,7 @@ def forward(
     (a window carries causal in its right side, so ``causal`` is then ignored)."""
     import triton
 
-    from .forward import LOG2E, _attn_fwd
+    from .kernels.forward import LOG2E, _attn_fwd
 
     B = q.shape[0]
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
@@ -232,10 +232,10 @@ def backward(
     Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
-    from .backward import _attn_bwd_preprocess
-    from .backward_dkdv import _attn_bwd_dkdv
-    from .backward_dq import _attn_bwd_dq
-    from .forward import LOG2E
+    from .kernels.backward import _attn_bwd_preprocess
+    from .kernels.backward_dkdv import _attn_bwd_dkdv
+    from .kernels.backward_dq import _attn_bwd_dq
+    from .kernels.forward import LOG2E
 
     dkdv_config, dq_config = check_backward_config(config, q, s)
     B = q.shape[0]

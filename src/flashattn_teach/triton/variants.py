@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..dropout import DropoutKey
-from ..masks import MaskSpec
+from ..masks.spec import MaskSpec
 
 LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
 # A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small

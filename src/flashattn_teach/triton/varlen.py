@@ -6,7 +6,7 @@ batch index becomes the sequence b, ``cdiv(max_seqlen, BLOCK) * B * H`` programs
 ``cu_seqlens[b], cu_seqlens[b + 1]`` for its sequence's rows, lengths and causal offset, and leaving at
 once when its block starts past the sequence's end (see :func:`~.masking._sequence`). Tiles across two
 sequences are never formed, so the work is that of B separate calls in one launch. Dropout draws the
-counters of the packed ``total_q x total_k`` matrix, as the CPU paths do (``flashattn_teach.varlen``): each
+counters of the packed ``total_q x total_k`` matrix, as the CPU paths do (``flashattn_teach.api.varlen``): each
 program shifts the key's offset by its sequence's start rows (:func:`~.dropout._packed_dropout`).
 
 Like the rest of the package this file does not import triton; the kernels are imported on first launch.
@@ -19,22 +19,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .._options import AttentionOptions
+from .._autocast import cast_inputs
+from .._options import AttentionOptions, make_packed_options
+from .._validate.inputs import check_bool
 from ..errors import AttentionError, AttentionValueError
 from .configs import AttentionConfig
-from .variants import SUPPORTED, KernelVariants
-
-
-def varlen_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
-    """None if the kernels can run this packed call (``(H, total, D)`` views, ``opts`` from
-    ``varlen._packed_options``), else a short reason. Never raises."""
-    from . import shapes_unsupported_reason
-
-    reason = shapes_unsupported_reason(q, k, v, opts.shapes)
-    if reason is not None:
-        return reason
-    missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+from .support import call_unsupported_reason, triton_installed
+from .variants import KernelVariants
 
 
 def triton_varlen_forward(
@@ -42,31 +33,30 @@ def triton_varlen_forward(
     k: Tensor,
     v: Tensor,
     opts: AttentionOptions,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
     *,
     config: AttentionConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(O (H_q, total_q, D_v), lse (H_q, total_q))`` of validated ``(H, total, D)`` views by the fused
     kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call. With
     ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
-    from . import _triton_installed, launch
+    from . import launch
     from .autograd import TritonAttentionFunction
 
-    if not _triton_installed():
+    if not triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")
-    reason = varlen_unsupported_reason(q, k, v, opts)
+    reason = call_unsupported_reason(q, k, v, opts)
     if reason is not None:
         raise AttentionValueError(reason)
+    packed = opts.mask.packed
+    if packed is None:
+        raise AttentionValueError("triton_varlen_forward needs the options of packed sequences (make_packed_options)")
     s = opts.shapes
     variants = replace(
         KernelVariants.from_spec(opts.mask, opts.dropout),  # the counters of the packed matrix (varlen.py)
-        cu_seqlens_q=cu_seqlens_q.to(torch.int32).contiguous(),
-        cu_seqlens_k=cu_seqlens_k.to(torch.int32).contiguous(),
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
+        cu_seqlens_q=packed.cu_q_t.to(torch.int32).contiguous(),
+        cu_seqlens_k=packed.cu_k_t.to(torch.int32).contiguous(),
+        max_seqlen_q=packed.longest_q,
+        max_seqlen_k=packed.longest_k,
     )
     if config is None:
         config = launch.default_config(q, s, variants)
@@ -94,10 +84,15 @@ def triton_attention_varlen(
     dropout_p: float = 0.0,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """:func:`flashattn_teach.flash_attention_varlen` with ``backend="triton"`` (see there)."""
-    from ..varlen import flash_attention_varlen
-
-    return flash_attention_varlen(
+    """:func:`flashattn_teach.flash_attention_varlen` with ``backend="triton"`` (see there): the same
+    checks, then the kernels, which raise where they cannot run the call."""
+    q, k, v = cast_inputs(q, k, v)
+    if isinstance(alibi_slopes, Tensor) and alibi_slopes.requires_grad:
+        raise NotImplementedError(
+            "backend='triton' cannot run this call: alibi_slopes requires grad, which only the dense path "
+            "differentiates; use flash_attention_varlen with backend='dense' or 'auto'"
+        )
+    qh, kh, vh, opts = make_packed_options(
         q,
         k,
         v,
@@ -112,6 +107,7 @@ def triton_attention_varlen(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         dropout_p=dropout_p,
-        backend="triton",
-        return_lse=return_lse,
     )
+    O, lse = triton_varlen_forward(qh, kh, vh, opts.with_dropout())
+    O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
+    return (O, lse) if check_bool("return_lse", return_lse) else O

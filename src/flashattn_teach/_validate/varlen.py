@@ -1,0 +1,125 @@
+"""Input checks of :func:`flashattn_teach.flash_attention_varlen` (flash-attn's packed layout).
+
+The packed layout is ``q (total_q, H_q, D)``, ``k (total_k, H_kv, D)``, ``v (total_k, H_kv, D_v)``, with
+``cu_seqlens_q``, ``cu_seqlens_k`` the ``(B + 1,)`` sequence bounds on the packed axis. The checks that
+depend on that layout, and name its arguments, live here; dtypes, devices and the softmax scale are then
+checked by ``_validate.validate_inputs`` on the ``(H, total, D)`` views, as for every other call.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from ..errors import AttentionTypeError, AttentionValueError
+from .inputs import shape_str
+
+
+def check_packed_qkv(q: object, k: object, v: object) -> None:
+    """``q (total_q, H_q, D)``, ``k (total_k, H_kv, D)``, ``v (total_k, H_kv, D_v)`` with ``H_kv | H_q``."""
+    for name, t, want in (
+        ("q", q, "(total_q, H_q, D)"),
+        ("k", k, "(total_k, H_kv, D)"),
+        ("v", v, "(total_k, H_kv, D_v)"),
+    ):
+        if not isinstance(t, Tensor):
+            raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+
+    def shapes() -> str:  # built when raising: while compiling, the sizes may be symbols
+        return f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+
+    if k.shape[:2] != v.shape[:2]:
+        raise AttentionValueError(f"k and v must share total_k and H_kv (dims 0 and 1), got {shapes()}")
+    if q.shape[2] != k.shape[2]:
+        raise AttentionValueError(f"q and k must have the same head dimension D (dim 2), got {shapes()}")
+    H_q, H_kv = q.shape[1], k.shape[1]
+    if H_kv == 0 or H_q % H_kv != 0:
+        raise AttentionValueError(
+            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} ({shapes()})"
+        )
+
+
+def check_cu_seqlens(name: str, cu: object, total: int, total_name: str, device: torch.device) -> Tensor:
+    """``(B + 1,)`` int32 or int64 on the inputs' device: starts at 0, non-decreasing, ends at ``total``."""
+    want = f"(B + 1,) holding 0, then each sequence's end on the packed axis, the last equal to {total_name}"
+    if not isinstance(cu, Tensor):
+        raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(cu).__name__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise AttentionTypeError(f"{name} must be int32 or int64, got {cu.dtype} with shape {shape_str(cu)}")
+    if cu.dim() != 1 or cu.numel() == 0:
+        raise AttentionValueError(f"{name} must be 1-D of shape {want}, got shape {shape_str(cu)}")
+    if cu.device != device:
+        raise AttentionValueError(f"{name} is on {cu.device} but q is on {device}")
+    values = cu.tolist()
+    if values[0] != 0:
+        raise AttentionValueError(f"{name} must start at 0, got {name}[0] = {values[0]}")
+    for b in range(len(values) - 1):
+        if values[b + 1] < values[b]:
+            raise AttentionValueError(
+                f"{name} must be non-decreasing (sequence lengths >= 0), got {name}[{b}] = {values[b]} > "
+                f"{name}[{b + 1}] = {values[b + 1]}"
+            )
+    if values[-1] != total:
+        raise AttentionValueError(f"{name} must end at {total_name} = {total}, got {name}[-1] = {values[-1]}")
+    return cu
+
+
+def check_same_batch(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> int:
+    """Both bounds describe the same ``B`` sequences; returns ``B``."""
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise AttentionValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+            f"{cu_seqlens_q.numel() - 1} (shape {shape_str(cu_seqlens_q)}) and {cu_seqlens_k.numel() - 1} "
+            f"(shape {shape_str(cu_seqlens_k)})"
+        )
+    return cu_seqlens_q.numel() - 1
+
+
+def check_max_seqlen_type(name: str, value: object) -> None:
+    """A non-negative int (a symbol while compiling with dynamic shapes): what can be checked without
+    reading the sequence bounds."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise AttentionTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise AttentionValueError(f"{name} must be at least 0 (the longest sequence's length), got {int(value)}")
+
+
+def check_max_seqlen(name: str, value: object, cu: Tensor, cu_name: str) -> int:
+    """An int at least as large as every sequence's length (flash-attn sizes its grid by it)."""
+    check_max_seqlen_type(name, value)
+    assert isinstance(value, numbers.Integral)
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    longest = max(lengths, default=0)
+    if value < longest:
+        b = lengths.index(longest)
+        raise AttentionValueError(
+            f"{name} = {int(value)} is smaller than sequence {b}'s length {longest} (from {cu_name}); pass "
+            f"at least the longest length"
+        )
+    return int(value)
+
+
+def check_packed_alibi(slopes: object, B: int, H_q: int, device: torch.device) -> Tensor | None:
+    """ALiBi slopes of a packed call: floating-point ``(H_q,)`` or ``(B, H_q)`` (one row per sequence)."""
+    if slopes is None:
+        return None
+    want = f"({H_q},) or ({B}, {H_q})"
+    if not isinstance(slopes, Tensor):
+        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
+    if not slopes.is_floating_point():
+        raise AttentionTypeError(
+            f"alibi_slopes must be floating-point, got {slopes.dtype} with shape {shape_str(slopes)}"
+        )
+    if tuple(slopes.shape) not in ((H_q,), (B, H_q)):
+        raise AttentionValueError(
+            f"alibi_slopes must have shape {want} (one slope per query head, optionally per sequence), "
+            f"got {shape_str(slopes)}"
+        )
+    if slopes.device != device:
+        raise AttentionValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
+    return slopes

@@ -1,0 +1,25 @@
+"""The public attention functions: each checks its arguments once, builds one options object and hands it
+to the dispatcher (:mod:`flashattn_teach.dispatch`), or, while compiled, to its custom op
+(:mod:`flashattn_teach.ops`).
+
+    attention.py       flash_attention, scaled_dot_product_attention
+    varlen.py          flash_attention_varlen (packed sequences)
+    decode.py          flash_attention_with_kvcache (a decode step against a KV cache)
+    explain.py         explain: the plan a call would run, without running it
+    explain_decode.py  explain_with_kvcache: the same for a decode step
+"""
+
+from .attention import flash_attention, scaled_dot_product_attention
+from .decode import flash_attention_with_kvcache
+from .explain import explain
+from .explain_decode import explain_with_kvcache
+from .varlen import flash_attention_varlen
+
+__all__ = [
+    "explain",
+    "explain_with_kvcache",
+    "flash_attention",
+    "flash_attention_varlen",
+    "flash_attention_with_kvcache",
+    "scaled_dot_product_attention",
+]

@@ -1,0 +1,212 @@
+"""The public attention functions: :func:`flash_attention` and the drop-in
+:func:`scaled_dot_product_attention`.
+
+Each checks its arguments once (:func:`flashattn_teach._options.make_options`), then asks the planner for a
+backend and runs it (:mod:`flashattn_teach.dispatch`); while being compiled it calls its custom op instead
+(:mod:`flashattn_teach.ops.attention`), with the same checked arguments. Masks and attention variants
+(``window``, ``softcap``, ``alibi_slopes``, ``seqlens_k``, ``attn_mask``; see :mod:`flashattn_teach.masks`)
+run tile by tile on every CPU backend and in the "triton" kernels. Dropout is the same on every backend: a
+counter-based generator (:mod:`flashattn_teach.dropout`) keyed once per call from torch's generator.
+:func:`flashattn_teach.explain` says which backend a call runs, and why.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+import torch
+from torch import Tensor
+
+from .. import dispatch
+from .._autocast import cast_inputs
+from .._options import make_options
+from .._validate.inputs import check_bool
+from ..ops import attention as ops
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    enable_gqa: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact attention without storing the ``N_q x N_k`` score matrix.
+
+    Args:
+        q: ``(..., H_q, N_q, D)``; k: ``(..., H_kv, N_k, D)``; v: ``(..., H_kv, N_k, D_v)``.
+        causal: causal masking; ``causal_align`` is ``"top_left"`` (torch: query i sees keys j <= i) or
+            ``"bottom_right"`` (flash-attn: j <= i + N_k - N_q, as in a decode step against a KV cache;
+            ``N_k`` is ``seqlens_k[b]`` when given).
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        enable_gqa: allow fewer key/value heads than query heads (on by default, as in flash-attn).
+        window: ``(left, right)``, flash-attn's sliding window: query i sees keys
+            ``i + off - left <= j <= i + off + right`` (``off`` = 0 for ``top_left``, ``N_k - N_q`` for
+            ``bottom_right``, and with ``seqlens_k`` each batch element's own ``seqlens_k[b] - N_q``, as
+            flash-attn aligns; -1: unbounded on that side). ``causal=True`` is ``right = 0``.
+        softcap: scores become ``softcap * tanh(score / softcap)``, after scaling, before any bias or mask.
+        alibi_slopes: ``(H_q,)`` or ``(*batch, H_q)``: ``-slope * |i + off - j|`` added to the scores.
+        seqlens_k: integer tensor of the batch shape (``(B,)`` for 4-D inputs): keys
+            ``j >= seqlens_k[b]`` are invisible (right padding).
+        attn_mask: bool (True = visible) or additive, broadcast to ``(..., H_q, N_q, N_k)`` as torch's SDPA.
+            See :mod:`flashattn_teach.masks` for how these compose and how tiles are skipped.
+        dropout_p: zero each attention weight with this probability and scale the rest by
+            ``1 / (1 - dropout_p)`` (``lse`` stays undropped), tile by tile inside the online update. The
+            mask comes from a counter-based generator (:mod:`flashattn_teach.dropout`) keyed once per call
+            from torch's default generator, so ``torch.manual_seed`` makes calls repeatable; the backward
+            draws it again rather than storing it.
+        backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
+            :func:`explain`.
+        return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
+
+    Returns:
+        ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (the autocast dtype under
+        ``torch.autocast``, as torch's SDPA) and, with ``return_lse``, ``lse``. Differentiable on every
+        backend, also under the torch.func transforms on the CPU backends; a query row that sees no key
+        gives 0 (and ``lse = -inf``).
+    """
+    q, k, v = cast_inputs(q, k, v)
+    opts = make_options(
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+    )
+    lse_wanted = check_bool("return_lse", return_lse)
+    backend = dispatch.public_backend(backend)
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+        # one opaque op in the graph instead of the traced tile loops, called with the checked arguments
+        args = ops.AttentionArgs.of_call(
+            opts, backend, scale_given=scale is not None, alibi_slopes=alibi_slopes, seqlens_k=seqlens_k
+        )
+        O, lse = ops.call(q, k, v, args)
+    else:
+        O, lse = dispatch.run(dispatch.plan(q, k, v, opts, backend), q, k, v, opts)
+    return (O, lse) if lse_wanted else O
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``: same signature and behaviour.
+
+    ``query (..., H_q, L, E)``, ``key (..., H_kv, S, E)``, ``value (..., H_kv, S, E_v)`` ->
+    ``(..., H_q, L, E_v)``. ``attn_mask`` is bool (True = take part) or additive (the query's dtype or
+    float32), broadcast to ``(..., L, S)``; with ``is_causal=True`` as well, both apply, as in torch's CPU
+    SDPA. Heads broadcast as in torch. ``dropout_p`` applies whenever it is above 0, as in torch (SDPA has
+    no training flag: pass 0 in eval), from this library's counter-based generator, so the mask differs from
+    torch's for the same seed. Calls with a mask that requires grad run on the dense path; the rest, masks
+    and dropout included, run on a path that never stores the score matrix, a mask read tile by tile
+    (:func:`explain` tells which). Errors are both
+    ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
+    function deliberately differs from torch.
+    """
+    query, key, value = cast_inputs(query, key, value)
+    opts = make_options(
+        query,
+        key,
+        value,
+        causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        causal_name="is_causal",
+    )
+    if torch.compiler.is_compiling() and ops.traceable(attn_mask, None):
+        args = ops.AttentionArgs.of_call(opts, "auto", scale_given=scale is not None, alibi_slopes=None, seqlens_k=None)
+        O, _ = ops.call(query, key, value, args)
+    else:
+        O, _ = dispatch.run(dispatch.plan(query, key, value, opts), query, key, value, opts)
+    return O

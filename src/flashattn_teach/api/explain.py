@@ -1,0 +1,113 @@
+"""``explain``: which backend a call of :func:`flashattn_teach.flash_attention`,
+:func:`flashattn_teach.scaled_dot_product_attention` or :func:`flashattn_teach.flash_attention_varlen`
+would run, and why, without running it.
+
+The answer is :func:`flashattn_teach.dispatch.plan`'s, for the options the call would build; with a mask or variant on
+a tiled backend it adds how the tiles meet the mask (visited whole, visited with a tile mask, skipped),
+and with dropout how the mask is drawn. It draws no dropout key, so it consumes nothing from torch's
+generator.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .. import dispatch
+from .._autocast import cast_inputs
+from .._options import AttentionOptions, make_options, make_packed_options
+from ..dispatch import Plan
+from ..dispatch.planner import TILED
+from ..masks.causal import TileKind
+
+_DROPOUT_NOTE = (
+    "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
+    "the key drawn once per call from torch's generator"
+)
+
+
+def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
+    """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
+    _, block_m, block_n = dispatch.tiles(p.backend, opts.shapes.N_q)
+    counts = opts.mask.tiling(block_m, block_n).counts()
+    n = sum(counts.values())
+    return (
+        f"; {n} tile{'' if n == 1 else 's'} of {block_m} x {block_n}: {counts[TileKind.FULL]} visited whole, "
+        f"{counts[TileKind.PARTIAL]} visited with a tile mask, {counts[TileKind.SKIP]} skipped"
+    )
+
+
+def explain(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    causal_align: str = "top_left",
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    backend: str = "auto",
+) -> Plan:
+    """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
+    with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
+
+    With ``cu_seqlens_q`` and ``cu_seqlens_k`` (and ``max_seqlen_q``, ``max_seqlen_k``) the inputs are
+    packed sequences, ``(total, H, D)``, as :func:`flash_attention_varlen` takes them (its
+    ``causal_align`` default is ``"bottom_right"``: pass it as the call does).
+
+    >>> import torch, flashattn_teach as fa
+    >>> q = torch.randn(1, 2, 8, 16)
+    >>> print(fa.explain(q, q, q))  # doctest: +ELLIPSIS
+    parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over ... workers
+    """
+    query, key, value = cast_inputs(query, key, value)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        query, key, value, opts = make_packed_options(
+            query,
+            key,
+            value,
+            cu_seqlens_q,  # type: ignore[arg-type]  # checked: a tensor, or the varlen call's error
+            cu_seqlens_k,  # type: ignore[arg-type]
+            max_seqlen_q,  # type: ignore[arg-type]
+            max_seqlen_k,  # type: ignore[arg-type]
+            causal=is_causal,
+            causal_align=causal_align,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p,
+        )
+    else:
+        opts = make_options(
+            query,
+            key,
+            value,
+            causal=is_causal,
+            causal_align=causal_align,
+            scale=scale,
+            enable_gqa=enable_gqa,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            window=window,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            seqlens_k=seqlens_k,
+            causal_name="is_causal",
+        )
+    p = dispatch.plan(query, key, value, opts, backend)
+    if p.backend in TILED and opts.mask.variants:
+        p = Plan(p.backend, p.reason + _tile_counts(p, opts))
+    if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator
+        again = ", and the backward draws the mask again instead of storing it" if p.backend in TILED else ""
+        p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
+    return p

@@ -1,0 +1,212 @@
+"""Attention over packed variable-length sequences: flash-attn's ``flash_attn_varlen_func``.
+
+A batch of sequences of different lengths is stored back to back, without padding::
+
+    q (total_q, H_q, D)    k (total_k, H_kv, D)    v (total_k, H_kv, D_v)
+    sequence b: query rows cu_seqlens_q[b] : cu_seqlens_q[b + 1], keys cu_seqlens_k[b] : cu_seqlens_k[b + 1]
+
+and each sequence attends only within itself. The packed tensors are viewed (no copy) as one batch element
+``(H, total, D)`` and run by the same tiled CPU paths as :func:`flashattn_teach.flash_attention`, with the
+packed sequences in the mask contract (``packed.py``): the tiles off the block diagonal are never visited,
+so the work is ``O(sum_b len_q[b] len_k[b])`` up to tiles cut by sequence boundaries, and no tensor of
+``total_q x total_k`` elements is built (except by ``backend="dense"``, the oracle).
+
+Dropout follows from that view: the keep mask of :mod:`flashattn_teach.dropout` is drawn for the packed
+``total_q x total_k`` score matrix of one batch element, so weight ``P[h, i, j]`` (query head h, packed
+query row i, packed key column j) has the counter::
+
+    counter = offset + (h * total_q + i) * total_k + j,     i = cu_seqlens_q[b] + i',  j = cu_seqlens_k[b] + j'
+
+for row i' and column j' of sequence b. Every (head, row, column) has its own counter, so no two sequences
+share draws (counters per sequence, ``((b H_q + h) len_q[b] + i') len_k[b] + j'``, would collide when the
+lengths differ). The CPU paths draw it as for any ``(H, total, D)`` input; the Triton kernels, which run a
+sequence per program in its own coordinates, shift the offset by the sequence's start rows
+(:func:`flashattn_teach.triton.kernels.dropout._packed_dropout`), and draw the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+import torch
+from torch import Tensor
+
+from .. import dispatch
+from .._autocast import cast_inputs
+from .._options import make_options, make_packed_options
+from .._validate.inputs import check_bool
+from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
+from ..dispatch import public_backend
+from ..ops import varlen as ops_varlen
+from ..ops.attention import traceable
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[False] = False,
+) -> Tensor: ...
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+def flash_attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    causal_align: str = "bottom_right",
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact attention over ``B`` packed sequences, each attending only within itself (flash-attn's varlen).
+
+    Args:
+        q: ``(total_q, H_q, D)``; k: ``(total_k, H_kv, D)``; v: ``(total_k, H_kv, D_v)``; ``H_q`` a
+            multiple of ``H_kv`` (grouped-query attention as in flash-attn: query head h reads key/value
+            head ``h // (H_q // H_kv)``).
+        cu_seqlens_q, cu_seqlens_k: int32 or int64 ``(B + 1,)``: 0, then the end of each sequence on the
+            packed axis (``cu_seqlens_q[-1] = total_q``); empty sequences are allowed.
+        max_seqlen_q, max_seqlen_k: at least the longest query and key sequence (checked; the CPU paths
+            take the lengths from ``cu_seqlens``).
+        causal: causal masking within each sequence. ``causal_align`` defaults to ``"bottom_right"``, as
+            flash-attn's varlen functions align it per sequence (query i' of sequence b sees keys
+            ``j' <= i' + len_k[b] - len_q[b]``, the decode-step convention); note that
+            :func:`flashattn_teach.flash_attention` defaults to ``"top_left"``, torch's. With equal query
+            and key lengths the two agree.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        window: ``(left, right)``, flash-attn's sliding window in each sequence's own coordinates
+            (-1: unbounded); the causal offset above is its diagonal.
+        softcap: scores become ``softcap * tanh(score / softcap)`` before any bias or mask.
+        alibi_slopes: ``(H_q,)`` or ``(B, H_q)``: ``-slope * |i' + off_b - j'|`` added to the scores, in
+            each sequence's coordinates. Not differentiated except by ``backend="dense"``.
+        dropout_p: zero each attention weight with this probability and scale the rest by
+            ``1 / (1 - dropout_p)`` (``lse`` stays undropped), as :func:`flashattn_teach.flash_attention`;
+            the keep mask is drawn over the packed matrix (see the module's docstring), the same on every
+            backend, and drawn again by the backward.
+        backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
+            CPU path, or the query-major reference under a torch.func transform or for other CUDA
+            tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
+            ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"`` (the oracle, holding
+            ``H_q x total_q x total_k`` scores).
+        return_lse: also return ``lse`` of shape ``(H_q, total_q)`` (flash-attn's layout), float32
+            (float64 for float64 inputs).
+
+    Returns:
+        ``O`` of shape ``(total_q, H_q, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse``.
+        Differentiable with respect to ``q, k, v`` by autograd. A query row that sees no key (a window
+        or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
+    """
+    q, k, v = cast_inputs(q, k, v)
+    lse_wanted = check_bool("return_lse", return_lse)
+    backend = public_backend(backend)
+    if torch.compiler.is_compiling() and traceable(None, alibi_slopes):
+        # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
+        # arguments that need no look into the bounds are checked here, as in eager mode; the op checks the
+        # rest when it runs.
+        check_packed_qkv(q, k, v)
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            check_max_seqlen_type(name, value)
+        qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
+        opts = make_options(
+            qh,
+            kh,
+            vh,
+            causal=causal,
+            causal_align=causal_align,
+            scale=scale,
+            enable_gqa=True,
+            window=window,
+            softcap=softcap,
+            dropout_p=dropout_p,
+        )
+        bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=scale is not None)
+        O, lse = ops_varlen.call(q, k, v, args)
+        return (O, lse) if lse_wanted else O
+    qh, kh, vh, opts = make_packed_options(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
+    )
+    O, lse = dispatch.run(dispatch.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
+    O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
+    return (O, lse) if lse_wanted else O

@@ -1,0 +1,195 @@
+"""One decode step on the CPU paths: each batch element's keys cut into split-KV ranges, attended, merged.
+
+``decode.py`` validates, writes the new keys and values into the caches and routes; what runs here, for
+batch element ``b`` with ``L_b`` valid keys, is the module docs' picture: the keys a row can see are cut
+into ``num_splits`` ranges (:func:`flashattn_teach.splitkv.split_ranges`), each range is an ordinary call
+of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's diagonal offset set so that
+row ``i`` sits at global key position ``L_b - N_new + i``, and the partials ``(O_s, lse_s)`` are merged
+by :func:`flashattn_teach.merge_attention_states`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from .. import dispatch
+from .._layout import compute_dtype
+from .._options import AttentionOptions
+from .._validate.inputs import AttentionShapes
+from ..dispatch import Plan
+from ..masks.spec import MaskSpec
+from ..merge import merge_attention_states
+from ..splitkv import split_ranges
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One call's checked settings, as every batch element and range reads them (``scale`` resolved)."""
+
+    causal: bool
+    scale: float
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+
+
+def range_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    offset: int,
+) -> AttentionOptions:
+    """The options of the rows ``q (1, H, N, D)`` over one key range ``k, v (1, H_kv, n, D)`` of checked
+    inputs, with the diagonal offset that puts row ``i`` at global key position ``offset + i``
+    (:mod:`flashattn_teach.api.decode`'s module docs), built without checking again; the decode-step
+    replay builds its ranges' options here too."""
+    _, H_q, N_q, D = q.shape
+    _, H_kv, N_k, D_v = v.shape
+    shapes = AttentionShapes(batch=(1,), H_q=H_q, H_kv=H_kv, N_q=N_q, N_k=N_k, D=D, D_v=D_v, rank=4, scale=scale)
+    mask = MaskSpec.build(
+        shapes,
+        q.dtype,
+        causal=causal,
+        causal_align="bottom_right",
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        offset=offset,
+    )
+    return AttentionOptions(shapes=shapes, mask=mask, causal_align="bottom_right", enable_gqa=True)
+
+
+def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, alibi_slopes: Tensor | None) -> Plan:
+    """The plan of every range of every batch element, from a one-key range of element 0 with every option
+    of the step: the backend's refusals (``NotImplementedError``) all happen here, before the call writes
+    into the caches, so a call that raises writes nothing."""
+    dt = compute_dtype(q.dtype)
+    q0, k0, v0 = q[:1].to(dt), k_cache[:1, :, :1].to(dt), v_cache[:1, :, :1].to(dt)  # (1, H, <=1, D): tiny
+    slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[0]
+    opts = range_options(
+        q0,
+        k0,
+        v0,
+        causal=step.causal,
+        scale=step.scale,
+        window=step.window,
+        softcap=step.softcap,
+        alibi_slopes=slopes,
+        offset=0,
+    )
+    return dispatch.plan_ranges(q0, k0, v0, opts, step.backend)
+
+
+def _merged_ranges(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: DecodeStep,
+    *,
+    plan: Plan,
+    keys: tuple[int, int],
+    first: int,
+    alibi_slopes: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
+    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
+    in float32 too), merged."""
+    dt = compute_dtype(q.dtype)
+    qc = q.to(dt)  # a no-op for float32/float64
+    lo, L = keys
+    merged: tuple[Tensor, Tensor] | None = None
+    for a, b in split_ranges(L - lo, step.num_splits):
+        if a == b:
+            continue  # an empty range: lse = -inf for every row, which the merge would ignore
+        s0, s1 = lo + a, lo + b
+        # (1, H_kv, s1 - s0, D or D_v), read in q's dtype first: a no-op, or autocast's cast (autocast_inputs)
+        k_s, v_s = (cache[:, :, s0:s1].to(q.dtype).to(dt) for cache in (k_cache, v_cache))
+        # offset = first - s0 puts row i's diagonal at global key first + i
+        opts = range_options(
+            qc,
+            k_s,
+            v_s,
+            causal=step.causal,
+            scale=step.scale,
+            window=step.window,
+            softcap=step.softcap,
+            alibi_slopes=alibi_slopes,
+            offset=first - s0,
+        )
+        part = dispatch.run(plan, qc, k_s, v_s, opts)
+        merged = part if merged is None else merge_attention_states(*merged, *part)
+    if merged is None:  # no key to see: every row gives O = 0, lse = -inf
+        shape = (*q.shape[:3], v_cache.shape[3])
+        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
+    return merged
+
+
+def decode_one(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, plan: Plan, L: int, alibi_slopes: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
+
+    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
+    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
+    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
+    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
+    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
+    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
+    per query head, and each score tile is ``G`` rows tall."""
+    _, H_q, N_new, D = q.shape
+    H_kv = k_cache.shape[1]
+    G = H_q // H_kv
+    left = step.window[0]
+    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
+    if N_new == 1 and G > 1 and alibi_slopes is None:
+        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
+        O, lse = _merged_ranges(
+            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, plan=plan, keys=keys, first=L - 1, alibi_slopes=None
+        )
+        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
+    return _merged_ranges(q, k_cache, v_cache, step, plan=plan, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
+
+
+def cpu_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    step: DecodeStep,
+    *,
+    plan: Plan,
+    L: list[int],
+    alibi_slopes: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs whose new keys are already
+    in the caches: batch element ``b`` over its keys ``[0, L[b])``, one after another, every range on the
+    backend of ``plan`` (:func:`range_plan`)."""
+    B, H_q, N_new, _ = q.shape
+    parts = [
+        decode_one(
+            q[b : b + 1],
+            k_cache[b : b + 1],
+            v_cache[b : b + 1],
+            step,
+            plan=plan,
+            L=L[b],
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes,
+        )
+        for b in range(B)
+    ]
+    dt = compute_dtype(q.dtype)
+    if parts:
+        O = torch.cat([O_b for O_b, _ in parts]).to(q.dtype)  # (B, H_q, N_new, D_v)
+        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
+    else:
+        O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)
+    return O, lse

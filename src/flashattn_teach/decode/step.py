@@ -1,0 +1,107 @@
+"""One decode step below :func:`flashattn_teach.flash_attention_with_kvcache`: every check, then the
+in-place write of the new keys and values, then the attention, on the Triton decode kernel or the CPU
+paths' key ranges (``ranges.py``). The eager public function and the decode op's body both run
+:func:`decode_step`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import dispatch
+from .._autocast import autocast_off
+from .._layout import compute_dtype
+from .._validate.decode import (
+    check_cache_inputs,
+    check_cache_seqlens,
+    check_decode_alibi,
+    check_no_grad_through_write,
+    check_num_splits,
+    lengths_on_host,
+)
+from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
+from ..dispatch import check_backend
+from ..splitkv import default_num_splits
+from .ranges import DecodeStep, cpu_decode, range_plan
+
+
+def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
+    """Write ``k, v`` into the caches in place at ``[cache_seqlens[b], cache_seqlens[b] + N_new_kv)``."""
+    N_new_kv = k.shape[2]
+    with torch.no_grad():  # an in-place write of inference state (check_no_grad_through_write)
+        for b, n in enumerate(cache_seqlens):
+            k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
+            v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
+
+
+def decode_step(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    backend: str,
+    return_lse: bool,
+    autocast: torch.dtype | None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
+    ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast)
+    B, H_q = q.shape[:2]
+    N_max = k_cache.shape[2]
+    N_new_kv = 0 if k is None else k.shape[2]
+    if k is not None and v is not None:
+        check_no_grad_through_write(k_cache, v_cache, k, v)
+    causal = check_bool("causal", causal)
+    resolved_scale = check_scale(scale, q.shape[3])
+    window_sizes = check_window(window)
+    cap = check_softcap(softcap)
+    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
+    splits = check_num_splits(num_splits)
+    lse_wanted = check_bool("return_lse", return_lse)
+    backend = check_backend(backend)
+    if dispatch.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
+            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
+        O, lse = dispatch.run_decode(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            cache_seqlens=cache_seqlens,
+            causal=causal,
+            scale=resolved_scale,
+            window=window_sizes,
+            softcap=cap,
+            alibi_slopes=slopes,
+            num_splits=splits,
+        )
+        return (O, lse) if lse_wanted else O
+
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
+    L = [n + N_new_kv for n in lengths]
+    if splits == 0:
+        splits = default_num_splits(q, k_cache, max(L) if L else 0)
+    step = DecodeStep(
+        causal=causal, scale=resolved_scale, window=window_sizes, softcap=cap, num_splits=splits, backend=backend
+    )
+    plan = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes) if B > 0 else None  # refusals before the write
+    if k is not None and v is not None:
+        append_to_cache(k_cache, v_cache, k, v, lengths)
+    if plan is None:  # no batch element: nothing to attend
+        shape = (0, H_q, q.shape[2])
+        O, lse = q.new_zeros(*shape, v_cache.shape[3]), q.new_zeros(shape, dtype=compute_dtype(q.dtype))
+        return (O, lse) if lse_wanted else O
+    with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
+        O, lse = cpu_decode(q, k_cache, v_cache, step, plan=plan, L=L, alibi_slopes=slopes)
+    return (O, lse) if lse_wanted else O

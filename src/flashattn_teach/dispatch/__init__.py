@@ -1,0 +1,22 @@
+"""The one route from checked options to a backend: :func:`plan` chooses the backend and says why
+(``planner.py``), :func:`run` is the one place a backend is called (``runner.py``), and ``rows.py`` folds
+the query heads of a one-query call into rows of their key/value head. Callers call ``dispatch.run(...)``
+through this package, so that a test patching ``dispatch.run`` sees every call.
+"""
+
+from .planner import BACKENDS, Plan, check_backend, dense_only, plan, plan_decode, plan_ranges, public_backend, tiles
+from .runner import run, run_decode
+
+__all__ = [
+    "BACKENDS",
+    "Plan",
+    "check_backend",
+    "dense_only",
+    "plan",
+    "plan_decode",
+    "plan_ranges",
+    "public_backend",
+    "run",
+    "run_decode",
+    "tiles",
+]

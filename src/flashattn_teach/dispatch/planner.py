@@ -1,0 +1,169 @@
+"""Which backend runs a call, and why: the one choice every public function, ``explain`` and the compiled
+ops' eager bodies ask for.
+
+Backends:
+    "triton"     fused Triton kernels (CUDA tensors; see :mod:`flashattn_teach.triton`), packed sequences
+                 included; a decode step takes the split-KV decode kernel (:func:`plan_decode`)
+    "parallel"   query-major tiles, the (batch, head) slices spread over worker threads (the fast CPU path)
+    "online"     query-major online-softmax CPU reference: the readable tile-by-tile loop
+    "key_major"  key-major reference, FlashAttention's Algorithm 1 loop order
+    "dense"      the dense oracle: holds all N_q x N_k scores
+
+``backend="auto"`` picks the fastest backend that can honour every argument; an explicitly named backend
+that cannot honour an argument raises ``NotImplementedError`` instead of silently doing something else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+from torch import Tensor
+
+from .._options import AttentionOptions
+from ..errors import AttentionValueError
+from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
+from ..reference.workers import default_workers
+from ..triton import support
+
+BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
+RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # warnings skip it
+# The tiled CPU backends: their loop order and tile sizes.
+TILED = {
+    "parallel": ("parallel", PARALLEL_BLOCK_M, PARALLEL_BLOCK_N),
+    "online": ("query_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+    "key_major": ("key_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+}
+# A call with few query rows (a decode step, after folding query heads into rows) takes wide key tiles:
+# fewer tiles are fewer Python-level ops per row, and its score tiles stay small (benchmarks/README.md).
+FEW_ROWS = 64
+FEW_ROWS_BLOCK_N = 2048
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which backend runs a call, and why."""
+
+    backend: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, ...) is running around this call."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def check_backend(backend: object) -> str:
+    """``backend`` as one of :data:`BACKENDS`, for every public function: a deprecated spelling warns,
+    pointing at the caller's line outside this package, and becomes its new name; anything else raises."""
+    if isinstance(backend, str) and backend in RENAMED:
+        new = RENAMED[backend]
+        frame: FrameType | None = sys._getframe(1)
+        level = 2  # the caller of this function
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(f"backend={backend!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=level)
+        return new
+    if backend not in BACKENDS:
+        raise AttentionValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return str(backend)
+
+
+def public_backend(backend: object) -> str:
+    """:func:`check_backend` for a public function; while compiling, a deprecated spelling is passed on as
+    it is, and the op warns when it runs (dynamo cannot trace the warning's walk over the frames)."""
+    if torch.compiler.is_compiling() and isinstance(backend, str) and backend in RENAMED:
+        return backend
+    return check_backend(backend)
+
+
+def tiles(backend: str, N_q: int) -> tuple[str, int, int]:
+    """``(order, block_m, block_n)`` of a tiled backend for ``N_q`` query rows: few rows take key tiles of
+    at least ``FEW_ROWS_BLOCK_N``."""
+    order, block_m, block_n = TILED[backend]
+    return (order, block_m, max(block_n, FEW_ROWS_BLOCK_N)) if N_q <= FEW_ROWS else (order, block_m, block_n)
+
+
+def dense_only(opts: AttentionOptions) -> str | None:
+    """Why only the dense path can run this call, or None."""
+    tensors = (("attn_mask", opts.attn_mask), ("alibi_slopes", opts.mask.alibi_slopes))
+    differentiated = [name for name, t in tensors if t is not None and t.requires_grad]
+    if differentiated:
+        return f"{' and '.join(differentiated)} requires grad, which only the dense path differentiates"
+    if opts.attn_mask is not None and transforms_active():
+        return "an attn_mask under a torch.func transform is only supported by the dense path"
+    return None
+
+
+def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
+    """Choose a backend for checked inputs ; raises
+    ``NotImplementedError`` for a named backend that cannot run the call."""
+    backend = check_backend(backend)
+    needs_dense = dense_only(opts)
+    if backend == "auto":
+        if needs_dense:
+            return Plan("dense", needs_dense + " (it holds all N_q x N_k scores)")
+        if q.is_cuda:
+            why_not = support.call_unsupported_reason(q, k, v, opts)
+            if why_not is None:
+                return Plan("triton", "CUDA tensors: the fused Triton kernels")
+            return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
+        if transforms_active():
+            return Plan(
+                "online",
+                "a torch.func transform is active: the query-major reference in this thread "
+                "(the parallel path's worker threads would not see the transform)",
+            )
+        variants = ", ".join(opts.mask.variants)
+        masked = f"; {variants} read tile by tile" if variants else ""
+        return Plan(
+            "parallel",
+            f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
+            f"{default_workers()} single-threaded workers{masked}",
+        )
+    if needs_dense and backend != "dense":
+        raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
+    if backend == "triton":
+        why_not = support.call_unsupported_reason(q, k, v, opts)
+        if why_not is not None:
+            raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
+    if backend == "parallel" and transforms_active():
+        raise NotImplementedError(
+            "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "
+            "it); use 'online' or 'auto'"
+        )
+    return Plan(backend, "requested explicitly")
+
+
+def plan_decode(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Plan:
+    """The path of a decode step: ``Plan("triton", ...)`` for the split-KV decode kernel, else the CPU
+    paths' ``backend`` for every key range (refined per range by :func:`plan_ranges`). ``"auto"`` takes the
+    kernel for CUDA tensors it can run when no gradient is wanted (it is forward only) and no torch.func
+    transform is active."""
+    if backend == "triton":
+        reason = support.decode_unsupported_reason(q, v_cache)
+        if reason is not None:
+            raise NotImplementedError(f"backend='triton' cannot run this decode call: {reason}")
+        return Plan("triton", "requested explicitly: the Triton split-KV decode kernel")
+    if backend == "auto" and q.is_cuda and not transforms_active():
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
+        if not grads and support.decode_unsupported_reason(q, v_cache) is None:
+            return Plan("triton", "CUDA tensors: the Triton split-KV decode kernel")
+    return Plan(backend, "the CPU paths, one key range at a time")
+
+
+def plan_ranges(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
+    """The plan of a decode step's key ranges on a CPU path: the prefill kernels do not take a range's
+    diagonal offset (the decode kernel is chosen before, by :func:`plan_decode`)."""
+    p = plan(q, k, v, opts, backend)
+    if p.backend == "triton":
+        return Plan("online", "CUDA tensors on a CPU path: the query-major reference")
+    return p

@@ -1,0 +1,99 @@
+"""The one place a backend is called: ``(O, lse)`` of checked inputs by the planned backend.
+
+Every route ends here: the public functions (:mod:`flashattn_teach.api`), the compiled ops' eager bodies
+(:mod:`flashattn_teach.ops`), each key range of a decode step on the CPU (:mod:`flashattn_teach.decode`),
+and the ring's local blocks. Tests patch :func:`run` (and :func:`run_decode`) to see what a call runs.
+
+    dense      flashattn_teach.reference.dense.dense_forward: all scores at once
+    triton     flashattn_teach.triton: the fused kernels, the varlen launch for packed sequences
+    tiled      flashattn_teach.reference.online.tiled_attention, at the planner's tiles, the query heads
+               of a one-query call folded into rows of their key/value head (``rows.py``), and a call
+               too small to split run as one batched tile loop
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .._options import AttentionOptions
+from ..reference.dense import dense_forward
+from ..reference.online import tiled_attention
+from .planner import Plan, tiles, transforms_active
+from .rows import fold, unfold
+
+# Below this many scores (all heads together) a call runs its heads as one batched tile loop in this
+# thread instead of one head at a time on the worker threads: its Python per tile costs more than its
+# arithmetic (benchmarks/bench_cpu.py --targets, the small-call rows).
+BATCHED_SCORES = 2**18
+
+
+def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
+    """The tile loop and tiles of a tiled backend: a threaded call too small to split (``BATCHED_SCORES``)
+    runs the query-major loop at the same tiles instead, each tile op over every head at once."""
+    order, block_m, block_n = tiles(p.backend, opts.shapes.N_q)
+    s = opts.shapes
+    scores = s.H_q * s.N_q * s.N_k
+    for n in s.batch:
+        scores *= n
+    if order == "parallel" and scores <= BATCHED_SCORES and opts.mask.packed is None:
+        return "query_major", block_m, block_n
+    return order, block_m, block_n
+
+
+def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of checked inputs by the planned backend; a call with dropout draws its key here, once,
+    unless ``opts`` carries one already."""
+    opts = opts.with_dropout()
+    if p.backend == "dense":
+        return dense_forward(q, k, v, opts)
+    if p.backend == "triton":
+        if opts.mask.packed is not None:
+            from ..triton.varlen import triton_varlen_forward
+
+            return triton_varlen_forward(q, k, v, opts)
+        from ..triton import triton_forward
+
+        return triton_forward(q, k, v, opts, dropout=opts.dropout)
+    folded = None if transforms_active() else fold(q, k, v, opts)
+    if folded is not None:  # one query per head: the query heads of a key/value head as its rows (rows.py)
+        q_rows, rows = folded
+        order, block_m, block_n = _order(p, rows)
+        O, lse = tiled_attention(q_rows, k, v, rows, order=order, block_m=block_m, block_n=block_n)
+        return unfold(O, lse, q.shape[1])
+    order, block_m, block_n = _order(p, opts)
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+def run_decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of a checked decode step by the Triton split-KV decode kernel, which also writes
+    ``k, v`` into the caches (:func:`flashattn_teach.triton.decode_launch.triton_decode`)."""
+    from ..triton.decode_launch import triton_decode
+
+    return triton_decode(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens=cache_seqlens,
+        causal=causal,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        num_splits=num_splits,
+    )

@@ -1,0 +1,13 @@
+"""The library as ``torch.library`` custom ops, so ``torch.compile`` and ``torch.export`` see one node per
+call. The public functions (:mod:`flashattn_teach.api`) call them only while compiling, after their own
+checks; each op's eager body runs the dispatcher (:mod:`flashattn_teach.dispatch`), never a public function.
+
+    attention.py      flashattn_teach::attention and its backward
+    varlen.py         flashattn_teach::attention_varlen and its backward
+    decode.py         flashattn_teach::attention_with_kvcache (no backward: decoding is inference)
+    decode_traced.py  a compiled decode step that needs a gradient, as torch ops around the attention op
+"""
+
+from . import attention, decode, varlen
+
+__all__ = ["attention", "decode", "varlen"]

@@ -1,0 +1,132 @@
+"""Ahead-of-time compilation report of the decode kernels (:mod:`.decode`), as :mod:`.inspect` gives one
+for the prefill kernels: no GPU needed.
+
+Each case is a sample decode step run through the real launcher (:func:`.decode_launch.launch_decode`)
+under :func:`.specialize.capture`, so the kernels compiled are the specialisations the JIT builds for it:
+Llama's shapes (``H_q = 32``, ``H_kv = 8``, one new query, so ``G x N_new = 4`` rows padded to
+``BLOCK_M = 16``), a 16k cache in 4 splits (so the combine kernel launches too), with a causal window,
+softcap and ALiBi at once (the most live values per score), in the tiles :func:`.decode_launch.decode_config`
+ships; ``--rows`` asks for as many query rows as the configuration's largest ``BLOCK_M``. Printed per
+kernel: registers per thread, spilled bytes (stack plus local memory), shared memory, and a check (no
+spills, at most 255 registers, shared memory within 228 KB on sm_90, 164 KB on sm_80).
+
+    python -m flashattn_teach.triton.inspect.decode --arch sm90 [--case bfloat16:128 float32:64] [--rows]
+
+Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+import torch
+
+from ..configs import ARCHS
+from ..decode_launch import decode_config, launch_decode
+from . import sass, specialize
+from .report import MAX_REGISTERS, SMEM_LIMIT
+
+SAMPLE_BATCH = 4
+SAMPLE_HEADS = 32
+SAMPLE_KV_HEADS = 8
+SAMPLE_CACHE = 16384
+SAMPLE_SPLITS = 4
+# (dtype, head dim) of every case: 16-bit up to 256, fp32 up to 128 (what the Triton forward supports)
+CASES = (
+    (torch.bfloat16, 64),
+    (torch.bfloat16, 128),
+    (torch.float16, 128),
+    (torch.bfloat16, 256),
+    (torch.float32, 64),
+    (torch.float32, 128),
+)
+_ROW = "{:<18} {:<9} {:>4} {:>7} {:>7} {:>5} {:>6} {:>7}"
+_DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _figure(res_usage: str, name: str) -> int:
+    """One figure of ``cuobjdump -res-usage`` (``REG:40 STACK:0 SHARED:0 LOCAL:0 ...``)."""
+    found = re.search(rf"\b{name}:(\d+)", res_usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no {name} figure: {res_usage.strip()!r}")
+    return int(found.group(1))
+
+
+def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False) -> list[specialize.CompileRequest]:
+    """The compile requests of the sample decode step (module docs): the split kernel, then the combine."""
+    config = decode_config(dtype, head_dim, arch)
+    n_new = config.BLOCK_M // (SAMPLE_HEADS // SAMPLE_KV_HEADS) if rows else 1
+    q = torch.empty(SAMPLE_BATCH, SAMPLE_HEADS, n_new, head_dim, dtype=dtype)
+    k_cache = torch.empty(SAMPLE_BATCH, SAMPLE_KV_HEADS, SAMPLE_CACHE, head_dim, dtype=dtype)
+    v_cache = torch.empty_like(k_cache)
+    seqlens = torch.empty(SAMPLE_BATCH, dtype=torch.int32)
+    return specialize.requests_for(
+        lambda: launch_decode(
+            q,
+            k_cache,
+            v_cache,
+            seqlens,
+            1,
+            causal=True,
+            scale=head_dim**-0.5,
+            window=(4096, 0),
+            softcap=50.0,
+            alibi_slopes=torch.empty(SAMPLE_HEADS),
+            num_splits=SAMPLE_SPLITS,
+            config=config,
+        ),
+        arch,
+    )
+
+
+def report(request: specialize.CompileRequest, arch: str) -> dict[str, int | str]:
+    """Registers, spilled bytes and shared memory of one compiled kernel, and its check."""
+    compiled = request.compile()
+    text, res = sass.disassemble(compiled.asm["cubin"])
+    spills = _figure(res, "LOCAL") + _figure(res, "STACK")
+    if spills == 0 and re.search(r"\b(STL|LDL)\b", text):
+        spills = -1  # local-memory traffic of unknown size
+    registers = _figure(res, "REG")
+    smem = max(_figure(res, "SHARED"), compiled.metadata.shared)
+    problems = []
+    if spills:
+        problems.append("spills to local memory")
+    if registers > MAX_REGISTERS:
+        problems.append(f"{registers} registers > {MAX_REGISTERS}")
+    if smem > SMEM_LIMIT[arch]:
+        problems.append(f"{smem} bytes of shared memory > {SMEM_LIMIT[arch]}")
+    return {"registers": registers, "spills": spills, "smem": smem, "check": "; ".join(problems) or "ok"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn_teach.triton.inspect.decode", description=__doc__)
+    parser.add_argument("--arch", choices=ARCHS, default="sm90")
+    names = [f"{str(dt).removeprefix('torch.')}:{d}" for dt, d in CASES]
+    parser.add_argument("--case", nargs="+", choices=names, default=names, help="dtype:head_dim (default: all)")
+    parser.add_argument("--rows", action="store_true", help="as many query rows as the largest BLOCK_M")
+    args = parser.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
+    cases = [(_DTYPE_BY_NAME[name.split(":")[0]], int(name.split(":")[1])) for name in args.case]
+    limits = f"registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B"
+    print(f"# {args.arch} decode kernels: {limits}")
+    columns = ("kernel", "dtype", "D", "BLOCK_M", "BLOCK_N", "regs", "spills", "smem")
+    print(_ROW.format(*columns) + "  check")
+    failed = 0
+    for dt, d in cases:
+        for request in requests(args.arch, dt, d, rows=args.rows):
+            r = report(request, args.arch)
+            constants = request.constants()
+            failed += r["check"] != "ok"
+            tile = (constants.get("BLOCK_M", "-"), constants.get("BLOCK_N", "-"))
+            dtype = str(dt).removeprefix("torch.")
+            print(
+                _ROW.format(request.name, dtype, d, *tile, r["registers"], r["spills"], r["smem"]) + f"  {r['check']}"
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

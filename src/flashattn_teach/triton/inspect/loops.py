@@ -1,0 +1,190 @@
+"""A static loop profile: what one iteration of a kernel's hot loop costs, read from its SASS, and the
+speed a small model of an SM predicts from it. No GPU needed; see docs/loop-profile.md.
+
+Per warp and iteration of the steady-state loop (:func:`flashattn_teach.triton.inspect.sass.hot_loops`; the
+shortest one when a kernel has several stages, since the unmasked stage does a subset of a masked
+stage's work) the profile counts instructions by kind. One iteration of a program (CTA) with ``W`` warps
+then costs, on one SM:
+
+    issue   = W * instructions / 4                   4 schedulers, each issuing 1 warp-instruction a cycle
+    mufu    = W * 32 * MUFU instructions / 16        16 special-function results a cycle (exp2, rcp, lg2)
+    tensor  = sum over tensor-core instructions of max(M*N*K / FMA_RATE,
+                                                       operand bytes read from shared memory / 128)
+
+An HGMMA is issued by each of a warpgroup's 4 warps but runs once for the warpgroup: ``W / 4`` of them
+an iteration. It reads B, and A unless A sits in registers, from shared memory at 128 bytes a cycle, so
+a thin ``HGMMA.64x16x16`` (16 cycles of operands, 8 of math) runs at half speed.
+
+In Triton's single-warpgroup-role loop (no warp specialisation) a warpgroup waits for each matmul
+(``WARPGROUP.DEPBAR``) before the softmax that reads it, so the model does not overlap tensor-core time
+with the rest, while the exponentials overlap the other instructions' issue:
+
+    cycles  = tensor + max(issue, mufu)
+    ceiling = FLOPs / max(tensor, issue, mufu)       perfect overlap (a warp-specialised kernel's goal)
+
+``estimate = CALIBRATION * FLOPs / cycles * SMs * clock``. The H100-class figures (H100 SXM / H200:
+132 SMs at the 1.83 GHz of NVIDIA's 989 TFLOP/s dense-bf16 rating, i.e. 2048 bf16 FMA a cycle per SM;
+16 MUFU a cycle per SM, 4 per scheduler, from the CUDA C++ Programming Guide's throughput table for
+compute capability 9.0) are datasheet numbers. ``CALIBRATION`` is fitted to the triton kernels measured
+on an H200 with triton 3.6 (benchmarks/results/gpu/2026-11-30-h200): measured / model was 0.75 (forward
+hd128), 0.74 (forward hd64), 0.73 (backward hd128), 0.82 (backward hd64). Recalibrate when a GPU run
+measures kernels whose loops differ much from those.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from . import sass
+
+CALIBRATION = 0.75  # measured / modelled TFLOP/s, H200 + triton 3.6, 2026-11-30 (see docstring)
+
+
+@dataclass(frozen=True)
+class SMModel:
+    """Throughputs of one streaming multiprocessor, and how many a chip has."""
+
+    name: str
+    sms: int
+    clock_ghz: float
+    schedulers: int  # warp schedulers per SM, each issuing one warp-instruction a cycle
+    fma_per_clock: dict[str, int]  # dense tensor-core FMAs a cycle per SM, by input type
+    mufu_per_clock: int  # special-function results a cycle per SM
+    smem_bytes_per_clock: int  # shared-memory bandwidth per SM
+    mma_per_warpgroup: bool  # HGMMA (one instruction a warpgroup) rather than HMMA (one a warp)
+
+    def tflops(self, flops: float, cycles: float) -> float:
+        """Chip-wide TFLOP/s when every SM does ``flops`` in ``cycles``."""
+        return flops / cycles * self.sms * self.clock_ghz * 1e-3
+
+
+H100 = SMModel(
+    name="H100 SXM / H200 (sm_90)",
+    sms=132,
+    clock_ghz=1.83,
+    schedulers=4,
+    fma_per_clock={"F16": 2048, "BF16": 2048, "TF32": 1024, "E4M3": 4096, "E5M2": 4096},
+    mufu_per_clock=16,
+    smem_bytes_per_clock=128,
+    mma_per_warpgroup=True,
+)
+A100 = SMModel(  # not calibrated: no A100 measurements yet
+    name="A100 SXM (sm_80)",
+    sms=108,
+    clock_ghz=1.41,
+    schedulers=4,
+    fma_per_clock={"F16": 1024, "BF16": 1024, "TF32": 512},
+    mufu_per_clock=16,
+    smem_bytes_per_clock=128,
+    mma_per_warpgroup=False,
+)
+MODELS = {"sm90": H100, "sm80": A100}
+_BYTES = {"F16": 2, "BF16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}
+_INPUT_TYPE = re.compile(r"\.(BF16|TF32|E4M3|E5M2)\b")
+
+
+def _input_type(ins: sass.Instruction) -> str:
+    """The inputs' type; fp16 inputs carry no suffix (``HGMMA.64x128x16.F32`` is fp16 in, fp32 out)."""
+    m = _INPUT_TYPE.search(ins.mnemonic)
+    return "F16" if m is None else m.group(1)
+
+
+def mma_cycles(ins: sass.Instruction, model: SMModel) -> float:
+    """SM cycles one tensor-core instruction occupies (math or shared-memory operands, whichever is slower)."""
+    M, N, K = sass.mma_shape(ins)
+    dtype = _input_type(ins)
+    math = M * N * K / model.fma_per_clock[dtype]
+    if ins.opcode != "HGMMA":
+        return math  # HMMA reads registers only
+    a_in_shared = ins.operands.split(",")[1].strip().startswith("gdesc")
+    smem_bytes = (N * K + (M * K if a_in_shared else 0)) * _BYTES[dtype]
+    return max(math, smem_bytes / model.smem_bytes_per_clock)
+
+
+@dataclass(frozen=True)
+class LoopProfile:
+    """One iteration of a kernel's steady-state loop: counts per warp, costs per program on one SM."""
+
+    kernel: str
+    num_warps: int
+    instructions: int  # per warp and iteration
+    counts: dict[str, int]  # by kind of :data:`flashattn_teach.triton.inspect.sass.KINDS`, plus mufu_ex2, uniform_int
+    mma: dict[str, int]  # tensor-core instructions per warp by shape, {"HGMMA.64x128x16": 16}
+    mma_fmas: int  # tensor-core FMAs an iteration of the whole program
+    tensor_cycles: float
+    issue_cycles: float
+    mufu_cycles: float
+    loop_sizes: tuple[int, ...]  # instructions of every hot loop (stages), in address order
+    model: SMModel = field(repr=False)
+
+    @property
+    def cycles(self) -> float:
+        """Modelled SM cycles an iteration: matmuls, then the rest (see the module docstring)."""
+        return self.tensor_cycles + max(self.issue_cycles, self.mufu_cycles)
+
+    @property
+    def bound(self) -> str:
+        """The largest of the three costs."""
+        costs = {"tensor": self.tensor_cycles, "issue": self.issue_cycles, "mufu": self.mufu_cycles}
+        return max(costs, key=costs.__getitem__)
+
+    def estimate_tflops(self, flops: float | None = None) -> float:
+        """Calibrated TFLOP/s for ``flops`` an iteration (default: the loop's own tensor-core FLOPs)."""
+        flops = 2 * self.mma_fmas if flops is None else flops
+        return CALIBRATION * self.model.tflops(flops, self.cycles)
+
+    def ceiling_tflops(self) -> float:
+        """Tensor-core TFLOP/s with tensor, issue and MUFU work perfectly overlapped (not calibrated)."""
+        return self.model.tflops(2 * self.mma_fmas, max(self.tensor_cycles, self.issue_cycles, self.mufu_cycles))
+
+    def summary(self) -> str:
+        c = self.counts
+        mma = " ".join(f"{n}x{shape}" for shape, n in sorted(self.mma.items()))
+        return (
+            f"{self.kernel}: {self.instructions} instructions per warp per iteration ({self.num_warps} warps); "
+            f"{mma}; MUFU.EX2 {c['mufu_ex2']}; FFMA {c['ffma']} FMUL {c['fmul']} FADD {c['fadd']}; "
+            f"LDG {c['ldg']} LDGSTS {c['ldgsts']} TMA {c['tma']} LDS {c['lds']} LDSM {c['ldsm']}; "
+            f"BAR {c['bar']} SYNCS {c['sync']} WARPGROUP {c['wgmma_wait']}; integer {c['int']}; "
+            f"LDL/STL {c['local']}; cycles tensor {self.tensor_cycles:.0f} issue {self.issue_cycles:.0f} "
+            f"mufu {self.mufu_cycles:.0f} -> {self.estimate_tflops():.0f} TFLOP/s estimated "
+            f"({self.ceiling_tflops():.0f} with perfect overlap)"
+        )
+
+
+def profile_sass(text: str, num_warps: int, arch: str = "sm90", kernel: str = "") -> LoopProfile | None:
+    """The profile of the steady-state loop in ``cuobjdump -sass`` output; None if no loop holds a matmul."""
+    model = MODELS[arch]
+    hot = sass.hot_loops(sass.parse(text))
+    if not hot:
+        return None
+    body = min(hot, key=lambda lp: len(lp.body)).body
+    mmas = [i for i in body if i.kind == "mma"]
+    copies = num_warps // 4 if model.mma_per_warpgroup else num_warps  # executions of each MMA instruction
+    fmas = sum(copies * M * N * K for M, N, K in map(sass.mma_shape, mmas))
+    counts = sass.count_kinds(body)
+    return LoopProfile(
+        kernel=kernel,
+        num_warps=num_warps,
+        instructions=len(body),
+        counts=dict(counts),
+        mma=dict(sass.mma_shapes(body)),
+        mma_fmas=fmas,
+        tensor_cycles=copies * sum(mma_cycles(i, model) for i in mmas),
+        issue_cycles=num_warps * len(body) / model.schedulers,
+        mufu_cycles=num_warps * 32 * counts["mufu"] / model.mufu_per_clock,
+        loop_sizes=tuple(len(lp.body) for lp in hot),
+        model=model,
+    )
+
+
+def loop_profile(request, arch: str | None = None) -> LoopProfile | None:
+    """Compile a :class:`flashattn_teach.triton.inspect.specialize.CompileRequest` and profile its hot loop.
+
+    For a modified kernel: ``loop_profile(request_for_call(kernel, *sample_args, **constexprs_and_options))``
+    with CPU tensors as sample arguments (see :func:`flashattn_teach.triton.inspect.specialize.request_for_call`).
+    """
+    compiled = request.compile()
+    text, _ = sass.disassemble(compiled.asm["cubin"])
+    arch = arch or f"sm{request.target.arch}"
+    return profile_sass(text, request.options.num_warps, arch, kernel=request.name)

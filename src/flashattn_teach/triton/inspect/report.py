@@ -1,0 +1,377 @@
+"""Ahead-of-time compilation report: every shipped kernel configuration, compiled for a named GPU.
+
+No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTarget("cuda", 90, 32)``
+(Hopper) or ``("cuda", 80, 32)`` (Ampere), and ``cuobjdump`` from the triton wheel reads it back:
+
+    registers   per thread (at most 255)
+    spills      stack plus local memory per thread in bytes (where ptxas puts registers that do not
+                fit; the SASS then holds STL/LDL); nonzero means registers ran out
+    smem        shared memory per program (228 KB limit on sm_90, 164 KB on sm_80)
+    mma         the tensor-core instruction in the SASS: HGMMA (warpgroup MMA, sm_90), HMMA (sm_80),
+                or none (fp32 "ieee" dots run on CUDA cores)
+
+Each kernel is compiled exactly as the JIT would specialise it for a sample call of the launcher
+(:mod:`flashattn_teach.triton.inspect.specialize`: contiguous ``(B, H, N, D)`` inputs of the benchmark's sizes,
+no grouped-query attention, so ``GROUP = 1`` and the unit strides become constants) with
+``CAUSAL=True``, whose code has both the unmasked and the masked stage.
+
+``--variants`` compiles the kernels of a call with every variant at once (a causal sliding window,
+softcap, ALiBi and ``seqlens_k``; :func:`flashattn_teach.triton.inspect.specialize.sample_variants`) in the
+configurations such calls get (``shipped_config(..., variants=True)``). ``--mask bool`` or ``--mask
+additive`` compiles a causal call with a padding ``attn_mask`` (no other variant), in the variant rows.
+``--varlen`` compiles a call on packed sequences (:func:`flashattn_teach.triton.inspect.specialize.sample_varlen`),
+in the variant rows and through pointers, since TMA does not serve packed sequences. ``--dropout`` adds
+dropout, alone or to any of these runs, and uses the dropout rows.
+
+``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.inspect.loops` (instructions per warp and
+iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
+in the benchmark it is calibrated against. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
+Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
+
+    flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..._cli_types import ArgumentParser, positive_int
+from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
+from ..variants import PLAIN, KernelVariants
+from . import loops, sass, specialize
+
+SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
+MAX_REGISTERS = 255
+_SHORT_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What one compiled kernel uses."""
+
+    kernel: str
+    arch: str
+    dtype: torch.dtype
+    head_dim: int
+    config: KernelConfig
+    registers: int
+    spill_bytes: int
+    smem_bytes: int
+    mma: str  # "HGMMA", "HMMA" or "none"
+    seconds: float
+    request: specialize.CompileRequest = field(repr=False, compare=False)
+    ptx: str = field(repr=False, compare=False)
+    sass: str = field(repr=False, compare=False)
+
+    def problems(self) -> list[str]:
+        """Why this kernel fails the compile checks; empty if it passes."""
+        out = []
+        if self.spill_bytes:
+            out.append(
+                "spills to local memory"
+                if self.spill_bytes < 0
+                else f"{self.spill_bytes} bytes spilled to local memory"
+            )
+        if self.registers > MAX_REGISTERS:
+            out.append(f"{self.registers} registers > {MAX_REGISTERS}")
+        if self.smem_bytes > SMEM_LIMIT[self.arch]:
+            out.append(f"{self.smem_bytes} bytes of shared memory > {SMEM_LIMIT[self.arch]}")
+        if (
+            self.arch == "sm90"
+            and self.dtype != torch.float32
+            and self.kernel != "backward_preprocess"
+            and self.mma != "HGMMA"
+        ):
+            out.append(f"matmuls use {self.mma}, not HGMMA")
+        return out
+
+    def file_stem(self) -> str:
+        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile, for dumped files."""
+        c = self.config
+        return (
+            f"{self.kernel}_{_SHORT_DTYPE[self.dtype]}_d{self.head_dim}_{c.BLOCK_M}x{c.BLOCK_N}"
+            f"_w{c.num_warps}_s{c.num_stages}"
+        )
+
+    def loop_profile(self) -> loops.LoopProfile | None:
+        """The profile of this kernel's steady-state loop; None for a kernel without a matmul loop."""
+        return loops.profile_sass(self.sass, self.config.num_warps, self.arch, kernel=self.kernel)
+
+
+def _resource(res_usage: str, name: str) -> int:
+    """One figure of ``cuobjdump -res-usage`` (``REG:226 STACK:0 SHARED:0 LOCAL:0 ...``)."""
+    found = re.search(rf"\b{name}:(\d+)", res_usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no {name} figure: {res_usage.strip()!r}")
+    return int(found.group(1))
+
+
+def compile_kernel(
+    name: str,
+    arch: str,
+    dtype: torch.dtype,
+    head_dim: int,
+    c: KernelConfig,
+    causal: bool = True,
+    group: int = 1,
+    variants: KernelVariants = PLAIN,
+) -> CompileReport:
+    """Compile one kernel for ``arch`` ("sm90" or "sm80") as the JIT would for a sample call with launch
+    parameters ``c`` (see :func:`flashattn_teach.triton.inspect.specialize.attention_requests`), and read its
+    resource use from the cubin."""
+    t0 = time.perf_counter()
+    base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
+    config = specialize.with_kernel_config(base, name, c)
+    request = specialize.kernel_request(
+        name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants
+    )
+    compiled = request.compile()
+    text, res = sass.disassemble(compiled.asm["cubin"])
+    registers = _resource(res, "REG")
+    local = _resource(res, "LOCAL") + _resource(res, "STACK")
+    if local == 0 and re.search(r"\b(STL|LDL)\b", text):
+        local = -1  # local-memory traffic of unknown size
+    static_smem = _resource(res, "SHARED")
+    mma = "HGMMA" if "HGMMA" in text else "HMMA" if "HMMA" in text else "none"
+    return CompileReport(
+        kernel=name,
+        arch=arch,
+        dtype=dtype,
+        head_dim=head_dim,
+        config=c,
+        registers=registers,
+        spill_bytes=local,
+        smem_bytes=max(static_smem, compiled.metadata.shared),
+        mma=mma,
+        seconds=time.perf_counter() - t0,
+        request=request,
+        ptx=compiled.asm["ptx"],
+        sass=text,
+    )
+
+
+def shipped_kernels(
+    arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
+) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
+    """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
+    with dropout), each TMA configuration followed by the one that runs when TMA cannot (``by_pointers``)."""
+    out = []
+    for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
+        if dt in dtypes and d in head_dims:
+            backward = config.backward_dkdv is not None
+            for name in KERNELS:
+                c = config.kernel(name)
+                if c is not None and (backward or name == "forward"):
+                    out.append((name, dt, d, c))
+                    if c.tma:
+                        out.append((name, dt, d, c.by_pointers()))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashattn-teach kernels``."""
+    parser.add_argument("--arch", choices=ARCHS, default="sm90", help="GPU generation to compile for")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=sorted(_DTYPE_BY_NAME), default=None, help="input dtypes (default: all shipped)"
+    )
+    parser.add_argument(
+        "--head-dim",
+        nargs="+",
+        type=positive_int,
+        choices=HEAD_DIMS,
+        default=None,
+        help="padded head dimensions (default: all shipped)",
+    )
+    parser.add_argument("--kernel", nargs="+", choices=KERNELS, default=None, help="kernels (default: all)")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="compile with a window, softcap, ALiBi and seqlens_k at once, in the configurations such calls get",
+    )
+    parser.add_argument(
+        "--dropout",
+        action="store_true",
+        help="add dropout (alone, or to --variants, --mask or --varlen), in the rows it gets",
+    )
+    parser.add_argument(
+        "--varlen", action="store_true", help="compile a call on packed sequences (cu_seqlens), in the rows it gets"
+    )
+    parser.add_argument(
+        "--mask",
+        choices=("bool", "additive"),
+        default=None,
+        help="compile a causal call with a padding attn_mask of this kind (bool, or additive in the input dtype)",
+    )
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="profile each kernel's steady-state loop from its SASS and estimate TFLOP/s (docs/loop-profile.md)",
+    )
+    parser.add_argument(
+        "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
+    )
+
+
+def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = report.file_stem() + suffix
+    (directory / f"{stem}.ptx").write_text(report.ptx)
+    (directory / f"{stem}.sass").write_text(report.sass)
+
+
+_LOOP_HEADER = (
+    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<16} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
+    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'sync':>4} {'wgmma':>5} "
+    f"{'int':>4} {'ldl/stl':>7} {'regs':>4} {'smem':>6} {'tensor':>6} {'issue':>6} {'mufu':>6} {'TF/s':>5}  mma"
+)
+
+
+def _loop_row(r: CompileReport, p: loops.LoopProfile) -> str:
+    c = p.counts
+    mma = " ".join(f"{n}x{shape}" for shape, n in sorted(p.mma.items()))
+    return (
+        f"{r.kernel.removeprefix('backward_'):<14} {str(r.dtype).removeprefix('torch.'):<9} {r.head_dim:>4} "
+        f"{r.config!s:<16} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
+        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar']:>3} {c['sync']:>4} "
+        f"{c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} {r.smem_bytes:>6} "
+        f"{p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} {p.estimate_tflops():>5.0f}  {mma}"
+    )
+
+
+def pass_estimates(profiled: list[tuple[CompileReport, loops.LoopProfile]]) -> list[str]:
+    """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops) per dtype and head dim,
+    in the benchmark's FLOPs: ``4 N_q N_k D`` forward and 2.5 times that backward (FA2's convention)."""
+    by_key = {(r.kernel, r.dtype, r.head_dim): (r, p) for r, p in profiled}
+    lines = []
+    for dtype, d in dict.fromkeys((r.dtype, r.head_dim) for r, _ in profiled):
+        for name, kernels, flops in (
+            ("forward", ("forward",), 4 * d),
+            ("backward", ("backward_dkdv", "backward_dq"), 10 * d),
+        ):
+            parts = [by_key[(k, dtype, d)] for k in kernels if (k, dtype, d) in by_key]
+            if len(parts) < len(kernels):
+                continue
+            # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
+            cycles = sum(p.cycles / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
+            tflops = loops.CALIBRATION * parts[0][1].model.tflops(flops, cycles)
+            lines.append(f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
+    dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
+    head_dims = args.head_dim or HEAD_DIMS
+    kernels = args.kernel or KERNELS
+    if args.varlen and (args.variants or args.mask is not None):
+        print("flashattn-teach kernels: error: --varlen combines with --dropout only", file=sys.stderr)
+        return 2
+    selected = [
+        (name, dt, d, c)
+        for name, dt, d, c in shipped_kernels(
+            args.arch,
+            dtypes,
+            head_dims,
+            variants=args.variants or args.mask is not None or args.varlen,
+            dropout=args.dropout,
+        )
+        if name in kernels and not (args.varlen and c.tma)  # packed sequences run the pointer rows
+    ]
+    variants = PLAIN
+    if args.variants:
+        variants = specialize.sample_variants(seqlens=True, dropout=args.dropout)
+    elif args.varlen:
+        variants = specialize.sample_varlen(dropout=args.dropout)
+    elif args.dropout:
+        variants = specialize.sample_variants(window=False, softcap=False, alibi=False, dropout=True)
+    if not selected:
+        dtype_names = " ".join(args.dtype or ["any"])
+        print(
+            f"flashattn-teach kernels: error: no shipped {args.arch} kernel has --dtype {dtype_names}, "
+            f"--head-dim {' '.join(map(str, head_dims))} and --kernel {' '.join(kernels)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
+        print(f"flashattn-teach kernels: error: --dump {args.dump} exists and is not a directory", file=sys.stderr)
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
+    header = (
+        f"{'kernel':<20} {'dtype':<9} {'D':>4} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
+        f"{'regs':>5} {'spills':>6} {'smem':>8} {'mma':>6}  check"
+    )
+    with_variants = " (window, softcap, ALiBi and seqlens_k)" if args.variants else ""
+    with_variants += " (packed sequences)" if args.varlen else ""
+    with_variants += " with dropout" if args.dropout else ""
+    with_variants += f" (causal, a {args.mask} padding mask)" if args.mask else ""
+    print(
+        f"# {args.arch}{with_variants}: registers <= {MAX_REGISTERS}, no spills, shared memory <= "
+        f"{SMEM_LIMIT[args.arch]} B"
+    )
+    print(header)
+    failed = 0
+    for name, dt, d, c in selected:
+        if args.mask is not None:  # the mask in the input dtype, or bool
+            mask_dtype = torch.bool if args.mask == "bool" else dt
+            variants = specialize.sample_variants(
+                window=False, softcap=False, alibi=False, dropout=args.dropout, mask=mask_dtype
+            )
+        r = compile_kernel(name, args.arch, dt, d, c, variants=variants)
+        if args.dump is not None:
+            _dump(r, args.dump)
+        problems = r.problems()
+        failed += bool(problems)
+        print(
+            f"{name:<20} {str(dt).removeprefix('torch.'):<9} {d:>4} {c.BLOCK_M:>7} {c.BLOCK_N:>7} "
+            f"{c.num_warps:>5} {c.num_stages:>6} {r.registers:>5} {r.spill_bytes:>6} {r.smem_bytes:>8} "
+            f"{r.mma:>6}  {'; '.join(problems) or 'ok'}",
+            flush=True,
+        )
+    if args.loops:
+        print_loop_profiles(args, selected)
+    return 1 if failed else 0
+
+
+def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torch.dtype, int, KernelConfig]]) -> None:
+    """The ``--loops`` table: one row per kernel with a matmul loop, then the forward/backward estimates."""
+    model = loops.MODELS[args.arch]
+    print()
+    print(
+        f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
+        f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
+        f"TF/s = {loops.CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
+    )
+    print(_LOOP_HEADER)
+    profiled = []
+    by_pointers = {(name, dt, d, c.by_pointers()) for name, dt, d, c in selected if c.tma}
+    for name, dt, d, c in selected:
+        if (name, dt, d, c) in by_pointers:
+            continue  # the loop profile is of the tiles that run where TMA is allowed
+        r = compile_kernel(name, args.arch, dt, d, c, causal=False)
+        if args.dump is not None:
+            _dump(r, args.dump, suffix="_noncausal")
+        profile = r.loop_profile()
+        if profile is not None:
+            profiled.append((r, profile))
+            print(_loop_row(r, profile), flush=True)
+    for line in pass_estimates(profiled):
+        print(line)
+
+
+def main() -> int:
+    parser = ArgumentParser(prog="flashattn-teach kernels", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,335 @@
+"""The fused FlashAttention forward kernel (Dao 2023, FlashAttention-2 Alg. 1) in Triton.
+
+One program owns one query block ``i`` (``BLOCK_M`` rows of one (batch, head)). It loads ``Q_i`` once,
+then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carries the online-softmax
+state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
+``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
+
+The softmax runs in base 2 with ``qk_scale = scale * log2(e)`` (passed by the launcher):
+
+    exp(scale * q.k - m) = exp2(qk_scale * q.k - m2),      m2 = m * log2(e)
+
+so each exponential is one FFMA and one ``ex2`` instruction, the running max is kept in these log2 units
+(it is taken over the raw scores and scaled once per row), and ``lse = ln(2) * (m2_i + log2(l_i))``.
+
+Causal masking splits the key loop in two stages (see :mod:`flashattn_teach.masks.causal`): key blocks wholly
+below the diagonal run without a mask (and without bounds checks), blocks that straddle it and the ragged
+last block run masked, and blocks wholly above it are never visited. On Hopper the key and value blocks
+arrive by TMA (the tensor memory accelerator) from tensor descriptors; elsewhere through pointers.
+
+The variants of the mask contract (a sliding window, softcap, ALiBi, ``seqlens_k``) are ``tl.constexpr``
+flags, each compiled in only when a call uses it (:mod:`.masking`): a window adds a third, masked stage
+before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]`` takes the place of
+``N_k`` (and, bottom-right, gives the diagonal offset ``seqlens_k[b] - N_q``); softcap and ALiBi modify
+each score after scaling it.
+
+The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton import language as tl
+
+from .dropout import _packed_dropout
+from .forward_inner import LN2, LOG2E, _attn_fwd_inner
+from .masking import _sequence, _window_key_range
+from .tiles import _load_block, _store_block
+
+
+@triton.jit
+def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key columns for query rows ``[start_m, start_m + BLOCK_M)``: ``[0, full_end)`` need no mask,
+    ``[full_end, end)`` do. Query row r sees key c iff ``c <= r + OFFSET`` (causal) and ``c < N_k``.
+    ``end`` is :func:`flashattn_teach.masks.causal.key_end` of the block's rows."""
+    if CAUSAL:
+        # last key seen by the last row, plus one; clamped so rows that see nothing give an empty range
+        end = tl.minimum(tl.maximum(start_m + BLOCK_M + OFFSET, 0), N_k)
+        # a block [c0, c0 + BLOCK_N) is fully visible to row start_m iff c0 + BLOCK_N <= start_m + OFFSET + 1
+        full_end = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
+        full_end = tl.minimum(full_end, (N_k // BLOCK_N) * BLOCK_N)
+    else:
+        end = N_k
+        full_end = (N_k // BLOCK_N) * BLOCK_N
+    return full_end, tl.maximum(end, full_end)
+
+
+@triton.jit
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    stride_od,
+    H_q,
+    N_q,
+    N_k,
+    GROUP,
+    qk_scale,
+    OFFSET,
+    SEQLENS_K,
+    ALIBI_SLOPES,
+    stride_slope_b,
+    stride_slope_h,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    seed,
+    dropout_offset,
+    dropout_threshold,
+    keep_scale,
+    ATTN_MASK,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_m,
+    stride_mask_n,
+    CU_SEQLENS_Q,
+    CU_SEQLENS_K,
+    stride_lse_h,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    NEGATE_Q: tl.constexpr,
+    TMA: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
+    SEQLENS: tl.constexpr = False,
+    DROPOUT: tl.constexpr = False,
+    BOOL_MASK: tl.constexpr = False,
+    ADD_MASK: tl.constexpr = False,
+    VARLEN: tl.constexpr = False,
+):
+    """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
+
+    ``Q, O (B, H_q, N_q, .)`` with any strides; ``K, V (B, H_kv, N_k, .)``: tensors with any strides, or
+    with ``TMA`` tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE (B, H_q, N_q)``
+    contiguous fp32. Query head h reads key/value head h // GROUP. ``qk_scale = |scale| * log2(e)``;
+    ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| * (-Q) K^T``); with ``SOFTCAP`` or
+    ``ALIBI`` instead ``qk_scale = scale * log2(e)`` and Q as given.
+
+    Variants (see :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded in, ``CAUSAL`` then
+    False); ``SOFTCAP`` with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with ``ALIBI_SLOPES`` fp32
+    read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32, and
+    ``OFFSET`` then 1 for bottom-right alignment and 0 for top-left (``off_b = OFFSET * (seqlens_k[b] -
+    N_q)``: each batch element aligned to its own length, as flash-attn does). The pointers of unused
+    variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the ``dropout_threshold``
+    of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``. ``BOOL_MASK``
+    (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any strides (0
+    where it broadcasts).
+
+    ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
+    ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
+    ``N_q, N_k`` are ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right
+    alignment and 0 for top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``stride_lse_h`` (without
+    ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
+    """
+    n_blocks = tl.cdiv(N_q, BLOCK_M)
+    pid = tl.program_id(0)
+    i = pid % n_blocks
+    if CAUSAL:
+        i = n_blocks - 1 - i  # the longest key ranges start first, the short ones fill the tail
+    start_m = i * BLOCK_M
+    pid_bh = pid // n_blocks
+    b = pid_bh // H_q
+    h = pid_bh % H_q
+    h_kv = h // GROUP
+    LSE_head = LSE + pid_bh.to(tl.int64) * stride_lse_h  # lse (B, H_q, N_q) contiguous
+    # the dropout counter's (offset, b * H_q + h, N_q, N_k) (flashattn_teach.dropout)
+    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, pid_bh, N_q, N_k
+    if VARLEN:
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        if start_m >= N_q:
+            return  # a query block past this sequence's end (the grid spans the longest one)
+        if DROPOUT:  # counters of the packed matrix, one batch element: head h, rows and columns shifted
+            n_seq = tl.num_programs(0) // (n_blocks * H_q)
+            drop_offset, drop_N_q, drop_N_k = _packed_dropout(
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+            )
+            drop_bh = h
+        # the batch strides are 0: the sequence's start rows move the bases instead
+        Q = Q + q_start * stride_qn
+        O = O + q_start * stride_on
+        K = K + k_start * stride_kn
+        V = V + k_start * stride_vn
+        LSE_head = LSE + h.to(tl.int64) * stride_lse_h + q_start  # lse (H_q, total_q)
+    # 64-bit: batch and head offsets of large tensors overflow int32
+    Q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    O_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    if TMA:
+        K_src = K
+        V_src = V
+    else:
+        K_src = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        V_src = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_q = offs_m < N_q
+    # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
+    Q_block = Q_head + tl.cast(start_m, tl.int64) * stride_qn
+    q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    if NEGATE_Q:
+        q = -q
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    MASK_head = ATTN_MASK + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+    n_keys = N_k  # the keys that exist for this batch element
+    if SEQLENS:
+        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
+        OFFSET = OFFSET * (n_keys - N_q)
+    if ALIBI:
+        slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
+    else:
+        slope_log2 = 0.0
+
+    if WINDOW:
+        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        # the key blocks some row's left bound cuts
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
+        )  # fmt: skip
+    else:
+        full_begin = 0
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_src,
+        V_src,
+        b,
+        h_kv,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        full_begin,
+        full_end,
+        offs_m,
+        n_keys,
+        qk_scale,
+        OFFSET,
+        LEFT,
+        RIGHT,
+        softcap_log2,
+        slope_log2,
+        seed,
+        drop_offset,
+        drop_bh,
+        drop_N_q,
+        drop_N_k,
+        dropout_threshold,
+        keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        CAUSAL,
+        WINDOW,
+        SOFTCAP,
+        ALIBI,
+        DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
+        DOT_PRECISION,
+        TMA,
+        MASK=False,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_src,
+        V_src,
+        b,
+        h_kv,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        full_end,
+        end,
+        offs_m,
+        n_keys,
+        qk_scale,
+        OFFSET,
+        LEFT,
+        RIGHT,
+        softcap_log2,
+        slope_log2,
+        seed,
+        drop_offset,
+        drop_bh,
+        drop_N_q,
+        drop_N_k,
+        dropout_threshold,
+        keep_scale,
+        MASK_head,
+        start_m,
+        stride_mask_m,
+        stride_mask_n,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        CAUSAL,
+        WINDOW,
+        SOFTCAP,
+        ALIBI,
+        DROPOUT,
+        BOOL_MASK,
+        ADD_MASK,
+        DOT_PRECISION,
+        TMA,
+        MASK=True,
+    )
+
+    # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
+    # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf.
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    tl.store(LSE_head + offs_m, lse, mask=in_q)
+    O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
+    _store_block(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)

@@ -1,0 +1,84 @@
+"""Whether the fused kernels can run a call, and if not, why: the one answer the planner
+(:mod:`flashattn_teach.dispatch`), ``explain`` and the launchers give. Never imports triton; never raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+from torch import Tensor
+
+from .._options import AttentionOptions
+from .._validate.inputs import AttentionShapes, validate_inputs
+from ..errors import AttentionError
+from .configs import DTYPES, max_head_dim
+from .launch import device_reason, needs_grad, shape_reason
+from .variants import SUPPORTED
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Asked once per process: a decode loop asks at every step."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def unsupported_reason(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, causal_align: str = "top_left", enable_gqa: bool = False
+) -> str | None:
+    """None if the Triton kernels can run these inputs, else a short reason. Never raises."""
+    try:
+        s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
+    except AttentionError as e:  # invalid inputs are a reason too; the caller decides whether to raise
+        return str(e)
+    return shapes_unsupported_reason(q, k, v, s)
+
+
+def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes) -> str | None:
+    """:func:`unsupported_reason` for inputs already validated into ``s``."""
+    if not triton_installed():
+        return "triton is not installed"
+    return device_reason(q) or shape_reason(q, s, needs_grad(q, k, v))
+
+
+def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
+    """None if the kernels honour every variant of the call's mask contract, else which they lack (packed
+    sequences are the varlen launch's, :func:`call_unsupported_reason`)."""
+    missing = [name for name in opts.mask.variants if name not in SUPPORTED]
+    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+
+
+def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
+    """None if the kernels can run this checked call, packed sequences (``(H, total, D)`` views) included,
+    else a short reason."""
+    reason = shapes_unsupported_reason(q, k, v, opts.shapes)
+    if reason is not None:
+        return reason
+    missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
+    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+
+
+def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
+    """None if the decode kernels can run these inputs (checked by :mod:`flashattn_teach._validate.decode`), else
+    why not. Never raises."""
+    if not triton_installed():
+        return "triton is not installed"
+    reason = device_reason(q)
+    if reason is not None:
+        return reason
+    if q.dtype not in DTYPES:
+        return f"the Triton decode kernel supports float16, bfloat16 and float32, got {q.dtype}"
+    if v_cache.dtype != q.dtype:  # torch.autocast cast q but not the caches, which are the caller's storage
+        return (
+            f"the Triton decode kernel reads the caches in q's dtype, but under torch.autocast q is {q.dtype} "
+            f"and the caches {v_cache.dtype}"
+        )
+    top = max_head_dim(q.dtype, backward=False)
+    for name, d in (("D", q.shape[3]), ("D_v", v_cache.shape[3])):
+        if not 1 <= d <= top:
+            dtype = str(q.dtype).removeprefix("torch.")
+            return f"the Triton decode kernel for {dtype} supports head dimensions 1 to {top}, got {name}={d}"
+    return None
