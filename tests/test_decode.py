@@ -18,9 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import splitkv
-from flashattn_teach.api import attention as api
-from flashattn_teach.decode import ranges as decode_cpu
+from flashattn_teach import dispatch, splitkv
+from flashattn_teach.dispatch import planner
 from flashattn_teach.reference import parallel
 
 NEG_INF = float("-inf")
@@ -88,16 +87,16 @@ def assert_matches(O, lse, O_ref, lse_ref, atol=1e-12):
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved, few_rows = dict(api._TILED), api.FEW_ROWS
+    saved, few_rows = dict(planner.TILED), planner.FEW_ROWS
     smallest = parallel.MIN_PARALLEL_SCORES
-    api._TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
-    api.FEW_ROWS = 0  # the tiles asked for, not the wide ones of a few-row call
+    planner.TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    planner.FEW_ROWS = 0  # the tiles asked for, not the wide ones of a few-row call
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
-        api._TILED.update(saved)
-        api.FEW_ROWS = few_rows
+        planner.TILED.update(saved)
+        planner.FEW_ROWS = few_rows
         parallel.MIN_PARALLEL_SCORES = smallest
 
 
@@ -396,13 +395,13 @@ def test_num_splits_heuristic_fills_the_gpu():
 def recorded_partials(monkeypatch):
     """The ``(rows, keys, offset, causal)`` of every partial result a call computes."""
     seen = []
-    partial = decode_cpu._partial
+    run = dispatch.run
 
     def recording(p, q, k, v, opts):
         seen.append((q.shape[2], k.shape[2], opts.mask.offset, opts.mask.causal))
-        return partial(p, q, k, v, opts)
+        return run(p, q, k, v, opts)
 
-    monkeypatch.setattr(decode_cpu, "_partial", recording)
+    monkeypatch.setattr(dispatch, "run", recording)
     return seen
 
 
@@ -439,9 +438,9 @@ def test_a_window_cuts_only_the_keys_some_row_may_see(monkeypatch):
 
 
 def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
-    # On CUDA tensors api.plan may pick the prefill kernel, which knows no per-range diagonal offset.
-    monkeypatch.setattr(decode_cpu, "plan", lambda *args: api.Plan("triton", "CUDA tensors"))
-    assert decode_cpu._plan(*(None,) * 4, "auto").backend == "online"
+    # On CUDA tensors dispatch.plan may pick the prefill kernel, which knows no per-range diagonal offset.
+    monkeypatch.setattr(planner, "plan", lambda *args: dispatch.Plan("triton", "CUDA tensors"))
+    assert dispatch.plan_ranges(*(None,) * 4, "auto").backend == "online"
 
 
 def test_cpu_default_is_one_split():

@@ -436,7 +436,7 @@ def test_triton_takes_the_variants_and_refuses_a_mask_that_requires_grad():
     assert fa.explain(q, q, q, seqlens_k=torch.tensor([3]), backend="triton").backend == "triton"
     with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
         fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True), backend="triton")
-    p = fa.explain(q, q, q, window=(1, 0))  # five query rows: the wide key tiles of a few-row call (api._tiles)
+    p = fa.explain(q, q, q, window=(1, 0))  # five query rows: the wide key tiles of a few-row call (dispatch.tiles)
     assert p.backend == "parallel" and "1 tile of 1024 x 2048: 0 visited whole, 1 visited with a tile mask" in p.reason
 
 

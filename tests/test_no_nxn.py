@@ -19,10 +19,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn_teach as fa
-from flashattn_teach.api import attention as api
+from flashattn_teach.dispatch import planner
 from flashattn_teach.reference import parallel
 
-# backend -> (loop order, block_m, block_n), in the form of api._TILED
+# backend -> (loop order, block_m, block_n), in the form of planner.TILED
 TILES = {"online": ("query_major", 32, 64), "key_major": ("key_major", 32, 64), "parallel": ("parallel", 64, 32)}
 N_Q, N_K = 384, 384
 H, D = 2, 8
@@ -95,7 +95,7 @@ def _probe(run, backend):
 @pytest.fixture(autouse=True)
 def _small_tiles_and_parallel_inline(monkeypatch):
     for backend, tiles in TILES.items():
-        monkeypatch.setitem(api._TILED, backend, tiles)
+        monkeypatch.setitem(planner.TILED, backend, tiles)
     monkeypatch.setattr(parallel, "MIN_PARALLEL_SCORES", 2**62)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

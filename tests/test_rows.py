@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach.api import attention as api
+from flashattn_teach.dispatch import runner
 from flashattn_teach.reference import dense_attention
 
 
@@ -30,13 +30,13 @@ def _padding(B, N_k, heads=1):
 
 def _recorded_query_shapes(monkeypatch):
     seen = []
-    tiled = api.tiled_attention
+    tiled = runner.tiled_attention
 
     def recording(q, *args, **kwargs):
         seen.append(tuple(q.shape))
         return tiled(q, *args, **kwargs)
 
-    monkeypatch.setattr(api, "tiled_attention", recording)
+    monkeypatch.setattr(runner, "tiled_attention", recording)
     return seen
 
 

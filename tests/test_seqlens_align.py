@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import flashattn_teach as fa
 from flashattn_teach._options import make_options
-from flashattn_teach.api import attention as api
+from flashattn_teach.dispatch import runner
 from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
 from flashattn_teach.trace import replay
@@ -313,8 +313,10 @@ def test_one_query_per_head_folds_and_aligns_each_element(monkeypatch):
     k, v = (torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64) for _ in range(2))
     lengths = torch.tensor([30, 11])
     seen = []
-    tiled = api.tiled_attention
-    monkeypatch.setattr(api, "tiled_attention", lambda q, *a, **kw: seen.append(tuple(q.shape)) or tiled(q, *a, **kw))
+    tiled = runner.tiled_attention
+    monkeypatch.setattr(
+        runner, "tiled_attention", lambda q, *a, **kw: seen.append(tuple(q.shape)) or tiled(q, *a, **kw)
+    )
     O = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", seqlens_k=lengths, backend="online")
     assert seen == [(2, 2, 2, 8)]  # folded: G = 2 rows per key/value head
     torch.testing.assert_close(O, rule(q, k, v, lengths)[0], atol=1e-12, rtol=0)

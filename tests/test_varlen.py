@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import flashattn_teach as fa
 from flashattn_teach import online_softmax
 from flashattn_teach._validate.inputs import validate_inputs
-from flashattn_teach.api import attention as api
+from flashattn_teach.dispatch import planner
 from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.masks.packed import PackedSequences
 from flashattn_teach.masks.spec import MaskSpec
@@ -79,16 +79,16 @@ def per_sequence_oracle(q, k, v, lens_q, lens_k, *, alibi_slopes=None, causal_al
 @contextlib.contextmanager
 def tiles(block_m: int, block_n: int):
     """Every tiled backend at ``block_m x block_n``, and the parallel one on its pool even for tiny calls."""
-    saved, few_rows = dict(api._TILED), api.FEW_ROWS
+    saved, few_rows = dict(planner.TILED), planner.FEW_ROWS
     smallest = parallel.MIN_PARALLEL_SCORES
-    api._TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
-    api.FEW_ROWS = 0  # no wide key tiles for few rows: the tiles asked for
+    planner.TILED.update({name: (order, block_m, block_n) for name, (order, _, _) in saved.items()})
+    planner.FEW_ROWS = 0  # no wide key tiles for few rows: the tiles asked for
     parallel.MIN_PARALLEL_SCORES = 0
     try:
         yield
     finally:
-        api._TILED.update(saved)
-        api.FEW_ROWS = few_rows
+        planner.TILED.update(saved)
+        planner.FEW_ROWS = few_rows
         parallel.MIN_PARALLEL_SCORES = smallest
 
 

@@ -17,7 +17,7 @@ import torch._dynamo.testing
 
 import flashattn_teach as fa
 from flashattn_teach import dropout as dp
-from flashattn_teach.api import attention as api
+from flashattn_teach.dispatch import planner
 from flashattn_teach.ops import varlen as ops_varlen
 from flashattn_teach.reference import parallel
 
@@ -73,8 +73,8 @@ def dropped_oracle(q, k, v, bounds, key: dp.DropoutKey, causal: bool) -> torch.T
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of 4 x 3 on every tiled backend, cut by the sequences' boundaries; the parallel path on its pool."""
     monkeypatch.setattr(parallel, "MIN_PARALLEL_SCORES", 0)
-    for name, (order, _, _) in dict(api._TILED).items():
-        monkeypatch.setitem(api._TILED, name, (order, 4, 3))
+    for name, (order, _, _) in dict(planner.TILED).items():
+        monkeypatch.setitem(planner.TILED, name, (order, 4, 3))
     monkeypatch.setattr(api, "FEW_ROWS", 0)  # no wide key tiles for these few rows
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-import flashattn_teach.api.attention as api
+from flashattn_teach import dispatch
 
 
 @pytest.fixture
 def backends(monkeypatch):
     """The backend of every flashattn_teach call made during the test."""
     seen: list[str] = []
-    run = api._run
+    run = dispatch.run
 
     def record(p, *args):
         seen.append(p.backend)
         return run(p, *args)
 
-    monkeypatch.setattr(api, "_run", record)
+    monkeypatch.setattr(dispatch, "run", record)
     return seen

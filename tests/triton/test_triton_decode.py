@@ -24,7 +24,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import flashattn_teach as fa  # noqa: E402
-from flashattn_teach.api import decode  # noqa: E402
+from flashattn_teach import dispatch  # noqa: E402
 from flashattn_teach.triton import decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
@@ -189,7 +189,7 @@ def test_auto_keeps_cpu_tensors_on_the_cpu_paths_and_triton_refuses_gradients(mo
         assert calls == []  # "auto" picks the kernel for CUDA tensors only
     with pytest.raises(fa.errors.AttentionValueError, match="q requires grad, but the Triton decode kernel"):
         fa.flash_attention_with_kvcache(q.requires_grad_(), k_cache, v_cache, cache_seqlens=5, backend="triton")
-    assert decode._route("auto", q, k_cache, v_cache) != "triton"  # gradients wanted: a CPU path
+    assert dispatch.plan_decode("auto", q, k_cache, v_cache).backend != "triton"  # gradients wanted: a CPU path
 
 
 def test_default_splits_fill_the_gpu_from_the_cache_capacity():

@@ -169,6 +169,14 @@ def _broadcast_heads(H_q: int, H_k: int, H_v: int, enable_gqa: bool, qkv: tuple[
     raise AttentionValueError(f"query has {H_q} heads but key/value have {H_kv} ({_qkv_shapes(*qkv)}){hint}")
 
 
+def _broadcast_batch(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of the batch shapes; equal shapes (the common case) skip ``torch.broadcast_shapes``,
+    which costs more than the rest of the checks of a small call."""
+    if shapes[0] == shapes[1] == shapes[2]:
+        return shapes[0]
+    return tuple(torch.broadcast_shapes(*shapes))
+
+
 def validate_inputs(
     q: Tensor,
     k: Tensor,
@@ -219,7 +227,7 @@ def validate_inputs(
         # Pad with leading 1s to one rank, as torch.matmul broadcasting does.
         qs, ks, vs = ((1,) * (rank - t.dim()) + tuple(t.shape) for t in (q, k, v))
         try:
-            batch = tuple(torch.broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
+            batch = _broadcast_batch(qs[:-3], ks[:-3], vs[:-3])
         except RuntimeError:
             raise AttentionValueError(
                 f"the batch dimensions of query, key and value do not broadcast: {_qkv_shapes(q, k, v)}"

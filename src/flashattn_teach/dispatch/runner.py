@@ -16,26 +16,24 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._options import AttentionOptions
+from ..reference import parallel
 from ..reference.dense import dense_forward
 from ..reference.online import tiled_attention
 from .planner import Plan, tiles, transforms_active
 from .rows import fold, unfold
 
-# Below this many scores (all heads together) a call runs its heads as one batched tile loop in this
-# thread instead of one head at a time on the worker threads: its Python per tile costs more than its
-# arithmetic (benchmarks/bench_cpu.py --targets, the small-call rows).
-BATCHED_SCORES = 2**18
-
 
 def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
-    """The tile loop and tiles of a tiled backend: a threaded call too small to split (``BATCHED_SCORES``)
-    runs the query-major loop at the same tiles instead, each tile op over every head at once."""
+    """The tile loop and tiles of a tiled backend. A threaded call too small for the pool (fewer than
+    ``parallel.MIN_PARALLEL_SCORES`` scores, which the pool would run inline, one head at a time) runs the
+    query-major loop at the same tiles instead, each tile op over every head at once: its Python per tile
+    costs more than its arithmetic (``benchmarks/bench_cpu.py --targets``, the small-call rows)."""
     order, block_m, block_n = tiles(p.backend, opts.shapes.N_q)
     s = opts.shapes
     scores = s.H_q * s.N_q * s.N_k
     for n in s.batch:
         scores *= n
-    if order == "parallel" and scores <= BATCHED_SCORES and opts.mask.packed is None:
+    if order == "parallel" and scores < parallel.MIN_PARALLEL_SCORES:
         return "query_major", block_m, block_n
     return order, block_m, block_n
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, overload
 
+import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
-from .autograd import TiledAttentionFunction
+from .autograd import TiledAttentionFunction, tiled_forward
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
 
@@ -18,9 +20,21 @@ def tiled_attention(
     q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``), with
-    the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again)."""
-    O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
-    return O, lse
+    the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again).
+    A call that no derivative can reach runs the forward alone, without the autograd function's
+    bookkeeping (a few tens of microseconds, most of a small call's host time)."""
+    if _differentiable(q, k, v):
+        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
+        return O, lse
+    return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+
+
+def _differentiable(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether a derivative may pass through the call: an input requires grad in grad mode, a torch.func
+    transform is active, or forward-mode AD has a dual level open (its tangents ride on the inputs)."""
+    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
+        return True
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def _public(
