@@ -75,7 +75,7 @@ def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "MIN_PARALLEL_SCORES", 0)
     for name, (order, _, _) in dict(planner.TILED).items():
         monkeypatch.setitem(planner.TILED, name, (order, 4, 3))
-    monkeypatch.setattr(api, "FEW_ROWS", 0)  # no wide key tiles for these few rows
+    monkeypatch.setattr(planner, "FEW_ROWS", 0)  # no wide key tiles for these few rows
 
 
 def _grads(O: torch.Tensor, leaves) -> list[torch.Tensor]:
