@@ -12,15 +12,44 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
+from .._validate.inputs import AttentionShapes
 from .causal import TileKind
 
-if TYPE_CHECKING:
-    from .spec import MaskSpec
+
+class MaskContract(Protocol):
+    """What a tiling reads of the mask contract (:class:`flashattn_teach.masks.MaskSpec` is the one
+    implementation; the tiling never imports it, so the two modules do not import each other)."""
+
+    shapes: AttentionShapes
+    attn_mask: Tensor | None
+
+    def key_range(self, r0: int, r1: int, *, b: int | None = None) -> tuple[int, int]: ...
+
+    def query_range(self, c0: int, c1: int, *, b: int | None = None) -> tuple[int, int]: ...
+
+    def structure_kind(self, r0: int, r1: int, c0: int, c1: int, *, b: int | None = None) -> TileKind: ...
+
+    def tensors(
+        self,
+        r0: int,
+        r1: int,
+        c0: int,
+        c1: int,
+        device: torch.device,
+        *,
+        structure: TileKind,
+        mask: TileKind,
+        b: int | None = None,
+        h: int = 0,
+    ) -> tuple[Tensor | None, Tensor | None]: ...
+
+
+Contract = TypeVar("Contract", bound=MaskContract)
 
 NEG_INF = float("-inf")
 
@@ -90,14 +119,14 @@ class MaskSummary:
         return TileKind.FULL if free else TileKind.PARTIAL
 
 
-class Tiling:
+class Tiling(Generic[Contract]):
     """One call's tiles at ``block_m x block_n``: their kinds, which to visit, and their masks.
 
     Kinds here are over the whole batch and every head (the CPU references run all of them at once):
     a tile is visited if any batch element or head sees part of it.
     """
 
-    def __init__(self, spec: MaskSpec, block_m: int, block_n: int) -> None:
+    def __init__(self, spec: Contract, block_m: int, block_n: int) -> None:
         self.spec = spec
         self.row_blocks = blocks(spec.shapes.N_q, block_m)
         self.col_blocks = blocks(spec.shapes.N_k, block_n)

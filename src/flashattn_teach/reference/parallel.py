@@ -49,9 +49,8 @@ from ..masks.spec import MaskSpec, Tiling
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 
-# Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves:
-# on the 2-core development machine a forward of 2^16 scores took 0.7 ms inline and 1.0 ms on the pool,
-# of 2^18 about 2.4 ms either way, and of 2^20 7.0 ms inline and 4.5 ms on the pool.
+# Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves
+# (benchmarks/README.md has the measurements).
 MIN_PARALLEL_SCORES = 2**18
 # Several tasks per worker, so that a worker slowed down by another process takes fewer of them instead
 # of holding up the end of the call.

@@ -66,7 +66,7 @@ os.register_at_fork(after_in_child=_forget_pools)
 
 
 @contextlib.contextmanager
-def _single_threaded_ops() -> Iterator[None]:
+def single_threaded_ops() -> Iterator[None]:
     """One intra-op thread in the calling thread while the block runs; its count is restored afterwards."""
     restore = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def _single_threaded_ops() -> Iterator[None]:
 def run_tasks(task: Callable[..., None], args: Iterable[tuple], *, inline: bool, workers: int) -> None:
     """``task(*a)`` for every ``a``, on the pool or (``inline``) in the calling thread, without autograd."""
     if inline:
-        with torch.no_grad(), _single_threaded_ops():
+        with torch.no_grad(), single_threaded_ops():
             for a in args:
                 task(*a)
         return
