@@ -1,8 +1,8 @@
 """One block of ring attention on one rank: the local queries against one key/value shard, forward and
 backward, through the library's own backends.
 
-The forward is :func:`flashattn_teach.flash_attention` (or, with explicit tile sizes, the online
-reference). The backward recomputes ``P_ij = exp(S_ij - lse_i)`` from the *global* ``lse`` of the merged
+The forward is the dispatcher's (:func:`flashattn_teach.dispatch.run` on the backend the ring chose once
+per call; with explicit tile sizes, the online reference). The backward recomputes ``P_ij = exp(S_ij - lse_i)`` from the *global* ``lse`` of the merged
 output and uses the global ``delta_i = rowsum(dO_i * O_i)`` (FA2 Alg. 2), so each block's gradients are
 exactly that block's share of the full gradient and simply add up: the Triton launcher on CUDA (and on
 CPU tensors under ``TRITON_INTERPRET=1``), :func:`flashattn_teach.reference.flash_backward` otherwise.
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from .. import dispatch
+from .._options import make_options
 from .._validate.inputs import validate_inputs
-from ..api.attention import flash_attention
 from ..reference import flash_backward, online_attention
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -48,7 +49,8 @@ class LocalBackend:
                 block_n=self.block_n,
                 return_lse=True,
             )
-        return flash_attention(q, k, v, causal=causal, scale=self.scale, backend=self.name, return_lse=True)
+        opts = make_options(q, k, v, causal=causal, scale=self.scale, enable_gqa=True)
+        return dispatch.run(dispatch.Plan(self.name, "the ring's backend, chosen once per call"), q, k, v, opts)
 
     def backward(
         self, q: Tensor, k: Tensor, v: Tensor, O: Tensor, lse: Tensor, dO: Tensor, dlse: Tensor | None, *, causal: bool
