@@ -3,6 +3,7 @@
     python benchmarks/bench_cpu.py                 # full grid: N = 1k..16k, D = 64, float32 (minutes)
     python benchmarks/bench_cpu.py --quick         # small sizes, seconds
     python benchmarks/bench_cpu.py --targets       # the issues' speed and memory ratios, idle and loaded
+    python benchmarks/bench_cpu.py --small-calls   # only the small-call rows of --targets (about a minute)
     python benchmarks/bench_cpu.py --out DIR       # cpu.csv, cpu.json, cpu.png (default benchmarks/results/local/cpu)
 
 Every measurement runs in its own subprocess, so ``ru_maxrss`` (the process's peak resident memory) belongs
@@ -11,7 +12,9 @@ same modules, built the same inputs and ran every implementation once at a tiny 
 Times are the median of repeated calls after one warm-up call, with torch's default (all-core) threading.
 The ``--targets`` speed ratios of the threaded path are measured differently: ours and torch's SDPA called
 in turn in one process, medians of each, once with the machine otherwise idle and once "loaded", while a
-child process spins on the last core (see benchmarks/README.md).
+child process spins on the last core (see benchmarks/README.md). The small-call rows (``--small-calls``;
+also part of ``--targets``) time single calls of microseconds: per-call medians of ours and torch's SDPA,
+measured in alternating blocks in one process per condition, and the host overhead of options + plan.
 """
 
 from __future__ import annotations
@@ -281,6 +284,11 @@ def _spawn(cell: dict[str, object], opts: argparse.Namespace, extra: tuple[str, 
         str(opts.threads),
         *extra,
     ]
+    return _run_worker(cmd, opts)
+
+
+def _run_worker(cmd: list[str], opts: argparse.Namespace) -> dict[str, object]:
+    """Run a worker command with this checkout's ``src`` first on the path; its last stdout line is JSON."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent / "src"), os.environ.get("PYTHONPATH")])),
@@ -557,35 +565,38 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
         )
         return float(row["ratio"]) if row["status"] == "ok" else math.nan
 
-    checks = [  # (what, measured ratio, bound, inclusive)
-        (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "sdpa"), 2.5, True),
-        (f"online / dense, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "dense"), 1.0, False),
+    small_checks, small_rows = measure_small_calls(opts)
+    checks = [  # (what, measured ratio, bound, inclusive, unit)
+        (f"online / sdpa, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "sdpa"), 2.5, True, "x"),
+        (f"online / dense, fwd time (H={hs}, N={ns})", ratio("online", "fwd", ns, "time_ms", "dense"), 1.0, False, "x"),
         *(
-            (f"{impl} / dense, {mode} added memory (H=1, N={n})", ratio(impl, mode, n, "added_mib", "dense"), b, True)
+            (
+                f"{impl} / dense, {mode} added memory (H=1, N={n})",
+                ratio(impl, mode, n, "added_mib", "dense"),
+                b,
+                True,
+                "x",
+            )
             for impl in ("online", "parallel")
             for mode, n, b in (("fwd", nf, 1 / 20), ("fwd+bwd", nfb, 1 / 10))
         ),
         *(
-            (f"parallel / sdpa, {mode} time, {c} (H={hs}, N={ns})", paired_ratio(mode, c), 2.0, True)
+            (f"parallel / sdpa, {mode} time, {c} (H={hs}, N={ns})", paired_ratio(mode, c), 2.0, True, "x")
             for mode in MODES
             for c in CONDITIONS
         ),
+        *small_checks,
     ]
     rows += paired_rows
     print_table(rows)
-    results, lines = [], ["| target | ratio | bound | met |", "|---|--:|--:|---|"]
-    for name, value, limit, inclusive in checks:
-        met = value <= limit if inclusive else value < limit  # False for NaN (a cell that did not run)
-        bound = f"{'<=' if inclusive else '<'} {limit:.4g}"
-        results.append({"target": name, "ratio": value, "bound": bound, "met": bool(met)})
-        lines.append(f"| {name} | {value:.4f} | {bound} | {'yes' if met else 'NO'} |")
-        print(f"{'MET    ' if met else 'NOT MET'}  {name}: {value:.4f}  (bound {bound})")
-    lines += ["", *_paired_lines(paired_rows)]
+    results, lines = _check_lines(checks)
+    lines += ["", *_paired_lines(paired_rows), "", *_small_lines(small_rows)]
     print("\n".join(_paired_lines(paired_rows)))
+    print("\n".join(_small_lines(small_rows)))
     opts.out.mkdir(parents=True, exist_ok=True)
     write_summary(rows, machine, opts.out / "targets.md", extra="\n".join(lines))
     (opts.out / "cpu_targets.json").write_text(
-        json.dumps({"machine": machine, "targets": results, "rows": rows}, indent=1) + "\n"
+        json.dumps({"machine": machine, "targets": results, "rows": rows, "small_calls": small_rows}, indent=1) + "\n"
     )
     print(f"wrote {opts.out / 'cpu_targets.json'} and {opts.out / 'targets.md'}")
     return results
@@ -612,6 +623,202 @@ def _paired_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------- small calls
+
+
+# The small-call targets: (key, what, bound, unit). "x": ours / torch's SDPA on the same tensors, both
+# medians of per-call times from one process; "us": the median per-call host overhead in microseconds.
+SMALL_CALLS = (
+    ("flash_attention", "flash_attention / sdpa, (1, 8, 16, 64)", 3.0, "x"),
+    ("scaled_dot_product_attention", "scaled_dot_product_attention / sdpa, (1, 8, 16, 64)", 3.0, "x"),
+    ("kvcache_decode", "flash_attention_with_kvcache / sdpa, decode q (1, 8, 1, 64), 512 cached keys", 3.0, "x"),
+    ("flash_attention_128", "flash_attention / sdpa, (B, H, N_q, N_k, D) = (2, 8, 128, 128, 64)", 2.0, "x"),
+    ("host_overhead", "make_options + dispatch.plan, (1, 8, 16, 64)", 30.0, "us"),
+)
+
+
+def _small_cases():
+    """``{key: (ours, sdpa or None)}``: argument-free callables on fixed float32 inputs (seeded)."""
+    import torch
+    import torch.nn.functional as F
+
+    import flashattn_teach
+
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int):
+        return torch.randn(shape, generator=gen)
+
+    q, k, v = randn(1, 8, 16, 64), randn(1, 8, 16, 64), randn(1, 8, 16, 64)
+    qd, kc, vc = randn(1, 8, 1, 64), randn(1, 8, 512, 64), randn(1, 8, 512, 64)
+    kc512, vc512 = kc[:, :, :512], vc[:, :, :512]  # the same 512 keys, sliced once outside the timed call
+    ql, kl, vl = randn(2, 8, 128, 64), randn(2, 8, 128, 64), randn(2, 8, 128, 64)
+    cases = {
+        "flash_attention": (
+            lambda: flashattn_teach.flash_attention(q, k, v),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+        ),
+        "scaled_dot_product_attention": (
+            lambda: flashattn_teach.scaled_dot_product_attention(q, k, v),
+            lambda: F.scaled_dot_product_attention(q, k, v),
+        ),
+        "kvcache_decode": (
+            lambda: flashattn_teach.flash_attention_with_kvcache(qd, kc, vc, cache_seqlens=512),
+            lambda: F.scaled_dot_product_attention(qd, kc512, vc512),
+        ),
+        "flash_attention_128": (
+            lambda: flashattn_teach.flash_attention(ql, kl, vl),
+            lambda: F.scaled_dot_product_attention(ql, kl, vl),
+        ),
+    }
+    try:  # the library's internal layout: options built once, then dispatch.plan chooses the backend
+        from flashattn_teach._options import make_options
+        from flashattn_teach.dispatch import plan
+
+        cases["host_overhead"] = (lambda: plan(q, k, v, make_options(q, k, v)), None)
+    except ImportError as e:
+        cases["host_overhead"] = (None, f"skipped: {e}")  # type: ignore[assignment]
+    return cases
+
+
+def _time_calls(fn, n: int, times: list[float]) -> None:
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+
+
+def small_worker(args: argparse.Namespace) -> dict[str, object]:
+    """Every small-call case in this process: ``args.warmup`` calls of each, then ``args.calls`` timed calls
+    of each in blocks of ``args.block``, ours and SDPA's blocks alternating (and which goes first swapping
+    every block pair), so drift hits both; per-call medians, their ratio, and other processes' busy cores."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    with torch.no_grad():
+        for key, (ours, theirs) in _small_cases().items():
+            if ours is None:
+                rows.append({"case": key, "status": str(theirs)})
+                continue
+            fns = {"ours": ours, **({"sdpa": theirs} if callable(theirs) else {})}
+            row: dict[str, object] = {"case": key, "status": "ok", "calls": args.calls, "warmup": args.warmup}
+            try:
+                outs = {name: fn() for name, fn in fns.items()}
+                if "sdpa" in outs:  # both compute the same attention
+                    row["max_err"] = float((outs["ours"] - outs["sdpa"]).abs().max())
+                for fn in fns.values():
+                    _time_calls(fn, args.warmup, [])
+                times: dict[str, list[float]] = {name: [] for name in fns}
+                (busy, niced), own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
+                order = list(fns)
+                for b in range(math.ceil(args.calls / args.block)):
+                    n = min(args.block, args.calls - b * args.block)
+                    for name in order if b % 4 < 2 else order[::-1]:  # ours, sdpa, ours, sdpa; sdpa, ours, ...
+                        _time_calls(fns[name], n, times[name])
+                wall = time.perf_counter() - wall
+                busy_end, niced_end = _busy_seconds()
+                others = (busy_end - busy - (time.process_time() - own)) / wall
+                row["others_cores"] = others if math.isnan(others) else max(0.0, others)
+                row["others_niced_cores"] = (niced_end - niced) / wall
+            except Exception as e:  # a case that fails is a row with its error; the others still run
+                rows.append({"case": key, "status": f"error: {type(e).__name__}: {str(e)[:200]}"})
+                continue
+            for name, ts in times.items():
+                row[f"{name}_us"] = 1e6 * statistics.median(ts)
+                row[f"{name}_min_us"] = 1e6 * min(ts)
+            if "sdpa" in times:
+                row["ratio"] = float(row["ours_us"]) / float(row["sdpa_us"])  # type: ignore[arg-type]
+            rows.append(row)
+    return {"threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0], "rows": rows}
+
+
+def measure_small_calls(opts: argparse.Namespace) -> tuple[list[tuple[str, float, float, bool, str]], list[dict]]:
+    """The small-call cases, idle and loaded (one process per condition): the checks for the targets
+    table (what, value, bound, inclusive, unit) and one row per case and condition."""
+    rows: list[dict] = []
+    for condition in opts.small_conditions:
+        print(f"small calls, ours and sdpa in alternating blocks: {condition}", file=sys.stderr, flush=True)
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--small-worker",
+            *("--calls", str(opts.calls), "--warmup", str(opts.warmup), "--block", str(opts.block)),
+            *("--threads", str(opts.threads)),
+        ]
+        with _spinner(condition == "loaded"):
+            result = _run_worker(cmd, opts)
+        if result["status"] != "ok":
+            rows += [{"case": key, "condition": condition, "status": result["status"]} for key, *_ in SMALL_CALLS]
+            continue
+        extra = {"condition": condition, "threads": result["threads"], "loadavg_1m": result["loadavg_1m"]}
+        rows += [{**r, **extra} for r in result["rows"]]  # type: ignore[attr-defined]
+    checks = []
+    for key, what, bound, unit in SMALL_CALLS:
+        for condition in opts.small_conditions:
+            row = next(r for r in rows if (r["case"], r["condition"]) == (key, condition))
+            value = row.get("ratio" if unit == "x" else "ours_us", math.nan) if row["status"] == "ok" else math.nan
+            checks.append((f"{what}, {condition}", float(value), bound, True, unit))
+    return checks, rows
+
+
+def _small_lines(rows: list[dict]) -> list[str]:
+    """The small-call measurements, with how busy the rest of the machine was."""
+    lines = [
+        "| small call | condition | ours (µs) | sdpa (µs) | ratio | calls | max err | others (cores) | load avg |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    busy = []
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['condition']} | {_cell(r, 'ours_us')} | {_cell(r, 'sdpa_us')} | "
+            f"{_cell(r, 'ratio', '.3f')} | {_cell(r, 'calls', 'd')} | {_cell(r, 'max_err', '.1e')} | "
+            f"{_cell(r, 'others_cores', '.2f')} | {_cell(r, 'loadavg_1m', '.2f')} |"
+            + ("" if r["status"] == "ok" else f" {r['status']}")
+        )
+        if r["condition"] == "idle" and r["status"] == "ok" and float(r["others_cores"]) > IDLE_OTHERS_MAX:
+            busy.append(f"{r['case']} ({float(r['others_cores']):.2f} cores)")
+    if busy:
+        lines += ["", f"WARNING: other processes were busy during the idle rows: {', '.join(busy)}; not idle."]
+    return lines
+
+
+def _check_lines(checks: list[tuple[str, float, float, bool, str]]) -> tuple[list[dict], list[str]]:
+    """Each check as a JSON record and a markdown table line (printed as MET / NOT MET too)."""
+    results, lines = [], ["| target | ratio (or µs) | bound | met |", "|---|--:|--:|---|"]
+    for name, value, limit, inclusive, unit in checks:
+        met = value <= limit if inclusive else value < limit  # False for NaN (a cell that did not run)
+        suffix = " µs" if unit == "us" else ""
+        bound = f"{'<=' if inclusive else '<'} {limit:.4g}{suffix}"
+        results.append({"target": name, "ratio": value, "unit": unit, "bound": bound, "met": bool(met)})
+        shown = f"{value:.2f} µs" if unit == "us" else f"{value:.4f}"
+        lines.append(f"| {name} | {shown} | {bound} | {'yes' if met else 'NO'} |")
+        print(f"{'MET    ' if met else 'NOT MET'}  {name}: {shown}  (bound {bound})")
+    return results, lines
+
+
+def run_small_calls(opts: argparse.Namespace, machine: dict[str, object]) -> list:
+    """Only the small-call rows of the targets: ``small_calls.md`` and ``cpu_small_calls.json`` (so a full
+    ``--targets`` run's ``targets.md`` in the same directory is left as it was)."""
+    checks, rows = measure_small_calls(opts)
+    results, lines = _check_lines(checks)
+    small = _small_lines(rows)
+    print("\n".join(small))
+    opts.out.mkdir(parents=True, exist_ok=True)
+    head = (
+        f"{machine['cpu']}, {machine['cpu_count']} cores; torch {machine['torch']}, Python {machine['python']}; "
+        f"commit {machine['flashattn_teach_commit']}; {machine['date']}. float32, medians of {opts.calls} "
+        f"calls after {opts.warmup} warm-up calls, ours and sdpa in alternating blocks of {opts.block}."
+    )
+    (opts.out / "small_calls.md").write_text("\n".join([head, "", *lines, "", *small]) + "\n")
+    (opts.out / "cpu_small_calls.json").write_text(
+        json.dumps({"machine": machine, "targets": results, "small_calls": rows}, indent=1) + "\n"
+    )
+    print(f"wrote {opts.out / 'cpu_small_calls.json'} and {opts.out / 'small_calls.md'}")
+    return results
+
+
 # -------------------------------------------------------------------------------------------- main
 
 
@@ -619,6 +826,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (N = 256, 512; H = 2): seconds")
     p.add_argument("--targets", action="store_true", help="measure the foundation issue's CPU targets only")
+    p.add_argument(
+        "--small-calls",
+        action="store_true",
+        help="only the small-call target rows (idle and loaded, about a minute): small_calls.md, cpu_small_calls.json",
+    )
+    p.add_argument("--calls", type=int, default=200, help="small calls: timed calls of each (default 200)")
+    p.add_argument("--warmup", type=int, default=20, help="small calls: warm-up calls of each (default 20)")
+    p.add_argument("--block", type=int, default=10, help="small calls: calls per alternating block (default 10)")
+    p.add_argument(
+        "--small-conditions",
+        nargs="+",
+        choices=CONDITIONS,
+        default=list(CONDITIONS),
+        help="small calls: idle and/or loaded (default both)",
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -656,6 +878,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plot", action="store_true")
     # Internal: one measurement in this process.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--small-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=(*IMPLS, "idle"), help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--against", choices=IMPLS, help=argparse.SUPPRESS)
@@ -675,11 +898,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(paired_worker(args) if args.against else worker(args)))
         return 0
+    if args.small_worker:
+        print(json.dumps(small_worker(args)))
+        return 0
     machine = machine_info()
     print(
         f"{machine['cpu']} ({machine['cpu_count']} cores, {machine['ram_gib']} GiB), torch {machine['torch']}, "
         f"{machine['date']}"
     )
+    if args.small_calls:
+        run_small_calls(args, machine)
+        return 0
     if args.targets:
         run_targets(args, machine)
         return 0

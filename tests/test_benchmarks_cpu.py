@@ -198,3 +198,25 @@ def test_bench_decode_without_cuda_says_so_and_exits_0(tmp_path):
     proc = _run([sys.executable, str(BENCH / "bench_decode.py"), "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     assert "CUDA is absent" in proc.stdout
+
+
+def test_bench_cpu_small_calls_writes_its_rows(tmp_path):
+    """``--small-calls`` in a tiny mode: every case runs, idle and loaded, ours agrees with SDPA, and the
+    targets table has one row per case and condition (no timing is looked at)."""
+    argv = ["--small-calls", "--calls", "2", "--warmup", "1", "--block", "1", "--threads", "1"]
+    proc = _run([sys.executable, str(BENCH / "bench_cpu.py"), *argv, "--out", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "cpu_small_calls.json").read_text())
+    cases = ["flash_attention", "scaled_dot_product_attention", "kvcache_decode", "flash_attention_128",
+             "host_overhead"]  # fmt: skip
+    rows = record["small_calls"]
+    assert [(r["case"], r["condition"]) for r in rows] == [(c, cond) for cond in ("idle", "loaded") for c in cases]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["calls"] == 2 and r["ours_us"] > 0
+        if r["case"] != "host_overhead":
+            assert r["sdpa_us"] > 0 and r["ratio"] > 0 and r["max_err"] < 1e-4, r
+    assert len(record["targets"]) == 2 * len(cases)
+    assert {t["unit"] for t in record["targets"]} == {"x", "us"}
+    # two tables (targets, measurements), each a header and one line per case and condition
+    assert (tmp_path / "small_calls.md").read_text().count("\n| ") == 2 * (1 + 2 * len(cases))
