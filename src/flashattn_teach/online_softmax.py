@@ -126,6 +126,18 @@ def update_(
     m_i.copy_(m_new)
 
 
+def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows: :func:`update` from
+    :func:`init_state` (``alpha = 0``, so ``m = rowmax(S)``, ``l = rowsum(P)``, ``acc = P V``), then
+    :func:`finalize`, without the state that more tiles would carry (FA2 Alg. 1 with ``T_c = 1``)."""
+    m = S.amax(dim=-1)  # (..., N_q)
+    # A row whose every score is -inf (masked) keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
+    m_safe = torch.where(torch.isneginf(m), 0.0, m)
+    P = (S - m_safe.unsqueeze(-1)).exp_()  # (..., N_q, N_k)
+    l = P.sum(dim=-1)  # the paper's l
+    return normalize(l, torch.matmul(P, v)), log_sum_exp(m, l)  # (..., N_q, N_k) @ (..., N_k, D_v)
+
+
 def normalize(l_i: Tensor, acc: Tensor) -> Tensor:
     """``acc / l_i``: the attention output over the keys seen so far (0 for a row that saw none)."""
     return acc / torch.where(l_i == 0, 1.0, l_i).unsqueeze(-1)  # acc is 0 wherever l_i is 0

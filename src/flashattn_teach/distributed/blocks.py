@@ -2,10 +2,11 @@
 backward, through the library's own backends.
 
 The forward is the dispatcher's (:func:`flashattn_teach.dispatch.run` on the backend the ring chose once
-per call; with explicit tile sizes, the online reference). The backward recomputes ``P_ij = exp(S_ij - lse_i)`` from the *global* ``lse`` of the merged
-output and uses the global ``delta_i = rowsum(dO_i * O_i)`` (FA2 Alg. 2), so each block's gradients are
-exactly that block's share of the full gradient and simply add up: the Triton launcher on CUDA (and on
-CPU tensors under ``TRITON_INTERPRET=1``), :func:`flashattn_teach.reference.flash_backward` otherwise.
+per call; with explicit tile sizes, the online reference). The backward recomputes
+``P_ij = exp(S_ij - lse_i)`` from the *global* ``lse`` of the merged output and uses the global
+``delta_i = rowsum(dO_i * O_i)`` (FA2 Alg. 2), so each block's gradients are exactly that block's share of
+the full gradient and simply add up: the Triton launcher on CUDA (and on CPU tensors under
+``TRITON_INTERPRET=1``), :func:`flashattn_teach.reference.flash_backward` otherwise.
 """
 
 from __future__ import annotations
