@@ -67,7 +67,7 @@ class DecodeArgs:
 @torch.library.custom_op(
     "flashattn_teach::attention_with_kvcache",
     mutates_args=("k_cache", "v_cache"),
-    schema=op_schema(DecodeArgs, "Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache", "(Tensor, Tensor)"),
+    schema=op_schema(DecodeArgs, "Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache", "(Tensor, Tensor)"),
 )
 def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args: Any) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of :func:`flashattn_teach.flash_attention_with_kvcache` for the arguments

@@ -18,7 +18,7 @@ _TYPES = {
     "float": "float",
     "float | None": "float?",
     "int": "SymInt",
-    "list[int] | None": "int[]?",
+    "list[int] | None": "SymInt[]?",
     "torch.dtype | None": "ScalarType?",
 }
 

@@ -1,0 +1,83 @@
+"""The custom ops keep the schemas of flashattn_teach 0.1.0, argument for argument: exported programs name the
+ops and pass their arguments in this order. Each schema is built from its argument record (``ops/schema.py``),
+so a field added, renamed or moved in a record shows here, and the records round-trip through the ops."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import flashattn_teach as fa
+from flashattn_teach._options import make_options
+from flashattn_teach.ops.attention import AttentionArgs
+from flashattn_teach.ops.decode import DecodeArgs
+from flashattn_teach.ops.schema import op_args
+from flashattn_teach.ops.varlen import VarlenArgs
+
+# As torch prints them for flashattn_teach 0.1.0 (before the records), one op per line.
+SCHEMAS = {
+    "attention": (
+        "flashattn_teach::attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? alibi_slopes, "
+        "Tensor? seqlens_k, bool causal, str causal_align, float? scale, SymInt[]? window, float? softcap, "
+        "bool enable_gqa, str backend, float dropout_p=0., Tensor? dropout_seed=None) -> (Tensor, Tensor)"
+    ),
+    "attention_backward": (
+        "flashattn_teach::attention_backward(Tensor dO, Tensor dlse, Tensor q, Tensor k, Tensor v, Tensor? "
+        "attn_mask, Tensor? alibi_slopes, Tensor? seqlens_k, bool causal, str causal_align, float? scale, "
+        "SymInt[]? window, float? softcap, bool enable_gqa, str backend, float dropout_p=0., Tensor? "
+        "dropout_seed=None) -> (Tensor, Tensor, Tensor)"
+    ),
+    "attention_varlen": (
+        "flashattn_teach::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
+        "cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, bool causal, str "
+        "causal_align, float? scale, SymInt[]? window, float? softcap, str backend, float dropout_p=0., "
+        "Tensor? dropout_seed=None) -> (Tensor, Tensor)"
+    ),
+    "attention_varlen_backward": (
+        "flashattn_teach::attention_varlen_backward(Tensor dO, Tensor dlse, Tensor q, Tensor k, Tensor v, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? "
+        "alibi_slopes, bool causal, str causal_align, float? scale, SymInt[]? window, float? softcap, str "
+        "backend, float dropout_p=0., Tensor? dropout_seed=None) -> (Tensor, Tensor, Tensor)"
+    ),
+    "attention_with_kvcache": (
+        "flashattn_teach::attention_with_kvcache(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? "
+        "k, Tensor? v, Tensor cache_seqlens, Tensor? alibi_slopes, bool causal, float? scale, SymInt[]? "
+        "window, float? softcap, SymInt num_splits, str backend, ScalarType? autocast) -> (Tensor, Tensor)"
+    ),
+}
+
+RECORDS = {"attention": AttentionArgs, "attention_varlen": VarlenArgs, "attention_with_kvcache": DecodeArgs}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_each_op_keeps_its_schema(name):
+    assert str(getattr(torch.ops.flashattn_teach, name).default._schema) == SCHEMAS[name]
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_the_record_names_the_ops_arguments_after_its_tensors_in_order(name):
+    arguments = [a.name for a in getattr(torch.ops.flashattn_teach, name).default._schema.arguments]
+    fields = [f.name for f in dataclasses.fields(RECORDS[name])]
+    assert arguments[-len(fields) :] == fields
+    assert (
+        arguments[: -len(fields)] == ["q", "k_cache", "v_cache"]
+        if name == "attention_with_kvcache"
+        else ["q", "k", "v"]
+    )
+
+
+def test_a_record_built_from_a_calls_options_runs_that_call():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    lengths = torch.tensor([9, 5])
+    kwargs = dict(causal=True, causal_align="bottom_right", window=(3, 0), softcap=2.0, seqlens_k=lengths)
+    opts = make_options(q, k, v, **kwargs)
+    args = AttentionArgs.of_call(opts, "online", scale_given=False, alibi_slopes=None, seqlens_k=lengths)
+    O, lse = torch.ops.flashattn_teach.attention(q, k, v, *op_args(args))
+    want, want_lse = fa.dense_attention(q, k, v, return_lse=True, **kwargs)
+    torch.testing.assert_close(O, want, atol=1e-12, rtol=0)
+    finite = want_lse.isfinite()
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=1e-12, rtol=0)
+    assert (lse[~finite] == float("-inf")).all()
