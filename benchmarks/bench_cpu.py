@@ -557,7 +557,8 @@ def run_targets(opts: argparse.Namespace, machine: dict[str, object], sizes: dic
             )
             return float(row[key]) if row["status"] == "ok" else math.nan
 
-        return get(impl) / get(other)
+        denominator = get(other)
+        return get(impl) / denominator if denominator else math.nan  # too small to measure: no ratio
 
     def paired_ratio(mode: str, condition: str) -> float:
         row = next(
