@@ -49,7 +49,7 @@ def score_tile(
     softcap: float | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """``S_ij = scale * Q_i K_j^T``, capped, biased and masked in flash-attn's order (``masks.py``):
+    """``S_ij = scale * Q_i K_j^T``, capped, biased and masked in flash-attn's order (:mod:`flashattn_teach.masks`):
     ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then ``-inf`` where ``allowed`` (bool) is False.
     ``allowed`` and ``bias`` broadcast against the tile."""
     # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.

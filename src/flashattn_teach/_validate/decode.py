@@ -53,7 +53,7 @@ def autocast_inputs(
     the autocast dtype (None when autocast is off there). ``q`` is cast to the autocast dtype, float64
     untouched, as torch's SDPA casts its query; ``k, v`` are cast to the caches' dtype, not autocast's,
     since they are written into the caches, which are the caller's storage; the caches themselves are read
-    in ``q``'s dtype, a range at a time, as SDPA would cast them (``decode_cpu``)."""
+    in ``q``'s dtype, a range at a time, as SDPA would cast them (:mod:`flashattn_teach.decode.ranges`)."""
     if not isinstance(q, Tensor) or not isinstance(k_cache, Tensor):
         return q, k, v, None  # check_cache_inputs names the argument that is not a tensor
     cast = autocast_dtype(q.device.type)

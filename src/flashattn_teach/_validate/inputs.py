@@ -352,7 +352,7 @@ def check_seqlens_k(seqlens_k: object, q: Tensor, s: AttentionShapes) -> Tensor 
     in_range = ((seqlens_k >= 0) & (seqlens_k <= s.N_k)).all()
     if torch.compiler.is_compiling():
         # The lengths' values are unknown while tracing: the graph checks them when it runs (the custom op of
-        # ops.py validates its inputs again in eager mode, with the message below).
+        # the op validates its inputs again in eager mode, with the message below).
         torch._assert_async(in_range, "seqlens_k must lie in [0, N_k]")
         return seqlens_k
     if seqlens_k.numel() and not bool(in_range):

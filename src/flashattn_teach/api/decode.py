@@ -33,7 +33,7 @@ Masks in global key positions: query row ``i`` of batch element ``b`` sees key `
 ``j <= L_b - N_new + i`` (causal) and ``L_b - N_new + i - left <= j <= L_b - N_new + i + right``
 (``window``), and ALiBi adds ``-slope * |L_b - N_new + i - j|``: flash-attn's kvcache alignment, to each
 batch element's own length, as ``flash_attention``'s ``seqlens_k`` with ``causal_align="bottom_right"``
-(see ``masks.py``). Each range ``[s0, s1)`` is run as an ordinary
+(see :mod:`flashattn_teach.masks`). Each range ``[s0, s1)`` is run as an ordinary
 call on the views ``k_cache[b, :, s0:s1]`` with the mask contract's diagonal offset set to
 ``L_b - N_new - s0``, which puts row ``i``'s diagonal at global key ``L_b - N_new + i``; so one spec is
 built per batch element and range, and the contract itself needs no per-batch offset.

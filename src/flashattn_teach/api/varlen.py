@@ -7,7 +7,8 @@ A batch of sequences of different lengths is stored back to back, without paddin
 
 and each sequence attends only within itself. The packed tensors are viewed (no copy) as one batch element
 ``(H, total, D)`` and run by the same tiled CPU paths as :func:`flashattn_teach.flash_attention`, with the
-packed sequences in the mask contract (``packed.py``): the tiles off the block diagonal are never visited,
+packed sequences in the mask contract (:mod:`flashattn_teach.masks.packed`): the tiles off the block diagonal are
+never visited,
 so the work is ``O(sum_b len_q[b] len_k[b])`` up to tiles cut by sequence boundaries, and no tensor of
 ``total_q x total_k`` elements is built (except by ``backend="dense"``, the oracle).
 

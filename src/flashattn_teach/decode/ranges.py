@@ -1,6 +1,7 @@
 """One decode step on the CPU paths: each batch element's keys cut into split-KV ranges, attended, merged.
 
-``decode.py`` validates, writes the new keys and values into the caches and routes; what runs here, for
+:mod:`flashattn_teach.api.decode` validates, writes the new keys and values into the caches and routes; what runs
+here, for
 batch element ``b`` with ``L_b`` valid keys, is the module docs' picture: the keys a row can see are cut
 into ``num_splits`` ranges (:func:`flashattn_teach.splitkv.split_ranges`), each range is an ordinary call
 of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's diagonal offset set so that

@@ -17,7 +17,7 @@ get it: a bool ``(B, 1, N_q, N_k)`` tensor (True: visible), or None when plain c
 A mask the caller built (``test_custom_4d_attention_mask``) arrives as it is, often float. The contract is
 transformers' ``sdpa_attention_forward`` (``transformers/integrations/sdpa_attention.py``), argument for
 argument; :func:`attention_forward` hands the mask to :func:`flashattn_teach.flash_attention`, which reads it
-tile by tile (tiles no query sees are skipped, tiles every query sees run unmasked; see ``masks.py``):
+tile by tile (tiles no query sees are skipped, tiles every query sees run unmasked; see :mod:`flashattn_teach.masks`):
 
     transformers                 flashattn_teach.flash_attention
     query, key, value            q, k, v: (B, H_q, N_q, D), (B, H_kv, N_k, D); grouped heads as they come

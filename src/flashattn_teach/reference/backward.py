@@ -14,7 +14,7 @@ FlashAttention-2's backward (Dao 2023, Alg. 2). Forward saved only ``q, k, v, O`
 The outer loop is over key blocks ``j`` (``dK_j, dV_j`` accumulate on chip), the inner over query blocks.
 A gradient flowing into ``lse`` itself adds ``dlse_i * P_ij`` to ``dS_ij``, i.e. ``delta_i -= dlse_i``.
 
-The tiles visited and their masks and biases are the forward's (``masks.py``): SKIP tiles contribute
+The tiles visited and their masks and biases are the forward's (:mod:`flashattn_teach.masks`): SKIP tiles contribute
 nothing and are left out. A bias (ALiBi, an additive mask) does not depend on ``q, k``, so it changes
 ``P_ij`` but not the chain rule; a softcap does: with ``T_ij = tanh(scale Q_i K_j^T / softcap)`` the
 capped score is ``softcap * T_ij`` and

@@ -183,7 +183,7 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (..., N_q, D) @ (..., D, N_k) -> (..., N_q, N_k)
         if opts.mask.softcap is not None:
             S = soft_cap(S, opts.mask.softcap)
-        allowed, bias = opts.mask.dense(q.device)  # bool and additive, broadcastable to S (masks.py)
+        allowed, bias = opts.mask.dense(q.device)  # bool and additive, broadcastable to S (flashattn_teach.masks)
         if bias is not None:
             S = S + bias
         if allowed is not None:

@@ -8,7 +8,7 @@ With tangents ``tq, tk, tv`` of the inputs, ``tS_ij = scale * (tq_i K_j^T + Q_i 
 
 With a softcap, ``S = softcap * T`` with ``T = tanh(scale Q K^T / softcap)``, so ``tS`` is multiplied by
 ``1 - T^2``; a bias does not depend on ``q, k`` and adds nothing to ``tS``. One pass over the same tiles as the
-forward (``masks.py``), holding at most ``block_m x block_n`` scores per
+forward (:mod:`flashattn_teach.masks`), holding at most ``block_m x block_n`` scores per
 (batch, head): what ``torch.func.jvp`` needs, without the ``N_q x N_k`` matrix.
 
 With dropout (mask ``Z``, ``s = 1 / (1 - p)``, drawn again from the forward's key: ``tile_dropout.py``),

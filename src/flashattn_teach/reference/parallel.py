@@ -14,7 +14,8 @@ Per head the tensors are 2-D, which lets the tile loops write into preallocated 
 ``addmm_``) and pre-scale ``q`` once: ``S_ij`` is the only ``Br x Bc`` tile, overwritten in place by
 ``P_ij``, and the online-softmax update is ``online_softmax.update_``: the equations and the ``-inf``
 guard of ``online_softmax.update`` (rows that see no key end with ``O = 0`` and ``lse = -inf``), in place.
-The mask contract (``masks.py``) is read per head: a head visits only the tiles it sees part of (a padded
+The mask contract (:mod:`flashattn_teach.masks`) is read per head: a head visits only the tiles it sees part of (a
+padded
 batch element skips its padding's tiles), and each tile is cut to the query rows that may see its keys.
 Dropout draws each tile's keep mask from the head's ``b * H_q + h`` and the tile's global rows and columns
 (``tile_dropout.py``), so the pool's split of the work never changes the mask.

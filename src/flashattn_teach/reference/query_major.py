@@ -3,7 +3,7 @@
 For each query block ``i`` (rows ``[r0, r1)``) the running state ``(m_i, l_i, acc)`` lives "on chip" while
 the loop streams key/value blocks ``j`` past it; ``O_i`` and ``lse_i`` are written once, at the end
 (Dao 2023, FlashAttention-2, Alg. 1). At most ``block_m x block_n`` scores per (batch, head) exist at any
-moment. The mask contract (``masks.py``) decides the key blocks each query block visits: tiles that no
+moment. The mask contract (:mod:`flashattn_teach.masks`) decides the key blocks each query block visits: tiles that no
 row can see (above the causal diagonal, outside a window, past every ``seqlens_k``, all hidden by an
 ``attn_mask``) are never visited, so a window of width ``w`` visits ``O(N_q (w + Bc))`` scores; FULL tiles
 run without a mask, PARTIAL ones with the tile's own. Dropout drops each tile's weights by their places in

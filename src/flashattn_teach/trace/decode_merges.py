@@ -67,7 +67,7 @@ def fold_merges(
     partials: Sequence[Partial], order: Sequence[int], O_final: Tensor
 ) -> tuple[tuple[MergeStep, ...], Tensor, Tensor]:
     """Fold the non-empty splits' ``partials`` in ``order`` (splits without a partial are skipped, as
-    ``decode.py`` skips empty ranges); returns the merges and the merged ``(O, lse)``."""
+    :mod:`flashattn_teach.api.decode` skips empty ranges); returns the merges and the merged ``(O, lse)``."""
     by_split = {s: (O_s, lse_s) for s, O_s, lse_s in partials}
     parts = [(s, *by_split[s]) for s in order if s in by_split]
     first, O, lse = parts[0]

@@ -20,7 +20,8 @@ batch element and one query head, the replay records:
    and ``max |O - O_final|`` against the dense float64 output of the whole step, which reaches round-off
    at the last merge. The merge is associative and commutative: ``merge_order`` replays any order.
 
-Empty ranges (more splits than keys) are not run and not merged, as in ``decode.py``. The caches are not
+Empty ranges (more splits than keys) are not run and not merged, as in :mod:`flashattn_teach.api.decode`. The caches
+are not
 written: the replay reads a copy with ``k, v`` in place.
 """
 
@@ -153,7 +154,8 @@ class _Settings:
 
 def _options(q: Tensor, k: Tensor, v: Tensor, settings: _Settings, *, offset: int) -> AttentionOptions:
     """Options of the rows ``q (1, 1, N_new, D)`` over the keys ``k, v`` of one range, with the diagonal
-    offset that puts row ``i`` at global key position ``L - N_new + i``, built as ``decode.py`` builds them."""
+    offset that puts row ``i`` at global key position ``L - N_new + i``, built as :mod:`flashattn_teach.api.decode`
+    builds them."""
     return range_options(
         q,
         k,

@@ -177,7 +177,8 @@ def replay(
             ``(B, 1, N_q, N_k)``.
         cu_seqlens: packed sequences (flash-attn's varlen layout) along the one batch element's sequence
             axis, ``(S + 1,)`` boundaries from 0 to ``N`` (``N_q = N_k``): each query sees only the keys of its
-            own sequence, causal and the window aligned per sequence (see ``packed.py``); needs ``B = 1``.
+            own sequence, causal and the window aligned per sequence (see :mod:`flashattn_teach.masks.packed`); needs
+            ``B = 1``.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the

@@ -18,7 +18,7 @@ three runs (and the query blocks a key block meets, likewise):
 
 Packed sequences (``VARLEN``): the grid's batch index is the sequence b, and :func:`_sequence` gives its
 start rows, its lengths (which take the place of ``N_q, N_k``) and its ``OFFSET``; every range above is
-then in the sequence's own coordinates, as the window and the ALiBi distance are (``packed.py``).
+then in the sequence's own coordinates, as the window and the ALiBi distance are (:mod:`flashattn_teach.masks.packed`).
 
 ``seqlens_k`` needs no range function of its own: a program reads ``L_b = seqlens_k[b]`` and uses it in
 place of ``N_k`` for its key bounds, and its diagonal offset is ``OFFSET * (L_b - N_q)`` (the launcher
