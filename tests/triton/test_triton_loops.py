@@ -228,13 +228,13 @@ def test_model_charges_issue_slots_exponentials_and_tensor_cores_per_program() -
 @pytest.mark.parametrize("call", ["group=1 N=8192", "group=4 N=8192"])
 def test_compiled_specialisation_is_the_jits(compiled, call: str) -> None:
     kernels = {k["name"]: k for k in compiled[0]["specialisations"][call]}
-    assert set(kernels) == {"_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+    assert set(kernels) == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"}
     assert all(k["same_as_jit"] for k in kernels.values()), kernels
     for k in kernels.values():
         unit_strides = [a for a in k["signature"] if a.startswith("stride_") and a.endswith("d")]
         assert unit_strides and all(k["constants"][a] == "1" for a in unit_strides)
         assert "N_q" in k["divisible_by_16"]
-    dkdv = kernels["_attn_bwd_dkdv"]
+    dkdv = kernels["attn_bwd_dkdv"]
     if call.startswith("group=1"):
         assert dkdv["signature"]["GROUP"] == "constexpr" and dkdv["constants"]["GROUP"] == "1"
     else:
@@ -244,8 +244,8 @@ def test_compiled_specialisation_is_the_jits(compiled, call: str) -> None:
 def test_sizes_not_divisible_by_16_get_no_divisibility_attribute(compiled) -> None:
     kernels = {k["name"]: k for k in compiled[0]["specialisations"]["group=1 N=8190"]}
     assert all(k["same_as_jit"] for k in kernels.values())
-    assert "N_q" not in kernels["_attn_fwd"]["divisible_by_16"]
-    assert "Q" in kernels["_attn_fwd"]["divisible_by_16"]  # the pointer still is
+    assert "N_q" not in kernels["attn_fwd"]["divisible_by_16"]
+    assert "Q" in kernels["attn_fwd"]["divisible_by_16"]  # the pointer still is
 
 
 def test_worse_variant_takes_more_instructions_per_iteration(compiled) -> None:

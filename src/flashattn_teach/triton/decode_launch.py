@@ -18,7 +18,7 @@ has already checked shapes, dtypes, devices and options (``_validate_decode``). 
   capacity ``N_max`` as the key length (as flash-attn does: the lengths are on the device); more splits
   than key blocks of ``N_max`` would all be empty, so they are capped there (the partition of every
   batch element's keys is unchanged by the cap).
-- the partials are merged by :func:`~.decode._decode_combine`, one launch, rather than by
+- the partials are merged by :func:`~.decode.decode_combine`, one launch, rather than by
   ``merge_attention_states`` in torch: ``num_splits - 1`` merges of about eight torch kernels each would
   cost more launches than the decode step itself takes on a GPU.
 
@@ -207,7 +207,7 @@ def launch_decode(
     step's ``N_new_kv`` new entries."""
     import triton
 
-    from .kernels.decode import _decode_combine, _decode_split_fwd
+    from .kernels.decode import decode_combine, decode_split_fwd
 
     B, H_q, N_new, D = q.shape
     _, H_kv, N_max, D_v = v_cache.shape
@@ -230,7 +230,7 @@ def launch_decode(
         stride_slope_b = 0 if slopes.dim() == 1 else slopes.stride(0)
         stride_slope_h = slopes.stride(-1)
     left, right = window
-    _decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
+    decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
         q,
         k_cache,
         v_cache,
@@ -269,7 +269,7 @@ def launch_decode(
     )
     if num_splits > 1:
         rows = B * H_q * N_new
-        _decode_combine[(rows,)](
+        decode_combine[(rows,)](
             O_part,
             lse_part,
             O,

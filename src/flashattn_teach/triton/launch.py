@@ -152,7 +152,7 @@ def forward(
     (a window carries causal in its right side, so ``causal`` is then ignored)."""
     import triton
 
-    from .kernels.forward import LOG2E, _attn_fwd
+    from .kernels.forward import LOG2E, attn_fwd
 
     B = q.shape[0]
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
@@ -165,11 +165,11 @@ def forward(
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
     K_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
     V_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
-    # one program per (query block, batch, head), the query block fastest (see _attn_fwd)
+    # one program per (query block, batch, head), the query block fastest (see attn_fwd)
     grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
-    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see _attn_fwd)
+    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd)
     signed = variants.modifies_scores
-    _attn_fwd[grid](
+    attn_fwd[grid](
         q,
         K_src,
         V_src,
@@ -232,9 +232,9 @@ def backward(
     Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
-    from .kernels.backward import _attn_bwd_preprocess
-    from .kernels.backward_dkdv import _attn_bwd_dkdv
-    from .kernels.backward_dq import _attn_bwd_dq
+    from .kernels.backward import attn_bwd_preprocess
+    from .kernels.backward_dkdv import attn_bwd_dkdv
+    from .kernels.backward_dq import attn_bwd_dq
     from .kernels.forward import LOG2E
 
     dkdv_config, dq_config = check_backward_config(config, q, s)
@@ -252,7 +252,7 @@ def backward(
     lse2 = torch.empty_like(delta)
     c = config.backward_preprocess
     check_tile_offsets("backward_preprocess", c.BLOCK_M, o=o, do=do)
-    _attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
+    attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
         o,
         do,
         lse.contiguous(),
@@ -281,7 +281,7 @@ def backward(
     do_src = descriptor(do, c.BLOCK_M, Dv_pad) if tma else do
     # one launch computing dK and dV, or (``split``) one for dK and one for dV
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
-        _attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
+        attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
             q_src,
             k,
             v,
@@ -334,7 +334,7 @@ def backward(
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
     k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
     v_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
-    _attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
+    attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
         q,
         k_src,
         v_src,

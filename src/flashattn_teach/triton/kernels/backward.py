@@ -2,12 +2,12 @@
 
 Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile by tile:
 
-    delta_i = rowsum(dO_i * O_i)                  _attn_bwd_preprocess (Alg. 2 line 4; also lse_i * log2(e))
+    delta_i = rowsum(dO_i * O_i)                  attn_bwd_preprocess (Alg. 2 line 4; also lse_i * log2(e))
     P_ij    = exp(S_ij - lse_i)                   recomputed in both passes below
-    dV_j    = sum_i P_ij^T dO_i                   _attn_bwd_dkdv (backward_dkdv.py): a program owns key block j
+    dV_j    = sum_i P_ij^T dO_i                   attn_bwd_dkdv (backward_dkdv.py): a program owns key block j
     dS_ij   = P_ij * (dO_i V_j^T - delta_i)
     dK_j    = scale * sum_i dS_ij^T Q_i
-    dQ_i    = scale * sum_j dS_ij K_j             _attn_bwd_dq (backward_dq.py): a program owns query block i
+    dQ_i    = scale * sum_j dS_ij K_j             attn_bwd_dq (backward_dq.py): a program owns query block i
 
 Each output block is written by exactly one program, so there are no atomics and the result is bitwise
 the same on every run. With grouped-query attention the dK/dV program of a key/value head also visits
@@ -38,7 +38,7 @@ from .tiles import _load_block
 
 
 @triton.jit
-def _attn_bwd_preprocess(
+def attn_bwd_preprocess(
     O,
     DO,
     LSE,

@@ -188,7 +188,7 @@ def _attn_bwd_dkdv_inner(
 
 
 @triton.jit
-def _attn_bwd_dkdv(
+def attn_bwd_dkdv(
     Q,
     K,
     V,
@@ -270,7 +270,7 @@ def _attn_bwd_dkdv(
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
-    Variants as in :func:`~.forward._attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign. With
+    Variants as in :func:`~.forward.attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign. With
     ``TMA`` ``Q`` and ``DO`` are tensor descriptors of blocks ``(1, 1, BLOCK_M, .)``."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_k, BLOCK_N)

@@ -148,7 +148,7 @@ def _attn_bwd_dq_inner(
 
 
 @triton.jit
-def _attn_bwd_dq(
+def attn_bwd_dq(
     Q,
     K,
     V,

@@ -9,9 +9,9 @@ grid of ``(query block, batch, head)`` programs would be ``B x H_q`` programs of
                               BLOCK_M of them (block i); so each cached key is read once per h_kv
                               keys: split s of batch element b's range, in BLOCK_N-key blocks j
 
-    _decode_split_fwd   B x H_kv x cdiv(G N_new, BLOCK_M) x num_splits programs, each the online
+    decode_split_fwd    B x H_kv x cdiv(G N_new, BLOCK_M) x num_splits programs, each the online
                         softmax (FA2 Alg. 1) over its split, writing a partial (O_s, lse_s)
-    _decode_combine     one program per query row: the exact merge of the num_splits partials,
+    decode_combine      one program per query row: the exact merge of the num_splits partials,
                         split after split (merge.py's merge_attention_states, one level up)
 
 With one split the first kernel writes the final ``O`` and ``lse`` itself and the combine does not run.
@@ -133,7 +133,7 @@ def _decode_inner(
 
 
 @triton.jit
-def _decode_split_fwd(
+def decode_split_fwd(
     Q,
     K,
     V,
@@ -262,7 +262,7 @@ def _decode_split_fwd(
 
 
 @triton.jit
-def _decode_combine(
+def decode_combine(
     O_PART,
     LSE_PART,
     O,

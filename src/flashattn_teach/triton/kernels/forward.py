@@ -55,7 +55,7 @@ def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _attn_fwd(
+def attn_fwd(
     Q,
     K,
     V,
