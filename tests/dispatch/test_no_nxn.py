@@ -16,34 +16,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn_teach as fa
 from flashattn_teach.dispatch import planner
 from flashattn_teach.reference import parallel
+
+from allocation_probe import LargestAllocation
 
 # backend -> (loop order, block_m, block_n), in the form of planner.TILED
 TILES = {"online": ("query_major", 32, 64), "key_major": ("key_major", 32, 64), "parallel": ("parallel", 64, 32)}
 N_Q, N_K = 384, 384
 H, D = 2, 8
 TILED = list(TILES)
-
-
-class LargestAllocation(TorchDispatchMode):
-    """Records the largest tensor an op allocates: outputs sharing no storage with the op's inputs."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
-        storages = {a.untyped_storage().data_ptr() for a in inputs}
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages:
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def _inputs(B: int, N_q: int = N_Q, N_k: int = N_K):

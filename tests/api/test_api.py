@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import flashattn_teach as fa
 import flashattn_teach.triton
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def r(*shape, seed=0):

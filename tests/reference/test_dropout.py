@@ -23,8 +23,8 @@ from flashattn_teach._options import make_options
 from flashattn_teach.reference import parallel
 from flashattn_teach.reference.dense import dense_forward
 from flashattn_teach.reference.online import tiled_attention
-from test_no_nxn import LargestAllocation
 
+from allocation_probe import LargestAllocation
 from attention_strategies import Problem, problems
 
 ORDERS = ["query_major", "key_major", "parallel"]
