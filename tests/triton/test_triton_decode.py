@@ -167,7 +167,7 @@ def test_the_kernel_matches_the_oracle_for_any_lengths_and_splits(
 
 def test_lengths_outside_the_cache_are_clamped_by_the_kernel():
     # A CUDA cache_seqlens is not read on the host (no sync), so the kernel clamps it: 99 > N_max acts as
-    # N_max. (An int or a CPU tensor is checked before the call gets here: tests/test_decode_contract.py.)
+    # N_max. (An int or a CPU tensor is checked before the call gets here: tests/decode/test_decode_contract.py.)
     q, k_cache, v_cache, _, _ = problem()
     seqlens = torch.tensor([0, 29, 99], dtype=torch.int32, device=DEVICE)
     options = {"causal": True, "scale": 0.25, "window": (-1, -1), "softcap": None, "alibi_slopes": None}
