@@ -127,15 +127,15 @@ def update_(
 
 
 def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows: :func:`update` from
-    :func:`init_state` (``alpha = 0``, so ``m = rowmax(S)``, ``l = rowsum(P)``, ``acc = P V``), then
-    :func:`finalize`, without the state that more tiles would carry (FA2 Alg. 1 with ``T_c = 1``)."""
-    m = S.amax(dim=-1)  # (..., N_q)
-    # A row whose every score is -inf (masked) keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
-    m_safe = torch.where(torch.isneginf(m), 0.0, m)
-    P = (S - m_safe.unsqueeze(-1)).exp_()  # (..., N_q, N_k)
-    l = P.sum(dim=-1)  # the paper's l
-    return normalize(l, torch.matmul(P, v)), log_sum_exp(m, l)  # (..., N_q, N_k) @ (..., N_k, D_v)
+    """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
+    key (no mask, no bias): the loop's one step, :func:`update` from :func:`init_state` (``alpha = 0``),
+    then :func:`finalize` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
+    and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do."""
+    m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
+    P = (S - m).exp_()  # (..., N_q, N_k)
+    l = P.sum(dim=-1, keepdim=True)  # (..., N_q, 1)
+    O = torch.matmul(P, v).div_(l)  # (..., N_q, N_k) @ (..., N_k, D_v), then / l
+    return O, l.log_().add_(m).squeeze(-1)  # lse = m + log(l)
 
 
 def normalize(l_i: Tensor, acc: Tensor) -> Tensor:

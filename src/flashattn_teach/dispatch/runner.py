@@ -13,34 +13,30 @@ and the ring's local blocks. Tests patch :func:`run` (and :func:`run_decode`) to
 
 from __future__ import annotations
 
-import contextlib
-
 from torch import Tensor
 
 from .._options import AttentionOptions
 from ..reference import parallel
 from ..reference.dense import dense_forward
 from ..reference.online import tiled_attention
-from ..reference.workers import single_threaded_ops
 from .planner import Plan, tiles, transforms_active
 from .rows import fold, unfold
 
 
-def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int, bool]:
+def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
     """The tile loop and tiles of a tiled backend. A threaded call too small for the pool (fewer than
     ``parallel.MIN_PARALLEL_SCORES`` scores, which the pool would run inline, one head at a time) runs the
     query-major loop at the same tiles instead, each tile op over every head at once: its Python per tile
-    costs more than its arithmetic (``benchmarks/bench_cpu.py --targets``, the small-call rows). Like the
-    pool's inline tasks it runs single-threaded ops (the last item: True), so that a busy second core does
-    not hold up every op at a barrier."""
+    costs more than its arithmetic (``benchmarks/README.md`` has the crossover, idle and with the second
+    core busy; torch's own threads serve such a call better than single-threaded ops or the pool)."""
     order, block_m, block_n = tiles(p.backend, opts.shapes.N_q)
     s = opts.shapes
     scores = s.H_q * s.N_q * s.N_k
     for n in s.batch:
         scores *= n
     if order == "parallel" and scores < parallel.MIN_PARALLEL_SCORES:
-        return "query_major", block_m, block_n, True
-    return order, block_m, block_n, False
+        return "query_major", block_m, block_n
+    return order, block_m, block_n
 
 
 def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
@@ -60,13 +56,11 @@ def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tup
     folded = None if transforms_active() else fold(q, k, v, opts)
     if folded is not None:  # one query per head: the query heads of a key/value head as its rows (rows.py)
         q_rows, rows = folded
-        order, block_m, block_n, alone = _order(p, rows)
-        with single_threaded_ops() if alone else contextlib.nullcontext():
-            O, lse = tiled_attention(q_rows, k, v, rows, order=order, block_m=block_m, block_n=block_n)
+        order, block_m, block_n = _order(p, rows)
+        O, lse = tiled_attention(q_rows, k, v, rows, order=order, block_m=block_m, block_n=block_n)
         return unfold(O, lse, q.shape[1])
-    order, block_m, block_n, alone = _order(p, opts)
-    with single_threaded_ops() if alone else contextlib.nullcontext():
-        return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+    order, block_m, block_n = _order(p, opts)
+    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
 
 def run_decode(

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import online_softmax as osm
 from .._autocast import autocast_off
-from .._layout import from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
+from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
@@ -55,11 +56,36 @@ def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict
     )
 
 
+def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, block_m: int, block_n: int) -> bool:
+    """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
+    dropout) on inputs whose heads broadcast as they stand (``H_kv`` is ``H_q`` or 1, one batch shape)."""
+    s, spec = opts.shapes, opts.mask
+    if not (0 < s.N_k <= block_n and s.N_q <= block_m) or spec.causal or opts.dropout_p > 0.0:
+        return False
+    if spec.variants and spec.variants != ("softcap",):
+        return False
+    same = q.dim() == k.dim() == v.dim() and q.shape[:-3] == k.shape[:-3] and k.shape[:-2] == v.shape[:-2]
+    return same and (q.dim() == 2 or k.shape[-3] in (q.shape[-3], 1))
+
+
+def _whole_call(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """The loop's one step on the user layout: ``S (..., H_q, N_q, N_k)`` and ``(O, lse)`` of it."""
+    dt = compute_dtype(q.dtype)
+    S = osm.score_tile(q.to(dt), k.to(dt), opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
+    O, lse = osm.whole_row(S, v.to(dt))
+    return O.to(q.dtype), lse
+
+
 def tiled_forward(
     q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
 ) -> tuple[Tensor, Tensor]:
-    """User layout in, ``(O, lse)`` out: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype."""
+    """User layout in, ``(O, lse)`` out: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype. A call that
+    one open tile holds runs that tile alone, on the user layout (a small call's layout work and tile plan
+    cost more than its arithmetic)."""
     s = opts.shapes
+    if order == "query_major" and _one_open_tile(q, k, v, opts, block_m, block_n):
+        with autocast_off(q.device.type):
+            return _whole_call(q, k, v, opts)
     qg, kg, vg = to_grouped(q, k, v, s)
     with autocast_off(q.device.type):
         O, lse = _forward(order, opts, block_m, block_n)(qg, kg, vg, scale=s.scale)

@@ -29,7 +29,7 @@ Splitting the work:
               wanted, per range of its ``G`` query heads, each range accumulating into its own ``dK, dV``
               partial (at most ``G x N_k x D`` extra, the size of ``dq``), summed at the end.
 Problems with fewer than ``MIN_PARALLEL_SCORES`` scores in all run inline in the calling thread, also with
-single-threaded ops.
+single-threaded ops (through the public functions they run as one batched query-major loop instead).
 
 Not for ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``): their layers are thread-local and the
 worker threads would not see them. No autograd graph is recorded; wrap the pair in an
@@ -50,9 +50,9 @@ from ..masks.spec import MaskSpec, Tiling
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 
-# Below about 2^18 scores (a few milliseconds of work) handing tasks to threads costs about what it saves
-# (benchmarks/README.md has the measurements).
-MIN_PARALLEL_SCORES = 2**18
+# Below about 2^19 scores handing tasks to threads costs about what it saves (benchmarks/README.md has the
+# measurements); the dispatcher runs such calls as one batched loop instead (dispatch/runner.py).
+MIN_PARALLEL_SCORES = 2**19
 # Several tasks per worker, so that a worker slowed down by another process takes fewer of them instead
 # of holding up the end of the call.
 TASKS_PER_WORKER = 4

@@ -34,10 +34,6 @@ def query_major_forward(
     D_v = v.shape[-1]
     N_q, N_k = q.shape[-2], k.shape[-2]
     softcap = tiling.spec.softcap
-    if dropout.p == 0.0 and len(tiling.row_blocks) == len(tiling.col_blocks) == 1 and tiling.key_blocks(0) == [0]:
-        # One tile holds the whole call (a small one): the loop's single step, without its running state.
-        allowed, bias = tiling.tile(0, 0, q.device)
-        return osm.whole_row(osm.score_tile(q, k, scale, allowed, softcap=softcap, bias=bias), v)
     bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     O_blocks, lse_blocks = [q.new_empty((*lead, 0, D_v))], [q.new_empty((*lead, 0))]
     for i, (r0, r1) in enumerate(tiling.row_blocks):  # query block i
