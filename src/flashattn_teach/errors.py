@@ -19,3 +19,9 @@ class AttentionValueError(AttentionError, ValueError):
 
 class AttentionTypeError(AttentionError, TypeError):
     """An argument has the wrong type or dtype."""
+
+
+class BackendUnavailableError(AttentionValueError, NotImplementedError):
+    """A backend named explicitly cannot run the call; the message says why and what to use instead. It is
+    a ``NotImplementedError``, as torch raises for a case a kernel does not support, and an
+    :class:`AttentionValueError`, since the ``backend`` argument is what cannot be honoured."""

@@ -10,7 +10,8 @@ Backends:
     "dense"      the dense oracle: holds all N_q x N_k scores
 
 ``backend="auto"`` picks the fastest backend that can honour every argument; an explicitly named backend
-that cannot honour an argument raises ``NotImplementedError`` instead of silently doing something else.
+that cannot honour an argument raises :class:`~flashattn_teach.errors.BackendUnavailableError` (a
+``NotImplementedError``) instead of silently doing something else.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .._options import AttentionOptions
-from ..errors import AttentionValueError
+from ..errors import AttentionValueError, BackendUnavailableError
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from ..reference.workers import default_workers
 from ..triton import support
@@ -130,13 +131,13 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             f"{default_workers()} single-threaded workers{masked}",
         )
     if needs_dense and backend != "dense":
-        raise NotImplementedError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
+        raise BackendUnavailableError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
         why_not = support.call_unsupported_reason(q, k, v, opts)
         if why_not is not None:
-            raise NotImplementedError(f"backend='triton' cannot run this call: {why_not}")
+            raise BackendUnavailableError(f"backend='triton' cannot run this call: {why_not}")
     if backend == "parallel" and transforms_active():
-        raise NotImplementedError(
+        raise BackendUnavailableError(
             "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "
             "it); use 'online' or 'auto'"
         )
@@ -151,7 +152,7 @@ def plan_decode(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Pl
     if backend == "triton":
         reason = support.decode_unsupported_reason(q, v_cache)
         if reason is not None:
-            raise NotImplementedError(f"backend='triton' cannot run this decode call: {reason}")
+            raise BackendUnavailableError(f"backend='triton' cannot run this decode call: {reason}")
         return Plan("triton", "requested explicitly: the Triton split-KV decode kernel")
     if backend == "auto" and q.is_cuda and not transforms_active():
         grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))

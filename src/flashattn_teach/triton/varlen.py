@@ -22,7 +22,7 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_packed_options
 from .._validate.inputs import check_bool
-from ..errors import AttentionError, AttentionValueError
+from ..errors import AttentionError, AttentionValueError, BackendUnavailableError
 from .configs import AttentionConfig
 from .support import call_unsupported_reason, triton_installed
 from .variants import KernelVariants
@@ -88,7 +88,7 @@ def triton_attention_varlen(
     checks, then the kernels, which raise where they cannot run the call."""
     q, k, v = cast_inputs(q, k, v)
     if isinstance(alibi_slopes, Tensor) and alibi_slopes.requires_grad:
-        raise NotImplementedError(
+        raise BackendUnavailableError(
             "backend='triton' cannot run this call: alibi_slopes requires grad, which only the dense path "
             "differentiates; use flash_attention_varlen with backend='dense' or 'auto'"
         )
