@@ -19,11 +19,9 @@ from torch import Tensor
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast casts to on this device type, or None when autocast is off there."""
     try:
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
     except (RuntimeError, ValueError):  # a device type autocast does not know (e.g. "meta")
         return None
-    return None
 
 
 def cast_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

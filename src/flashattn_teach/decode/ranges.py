@@ -26,6 +26,11 @@ from ..merge import merge_attention_states
 from ..splitkv import split_ranges
 
 
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype``; a tensor already in it is returned as it is (``.to`` would cost a dispatch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 @dataclass(frozen=True)
 class DecodeStep:
     """One call's checked settings, as every batch element and range reads them (``scale`` resolved)."""
@@ -71,16 +76,16 @@ def range_options(
 
 
 def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, alibi_slopes: Tensor | None) -> Plan:
-    """The plan of every range of every batch element, from a one-key range of element 0 with every option
-    of the step: the backend's refusals (``NotImplementedError``) all happen here, before the call writes
-    into the caches, so a call that raises writes nothing."""
-    dt = compute_dtype(q.dtype)
-    q0, k0, v0 = q[:1].to(dt), k_cache[:1, :, :1].to(dt), v_cache[:1, :, :1].to(dt)  # (1, H, <=1, D): tiny
+    """The plan of every range of every batch element, from the options of the step over the whole caches:
+    the backend's refusals (``BackendUnavailableError``) all happen here, before the call writes into the
+    caches, so a call that raises writes nothing."""
+    # The planner reads the devices, the dtypes' kind, what requires grad and the mask's variants, not the
+    # sizes: the whole caches stand for every range.
     slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[0]
     opts = range_options(
-        q0,
-        k0,
-        v0,
+        q,
+        k_cache,
+        v_cache,
         causal=step.causal,
         scale=step.scale,
         window=step.window,
@@ -88,7 +93,7 @@ def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *,
         alibi_slopes=slopes,
         offset=0,
     )
-    return dispatch.plan_ranges(q0, k0, v0, opts, step.backend)
+    return dispatch.plan_ranges(q, k_cache, v_cache, opts, step.backend)
 
 
 def _merged_ranges(
@@ -106,7 +111,7 @@ def _merged_ranges(
     ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
     in float32 too), merged."""
     dt = compute_dtype(q.dtype)
-    qc = q.to(dt)  # a no-op for float32/float64
+    qc = _cast(q, dt)
     lo, L = keys
     merged: tuple[Tensor, Tensor] | None = None
     for a, b in split_ranges(L - lo, step.num_splits):
@@ -114,7 +119,7 @@ def _merged_ranges(
             continue  # an empty range: lse = -inf for every row, which the merge would ignore
         s0, s1 = lo + a, lo + b
         # (1, H_kv, s1 - s0, D or D_v), read in q's dtype first: a no-op, or autocast's cast (autocast_inputs)
-        k_s, v_s = (cache[:, :, s0:s1].to(q.dtype).to(dt) for cache in (k_cache, v_cache))
+        k_s, v_s = (_cast(_cast(cache[:, :, s0:s1], q.dtype), dt) for cache in (k_cache, v_cache))
         # offset = first - s0 puts row i's diagonal at global key first + i
         opts = range_options(
             qc,
@@ -177,9 +182,9 @@ def cpu_decode(
     B, H_q, N_new, _ = q.shape
     parts = [
         decode_one(
-            q[b : b + 1],
-            k_cache[b : b + 1],
-            v_cache[b : b + 1],
+            q if B == 1 else q[b : b + 1],
+            k_cache if B == 1 else k_cache[b : b + 1],
+            v_cache if B == 1 else v_cache[b : b + 1],
             step,
             plan=plan,
             L=L[b],
@@ -188,8 +193,11 @@ def cpu_decode(
         for b in range(B)
     ]
     dt = compute_dtype(q.dtype)
+    if len(parts) == 1:
+        O, lse = parts[0]
+        return _cast(O, q.dtype), lse
     if parts:
-        O = torch.cat([O_b for O_b, _ in parts]).to(q.dtype)  # (B, H_q, N_new, D_v)
+        O = _cast(torch.cat([O_b for O_b, _ in parts]), q.dtype)  # (B, H_q, N_new, D_v)
         lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
     else:
         O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)

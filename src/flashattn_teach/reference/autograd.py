@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import online_softmax as osm
-from .._autocast import autocast_off
+from .._autocast import autocast_dtype, autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
 from .backward import backward_grouped
@@ -71,9 +71,10 @@ def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, bloc
 def _whole_call(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
     """The loop's one step on the user layout: ``S (..., H_q, N_q, N_k)`` and ``(O, lse)`` of it."""
     dt = compute_dtype(q.dtype)
-    S = osm.score_tile(q.to(dt), k.to(dt), opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
-    O, lse = osm.whole_row(S, v.to(dt))
-    return O.to(q.dtype), lse
+    qc, kc, vc = (t if t.dtype == dt else t.to(dt) for t in (q, k, v))
+    S = osm.score_tile(qc, kc, opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
+    O, lse = osm.whole_row(S, vc)
+    return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
 
 
 def tiled_forward(
@@ -84,6 +85,8 @@ def tiled_forward(
     cost more than its arithmetic)."""
     s = opts.shapes
     if order == "query_major" and _one_open_tile(q, k, v, opts, block_m, block_n):
+        if autocast_dtype(q.device.type) is None:
+            return _whole_call(q, k, v, opts)
         with autocast_off(q.device.type):
             return _whole_call(q, k, v, opts)
     qg, kg, vg = to_grouped(q, k, v, s)
