@@ -130,9 +130,10 @@ def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
     key (no mask, no bias): the loop's one step, :func:`update` from :func:`init_state` (``alpha = 0``),
     then :func:`finalize` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
-    and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do."""
+    and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do.
+    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s)."""
     m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
-    P = (S - m).exp_()  # (..., N_q, N_k)
+    P = S.sub_(m).exp_()  # (..., N_q, N_k), in place: S is the caller's fresh tile, consumed here
     l = P.sum(dim=-1, keepdim=True)  # (..., N_q, 1)
     O = torch.matmul(P, v).div_(l)  # (..., N_q, N_k) @ (..., N_k, D_v), then / l
     return O, l.log_().add_(m).squeeze(-1)  # lse = m + log(l)
