@@ -29,10 +29,10 @@ def compiled_kernels() -> dict[str, int]:
     """Per launched kernel, how many specialisations Triton's JIT holds compiled (all devices)."""
     from triton.runtime.jit import JITFunction
 
-    from flashattn_teach.triton.kernels import backward, forward
+    from flashattn_teach.triton.kernels import backward, backward_dkdv, backward_dq, decode, forward
 
-    counts = {}
-    for module in (forward, backward):
+    counts = {}  # by name: a helper imported into several kernel modules is one JIT function, counted once
+    for module in (forward, backward, backward_dkdv, backward_dq, decode):
         for name, fn in vars(module).items():
             if isinstance(fn, JITFunction):
                 # device_caches: device -> (kernel cache, ...); the tuple's length differs across triton versions
