@@ -5,13 +5,14 @@ to the dispatcher (:mod:`flashattn_teach.dispatch`), or, while compiled, to its 
     attention.py       flash_attention, scaled_dot_product_attention
     varlen.py          flash_attention_varlen (packed sequences)
     decode.py          flash_attention_with_kvcache (a decode step against a KV cache)
-    explain.py         explain: the plan a call would run, without running it
+    explain_call.py    explain: the plan a call would run, without running it (not `explain.py`: the
+                       package exports the function `explain`, which would hide a module of that name)
     explain_decode.py  explain_with_kvcache: the same for a decode step
 """
 
 from .attention import flash_attention, scaled_dot_product_attention
 from .decode import flash_attention_with_kvcache
-from .explain import explain
+from .explain_call import explain
 from .explain_decode import explain_with_kvcache
 from .varlen import flash_attention_varlen
 

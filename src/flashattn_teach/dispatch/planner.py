@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .._options import AttentionOptions
 from ..errors import AttentionValueError, BackendUnavailableError
+from ..reference import parallel
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from ..reference.workers import default_workers
 from ..triton import support
@@ -93,6 +94,22 @@ def tiles(backend: str, N_q: int) -> tuple[str, int, int]:
     return (order, block_m, max(block_n, FEW_ROWS_BLOCK_N)) if N_q <= FEW_ROWS else (order, block_m, block_n)
 
 
+def batched(backend: str, opts: AttentionOptions) -> bool:
+    """Whether a ``parallel`` call is too small for the pool (fewer than ``MIN_PARALLEL_SCORES`` scores):
+    the runner then runs every head at once in one query-major loop (:mod:`flashattn_teach.dispatch.runner`),
+    and the plan says so."""
+    if backend != "parallel":
+        return False
+    s = opts.shapes
+    scores = s.H_q * s.N_q * s.N_k
+    for n in s.batch:
+        scores *= n
+    return scores < parallel.MIN_PARALLEL_SCORES
+
+
+_BATCHED = "; fewer than 2^{} scores, too few for the worker threads: every (batch, head) slice at once, in one loop"
+
+
 def dense_only(opts: AttentionOptions) -> str | None:
     """Why only the dense path can run this call, or None."""
     tensors = (("attn_mask", opts.attn_mask), ("alibi_slopes", opts.mask.alibi_slopes))
@@ -125,6 +142,9 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             )
         variants = ", ".join(opts.mask.variants)
         masked = f"; {variants} read tile by tile" if variants else ""
+        if batched("parallel", opts):
+            small = _BATCHED.format(parallel.MIN_PARALLEL_SCORES.bit_length() - 1)
+            return Plan("parallel", f"{q.device.type} tensors: query-major tiles{small}{masked}")
         return Plan(
             "parallel",
             f"{q.device.type} tensors: query-major tiles, the (batch, head) slices spread over "
@@ -141,7 +161,8 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "
             "it); use 'online' or 'auto'"
         )
-    return Plan(backend, "requested explicitly")
+    small = _BATCHED.format(parallel.MIN_PARALLEL_SCORES.bit_length() - 1) if batched(backend, opts) else ""
+    return Plan(backend, "requested explicitly" + small)
 
 
 def plan_decode(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Plan:

@@ -16,27 +16,20 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._options import AttentionOptions
-from ..reference import parallel
 from ..reference.dense import dense_forward
 from ..reference.online import tiled_attention
-from .planner import Plan, tiles, transforms_active
+from .planner import Plan, batched, tiles, transforms_active
 from .rows import fold, unfold
 
 
 def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
-    """The tile loop and tiles of a tiled backend. A threaded call too small for the pool (fewer than
-    ``parallel.MIN_PARALLEL_SCORES`` scores, which the pool would run inline, one head at a time) runs the
-    query-major loop at the same tiles instead, each tile op over every head at once: its Python per tile
-    costs more than its arithmetic (``benchmarks/README.md`` has the crossover, idle and with the second
-    core busy; torch's own threads serve such a call better than single-threaded ops or the pool)."""
+    """The tile loop and tiles of a tiled backend. A threaded call too small for the pool
+    (:func:`~flashattn_teach.dispatch.planner.batched`, which the plan's reason reports) runs the
+    query-major loop at the same tiles instead, each tile op over every head at once with torch's threads:
+    the pool's tasks would cost more than the call's arithmetic (``benchmarks/README.md`` has the
+    crossover, idle and with the second core busy)."""
     order, block_m, block_n = tiles(p.backend, opts.shapes.N_q)
-    s = opts.shapes
-    scores = s.H_q * s.N_q * s.N_k
-    for n in s.batch:
-        scores *= n
-    if order == "parallel" and scores < parallel.MIN_PARALLEL_SCORES:
-        return "query_major", block_m, block_n
-    return order, block_m, block_n
+    return ("query_major", block_m, block_n) if batched(p.backend, opts) else (order, block_m, block_n)
 
 
 def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:

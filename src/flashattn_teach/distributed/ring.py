@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._layout import compute_dtype
 from .._validate.inputs import check_bool, shape_str, validate_block_sizes, validate_inputs
-from ..api.explain import explain
+from ..api.explain_call import explain
 from ..errors import AttentionTypeError, AttentionValueError
 from ..merge import merge_attention_states
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N

@@ -65,9 +65,11 @@ def explain(
     ``causal_align`` default is ``"bottom_right"``: pass it as the call does).
 
     >>> import torch, flashattn_teach as fa
-    >>> q = torch.randn(1, 2, 8, 16)
+    >>> q = torch.randn(1, 2, 1024, 16)
     >>> print(fa.explain(q, q, q))  # doctest: +ELLIPSIS
     parallel: cpu tensors: query-major tiles, the (batch, head) slices spread over ... workers
+    >>> print(fa.explain(q[..., :8, :], q[..., :8, :], q[..., :8, :]))  # doctest: +ELLIPSIS
+    parallel: cpu tensors: query-major tiles; fewer than 2^19 scores, too few for the worker threads: ...
     """
     query, key, value = cast_inputs(query, key, value)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
