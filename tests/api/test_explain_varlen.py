@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach import dispatch
+from flashattn_teach.dispatch import runner
 
 CU = torch.tensor([0, 5, 5, 12])  # three sequences of 5, 0 and 7 rows
 
@@ -22,8 +22,8 @@ def packed(H_q: int = 4, H_kv: int = 2, D: int = 8):
 def test_explain_names_the_backend_the_varlen_call_runs(monkeypatch, backend):
     q, k, v = packed()
     seen = []
-    run = dispatch.run
-    monkeypatch.setattr(dispatch, "run", lambda p, *a: seen.append(p.backend) or run(p, *a))
+    run = runner.run
+    monkeypatch.setattr(runner, "run", lambda p, *a: seen.append(p.backend) or run(p, *a))
     fa.flash_attention_varlen(q, k, v, CU, CU, 7, 7, causal=True, backend=backend)
     plan = fa.explain(
         q,

@@ -23,6 +23,8 @@ from flashattn_teach.masks.packed import PackedSequences
 from flashattn_teach.masks.spec import MaskSpec
 from flashattn_teach.reference import dense_attention, parallel
 
+from probes import patch_everywhere
+
 NEG_INF = float("-inf")
 CPU_BACKENDS = ["online", "key_major", "parallel", "dense"]
 LENGTHS = st.sampled_from([0, 1, 1, 2, 3, 4, 5, 7, 9])
@@ -258,7 +260,7 @@ def test_many_short_sequences_visit_only_the_block_diagonal(monkeypatch):
         asked.append(args)
         return kind(self, *args)
 
-    monkeypatch.setattr(online_softmax, "score_tile", counting_score_tile)
+    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting_score_tile)
     monkeypatch.setattr(PackedSequences, "kind", counting_kind)
     lengths = [8] * 64
     q, k, v = (torch.randn(512, 2, 4) for _ in range(3))
@@ -280,7 +282,7 @@ def test_ragged_sequences_visit_only_the_tiles_they_see(monkeypatch):
         visited.append(1)
         return score_tile(q_i, k_j, scale, allowed, **variants)
 
-    monkeypatch.setattr(online_softmax, "score_tile", counting_score_tile)
+    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting_score_tile)
     lens_q, lens_k = [5, 0, 13, 1, 7, 9, 2], [3, 4, 13, 6, 0, 11, 2]
     q, k, v = torch.randn(sum(lens_q), 1, 4), torch.randn(sum(lens_k), 1, 4), torch.randn(sum(lens_k), 1, 4)
     M = block_diagonal(lens_q, lens_k, causal=True, causal_align="bottom_right", window=(3, -1))

@@ -3,8 +3,9 @@
 
 Every import counts: top-level, lazy (inside a function), under ``if TYPE_CHECKING:``, and
 ``importlib.import_module("...")`` with a constant string. Relative imports are resolved; ``from pkg import
-name`` is an import of ``pkg.name`` when that is a module of the package, else of ``pkg``; importing a
-package is importing its ``__init__``. ``test_import_graph.py`` is the reader's own control.
+name`` is an import of ``pkg.name`` when that is a module of the package (and of ``pkg``, whose ``__init__``
+runs first), else of ``pkg``; importing a package is importing its ``__init__``. ``test_import_graph.py``
+is the reader's own control.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class _Imports(ast.NodeVisitor):
                 plain.append(alias.name)
         if plain:
             self._add(base, tuple(plain), node.lineno)
+        elif base != self.module.name:  # from pkg import module runs pkg's __init__ first: an import of pkg too
+            self._add(base, (), node.lineno)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -27,10 +27,12 @@ def test_parser_sees_every_kind_of_import():
     assert got == {
         ("pkg", "pkg.a", "top", ("thing",)),
         ("pkg.a", "pkg.sub", "top", ()),  # from . import sub: the package, a module
-        ("pkg.a", "pkg.sub.leaf", "top", ()),  # from .sub import leaf: a module
+        ("pkg.a", "pkg", "top", ()),  # ... whose parent's __init__ runs first: pkg too
+        ("pkg.a", "pkg.sub.leaf", "top", ()),  # from .sub import leaf: a module (and pkg.sub, listed above)
         ("pkg.a", "pkg.sub", "top", ("helper",)),  # from .sub import helper: a name, so the package
         ("pkg.a", "pkg.sub.leaf", "TYPE_CHECKING", ("Leaf",)),
         ("pkg.a", "pkg.b", "lazy", ()),
+        ("pkg.a", "pkg", "lazy", ()),  # from . import b, inside f
         ("pkg.a", "pkg.c", "importlib", ()),
         ("pkg.b", "pkg.sub.leaf", "top", ()),
     }, got

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import flashattn_teach as fa
-from flashattn_teach import dispatch
 from flashattn_teach.api import explain_decode as decode_explain
+from flashattn_teach.dispatch import runner
 
 
 def _problem(B=2, H_q=8, H_kv=2, N_max=32, N_new=1, N_new_kv=1, D=8):
@@ -22,13 +22,13 @@ def _problem(B=2, H_q=8, H_kv=2, N_max=32, N_new=1, N_new_kv=1, D=8):
 def _ranges_run(monkeypatch, *args, **kwargs):
     """``(backend, rows, keys)`` of every partial the call computes."""
     seen = []
-    run = dispatch.run
+    run = runner.run
 
     def recording(p, q, k, v, opts):
         seen.append((p.backend, q.shape[2], k.shape[2]))
         return run(p, q, k, v, opts)
 
-    monkeypatch.setattr(dispatch, "run", recording)
+    monkeypatch.setattr(runner, "run", recording)
     fa.flash_attention_with_kvcache(*args, **kwargs)
     return seen
 

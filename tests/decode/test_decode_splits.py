@@ -9,7 +9,7 @@ import torch
 
 import flashattn_teach as fa
 from flashattn_teach import dispatch, splitkv
-from flashattn_teach.dispatch import planner
+from flashattn_teach.dispatch import planner, runner
 
 from decode_cases import problem, slopes_of
 
@@ -41,13 +41,13 @@ def test_num_splits_heuristic_fills_the_gpu():
 def recorded_partials(monkeypatch):
     """The ``(rows, keys, offset, causal)`` of every partial result a call computes."""
     seen = []
-    run = dispatch.run
+    run = runner.run
 
     def recording(p, q, k, v, opts):
         seen.append((q.shape[2], k.shape[2], opts.mask.offset, opts.mask.causal))
         return run(p, q, k, v, opts)
 
-    monkeypatch.setattr(dispatch, "run", recording)
+    monkeypatch.setattr(runner, "run", recording)
     return seen
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from flashattn_teach import dispatch
+from flashattn_teach.dispatch import runner
 
 
 @pytest.fixture
 def backends(monkeypatch):
     """The backend of every flashattn_teach call made during the test."""
     seen: list[str] = []
-    run = dispatch.run
+    run = runner.run
 
     def record(p, *args):
         seen.append(p.backend)
         return run(p, *args)
 
-    monkeypatch.setattr(dispatch, "run", record)
+    monkeypatch.setattr(runner, "run", record)
     return seen

@@ -12,6 +12,7 @@ from flashattn_teach.masks.spec import Tiling
 from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 
 from attention_strategies import parallel_attention
+from probes import patch_everywhere
 
 NEG_INF = float("-inf")
 
@@ -91,6 +92,6 @@ def count_score_tiles(monkeypatch):
         visited.append((rows[1] - rows[0], c1 - c0, allowed is not None))
         return allowed, bias
 
-    monkeypatch.setattr(online_softmax, "score_tile", counting)
+    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting)
     monkeypatch.setattr(Tiling, "head_tile", counting_head_tile)
     return visited

@@ -17,10 +17,10 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._autocast import cast_inputs
 from .._options import make_options
 from .._validate.inputs import check_bool
+from ..dispatch import planner, runner
 from ..ops import attention as ops
 
 
@@ -156,7 +156,7 @@ def flash_attention(
         seqlens_k=seqlens_k,
     )
     lse_wanted = check_bool("return_lse", return_lse)
-    backend = dispatch.public_backend(backend)
+    backend = planner.public_backend(backend)
     if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
         # one opaque op in the graph instead of the traced tile loops, called with the checked arguments
         args = ops.AttentionArgs.of_call(
@@ -164,7 +164,7 @@ def flash_attention(
         )
         O, lse = ops.call(q, k, v, args)
     else:
-        O, lse = dispatch.run(dispatch.plan(q, k, v, opts, backend), q, k, v, opts)
+        O, lse = runner.run(planner.plan(q, k, v, opts, backend), q, k, v, opts)
     return (O, lse) if lse_wanted else O
 
 
@@ -208,5 +208,5 @@ def scaled_dot_product_attention(
         args = ops.AttentionArgs.of_call(opts, "auto", scale_given=scale is not None, alibi_slopes=None, seqlens_k=None)
         O, _ = ops.call(query, key, value, args)
     else:
-        O, _ = dispatch.run(dispatch.plan(query, key, value, opts), query, key, value, opts)
+        O, _ = runner.run(planner.plan(query, key, value, opts), query, key, value, opts)
     return O

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .. import dispatch
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options, make_packed_options
-from ..dispatch import Plan
+from ..dispatch import Plan, planner
 from ..dispatch.planner import TILED
 from ..masks.causal import TileKind
 
@@ -27,7 +26,7 @@ _DROPOUT_NOTE = (
 
 def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
     """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
-    _, block_m, block_n = dispatch.tiles(p.backend, opts.shapes.N_q)
+    _, block_m, block_n = planner.tiles(p.backend, opts.shapes.N_q)
     counts = opts.mask.tiling(block_m, block_n).counts()
     n = sum(counts.values())
     return (
@@ -106,7 +105,7 @@ def explain(
             seqlens_k=seqlens_k,
             causal_name="is_causal",
         )
-    p = dispatch.plan(query, key, value, opts, backend)
+    p = planner.plan(query, key, value, opts, backend)
     if p.backend in TILED and opts.mask.variants:
         p = Plan(p.backend, p.reason + _tile_counts(p, opts))
     if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .. import dispatch
 from .._validate.decode import (
     autocast_inputs,
     check_cache_inputs,
@@ -21,7 +20,7 @@ from .._validate.decode import (
 )
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
 from ..decode.ranges import DecodeStep, range_plan
-from ..dispatch import Plan, check_backend
+from ..dispatch import Plan, check_backend, planner
 from ..splitkv import default_num_splits
 
 
@@ -62,7 +61,7 @@ def explain_with_kvcache(
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     splits = check_num_splits(num_splits)
     backend = check_backend(backend)
-    if dispatch.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+    if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         n = splits or default_num_splits(q, k_cache, N_max)
         chosen = "chosen from the GPU's SM count and N_max" if splits == 0 else "as given"
         combine = f", then a combine kernel merges the {n} partials per row" if n > 1 else ""
@@ -88,7 +87,7 @@ def explain_with_kvcache(
     )
     p = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes)  # what every range of the call gets
     folded = N_new == 1 and G > 1 and slopes is None
-    _, block_m, block_n = dispatch.tiles(p.backend, G if folded else N_new) if p.backend != "dense" else ("", 0, 0)
+    _, block_m, block_n = planner.tiles(p.backend, G if folded else N_new) if p.backend != "dense" else ("", 0, 0)
     tiles = "" if p.backend == "dense" else f" at {block_m} x {block_n} tiles"
     why = " (num_splits=0 on the CPU: its paths run the ranges one after another)" if splits == 0 else ""
     merged = ", merged exactly" if n > 1 else ""

@@ -32,12 +32,11 @@ from typing import Literal, overload
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._autocast import cast_inputs
 from .._options import make_options, make_packed_options
 from .._validate.inputs import check_bool
 from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
-from ..dispatch import public_backend
+from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
 from ..ops.attention import traceable
 
@@ -208,6 +207,6 @@ def flash_attention_varlen(
         alibi_slopes=alibi_slopes,
         dropout_p=dropout_p,
     )
-    O, lse = dispatch.run(dispatch.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
+    O, lse = runner.run(planner.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
     return (O, lse) if lse_wanted else O

@@ -16,11 +16,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._layout import compute_dtype
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
-from ..dispatch import Plan
+from ..dispatch import Plan, planner, runner
 from ..masks.spec import MaskSpec
 from ..merge import merge_attention_states
 from ..splitkv import split_ranges
@@ -93,7 +92,7 @@ def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *,
         alibi_slopes=slopes,
         offset=0,
     )
-    return dispatch.plan_ranges(q, k_cache, v_cache, opts, step.backend)
+    return planner.plan_ranges(q, k_cache, v_cache, opts, step.backend)
 
 
 def _merged_ranges(
@@ -132,7 +131,7 @@ def _merged_ranges(
             alibi_slopes=alibi_slopes,
             offset=first - s0,
         )
-        part = dispatch.run(plan, qc, k_s, v_s, opts)
+        part = runner.run(plan, qc, k_s, v_s, opts)
         merged = part if merged is None else merge_attention_states(*merged, *part)
     if merged is None:  # no key to see: every row gives O = 0, lse = -inf
         shape = (*q.shape[:3], v_cache.shape[3])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._autocast import autocast_off
 from .._layout import compute_dtype
 from .._validate.decode import (
@@ -21,7 +20,7 @@ from .._validate.decode import (
     lengths_on_host,
 )
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
-from ..dispatch import check_backend
+from ..dispatch import check_backend, planner, runner
 from ..splitkv import default_num_splits
 from .ranges import DecodeStep, cpu_decode, range_plan
 
@@ -69,10 +68,10 @@ def decode_step(
     splits = check_num_splits(num_splits)
     lse_wanted = check_bool("return_lse", return_lse)
     backend = check_backend(backend)
-    if dispatch.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+    if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
             check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
-        O, lse = dispatch.run_decode(
+        O, lse = runner.run_decode(
             q,
             k_cache,
             v_cache,

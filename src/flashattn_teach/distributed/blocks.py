@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .. import dispatch
 from .._options import make_options
 from .._validate.inputs import validate_inputs
+from ..dispatch import planner, runner
 from ..reference import flash_backward, online_attention
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -51,7 +51,7 @@ class LocalBackend:
                 return_lse=True,
             )
         opts = make_options(q, k, v, causal=causal, scale=self.scale, enable_gqa=True)
-        return dispatch.run(dispatch.Plan(self.name, "the ring's backend, chosen once per call"), q, k, v, opts)
+        return runner.run(planner.Plan(self.name, "the ring's backend, chosen once per call"), q, k, v, opts)
 
     def backward(
         self, q: Tensor, k: Tensor, v: Tensor, O: Tensor, lse: Tensor, dO: Tensor, dlse: Tensor | None, *, causal: bool

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._layout import compute_dtype
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_dropout, validate_inputs
+from ..dispatch import planner, runner
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from .grads import recomputed_grads, unaliased
@@ -124,7 +124,7 @@ def dropout_seed(dropout_p: float) -> Tensor | None:
 def _eager(q: Tensor, k: Tensor, v: Tensor, a: AttentionArgs) -> tuple[Tensor, Tensor]:
     """The eager call the op stands for: checks, options, plan, run."""
     opts = a.options(q, k, v)
-    return dispatch.run(dispatch.plan(q, k, v, opts, a.backend), q, k, v, opts)
+    return runner.run(planner.plan(q, k, v, opts, a.backend), q, k, v, opts)
 
 
 _LEADING = "Tensor q, Tensor k, Tensor v"

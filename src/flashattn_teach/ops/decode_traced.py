@@ -26,9 +26,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._options import make_options
 from .._validate.decode import check_cache_inputs, check_decode_alibi, check_no_grad_through_write, check_seqlens_tensor
+from ..dispatch import planner, runner
 from .attention import AttentionArgs, call, traceable
 
 
@@ -108,7 +108,7 @@ def traced_step(
         args = AttentionArgs.of_call(opts, backend, scale_given=scale is not None, alibi_slopes=None, seqlens_k=None)
         O, lse = call(q, keys, values, args)
     else:  # slopes that need a gradient: traced through, as flash_attention would
-        O, lse = dispatch.run(dispatch.plan(q, keys, values, opts, backend), q, keys, values, opts)
+        O, lse = runner.run(planner.plan(q, keys, values, opts, backend), q, keys, values, opts)
     if k is not None and v is not None:
         with torch.no_grad():  # the in-place write, after every check and the attention: nothing is left to refuse
             k_cache.transpose(1, 2)[batch, pos] = k.transpose(1, 2)

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import dispatch
 from .._layout import compute_dtype
 from .._options import AttentionOptions, make_packed_options
 from .._validate.varlen import check_packed_qkv
+from ..dispatch import planner, runner
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
 from .attention import dropout_seed
@@ -103,7 +103,7 @@ def _eager(q: Tensor, k: Tensor, v: Tensor, a: VarlenArgs) -> tuple[Tensor, Tens
     )
     if a.dropout_seed is not None and opts.dropout_p > 0.0:
         opts = opts.with_dropout(DropoutKey(opts.dropout_p, seed=int(a.dropout_seed)))
-    O, lse = dispatch.run(dispatch.plan(qh, kh, vh, opts, a.backend), qh, kh, vh, opts)
+    O, lse = runner.run(planner.plan(qh, kh, vh, opts, a.backend), qh, kh, vh, opts)
     return O.transpose(0, 1).contiguous(), lse  # (H_q, total_q, D_v) -> (total_q, H_q, D_v)
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from .._autocast import autocast_dtype, autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
+from ..online_softmax import score_tile, whole_row
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
@@ -72,8 +72,8 @@ def _whole_call(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tupl
     """The loop's one step on the user layout: ``S (..., H_q, N_q, N_k)`` and ``(O, lse)`` of it."""
     dt = compute_dtype(q.dtype)
     qc, kc, vc = (t if t.dtype == dt else t.to(dt) for t in (q, k, v))
-    S = osm.score_tile(qc, kc, opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
-    O, lse = osm.whole_row(S, vc)
+    S = score_tile(qc, kc, opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
+    O, lse = whole_row(S, vc)
     return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
+from ..online_softmax import init_state, log_sum_exp, normalize, score_tile, update
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
@@ -35,7 +35,7 @@ def key_major_forward(
     bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     row_blocks = tiling.row_blocks
     # The "HBM" copies of each query block's running state (Alg. 1 line 2): (m_i, l_i, O_i).
-    hbm = [osm.init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
+    hbm = [init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
     for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
         for i in tiling.query_blocks(j):  # query block i; rows that see none of this block are left out
@@ -43,10 +43,10 @@ def key_major_forward(
             m_i, l_i, O_i = hbm[i]  # read from HBM (Alg. 1 line 8)
             acc = O_i * l_i.unsqueeze(-1)  # undo the stored normalisation
             allowed, bias = tiling.tile(i, j, q.device)
-            S_ij = osm.score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
+            S_ij = score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v_j, drop)
-            hbm[i] = (m_i, l_i, osm.normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)
+            m_i, l_i, acc = update(m_i, l_i, acc, S_ij, v_j, drop)
+            hbm[i] = (m_i, l_i, normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)
     O = torch.cat([q.new_empty((*lead, 0, D_v)), *(O_i for _, _, O_i in hbm)], dim=-2)
-    lse = torch.cat([q.new_empty((*lead, 0)), *(osm.log_sum_exp(m_i, l_i) for m_i, l_i, _ in hbm)], dim=-1)
+    lse = torch.cat([q.new_empty((*lead, 0)), *(log_sum_exp(m_i, l_i) for m_i, l_i, _ in hbm)], dim=-1)
     return O, lse

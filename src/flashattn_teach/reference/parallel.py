@@ -43,10 +43,10 @@ import math
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from .._validate.inputs import validate_inputs
 from ..dropout import DropoutKey
 from ..masks.spec import MaskSpec, Tiling
+from ..online_softmax import NEG_INF, finalize, init_state, update_
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 
@@ -156,7 +156,7 @@ def _forward_rows(
     S_buf = q.new_empty(min(tiling.block_m, r_end - r_start) * min(tiling.block_n, k.shape[0]))
     for i in range(i0, i1):  # query block i
         r0, r1 = tiling.row_blocks[i]
-        m_i, l_i, acc = osm.init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
+        m_i, l_i, acc = init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
         for j in tiling.key_blocks(i, b=b, h=h):  # key block j; tiles this head sees nothing of are left out
             c0, c1 = tiling.col_blocks[j]
             # Rows outside the ones that may see key block j see nothing of it, and folding in a fully masked
@@ -171,11 +171,11 @@ def _forward_rows(
             if bias is not None:
                 S_ij.add_(bias)
             if allowed is not None:
-                S_ij.masked_fill_(~allowed, osm.NEG_INF)
+                S_ij.masked_fill_(~allowed, NEG_INF)
             cut = slice(rv - r0, rh - r0)
             drop = tile_dropout(dropout, bh, (rv, rh), (c0, c1), N_q, N_k, q.device)
-            osm.update_(m_i[cut], l_i[cut], acc[cut], S_ij, v[c0:c1], drop)
-        O[r0:r1], lse[r0:r1] = osm.finalize(m_i, l_i, acc)
+            update_(m_i[cut], l_i[cut], acc[cut], S_ij, v[c0:c1], drop)
+        O[r0:r1], lse[r0:r1] = finalize(m_i, l_i, acc)
 
 
 # -------------------------------------------------------------------------------------------- backward
@@ -289,7 +289,7 @@ def _backward_head(
             if bias is not None:
                 S_ij.add_(bias)
             if allowed is not None:
-                S_ij.masked_fill_(~allowed, osm.NEG_INF)
+                S_ij.masked_fill_(~allowed, NEG_INF)
             P_ij = S_ij.sub_(lse[rv:rh, None]).exp_()  # exp(S_ij - lse_i)
             drop = tile_dropout(dropout, bh, (rv, rh), (c0, c1), N_q, N_k, q.device)  # the forward's mask
             dv_j.addmm_(drop(P_ij).t(), dO_i)  # dV_j += (P_ij Z s)^T dO_i: (Bc, Br') @ (Br', D_v)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
+from ..online_softmax import finalize, init_state, score_tile, update
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
@@ -38,14 +38,14 @@ def query_major_forward(
     O_blocks, lse_blocks = [q.new_empty((*lead, 0, D_v))], [q.new_empty((*lead, 0))]
     for i, (r0, r1) in enumerate(tiling.row_blocks):  # query block i
         q_i = q[..., r0:r1, :]  # (B, H_kv, G, Br, D)
-        m_i, l_i, acc = osm.init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device)
+        m_i, l_i, acc = init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device)
         for j in tiling.key_blocks(i):  # key block j, SKIP tiles left out
             c0, c1 = tiling.col_blocks[j]
             allowed, bias = tiling.tile(i, j, q.device)  # None, None for a FULL tile without bias
-            S_ij = osm.score_tile(q_i, k[..., c0:c1, :], scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
+            S_ij = score_tile(q_i, k[..., c0:c1, :], scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, v[..., c0:c1, :], drop)
-        O_i, lse_i = osm.finalize(m_i, l_i, acc)
+            m_i, l_i, acc = update(m_i, l_i, acc, S_ij, v[..., c0:c1, :], drop)
+        O_i, lse_i = finalize(m_i, l_i, acc)
         O_blocks.append(O_i)
         lse_blocks.append(lse_i)
     return torch.cat(O_blocks, dim=-2), torch.cat(lse_blocks, dim=-1)

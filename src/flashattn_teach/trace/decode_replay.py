@@ -34,13 +34,13 @@ from enum import Enum
 import torch
 from torch import Tensor
 
-from .. import online_softmax as osm
 from .._layout import compute_dtype
 from .._options import AttentionOptions
 from .._validate.decode import check_cache_inputs, check_cache_seqlens, check_decode_alibi, check_num_splits, check_room
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window, validate_block_sizes
 from ..decode.ranges import range_options
 from ..errors import AttentionValueError
+from ..online_softmax import init_state, log_sum_exp
 from ..reference.dense import dense_forward
 from ..splitkv import default_num_splits, split_ranges
 from .decode_merges import MergeStep, check_merge_order, fold_merges
@@ -198,11 +198,11 @@ def _split(
         scale=opts.scale,
         schedule=schedule,
     )
-    m_i, l_i, acc = osm.init_state((N_new,), v.shape[-1], dtype=q.dtype, device=q.device)
+    m_i, l_i, acc = init_state((N_new,), v.shape[-1], dtype=q.dtype, device=q.device)
     O_s = acc
     for step in steps:  # run once for the range's result; iterating again recomputes the steps
         m_i, l_i, O_s = step.m_i, step.l_i, step.O_partial
-    return SplitReplay(index=s, keys=keys, steps=steps, O_s=O_s, lse_s=osm.log_sum_exp(m_i, l_i))
+    return SplitReplay(index=s, keys=keys, steps=steps, O_s=O_s, lse_s=log_sum_exp(m_i, l_i))
 
 
 def replay_decode(

@@ -21,9 +21,9 @@ from itertools import islice
 
 from torch import Tensor
 
-from .. import online_softmax as osm
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
+from ..online_softmax import init_state, normalize, score_tile, update
 from .schedule import Done, Schedule
 
 __all__ = ["Steps", "TileState", "TileStep"]
@@ -108,16 +108,16 @@ class Steps:
     def __iter__(self) -> Iterator[TileStep]:
         r0, r1 = self.rows
         b, device, softcap = self.batch_index, self.q_i.device, self.tiling.spec.softcap
-        m_i, l_i, acc = osm.init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device)
+        m_i, l_i, acc = init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device)
         # The inner loop of query_major_forward: the key blocks the tiling visits, SKIP tiles left out.
         for n, j in enumerate(self.schedule.key_blocks(self.i)):
             c0, c1 = self.tiling.col_blocks[j]
             if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
-                acc = osm.normalize(l_i, acc) * l_i.unsqueeze(-1)
+                acc = normalize(l_i, acc) * l_i.unsqueeze(-1)
             allowed, bias = self.tiling.head_tile(self.i, j, (r0, r1), b=b, h=0, device=device)  # (Br, Bc) or None
-            S_ij = osm.score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
-            m_i, l_i, acc = osm.update(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
-            O_partial = osm.normalize(l_i, acc)  # (Br, D_v)
+            S_ij = score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
+            m_i, l_i, acc = update(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
+            O_partial = normalize(l_i, acc)  # (Br, D_v)
             position = self.schedule.index((self.i, j))
             yield TileStep(
                 index=n,

@@ -15,8 +15,10 @@ from torch import Tensor
 
 from .._layout import grad_to_input
 from .._validate.inputs import AttentionShapes
-from . import launch
 from .configs import AttentionConfig
+from .launch import backward as launch_backward
+from .launch import forward as launch_forward
+from .launch import to_4d
 from .variants import PLAIN, KernelVariants
 
 
@@ -34,8 +36,8 @@ class TritonAttentionFunction(torch.autograd.Function):
         config: AttentionConfig,
         variants: KernelVariants = PLAIN,
     ) -> tuple[Tensor, Tensor]:
-        q4, k4, v4 = launch.to_4d(q, s, s.H_q), launch.to_4d(k, s, s.H_kv), launch.to_4d(v, s, s.H_kv)
-        o4, lse3 = launch.forward(
+        q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
+        o4, lse3 = launch_forward(
             q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config, variants=variants
         )
         # (B, H_q, N_q, D_v) -> (*batch, H_q, N_q, D_v): a view, as is the lse's
@@ -58,12 +60,12 @@ class TritonAttentionFunction(torch.autograd.Function):
     def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, O, lse = ctx.saved_tensors
         s: AttentionShapes = ctx.shapes
-        q4, k4, v4 = launch.to_4d(q, s, s.H_q), launch.to_4d(k, s, s.H_kv), launch.to_4d(v, s, s.H_kv)
-        o4 = launch.to_4d(O, s, s.H_q)
+        q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
+        o4 = to_4d(O, s, s.H_q)
         lse3 = lse.reshape(o4.shape[:3])  # (B, H_q, N_q)
-        do4 = torch.zeros_like(o4) if dO is None else launch.to_4d(dO, s, s.H_q)
+        do4 = torch.zeros_like(o4) if dO is None else to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
-        dq4, dk4, dv4 = launch.backward(
+        dq4, dk4, dv4 = launch_backward(
             q4,
             k4,
             v4,

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
-from . import launch
 from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, shipped_config
+from .launch import check_backward_config, device_reason, shape_reason
 
 Timer = Callable[[Callable[[], object]], float]
 
@@ -74,7 +74,7 @@ def autotune(
     s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
     if q.dtype not in DTYPES:
         raise AttentionTypeError(f"autotune needs q of float16, bfloat16 or float32, got {q.dtype}")
-    reason = launch.device_reason(q) or launch.shape_reason(q, s, needs_grad=backward)
+    reason = device_reason(q) or shape_reason(q, s, needs_grad=backward)
     if reason is not None:
         raise AttentionValueError(f"autotune: {reason}")
     device = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else q.device.type
@@ -99,7 +99,7 @@ def autotune(
         if not isinstance(c, AttentionConfig):
             raise AttentionTypeError(f"candidates must be AttentionConfig instances, got {type(c).__name__}: {c!r}")
         if backward:
-            launch.check_backward_config(c, q, s)
+            check_backward_config(c, q, s)
     timer = timer or _default_timer(q)
     q_, k_, v_ = (t.detach().requires_grad_(backward) for t in (q, k, v))
 

@@ -39,8 +39,8 @@ def triton_varlen_forward(
     """``(O (H_q, total_q, D_v), lse (H_q, total_q))`` of validated ``(H, total, D)`` views by the fused
     kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call. With
     ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
-    from . import launch
     from .autograd import TritonAttentionFunction
+    from .launch import check_backward_config, default_config, needs_grad
 
     if not triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")
@@ -59,9 +59,9 @@ def triton_varlen_forward(
         max_seqlen_k=packed.longest_k,
     )
     if config is None:
-        config = launch.default_config(q, s, variants)
-    if launch.needs_grad(q, k, v):
-        launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
+        config = default_config(q, s, variants)
+    if needs_grad(q, k, v):
+        check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config, variants)
     return O, lse
 

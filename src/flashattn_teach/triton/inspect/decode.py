@@ -26,8 +26,9 @@ import torch
 
 from ..configs import ARCHS
 from ..decode_launch import decode_config, launch_decode
-from . import sass, specialize
 from .report import MAX_REGISTERS, SMEM_LIMIT
+from .sass import disassemble
+from .specialize import CompileRequest, requests_for
 
 SAMPLE_BATCH = 4
 SAMPLE_HEADS = 32
@@ -55,7 +56,7 @@ def _figure(res_usage: str, name: str) -> int:
     return int(found.group(1))
 
 
-def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False) -> list[specialize.CompileRequest]:
+def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False) -> list[CompileRequest]:
     """The compile requests of the sample decode step (module docs): the split kernel, then the combine."""
     config = decode_config(dtype, head_dim, arch)
     n_new = config.BLOCK_M // (SAMPLE_HEADS // SAMPLE_KV_HEADS) if rows else 1
@@ -63,7 +64,7 @@ def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False
     k_cache = torch.empty(SAMPLE_BATCH, SAMPLE_KV_HEADS, SAMPLE_CACHE, head_dim, dtype=dtype)
     v_cache = torch.empty_like(k_cache)
     seqlens = torch.empty(SAMPLE_BATCH, dtype=torch.int32)
-    return specialize.requests_for(
+    return requests_for(
         lambda: launch_decode(
             q,
             k_cache,
@@ -82,10 +83,10 @@ def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False
     )
 
 
-def report(request: specialize.CompileRequest, arch: str) -> dict[str, int | str]:
+def report(request: CompileRequest, arch: str) -> dict[str, int | str]:
     """Registers, spilled bytes and shared memory of one compiled kernel, and its check."""
     compiled = request.compile()
-    text, res = sass.disassemble(compiled.asm["cubin"])
+    text, res = disassemble(compiled.asm["cubin"])
     spills = _figure(res, "LOCAL") + _figure(res, "STACK")
     if spills == 0 and re.search(r"\b(STL|LDL)\b", text):
         spills = -1  # local-memory traffic of unknown size

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import sass
+from .sass import Instruction, count_kinds, disassemble, hot_loops, mma_shape, mma_shapes, parse
 
 CALIBRATION = 0.75  # measured / modelled TFLOP/s, H200 + triton 3.6, 2026-11-30 (see docstring)
 
@@ -84,15 +84,15 @@ _BYTES = {"F16": 2, "BF16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}
 _INPUT_TYPE = re.compile(r"\.(BF16|TF32|E4M3|E5M2)\b")
 
 
-def _input_type(ins: sass.Instruction) -> str:
+def _input_type(ins: Instruction) -> str:
     """The inputs' type; fp16 inputs carry no suffix (``HGMMA.64x128x16.F32`` is fp16 in, fp32 out)."""
     m = _INPUT_TYPE.search(ins.mnemonic)
     return "F16" if m is None else m.group(1)
 
 
-def mma_cycles(ins: sass.Instruction, model: SMModel) -> float:
+def mma_cycles(ins: Instruction, model: SMModel) -> float:
     """SM cycles one tensor-core instruction occupies (math or shared-memory operands, whichever is slower)."""
-    M, N, K = sass.mma_shape(ins)
+    M, N, K = mma_shape(ins)
     dtype = _input_type(ins)
     math = M * N * K / model.fma_per_clock[dtype]
     if ins.opcode != "HGMMA":
@@ -155,20 +155,20 @@ class LoopProfile:
 def profile_sass(text: str, num_warps: int, arch: str = "sm90", kernel: str = "") -> LoopProfile | None:
     """The profile of the steady-state loop in ``cuobjdump -sass`` output; None if no loop holds a matmul."""
     model = MODELS[arch]
-    hot = sass.hot_loops(sass.parse(text))
+    hot = hot_loops(parse(text))
     if not hot:
         return None
     body = min(hot, key=lambda lp: len(lp.body)).body
     mmas = [i for i in body if i.kind == "mma"]
     copies = num_warps // 4 if model.mma_per_warpgroup else num_warps  # executions of each MMA instruction
-    fmas = sum(copies * M * N * K for M, N, K in map(sass.mma_shape, mmas))
-    counts = sass.count_kinds(body)
+    fmas = sum(copies * M * N * K for M, N, K in map(mma_shape, mmas))
+    counts = count_kinds(body)
     return LoopProfile(
         kernel=kernel,
         num_warps=num_warps,
         instructions=len(body),
         counts=dict(counts),
-        mma=dict(sass.mma_shapes(body)),
+        mma=dict(mma_shapes(body)),
         mma_fmas=fmas,
         tensor_cycles=copies * sum(mma_cycles(i, model) for i in mmas),
         issue_cycles=num_warps * len(body) / model.schedulers,
@@ -185,6 +185,6 @@ def loop_profile(request, arch: str | None = None) -> LoopProfile | None:
     with CPU tensors as sample arguments (see :func:`flashattn_teach.triton.inspect.specialize.request_for_call`).
     """
     compiled = request.compile()
-    text, _ = sass.disassemble(compiled.asm["cubin"])
+    text, _ = disassemble(compiled.asm["cubin"])
     arch = arch or f"sm{request.target.arch}"
     return profile_sass(text, request.options.num_warps, arch, kernel=request.name)

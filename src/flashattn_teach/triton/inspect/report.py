@@ -46,7 +46,9 @@ import torch
 from ..._cli_types import ArgumentParser, positive_int
 from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
 from ..variants import PLAIN, KernelVariants
-from . import loops, sass, specialize
+from .loops import CALIBRATION, MODELS, LoopProfile, profile_sass
+from .sass import disassemble
+from .specialize import CompileRequest, kernel_request, sample_variants, sample_varlen, with_kernel_config
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
@@ -68,7 +70,7 @@ class CompileReport:
     smem_bytes: int
     mma: str  # "HGMMA", "HMMA" or "none"
     seconds: float
-    request: specialize.CompileRequest = field(repr=False, compare=False)
+    request: CompileRequest = field(repr=False, compare=False)
     ptx: str = field(repr=False, compare=False)
     sass: str = field(repr=False, compare=False)
 
@@ -102,9 +104,9 @@ class CompileReport:
             f"_w{c.num_warps}_s{c.num_stages}"
         )
 
-    def loop_profile(self) -> loops.LoopProfile | None:
+    def loop_profile(self) -> LoopProfile | None:
         """The profile of this kernel's steady-state loop; None for a kernel without a matmul loop."""
-        return loops.profile_sass(self.sass, self.config.num_warps, self.arch, kernel=self.kernel)
+        return profile_sass(self.sass, self.config.num_warps, self.arch, kernel=self.kernel)
 
 
 def _resource(res_usage: str, name: str) -> int:
@@ -130,12 +132,10 @@ def compile_kernel(
     resource use from the cubin."""
     t0 = time.perf_counter()
     base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
-    config = specialize.with_kernel_config(base, name, c)
-    request = specialize.kernel_request(
-        name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants
-    )
+    config = with_kernel_config(base, name, c)
+    request = kernel_request(name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants)
     compiled = request.compile()
-    text, res = sass.disassemble(compiled.asm["cubin"])
+    text, res = disassemble(compiled.asm["cubin"])
     registers = _resource(res, "REG")
     local = _resource(res, "LOCAL") + _resource(res, "STACK")
     if local == 0 and re.search(r"\b(STL|LDL)\b", text):
@@ -235,7 +235,7 @@ _LOOP_HEADER = (
 )
 
 
-def _loop_row(r: CompileReport, p: loops.LoopProfile) -> str:
+def _loop_row(r: CompileReport, p: LoopProfile) -> str:
     c = p.counts
     mma = " ".join(f"{n}x{shape}" for shape, n in sorted(p.mma.items()))
     return (
@@ -247,7 +247,7 @@ def _loop_row(r: CompileReport, p: loops.LoopProfile) -> str:
     )
 
 
-def pass_estimates(profiled: list[tuple[CompileReport, loops.LoopProfile]]) -> list[str]:
+def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[str]:
     """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops) per dtype and head dim,
     in the benchmark's FLOPs: ``4 N_q N_k D`` forward and 2.5 times that backward (FA2's convention)."""
     by_key = {(r.kernel, r.dtype, r.head_dim): (r, p) for r, p in profiled}
@@ -262,7 +262,7 @@ def pass_estimates(profiled: list[tuple[CompileReport, loops.LoopProfile]]) -> l
                 continue
             # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
             cycles = sum(p.cycles / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
-            tflops = loops.CALIBRATION * parts[0][1].model.tflops(flops, cycles)
+            tflops = CALIBRATION * parts[0][1].model.tflops(flops, cycles)
             lines.append(f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated")
     return lines
 
@@ -288,11 +288,11 @@ def run(args: argparse.Namespace) -> int:
     ]
     variants = PLAIN
     if args.variants:
-        variants = specialize.sample_variants(seqlens=True, dropout=args.dropout)
+        variants = sample_variants(seqlens=True, dropout=args.dropout)
     elif args.varlen:
-        variants = specialize.sample_varlen(dropout=args.dropout)
+        variants = sample_varlen(dropout=args.dropout)
     elif args.dropout:
-        variants = specialize.sample_variants(window=False, softcap=False, alibi=False, dropout=True)
+        variants = sample_variants(window=False, softcap=False, alibi=False, dropout=True)
     if not selected:
         dtype_names = " ".join(args.dtype or ["any"])
         print(
@@ -322,9 +322,7 @@ def run(args: argparse.Namespace) -> int:
     for name, dt, d, c in selected:
         if args.mask is not None:  # the mask in the input dtype, or bool
             mask_dtype = torch.bool if args.mask == "bool" else dt
-            variants = specialize.sample_variants(
-                window=False, softcap=False, alibi=False, dropout=args.dropout, mask=mask_dtype
-            )
+            variants = sample_variants(window=False, softcap=False, alibi=False, dropout=args.dropout, mask=mask_dtype)
         r = compile_kernel(name, args.arch, dt, d, c, variants=variants)
         if args.dump is not None:
             _dump(r, args.dump)
@@ -343,12 +341,12 @@ def run(args: argparse.Namespace) -> int:
 
 def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torch.dtype, int, KernelConfig]]) -> None:
     """The ``--loops`` table: one row per kernel with a matmul loop, then the forward/backward estimates."""
-    model = loops.MODELS[args.arch]
+    model = MODELS[args.arch]
     print()
     print(
         f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
         f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
-        f"TF/s = {loops.CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
+        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
     )
     print(_LOOP_HEADER)
     profiled = []

@@ -175,12 +175,13 @@ def attention_requests(
     """The kernels the launcher compiles for a sample call (see :func:`sample_shapes`), by kernel name of
     :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels; with
     ``variants`` (e.g. :func:`sample_variants`) the kernels of a call that uses them."""
-    from .. import launch
+    from ..launch import backward as launch_backward
+    from ..launch import forward as launch_forward
 
     s, q, k, v = sample_shapes(dtype, head_dim, group)
     if not backward:
         (fwd,) = requests_for(
-            lambda: launch.forward(
+            lambda: launch_forward(
                 q, k, v, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
             ),
             arch,
@@ -191,7 +192,7 @@ def attention_requests(
     # a ``split`` dK/dV kernel launches twice; its dK program (the heavier: it also holds V_j, dP and dS)
     # stands for both
     preprocess, dkdv, *_, dq = requests_for(
-        lambda: launch.backward(
+        lambda: launch_backward(
             q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
         ),
         arch,
