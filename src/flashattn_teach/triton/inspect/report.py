@@ -49,6 +49,8 @@ from ..variants import PLAIN, KernelVariants
 from .loops import CALIBRATION, MODELS, LoopProfile, profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, kernel_request, sample_variants, sample_varlen, with_kernel_config
+from .waves import add_arguments as add_schedule_arguments
+from .waves import print_schedule
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
@@ -219,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
     )
+    add_schedule_arguments(parser)
 
 
 def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
@@ -269,6 +272,8 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
+    if args.schedule:
+        return print_schedule(args, compile_kernel)
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS

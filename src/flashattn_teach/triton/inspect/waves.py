@@ -1,0 +1,219 @@
+"""How a launch's programs fill the SMs: a simulation of the GPU's block scheduler, for each grid order of
+:mod:`flashattn_teach.triton.kernels.grid`. No GPU needed; ``flashattn-teach kernels --schedule``.
+
+The model. A chip has ``SMs * programs_per_sm`` slots (``programs_per_sm`` follows from a program's
+registers, shared memory and warps: :func:`programs_per_sm`). Programs start in program-id order, each on
+the slot that frees up first (the greedy rule the hardware's block scheduler follows), and a program's time
+is its work:
+
+    work = prologue + (unmasked tiles) + masked_weight * (masked tiles)        in loop iterations
+
+counted from the tile geometry of :mod:`flashattn_teach.masks.causal` (a forward or dQ program visits the
+key blocks its query block sees; a dK/dV program the query blocks that see its key block, for each of the
+``GROUP`` query heads of its key head). The prologue and epilogue are priced as the iterations that move as
+many bytes: a forward program reads ``Q_i`` and writes ``O_i`` (``2 BLOCK_M D``) where an iteration reads
+``K_j, V_j`` (``2 BLOCK_N D``), so ``BLOCK_M / BLOCK_N``; dQ reads ``Q_i, dO_i`` and writes ``dQ_i``,
+``1.5 BLOCK_M / BLOCK_N``; dK/dV reads ``K_j, V_j`` and writes ``dK_j, dV_j`` where an iteration reads
+``Q_i, dO_i``, ``2 BLOCK_N / BLOCK_M``. ``masked_weight`` defaults to 1: the loop profile's masked and
+unmasked stages have not been timed apart.
+
+Reported per launch: the makespan, the ideal ``total work / slots`` (no slot ever idle), the idle fraction
+``1 - total / (makespan * slots)`` and the waves ``programs / slots``. The model knows nothing of L2 or HBM
+contention; the ``LONGEST`` order's head groups exist for L2, which it does not price.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ...masks.causal import TileKind, tile_kind
+from ...masks.tiling import blocks
+from ..configs import KernelConfig, shipped_config
+from ..kernels.grid import ORDERS, grid_order
+from .loops import MODELS
+
+# registers, warps, blocks and shared memory per SM (CUDA C++ Programming Guide, compute capability 8.0, 9.0)
+_REGISTERS_PER_SM = 65536
+_REGISTER_UNIT = 256  # registers are allocated per warp, in units of this many
+_WARPS_PER_SM = 64
+_BLOCKS_PER_SM = 32
+_SMEM_PER_SM = {"sm90": 228 * 1024, "sm80": 164 * 1024}
+_SMEM_RESERVED = 1024  # per resident block, held by the system
+SCHEDULED_KERNELS = ("forward", "backward_dkdv", "backward_dq")
+# the benchmark's grid (benchmarks/bench_attention.py): B * N = 16k tokens, H * D = 2048
+_TOKENS, _HIDDEN = 16384, 2048
+
+
+def programs_per_sm(arch: str, registers: int, smem_bytes: int, num_warps: int) -> int:
+    """Programs of one kernel resident on an SM at once: the least of what registers, shared memory, warps
+    and the block limit allow."""
+    per_warp = -(-registers * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
+    by_registers = (_REGISTERS_PER_SM // per_warp) // num_warps
+    by_smem = _SMEM_PER_SM[arch] // (smem_bytes + _SMEM_RESERVED)
+    return max(0, min(by_registers, by_smem, _WARPS_PER_SM // num_warps, _BLOCKS_PER_SM))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One launch on ``slots`` slots, times in loop iterations."""
+
+    makespan: float
+    ideal: float  # total work / slots
+    slots: int
+    programs: int
+
+    @property
+    def idle_fraction(self) -> float:
+        return 1.0 - self.ideal / self.makespan if self.makespan else 0.0
+
+    @property
+    def waves(self) -> float:
+        return self.programs / self.slots
+
+
+def simulate(work: Sequence[float], slots: int) -> Schedule:
+    """Greedy list scheduling: each program, in order, starts on the slot that frees first (the lowest
+    slot of those free at once)."""
+    if slots < 1:
+        raise ValueError(f"slots must be at least 1, got {slots}")
+    free = [(0.0, s) for s in range(slots)]  # (time the slot frees, slot)
+    makespan = 0.0
+    for w in work:
+        t, s = heapq.heappop(free)
+        makespan = max(makespan, t + w)
+        heapq.heappush(free, (t + w, s))
+    return Schedule(makespan=makespan, ideal=sum(work) / slots, slots=slots, programs=len(work))
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """The attention call whose kernels are simulated: ``(B, H, N, D)`` with ``H_kv = H / group``."""
+
+    batch: int
+    heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    causal: bool
+    group: int = 1
+    offset: int = 0  # query row r sees key c <= r + offset (0: top-left, N_k - N_q: bottom-right)
+
+
+def block_work(kernel: str, shape: LaunchShape, c: KernelConfig, masked_weight: float = 1.0) -> list[float]:
+    """Work of each program's block (index ``i`` for forward and dQ, ``j`` for dK/dV), in iterations."""
+    rows, cols = blocks(shape.seq_q, c.BLOCK_M), blocks(shape.seq_k, c.BLOCK_N)
+    causal_offset = shape.offset if shape.causal else shape.seq_k  # a bound no row reaches: all visible
+
+    def cost(r: tuple[int, int], k: tuple[int, int]) -> float:
+        kind = tile_kind(r[0], r[1], k[0], k[1], causal_offset)
+        return {TileKind.FULL: 1.0, TileKind.PARTIAL: masked_weight, TileKind.SKIP: 0.0}[kind]
+
+    if kernel == "backward_dkdv":
+        prologue = 2 * c.BLOCK_N / c.BLOCK_M
+        return [prologue + shape.group * sum(cost(r, k) for r in rows) for k in cols]
+    prologue = (1.5 if kernel == "backward_dq" else 1.0) * c.BLOCK_M / c.BLOCK_N
+    return [prologue + sum(cost(r, k) for k in cols) for r in rows]
+
+
+def launch_work(
+    kernel: str, shape: LaunchShape, c: KernelConfig, order: int, masked_weight: float = 1.0
+) -> list[float]:
+    """Each program's work in program-id order under ``order`` (the kernels take ``INDEX`` when not causal)."""
+    work = block_work(kernel, shape, c, masked_weight)
+    dkdv = kernel == "backward_dkdv"
+    n_bh = shape.batch * (shape.heads // shape.group if dkdv else shape.heads)
+    n_rows = shape.seq_q if dkdv else shape.seq_k  # the rows each head's programs all read
+    row_bytes = 2 * 2 * shape.head_dim  # a row of both operands, 16-bit, D_v = D
+    return [work[i] for i, _ in grid_order(len(work), n_bh, n_rows, order, not dkdv, row_bytes)]
+
+
+def benchmark_shapes(head_dims: Sequence[int], seq_lens: Sequence[int]) -> list[LaunchShape]:
+    """The causal cells of benchmarks/bench_attention.py's grid."""
+    return [
+        LaunchShape(max(1, _TOKENS // n), max(1, _HIDDEN // d), n, n, d, causal=True)
+        for d in head_dims
+        for n in seq_lens
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``flashattn-teach kernels --schedule``."""
+    parser.add_argument(
+        "--schedule",
+        action="store_true",
+        help="simulate the block scheduler for each grid order at the benchmark's causal shapes (docs/schedule.md)",
+    )
+    parser.add_argument(
+        "--programs-per-sm",
+        type=int,
+        default=None,
+        metavar="P",
+        help="with --schedule: programs resident per SM (default: from each compiled kernel's resources)",
+    )
+    parser.add_argument(
+        "--seq-len", nargs="+", type=int, default=[2048, 8192], help="with --schedule: sequence lengths"
+    )
+
+
+class Resources(Protocol):
+    """What :func:`flashattn_teach.triton.inspect.report.compile_kernel` reports that occupancy needs."""
+
+    @property
+    def registers(self) -> int: ...
+    @property
+    def smem_bytes(self) -> int: ...
+
+
+CompileFn = Callable[[str, str, torch.dtype, int, KernelConfig], Resources]
+
+
+def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
+    """The ``--schedule`` table: per kernel and shape, each order's makespan against the ideal.
+
+    ``compile_kernel(name, arch, dtype, head_dim, config)`` compiles a kernel for its registers and shared
+    memory; it is not called when ``args.programs_per_sm`` is given."""
+    dtype = torch.bfloat16
+    if args.dtype and args.dtype != ["bfloat16"]:
+        print("flashattn-teach kernels: error: --schedule simulates bfloat16 only; drop --dtype", file=sys.stderr)
+        return 2
+    if args.programs_per_sm is not None and args.programs_per_sm < 1:
+        print("flashattn-teach kernels: error: --programs-per-sm must be at least 1", file=sys.stderr)
+        return 2
+    sms = MODELS[args.arch].sms
+    kernels = [k for k in (args.kernel or SCHEDULED_KERNELS) if k in SCHEDULED_KERNELS]
+    print(
+        f"# {args.arch}: {sms} SMs, greedy block scheduler; work in loop iterations (docs/schedule.md); "
+        f"idle = 1 - ideal / makespan"
+    )
+    print(
+        f"{'kernel':<14} {'D':>4} {'N':>6} {'B':>3} {'H':>3} {'tile':<16} {'P/SM':>4} {'waves':>6} {'ideal':>8}  "
+        + "  ".join(f"{name + ' (idle)':>19}" for name in ORDERS)
+    )
+    for shape in benchmark_shapes(args.head_dim or (64, 128), args.seq_len):
+        config = shipped_config(shape.head_dim, dtype, args.arch)
+        for name in kernels:
+            c = config.kernel(name)
+            if c is None:
+                continue
+            per_sm = args.programs_per_sm
+            if per_sm is None:
+                os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset
+                r = compile_kernel(name, args.arch, dtype, shape.head_dim, c)
+                per_sm = programs_per_sm(args.arch, r.registers, r.smem_bytes, c.num_warps)
+            runs = {o: simulate(launch_work(name, shape, c, v), sms * per_sm) for o, v in ORDERS.items()}
+            first = next(iter(runs.values()))
+            cells = "  ".join(f"{r.makespan:>10.0f} ({r.idle_fraction:>5.1%})" for r in runs.values())
+            print(
+                f"{name.removeprefix('backward_'):<14} {shape.head_dim:>4} {shape.seq_q:>6} {shape.batch:>3} "
+                f"{shape.heads:>3} {c!s:<16} {per_sm:>4} {first.waves:>6.1f} {first.ideal:>8.0f}  {cells}",
+                flush=True,
+            )
+    return 0
