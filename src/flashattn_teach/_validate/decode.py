@@ -16,6 +16,7 @@ from torch import Tensor, dtype
 
 from .._autocast import autocast_dtype
 from ..errors import AttentionTypeError, AttentionValueError
+from . import inputs
 from .inputs import shape_str
 
 _WANT = {
@@ -180,8 +181,9 @@ def check_seqlens_tensor(cache_seqlens: Tensor, B: int, device: torch.device) ->
 
 
 def lengths_on_host(cache_seqlens: object) -> bool:
-    """Whether ``cache_seqlens`` can be checked without waiting for a device: an int, or a CPU tensor."""
-    return not isinstance(cache_seqlens, Tensor) or cache_seqlens.device.type == "cpu"
+    """Whether ``cache_seqlens`` can be checked without waiting for a device: an int, or a CPU tensor
+    (:func:`~.inputs.values_on_host`)."""
+    return inputs.values_on_host(cache_seqlens)
 
 
 def check_no_grad_through_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor) -> None:

@@ -333,6 +333,14 @@ def check_alibi_slopes(slopes: object, q: Tensor, s: AttentionShapes) -> Tensor 
     return slopes
 
 
+def values_on_host(t: object) -> bool:
+    """Whether reading ``t``'s values costs no device sync: not a tensor, or a CPU one. Checks that read a
+    tensor's values run on the host only then; a device tensor's run on the device (``torch._assert_async``)
+    or where the kernels clamp, so that a call on CUDA tensors never waits for the GPU and a CUDA graph can
+    capture it."""
+    return not isinstance(t, Tensor) or t.device.type == "cpu"
+
+
 def check_seqlens_k(seqlens_k: object, q: Tensor, s: AttentionShapes) -> Tensor | None:
     """Key lengths per batch element: an integer tensor of the batch shape, each in ``[0, N_k]``."""
     if seqlens_k is None:
@@ -350,9 +358,10 @@ def check_seqlens_k(seqlens_k: object, q: Tensor, s: AttentionShapes) -> Tensor 
     if seqlens_k.device != q.device:
         raise AttentionValueError(f"seqlens_k is on {seqlens_k.device} but query is on {q.device}")
     in_range = ((seqlens_k >= 0) & (seqlens_k <= s.N_k)).all()
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not values_on_host(seqlens_k):
         # The lengths' values are unknown while tracing: the graph checks them when it runs (the custom op of
-        # the op validates its inputs again in eager mode, with the message below).
+        # the op validates its inputs again in eager mode, with the message below). A device tensor's are
+        # checked on the device too: reading them would wait for it, and no CUDA graph could capture the call.
         torch._assert_async(in_range, "seqlens_k must lie in [0, N_k]")
         return seqlens_k
     if seqlens_k.numel() and not bool(in_range):

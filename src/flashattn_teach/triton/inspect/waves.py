@@ -130,7 +130,7 @@ def launch_work(
     work = block_work(kernel, shape, c, masked_weight)
     dkdv = kernel == "backward_dkdv"
     n_bh = shape.batch * (shape.heads // shape.group if dkdv else shape.heads)
-    n_rows = shape.seq_q if dkdv else shape.seq_k  # the rows each head's programs all read
+    n_rows = shape.seq_q * shape.group if dkdv else shape.seq_k  # the rows each head's programs all read
     row_bytes = 2 * 2 * shape.head_dim  # a row of both operands, 16-bit, D_v = D
     return [work[i] for i, _ in grid_order(len(work), n_bh, n_rows, order, not dkdv, row_bytes)]
 
