@@ -20,6 +20,7 @@ import argparse
 import csv
 import dataclasses
 import importlib.util
+import inspect
 import itertools
 import json
 import math
@@ -48,6 +49,8 @@ TILED_BLOCKS = (128, 64)  # BLOCK_M, BLOCK_N assumed for the modelled bytes of e
 COLORS = {
     "triton": "tab:red",
     "triton-ptr": "tab:orange",
+    "triton-nows": "tab:pink",
+    "triton-det": "tab:brown",
     "sdpa-flash": "tab:blue",
     "sdpa-efficient": "tab:cyan",
     "sdpa-cudnn": "tab:purple",
@@ -160,6 +163,17 @@ def model_bytes(p: iomodel.Problem, pass_: str, tiled: bool) -> int:
 # --------------------------------------------------------------------------------------- providers
 
 
+# The KernelConfig field that turns the forward's warp specialisation on, under the names it may have.
+WS_FIELDS = ("ws", "warp_specialize", "warp_specialized")
+
+
+def _warp_specialised_field() -> str | None:
+    from flashattn_teach.triton.configs import KernelConfig
+
+    names = {f.name for f in dataclasses.fields(KernelConfig)}
+    return next((n for n in WS_FIELDS if n in names), None)
+
+
 def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str, str]]:
     """Every provider that can be constructed here, and why the others cannot."""
     import torch.nn.functional as F
@@ -180,6 +194,32 @@ def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str
         Provider("triton-ptr", triton_pointer_path),
     ]
     missing: dict[str, str] = {}
+    ws = _warp_specialised_field()
+    if ws is None:
+        missing["triton-nows"] = "this checkout's KernelConfig has no warp-specialisation field"
+    else:
+
+        def triton_not_specialised(q, k, v, c, field=ws):
+            """The shipped configuration with the forward's warp specialisation off: the fallback forward."""
+            from flashattn_teach.triton import shipped_config, triton_attention
+            from flashattn_teach.triton.configs import arch_of
+
+            config = shipped_config(q.shape[-1], q.dtype, arch_of(q.device))
+            config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, **{field: False}))
+            return triton_attention(q, k, v, causal=c, config=config)
+
+        providers.append(Provider("triton-nows", triton_not_specialised))
+    if "deterministic" in inspect.signature(flashattn_teach.flash_attention).parameters:
+        providers.append(
+            Provider(
+                "triton-det",
+                lambda q, k, v, c: flashattn_teach.flash_attention(
+                    q, k, v, causal=c, backend="triton", deterministic=True
+                ),
+            )
+        )
+    else:
+        missing["triton-det"] = "this checkout's flash_attention has no deterministic argument"
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as e:
@@ -521,7 +561,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--providers",
         nargs="+",
-        help="subset of: triton sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flash_attn dense",
+        help="subset of: triton triton-ptr triton-nows triton-det sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math "
+        "flash_attn dense (triton-nows: the forward without warp specialisation; triton-det: deterministic=True)",
     )
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
     p.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms (default 100)")

@@ -51,10 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import gpu_cases
+    import graph_cases
     import triton
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    checks = [(name, run) for name, run in gpu_cases.all_checks() if not args.k or any(w in name for w in args.k)]
+    every = gpu_cases.all_checks() + graph_cases.graph_checks()
+    checks = [(name, run) for name, run in every if not args.k or any(w in name for w in args.k)]
     failed = []
     start = time.perf_counter()
     for name, run in checks:

@@ -2,9 +2,13 @@
 # One command for a GPU machine: the GPU tests, a trimmed benchmark (bf16, head dims 64 and 128, causal and
 # not, N = 2k and 8k), then the loop-profile estimate of the same kernels next to the measured numbers, within
 # 6 minutes on an H200 (each part's timeout is capped by what is left of SUITE_SECONDS, default 350), then the
-# variant rows (benchmarks/bench_gpu_variants.py) and the decode rows (benchmarks/bench_decode.py). Outputs, kept
+# variant rows (benchmarks/bench_gpu_variants.py) and the decode rows (benchmarks/bench_decode.py). The GPU
+# tests include the CUDA-graph captures (tests/triton/test_triton_cuda_graph.py); the benchmark has rows for
+# the default forward and backward (triton), the forward without warp specialisation (triton-nows) and the
+# deterministic backward (triton-det) where this checkout has them. Outputs, kept
 # few: iomodel.txt, gpu-tests.{log,xml} (or gpu-checks.log), bench.log, bench/, variants.log, variants/,
-# decode.log, decode/, loops.txt, under $OUT when
+# decode.log, decode/, loops.txt, schedule.txt, estimates.txt (the loop profile's estimates beside the measured
+# TFLOP/s), under $OUT when
 # it is set, else under benchmarks/results/local/ (untracked; copy what you commit to benchmarks/results/gpu/).
 # Needs only python3 with torch and triton: no network, no pip install. Triton compiles each kernel once per
 # machine (its cache is shared by the tests, the benchmark and the loop profile's runs).
@@ -14,7 +18,7 @@
 #
 #   bash benchmarks/run_gpu_suite.sh
 #   OUT=/some/dir PYTHON=python3 SUITE_SECONDS=350 GPU_TESTS_TIMEOUT=170 BENCH_TIMEOUT=150 VARIANTS_TIMEOUT=90 \
-#       DECODE_TIMEOUT=75 bash benchmarks/run_gpu_suite.sh
+#       DECODE_TIMEOUT=75 LOOPS_TIMEOUT=90 SCHEDULE_TIMEOUT=45 bash benchmarks/run_gpu_suite.sh
 #
 # Exit status: 0 when every part that ran succeeded; 1 if the GPU tests failed; 2 if the benchmark failed.
 set -u
@@ -35,6 +39,22 @@ budget() {
     [ "$left" -lt "$1" ] && echo $(( left > 10 ? left : 10 )) || echo "$1"
 }
 
+# The block-scheduler simulation of the benchmark's causal shapes per grid order (docs/schedule.md); it
+# compiles the kernels for their occupancy and needs no GPU. Not counted in the exit status.
+schedule() {
+    if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--schedule"; then
+        echo "== Grid-order simulation (flashattn-teach kernels --arch sm90 --schedule)"
+        timeout "$(budget "${SCHEDULE_TIMEOUT:-45}")" "$PY" -m flashattn_teach.cli kernels --arch sm90 --schedule \
+            >"$OUT_DIR/schedule.txt" 2>&1
+        local rc=$?
+        grep -v -i "warn" "$OUT_DIR/schedule.txt"
+        [ "$rc" -ne 0 ] && echo "schedule simulation: exit $rc (124 is a timeout; see $OUT_DIR/schedule.txt)"
+    else
+        echo "== Grid-order simulation: this checkout's 'flashattn-teach kernels' has no --schedule; skipped"
+    fi
+    return 0
+}
+
 echo "== IO model (N = 8192, d = 128, 228 KiB on chip)"
 "$PY" - <<'EOF' | tee "$OUT_DIR/iomodel.txt"
 import argparse
@@ -48,6 +68,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "== CUDA is absent (torch.cuda.is_available() is False): GPU tests skipped"
     "$PY" benchmarks/bench_attention.py --trimmed --out "$OUT_DIR/bench"
     "$PY" benchmarks/bench_gpu_variants.py --out "$OUT_DIR/variants"
+    schedule
     exit 0
 fi
 
@@ -126,6 +147,12 @@ if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--loops
 else
     echo "== Loop profile: this checkout's 'flashattn-teach kernels' has no --loops; skipped"
 fi
+# The estimates next to the measurements: the loop profile's per-pass TFLOP/s (non-causal) and the benchmark's
+# triton rows of the same passes at N = 8192, not causal, where a launch's tail matters least.
+if [ -s "$OUT_DIR/loops.txt" ] && [ -s "$OUT_DIR/bench/attention.csv" ]; then
+    "$PY" benchmarks/estimates.py "$OUT_DIR/loops.txt" "$OUT_DIR/bench/attention.csv" | tee "$OUT_DIR/estimates.txt"
+fi
+schedule
 echo "GPU tests: $(tail -n 1 "$tests_log")"
 echo "suite: ${SECONDS} s"
 exit "$status"
