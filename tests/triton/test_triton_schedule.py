@@ -4,6 +4,8 @@ that longest-first is never worse than index order at the benchmark's causal sha
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("triton")
@@ -94,3 +96,40 @@ def test_longest_first_is_never_worse_than_index_order(shape, per_sm):
         longest = simulate(launch_work(name, shape, c, LONGEST.value), slots)
         assert longest.makespan <= index.makespan, name
         assert longest.ideal == pytest.approx(index.ideal)  # the same programs, reordered
+
+
+def _kernels_cli(argv: list[str]) -> int:
+    from flashattn_teach._cli_types import ArgumentParser
+    from flashattn_teach.triton.inspect import add_arguments, run
+
+    parser = ArgumentParser(prog="flashattn-teach kernels")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def test_schedule_cli_prints_each_order_per_kernel_and_shape(capsys):
+    argv = ["--schedule", "--programs-per-sm", "1", "--head-dim", "64", "--seq-len", "1024", "4096"]
+    assert _kernels_cli(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.split()[0] in ("forward", "dkdv", "dq")]
+    assert [tuple(line.split()[:3:2]) for line in lines] == [
+        (kernel, n) for n in ("1024", "4096") for kernel in ("forward", "dkdv", "dq")
+    ]
+    for line in lines:
+        # ... ideal  index (idle)  per-head (idle)  longest (idle)
+        ideal = float(re.search(r"(\d+)\s+\d+\s+\(", line)[1])
+        index, per_head, longest = (float(m) for m in re.findall(r"(\d+)\s+\(\s*[\d.]+%\)", line))
+        assert ideal <= longest <= index and longest <= per_head, line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seq-len", "2048"], "go with --schedule"),
+        (["--schedule", "--loops"], "drop --loops"),
+        (["--schedule", "--dtype", "float32"], "bfloat16 only"),
+        (["--schedule", "--programs-per-sm", "0"], "at least 1"),
+    ],
+)
+def test_schedule_cli_refuses_what_it_cannot_honour(argv, message, capsys):
+    assert _kernels_cli(argv) == 2
+    assert message in capsys.readouterr().err

@@ -272,7 +272,7 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
-    if args.schedule:
+    if args.schedule or args.programs_per_sm is not None or args.seq_len is not None:
         return print_schedule(args, compile_kernel)
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS

@@ -159,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --schedule: programs resident per SM (default: from each compiled kernel's resources)",
     )
     parser.add_argument(
-        "--seq-len", nargs="+", type=int, default=[2048, 8192], help="with --schedule: sequence lengths"
+        "--seq-len", nargs="+", type=int, default=None, help="with --schedule: sequence lengths (default: 2048 8192)"
     )
 
 
@@ -181,11 +181,22 @@ def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
     ``compile_kernel(name, arch, dtype, head_dim, config)`` compiles a kernel for its registers and shared
     memory; it is not called when ``args.programs_per_sm`` is given."""
     dtype = torch.bfloat16
-    if args.dtype and args.dtype != ["bfloat16"]:
-        print("flashattn-teach kernels: error: --schedule simulates bfloat16 only; drop --dtype", file=sys.stderr)
-        return 2
-    if args.programs_per_sm is not None and args.programs_per_sm < 1:
-        print("flashattn-teach kernels: error: --programs-per-sm must be at least 1", file=sys.stderr)
+    problem = None
+    if not args.schedule:
+        problem = "--programs-per-sm and --seq-len go with --schedule"
+    elif args.dtype and args.dtype != ["bfloat16"]:
+        problem = "--schedule simulates bfloat16 only; drop --dtype"
+    elif args.programs_per_sm is not None and args.programs_per_sm < 1:
+        problem = "--programs-per-sm must be at least 1"
+    elif any(n < 1 for n in args.seq_len or ()):
+        problem = "--seq-len must be at least 1"
+    else:
+        others = [f"--{n}" for n in ("loops", "variants", "dropout", "varlen") if getattr(args, n, False)]
+        others += [f"--{n}" for n in ("mask", "dump") if getattr(args, n, None) is not None]
+        if others:
+            problem = f"--schedule simulates the plain causal kernels; drop {' '.join(others)}"
+    if problem is not None:
+        print(f"flashattn-teach kernels: error: {problem}", file=sys.stderr)
         return 2
     sms = MODELS[args.arch].sms
     kernels = [k for k in (args.kernel or SCHEDULED_KERNELS) if k in SCHEDULED_KERNELS]
@@ -197,7 +208,7 @@ def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
         f"{'kernel':<14} {'D':>4} {'N':>6} {'B':>3} {'H':>3} {'tile':<16} {'P/SM':>4} {'waves':>6} {'ideal':>8}  "
         + "  ".join(f"{name + ' (idle)':>19}" for name in ORDERS)
     )
-    for shape in benchmark_shapes(args.head_dim or (64, 128), args.seq_len):
+    for shape in benchmark_shapes(args.head_dim or (64, 128), args.seq_len or (2048, 8192)):
         config = shipped_config(shape.head_dim, dtype, args.arch)
         for name in kernels:
             c = config.kernel(name)
