@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import csv
-import sys
+import importlib
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import estimates  # noqa: E402
 
 LOOPS = """\
 forward  bfloat16    64 ... a table row, not an estimate
@@ -28,7 +25,9 @@ ROWS = [
 ]
 
 
-def test_estimates_stand_beside_the_measured_rows(tmp_path, capsys):
+def test_estimates_stand_beside_the_measured_rows(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    estimates = importlib.import_module("estimates")
     (tmp_path / "loops.txt").write_text(LOOPS)
     with open(tmp_path / "attention.csv", "w", newline="") as f:
         w = csv.writer(f)

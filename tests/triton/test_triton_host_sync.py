@@ -68,6 +68,17 @@ def test_forward_and_backward_ask_the_host_nothing(seqlens: bool, as_device_tens
     _no_syncs(step)
 
 
+def test_gqa_with_more_keys_than_queries_asks_the_host_nothing() -> None:
+    q = _qkv(2, 4, 24, 16, requires_grad=True)[0]
+    _, k, v = _qkv(2, 2, 56, 16, requires_grad=True)
+
+    def step():
+        O = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", enable_gqa=True, backend="triton")
+        O.backward(torch.ones_like(O))
+
+    _no_syncs(step)
+
+
 def test_variants_ask_the_host_nothing(as_device_tensors) -> None:
     q, k, v = _qkv(1, 2, 40, 16, requires_grad=True)
     slopes = torch.rand(2, device=DEVICE)
