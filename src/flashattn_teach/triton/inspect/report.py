@@ -46,7 +46,7 @@ import torch
 from ..._cli_types import ArgumentParser, positive_int
 from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
 from ..variants import PLAIN, KernelVariants
-from .loops import CALIBRATION, MODELS, LoopProfile, profile_sass
+from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile, profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, kernel_request, sample_variants, sample_varlen, with_kernel_config
 
@@ -230,7 +230,8 @@ def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
 
 _LOOP_HEADER = (
     f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<16} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
-    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'sync':>4} {'wgmma':>5} "
+    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'nbar':>4} {'sync':>4} "
+    f"{'wgmma':>5} "
     f"{'int':>4} {'ldl/stl':>7} {'regs':>4} {'smem':>6} {'tensor':>6} {'issue':>6} {'mufu':>6} {'TF/s':>5}  mma"
 )
 
@@ -241,9 +242,10 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
     return (
         f"{r.kernel.removeprefix('backward_'):<14} {str(r.dtype).removeprefix('torch.'):<9} {r.head_dim:>4} "
         f"{r.config!s:<16} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
-        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar']:>3} {c['sync']:>4} "
-        f"{c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} {r.smem_bytes:>6} "
-        f"{p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} {p.estimate_tflops():>5.0f}  {mma}"
+        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar'] - c['bar_named']:>3} "
+        f"{c['bar_named']:>4} {c['sync']:>4} {c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} "
+        f"{r.smem_bytes:>6} {p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} "
+        f"{p.estimate_tflops():>5.0f}  {mma}"
     )
 
 
@@ -261,9 +263,14 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
             if len(parts) < len(kernels):
                 continue
             # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
-            cycles = sum(p.cycles / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
-            tflops = CALIBRATION * parts[0][1].model.tflops(flops, cycles)
-            lines.append(f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated")
+            # (a kernel's calibrated cycles are its cycles / its calibration factor)
+            cycles = sum(p.cycles / p.calibration / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
+            tflops = parts[0][1].model.tflops(flops, cycles)
+            specialized = " (warp-specialised: uncalibrated)" if any(p.specialized for _, p in parts) else ""
+            lines.append(
+                f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated"
+                + specialized
+            )
     return lines
 
 
@@ -346,7 +353,9 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     print(
         f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
         f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
-        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
+        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); warp-specialised kernels "
+        f"(a line per partition below the row): {SPECIALIZED_CALIBRATION} (not fitted) x FLOPs / max(tensor, "
+        f"issue, mufu, each consumer's tensor + softmax); docs/loop-profile.md"
     )
     print(_LOOP_HEADER)
     profiled = []
@@ -361,6 +370,8 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
         if profile is not None:
             profiled.append((r, profile))
             print(_loop_row(r, profile), flush=True)
+            for line in profile.partition_lines():
+                print(line)
     for line in pass_estimates(profiled):
         print(line)
 
