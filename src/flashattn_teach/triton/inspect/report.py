@@ -25,7 +25,9 @@ dropout, alone or to any of these runs, and uses the dropout rows.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.inspect.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
-in the benchmark it is calibrated against. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
+in the benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
+(producer, consumers: warps, registers set by ``setmaxnreg``, named and CTA-wide barriers in its loop)
+and one with its model. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
