@@ -72,6 +72,7 @@ class CompileReport:
     smem_bytes: int
     mma: str  # "HGMMA", "HMMA" or "none"
     seconds: float
+    launched_warps: int = field(compare=False)  # the compiled kernel's (more than asked when warp-specialised)
     request: CompileRequest = field(repr=False, compare=False)
     ptx: str = field(repr=False, compare=False)
     sass: str = field(repr=False, compare=False)
@@ -155,6 +156,7 @@ def compile_kernel(
         smem_bytes=max(static_smem, compiled.metadata.shared),
         mma=mma,
         seconds=time.perf_counter() - t0,
+        launched_warps=compiled.metadata.num_warps,
         request=request,
         ptx=compiled.asm["ptx"],
         sass=text,
@@ -374,6 +376,9 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
             print(_loop_row(r, profile), flush=True)
             for line in profile.partition_lines():
                 print(line)
+            modelled = profile.num_warps if profile.specialized else c.num_warps
+            if modelled != r.launched_warps:  # a specialisation the SASS reader missed, or misread
+                print(f"  note: the kernel launches {r.launched_warps} warps, the profile models {modelled}")
     for line in pass_estimates(profiled):
         print(line)
 
