@@ -236,7 +236,9 @@ class LoopProfile:
         c = self.counts
         mma = " ".join(f"{n}x{shape}" for shape, n in sorted(self.mma.items()))
         return (
-            f"{self.kernel}: {self.instructions} instructions per warp per iteration ({self.num_warps} warps); "
+            f"{self.kernel}: {self.instructions} instructions per warp per iteration ({self.num_warps} warps"
+            + ("; warp-specialised, the first consumer's counts" if self.partitions else "")
+            + "); "
             f"{mma}; MUFU.EX2 {c['mufu_ex2']}; FFMA {c['ffma']} FMUL {c['fmul']} FADD {c['fadd']}; "
             f"LDG {c['ldg']} LDGSTS {c['ldgsts']} TMA {c['tma']} LDS {c['lds']} LDSM {c['ldsm']}; "
             f"BAR {c['bar']} SYNCS {c['sync']} WARPGROUP {c['wgmma_wait']}; integer {c['int']}; "
