@@ -100,11 +100,12 @@ class CompileReport:
         return out
 
     def file_stem(self) -> str:
-        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile, for dumped files."""
+        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile (``_ws`` when warp-specialised),
+        for dumped files."""
         c = self.config
         return (
             f"{self.kernel}_{_SHORT_DTYPE[self.dtype]}_d{self.head_dim}_{c.BLOCK_M}x{c.BLOCK_N}"
-            f"_w{c.num_warps}_s{c.num_stages}"
+            f"_w{c.num_warps}_s{c.num_stages}" + "_ws" * getattr(c, "ws", False)
         )
 
     def loop_profile(self) -> LoopProfile | None:
@@ -167,7 +168,7 @@ def shipped_kernels(
     arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
 ) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
     """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
-    with dropout), each TMA configuration followed by the one that runs when TMA cannot (``by_pointers``)."""
+    with dropout), each followed by its :func:`fallbacks`."""
     out = []
     for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
         if dt in dtypes and d in head_dims:
@@ -175,9 +176,19 @@ def shipped_kernels(
             for name in KERNELS:
                 c = config.kernel(name)
                 if c is not None and (backward or name == "forward"):
-                    out.append((name, dt, d, c))
-                    if c.tma:
-                        out.append((name, dt, d, c.by_pointers()))
+                    out += [(name, dt, d, k) for k in (c, *fallbacks(c))]
+    return out
+
+
+def fallbacks(c: KernelConfig) -> list[KernelConfig]:
+    """What runs where ``c`` cannot: for a warp-specialised configuration the one that runs where warp
+    specialisation cannot (``unspecialised``, when it differs), then for a TMA one the one through pointers."""
+    out = []
+    unspecialised = getattr(c, "unspecialised", None)  # KernelConfig.ws, the warp-specialised forward
+    if unspecialised is not None and unspecialised() != c:
+        out.append(unspecialised())
+    if c.tma and c.by_pointers() not in out:
+        out.append(c.by_pointers())
     return out
 
 
@@ -233,7 +244,7 @@ def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
 
 
 _LOOP_HEADER = (
-    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<16} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
+    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<20} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
     f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'nbar':>4} {'sync':>4} "
     f"{'wgmma':>5} "
     f"{'int':>4} {'ldl/stl':>7} {'regs':>4} {'smem':>6} {'tensor':>6} {'issue':>6} {'mufu':>6} {'TF/s':>5}  mma"
@@ -245,7 +256,7 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
     mma = " ".join(f"{n}x{shape}" for shape, n in sorted(p.mma.items()))
     return (
         f"{r.kernel.removeprefix('backward_'):<14} {str(r.dtype).removeprefix('torch.'):<9} {r.head_dim:>4} "
-        f"{r.config!s:<16} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
+        f"{r.config!s:<20} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
         f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar'] - c['bar_named']:>3} "
         f"{c['bar_named']:>4} {c['sync']:>4} {c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} "
         f"{r.smem_bytes:>6} {p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} "
@@ -363,10 +374,10 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     )
     print(_LOOP_HEADER)
     profiled = []
-    by_pointers = {(name, dt, d, c.by_pointers()) for name, dt, d, c in selected if c.tma}
+    behind = {(name, dt, d, k) for name, dt, d, c in selected for k in fallbacks(c)}
     for name, dt, d, c in selected:
-        if (name, dt, d, c) in by_pointers:
-            continue  # the loop profile is of the tiles that run where TMA is allowed
+        if (name, dt, d, c) in behind:
+            continue  # the loop profile is of the tiles that run where TMA (and warp specialisation) can
         r = compile_kernel(name, args.arch, dt, d, c, causal=False)
         if args.dump is not None:
             _dump(r, args.dump, suffix="_noncausal")
