@@ -22,10 +22,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import triton
 from triton import language as tl
 
 from flashattn_teach.cli import main
+from flashattn_teach.triton.configs import shipped_config
 from flashattn_teach.triton.inspect import loops, sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -87,7 +89,6 @@ def _variant_fwd(
 
 def probe() -> dict:
     """Run in a subprocess without TRITON_INTERPRET: the JIT specialisations and the variants' profiles."""
-    import torch
     from triton import knobs
 
     from flashattn_teach._validate.inputs import AttentionShapes
@@ -260,13 +261,22 @@ def test_loops_table_and_dumped_ptx_and_sass(compiled) -> None:
     _, cli, dump = compiled
     assert cli.returncode == 0, cli.stderr[-3000:]
     lines = cli.stdout.splitlines()
-    # the tile column reads "128x64 w4 s3", with " tma" where the forward loads by tensor descriptors
-    row = next(
-        [w for w in line.split() if w != "tma"] for line in lines if line.startswith("forward ") and "HGMMA." in line
+    # the tile column reads "128x64 w4 s3", with " tma" where the forward loads by tensor descriptors and
+    # " ws" where it is warp-specialised
+    row, at = next(
+        ([w for w in line.split() if w not in ("tma", "ws")], n)
+        for n, line in enumerate(lines)
+        if line.startswith("forward ") and "HGMMA." in line
     )
     assert row[1] == "bfloat16" and int(row[2]) == 16 and int(row[6]) > 0  # instructions per iteration
     assert any(line.startswith("# forward  bfloat16  D=16") and "TFLOP/s estimated" in line for line in lines)
-    stem = "forward_bf16_d16_128x64_w4_s3"
+    c = shipped_config(16, torch.bfloat16, "sm90").kernel("forward")
+    assert c is not None and row[3:6] == [f"{c.BLOCK_M}x{c.BLOCK_N}", f"w{c.num_warps}", f"s{c.num_stages}"]
+    specialised = getattr(c, "ws", False)
+    if specialised:  # a line per partition under the row, then the model's
+        assert lines[at + 1].split()[0] in ("producer", "consumer")
+        assert any(line.startswith("  warp-specialised, ") for line in lines[at + 1 : at + 5])
+    stem = f"forward_bf16_d16_{c.BLOCK_M}x{c.BLOCK_N}_w{c.num_warps}_s{c.num_stages}" + "_ws" * specialised
     for suffix in ("", "_noncausal"):
         assert ".version" in (dump / f"{stem}{suffix}.ptx").read_text()
         assert "HGMMA" in (dump / f"{stem}{suffix}.sass").read_text()

@@ -29,16 +29,44 @@ compute capability 9.0) are datasheet numbers. ``CALIBRATION`` is fitted to the 
 on an H200 with triton 3.6 (benchmarks/results/gpu/2026-11-30-h200): measured / model was 0.75 (forward
 hd128), 0.74 (forward hd64), 0.73 (backward hd128), 0.82 (backward hd64). Recalibrate when a GPU run
 measures kernels whose loops differ much from those.
+
+A warp-specialised kernel (:func:`flashattn_teach.triton.inspect.sass.partitions`: a producer warpgroup
+issuing TMA copies, consumer warpgroups each owning ``64`` rows of the query block) is charged per program
+iteration (one key block for the whole program):
+
+    tensor  = sum over consumers of their matmuls     (one SM's tensor cores serve every warpgroup)
+    issue   = sum over partitions of warps * instructions / 4;  mufu alike
+    chain   = max over consumers of tensor_c + max(issue_c, mufu_c)
+    cycles  = max(tensor, issue, mufu, chain, producer's issue)
+
+A consumer's loop (triton 3.6 and 3.9) waits for its own ``S_ij`` before its softmax and for its own
+``P_ij V_j`` before the next ``S``, with named barriers over its own 128 threads only: one consumer's
+work is serial (``chain``) but nothing orders it against the other consumer's, so while one runs its
+softmax the tensor cores run the other's matmuls. The producer's copies are asynchronous and assumed
+to keep ahead (no bandwidth term: the model has no L2 figure). ``SPECIALIZED_CALIBRATION`` applies to this
+model; it is ``CALIBRATION`` borrowed, not fitted: no warp-specialised kernel has been measured yet.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
-from .sass import Instruction, count_kinds, disassemble, hot_loops, mma_shape, mma_shapes, parse
+from .sass import (
+    Instruction,
+    Partition,
+    count_kinds,
+    disassemble,
+    hot_loops,
+    mma_shape,
+    mma_shapes,
+    parse,
+    partitions,
+)
 
 CALIBRATION = 0.75  # measured / modelled TFLOP/s, H200 + triton 3.6, 2026-11-30 (see docstring)
+SPECIALIZED_CALIBRATION = CALIBRATION  # not fitted: no warp-specialised kernel measured yet (see docstring)
 
 
 @dataclass(frozen=True)
@@ -103,6 +131,52 @@ def mma_cycles(ins: Instruction, model: SMModel) -> float:
 
 
 @dataclass(frozen=True)
+class PartitionProfile:
+    """One warpgroup region's steady-state loop in a warp-specialised kernel: counts per warp, costs on one SM."""
+
+    role: str  # "consumer" or "producer"
+    warps: int
+    registers: int | None  # set by its USETMAXREG
+    barriers: tuple[int, ...]  # named barrier ids in its loop
+    cta_barriers: int  # CTA-wide barriers in its loop
+    instructions: int  # per warp and iteration
+    counts: dict[str, int]
+    mma: dict[str, int]  # tensor-core instructions per warp by shape
+    mma_fmas: int  # its tensor-core FMAs an iteration
+    tensor_cycles: float  # its own matmuls
+    issue_cycles: float  # its share of the SM's issue slots: warps * instructions / 4
+    mufu_cycles: float
+    own_issue_cycles: float  # how long its warps take to issue the loop: a scheduler per warp up to 4
+
+    @property
+    def chain(self) -> float:
+        """Its serial work an iteration: its matmuls, then its softmax (its loop waits for each matmul)."""
+        return self.tensor_cycles + max(self.own_issue_cycles, self.mufu_cycles)
+
+
+def partition_profile(part: Partition, model: SMModel) -> PartitionProfile:
+    body = part.loop.body
+    counts = count_kinds(body)
+    mmas = [i for i in body if i.kind == "mma"]
+    copies = part.warps // 4 if model.mma_per_warpgroup else part.warps
+    return PartitionProfile(
+        role=part.role,
+        warps=part.warps,
+        registers=part.registers,
+        barriers=part.barriers,
+        cta_barriers=part.cta_barriers,
+        instructions=len(body),
+        counts=dict(counts),
+        mma=dict(mma_shapes(body)),
+        mma_fmas=sum(copies * M * N * K for M, N, K in map(mma_shape, mmas)),
+        tensor_cycles=copies * sum(mma_cycles(i, model) for i in mmas),
+        issue_cycles=part.warps * len(body) / model.schedulers,
+        mufu_cycles=part.warps * 32 * counts["mufu"] / model.mufu_per_clock,
+        own_issue_cycles=len(body) * math.ceil(part.warps / model.schedulers),
+    )
+
+
+@dataclass(frozen=True)
 class LoopProfile:
     """One iteration of a kernel's steady-state loop: counts per warp, costs per program on one SM."""
 
@@ -117,11 +191,31 @@ class LoopProfile:
     mufu_cycles: float
     loop_sizes: tuple[int, ...]  # instructions of every hot loop (stages), in address order
     model: SMModel = field(repr=False)
+    # warp-specialised kernels: every warpgroup region's loop (then the fields above are the first
+    # consumer's counts per warp, and the costs the sums over partitions); empty otherwise
+    partitions: tuple[PartitionProfile, ...] = ()
+
+    @property
+    def specialized(self) -> bool:
+        return bool(self.partitions)
+
+    @property
+    def serial_cycles(self) -> float:
+        """Matmuls, then the rest, nothing overlapped: the model of a loop without warp specialisation."""
+        return self.tensor_cycles + max(self.issue_cycles, self.mufu_cycles)
 
     @property
     def cycles(self) -> float:
-        """Modelled SM cycles an iteration: matmuls, then the rest (see the module docstring)."""
-        return self.tensor_cycles + max(self.issue_cycles, self.mufu_cycles)
+        """Modelled SM cycles an iteration (see the module docstring): :attr:`serial_cycles`, or for a
+        warp-specialised kernel the largest of the SM-wide costs and each partition's serial chain."""
+        if not self.partitions:
+            return self.serial_cycles
+        chains = (p.chain if p.role == "consumer" else p.own_issue_cycles for p in self.partitions)
+        return max(self.tensor_cycles, self.issue_cycles, self.mufu_cycles, *chains)
+
+    @property
+    def calibration(self) -> float:
+        return SPECIALIZED_CALIBRATION if self.partitions else CALIBRATION
 
     @property
     def bound(self) -> str:
@@ -132,7 +226,7 @@ class LoopProfile:
     def estimate_tflops(self, flops: float | None = None) -> float:
         """Calibrated TFLOP/s for ``flops`` an iteration (default: the loop's own tensor-core FLOPs)."""
         flops = 2 * self.mma_fmas if flops is None else flops
-        return CALIBRATION * self.model.tflops(flops, self.cycles)
+        return self.calibration * self.model.tflops(flops, self.cycles)
 
     def ceiling_tflops(self) -> float:
         """Tensor-core TFLOP/s with tensor, issue and MUFU work perfectly overlapped (not calibrated)."""
@@ -142,7 +236,9 @@ class LoopProfile:
         c = self.counts
         mma = " ".join(f"{n}x{shape}" for shape, n in sorted(self.mma.items()))
         return (
-            f"{self.kernel}: {self.instructions} instructions per warp per iteration ({self.num_warps} warps); "
+            f"{self.kernel}: {self.instructions} instructions per warp per iteration ({self.num_warps} warps"
+            + ("; warp-specialised, the first consumer's counts" if self.partitions else "")
+            + "); "
             f"{mma}; MUFU.EX2 {c['mufu_ex2']}; FFMA {c['ffma']} FMUL {c['fmul']} FADD {c['fadd']}; "
             f"LDG {c['ldg']} LDGSTS {c['ldgsts']} TMA {c['tma']} LDS {c['lds']} LDSM {c['ldsm']}; "
             f"BAR {c['bar']} SYNCS {c['sync']} WARPGROUP {c['wgmma_wait']}; integer {c['int']}; "
@@ -151,13 +247,43 @@ class LoopProfile:
             f"({self.ceiling_tflops():.0f} with perfect overlap)"
         )
 
+    def partition_lines(self) -> list[str]:
+        """For a warp-specialised kernel, a line per warpgroup region (counts per warp) and one of the model;
+        none for another kernel."""
+        if not self.partitions:
+            return []
+        lines = []
+        for q in self.partitions:
+            c = q.counts
+            registers = "-" if q.registers is None else q.registers
+            ids = ",".join(map(str, q.barriers)) or "-"
+            lines.append(
+                f"  {q.role:<9} warps {q.warps} setmaxnreg {registers}: {q.instructions} instr, ex2 {c['mufu_ex2']}, "
+                f"tma {c['tma']}, sync {c['sync']}, named bar {c['bar_named']} (id {ids}), CTA-wide bar "
+                f"{q.cta_barriers}, wgmma {c['wgmma_wait']}; cycles tensor {q.tensor_cycles:.0f} issue "
+                f"{q.own_issue_cycles:.0f} mufu {q.mufu_cycles:.0f}"
+                + (f" chain {q.chain:.0f}" if q.role == "consumer" else "")
+            )
+        lines.append(
+            f"  warp-specialised, {self.num_warps} warps: cycles max(tensor {self.tensor_cycles:.0f}, issue "
+            f"{self.issue_cycles:.0f}, mufu {self.mufu_cycles:.0f}, chains) = {self.cycles:.0f} (no overlap: "
+            f"{self.serial_cycles:.0f}) -> {self.estimate_tflops():.0f} TFLOP/s estimated (factor "
+            f"{SPECIALIZED_CALIBRATION}, not fitted; {self.ceiling_tflops():.0f} with perfect overlap)"
+        )
+        return lines
+
 
 def profile_sass(text: str, num_warps: int, arch: str = "sm90", kernel: str = "") -> LoopProfile | None:
-    """The profile of the steady-state loop in ``cuobjdump -sass`` output; None if no loop holds a matmul."""
+    """The profile of the steady-state loop in ``cuobjdump -sass`` output; None if no loop holds a matmul.
+    ``num_warps`` is the launch's; a warp-specialised kernel's partitions carry their own warp counts."""
     model = MODELS[arch]
-    hot = hot_loops(parse(text))
+    instructions = parse(text)
+    hot = hot_loops(instructions)
     if not hot:
         return None
+    parts = tuple(partition_profile(part, model) for part in partitions(instructions))
+    if any(p.role == "consumer" for p in parts):
+        return _specialized_profile(parts, kernel, tuple(len(lp.body) for lp in hot), model)
     body = min(hot, key=lambda lp: len(lp.body)).body
     mmas = [i for i in body if i.kind == "mma"]
     copies = num_warps // 4 if model.mma_per_warpgroup else num_warps  # executions of each MMA instruction
@@ -175,6 +301,26 @@ def profile_sass(text: str, num_warps: int, arch: str = "sm90", kernel: str = ""
         mufu_cycles=num_warps * 32 * counts["mufu"] / model.mufu_per_clock,
         loop_sizes=tuple(len(lp.body) for lp in hot),
         model=model,
+    )
+
+
+def _specialized_profile(
+    parts: tuple[PartitionProfile, ...], kernel: str, loop_sizes: tuple[int, ...], model: SMModel
+) -> LoopProfile:
+    consumers = [p for p in parts if p.role == "consumer"]
+    return LoopProfile(
+        kernel=kernel,
+        num_warps=sum(p.warps for p in parts),
+        instructions=consumers[0].instructions,
+        counts=consumers[0].counts,
+        mma=consumers[0].mma,
+        mma_fmas=sum(p.mma_fmas for p in consumers),
+        tensor_cycles=sum(p.tensor_cycles for p in consumers),
+        issue_cycles=sum(p.issue_cycles for p in parts),
+        mufu_cycles=sum(p.mufu_cycles for p in parts),
+        loop_sizes=loop_sizes,
+        model=model,
+        partitions=parts,
     )
 
 

@@ -25,7 +25,9 @@ dropout, alone or to any of these runs, and uses the dropout rows.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.triton.inspect.loops` (instructions per warp and
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
-in the benchmark it is calibrated against. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
+in the benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
+(producer, consumers: warps, registers set by ``setmaxnreg``, named and CTA-wide barriers in its loop)
+and one with its model. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
@@ -46,7 +48,7 @@ import torch
 from ..._cli_types import ArgumentParser, positive_int
 from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
 from ..variants import PLAIN, KernelVariants
-from .loops import CALIBRATION, MODELS, LoopProfile, profile_sass
+from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile, profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, kernel_request, sample_variants, sample_varlen, with_kernel_config
 from .waves import add_arguments as add_schedule_arguments
@@ -72,6 +74,7 @@ class CompileReport:
     smem_bytes: int
     mma: str  # "HGMMA", "HMMA" or "none"
     seconds: float
+    launched_warps: int = field(compare=False)  # the compiled kernel's (more than asked when warp-specialised)
     request: CompileRequest = field(repr=False, compare=False)
     ptx: str = field(repr=False, compare=False)
     sass: str = field(repr=False, compare=False)
@@ -99,11 +102,12 @@ class CompileReport:
         return out
 
     def file_stem(self) -> str:
-        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile, for dumped files."""
+        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile (``_ws`` when warp-specialised),
+        for dumped files."""
         c = self.config
         return (
             f"{self.kernel}_{_SHORT_DTYPE[self.dtype]}_d{self.head_dim}_{c.BLOCK_M}x{c.BLOCK_N}"
-            f"_w{c.num_warps}_s{c.num_stages}"
+            f"_w{c.num_warps}_s{c.num_stages}" + "_ws" * getattr(c, "ws", False)
         )
 
     def loop_profile(self) -> LoopProfile | None:
@@ -155,6 +159,7 @@ def compile_kernel(
         smem_bytes=max(static_smem, compiled.metadata.shared),
         mma=mma,
         seconds=time.perf_counter() - t0,
+        launched_warps=compiled.metadata.num_warps,
         request=request,
         ptx=compiled.asm["ptx"],
         sass=text,
@@ -165,7 +170,7 @@ def shipped_kernels(
     arch: str, dtypes=DTYPES, head_dims=HEAD_DIMS, *, variants: bool = False, dropout: bool = False
 ) -> list[tuple[str, torch.dtype, int, KernelConfig]]:
     """Every (kernel, dtype, padded head dim, configuration) shipped for ``arch`` (for calls with variants,
-    with dropout), each TMA configuration followed by the one that runs when TMA cannot (``by_pointers``)."""
+    with dropout), each followed by its :func:`fallbacks`."""
     out = []
     for dt, d, config in shipped_configs(arch, variants=variants, dropout=dropout):
         if dt in dtypes and d in head_dims:
@@ -173,9 +178,19 @@ def shipped_kernels(
             for name in KERNELS:
                 c = config.kernel(name)
                 if c is not None and (backward or name == "forward"):
-                    out.append((name, dt, d, c))
-                    if c.tma:
-                        out.append((name, dt, d, c.by_pointers()))
+                    out += [(name, dt, d, k) for k in (c, *fallbacks(c))]
+    return out
+
+
+def fallbacks(c: KernelConfig) -> list[KernelConfig]:
+    """What runs where ``c`` cannot: for a warp-specialised configuration the one that runs where warp
+    specialisation cannot (``unspecialised``, when it differs), then for a TMA one the one through pointers."""
+    out = []
+    unspecialised = getattr(c, "unspecialised", None)  # KernelConfig.ws, the warp-specialised forward
+    if unspecialised is not None and unspecialised() != c:
+        out.append(unspecialised())
+    if c.tma and c.by_pointers() not in out:
+        out.append(c.by_pointers())
     return out
 
 
@@ -232,8 +247,9 @@ def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
 
 
 _LOOP_HEADER = (
-    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<16} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
-    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'sync':>4} {'wgmma':>5} "
+    f"{'kernel':<14} {'dtype':<9} {'D':>4} {'tile':<20} {'instr':>5} {'ex2':>4} {'ffma':>4} {'fmul':>4} "
+    f"{'fadd':>4} {'ldg':>3} {'cp.as':>5} {'tma':>3} {'lds':>3} {'ldsm':>4} {'bar':>3} {'nbar':>4} {'sync':>4} "
+    f"{'wgmma':>5} "
     f"{'int':>4} {'ldl/stl':>7} {'regs':>4} {'smem':>6} {'tensor':>6} {'issue':>6} {'mufu':>6} {'TF/s':>5}  mma"
 )
 
@@ -243,10 +259,11 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
     mma = " ".join(f"{n}x{shape}" for shape, n in sorted(p.mma.items()))
     return (
         f"{r.kernel.removeprefix('backward_'):<14} {str(r.dtype).removeprefix('torch.'):<9} {r.head_dim:>4} "
-        f"{r.config!s:<16} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
-        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar']:>3} {c['sync']:>4} "
-        f"{c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} {r.smem_bytes:>6} "
-        f"{p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} {p.estimate_tflops():>5.0f}  {mma}"
+        f"{r.config!s:<20} {p.instructions:>5} {c['mufu_ex2']:>4} {c['ffma']:>4} {c['fmul']:>4} {c['fadd']:>4} "
+        f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar'] - c['bar_named']:>3} "
+        f"{c['bar_named']:>4} {c['sync']:>4} {c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} "
+        f"{r.smem_bytes:>6} {p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} "
+        f"{p.estimate_tflops():>5.0f}  {mma}"
     )
 
 
@@ -264,9 +281,14 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
             if len(parts) < len(kernels):
                 continue
             # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
-            cycles = sum(p.cycles / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
-            tflops = CALIBRATION * parts[0][1].model.tflops(flops, cycles)
-            lines.append(f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated")
+            # (a kernel's calibrated cycles are its cycles / its calibration factor)
+            cycles = sum(p.cycles / p.calibration / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
+            tflops = parts[0][1].model.tflops(flops, cycles)
+            specialized = " (warp-specialised: uncalibrated)" if any(p.specialized for _, p in parts) else ""
+            lines.append(
+                f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated"
+                + specialized
+            )
     return lines
 
 
@@ -351,14 +373,16 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     print(
         f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
         f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
-        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); docs/loop-profile.md"
+        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); warp-specialised kernels "
+        f"(a line per partition below the row): {SPECIALIZED_CALIBRATION} (not fitted) x FLOPs / max(tensor, "
+        f"issue, mufu, each consumer's tensor + softmax); docs/loop-profile.md"
     )
     print(_LOOP_HEADER)
     profiled = []
-    by_pointers = {(name, dt, d, c.by_pointers()) for name, dt, d, c in selected if c.tma}
+    behind = {(name, dt, d, k) for name, dt, d, c in selected for k in fallbacks(c)}
     for name, dt, d, c in selected:
-        if (name, dt, d, c) in by_pointers:
-            continue  # the loop profile is of the tiles that run where TMA is allowed
+        if (name, dt, d, c) in behind:
+            continue  # the loop profile is of the tiles that run where TMA (and warp specialisation) can
         r = compile_kernel(name, args.arch, dt, d, c, causal=False)
         if args.dump is not None:
             _dump(r, args.dump, suffix="_noncausal")
@@ -366,6 +390,11 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
         if profile is not None:
             profiled.append((r, profile))
             print(_loop_row(r, profile), flush=True)
+            for line in profile.partition_lines():
+                print(line)
+            modelled = profile.num_warps if profile.specialized else c.num_warps
+            if modelled != r.launched_warps:  # a specialisation the SASS reader missed, or misread
+                print(f"  note: the kernel launches {r.launched_warps} warps, the profile models {modelled}")
     for line in pass_estimates(profiled):
         print(line)
 

@@ -14,6 +14,13 @@ loop that holds its tensor-core instructions (HGMMA on sm_90, HMMA on sm_80).
 
 Instruction kinds follow the opcode, i.e. the mnemonic before its first dot (``HGMMA`` in
 ``HGMMA.64x128x16.F32.BF16``); :data:`KINDS` lists them.
+
+A warp-specialised kernel (``tl.range(..., warp_specialize=True)``) runs different code in different
+warpgroups: the SASS branches on the warp id into regions that each start by resizing their register file
+(``USETMAXREG.DEALLOC`` for the producer, which only issues TMA copies, ``USETMAXREG.TRY_ALLOC`` for the
+consumers, which run the matmuls and the softmax) and synchronise within a warpgroup through named
+barriers (``BAR.SYNC 0x2, 0x80``: barrier 2, 128 threads) and across warpgroups through mbarriers
+(``SYNCS``). :func:`partitions` finds each region's steady-state loop.
 """
 
 from __future__ import annotations
@@ -87,6 +94,8 @@ _KIND_OF = {op: kind for kind, ops in KINDS.items() for op in ops}
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?P<body>[^;]*);", re.IGNORECASE)
 _BRANCH_TARGET = re.compile(r"^\s*(?:0x)?([0-9a-f]+)\b", re.IGNORECASE)
 _HGMMA_SHAPE = re.compile(r"^HGMMA\.(\d+)x(\d+)x(\d+)")
+_NAMED_BARRIER = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s*,\s*(0x[0-9a-f]+|\d+)\b", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"(0x[0-9a-f]+|\d+)\s*$", re.IGNORECASE)
 _HMMA_SHAPE = re.compile(r"^HMMA\.(16)(8)(\d+)")  # HMMA.16816 is m16 n8 k16, HMMA.1688 m16 n8 k8
 
 
@@ -138,7 +147,9 @@ def parse(sass: str) -> list[Instruction]:
 
 def loops(instructions: list[Instruction]) -> list[Loop]:
     """Every loop: a ``BRA`` to an address at or below its own. The unconditional ``BRA`` to itself that
-    ends every kernel (after ``EXIT``, a trap for runaway warps) is not a loop."""
+    ends every kernel (after ``EXIT``, a trap for runaway warps) is not a loop, nor is a branch back from
+    code placed after an ``EXIT``: an mbarrier wait that fails its first try jumps to a retry stub at the
+    end of the kernel, which jumps back; the span between holds an ``EXIT``, which no loop body does."""
     out = []
     for ins in instructions:
         if ins.opcode != "BRA":
@@ -150,7 +161,8 @@ def loops(instructions: list[Instruction]) -> list[Loop]:
         if target > ins.address or (target == ins.address and not ins.predicate):
             continue
         body = tuple(i for i in instructions if target <= i.address <= ins.address)
-        out.append(Loop(target, ins.address, body))
+        if not any(i.opcode == "EXIT" for i in body):
+            out.append(Loop(target, ins.address, body))
     return out
 
 
@@ -186,7 +198,75 @@ def count_kinds(body: tuple[Instruction, ...] | list[Instruction]) -> Counter[st
     counts.update(i.kind for i in body)
     counts["mufu_ex2"] = sum(1 for i in body if i.mnemonic.startswith("MUFU.EX2"))
     counts["uniform_int"] = sum(1 for i in body if i.kind == "int" and i.opcode.startswith("U"))
+    counts["bar_named"] = sum(1 for i in body if named_barrier(i) is not None)
     return counts
+
+
+def named_barrier(ins: Instruction) -> tuple[int, int] | None:
+    """``(barrier id, threads)`` of a barrier over part of the program (``BAR.SYNC 0x2, 0x80``, ``BAR.ARV``);
+    None for any other instruction, and for a CTA-wide barrier (no thread count: ``BAR.SYNC 0x0``)."""
+    if ins.opcode != "BAR":
+        return None
+    m = _NAMED_BARRIER.match(ins.operands)
+    return None if m is None else (int(m.group(1), 0), int(m.group(2), 0))
+
+
+def setmaxnreg(ins: Instruction) -> int | None:
+    """The registers per thread a ``USETMAXREG`` sets (``USETMAXREG.DEALLOC.CTAPOOL 0x28``: 40), else None."""
+    if ins.opcode != "USETMAXREG":
+        return None
+    m = _LAST_NUMBER.search(ins.operands)
+    return None if m is None else int(m.group(1), 0)
+
+
+def warp_specialized(instructions: list[Instruction]) -> bool:
+    """Whether warpgroups resize their register files (``USETMAXREG``), as warp-specialised kernels do."""
+    return any(i.opcode == "USETMAXREG" for i in instructions)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The steady-state loop of one warpgroup's region of a warp-specialised kernel."""
+
+    role: str  # "consumer" (its loop holds the matmuls) or "producer" (copies into shared memory, no matmul)
+    loop: Loop
+    registers: int | None  # per thread, as the region's USETMAXREG sets them (None: no USETMAXREG before it)
+    warps: int  # threads of its loop's named barriers / 32; a warpgroup (4) when it has none
+    barriers: tuple[int, ...]  # ids of the named barriers in its loop
+
+    @property
+    def cta_barriers(self) -> int:
+        """CTA-wide barriers (``BAR`` without a thread count) in its loop: none in a specialised loop."""
+        return sum(1 for i in self.loop.body if i.opcode == "BAR" and named_barrier(i) is None)
+
+
+def partitions(instructions: list[Instruction]) -> list[Partition]:
+    """Each warpgroup region's steady-state loop, in address order. A region runs from a ``USETMAXREG`` to
+    the next (a consumer's code is repeated once per consumer warpgroup, so each has its own region); its
+    loop is the shortest innermost one holding matmuls (a consumer) or, without any, TMA copies or
+    cp.async (the producer). Empty for a kernel that is not warp-specialised."""
+    if not warp_specialized(instructions):
+        return []
+    resizes = [(i.address, setmaxnreg(i)) for i in instructions if i.opcode == "USETMAXREG"]
+    found = loops(instructions)
+    regions: dict[int, list[Loop]] = {}
+    for lp in found:
+        if not any(lp.contains(other) for other in found):
+            before = [r for r in resizes if r[0] < lp.start]
+            regions.setdefault(before[-1][0] if before else -1, []).append(lp)
+    registers = dict(resizes)
+    out = []
+    for start, region in sorted(regions.items()):
+        for role, kinds in (("consumer", ("mma",)), ("producer", ("tma", "ldgsts"))):
+            held = [lp for lp in region if any(i.kind in kinds for i in lp.body)]
+            if held:
+                loop = min(held, key=lambda lp: len(lp.body))
+                named = [b for b in map(named_barrier, loop.body) if b is not None]
+                warps = max((threads for _, threads in named), default=128) // 32
+                ids = tuple(sorted({bar_id for bar_id, _ in named}))
+                out.append(Partition(role, loop, registers.get(start), warps, ids))
+                break
+    return out
 
 
 def cuobjdump() -> str:
