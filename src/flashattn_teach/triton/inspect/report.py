@@ -256,6 +256,7 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
         for name, kernels, flops in (
             ("forward", ("forward",), 4 * d),
             ("backward", ("backward_dkdv", "backward_dq"), 10 * d),
+            ("backward1", ("backward_fused",), 10 * d),  # the one-kernel backward: dQ by atomics
         ):
             parts = [by_key[(k, dtype, d)] for k in kernels if (k, dtype, d) in by_key]
             if len(parts) < len(kernels):
