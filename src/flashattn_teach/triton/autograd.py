@@ -64,9 +64,10 @@ def explain_backward(q: Tensor, opts: AttentionOptions) -> str:
     if config.backward_fused is None:
         kind = "calls with variants, dropout or packed sequences" if variants.used else "this head dimension"
         return f"{two}: no one-kernel tile is compile-checked for {kind} on this GPU and dtype"
+    how = "deterministic=True or torch.use_deterministic_algorithms(True) runs the two-kernel backward"
     return (
-        "; backward: one kernel per key block, dQ added in fp32 by atomics (not bitwise reproducible; "
-        f"{why}: deterministic=True or torch.use_deterministic_algorithms(True) runs the two-kernel backward)"
+        "; backward: one kernel per key block, dQ added in fp32 by atomics, not bitwise reproducible "
+        f"({how if why == 'deterministic=False' else why})"
     )
 
 

@@ -222,17 +222,24 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 # The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
 # without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
 # tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
-# triton 3.6 and 3.9, causal and not. A row without an entry (hd256, whose dK/dV accumulators do not fit in
-# registers together even split; and calls with variants, not yet compile-checked) runs the two-kernel
-# backward, which is deterministic, by default.
+# triton 3.6 and 3.9, causal and not; at hd128 on sm_90 32 x 128 with two stages spills 16 bytes in 3.9's
+# causal build and with one stage 16 to 48 in 3.6's, so the stages follow the compiler. No entry, and so the
+# two-kernel backward (deterministic) by default: hd256 (every tile tried spills 80 to 184 bytes), fp32 above
+# hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against 0.5 to 2
+# in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
     ("sm90", "16-bit", 32): K(64, 128, 8, 3),
     ("sm90", "16-bit", 64): K(64, 128, 8, 3, tma=True, fallback=K(64, 128, 8, 3)),
+    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
+    ("sm90", "fp32", 16): K(32, 64, 4, 2),
+    ("sm90", "fp32", 32): K(16, 64, 4, 2),
     ("sm80", "16-bit", 16): K(32, 128, 4, 3),
     ("sm80", "16-bit", 32): K(32, 128, 8, 3),
     ("sm80", "16-bit", 64): K(32, 128, 8, 2),
     ("sm80", "16-bit", 128): K(32, 64, 8, 2),
+    ("sm80", "fp32", 16): K(32, 64, 4, 2),
+    ("sm80", "fp32", 32): K(16, 64, 4, 2),
 }
 del K
 
