@@ -5,6 +5,7 @@ two kernels, observed by which kernels launch; the compiled op carries the flag.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
 
@@ -14,8 +15,9 @@ from _triton_cases import DEVICE, REL_TOL, Case, assert_close_scaled
 
 import flashattn_teach as fa
 from flashattn_teach._options import make_options
+from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.ops import attention as ops
-from flashattn_teach.triton import AttentionConfig, triton_attention
+from flashattn_teach.triton import AttentionConfig, KernelConfig, triton_attention
 from flashattn_teach.triton.kernels import backward_dkdv, backward_dq
 
 TILE = AttentionConfig.uniform(32, 16)
@@ -209,3 +211,24 @@ def test_parallel_backward_is_bitwise_reproducible_and_accepts_deterministic() -
         out = fa.flash_attention(q, k, v, causal=True, backend="parallel", deterministic=deterministic)
         runs.append(torch.autograd.grad(out.sum(), (q, k, v)))
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_a_split_one_kernel_tile_is_refused_by_name() -> None:
+    with pytest.raises(AttentionValueError, match=r"backward_fused=.*split"):
+        dataclasses.replace(TILE, backward_fused=KernelConfig(16, 64, 8, 2, split=True))
+
+
+def test_the_transformers_integration_passes_deterministic_through() -> None:
+    from flashattn_teach.integrations import transformers as integration
+
+    q = torch.randn(1, 2, 20, 16, device=DEVICE, requires_grad=True)
+    module = torch.nn.Module()
+    for deterministic, want in ((True, ["dkdv", "dq"]), (None, ["fused"])):  # None: transformers' default
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(integration, "flash_attention", lambda *a, **kw: fa.flash_attention(*a, **kw, backend="triton"))
+            out, _ = integration.attention_forward(module, q, q, q, None, deterministic=deterministic)
+        with launched() as names:
+            out.sum().backward()
+        assert names == want
+    with pytest.raises(TypeError, match="deterministic"):
+        integration.attention_forward(module, q, q, q, None, deterministic="yes")

@@ -100,6 +100,13 @@ class AttentionConfig:
         pre = KernelConfig(block_m, 0, 4, 1)
         return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=pre, backward_fused=c)
 
+    def __post_init__(self) -> None:
+        if self.backward_fused is not None and self.backward_fused.split:
+            raise AttentionValueError(
+                f"backward_fused={self.backward_fused}: the one-kernel backward holds dK_j and dV_j in one program "
+                "and cannot be split; pass a tile without split=True, or backward_fused=None"
+            )
+
     def kernel(self, name: str) -> KernelConfig | None:
         """The configuration of one of :data:`KERNELS`, by name."""
         if name not in KERNELS:
