@@ -197,7 +197,9 @@ def scaled_dot_product_attention(
     no training flag: pass 0 in eval), from this library's counter-based generator, so the mask differs from
     torch's for the same seed. Calls with a mask that requires grad run on the dense path; the rest, masks
     and dropout included, run on a path that never stores the score matrix, a mask read tile by tile
-    (:func:`explain` tells which). Errors are both
+    (:func:`explain` tells which). torch's signature has no ``deterministic``: as in torch, the global
+    ``torch.use_deterministic_algorithms(True)`` makes the Triton backward the bitwise reproducible one
+    (:func:`flash_attention`'s ``deterministic``). Errors are both
     ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
     function deliberately differs from torch.
     """
