@@ -45,7 +45,8 @@ class AttentionOptions:
     :mod:`flashattn_teach.masks`), which every backend reads; ``causal_align`` is how the causal diagonal
     was placed (the contract holds its offset). ``dropout_key`` is the call's dropout
     (:mod:`flashattn_teach.dropout`): drawn by :meth:`with_dropout` where the call runs (not by ``explain``,
-    which draws nothing), and kept for the backward, which regenerates the mask from it.
+    which draws nothing), and kept for the backward, which regenerates the mask from it. ``deterministic``
+    asks for a bitwise reproducible backward (flash-attn's argument; the CPU backends always are).
     """
 
     shapes: AttentionShapes
@@ -54,6 +55,7 @@ class AttentionOptions:
     enable_gqa: bool = False
     dropout_p: float = 0.0
     dropout_key: DropoutKey | None = None
+    deterministic: bool = False
 
     @property
     def scale(self) -> float:
@@ -112,6 +114,7 @@ def make_options(
     packed: tuple[Tensor, Tensor] | None = None,
     offset: int | None = None,
     causal_name: str = "causal",
+    deterministic: object = False,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
@@ -145,6 +148,7 @@ def make_options(
         causal_align=causal_align,
         enable_gqa=gqa,
         dropout_p=check_dropout(dropout_p),
+        deterministic=check_bool("deterministic", deterministic),
     )
 
 
@@ -164,6 +168,7 @@ def make_packed_options(
     softcap: object,
     alibi_slopes: object,
     dropout_p: object,
+    deterministic: object = False,
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
     """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments) and return the
     ``(H, total, D)`` views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no
@@ -189,5 +194,6 @@ def make_packed_options(
         alibi_slopes=slopes,
         dropout_p=dropout_p,
         packed=(cu_q, cu_k),
+        deterministic=deterministic,
     )
     return qh, kh, vh, opts

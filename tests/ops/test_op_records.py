@@ -1,6 +1,8 @@
 """The custom ops keep the schemas of flashattn_teach 0.1.0, argument for argument: exported programs name the
-ops and pass their arguments in this order. Each schema is built from its argument record (``ops/schema.py``),
-so a field added, renamed or moved in a record shows here, and the records round-trip through the ops."""
+ops and pass their arguments in this order; an argument added since comes last, with a default
+(``deterministic``), so that calls written for 0.1.0 still run. Each schema is built from its argument record
+(``ops/schema.py``), so a field added, renamed or moved in a record shows here, and the records round-trip
+through the ops."""
 
 from __future__ import annotations
 
@@ -21,25 +23,27 @@ SCHEMAS = {
     "attention": (
         "flashattn_teach::attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? alibi_slopes, "
         "Tensor? seqlens_k, bool causal, str causal_align, float? scale, SymInt[]? window, float? softcap, "
-        "bool enable_gqa, str backend, float dropout_p=0., Tensor? dropout_seed=None) -> (Tensor, Tensor)"
+        "bool enable_gqa, str backend, float dropout_p=0., Tensor? dropout_seed=None, bool deterministic=False) -> "
+        "(Tensor, Tensor)"
     ),
     "attention_backward": (
         "flashattn_teach::attention_backward(Tensor dO, Tensor dlse, Tensor q, Tensor k, Tensor v, Tensor? "
         "attn_mask, Tensor? alibi_slopes, Tensor? seqlens_k, bool causal, str causal_align, float? scale, "
         "SymInt[]? window, float? softcap, bool enable_gqa, str backend, float dropout_p=0., Tensor? "
-        "dropout_seed=None) -> (Tensor, Tensor, Tensor)"
+        "dropout_seed=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)"
     ),
     "attention_varlen": (
         "flashattn_teach::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "
         "cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? alibi_slopes, bool causal, str "
         "causal_align, float? scale, SymInt[]? window, float? softcap, str backend, float dropout_p=0., "
-        "Tensor? dropout_seed=None) -> (Tensor, Tensor)"
+        "Tensor? dropout_seed=None, bool deterministic=False) -> (Tensor, Tensor)"
     ),
     "attention_varlen_backward": (
         "flashattn_teach::attention_varlen_backward(Tensor dO, Tensor dlse, Tensor q, Tensor k, Tensor v, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? "
         "alibi_slopes, bool causal, str causal_align, float? scale, SymInt[]? window, float? softcap, str "
-        "backend, float dropout_p=0., Tensor? dropout_seed=None) -> (Tensor, Tensor, Tensor)"
+        "backend, float dropout_p=0., Tensor? dropout_seed=None, bool deterministic=False) -> (Tensor, Tensor, "
+        "Tensor)"
     ),
     "attention_with_kvcache": (
         "flashattn_teach::attention_with_kvcache(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? "
@@ -66,6 +70,17 @@ def test_the_record_names_the_ops_arguments_after_its_tensors_in_order(name):
         if name == "attention_with_kvcache"
         else ["q", "k", "v"]
     )
+
+
+def test_a_call_written_for_0_1_0_still_runs_and_the_record_carries_deterministic():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    opts = make_options(q, k, v, causal=True, deterministic=True)
+    args = AttentionArgs.of_call(opts, "online", scale_given=False, alibi_slopes=None, seqlens_k=None)
+    assert args.deterministic and args.options(q, k, v).deterministic
+    old = op_args(args)[:-1]  # the 0.1.0 arguments: no deterministic
+    O, _ = torch.ops.flashattn_teach.attention(q, k, v, *old)
+    torch.testing.assert_close(O, fa.dense_attention(q, k, v, causal=True), atol=1e-12, rtol=0)
 
 
 def test_a_record_built_from_a_calls_options_runs_that_call():

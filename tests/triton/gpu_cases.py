@@ -324,19 +324,47 @@ def check_case(c: GpuCase, device: str = "cuda") -> None:
     assert err <= FP32_TOL["lse"] * scale, f"lse: error {err:.3g} > {FP32_TOL['lse']:g} x {scale:.3g}"
 
 
-def check_backward_is_bitwise_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
-    """Two backward passes of the same GQA causal call give identical bits (no atomics in the kernels)."""
-    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
-    q, k, v, dO, _ = make_inputs(c, device)
-
+def _gqa_causal(deterministic: bool) -> Attention:
     def attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        out = triton_attention(q, k, v, causal=True, enable_gqa=True, return_lse=True)
+        out = triton_attention(q, k, v, causal=True, enable_gqa=True, return_lse=True, deterministic=deterministic)
         assert isinstance(out, tuple)
         return out
 
-    first, second = (forward_backward(attention, q, k, v, dO, None) for _ in range(2))
+    return attention
+
+
+def check_backward_is_bitwise_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
+    """Two ``deterministic=True`` backward passes of the same GQA causal call give identical bits (the
+    two-kernel backward, no atomics)."""
+    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
+    q, k, v, dO, _ = make_inputs(c, device)
+    first, second = (forward_backward(_gqa_causal(True), q, k, v, dO, None) for _ in range(2))
     for name in OUTPUTS:
         assert torch.equal(first[name], second[name]), f"{name}: differs between two identical calls"
+
+
+def check_default_backward_matches_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
+    """The default backward (one kernel, dQ by fp32 atomics where the tile ships) and the deterministic one
+    are both within flash-attn's rule of float64 (fp32: its tolerance), and within it of each other."""
+    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
+    q, k, v, dO, _ = make_inputs(c, device)
+    fused, det = (forward_backward(_gqa_causal(d), q, k, v, dO, None) for d in (False, True))
+    opts = {"causal": True, "enable_gqa": True, "return_lse": True}
+    ref = forward_backward(lambda q, k, v: dense_attention(q, k, v, **opts), *(t.double() for t in (q, k, v, dO)), None)
+    plain = None
+    if dtype != torch.float32:
+        plain = forward_backward(
+            lambda q, k, v: plain_attention(q, k, v, causal=True, causal_align="top_left"), q, k, v, dO, None
+        )
+    for name in ("dq", "dk", "dv"):
+        scale = scale_of(ref[name])
+        bound = FP32_TOL[name] * scale if plain is None else 2 * max_error(plain[name], ref[name]) + 1e-4 * scale
+        for what, err in (
+            ("default vs float64", max_error(fused[name], ref[name])),
+            ("deterministic vs float64", max_error(det[name], ref[name])),
+            ("default vs deterministic", max_error(fused[name], det[name].double())),
+        ):
+            assert err <= bound, f"{name}, {what}: error {err:.3g} > {bound:.3g}"
 
 
 def check_peak_memory_grows_linearly(device: str = "cuda") -> None:
@@ -364,5 +392,7 @@ def all_checks(device: str = "cuda") -> list[tuple[str, Callable[[], None]]]:
     for dt in DETERMINISM_DTYPES:
         name = f"deterministic-{DTYPE_NAMES[dt]}"
         checks.append((name, lambda dt=dt: check_backward_is_bitwise_deterministic(dt, device)))
+        name = f"default-vs-deterministic-{DTYPE_NAMES[dt]}"
+        checks.append((name, lambda dt=dt: check_default_backward_matches_deterministic(dt, device)))
     checks.append(("peak-memory-linear", lambda: check_peak_memory_grows_linearly(device)))
     return checks

@@ -144,6 +144,8 @@ def test_backward_is_bitwise_deterministic() -> None:
     )
     q, k, v = c.tensors()
     dO = torch.randn(2, 2, 49, 32).to(DEVICE, torch.float16)
+    # the one-kernel backward's atomic adds run in a fixed order in the interpreter; the deterministic
+    # backward is checked in test_triton_backward_fused.py, and on a GPU in gpu_cases.py
     first, second = grads(c, q, k, v, dO), grads(c, q, k, v, dO)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
@@ -333,13 +335,15 @@ def _launches() -> Iterator[list[tuple[KernelConfig, bool]]]:
         launch.launch_tile = real
 
 
-def _by_tma(config: AttentionConfig) -> AttentionConfig:
-    """``config`` with the dK/dV kernel's Q_i, dO_i and the dQ kernel's K_j, V_j read by TMA."""
+def _by_tma(config: AttentionConfig, fused: bool = False) -> AttentionConfig:
+    """``config`` with the dK/dV kernel's Q_i, dO_i and the dQ kernel's K_j, V_j read by TMA; the one-kernel
+    backward's Q_i, dO_i too with ``fused``, else no one-kernel tile (the two-kernel backward runs)."""
     assert config.backward_dkdv is not None and config.backward_dq is not None
     return dataclasses.replace(
         config,
         backward_dkdv=dataclasses.replace(config.backward_dkdv, tma=True),
         backward_dq=dataclasses.replace(config.backward_dq, tma=True),
+        backward_fused=dataclasses.replace(config.backward_dkdv, tma=True) if fused else None,
     )
 
 
@@ -360,11 +364,12 @@ def test_bnhd_views_by_tma_match_dense() -> None:
     q = torch.randn(2, 41, 4, 40, generator=g).to(DEVICE).transpose(1, 2)
     k, v = (torch.randn(2, 29, 2, 40, generator=g).to(DEVICE).transpose(1, 2) for _ in range(2))
     dO = torch.randn(2, 4, 41, 40, generator=g).to(DEVICE)
-    c = Case(2, 2, 2, 41, 29, 40, 40, True, "bottom_right", torch.float32, _by_tma(AttentionConfig.uniform(32, 16)))
+    config = _by_tma(AttentionConfig.uniform(32, 16), fused=True)
+    c = Case(2, 2, 2, 41, 29, 40, 40, True, "bottom_right", torch.float32, config)
     assert not q.is_contiguous()
     with _launches() as seen:
         got = grads(c, q, k, v, dO)
-    assert [by_tma for _, by_tma in seen] == [False, True, True]
+    assert [by_tma for _, by_tma in seen] == [False, True]  # the forward, the one-kernel backward
     want = grads(c, *(t.double().cpu() for t in (q, k, v, dO)), triton=False)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert_close_scaled(a, b, 2 * REL_TOL[torch.float32], name)
@@ -375,10 +380,13 @@ def test_a_tma_tile_falls_back_to_its_pointer_tile_where_tma_cannot_run() -> Non
     pointer_tile = KernelConfig(16, 16, 4, 1)
     tile = KernelConfig(32, 32, 4, 1, tma=True, fallback=pointer_tile)
     config = dataclasses.replace(AttentionConfig.uniform(32, 16), backward_dkdv=tile, backward_dq=tile)
-    c = Case(1, 1, 2, 45, 37, 17, 17, True, "bottom_right", torch.float16, config)
-    with _launches() as seen:
-        check_backward(c)
-    assert seen == [(config.forward, False), (pointer_tile, False), (pointer_tile, False)]
+    for fused in (None, tile):  # the two-kernel backward, then the one-kernel one
+        tiles = dataclasses.replace(config, backward_fused=fused)
+        c = Case(1, 1, 2, 45, 37, 17, 17, True, "bottom_right", torch.float16, tiles)
+        with _launches() as seen:
+            check_backward(c)
+        backward = [(pointer_tile, False)] * (2 if fused is None else 1)
+        assert seen == [(config.forward, False), *backward]
     aligned = torch.zeros(1, 2, 45, 16, dtype=torch.float16, device=DEVICE)
     assert tma.launch_tile(tile, aligned, varlen=True) == (pointer_tile, False)
     assert tma.launch_tile(tile, aligned, varlen=False) == (tile, True)

@@ -56,6 +56,9 @@ def test_every_shipped_kernel_compiles_without_spills_within_limits(arch: str, r
                 assert mma == {"HGMMA"}, out
             heads = {int(row[2]) for row in rows if row[0] == kernel and row[1] == "float16"}
             assert {64, 128} <= heads
+        # the one-kernel backward ships at hd64 at least, on the warpgroup MMA too
+        assert {row[10] for row in rows if row[0] == "backward_fused" and row[1] != "float32"} == {"HGMMA"}, out
+        assert 64 in {int(row[2]) for row in rows if row[0] == "backward_fused" and row[1] == "bfloat16"}, out
 
 
 # What each variant run adds to ``flashattn-teach kernels`` (at every head dim, bf16 and fp32)

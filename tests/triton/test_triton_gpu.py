@@ -25,5 +25,10 @@ def test_backward_is_bitwise_deterministic_on_gpu(dtype: torch.dtype) -> None:
     gpu_cases.check_backward_is_bitwise_deterministic(dtype)
 
 
+@pytest.mark.parametrize("dtype", gpu_cases.DETERMINISM_DTYPES, ids=gpu_cases.DTYPE_NAMES.get)
+def test_default_backward_matches_the_deterministic_one_on_gpu(dtype: torch.dtype) -> None:
+    gpu_cases.check_default_backward_matches_deterministic(dtype)
+
+
 def test_peak_memory_grows_linearly_in_sequence_length() -> None:
     gpu_cases.check_peak_memory_grows_linearly()

@@ -127,7 +127,11 @@ def probe() -> dict:
 
         def run(q=q, k=k, o=o, do=do, lse=lse, s=s):
             launch.forward(q, k, k, s, causal=False, causal_align="top_left", config=cfg)
-            launch.backward(q, k, k, o, lse, do, None, s, causal=False, causal_align="top_left", config=cfg)
+            for deterministic in (True, False):  # the two-kernel backward, then the one-kernel one
+                launch.backward(
+                    q, k, k, o, lse, do, None, s, causal=False, causal_align="top_left", config=cfg,
+                    deterministic=deterministic,
+                )  # fmt: skip
 
         ours = specialize.requests_for(run, "sm90")
         theirs = by_hook(run)
@@ -228,18 +232,20 @@ def test_model_charges_issue_slots_exponentials_and_tensor_cores_per_program() -
 
 @pytest.mark.parametrize("call", ["group=1 N=8192", "group=4 N=8192"])
 def test_compiled_specialisation_is_the_jits(compiled, call: str) -> None:
-    kernels = {k["name"]: k for k in compiled[0]["specialisations"][call]}
-    assert set(kernels) == {"attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"}
-    assert all(k["same_as_jit"] for k in kernels.values()), kernels
-    for k in kernels.values():
+    launched = compiled[0]["specialisations"][call]
+    names = ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_preprocess", "attn_bwd_dkdv"]
+    assert [k["name"] for k in launched] == names
+    assert all(k["same_as_jit"] for k in launched), launched
+    for k in launched:
         unit_strides = [a for a in k["signature"] if a.startswith("stride_") and a.endswith("d")]
         assert unit_strides and all(k["constants"][a] == "1" for a in unit_strides)
         assert "N_q" in k["divisible_by_16"]
-    dkdv = kernels["attn_bwd_dkdv"]
-    if call.startswith("group=1"):
-        assert dkdv["signature"]["GROUP"] == "constexpr" and dkdv["constants"]["GROUP"] == "1"
-    else:
-        assert dkdv["signature"]["GROUP"] == "i32" and "GROUP" not in dkdv["constants"]
+    for dkdv in (launched[2], launched[5]):  # the dK/dV kernel, and the one-kernel backward
+        if call.startswith("group=1"):
+            assert dkdv["signature"]["GROUP"] == "constexpr" and dkdv["constants"]["GROUP"] == "1"
+        else:
+            assert dkdv["signature"]["GROUP"] == "i32" and "GROUP" not in dkdv["constants"]
+    assert launched[5]["constants"]["DQ_ATOMIC"] == "True" and launched[2]["constants"]["DQ_ATOMIC"] == "False"
 
 
 def test_sizes_not_divisible_by_16_get_no_divisibility_attribute(compiled) -> None:

@@ -4,7 +4,9 @@ The other interpreter tests use small uniform tiles to stay fast; these pass ``c
 for every row of ``configs.shipped_configs`` on both GPU generations, so the tile-boundary logic users get
 (ragged last query and key blocks, the causal diagonal crossing a tile, rows that see no key, a GQA group)
 runs in CI. Rows added to the tables are picked up here without an edit. bf16 runs on a GPU only (the
-interpreter gets its dots wrong); a configuration without backward kernels is checked forward only.
+interpreter gets its dots wrong); a configuration without backward kernels is checked forward only. The
+first shape runs the deterministic two-kernel backward, the second the default one (one kernel with dQ by
+atomics where the row has a ``backward_fused`` tile), so both backward tiles of a row run.
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ def test_shipped_config_matches_dense(arch: str, dtype: torch.dtype, d: int, sha
     dO, dlse = torch.randn(1, H_q, shape.N_q, D, generator=g), torch.randn(1, H_q, shape.N_q, generator=g)
     low = [t.to(DEVICE, dtype) for t in (q, k, v)]
 
-    O, lse, grads = _attention(triton_attention, *low, dO.to(DEVICE), dlse.to(DEVICE), shape, backward, config=config)
+    deterministic = shape_name == "top_left"
+    O, lse, grads = _attention(
+        triton_attention, *low, dO.to(DEVICE), dlse.to(DEVICE), shape, backward, config=config,
+        deterministic=deterministic,
+    )  # fmt: skip
     ref_O, ref_lse, ref_grads = _attention(dense_attention, *(t.double().cpu() for t in low), dO, dlse, shape, backward)
 
     assert_close_scaled(O, ref_O, REL_TOL[dtype], "O")

@@ -40,6 +40,7 @@ def flash_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -61,6 +62,7 @@ def flash_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -82,6 +84,7 @@ def flash_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -102,6 +105,7 @@ def flash_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -129,6 +133,10 @@ def flash_attention(
             mask comes from a counter-based generator (:mod:`flashattn_teach.dropout`) keyed once per call
             from torch's default generator, so ``torch.manual_seed`` makes calls repeatable; the backward
             draws it again rather than storing it.
+        deterministic: a bitwise reproducible backward (flash-attn's argument). The Triton backward by
+            default adds dQ by fp32 atomic adds in one kernel, whose rounding varies from run to run; this
+            runs its two-kernel backward instead, as ``torch.use_deterministic_algorithms(True)`` does (read
+            when the backward runs). The CPU backends are deterministic either way.
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
@@ -154,6 +162,7 @@ def flash_attention(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        deterministic=deterministic,
     )
     lse_wanted = check_bool("return_lse", return_lse)
     backend = planner.public_backend(backend)
@@ -188,7 +197,9 @@ def scaled_dot_product_attention(
     no training flag: pass 0 in eval), from this library's counter-based generator, so the mask differs from
     torch's for the same seed. Calls with a mask that requires grad run on the dense path; the rest, masks
     and dropout included, run on a path that never stores the score matrix, a mask read tile by tile
-    (:func:`explain` tells which). Errors are both
+    (:func:`explain` tells which). torch's signature has no ``deterministic``: as in torch, the global
+    ``torch.use_deterministic_algorithms(True)`` makes the Triton backward the bitwise reproducible one
+    (:func:`flash_attention`'s ``deterministic``). Errors are both
     ``RuntimeError`` (as torch raises) and ``ValueError``/``TypeError``; the README lists where this
     function deliberately differs from torch.
     """

@@ -55,13 +55,16 @@ def explain(
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
     backend: str = "auto",
+    deterministic: bool = False,
 ) -> Plan:
     """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
     with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
 
     With ``cu_seqlens_q`` and ``cu_seqlens_k`` (and ``max_seqlen_q``, ``max_seqlen_k``) the inputs are
     packed sequences, ``(total, H, D)``, as :func:`flash_attention_varlen` takes them (its
-    ``causal_align`` default is ``"bottom_right"``: pass it as the call does).
+    ``causal_align`` default is ``"bottom_right"``: pass it as the call does). On the Triton path the
+    answer also says which backward runs (one kernel with dQ by atomics, or the deterministic two kernels,
+    and why); ``deterministic`` as the call's.
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 1024, 16)
@@ -87,6 +90,7 @@ def explain(
             softcap=softcap,
             alibi_slopes=alibi_slopes,
             dropout_p=dropout_p,
+            deterministic=deterministic,
         )
     else:
         opts = make_options(
@@ -104,10 +108,12 @@ def explain(
             alibi_slopes=alibi_slopes,
             seqlens_k=seqlens_k,
             causal_name="is_causal",
+            deterministic=deterministic,
         )
     p = planner.plan(query, key, value, opts, backend)
     if p.backend in TILED and opts.mask.variants:
         p = Plan(p.backend, p.reason + _tile_counts(p, opts))
+    p = Plan(p.backend, p.reason + planner.backward_note(p, query, opts))
     if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator
         again = ", and the backward draws the mask again instead of storing it" if p.backend in TILED else ""
         p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)

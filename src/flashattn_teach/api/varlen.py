@@ -58,6 +58,7 @@ def flash_attention_varlen(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -80,6 +81,7 @@ def flash_attention_varlen(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -102,6 +104,7 @@ def flash_attention_varlen(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -123,6 +126,7 @@ def flash_attention_varlen(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
+    deterministic: bool = False,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -151,6 +155,7 @@ def flash_attention_varlen(
             ``1 / (1 - dropout_p)`` (``lse`` stays undropped), as :func:`flashattn_teach.flash_attention`;
             the keep mask is drawn over the packed matrix (see the module's docstring), the same on every
             backend, and drawn again by the backward.
+        deterministic: a bitwise reproducible backward, as :func:`flashattn_teach.flash_attention`'s.
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
@@ -186,6 +191,7 @@ def flash_attention_varlen(
             window=window,
             softcap=softcap,
             dropout_p=dropout_p,
+            deterministic=deterministic,
         )
         bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=scale is not None)
@@ -206,6 +212,7 @@ def flash_attention_varlen(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         dropout_p=dropout_p,
+        deterministic=deterministic,
     )
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout

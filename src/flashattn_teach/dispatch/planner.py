@@ -165,6 +165,18 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
     return Plan(backend, "requested explicitly" + small)
 
 
+def backward_note(p: Plan, q: Tensor, opts: AttentionOptions) -> str:
+    """What :func:`flashattn_teach.explain` adds about the backward of a planned call: on the Triton path
+    which backward runs and why; on the others, with ``deterministic=True``, that theirs already is."""
+    if p.backend == "triton":
+        from ..triton.autograd import explain_backward
+
+        return explain_backward(q, opts)
+    if opts.deterministic:
+        return "; deterministic=True: this backend's backward is deterministic already (a fixed loop order)"
+    return ""
+
+
 def plan_decode(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Plan:
     """The path of a decode step: ``Plan("triton", ...)`` for the split-KV decode kernel, else the CPU
     paths' ``backend`` for every key range (refined per range by :func:`plan_ranges`). ``"auto"`` takes the

@@ -77,8 +77,6 @@ IGNORED_KWARGS: frozenset[str] = frozenset(
         "seq_idx",  # Mamba layers' packed-sequence index, read by state-space layers, not by attention
         # key and value were computed from it before the call (BERT-style cross attention).
         "encoder_hidden_states",
-        # flash-attn's choice of a deterministic backward: no forward value depends on it.
-        "deterministic",
         # What the model returns or how its loss is averaged, not how attention is computed.
         "use_cache",
         "output_hidden_states",
@@ -152,6 +150,8 @@ def attention_forward(
         softcap=softcap,
         attn_mask=mask,
         dropout_p=dropout,
+        # flash-attn's keyword, as transformers' flash-attention path passes it: a reproducible backward
+        deterministic=kwargs.get("deterministic") or False,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
 
@@ -168,7 +168,7 @@ def _refuse_unknown(kwargs: dict[str, Any]) -> None:
     """Refuse, by name, every keyword that is not None and not known to leave the result unchanged: dropping
     it could silently compute something else than the model asks for."""
     for name, value in kwargs.items():
-        if value is None or name in IGNORED_KWARGS or name == "output_attentions":
+        if value is None or name in IGNORED_KWARGS or name in ("output_attentions", "deterministic"):
             continue
         if name in _NOT_IMPLEMENTED:
             raise NotImplementedError(

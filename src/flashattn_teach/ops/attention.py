@@ -46,7 +46,8 @@ from .schema import op_args, op_schema, unused
 class AttentionArgs:
     """The arguments of ``flashattn_teach::attention`` after ``q, k, v``, each in the type its schema
     declares: the masks and lengths as given, then the checked options (``scale`` None for ``1 / sqrt(D)``,
-    ``window`` a list or None), then dropout's probability and seed (an int64 scalar tensor)."""
+    ``window`` a list or None), then dropout's probability and seed (an int64 scalar tensor), then
+    ``deterministic`` (last, with its default, so records and call sites from before it still work)."""
 
     attn_mask: Tensor | None
     alibi_slopes: Tensor | None
@@ -60,6 +61,7 @@ class AttentionArgs:
     backend: str
     dropout_p: float = 0.0
     dropout_seed: Tensor | None = None
+    deterministic: bool = False
 
     @staticmethod
     def of_call(
@@ -87,6 +89,7 @@ class AttentionArgs:
             backend=backend,
             dropout_p=opts.dropout_p,
             dropout_seed=dropout_seed(opts.dropout_p),
+            deterministic=opts.deterministic,
         )
 
     def options(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionOptions:
@@ -105,6 +108,7 @@ class AttentionArgs:
             softcap=self.softcap,
             alibi_slopes=self.alibi_slopes,
             seqlens_k=self.seqlens_k,
+            deterministic=self.deterministic,
         )
         if opts.dropout_p > 0.0 and self.dropout_seed is None:
             raise AttentionValueError(f"dropout_p={self.dropout_p} needs a dropout_seed (an int64 tensor)")

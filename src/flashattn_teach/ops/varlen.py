@@ -39,7 +39,8 @@ from .schema import op_args, op_schema, unused
 @dataclass(frozen=True)
 class VarlenArgs:
     """The arguments of ``flashattn_teach::attention_varlen`` after ``q, k, v``: the sequence bounds as
-    given (checked when the op runs), the slopes, the checked options and dropout's probability and seed."""
+    given (checked when the op runs), the slopes, the checked options, dropout's probability and seed, and
+    ``deterministic`` (last, with its default, so call sites from before it still work)."""
 
     cu_seqlens_q: Tensor
     cu_seqlens_k: Tensor
@@ -54,6 +55,7 @@ class VarlenArgs:
     backend: str
     dropout_p: float = 0.0
     dropout_seed: Tensor | None = None
+    deterministic: bool = False
 
 
 def of_call(
@@ -78,6 +80,7 @@ def of_call(
         backend=backend,
         dropout_p=opts.dropout_p,
         dropout_seed=dropout_seed(opts.dropout_p),
+        deterministic=opts.deterministic,
     )
 
 
@@ -100,6 +103,7 @@ def _eager(q: Tensor, k: Tensor, v: Tensor, a: VarlenArgs) -> tuple[Tensor, Tens
         softcap=a.softcap,
         alibi_slopes=a.alibi_slopes,
         dropout_p=a.dropout_p,
+        deterministic=a.deterministic,
     )
     if a.dropout_seed is not None and opts.dropout_p > 0.0:
         opts = opts.with_dropout(DropoutKey(opts.dropout_p, seed=int(a.dropout_seed)))

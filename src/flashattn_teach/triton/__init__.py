@@ -8,8 +8,9 @@ Layers, each in its own file:
     support.py    can the kernels run a call, and if not, why
     tma.py        when a tile may arrive by TMA, and the configuration that runs when it cannot
     backward.py   the backward scheme and its delta = rowsum(dO * O) preprocess
-    backward_dkdv.py  the dK/dV kernel (a program owns a key block)
-    backward_dq.py    the dQ kernel (a program owns a query block)
+    backward_dkdv.py  the dK/dV kernel (a program owns a key block), in the one-kernel backward also dQ by atomics
+    backward_dkdv_inner.py  its loop over query blocks
+    backward_dq.py    the dQ kernel of the deterministic backward (a program owns a query block)
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
     variants.py   a call's variants as the kernels' flags and arguments
@@ -69,6 +70,7 @@ def triton_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_key: DropoutKey | None = None,
+    deterministic: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention with the fused Triton kernels; differentiable.
 
@@ -90,6 +92,8 @@ def triton_attention(
             (``lse`` is not dropped); the keep mask is :mod:`flashattn_teach.dropout`'s, keyed by a seed
             drawn from torch's default generator, or by ``dropout_key`` when given (whose ``p`` then
             counts): the CPU references draw the same mask for the same key.
+        deterministic: the two-kernel backward, bitwise reproducible, rather than the one-kernel backward
+            with dQ by atomic adds (see :func:`flashattn_teach.flash_attention`).
 
     CUDA tensors (CPU tensors when ``TRITON_INTERPRET=1``) of dtype float16 or bfloat16 with head dims
     up to 256, or float32 with head dims up to 128, forward and backward. A query row that sees no key
@@ -111,6 +115,7 @@ def triton_attention(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         dropout_p=dropout_p if dropout_key is None else dropout_key.p,
+        deterministic=deterministic,
     )
     O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)
     return (O, lse) if check_bool("return_lse", return_lse) else O
@@ -165,5 +170,7 @@ def triton_forward(
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
     if launch.needs_grad(q, k, v):
         launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
-    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config, variants)
+    O, lse = TritonAttentionFunction.apply(
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+    )
     return O, lse

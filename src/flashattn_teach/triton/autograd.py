@@ -1,4 +1,4 @@
-"""Autograd glue: the fused forward and the three backward kernels as one differentiable function.
+"""Autograd glue: the fused forward and the backward kernels as one differentiable function.
 
 Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed by the backward kernels.
 The function has the ``setup_context`` form (a ``forward`` without ``ctx``), so ``torch.func.vjp`` sees
@@ -8,18 +8,67 @@ the backward receives functorch's wrapper tensors, whose storage a Triton launch
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._layout import grad_to_input
+from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
+from ..dropout import DropoutKey
 from .configs import AttentionConfig
 from .launch import backward as launch_backward
+from .launch import default_config, fused_backward, to_4d
 from .launch import forward as launch_forward
-from .launch import to_4d
 from .variants import PLAIN, KernelVariants
+
+_WARN_ONLY = (
+    "the Triton backward defaults to a non-deterministic algorithm (dQ by atomic adds); with "
+    "torch.use_deterministic_algorithms(True, warn_only=True) it stays so, as torch's flash backend does: "
+    "call torch.use_deterministic_algorithms(True) or pass deterministic=True for the deterministic backward"
+)
+
+
+def deterministic_backward(requested: bool) -> tuple[bool, str]:
+    """Whether the backward runs the deterministic (two-kernel) path, and why: ``requested`` (the call's
+    ``deterministic``), or torch's global flag, read when the backward runs, as torch's kernels read it.
+    With ``warn_only=True`` the flag asks for warnings rather than errors; torch's flash attention backward
+    then warns and keeps its atomic dQ, and so does this one (the warning is the caller's signal)."""
+    if requested:
+        return True, "deterministic=True"
+    if torch.are_deterministic_algorithms_enabled():
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            return False, "torch.use_deterministic_algorithms(True, warn_only=True): warns, keeps the atomic dQ"
+        return True, "torch.use_deterministic_algorithms(True)"
+    return False, "deterministic=False"
+
+
+def explain_backward(q: Tensor, opts: AttentionOptions) -> str:
+    """Which backward a Triton call would run, and why, for :func:`flashattn_teach.explain` (the global
+    flag as it is now; the backward reads it again when it runs)."""
+    dropout = DropoutKey(opts.dropout_p, seed=0) if opts.dropout_p > 0.0 else DropoutKey()
+    variants = KernelVariants.from_spec(opts.mask, dropout)
+    packed = opts.mask.packed
+    if packed is not None:  # packed sequences take the variant rows, as triton_varlen_forward's call does
+        variants = replace(variants, cu_seqlens_q=packed.cu_q_t, cu_seqlens_k=packed.cu_k_t)
+    config = default_config(q, opts.shapes, variants)
+    if config.backward_dkdv is None:
+        return "; no backward ships for this head dimension and dtype"
+    deterministic, why = deterministic_backward(opts.deterministic)
+    two = "; backward: two kernels (dK/dV, then dQ), bitwise reproducible"
+    if deterministic:
+        return f"{two}, as {why} asks"
+    if config.backward_fused is None:
+        kind = "calls with variants, dropout or packed sequences" if variants.used else "this head dimension"
+        return f"{two}: no one-kernel tile is compile-checked for {kind} on this GPU and dtype"
+    how = "deterministic=True or torch.use_deterministic_algorithms(True) runs the two-kernel backward"
+    return (
+        "; backward: one kernel per key block, dQ added in fp32 by atomics, not bitwise reproducible "
+        f"({how if why == 'deterministic=False' else why})"
+    )
 
 
 class TritonAttentionFunction(torch.autograd.Function):
@@ -35,6 +84,7 @@ class TritonAttentionFunction(torch.autograd.Function):
         causal_align: str,
         config: AttentionConfig,
         variants: KernelVariants = PLAIN,
+        deterministic: bool = False,
     ) -> tuple[Tensor, Tensor]:
         q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
         o4, lse3 = launch_forward(
@@ -53,6 +103,7 @@ class TritonAttentionFunction(torch.autograd.Function):
         ctx.causal_align = causal_align
         ctx.config = config
         ctx.variants = rest[0] if rest else PLAIN
+        ctx.deterministic = rest[1] if len(rest) > 1 else False
         # a loss of O alone passes dlse = None rather than zeros, and the backward skips its subtraction
         ctx.set_materialize_grads(False)
 
@@ -65,6 +116,9 @@ class TritonAttentionFunction(torch.autograd.Function):
         lse3 = lse.reshape(o4.shape[:3])  # (B, H_q, N_q)
         do4 = torch.zeros_like(o4) if dO is None else to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
+        deterministic, _ = deterministic_backward(ctx.deterministic)
+        if not deterministic and torch.are_deterministic_algorithms_enabled() and fused_backward(ctx.config, False):
+            warnings.warn(_WARN_ONLY, UserWarning, stacklevel=2)
         dq4, dk4, dv4 = launch_backward(
             q4,
             k4,
@@ -78,6 +132,7 @@ class TritonAttentionFunction(torch.autograd.Function):
             causal_align=ctx.causal_align,
             config=ctx.config,
             variants=ctx.variants,
+            deterministic=deterministic,
         )
         # (B, H, N, X) -> (B, H, 1, N, X), the grouped layout grad_to_input undoes broadcasting from
         dq = grad_to_input(dq4.unsqueeze(2), q, s)

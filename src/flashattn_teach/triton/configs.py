@@ -12,6 +12,7 @@ Kernels and the tiles each one owns:
     forward        program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
     backward_dkdv  program = key block j (BLOCK_N keys), loops over query blocks i (BLOCK_M rows)
     backward_dq    program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
+    backward_fused program = key block j, as backward_dkdv, also adding dQ_i by atomics (the default backward)
     preprocess     program = BLOCK_M rows of delta = rowsum(dO * O); BLOCK_N is unused
 """
 
@@ -25,7 +26,7 @@ import torch
 
 from ..errors import AttentionTypeError, AttentionValueError
 
-KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq")
+KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq", "backward_fused")
 ARCHS = ("sm90", "sm80")
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the padded head dimensions BLOCK_D that have table rows
 MIN_HEAD_DIM = 1
@@ -81,18 +82,30 @@ class KernelConfig:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """The configurations of all four kernels of one attention call (forward and backward)."""
+    """The configurations of the kernels of one attention call (forward and backward). ``backward_fused``:
+    the one-kernel backward's tile (the dK/dV kernel adding dQ by atomics), the default backward where it
+    is set; None where no tile compiles cleanly, and then the two-kernel backward (``backward_dkdv`` and
+    ``backward_dq``, also the ``deterministic`` one) is the default."""
 
     forward: KernelConfig
     backward_dkdv: KernelConfig | None
     backward_dq: KernelConfig | None
     backward_preprocess: KernelConfig = KernelConfig(32, 0, 4, 1)
+    backward_fused: KernelConfig | None = None
 
     @classmethod
     def uniform(cls, block_m: int, block_n: int, num_warps: int = 4, num_stages: int = 1) -> AttentionConfig:
         """The same tile for every kernel; used by the interpreter tests."""
         c = KernelConfig(block_m, block_n, num_warps, num_stages)
-        return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=KernelConfig(block_m, 0, 4, 1))
+        pre = KernelConfig(block_m, 0, 4, 1)
+        return cls(forward=c, backward_dkdv=c, backward_dq=c, backward_preprocess=pre, backward_fused=c)
+
+    def __post_init__(self) -> None:
+        if self.backward_fused is not None and self.backward_fused.split:
+            raise AttentionValueError(
+                f"backward_fused={self.backward_fused}: the one-kernel backward holds dK_j and dV_j in one program "
+                "and cannot be split; pass a tile without split=True, or backward_fused=None"
+            )
 
     def kernel(self, name: str) -> KernelConfig | None:
         """The configuration of one of :data:`KERNELS`, by name."""
@@ -213,6 +226,28 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "fp32", 64): (K(64, 16, 4, 2), K(16, 16, 4, 2), K(16, 32, 4, 2)),
     ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 4, 2)),
 }
+# The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
+# without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
+# tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
+# triton 3.6 and 3.9, causal and not; at hd128 on sm_90 32 x 128 with two stages spills 16 bytes in 3.9's
+# causal build and with one stage 16 to 48 in 3.6's, so the stages follow the compiler. No entry, and so the
+# two-kernel backward (deterministic) by default: hd256 (every tile tried spills 80 to 184 bytes), fp32 above
+# hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against 0.5 to 2
+# in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
+_FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
+    ("sm90", "16-bit", 16): K(64, 128, 8, 3),
+    ("sm90", "16-bit", 32): K(64, 128, 8, 3),
+    ("sm90", "16-bit", 64): K(64, 128, 8, 3, tma=True, fallback=K(64, 128, 8, 3)),
+    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
+    ("sm90", "fp32", 16): K(32, 64, 4, 2),
+    ("sm90", "fp32", 32): K(16, 64, 4, 2),
+    ("sm80", "16-bit", 16): K(32, 128, 4, 3),
+    ("sm80", "16-bit", 32): K(32, 128, 8, 3),
+    ("sm80", "16-bit", 64): K(32, 128, 8, 2),
+    ("sm80", "16-bit", 128): K(32, 64, 8, 2),
+    ("sm80", "fp32", 16): K(32, 64, 4, 2),
+    ("sm80", "fp32", 32): K(16, 64, 4, 2),
+}
 del K
 
 _TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
@@ -274,7 +309,8 @@ def shipped_config(
     key = (arch, "fp32" if dtype == torch.float32 else "16-bit", d)
     if key in table:
         fwd, dkdv, dq = table[key]
-    return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq)
+    fused = None if variants or dropout else _FUSED_ROWS.get(key)
+    return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq, backward_fused=fused)
 
 
 def shipped_configs(

@@ -136,6 +136,12 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
     return config.backward_dkdv, config.backward_dq
 
 
+def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
+    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
+    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
+    return not deterministic and config.backward_fused is not None
+
+
 def forward(
     q: Tensor,
     k: Tensor,
@@ -224,12 +230,15 @@ def backward(
     causal_align: str,
     config: AttentionConfig,
     variants: KernelVariants = PLAIN,
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
     its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group.
     ``variants`` as the forward's.
 
-    Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
+    The one-kernel backward (``config.backward_fused``) runs unless ``deterministic`` or the config has no
+    such tile (:func:`fused_backward`); otherwise the dK/dV and dQ kernels. Each kernel runs on a
+    one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
     from .kernels.backward import attn_bwd_preprocess
@@ -274,7 +283,12 @@ def backward(
 
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
-    c, tma = launch_tile(dkdv_config, q, do, varlen=var)  # Q_i and dO_i by TMA
+    fused = fused_backward(config, deterministic)
+    # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path
+    # passes dk in its place, unread
+    dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else dk
+    tile = config.backward_fused if fused and config.backward_fused is not None else dkdv_config
+    c, tma = launch_tile(tile, q, do, varlen=var)  # Q_i and dO_i by TMA
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
     q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
@@ -290,12 +304,14 @@ def backward(
             delta,
             dk,
             dv,
+            dq_acc,
             *_strides(q, var),
             *_strides(k, var),
             *_strides(v, var),
             *_strides(do, var),
             *_strides(dk, var),
             *_strides(dv, var),
+            *_strides(dq_acc, var),
             s.H_q,
             s.H_kv,
             N_q,
@@ -324,9 +340,14 @@ def backward(
             ADD_MASK=variants.additive_mask,
             VARLEN=var,
             TMA=tma,
+            DQ_ATOMIC=fused,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
+    if fused:
+        # torch's cast (one elementwise pass, bandwidth-bound, which a kernel of ours would not beat); for
+        # fp32 inputs the buffer is dQ itself
+        return dq_acc.to(q.dtype), dk, dv
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
     c, tma = launch_tile(dq_config, k, v, varlen=var)  # K_j and V_j by TMA

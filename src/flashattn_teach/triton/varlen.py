@@ -62,7 +62,9 @@ def triton_varlen_forward(
         config = default_config(q, s, variants)
     if needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
-    O, lse = TritonAttentionFunction.apply(q, k, v, s, opts.causal, opts.causal_align, config, variants)
+    O, lse = TritonAttentionFunction.apply(
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+    )
     return O, lse
 
 

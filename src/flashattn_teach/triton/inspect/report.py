@@ -268,14 +268,16 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
 
 
 def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[str]:
-    """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops) per dtype and head dim,
-    in the benchmark's FLOPs: ``4 N_q N_k D`` forward and 2.5 times that backward (FA2's convention)."""
+    """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops; and the one-kernel
+    backward's loop where it ships) per dtype and head dim, in the benchmark's FLOPs: ``4 N_q N_k D`` forward
+    and 2.5 times that backward (FA2's convention)."""
     by_key = {(r.kernel, r.dtype, r.head_dim): (r, p) for r, p in profiled}
     lines = []
     for dtype, d in dict.fromkeys((r.dtype, r.head_dim) for r, _ in profiled):
-        for name, kernels, flops in (
-            ("forward", ("forward",), 4 * d),
-            ("backward", ("backward_dkdv", "backward_dq"), 10 * d),
+        for name, kernels, flops, note in (
+            ("forward", ("forward",), 4 * d, ""),
+            ("backward", ("backward_dkdv", "backward_dq"), 10 * d, ""),
+            ("backward", ("backward_fused",), 10 * d, ", one kernel (dQ by atomics)"),
         ):
             parts = [by_key[(k, dtype, d)] for k in kernels if (k, dtype, d) in by_key]
             if len(parts) < len(kernels):
@@ -287,6 +289,7 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
             specialized = " (warp-specialised: uncalibrated)" if any(p.specialized for _, p in parts) else ""
             lines.append(
                 f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated"
+                + note
                 + specialized
             )
     return lines

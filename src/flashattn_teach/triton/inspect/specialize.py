@@ -189,15 +189,23 @@ def attention_requests(
         return {"forward": fwd}
     o, do = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32)
+
     # a ``split`` dK/dV kernel launches twice; its dK program (the heavier: it also holds V_j, dP and dS)
     # stands for both
-    preprocess, dkdv, *_, dq = requests_for(
-        lambda: launch_backward(
-            q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config, variants=variants
-        ),
-        arch,
-    )
-    return {"backward_preprocess": preprocess, "backward_dkdv": dkdv, "backward_dq": dq}
+    def launch(deterministic: bool) -> list[CompileRequest]:
+        return requests_for(
+            lambda: launch_backward(
+                q, k, v, o, lse, do, None, s, causal=causal, causal_align="bottom_right", config=config,
+                variants=variants, deterministic=deterministic,
+            ),
+            arch,
+        )  # fmt: skip
+
+    preprocess, dkdv, *_, dq = launch(deterministic=True)
+    out = {"backward_preprocess": preprocess, "backward_dkdv": dkdv, "backward_dq": dq}
+    if config.backward_fused is not None:
+        _, out["backward_fused"] = launch(deterministic=False)  # the preprocess, then the one-kernel backward
+    return out
 
 
 def sample_variants(

@@ -1,4 +1,4 @@
-"""The memory-efficient backward in Triton (Dao 2023, FlashAttention-2 Alg. 2), as three kernels.
+"""The memory-efficient backward in Triton (Dao 2023, FlashAttention-2 Alg. 2), in two forms.
 
 Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile by tile:
 
@@ -9,8 +9,13 @@ Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile 
     dK_j    = scale * sum_i dS_ij^T Q_i
     dQ_i    = scale * sum_j dS_ij K_j             attn_bwd_dq (backward_dq.py): a program owns query block i
 
-Each output block is written by exactly one program, so there are no atomics and the result is bitwise
-the same on every run. With grouped-query attention the dK/dV program of a key/value head also visits
+The default is one kernel after the preprocess, as in FA2 and FA3: ``attn_bwd_dkdv`` with ``DQ_ATOMIC``
+also adds each step's ``scale dS_ij K_j`` into a float32 dQ buffer by atomic adds (Alg. 2 line 21), so
+``S``, ``P``, ``dP`` and ``dS`` are computed once per pair: five matrix products where the two passes need
+seven. The adds from different key blocks reach a row in an order that varies from run to run, and so does
+the rounding of their sum. The deterministic form, ``attn_bwd_dkdv`` then ``attn_bwd_dq``, recomputes P and
+dS in the dQ pass instead: each output block is written by exactly one program, no atomics, and the result
+is bitwise the same on every run. With grouped-query attention the dK/dV program of a key/value head also visits
 its ``GROUP`` query heads, in one flat loop over (query head, query block) pairs: a nested head loop
 would keep the inner loop's pipeline state alive across heads and cost registers that the tile needs.
 
