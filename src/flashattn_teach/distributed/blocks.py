@@ -91,11 +91,15 @@ def _triton_backward(
     """The fused backward kernels on 4-D ``(B, H, n, X)`` blocks, as :mod:`flashattn_teach.triton.autograd`
     calls them; the kernels read ``lse`` and ``dlse`` as contiguous float32 ``(B, H_q, n_q)``."""
     from ..triton import launch
+    from ..triton.autograd import deterministic_backward
 
     s = validate_inputs(q, k, v, scale=scale, enable_gqa=True)
     lse32 = lse.float().contiguous()
     dlse32 = None if dlse is None else dlse.float().contiguous()
     config = launch.default_config(q, s)
+    # torch.use_deterministic_algorithms(True) selects the reproducible backward here too
+    deterministic, _ = deterministic_backward(False)
     return launch.backward(
-        q, k, v, O, lse32, dO.contiguous(), dlse32, s, causal=causal, causal_align="top_left", config=config
-    )
+        q, k, v, O, lse32, dO.contiguous(), dlse32, s, causal=causal, causal_align="top_left", config=config,
+        deterministic=deterministic,
+    )  # fmt: skip

@@ -8,7 +8,6 @@ the backward receives functorch's wrapper tensors, whose storage a Triton launch
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -21,27 +20,20 @@ from .._validate.inputs import AttentionShapes
 from ..dropout import DropoutKey
 from .configs import AttentionConfig
 from .launch import backward as launch_backward
-from .launch import default_config, fused_backward, to_4d
+from .launch import default_config, to_4d
 from .launch import forward as launch_forward
 from .variants import PLAIN, KernelVariants
-
-_WARN_ONLY = (
-    "the Triton backward defaults to a non-deterministic algorithm (dQ by atomic adds); with "
-    "torch.use_deterministic_algorithms(True, warn_only=True) it stays so, as torch's flash backend does: "
-    "call torch.use_deterministic_algorithms(True) or pass deterministic=True for the deterministic backward"
-)
 
 
 def deterministic_backward(requested: bool) -> tuple[bool, str]:
     """Whether the backward runs the deterministic (two-kernel) path, and why: ``requested`` (the call's
     ``deterministic``), or torch's global flag, read when the backward runs, as torch's kernels read it.
-    With ``warn_only=True`` the flag asks for warnings rather than errors; torch's flash attention backward
-    then warns and keeps its atomic dQ, and so does this one (the warning is the caller's signal)."""
+    ``warn_only=True`` changes nothing here: torch's rule is that it turns the error of an operation with *no*
+    deterministic implementation into a warning, and this backward has one, so it runs it in both modes.
+    """
     if requested:
         return True, "deterministic=True"
     if torch.are_deterministic_algorithms_enabled():
-        if torch.is_deterministic_algorithms_warn_only_enabled():
-            return False, "torch.use_deterministic_algorithms(True, warn_only=True): warns, keeps the atomic dQ"
         return True, "torch.use_deterministic_algorithms(True)"
     return False, "deterministic=False"
 
@@ -117,8 +109,6 @@ class TritonAttentionFunction(torch.autograd.Function):
         do4 = torch.zeros_like(o4) if dO is None else to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
         deterministic, _ = deterministic_backward(ctx.deterministic)
-        if not deterministic and torch.are_deterministic_algorithms_enabled() and fused_backward(ctx.config, False):
-            warnings.warn(_WARN_ONLY, UserWarning, stacklevel=2)
         dq4, dk4, dv4 = launch_backward(
             q4,
             k4,
