@@ -187,6 +187,29 @@ def test_explain_names_the_forward_that_runs_and_whether_it_is_specialised(monke
     assert "forward 128x128 w8 s3 tma: not warp-specialised: dropout" in text, text
 
 
+SM90 = ON_GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+def test_shipped_forward_runs_specialised_and_replays_in_a_cuda_graph() -> None:
+    # the scratch memory of the kernel's descriptors comes from torch's caching allocator, which serves capture
+    q, k, v = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, seed=4)
+    with _forward_tiles() as seen:
+        first = triton_attention(q, k, v, causal=True, enable_gqa=True)  # compiles outside the capture
+    assert seen[0][1], seen
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        O = triton_attention(q, k, v, causal=True, enable_gqa=True)
+    q2, k2, v2 = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, seed=5)
+    for dst, src in ((q, q2), (k, k2), (v, v2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = dense_attention(*(t.double().cpu() for t in (q2, k2, v2)), causal=True, enable_gqa=True)
+    assert_close_scaled(O, ref, REL_TOL[torch.bfloat16], "O replayed")
+    assert not torch.equal(O, first)
+
+
 # --- compiled for sm_90 ---------------------------------------------------------------------------------
 
 _COMPILE = textwrap.dedent(
