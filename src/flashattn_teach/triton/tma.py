@@ -8,9 +8,10 @@ some tiles fit in registers only that way, and name in ``fallback`` the tile to 
 
 A forward configuration with ``ws=True`` asks for more: triton's warp specialiser splits its key loop
 between a producer warpgroup, which issues the copies, and two consumer warpgroups, which compute
-(:func:`forward_tile` says where it runs). Its descriptors are made inside the kernel, so each launch needs
-a few hundred bytes of global scratch memory from triton's allocator: :func:`ensure_scratch_allocator`
-installs one drawing from torch's caching allocator, but only where the caller has not set one.
+(:func:`forward_tile` says where it runs). Its descriptors are made inside the kernel, each program
+writing its own into global scratch memory (128 bytes a descriptor) that triton's allocator provides:
+:func:`ensure_scratch_allocator` installs one drawing from torch's caching allocator, but only where the
+caller has not set one.
 """
 
 from __future__ import annotations
@@ -119,14 +120,15 @@ def forward_tile(
 
 
 def ensure_scratch_allocator() -> None:
-    """Give triton an allocator for kernel scratch memory (the in-kernel descriptors' 128 bytes each)
-    unless one is set already: the caller's own ``triton.set_allocator`` is never replaced. Ours takes
+    """Give triton an allocator for kernel scratch memory (the in-kernel descriptors, 128 bytes each per
+    program) unless one is set already: the caller's own ``triton.set_allocator`` is never replaced. Ours takes
     ``torch.empty(size, dtype=torch.int8)`` on the current CUDA device, from torch's caching allocator,
     which also serves CUDA-graph capture. Triton keeps the allocator in a context variable, so a new
     thread starts without one and gets it on its first warp-specialised launch."""
     import triton
     from triton.runtime import _allocation
 
+    # triton has no public getter: the unset state is its module's null allocator (so in 3.6 and 3.9)
     if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
         triton.set_allocator(_torch_scratch)
 
