@@ -57,7 +57,9 @@ class KernelConfig:
     ``ws`` (forward only): the key loop is warp-specialised by triton's pass on sm_90: ``num_warps = 4``
     become a producer warpgroup issuing the TMA copies and two consumer warpgroups of 64 query rows each
     (:mod:`.tma`'s ``forward_tile`` says when it runs); ``fallback`` is then the configuration that runs
-    where it cannot (None: this tile, not specialised), itself with or without a TMA fallback."""
+    where it cannot (None: this tile, not specialised), itself with or without a TMA fallback. Triton
+    compiles a ``ws`` tile of fewer than 64 query rows (32 x 16, as the interpreter tests use) without
+    specialising it: 4 warps, the same loop."""
 
     BLOCK_M: int
     BLOCK_N: int
