@@ -2,7 +2,8 @@
 :func:`flashattn_teach.scaled_dot_product_attention` or :func:`flashattn_teach.flash_attention_varlen`
 would run, and why, without running it.
 
-The answer is :func:`flashattn_teach.dispatch.plan`'s, for the options the call would build; with a mask or variant on
+The answer is :func:`flashattn_teach.dispatch.plan`'s, for the options the call would build; on the Triton
+kernels it names the forward configuration and whether it is warp-specialised; with a mask or variant on
 a tiled backend it adds how the tiles meet the mask (visited whole, visited with a tile mask, skipped),
 and with dropout how the mask is drawn. It draws no dropout key, so it consumes nothing from torch's
 generator.
@@ -17,6 +18,7 @@ from .._options import AttentionOptions, make_options, make_packed_options
 from ..dispatch import Plan, planner
 from ..dispatch.planner import TILED
 from ..masks.causal import TileKind
+from ..triton.support import forward_kernel_note
 
 _DROPOUT_NOTE = (
     "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
@@ -111,6 +113,8 @@ def explain(
             deterministic=deterministic,
         )
     p = planner.plan(query, key, value, opts, backend)
+    if p.backend == "triton":  # which forward kernel runs, and whether its loop is warp-specialised
+        p = Plan(p.backend, p.reason + forward_kernel_note(query, key, value, opts))
     if p.backend in TILED and opts.mask.variants:
         p = Plan(p.backend, p.reason + _tile_counts(p, opts))
     p = Plan(p.backend, p.reason + planner.backward_note(p, query, opts))

@@ -53,7 +53,14 @@ class KernelConfig:
     pointers), for tiles that fit in registers only without the pointer path's address arithmetic.
     ``split``: the dK/dV kernel runs as two programs per key block, one accumulating dK and one dV, each
     recomputing the probabilities (for head dims whose two fp32 accumulators do not fit in registers
-    together); other kernels ignore it."""
+    together); other kernels ignore it.
+
+    ``ws`` (forward only): the key loop is warp-specialised by triton's pass on sm_90: ``num_warps = 4``
+    become a producer warpgroup issuing the TMA copies and two consumer warpgroups of 64 query rows each
+    (:mod:`.tma`'s ``forward_tile`` says when it runs); ``fallback`` is then the configuration that runs
+    where it cannot (None: this tile, not specialised), itself with or without a TMA fallback. Triton
+    compiles a ``ws`` tile of fewer than 64 query rows (32 x 16, as the interpreter tests use) without
+    specialising it: 4 warps, the same loop."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -62,9 +69,17 @@ class KernelConfig:
     tma: bool = False
     split: bool = False
     fallback: KernelConfig | None = None
+    ws: bool = False
 
     def __post_init__(self) -> None:
-        if self.fallback is not None and (not self.tma or self.fallback.tma or self.fallback.fallback):
+        if self.ws:
+            if not self.tma or self.num_warps != 4 or self.split or (self.fallback and self.fallback.ws):
+                raise AttentionValueError(
+                    f"ws=True (a warp-specialised forward) needs tma=True, num_warps=4 (the pass makes 12 of them), "
+                    f"no split and a fallback that is not warp-specialised, got tma={self.tma}, "
+                    f"num_warps={self.num_warps}, split={self.split}, fallback={self.fallback!r}"
+                )
+        elif self.fallback is not None and (not self.tma or self.fallback.tma or self.fallback.fallback):
             raise AttentionValueError(
                 f"fallback is the tile for when TMA cannot run: it needs tma=True here and a pointer tile "
                 f"without a fallback of its own, got tma={self.tma} and fallback={self.fallback!r}"
@@ -72,11 +87,20 @@ class KernelConfig:
 
     def by_pointers(self) -> KernelConfig:
         """The configuration that runs when this one cannot read by TMA: ``fallback``, or this tile through
-        pointers."""
+        pointers (for a ``ws`` one, that of :meth:`unspecialised`)."""
+        if self.ws:
+            return self.unspecialised().by_pointers()
         return self.fallback or replace(self, tma=False)
 
+    def unspecialised(self) -> KernelConfig:
+        """The configuration that runs when this ``ws`` one cannot be warp-specialised: ``fallback``, or
+        this tile without ``ws``; a configuration without ``ws`` is its own."""
+        if not self.ws:
+            return self
+        return self.fallback or replace(self, ws=False)
+
     def __str__(self) -> str:
-        flags = " tma" * self.tma + " split" * self.split
+        flags = " tma" * self.tma + " split" * self.split + " ws" * self.ws
         return f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{flags}"
 
 
@@ -123,6 +147,13 @@ TEST_CONFIG = AttentionConfig.uniform(32, 16)
 _Row = tuple[KernelConfig, KernelConfig | None, KernelConfig | None]
 
 K = KernelConfig
+
+
+def _ws(block_m: int, block_n: int, num_stages: int, fallback: KernelConfig) -> KernelConfig:
+    """A warp-specialised forward tile (4 warps, by TMA) with the configuration to run where it cannot."""
+    return KernelConfig(block_m, block_n, 4, num_stages, tma=True, ws=True, fallback=fallback)
+
+
 # One row per padded head dim; None where a kernel does not ship because no tile fits in registers
 # without spilling (the dK/dV program holds two fp32 accumulators of BLOCK_N x BLOCK_D, plus the
 # BLOCK_N x BLOCK_M scores and dP^T of a step). fp16 and bf16 share a table: their kernels differ only in
@@ -136,16 +167,30 @@ K = KernelConfig
 # probe.log); the backward rows are the loop profile's best that compile cleanly (docs/loop-profile.md), not
 # yet timed. At hd256 the dK/dV rows are ``split``: dK and dV by separate programs, since their two
 # accumulators do not fit in registers together.
+#
+# The forward rows are warp-specialised (``ws``: 4 warps become 12) with the previous row as their fallback,
+# for calls the pass takes (:func:`.tma.ws_reason`). Their tiles are the largest that compile without
+# spills with triton 3.6 and 3.9 in shared memory within the 232,448 bytes a block may use: 128 x 128 with
+# three stages up to hd64 (131,648 bytes at hd64), with two at hd128 (180,608; three ask for 246,336),
+# 128 x 64 with two at hd256 (229,760). They are not yet timed on a GPU.
 _SM90_16BIT: dict[int, _Row] = {
-    16: (K(128, 64, 4, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 4, 3)),
-    32: (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 4, 3)),
-    64: (K(128, 64, 4, 3, tma=True, fallback=K(128, 64, 8, 3)), K(64, 128, 8, 3), K(128, 128, 8, 3, tma=True)),
+    16: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 4, 3), K(128, 64, 4, 3)),
+    32: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 8, 3), K(128, 64, 4, 3)),
+    64: (
+        _ws(128, 128, 3, K(128, 64, 4, 3, tma=True, fallback=K(128, 64, 8, 3))),
+        K(64, 128, 8, 3),
+        K(128, 128, 8, 3, tma=True),
+    ),
     128: (
-        K(128, 128, 8, 3, tma=True, fallback=K(128, 64, 8, 3)),
+        _ws(128, 128, 2, K(128, 128, 8, 3, tma=True, fallback=K(128, 64, 8, 3))),
         K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
-    256: (K(128, 64, 8, 2, tma=True, fallback=K(64, 64, 8, 2)), K(16, 64, 8, 2, split=True), K(128, 32, 8, 2)),
+    256: (
+        _ws(128, 64, 2, K(128, 64, 8, 2, tma=True, fallback=K(64, 64, 8, 2))),
+        K(16, 64, 8, 2, split=True),
+        K(128, 32, 8, 2),
+    ),
 }
 # Ampere's MMA spreads accumulators over fewer threads' registers than Hopper's warpgroup MMA: smaller tiles.
 _SM80_16BIT: dict[int, _Row] = {
@@ -176,17 +221,20 @@ _SM80_FP32: dict[int, _Row] = {
 # one that does not, with triton 3.6 and 3.9. Keyed by (arch, "16-bit" or "fp32", padded head dim);
 # those without a row use the plain row. At hd256 on sm_90 no dK/dV tile tried compiles without spilling
 # with an additive mask and triton 3.9 (this one: 8 to 16 bytes; with 3.6 none).
+# The sm_90 16-bit forward rows are warp-specialised as the plain ones are, with tiles clean with window,
+# softcap, ALiBi and seqlens_k at once (at hd128 and hd256 thinner than the plain rows': 128 x 128 spills
+# 16 bytes at hd128 with triton 3.9, 128 x 64 24 bytes at hd256 with 3.6); an attn_mask falls back.
 _VARIANT_ROWS: dict[tuple[str, str, int], _Row] = {
-    ("sm90", "16-bit", 16): (K(128, 64, 8, 3, tma=True), K(32, 128, 4, 3), K(128, 64, 8, 3)),
-    ("sm90", "16-bit", 32): (K(128, 64, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
-    ("sm90", "16-bit", 64): (K(128, 32, 4, 3, tma=True), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 16): (_ws(128, 128, 3, K(128, 64, 8, 3, tma=True)), K(32, 128, 4, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 32): (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 8, 3), K(128, 64, 8, 3)),
+    ("sm90", "16-bit", 64): (_ws(128, 128, 3, K(128, 32, 4, 3, tma=True)), K(32, 128, 8, 3), K(128, 64, 8, 3)),
     ("sm90", "16-bit", 128): (
-        K(128, 64, 8, 3, tma=True, fallback=K(128, 32, 8, 3)),
+        _ws(128, 64, 3, K(128, 64, 8, 3, tma=True, fallback=K(128, 32, 8, 3))),
         K(32, 64, 8, 2),
         K(128, 32, 8, 3),
     ),
     ("sm90", "16-bit", 256): (
-        K(128, 32, 8, 2, tma=True, fallback=K(64, 32, 8, 2)),
+        _ws(128, 32, 2, K(128, 32, 8, 2, tma=True, fallback=K(64, 32, 8, 2))),
         K(16, 64, 8, 2, split=True),
         K(128, 32, 8, 2),
     ),

@@ -28,7 +28,7 @@ from .configs import (
     max_head_dim,
     shipped_config,
 )
-from .tma import descriptor, launch_tile
+from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .variants import PLAIN, KernelVariants
 
 
@@ -164,13 +164,20 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     var = variants.varlen
-    c, tma = launch_tile(config.forward, k, v, varlen=var)
+    c, ws = forward_tile(config.forward, q, k, v, variants)
+    if ws:
+        tma = True  # by descriptors the kernel makes
+    else:
+        c, tma = launch_tile(c, k, v, varlen=var)
     check_tile_offsets("forward", c.BLOCK_M, q=q, o=o)
     check_tile_offsets("forward", c.BLOCK_N, k=k, v=v)
     N_q, N_k = _grid_lengths(s, variants)
     D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
-    K_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
-    V_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
+    if ws and q.device.type == "cuda":
+        ensure_scratch_allocator()  # the kernel makes its own descriptors (see attn_fwd)
+    host_descriptors = tma and not ws
+    K_src = descriptor(k, c.BLOCK_N, D_pad) if host_descriptors else k
+    V_src = descriptor(v, c.BLOCK_N, Dv_pad) if host_descriptors else v
     # one program per (query block, batch, head), the query block fastest (see attn_fwd)
     grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
     # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd)
@@ -201,7 +208,7 @@ def forward(
         CAUSAL=causal and not variants.window,
         DOT_PRECISION=dot_precision(q.dtype),
         NEGATE_Q=s.scale < 0 and not signed,
-        TMA=tma,
+        TMA=host_descriptors,
         WINDOW=variants.window,
         SOFTCAP=variants.has_softcap,
         ALIBI=variants.has_alibi,
@@ -210,6 +217,7 @@ def forward(
         BOOL_MASK=variants.bool_mask,
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
+        WS=ws,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -1,5 +1,7 @@
 """Whether the fused kernels can run a call, and if not, why: the one answer the planner
-(:mod:`flashattn_teach.dispatch`), ``explain`` and the launchers give. Never imports triton; never raises.
+(:mod:`flashattn_teach.dispatch`), ``explain`` and the launchers give; and, for ``explain``, which forward
+configuration a call launches. Never imports triton (:func:`forward_kernel_note` does, when asked); never
+raises.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from torch import Tensor
 
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes, validate_inputs
+from ..dropout import DropoutKey
 from ..errors import AttentionError
 from .configs import DTYPES, max_head_dim
-from .launch import device_reason, needs_grad, shape_reason
-from .variants import SUPPORTED
+from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
+from .tma import forward_tile, launch_tile, ws_reason
+from .variants import NO_DROPOUT, SUPPORTED, KernelVariants
 
 
 @functools.cache
@@ -82,3 +86,23 @@ def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
             dtype = str(q.dtype).removeprefix("torch.")
             return f"the Triton decode kernel for {dtype} supports head dimensions 1 to {top}, got {name}={d}"
     return None
+
+
+def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str:
+    """For ``explain``: the forward configuration the kernels launch for this checked call (the shipped
+    one), and whether its loop is warp-specialised, or why not. Imports triton."""
+    s = opts.shapes
+    if opts.mask.packed is not None:
+        return "; forward not warp-specialised: packed sequences (a program may end early)"
+    dropout = DropoutKey(p=opts.dropout_p) if opts.dropout_p > 0.0 else NO_DROPOUT  # a stand-in: nothing drawn
+    variants = KernelVariants.from_spec(opts.mask, dropout)
+    q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
+    asked = default_config(q4, s, variants).forward
+    tile, ws = forward_tile(asked, q4, k4, v4, variants)
+    if ws:
+        return (
+            f"; forward {tile}: warp-specialised (a producer warpgroup issues the TMA copies, two consumer "
+            "warpgroups of 64 query rows compute)"
+        )
+    tile, _ = launch_tile(tile, k4, v4, varlen=False)
+    return f"; forward {tile}: not warp-specialised: {ws_reason(asked, q4, k4, v4, variants)}"

@@ -23,6 +23,14 @@ before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]``
 ``N_k`` (and, bottom-right, gives the diagonal offset ``seqlens_k[b] - N_q``); softcap and ALiBi modify
 each score after scaling it.
 
+With ``WS`` (sm_90, 16-bit inputs; :func:`flashattn_teach.triton.tma.ws_reason` says when) triton's pass
+warp-specialises the key loop: the program's 4 warps become 12, a producer warpgroup that issues the TMA
+copies of ``K_j, V_j`` into a ring of shared-memory buffers and two consumer warpgroups of 64 query rows
+each that compute, handing buffers over by mbarriers and named barriers instead of CTA-wide ones. The
+pass takes a kernel with a single loop whose loads all come from tensor descriptors made in the kernel
+(host descriptors and pointer loads fail it), so that build makes its own descriptors of ``Q, K, V`` and
+visits every key block in one masked loop: the unmasked stage's cheaper iterations are given up.
+
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
 """
 
@@ -120,6 +128,7 @@ def attn_fwd(
     BOOL_MASK: tl.constexpr = False,
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
+    WS: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -177,7 +186,22 @@ def attn_fwd(
     # 64-bit: batch and head offsets of large tensors overflow int32
     Q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     O_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    if TMA:
+    if WS:
+        # descriptors of this head's (N_k, D) keys and values, made here: the warp specialiser needs them
+        # in the kernel (launch.py gives triton a scratch allocator for them); rows past N_k read zeros
+        K_src = tl.make_tensor_descriptor(
+            K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+            shape=[N_k, HEAD_DIM],
+            strides=[stride_kn, 1],
+            block_shape=[BLOCK_N, BLOCK_D],
+        )
+        V_src = tl.make_tensor_descriptor(
+            V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh,
+            shape=[N_k, HEAD_DIM_V],
+            strides=[stride_vn, 1],
+            block_shape=[BLOCK_N, BLOCK_DV],
+        )
+    elif TMA:
         K_src = K
         V_src = V
     else:
@@ -190,7 +214,13 @@ def attn_fwd(
     in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
     Q_block = Q_head + tl.cast(start_m, tl.int64) * stride_qn
-    q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    if WS:  # the pass takes no pointer load into the producer: Q_i by a descriptor too
+        Q_desc = tl.make_tensor_descriptor(
+            Q_head, shape=[N_q, HEAD_DIM], strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D]
+        )
+        q = Q_desc.load([start_m, 0])  # rows past N_q and lanes past HEAD_DIM read 0
+    else:
+        q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     if NEGATE_Q:
         q = -q
 
@@ -210,120 +240,42 @@ def attn_fwd(
 
     if WINDOW:
         begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-        # the key blocks some row's left bound cuts
+    else:
+        begin = 0
+        full_begin = 0
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    # The warp-specialised build runs every key block in one masked loop: with a second loop in the kernel,
+    # specialised or not, the pass fails. Otherwise the first masked stage holds the key blocks some row's
+    # left window bound cuts (none without a window).
+    first_end = full_begin
+    if WS:
+        first_end = end
+    if WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, full_begin, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True, WS=WS,
+        )  # fmt: skip
+    if not WS:  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
         )  # fmt: skip
-    else:
-        full_begin = 0
-        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        K_src,
-        V_src,
-        b,
-        h_kv,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        full_begin,
-        full_end,
-        offs_m,
-        n_keys,
-        qk_scale,
-        OFFSET,
-        LEFT,
-        RIGHT,
-        softcap_log2,
-        slope_log2,
-        seed,
-        drop_offset,
-        drop_bh,
-        drop_N_q,
-        drop_N_k,
-        dropout_threshold,
-        keep_scale,
-        MASK_head,
-        start_m,
-        stride_mask_m,
-        stride_mask_n,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        CAUSAL,
-        WINDOW,
-        SOFTCAP,
-        ALIBI,
-        DROPOUT,
-        BOOL_MASK,
-        ADD_MASK,
-        DOT_PRECISION,
-        TMA,
-        MASK=False,
-    )
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        K_src,
-        V_src,
-        b,
-        h_kv,
-        stride_kn,
-        stride_kd,
-        stride_vn,
-        stride_vd,
-        full_end,
-        end,
-        offs_m,
-        n_keys,
-        qk_scale,
-        OFFSET,
-        LEFT,
-        RIGHT,
-        softcap_log2,
-        slope_log2,
-        seed,
-        drop_offset,
-        drop_bh,
-        drop_N_q,
-        drop_N_k,
-        dropout_threshold,
-        keep_scale,
-        MASK_head,
-        start_m,
-        stride_mask_m,
-        stride_mask_n,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        CAUSAL,
-        WINDOW,
-        SOFTCAP,
-        ALIBI,
-        DROPOUT,
-        BOOL_MASK,
-        ADD_MASK,
-        DOT_PRECISION,
-        TMA,
-        MASK=True,
-    )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
     # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf.

@@ -36,16 +36,20 @@ def _load_kv_block(
     BLOCK_D: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """Key (or value) block ``j``, rows ``[start, start + BLOCK_N)`` of head ``(b, h)``: (BLOCK_N, BLOCK_D).
 
-    With ``TMA`` ``src`` is a ``(B, H, N, D)`` tensor descriptor: the copy engine fetches the box into
-    shared memory and fills rows ``>= N`` and lanes ``>= D`` with zeros, with no address arithmetic in
-    the loop. Otherwise ``src`` points at head ``(b, h)``; the block's base advances in 64-bit (``N x
-    stride_n`` may pass 2^31) and the in-tile offsets stay 32-bit. Rows are masked only when ``MASK``
-    (a ragged last block can occur only in the masked stage), lanes only when ``HEAD_DIM < BLOCK_D``.
+    With ``TMA`` ``src`` is a ``(B, H, N, D)`` tensor descriptor, with ``WS`` an ``(N, D)`` one of head
+    ``(b, h)`` made in the kernel: the copy engine fetches the box into shared memory and fills rows
+    ``>= N`` and lanes ``>= D`` with zeros, with no address arithmetic in the loop. Otherwise ``src``
+    points at head ``(b, h)``; the block's base advances in 64-bit (``N x stride_n`` may pass 2^31) and
+    the in-tile offsets stay 32-bit. Rows are masked only when ``MASK`` (a ragged last block can occur
+    only in the masked stage), lanes only when ``HEAD_DIM < BLOCK_D``.
     """
-    if TMA:
+    if WS:
+        return src.load([start, 0])  # a descriptor of head (b, h) alone, made in the kernel
+    elif TMA:
         return _load_tile_tma(src, b, h, start, BLOCK_N, BLOCK_D)
     else:
         rows = tl.arange(0, BLOCK_N)
@@ -107,6 +111,7 @@ def _attn_fwd_inner(
     DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
+    WS: tl.constexpr = False,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -130,10 +135,10 @@ def _attn_fwd_inner(
         lo, hi, step = start_n, end_n, BLOCK_N
     else:
         lo, hi, step = 0, tl.cdiv(end_n - start_n, BLOCK_N), 1
-    for it in tl.range(lo, hi, step):
+    for it in tl.range(lo, hi, step, warp_specialize=WS):
         start = it if MASK else start_n + it * BLOCK_N
         # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
-        k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK)
+        k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         offs_n = start + tl.arange(0, BLOCK_N)
         if SOFTCAP or ALIBI or ADD_MASK:
@@ -183,7 +188,9 @@ def _attn_fwd_inner(
             keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
             p = tl.where(keep, p * keep_scale, 0.0)
         # V_j: (BLOCK_N, BLOCK_DV)
-        v = _load_kv_block(V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK)
+        v = _load_kv_block(
+            V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
+        )
         # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
         # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
         acc = acc * alpha[:, None]
