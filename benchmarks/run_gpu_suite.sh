@@ -39,7 +39,7 @@ budget() {
     [ "$left" -lt "$1" ] && echo $(( left > 10 ? left : 10 )) || echo "$1"
 }
 
-# The block-scheduler simulation of the benchmark's causal shapes per grid order (docs/schedule.md); it
+# The block-scheduler simulation of the benchmark's causal shapes per grid order (docs/loop-profile.md, Grid order); it
 # compiles the kernels for their occupancy and needs no GPU. Not counted in the exit status.
 schedule() {
     if "$PY" -m flashattn_teach.cli kernels --help 2>/dev/null | grep -q -- "--schedule"; then

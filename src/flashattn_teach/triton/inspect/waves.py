@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule",
         action="store_true",
-        help="simulate the block scheduler for each grid order at the benchmark's causal shapes (docs/schedule.md)",
+        help="simulate the block scheduler for each grid order at the benchmark's causal shapes (docs/loop-profile.md)",
     )
     parser.add_argument(
         "--programs-per-sm",
@@ -201,7 +201,7 @@ def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
     sms = MODELS[args.arch].sms
     kernels = [k for k in (args.kernel or SCHEDULED_KERNELS) if k in SCHEDULED_KERNELS]
     print(
-        f"# {args.arch}: {sms} SMs, greedy block scheduler; work in loop iterations (docs/schedule.md); "
+        f"# {args.arch}: {sms} SMs, greedy block scheduler; work in loop iterations (docs/loop-profile.md); "
         f"idle = 1 - ideal / makespan"
     )
     print(

@@ -12,6 +12,7 @@ from triton import language as tl
 
 from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E, _causal_key_range
+from .grid import INDEX, LONGEST, program_block
 from .masking import _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
 from .tiles import _load_block, _load_block_T, _load_tile_tma, _store_block
 
@@ -225,11 +226,11 @@ def attn_bwd_dq(
     descriptors of blocks ``(1, 1, BLOCK_N, .)``."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_blocks
-    blk = pid % n_blocks
-    if CAUSAL:
-        blk = n_blocks - 1 - blk  # the last query blocks see the most keys: start them first
+    # causal: the last query blocks see the most keys; all heads' start first (.grid)
+    blk, bh = program_block(
+        tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
+        ORDER=LONGEST if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+    )  # fmt: skip
     start_m = blk * BLOCK_M
     b = (bh // H_q).to(tl.int64)
     h = (bh % H_q).to(tl.int64)

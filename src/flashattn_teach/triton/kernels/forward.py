@@ -41,6 +41,7 @@ from triton import language as tl
 
 from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
+from .grid import INDEX, LONGEST, program_block
 from .masking import _sequence, _window_key_range
 from .tiles import _load_block, _store_block
 
@@ -155,12 +156,12 @@ def attn_fwd(
     ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
-    pid = tl.program_id(0)
-    i = pid % n_blocks
-    if CAUSAL:
-        i = n_blocks - 1 - i  # the longest key ranges start first, the short ones fill the tail
+    # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
+    i, pid_bh = program_block(
+        tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
+        ORDER=LONGEST if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+    )  # fmt: skip
     start_m = i * BLOCK_M
-    pid_bh = pid // n_blocks
     b = pid_bh // H_q
     h = pid_bh % H_q
     h_kv = h // GROUP
