@@ -72,7 +72,8 @@ def _inputs(B, H_kv, group, N_q, N_k, D, dtype, seed=0):
 @pytest.mark.parametrize(
     ("group", "N_q", "N_k", "causal", "align"),
     [
-        (1, 64, 64, False, "top_left"),
+        (1, 64, 64, False, "top_left"),  # N_k a multiple of BLOCK_N: the loop runs unmasked (EVEN_N)
+        (1, 64, 64, True, "top_left"),  # the same lengths, causal: masked
         (2, 45, 113, False, "top_left"),  # GQA, a ragged last key block
         (2, 70, 113, True, "bottom_right"),
         (1, 113, 50, True, "bottom_right"),  # the first 63 rows see no key: O = 0, lse = -inf
@@ -96,12 +97,14 @@ VARIANTS = {
     "window_softcap": {"window": (20, 3), "softcap": 2.0, "causal_align": "bottom_right"},
     # batch element 0 has no keys: its rows give O = 0, lse = -inf
     "alibi_seqlens_causal": {"alibi_slopes": [0.25, 0.0625], "seqlens_k": [0, 37], "causal": True},
+    # N_k = 80 is a multiple of BLOCK_N, but seqlens_k cuts it: the loop must stay masked
+    "seqlens_even_n": {"seqlens_k": [20, 80]},
 }
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_specialised_forward_with_variants_matches_dense(name: str) -> None:
-    q, k, v = _inputs(2, 2, 1, 53, 81, 32, torch.float16, seed=1)
+    q, k, v = _inputs(2, 2, 1, 53, 80 if name == "seqlens_even_n" else 81, 32, torch.float16, seed=1)
     options = {
         key: torch.tensor(x, dtype=torch.int32 if key == "seqlens_k" else torch.float32) if isinstance(x, list) else x
         for key, x in VARIANTS[name].items()

@@ -29,7 +29,9 @@ copies of ``K_j, V_j`` into a ring of shared-memory buffers and two consumer war
 each that compute, handing buffers over by mbarriers and named barriers instead of CTA-wide ones. The
 pass takes a kernel with a single loop whose loads all come from tensor descriptors made in the kernel
 (host descriptors and pointer loads fail it), so that build makes its own descriptors of ``Q, K, V`` and
-visits every key block in one masked loop: the unmasked stage's cheaper iterations are given up.
+visits every key block in one loop. That loop is masked, giving up the unmasked stage's cheaper iterations,
+unless ``EVEN_N`` (set by the launcher: not causal, no window or ``seqlens_k``, ``N_k`` a multiple of
+``BLOCK_N``) says that every row sees every key of every block.
 
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
 """
@@ -130,6 +132,7 @@ def attn_fwd(
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     WS: tl.constexpr = False,
+    EVEN_N: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -245,8 +248,9 @@ def attn_fwd(
         begin = 0
         full_begin = 0
         full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    # The warp-specialised build runs every key block in one masked loop: with a second loop in the kernel,
-    # specialised or not, the pass fails. Otherwise the first masked stage holds the key blocks some row's
+    # The warp-specialised build runs every key block in one loop: with a second loop in the kernel,
+    # specialised or not, the pass fails. The loop is masked unless ``EVEN_N`` says every row sees every key
+    # of every block (not causal, no window, no seqlens_k, N_k a multiple of BLOCK_N). Otherwise the first masked stage holds the key blocks some row's
     # left window bound cuts (none without a window).
     first_end = full_begin
     if WS:
@@ -258,7 +262,7 @@ def attn_fwd(
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True, WS=WS,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
         )  # fmt: skip
     if not WS:  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
