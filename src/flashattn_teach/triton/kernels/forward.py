@@ -250,8 +250,8 @@ def attn_fwd(
         full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     # The warp-specialised build runs every key block in one loop: with a second loop in the kernel,
     # specialised or not, the pass fails. The loop is masked unless ``EVEN_N`` says every row sees every key
-    # of every block (not causal, no window, no seqlens_k, N_k a multiple of BLOCK_N). Otherwise the first masked stage holds the key blocks some row's
-    # left window bound cuts (none without a window).
+    # of every block (not causal, no window, no seqlens_k, N_k a multiple of BLOCK_N). Without WS the first
+    # masked stage holds the key blocks some row's left window bound cuts (none without a window).
     first_end = full_begin
     if WS:
         first_end = end
