@@ -115,3 +115,17 @@ def test_autotune_names_a_bad_argument() -> None:
 def test_shipped_config_names_a_bad_argument(args, error: type[Exception], phrase: str) -> None:
     with pytest.raises(error, match=phrase):
         shipped_config(*args)
+
+
+def test_a_triton_older_than_the_kernels_need_is_a_reason_by_version(monkeypatch) -> None:
+    from flashattn_teach.triton import support
+
+    support.triton_reason.cache_clear()
+    try:
+        assert support.triton_reason() is None  # the installed one (the control)
+        monkeypatch.setattr(support, "_triton_version", lambda: (3, 3))
+        support.triton_reason.cache_clear()
+        why = support.triton_reason()
+        assert why is not None and "3.3" in why and "triton>=3.4" in why
+    finally:
+        support.triton_reason.cache_clear()

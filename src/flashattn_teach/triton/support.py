@@ -15,7 +15,7 @@ from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
-from .configs import DTYPES, max_head_dim
+from .configs import DTYPES, _triton_version, max_head_dim
 from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
 from .tma import forward_tile, launch_tile, ws_reason
 from .variants import NO_DROPOUT, SUPPORTED, KernelVariants
@@ -28,6 +28,26 @@ def triton_installed() -> bool:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):
         return False
+
+
+# tl.range(..., warp_specialize=) and tl.make_tensor_descriptor, which every forward build names, came in 3.4
+MIN_TRITON = (3, 4)
+
+
+@functools.cache
+def triton_reason() -> str | None:
+    """Why the installed triton cannot build the kernels (absent, or older than :data:`MIN_TRITON`), or None.
+    A triton without package metadata (a source tree on the path) is given the benefit of the doubt. Asked
+    once per process, as :func:`triton_installed`."""
+    if not triton_installed():
+        return "triton is not installed"
+    version = _triton_version()
+    if version != (0, 0) and version < MIN_TRITON:
+        return (
+            f"the installed triton {version[0]}.{version[1]} is older than the {MIN_TRITON[0]}.{MIN_TRITON[1]} the "
+            "kernels need (warp_specialize in tl.range, in-kernel tensor descriptors): pip install 'triton>=3.4'"
+        )
+    return None
 
 
 def unsupported_reason(
@@ -43,9 +63,7 @@ def unsupported_reason(
 
 def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShapes) -> str | None:
     """:func:`unsupported_reason` for inputs already validated into ``s``."""
-    if not triton_installed():
-        return "triton is not installed"
-    return device_reason(q) or shape_reason(q, s, needs_grad(q, k, v))
+    return triton_reason() or device_reason(q) or shape_reason(q, s, needs_grad(q, k, v))
 
 
 def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
@@ -68,9 +86,7 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
     """None if the decode kernels can run these inputs (checked by :mod:`flashattn_teach._validate.decode`), else
     why not. Never raises."""
-    if not triton_installed():
-        return "triton is not installed"
-    reason = device_reason(q)
+    reason = triton_reason() or device_reason(q)
     if reason is not None:
         return reason
     if q.dtype not in DTYPES:
