@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .errors import AttentionValueError
+
 _M32 = 0xFFFFFFFF
 # Philox4x32 constants (Salmon et al. 2011, Table 2): round multipliers and the Weyl key increments.
 PHILOX_ROUND_A = 0xD2511F53
@@ -62,9 +64,16 @@ class DropoutKey:
 
 def draw(p: float, generator: torch.Generator | None = None) -> DropoutKey:
     """A fresh key for one call with dropout ``p``, from torch's default CPU generator (or ``generator``);
-    no draw (and no generator state consumed) when ``p = 0``."""
+    no draw (and no generator state consumed) when ``p = 0``. Refused while a CUDA graph is being captured:
+    the seed is drawn here, on the host, so every replay of the graph would reuse one mask."""
     if p == 0.0:
         return DropoutKey()
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise AttentionValueError(
+            f"dropout_p={p} while a CUDA graph is being captured: the dropout seed is drawn on the host once, so "
+            "every replay would drop the same weights; capture with dropout_p=0, or run the dropout step eagerly "
+            "(or under torch.compile, whose graph draws the seed itself)"
+        )
     seed = int(torch.randint(0, 2**62, (), generator=generator))
     return DropoutKey(p=p, seed=seed, offset=0)
 
