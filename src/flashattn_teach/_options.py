@@ -10,6 +10,7 @@ check nothing again.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -33,6 +34,8 @@ from ._validate.varlen import (
     check_same_batch,
 )
 from .dropout import DropoutKey, draw
+from .errors import AttentionValueError
+from .flex.mods import UserMods, check_block_mask
 from .masks.spec import MaskSpec
 
 
@@ -115,6 +118,9 @@ def make_options(
     offset: int | None = None,
     causal_name: str = "causal",
     deterministic: object = False,
+    score_mod: object = None,
+    mask_mod: object = None,
+    block_mask: object = None,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
@@ -128,6 +134,7 @@ def make_options(
     # packed: slopes per sequence, checked by the caller (check_packed_alibi)
     slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
     cu_q, cu_k = packed if packed is not None else (None, None)
+    mods = check_mods(score_mod, mask_mod, block_mask, shapes)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
@@ -141,6 +148,7 @@ def make_options(
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
         offset=offset,
+        mods=mods,
     )
     return AttentionOptions(
         shapes=shapes,
@@ -150,6 +158,22 @@ def make_options(
         dropout_p=check_dropout(dropout_p),
         deterministic=check_bool("deterministic", deterministic),
     )
+
+
+def check_mods(score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes) -> UserMods | None:
+    """The call's user functions (:mod:`flashattn_teach.flex.mods`), checked: callables, a block mask that
+    fits the call's lengths, batch and heads, and not both ``mask_mod`` and ``block_mask`` (the block mask
+    carries its own)."""
+    if mask_mod is not None and block_mask is not None:
+        raise AttentionValueError(
+            "pass mask_mod or block_mask, not both: a block mask carries its own mask_mod "
+            "(create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN))"
+        )
+    bm = check_block_mask(block_mask)
+    mods = UserMods.build(score_mod, mask_mod, bm)
+    if mods is not None:
+        mods.check(math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1, shapes.N_q, shapes.N_k)
+    return mods
 
 
 def make_packed_options(

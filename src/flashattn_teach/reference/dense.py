@@ -186,6 +186,10 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         allowed, bias = opts.mask.dense(q.device)  # bool and additive, broadcastable to S (flashattn_teach.masks)
         if bias is not None:
             S = S + bias
+        mods = opts.mask.mods
+        if mods is not None and mods.score_mod is not None:  # the user's score_mod, on the flat layout's indices
+            index = opts.mask.tile_index(0, s.N_q, 0, s.N_k, q.device)
+            S = mods.score(opts.mask.scores_to_flat(S), index).reshape(S.shape)
         if allowed is not None:
             S = S.masked_fill(~allowed, float("-inf"))
 

@@ -23,18 +23,20 @@ def tiled_attention(
     the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again).
     A call that no derivative can reach runs the forward alone, without the autograd function's
     bookkeeping (a few tens of microseconds, most of a small call's host time)."""
-    if _differentiable(q, k, v):
-        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
+    captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
+    if _differentiable(q, k, v, *captures):
+        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, *captures)
         return O, lse
     return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
 
-def _differentiable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether a derivative may pass through the call: an input requires grad in grad mode, a torch.func
-    transform is active, or forward-mode AD has a dual level open (its tangents ride on the inputs)."""
+def _differentiable(*inputs: Tensor) -> bool:
+    """Whether a derivative may pass through the call: an input (``q, k, v``, a ``score_mod``'s captured
+    tensor) requires grad in grad mode, a torch.func transform is active, or forward-mode AD has a dual
+    level open (its tangents ride on the inputs)."""
     if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
         return True
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
 
 
 def _public(
