@@ -5,6 +5,7 @@ Public API:
     flash_attention               the same with FlashAttention's options (causal alignment, lse, backend)
     flash_attention_varlen        packed variable-length sequences, flash-attn's varlen layout
     flash_attention_with_kvcache  a decode step against a KV cache, split-KV (Flash-Decoding)
+    flex_attention                FlexAttention's function (score_mod, block masks) without torch.compile
     explain                       which backend would run for given inputs, and why
     explain_with_kvcache          which path, how many key ranges and which row layout a decode step would use
     reference                     dense oracle, online-softmax references, memory-efficient backward
@@ -24,6 +25,7 @@ from .api import (
     flash_attention,
     flash_attention_varlen,
     flash_attention_with_kvcache,
+    flex_attention,
     scaled_dot_product_attention,
 )
 from .dispatch import BACKENDS, Plan
@@ -46,6 +48,7 @@ __all__ = [
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
     "flash_backward",
+    "flex_attention",
     "key_major_attention",
     "keymajor_attention",
     "merge_attention_states",

@@ -8,12 +8,14 @@ to the dispatcher (:mod:`flashattn_teach.dispatch`), or, while compiled, to its 
     explain_call.py    explain: the plan a call would run, without running it (not `explain.py`: the
                        package exports the function `explain`, which would hide a module of that name)
     explain_decode.py  explain_with_kvcache: the same for a decode step
+    flex.py            flex_attention (FlexAttention's function: score_mod and a block mask)
 """
 
 from .attention import flash_attention, scaled_dot_product_attention
 from .decode import flash_attention_with_kvcache
 from .explain_call import explain
 from .explain_decode import explain_with_kvcache
+from .flex import flex_attention
 from .varlen import flash_attention_varlen
 
 __all__ = [
@@ -22,5 +24,6 @@ __all__ = [
     "flash_attention",
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
+    "flex_attention",
     "scaled_dot_product_attention",
 ]
