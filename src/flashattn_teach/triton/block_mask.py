@@ -41,7 +41,7 @@ def launch_block_kinds(
     """int8 ``(B_o, H_o, T_r, T_c)``: the kind of every ``block_m x block_n`` tile under the ``@triton.jit``
     ``mask_jit(b, h, q_idx, kv_idx, C0, C1, C2, C3)``, reading ``captures`` (at most four, on ``device``)
     through C0.. in order. ``B_o``/``H_o`` of 1: the function does not read b/h (program index 0 only)."""
-    from .kernels.block_mask import _block_kinds_kernel  # imports triton
+    from .kernels.block_mask import block_kinds_kernel  # imports triton
 
     if len(captures) > MAX_CAPTURE_SLOTS:
         raise AttentionValueError(
@@ -55,7 +55,7 @@ def launch_block_kinds(
     kinds = torch.empty(B_o, H_o, T_r, T_c, dtype=torch.int8, device=device)
     # unused pointer slots get a tensor the generated function never reads
     C = [*captures, *[kinds] * (MAX_CAPTURE_SLOTS - len(captures))]
-    _block_kinds_kernel[(B_o, H_o, T_r)](
+    block_kinds_kernel[(B_o, H_o, T_r)](
         kinds,
         *kinds.stride(),
         N_q,

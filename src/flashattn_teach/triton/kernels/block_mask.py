@@ -18,7 +18,7 @@ from triton import language as tl
 
 
 @triton.jit
-def _block_kinds_kernel(
+def block_kinds_kernel(
     KINDS,  # int8 (B|1, H|1, T_r, T_c), written
     stride_kb,
     stride_kh,
