@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ from ._validate.varlen import (
 )
 from .dropout import DropoutKey, draw
 from .errors import AttentionValueError
-from .flex.block_mask import DEFAULT_BLOCK_SIZE, classified_block_mask
+from .flex.block_mask import DEFAULT_BLOCK_SIZE, BlockMask, classified_block_mask
 from .flex.mods import UserMods, check_block_mask
 from .masks.spec import MaskSpec
 
@@ -173,7 +173,7 @@ def check_mods(
             "pass mask_mod or block_mask, not both: a block mask carries its own mask_mod "
             "(create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN))"
         )
-    bm = check_block_mask(block_mask)
+    bm = check_block_mask(from_torch(block_mask))
     B, H = math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1
     mods = UserMods.build(score_mod, mask_mod, bm)
     if mods is not None and mods.mask_mod is not None and bm is None and shapes.N_q and shapes.N_k:
@@ -184,6 +184,23 @@ def check_mods(
     if mods is not None:
         mods.check(B, H, shapes.N_q, shapes.N_k)
     return mods
+
+
+def from_torch(block_mask: object) -> object:
+    """torch's own ``BlockMask`` (``torch.nn.attention.flex_attention.create_block_mask``'s) as this library's,
+    from its index lists (the same blocks and ``mask_mod``); anything else as it is."""
+    if type(block_mask).__name__ != "BlockMask" or not type(block_mask).__module__.startswith("torch."):
+        return block_mask
+    t: Any = block_mask
+    return BlockMask.from_kv_blocks(
+        t.kv_num_blocks,
+        t.kv_indices,
+        t.full_kv_num_blocks,
+        t.full_kv_indices,
+        BLOCK_SIZE=tuple(t.BLOCK_SIZE),
+        mask_mod=t.mask_mod,
+        seq_lengths=tuple(t.seq_lengths),
+    )
 
 
 def make_packed_options(

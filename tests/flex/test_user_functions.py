@@ -204,3 +204,19 @@ def test_explain_says_where_the_user_functions_run():
     assert "each tile's index tensors" in tiled and "captured tensors that require grad" in tiled
     assert "whole N_q x N_k grid" in str(fa.explain(q, k, v, score_mod=score_mod, backend="dense"))
     assert "user functions" not in str(fa.explain(q, k, v, backend="online"))  # the control
+
+
+def test_a_block_mask_built_by_torch_is_taken_as_it_is():
+    from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+
+    q, k, v = _inputs(N_q=200, N_k=200, grad=False)
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= 40
+
+    theirs = torch_block_mask(sliding, None, None, 200, 200, device="cpu", BLOCK_SIZE=64)
+    ours = fa.create_block_mask(sliding, None, None, 200, 200, device="cpu", BLOCK_SIZE=64)
+    assert theirs.kv_num_blocks.sum() < theirs.kv_num_blocks.numel() * 4  # some blocks are skipped
+    torch.testing.assert_close(
+        fa.flex_attention(q, k, v, block_mask=theirs), fa.flex_attention(q, k, v, block_mask=ours)
+    )
