@@ -12,6 +12,7 @@ from torch.autograd import forward_ad
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
+from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from .autograd import TiledAttentionFunction, tiled_forward
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -55,6 +56,9 @@ def _public(
     seqlens_k: Tensor | None,
     attn_mask: Tensor | None,
     dropout_p: float,
+    score_mod: ScoreMod | None,
+    mask_mod: MaskMod | None,
+    block_mask: BlockMask | None,
     block_m: int,
     block_n: int,
     return_lse: bool,
@@ -74,6 +78,9 @@ def _public(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
     )
     block_m, block_n = validate_block_sizes(block_m, block_n)
     O, lse = tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
@@ -96,6 +103,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -118,6 +128,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -140,6 +153,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -161,6 +177,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -180,6 +199,8 @@ def online_attention(
             ``alibi_slopes`` or ``attn_mask``.
         dropout_p: dropout on the attention weights, as :func:`flashattn_teach.reference.dense_attention`
             (the same mask for the same key; drawn tile by tile, and again in the backward, never stored).
+        score_mod, mask_mod, block_mask: FlexAttention's user functions, as
+            :func:`flashattn_teach.flash_attention` takes them, run on each tile's index tensors.
         block_m, block_n: query and key tile sizes (``Br``, ``Bc`` in the papers); any sizes >= 1, they
             need not divide N.
         return_lse: also return ``lse = m + log l`` of shape ``(..., H_q, N_q)``.
@@ -206,6 +227,9 @@ def online_attention(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,
@@ -228,6 +252,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -250,6 +277,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -272,6 +302,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -293,6 +326,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -317,6 +353,9 @@ def key_major_attention(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,
