@@ -96,7 +96,7 @@ def via_reference(order: str, block_m: int, block_n: int) -> Path:
     def run(q, k, v, **kw):
         public = TILED_PUBLIC.get(order)
         if public is not None and takes_user_functions(public):
-            return public(q, k, v, block_m=block_m, block_n=block_n, return_lse=True, **kw)
+            return public(q, k, v, block_m=block_m, block_n=block_n, enable_gqa=True, return_lse=True, **kw)
         opts = make_options(q, k, v, enable_gqa=True, **kw)
         guard = parallel_even_when_small() if order == "parallel" else contextlib.nullcontext()
         with guard:
