@@ -11,8 +11,12 @@ Rows (``impl`` x ``mask`` x ``mode``):
   backend, with this library's ``create_block_mask`` (built once, outside the timing, as a model does);
 - ``torch_flex``: ``torch.nn.attention.flex_attention.flex_attention`` called eagerly (no torch.compile),
   with torch's ``create_block_mask``; forward only, torch has no CPU backward;
-- ``ours_builtin``: ``flashattn_teach.flash_attention(q, k, v, softcap=30, causal=True)``, the same numbers
-  by the built-in variants (causal mask only: document masking has no built-in form on padded inputs).
+- ``ours_builtin``: the same attention by the built-in variants: ``flash_attention(q, k, v, softcap=30,
+  causal=True)`` for the causal mask, and for the document mask ``flash_attention_varlen`` on the documents
+  packed as sequences (``cu_seqlens`` at the document starts, ``causal=True``, ``softcap=30``).
+
+Before timing, each ``ours_flex`` forward is compared with its ``ours_builtin`` one and torch's (the
+largest absolute difference is printed and stored as ``max_abs_diff``), so the rows time the same numbers.
 
 ``mode`` is ``fwd`` (no autograd) or ``fwd+bwd`` (forward, then ``O.backward(dO)``). Times are the median
 of ``--repeats`` calls after one warm-up call, all in this process with torch's default threading; every
@@ -53,17 +57,20 @@ def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def document_mask(N: int) -> Callable:
-    """Causal attention inside each of ``DOCUMENTS`` documents packed into one sequence of length ``N``."""
+def document_mask(N: int) -> tuple[Callable, torch.Tensor]:
+    """Causal attention inside each of ``DOCUMENTS`` documents packed into one sequence of length ``N``, and
+    the documents' ``cu_seqlens`` (int32 ``(DOCUMENTS + 1,)``) for the packed built-in form."""
     g = torch.Generator().manual_seed(0)
+    cuts = torch.sort(torch.randperm(N - 1, generator=g)[: DOCUMENTS - 1] + 1).values
     starts = torch.zeros(N, dtype=torch.int64)
-    starts[torch.randperm(N - 1, generator=g)[: DOCUMENTS - 1] + 1] = 1
+    starts[cuts] = 1
     doc = starts.cumsum(0)  # (N,): document of each position
 
     def causal_document(b, h, q_idx, kv_idx):
         return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
 
-    return causal_document
+    cu_seqlens = torch.cat([torch.tensor([0]), cuts, torch.tensor([N])]).to(torch.int32)
+    return causal_document, cu_seqlens
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,9 @@ def calls(B: int, H: int, N: int, D: int) -> dict[tuple[str, str, str], Callable
     q, k, v = (torch.randn(B, H, N, D, generator=g) for _ in range(3))  # (B, H, N, D) float32
     dO = torch.randn(B, H, N, D, generator=g)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    masks = {"causal": causal, "document": document_mask(N)}
+    document, cu_seqlens = document_mask(N)
+    masks = {"causal": causal, "document": document}
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     ours_masks = {m: fa.create_block_mask(fn, None, None, N, N, device="cpu") for m, fn in masks.items()}
     torch_masks = {m: flex.create_block_mask(fn, None, None, N, N, device="cpu") for m, fn in masks.items()}
 
@@ -125,11 +134,32 @@ def calls(B: int, H: int, N: int, D: int) -> dict[tuple[str, str, str], Callable
     table["ours_builtin", "causal", "fwd+bwd"] = lambda: backward(
         fa.flash_attention(*leaves, softcap=SOFTCAP, causal=True)
     )
+
+    def packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The documents as packed sequences: ``(1, H, N, D)`` -> ``(N, H, D)`` and back."""
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # (H, N, D) -> (N, H, D)
+        O = fa.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=True, softcap=SOFTCAP)
+        return O.transpose(0, 1)[None]  # (N, H, D) -> (1, H, N, D)
+
+    table["ours_builtin", "document", "fwd"] = lambda: packed(q, k, v)
+    table["ours_builtin", "document", "fwd+bwd"] = lambda: backward(packed(*leaves))
     return table
 
 
-def measure(B: int, H: int, N: int, D: int, repeats: int) -> list[Row]:
+def max_abs_diff(table: dict[tuple[str, str, str], Callable[[], object]]) -> dict[str, float]:
+    """For each mask, the largest ``|ours_flex - other|`` of the forwards, other = ours_builtin, torch_flex."""
+    diffs = {}
+    with torch.no_grad():
+        for mask in ("causal", "document"):
+            ours = table["ours_flex", mask, "fwd"]()
+            for other in ("ours_builtin", "torch_flex"):
+                diffs[f"{mask}:{other}"] = float((ours - table[other, mask, "fwd"]()).abs().max())
+    return diffs
+
+
+def measure(B: int, H: int, N: int, D: int, repeats: int) -> tuple[list[Row], dict[str, float]]:
     table = calls(B, H, N, D)
+    diffs = max_abs_diff(table)
     rows = []
     for condition in CONDITIONS:
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if condition == "loaded" else None
@@ -147,7 +177,7 @@ def measure(B: int, H: int, N: int, D: int, repeats: int) -> list[Row]:
             if spinner is not None:
                 spinner.kill()
                 spinner.wait()
-    return rows
+    return rows, diffs
 
 
 def print_table(rows: list[Row], shape: str) -> None:
@@ -175,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     B, H, N, D = (1, 4, 256, 64) if args.quick else (1, 4, 1024, 64)
     repeats = 2 if args.quick else args.repeats
-    rows = measure(B, H, N, D, repeats)
+    rows, diffs = measure(B, H, N, D, repeats)
     shape = f"B={B} H={H} N={N} D={D} float32, {torch.get_num_threads()} threads"
     print_table(rows, shape)
+    print("max |ours_flex - other| of the forwards: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "machine": machine_info(),
@@ -185,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "shape": dict(B=B, H=H, N=N, D=D, dtype="float32"),
         "softcap": SOFTCAP,
         "documents": DOCUMENTS,
+        "max_abs_diff": diffs,
         "rows": [asdict(r) for r in rows],
     }
     path = args.out / "flex_cpu.json"
