@@ -109,9 +109,9 @@ def via_reference(order: str, block_m: int, block_n: int) -> Path:
 CPU_BACKENDS = [pytest.param(via_backend(name), id=name) for name in ("parallel", "online", "key_major", "dense")]
 PATHS = [
     *CPU_BACKENDS,
-    pytest.param(via_reference("query_major", 32, 48), id="online_attention_32x48"),
-    pytest.param(via_reference("key_major", 48, 32), id="key_major_attention_48x32"),
-    pytest.param(via_reference("parallel", 40, 24), id="parallel_40x24"),
+    pytest.param(via_reference("query_major", 64, 96), id="online_attention_64x96"),
+    pytest.param(via_reference("key_major", 96, 64), id="key_major_attention_96x64"),
+    pytest.param(via_reference("parallel", 48, 80), id="parallel_48x80"),
 ]
 
 B, H_Q, H_KV, D, D_V = 2, 4, 2, 16, 8
