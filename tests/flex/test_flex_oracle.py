@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention
 from flex_cases import (
     HIDDEN_ROWS,
     MASKS,
@@ -319,14 +320,17 @@ def _hand_built_block_mask(N_q: int, N_k: int, block: tuple[int, int]):
     return tables(partial), tables(full)
 
 
+@pytest.mark.parametrize("library", ["ours", "torch"])
 @pytest.mark.parametrize("run", [*PATHS, pytest.param("flex_attention", id="flex_attention")])
-def test_hand_built_block_mask_means_what_its_tables_say(run):
+def test_hand_built_block_mask_means_what_its_tables_say(run, library):
     """``BlockMask.from_kv_blocks``: a FULL block is visible without mask_mod (it says False above the
     diagonal there), a SKIP block is invisible (mask_mod says True below the diagonal there), a PARTIAL block
-    applies mask_mod, as in torch."""
+    applies mask_mod, as in torch (compiled; eager torch applies mask_mod everywhere). The block mask is
+    ours or torch's ``from_kv_blocks`` of the same tables."""
     N_q, N_k, block = 113, 203, (32, 64)
     (num, idx), (full_num, full_idx) = _hand_built_block_mask(N_q, N_k, block)
-    block_mask = fa.BlockMask.from_kv_blocks(
+    block_mask_class = fa.BlockMask if library == "ours" else torch.nn.attention.flex_attention.BlockMask
+    block_mask = block_mask_class.from_kv_blocks(
         num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=causal_mask, seq_lengths=(N_q, N_k)
     )
     partial, full = block_visibility(num, idx, full_num, full_idx, block, N_q, N_k)

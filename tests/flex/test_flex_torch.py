@@ -43,14 +43,21 @@ def inputs(N_q: int, N_k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch
     return tuple(t.to(dtype) for t in (q, k, v))
 
 
-def both_libraries(builder, N_q: int, N_k: int, dtype: torch.dtype, block_size=128, **kw) -> None:
-    """Ours and torch's on the same inputs and functions, each with its own block mask of ``mask_mod``."""
+def both_libraries(
+    builder, N_q: int, N_k: int, dtype: torch.dtype, block_size=128, torch_mask_for_ours: bool = False, **kw
+) -> None:
+    """Ours and torch's on the same inputs and functions, each with its own block mask of ``mask_mod`` (or
+    both with torch's, ``torch_mask_for_ours``: code that keeps torch's mask builder)."""
     mods = builder(Dims(B, H_Q, N_q, N_k), Params(dtype))
     q, k, v = inputs(N_q, N_k, dtype)
     ours_mask = theirs_mask = None
     if mods.mask_mod is not None:
-        ours_mask = fa.create_block_mask(mods.mask_mod, B, H_Q, N_q, N_k, device="cpu", BLOCK_SIZE=block_size)
         theirs_mask = flex.create_block_mask(mods.mask_mod, B, H_Q, N_q, N_k, device="cpu", BLOCK_SIZE=block_size)
+        ours_mask = (
+            theirs_mask
+            if torch_mask_for_ours
+            else fa.create_block_mask(mods.mask_mod, B, H_Q, N_q, N_k, device="cpu", BLOCK_SIZE=block_size)
+        )
     with torch.no_grad():  # torch has no CPU backward
         O, lse = fa.flex_attention(
             q, k, v, score_mod=mods.score_mod, block_mask=ours_mask, enable_gqa=True, return_lse=True, **kw
@@ -73,6 +80,13 @@ def test_torch_suite_score_mods_match_torch_flex_attention(name, dtype):
 def test_common_masks_match_torch_flex_attention(name, N_q, N_k, block_size):
     """Including rows that see no key (the document mask with N_q > N_k): torch gives 0 and -inf too."""
     both_libraries(MASKS[name], N_q, N_k, torch.float64, block_size=block_size)
+
+
+@pytest.mark.parametrize("block_size", [128, (32, 64)], ids=["128", "32x64"])
+@pytest.mark.parametrize("name", ["causal_document", "dilated_window"])
+def test_torch_block_mask_given_to_ours_matches_torch(name, block_size):
+    """A BlockMask from torch's own create_block_mask, passed to our flex_attention."""
+    both_libraries(MASKS[name], 203, 113, torch.float64, block_size=block_size, torch_mask_for_ours=True)
 
 
 @pytest.mark.parametrize("name", list(SCORE_MODS))
