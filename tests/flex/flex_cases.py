@@ -334,13 +334,17 @@ def oracle(
     scale: float | None = None,
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    seqlens_k: Tensor | None = None,
     causal: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` in float64 over the whole score matrix, by the documented order.
 
     ``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` with ``H_kv`` dividing ``H_q``
     (query head h reads key head ``h // (H_q // H_kv)``); ``visible``: a bool mask broadcast to
-    ``(B, H_q, N_q, N_k)`` (a block mask's blocks), applied with ``mask_mod``. A row that sees no key, or
+    ``(B, H_q, N_q, N_k)`` (a block mask's blocks), applied with ``mask_mod``; ``attn_mask``: additive (added
+    with the ALiBi bias, before ``score_mod``) or bool (a mask); ``seqlens_k (B,)``: keys ``j >= seqlens_k[b]``
+    are invisible; ``causal`` is top-left (query i sees keys j <= i). A row that sees no key, or
     whose scores are all -inf after ``score_mod``, gives ``O = 0`` and ``lse = -inf``. Differentiable in
     q, k, v and in any tensor the functions capture.
     """
@@ -358,6 +362,8 @@ def oracle(
         S = softcap * torch.tanh(S / softcap)
     if alibi_slopes is not None:
         S = S - alibi_slopes.double().reshape(-1, H_q, 1, 1) * (q_idx - kv_idx).abs()
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        S = S + attn_mask.double()
     if score_mod is not None:
         S = score_mod(S, b, h, q_idx, kv_idx).expand(B, H_q, N_q, N_k)
     seen = torch.ones(B, H_q, N_q, N_k, dtype=torch.bool)
@@ -367,6 +373,10 @@ def oracle(
         seen = seen & mask_mod(b, h, q_idx, kv_idx)
     if visible is not None:
         seen = seen & visible
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        seen = seen & attn_mask
+    if seqlens_k is not None:
+        seen = seen & (kv_idx < seqlens_k.view(B, 1, 1, 1))
     S = S.masked_fill(~seen, NEG_INF)
     empty = torch.isneginf(S).all(dim=-1, keepdim=True)  # (B, H_q, N_q, 1): rows that see no key
     S = S.masked_fill(empty, 0.0)  # keeps softmax and its gradient finite on those rows

@@ -142,7 +142,7 @@ def check(
     mods = builder(dims, Params(dtype))
     ref_mods = builder(dims, Params(torch.float64, rounded_to=dtype))
     O, lse = run(q, k, v, score_mod=mods.score_mod, mask_mod=mods.mask_mod, **kw)
-    wide = {n: (t.double() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    wide = {n: (t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t) for n, t in kw.items()}
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     O_ref, lse_ref = oracle(q64, k64, v64, score_mod=ref_mods.score_mod, mask_mod=ref_mods.mask_mod, **wide)
     assert O.dtype == dtype and O.shape == O_ref.shape
@@ -234,6 +234,22 @@ def test_score_mod_runs_after_softcap_and_alibi_and_before_causal(run, builder):
     softcap or the bias, so another order gives other numbers (the control below shows by how much)."""
     slopes = torch.rand(H_Q, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     check(run, builder, 113, 203, torch.float64, softcap=1.5, alibi_slopes=slopes, causal=True)
+
+
+@pytest.mark.parametrize("run", PATHS)
+def test_score_mod_runs_after_an_additive_attn_mask(run):
+    """An additive ``attn_mask`` is a built-in bias: it is added before ``score_mod`` (squared here)."""
+    bias = torch.randn(113, 203, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    check(run, _squared, 113, 203, torch.float64, attn_mask=bias)
+
+
+@pytest.mark.parametrize("run", PATHS)
+def test_mask_mod_composes_with_seqlens_k_and_a_bool_attn_mask(run):
+    """Every mask applies: right-padded keys (``seqlens_k``, one batch element sees none), a bool
+    ``attn_mask`` and the causal document mask_mod, with a learned score_mod."""
+    seen = torch.rand(1, H_Q, 1, 113, generator=torch.Generator().manual_seed(5)) < 0.8  # (1, H_q, 1, N_k)
+    build = _with_mask(SCORE_MODS["key_bias"], MASKS["causal_document"])
+    check(run, build, 203, 113, torch.float64, seqlens_k=torch.tensor([0, 97]), attn_mask=seen)
 
 
 def test_the_order_control_another_order_gives_other_numbers():
