@@ -12,7 +12,7 @@ there, so ``triton.jit`` can read it (``inspect.getsource``) both compiled and i
 
 The kernels pass ``compiled.captures`` (the tensors the function reads, in slot order) as ``C0..C3``.
 Supported inside a function: ``+ - * / // % ** (by a number)``, unary ``-``, ``abs``, comparisons,
-``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos floor``, ``maximum``,
+``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor``, ``maximum``,
 ``minimum``, ``clamp``, ``.to(dtype)`` and the cast methods, ``full_like / zeros_like / ones_like`` and
 ``new_full / new_zeros / new_ones`` of size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into
 captured tensors with integer expressions of ``b, h, q_idx, kv_idx`` (results of lookups included).

@@ -78,6 +78,11 @@ def nonnegative(node: Node) -> bool:
     return node.op == "abs" or (node.op == "cast" and node.args[0].kind == "b")
 
 
+def _scalar(node: Node) -> bool:
+    """Is ``node`` a scalar tensor (a function of b and h only; not a Python constant)?"""
+    return not node.dims and node.op != "const"
+
+
 class _Function:
     """The body of one generated function: a line per node of the root's cone."""
 
@@ -111,6 +116,8 @@ class _Function:
         if n.op == "truediv" and n.args[1].op == "const" and n.args[1].value not in (0, float("inf"), float("-inf")):
             # x / c as x * (1 / c), as the built-in softcap scales: a multiply, within an ulp of the quotient
             return f"{a[0]} * {literal(1.0 / n.args[1].value, 'f')}"
+        if n.op in ("and", "or", "xor") and n.kind == "b":
+            return self.logical(n, a)
         if n.op in _INFIX:
             return f"{a[0]} {_INFIX[n.op]} {a[1]}"
         if n.op == "floordiv":
@@ -137,8 +144,12 @@ class _Function:
             return out
         if n.op == "not":
             return f"{a[0]} == 0" if n.kind == "b" else f"~{a[0]}"
+        if n.op == "detach":
+            return a[0]  # the same value; only its derivative is zero
         if n.op == "neg":
             return f"-{a[0]}"
+        if n.op == "tan":
+            return f"tl.sin({a[0]}) / tl.cos({a[0]})"
         if n.op in _FLOAT_LIBRARY:
             if n.op == "tanh":
                 self.helpers.add("_tanh")
@@ -155,6 +166,20 @@ class _Function:
         if n.op == "pow":
             return self.power(n, a[0])
         raise AssertionError(f"emit: no rule for {n.op}")  # trace.py creates no other op
+
+    def logical(self, n: Node, a: list[str]) -> str:
+        """``& | ^`` of bools; a scalar one (of b, h) with a tile selects with ``tl.where`` instead, which
+        compiles alike and which the interpreter gets right (its int1 splat breaks ``&``)."""
+        x, y = n.args
+        if _scalar(y) and not _scalar(x):
+            x, y, a = y, x, [a[1], a[0]]
+        if not (_scalar(x) and not _scalar(y)):
+            return f"{a[0]} {_INFIX[n.op]} {a[1]}"
+        if n.op == "and":
+            return f"tl.where({a[0]}, {a[1]}, False)"
+        if n.op == "or":
+            return f"tl.where({a[0]}, True, {a[1]})"
+        return f"tl.where({a[0]}, {a[1]} == 0, {a[1]})"
 
     def power(self, n: Node, x: str) -> str:
         c = n.params[0]
@@ -176,7 +201,7 @@ class _Function:
         slot = n.params[0]
         layout: CaptureLayout = self.graph.layouts[slot]
         wide = sum((size - 1) * stride for size, stride in zip(layout.shape, layout.strides, strict=True)) > _INT32_MAX
-        terms, checks = [], []
+        terms, checks, scalar_checks = [], [], []
         for axis, (index, size, stride) in enumerate(zip(n.args, layout.shape, layout.strides, strict=True)):
             ref = self.ref(index)
             if index.op == "const":
@@ -190,14 +215,18 @@ class _Function:
                     wrapped = f"{name}_i{axis}"
                     self.lines.append(f"{wrapped} = tl.where({ref} < 0, {ref} + {size}, {ref})")
                     ref = wrapped
-                    checks.append(f"({ref} >= 0)")
-                checks.append(f"({ref} < {size})")
+                    (scalar_checks if _scalar(index) else checks).append(f"({ref} >= 0)")
+                (scalar_checks if _scalar(index) else checks).append(f"({ref} < {size})")
             if wide:
                 ref = f"{ref}.to(tl.int64)" if index.op != "const" else ref
             if stride != 0:
                 terms.append(ref if stride == 1 else f"{ref} * {stride}")
         pointer = " + ".join([f"C{slot}", *terms])
-        mask = f", mask={' & '.join(checks)}, other=0" if checks else ""
+        mask = " & ".join(checks)
+        if scalar_checks:  # see logical(): a scalar condition selects rather than broadcasts into &
+            scalar = " & ".join(scalar_checks)
+            mask = f"tl.where({scalar}, {mask}, False)" if checks else scalar
+        mask = f", mask={mask}, other=0" if mask else ""
         cast = _LOAD_CAST.get(layout.dtype, ".to(tl.int32)")
         return f"tl.load({pointer}{mask}){cast}"
 

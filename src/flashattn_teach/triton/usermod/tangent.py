@@ -6,9 +6,9 @@ pointwise in ``score``, one forward-mode pass does it: every node gets a tangent
 which are torch's autograd formulas so that the kernels' gradients agree with autograd's on the CPU:
 
     x + y: dx + dy           x * y: dx y + x dy        x / y: dx / y - dy (x / y) / y
-    x % y: dx - dy floor(x / y)                        x // y, floor, casts to int/bool, lookups: 0
+    x % y: dx - dy floor(x / y)                        x // y, floor, detach, casts to int/bool, lookups: 0
     exp: dx e^x   exp2: dx 2^x ln2   log: dx / x   log2: dx / (x ln2)   tanh: dx (1 - t^2)
-    sigmoid: dx s (1 - s)   sqrt: dx / (2 r)   rsqrt: -dx r^3 / 2   sin: dx cos   cos: -dx sin
+    sigmoid: dx s (1 - s)   sqrt: dx / (2 r)   rsqrt: -dx r^3 / 2   sin: dx cos   cos: -dx sin   tan: dx (1 + t^2)
     abs: dx sign(x)          x ** c: dx c x^(c-1) (0 for c = 0)
     where(c, x, y): where(c, dx, dy)
     maximum(x, y): dx where x > y, dy where x < y, (dx + dy) / 2 at ties (torch splits ties evenly)
@@ -21,7 +21,23 @@ import math
 
 from .graph import Graph, Node
 
-_ZERO_TANGENT = ("const", "gather", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "not", "floordiv", "floor")
+_ZERO_TANGENT = (
+    "const",
+    "gather",
+    "detach",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq",
+    "ne",
+    "and",
+    "or",
+    "xor",
+    "not",
+    "floordiv",
+    "floor",
+)
 
 
 class _Builder:
@@ -126,6 +142,8 @@ def _rule(f: _Builder, n: Node, d: list[Node | None]) -> Node | None:
         return f.mul(d[0], f.mul(f.c(-0.5), f.op("mul", n, f.op("mul", n, n))))
     if n.op == "sin":
         return f.mul(d[0], f.op("cos", x))
+    if n.op == "tan":
+        return f.mul(d[0], f.op("add", f.c(1.0), f.op("mul", n, n)))
     if n.op == "cos":
         return f.neg(f.mul(d[0], f.op("sin", x)))
     if n.op == "pow":

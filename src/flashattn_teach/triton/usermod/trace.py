@@ -265,7 +265,7 @@ _BINARY = {
 }  # fmt: skip
 _REFLECTED = {"__radd__", "__rsub__", "rsub", "__rmul__", "__rtruediv__", "__rdiv__", "__rfloordiv__",
               "__rmod__", "__rand__", "__ror__", "__rxor__"}  # fmt: skip
-_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "floor"}
+_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan", "floor"}
 _UNARY = {"neg": "neg", "negative": "neg", "__neg__": "neg", "abs": "abs", "absolute": "abs",
           "__abs__": "abs", "logical_not": "not", "bitwise_not": "not", "__invert__": "not",
           **{name: name for name in _UNARY_FLOAT}}  # fmt: skip
@@ -395,8 +395,11 @@ class Tracer:
             return self.to(display, name, args, kwargs)
         if name in ("full_like", "zeros_like", "ones_like", "new_zeros", "new_ones", "new_full"):
             return self.fill(display, name, args, kwargs)
-        if name in ("contiguous", "clone", "detach") and len(args) == 1:
+        if name in ("contiguous", "clone") and len(args) == 1:
             return args[0]
+        if name == "detach" and len(args) == 1:
+            x = self.node(args[0])
+            return Traced(self, g.add("detach", (x,), (), x.kind, site))
         raise self.unsupported(f"uses {display}")
 
     def _no_kwargs(self, display: str, kwargs: dict[str, Any]) -> None:
