@@ -213,14 +213,17 @@ def unsupported_reason(fn: Callable[..., Any], captures: Sequence[Tensor], kind:
 def generated_source(fn: Callable[..., Any], captures: Sequence[Tensor] = (), kind: str | None = None) -> str:
     """The Triton source the kernels run for ``fn``, for a reader: ``print(generated_source(my_mod))``.
 
-    ``kind`` defaults by arity: 5 parameters is a score_mod, 4 a mask_mod.
+    ``kind`` defaults by arity: 5 parameters without defaults is a score_mod, 4 a mask_mod.
     """
     if kind is None:
-        arity = len(inspect.signature(fn).parameters)
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        parameters = inspect.signature(fn).parameters.values()
+        arity = sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
         if arity not in (4, 5):
             raise AttentionValueError(
-                f"generated_source: {getattr(fn, '__name__', fn)!r} takes {arity} parameters; a score_mod takes "
-                "5 (score, b, h, q_idx, kv_idx), a mask_mod 4 (b, h, q_idx, kv_idx); pass kind= to say which"
+                f"generated_source: {getattr(fn, '__name__', fn)!r} takes {arity} parameters without defaults; a "
+                "score_mod takes 5 (score, b, h, q_idx, kv_idx), a mask_mod 4 (b, h, q_idx, kv_idx); "
+                "pass kind= to say which"
             )
         kind = "score_mod" if arity == 5 else "mask_mod"
     return _translate(fn, captures, kind, load=False).source

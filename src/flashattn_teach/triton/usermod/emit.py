@@ -201,7 +201,9 @@ class _Function:
         slot = n.params[0]
         layout: CaptureLayout = self.graph.layouts[slot]
         wide = sum((size - 1) * stride for size, stride in zip(layout.shape, layout.strides, strict=True)) > _INT32_MAX
-        terms, checks, scalar_checks = [], [], []
+        terms: list[str] = []
+        checks: list[str] = []
+        scalar_checks: list[str] = []
         for axis, (index, size, stride) in enumerate(zip(n.args, layout.shape, layout.strides, strict=True)):
             ref = self.ref(index)
             if index.op == "const":
