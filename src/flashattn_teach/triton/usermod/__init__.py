@@ -69,7 +69,8 @@ class CompiledScoreMod:
 @dataclass(frozen=True)
 class CompiledMaskMod:
     """A translated ``mask_mod``: ``jit`` is a ``@triton.jit`` function ``(b, h, q_idx, kv_idx, C0, C1, C2,
-    C3) -> int1`` broadcastable to ``(BLOCK_M, BLOCK_N)``; pass ``captures`` as ``C0..``; ``source`` is its code."""
+    C3) -> int1``, 2-D, broadcastable to ``(BLOCK_M, BLOCK_N)``; pass ``captures`` as ``C0..``; ``source`` is
+    its code."""
 
     jit: Any
     source: str

@@ -2,7 +2,7 @@
 
     score_mod(score, b, h, q_idx, kv_idx, C0, C1, C2, C3) -> fp32 (BLOCK_M, BLOCK_N)
     score_grad(score, b, h, q_idx, kv_idx, C0, C1, C2, C3) -> d score_mod / d score, fp32 (BLOCK_M, BLOCK_N)
-    mask_mod(b, h, q_idx, kv_idx, C0, C1, C2, C3) -> int1, broadcastable to (BLOCK_M, BLOCK_N)
+    mask_mod(b, h, q_idx, kv_idx, C0, C1, C2, C3) -> int1, 2-D, broadcastable to (BLOCK_M, BLOCK_N)
 
 ``b``, ``h`` are int32 scalars, ``q_idx`` is ``(BLOCK_M, 1)``, ``kv_idx`` is ``(1, BLOCK_N)`` (int32, absolute
 positions), ``score`` is fp32 in natural units. ``Ck`` points at the k-th captured tensor the function
@@ -256,7 +256,10 @@ def _function(graph: Graph, name: str, root: Node | None, helpers: set[str], wha
     else:
         assert root is not None
         out = body.emit(root)
-        out = f"tl.full((1, 1), {out}, tl.int1)" if root.op == "const" else out
+        if root.op == "const":
+            out = f"tl.full((1, 1), {out}, tl.int1)"
+        elif not root.dims:  # a scalar (of b, h): (1, 1), so that a kernel may combine it with & safely
+            out = f"tl.broadcast_to({out}, (1, 1))"
     lines = [f"@triton.jit\ndef {name}({args}):", _docstring(graph, what), *(f"    {ln}" for ln in body.lines)]
     return "\n".join([*lines, f"    return {out}\n"])
 
