@@ -328,6 +328,8 @@ MASK_MODS = {
     "even_heads": (even_heads, ()),
     "and_masks": (and_masks(causal_mask, document), (DOC,)),
     "or_masks": (or_masks(sliding_window, prefix_lm), (PREFIX,)),
+    "noop_and_causal": (and_masks(noop, causal_mask), ()),
+    "noop_or_causal": (or_masks(causal_mask, noop), ()),
     "nested_combinators": (and_masks(or_masks(causal_mask, prefix_lm), document), (PREFIX, DOC)),
 }
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,6 +165,20 @@ def test_python_dtypes_promote_as_in_torch() -> None:
     graph = trace(lambda s, b, h, q, kv: (q - kv) / 2 + (q > kv) * 3, (), "score_mod")
     kinds = {n.op: n.kind for n in graph.nodes}
     assert kinds["truediv"] == "f" and kinds["gt"] == "b" and kinds["mul"] == "i" and graph.output.kind == "f"
+
+
+def test_the_tracer_imports_no_triton() -> None:
+    # the planner asks unsupported_reason on machines without triton; only compile_* loads it
+    script = (
+        "import sys, torch\n"
+        "from flashattn_teach.triton.usermod import generated_source, unsupported_reason\n"
+        "assert unsupported_reason(lambda s, b, h, q, kv: s * 2, (), 'score_mod') is None\n"
+        "assert 'def mask_mod' in generated_source(lambda b, h, q, kv: q >= kv)\n"
+        "print('triton' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
 
 
 # --- the cache and the generated source --------------------------------------------------------------------

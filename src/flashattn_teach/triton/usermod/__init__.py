@@ -90,7 +90,7 @@ _KINDS = ("score_mod", "mask_mod")
 _BY_FUNCTION: weakref.WeakKeyDictionary[Any, dict[Any, _Translation | UnsupportedUserFunction]] = (
     weakref.WeakKeyDictionary()
 )
-_UNWEAKABLE: dict[Any, _Translation | UnsupportedUserFunction] = {}  # functions without weak references
+_UNWEAKABLE: dict[Any, _Translation | UnsupportedUserFunction] = {}  # callables without weak references
 
 
 def _constants(fn: Any, depth: int = 0) -> tuple[Any, ...]:
@@ -157,12 +157,15 @@ def _translate(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str, lo
     if kind not in _KINDS:
         raise AttentionValueError(f"kind must be 'score_mod' or 'mask_mod', got {kind!r}")
     key = _key(captures, kind, fn)
+    table: dict[Any, _Translation | UnsupportedUserFunction]
     try:
         table = _BY_FUNCTION.setdefault(fn, {})
-    except TypeError:  # not weakly referenceable (a builtin, a bound method of a slotted class)
-        table = _UNWEAKABLE
-        key = (id(fn), *key)
-    cached = table.get(key)
+    except TypeError:  # no weak reference (an instance of a slotted class): held strongly, by value
+        table, key = _UNWEAKABLE, (fn, *key)
+    try:
+        cached = table.get(key)
+    except TypeError:  # unhashable: translated on every call
+        table, key, cached = {}, None, None
     if cached is None:
         try:
             graph = trace(fn, captures, kind)

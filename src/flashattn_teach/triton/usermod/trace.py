@@ -425,6 +425,11 @@ class Tracer:
         else:
             operand = promote(x.kind, y.kind, "i")  # arithmetic on bools counts them as 0 / 1
         kind = "b" if op in ("lt", "le", "gt", "ge", "eq", "ne") else operand
+        if op in ("and", "or") and kind == "b":  # x & True = x, x | False = x, x & False = False, x | True = True
+            for const, other in ((x, y), (y, x)):
+                if const.op == "const":
+                    keeps = const.value if op == "and" else not const.value
+                    return Traced(self, other if keeps else self.graph.const(op == "or", user_site()))
         return Traced(self, self.graph.add(op, (self.cast(x, operand), self.cast(y, operand)), (), kind, user_site()))
 
     def unary(self, op: str, a: Any) -> Traced:
