@@ -156,7 +156,7 @@ def _translate(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str, lo
     """The cached translation of ``fn``; raises the cached :class:`UnsupportedUserFunction` if it has none."""
     if kind not in _KINDS:
         raise AttentionValueError(f"kind must be 'score_mod' or 'mask_mod', got {kind!r}")
-    key = _key(captures, kind, fn)
+    key: Any = _key(captures, kind, fn)
     table: dict[Any, _Translation | UnsupportedUserFunction]
     try:
         table = _BY_FUNCTION.setdefault(fn, {})
