@@ -107,6 +107,12 @@ def test_slices_whole_tensors_and_partial_lookups_are_refused() -> None:
     assert "floating-point tensor" in refusal(lambda s, b, h, q, kv: s + table[h, s], (table,))
 
 
+def test_reductions_and_shapes_are_refused() -> None:
+    assert "uses torch.max as a reduction" in refusal(lambda s, b, h, q, kv: s - torch.max(s, 1).values)
+    assert "uses Tensor.max as a reduction" in refusal(lambda s, b, h, q, kv: s - s.max())
+    assert "reads Tensor.shape" in refusal(lambda s, b, h, q, kv: s * s.shape[-1])
+
+
 def test_a_mask_mod_must_return_bool() -> None:
     assert "mask_mod returns a integer tensor" in refusal(lambda b, h, q, kv: q - kv, kind="mask_mod")
 

@@ -49,6 +49,7 @@ _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"  # torch.maximum / minimum / clam
 _LOAD_CAST = {"float32": "", "int32": "", "bool": "", "float64": ".to(tl.float32)", "float16": ".to(tl.float32)",
               "bfloat16": ".to(tl.float32)"}  # fmt: skip
 _INT32_MAX = 2**31 - 1
+_FP32_NORMAL = 2.0**-126  # the smallest normal fp32: within (2^-126, 2^126) a reciprocal is finite and normal
 
 
 def literal(value: bool | int | float, kind: str) -> str:
@@ -113,7 +114,7 @@ class _Function:
     def expression(self, n: Node) -> str:
         a = [self.ref(x) for x in n.args]
         float_op = n.args[0].kind == "f"
-        if n.op == "truediv" and n.args[1].op == "const" and n.args[1].value not in (0, float("inf"), float("-inf")):
+        if n.op == "truediv" and n.args[1].op == "const" and _FP32_NORMAL < abs(n.args[1].value) < 1 / _FP32_NORMAL:
             # x / c as x * (1 / c), as the built-in softcap scales: a multiply, within an ulp of the quotient
             return f"{a[0]} * {literal(1.0 / n.args[1].value, 'f')}"
         if n.op in ("and", "or", "xor") and n.kind == "b":

@@ -206,6 +206,8 @@ class Traced:
         method = getattr(torch.Tensor, name, None)
         if method is None:
             raise AttributeError(name)
+        if not callable(method):  # .shape, .ndim, .T, ...: the tile's shape differs from path to path
+            raise self.tracer.unsupported(f"reads Tensor.{name}", hint="write the function elementwise")
         return lambda *args, **kwargs: self.tracer.apply(method, f"Tensor.{name}", name, [self, *args], kwargs)
 
 
@@ -255,7 +257,7 @@ _BINARY = {
     "__rtruediv__": "truediv", "__div__": "truediv", "__rdiv__": "truediv",
     "floor_divide": "floordiv", "__floordiv__": "floordiv", "__rfloordiv__": "floordiv",
     "remainder": "mod", "__mod__": "mod", "__rmod__": "mod",
-    "maximum": "maximum", "max": "maximum", "fmax": "maximum", "minimum": "minimum", "min": "minimum",
+    "maximum": "maximum", "max": "maximum", "minimum": "minimum", "min": "minimum",
     "lt": "lt", "less": "lt", "__lt__": "lt", "le": "le", "less_equal": "le", "__le__": "le",
     "gt": "gt", "greater": "gt", "__gt__": "gt", "ge": "ge", "greater_equal": "ge", "__ge__": "ge",
     "eq": "eq", "__eq__": "eq", "ne": "ne", "not_equal": "ne", "__ne__": "ne",
@@ -366,6 +368,8 @@ class Tracer:
             if isinstance(base, Tensor):
                 return self.gather(self.slot(base), (), index)
             raise self.unsupported("indexes a traced value", hint="only captured tensors may be indexed")
+        if name in ("max", "min") and not (len(args) == 2 and isinstance(args[1], (Traced, Tensor))):
+            raise self.unsupported(f"uses {display} as a reduction", hint=f"torch.{name}imum(a, b) is elementwise")
         if name in _BINARY and len(args) == 2 and not kwargs.get("rounding_mode"):
             a, b = (args[1], args[0]) if name in _REFLECTED else (args[0], args[1])
             if name in ("sub", "add") and "alpha" in kwargs:
