@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -264,6 +266,70 @@ def test_the_oracle_sees_a_wrong_translation() -> None:
     out, _, _, _ = run_score_mod(causal)
     _, _, ref, _ = run_score_mod(relative_causal)
     assert not torch.allclose(out, ref, equal_nan=True)
+
+
+# --- random pointwise expressions ------------------------------------------------------------------------
+def _ints(depth: int):
+    leaves = st.sampled_from([("q",), ("kv",), ("h",), ("b",)])
+    if depth == 0:
+        return leaves
+    sub = _ints(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["-", "+"]), sub, sub),
+        st.tuples(st.sampled_from(["//", "%", "+c"]), sub, st.integers(-5, 5).filter(bool)),
+        st.tuples(st.just("abs"), sub),
+    )
+
+
+def _bools(depth: int):
+    ints = _ints(1)
+    leaves = st.tuples(st.sampled_from(["<", "=="]), ints, ints)
+    if depth == 0:
+        return leaves
+    sub = _bools(depth - 1)
+    return st.one_of(leaves, st.tuples(st.sampled_from(["&", "|"]), sub, sub), st.tuples(st.just("~"), sub))
+
+
+def _floats(depth: int):
+    leaves = st.one_of(st.just(("score",)), st.tuples(st.just("int"), _ints(1), st.floats(-0.5, 0.5)))
+    if depth == 0:
+        return leaves
+    sub = _floats(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["+", "max", "min"]), sub, sub),
+        st.tuples(st.just("*c"), sub, st.floats(-2, 2)),
+        st.tuples(st.sampled_from(["tanh", "sigmoid", "sin"]), sub),
+        st.tuples(st.just("where"), _bools(1), sub, sub),
+    )
+
+
+def _evaluate(tree, score, b, h, q, kv):
+    """The expression ``tree`` in torch operations (on tensors, or on the tracer's stand-ins)."""
+    op, *args = tree
+    leaves = {"score": score, "q": q, "kv": kv, "h": h, "b": b}
+    if op in leaves:
+        return leaves[op]
+    e = [_evaluate(a, score, b, h, q, kv) if isinstance(a, tuple) else a for a in args]
+    table = {
+        "+": lambda x, y: x + y, "-": lambda x, y: x - y, "//": lambda x, c: x // c, "%": lambda x, c: x % c,
+        "+c": lambda x, c: x + c, "abs": torch.abs, "<": lambda x, y: x < y, "==": lambda x, y: x == y,
+        "&": lambda x, y: x & y, "|": lambda x, y: x | y, "~": lambda x: ~x, "int": lambda x, c: x.float() * c,
+        "max": torch.maximum, "min": torch.minimum, "*c": lambda x, c: x * c, "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid, "sin": torch.sin, "where": torch.where,
+    }  # fmt: skip
+    return table[op](*e)
+
+
+@given(tree=_floats(3), b=st.integers(0, 1), h=st.integers(0, 3), q0=st.sampled_from([0, 16, 48]))
+def test_random_pointwise_expressions_match_torch(tree, b, h, q0) -> None:
+    def random_mod(score, b, h, q_idx, kv_idx):
+        return _evaluate(tree, score, b, h, q_idx, kv_idx)
+
+    out, grad, ref, ref_grad = run_score_mod(random_mod, b=b, h=h, q0=q0, kv0=16)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-4)
 
 
 # --- mask_mod ----------------------------------------------------------------------------------------------
