@@ -136,20 +136,31 @@ def _load(source: str) -> ModuleType:
     name = f"flashattn_teach_usermod_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    folder = os.path.join(tempfile.gettempdir(), "flashattn_teach_usermod")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.py")
-    if not os.path.exists(path) or open(path, encoding="utf-8").read() != source:
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-            f.write(source)
-        os.replace(partial, path)  # atomic: a concurrent process reads the old or the new file, whole
+    try:
+        path = _write(os.path.join(tempfile.gettempdir(), "flashattn_teach_usermod"), name, source)
+    except OSError:  # a shared folder another user owns: a private one for this process
+        path = _write(tempfile.mkdtemp(prefix="flashattn_teach_usermod_"), name, source)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _write(folder: str, name: str, source: str) -> str:
+    """``folder/name.py`` holding ``source``; written atomically, so a concurrent process reads it whole."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.py")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read() == source:
+                return path
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(source)
+    os.replace(partial, path)
+    return path
 
 
 def _translate(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str, load: bool) -> _Translation:

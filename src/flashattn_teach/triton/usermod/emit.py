@@ -235,11 +235,13 @@ class _Function:
 
 
 def _docstring(graph: Graph, what: str) -> str:
-    reads = "; ".join(
-        f"C{k} = captures[{p}], shape {lay.shape}, strides {lay.strides}, {lay.dtype}"
+    reads = [
+        f"    C{k} = captures[{p}]: shape {lay.shape}, strides {lay.strides}, {lay.dtype}"
         for k, (p, lay) in enumerate(zip(graph.slots, graph.layouts, strict=True))
-    )
-    return f'    """{what} of {graph.name} ({graph.where}). Reads: {reads or "no captured tensor"}."""'
+    ]
+    if not reads:
+        return f'    """{what} of {graph.name} ({graph.where}); reads no captured tensor."""'
+    return "\n".join([f'    """{what} of {graph.name} ({graph.where}).', "", *reads, '    """'])
 
 
 def _function(graph: Graph, name: str, root: Node | None, helpers: set[str], what: str) -> str:
