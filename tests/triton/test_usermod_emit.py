@@ -114,6 +114,7 @@ TEMPERATURE = torch.tensor(0.7)  # a 0-dim capture used as a number
 DOC = torch.tensor([[0] * 20 + [1] * 18 + [2] * 26, [0] * 40 + [1] * 24])  # (B, 64) document ids
 PREFIX = torch.tensor([12, 30])
 GROUP = torch.tensor([0, 1, 0], dtype=torch.int32)  # document -> group, looked up by a looked-up id
+LARGE_IDS = torch.tensor([5, 5 + 2**32, 7, 7 + 2**33])
 PAD = torch.tensor([[True] * 30 + [False] * 34, [True] * 64])  # a bool capture
 
 NEG_INF = -math.inf
@@ -212,6 +213,11 @@ def int_result(score, b, h, q_idx, kv_idx):
     return q_idx - kv_idx
 
 
+def integer_widths(score, b, h, q_idx, kv_idx):
+    wide = (q_idx.long() * 70000 + kv_idx) * 40000  # past int32: torch computes it in int64
+    return score + (wide % 1000).float() + (q_idx * 300).to(torch.int8) + (score * 100).to(torch.int16)
+
+
 SCORE_MODS = {
     "identity": (identity, ()),
     "causal": (causal, ()),
@@ -235,6 +241,7 @@ SCORE_MODS = {
     "full_like_bias": (full_like_bias, ()),
     "ignores_score": (ignores_score, (BIAS,)),
     "int_result": (int_result, ()),
+    "integer_widths": (integer_widths, ()),
 }
 
 
@@ -353,6 +360,10 @@ def dilated_window(b, h, q_idx, kv_idx):
     return ((q_idx - kv_idx) % 2 == 0) & (torch.abs(q_idx - kv_idx) <= 6)
 
 
+def large_ids(b, h, q_idx, kv_idx):
+    return LARGE_IDS[q_idx % 4] == LARGE_IDS[kv_idx % 4]  # ids that differ only past 32 bits
+
+
 def grouped_documents(b, h, q_idx, kv_idx):
     return GROUP[DOC[b, q_idx]] == GROUP[DOC[b, kv_idx]]
 
@@ -388,6 +399,7 @@ MASK_MODS = {
     "document": (document, (DOC,)),
     "dilated_window": (dilated_window, ()),
     "grouped_documents": (grouped_documents, (DOC, GROUP)),
+    "large_ids": (large_ids, (LARGE_IDS,)),
     "padding": (padding, (PAD,)),
     "noop": (noop, ()),
     "per_head": (per_head, ()),

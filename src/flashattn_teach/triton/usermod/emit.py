@@ -8,8 +8,9 @@
 positions), ``score`` is fp32 in natural units. ``Ck`` points at the k-th captured tensor the function
 reads; its sizes and strides are literals here, and every lookup is ``tl.load(Ck + i0*s0 + ...)`` masked by
 the sizes (a negative index counts from the end, as in torch; one out of range reads 0), so a ragged tile
-reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int32 (ints)
-and int1 (bools). Integer ``//`` and ``%`` follow Python (floor), not C (truncation), as torch does; a
+reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int32 (ints;
+values of an int64 capture and ``.long()`` results stay int64, so large ids compare exactly) and int1
+(bools). Integer ``//`` and ``%`` follow Python (floor), not C (truncation), as torch does; a
 division by a constant multiplies by its reciprocal (within an ulp; the built-in softcap does the same).
 """
 
@@ -46,8 +47,9 @@ _FLOAT_LIBRARY = {"exp": "tl.exp", "log": "tl.log", "exp2": "tl.exp2", "log2": "
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
 _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"  # torch.maximum / minimum / clamp propagate NaN
-_LOAD_CAST = {"float32": "", "int32": "", "bool": "", "float64": ".to(tl.float32)", "float16": ".to(tl.float32)",
-              "bfloat16": ".to(tl.float32)"}  # fmt: skip
+# what a loaded value is converted to: fp32 for floats, int32 for narrow ints; int32, int64 and bool stay
+_LOAD_CAST = {"float32": "", "int32": "", "int64": "", "bool": "", "float64": ".to(tl.float32)",
+              "float16": ".to(tl.float32)", "bfloat16": ".to(tl.float32)"}  # fmt: skip
 _INT32_MAX = 2**31 - 1
 _FP32_NORMAL = 2.0**-126  # the smallest normal fp32: within (2^-126, 2^126) a reciprocal is finite and normal
 
@@ -163,6 +165,8 @@ class _Function:
                 return f"{a[0]} != 0"
             if target in ("float16", "bfloat16"):
                 return f"{a[0]}.to(tl.{target}).to(tl.float32)"
+            if target in ("int16", "int8", "uint8"):  # wraps as torch's cast does, then computes in int32
+                return f"{a[0]}.to(tl.{target}).to(tl.int32)"
             return f"{a[0]}.to(tl.{target})"
         if n.op == "pow":
             return self.power(n, a[0])

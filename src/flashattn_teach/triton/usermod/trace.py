@@ -493,13 +493,11 @@ class Tracer:
             return x
         if dtype not in _DTYPE_KIND:
             raise self.unsupported(f"casts to {dtype}")
-        kind = _DTYPE_KIND[dtype]
-        if dtype in (torch.float16, torch.bfloat16):
-            # round as torch would, then compute on in fp32
-            rounded = self.graph.add(
-                "cast", (self.cast(node, "f"),), (str(dtype).removeprefix("torch."),), "f", user_site()
-            )
-            return Traced(self, rounded)
+        kind, target = _DTYPE_KIND[dtype], str(dtype).removeprefix("torch.")
+        if dtype in (torch.float16, torch.bfloat16):  # round as torch would, then compute on in fp32
+            return Traced(self, self.graph.add("cast", (self.cast(node, "f"),), (target,), "f", user_site()))
+        if kind == "i" and node.op != "const":  # the width the user asks for: int64 widens, int16 wraps
+            return Traced(self, self.graph.add("cast", (node,), (target,), "i", user_site()))
         return Traced(self, self.cast(node, kind))
 
     def fill(self, display: str, name: str, args: list[Any], kwargs: dict[str, Any]) -> Traced:
