@@ -114,6 +114,7 @@ TEMPERATURE = torch.tensor(0.7)  # a 0-dim capture used as a number
 DOC = torch.tensor([[0] * 20 + [1] * 18 + [2] * 26, [0] * 40 + [1] * 24])  # (B, 64) document ids
 PREFIX = torch.tensor([12, 30])
 GROUP = torch.tensor([0, 1, 0], dtype=torch.int32)  # document -> group, looked up by a looked-up id
+T5_BIAS = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
 LARGE_IDS = torch.tensor([5, 5 + 2**32, 7, 7 + 2**33])
 PAD = torch.tensor([[True] * 30 + [False] * 34, [True] * 64])  # a bool capture
 
@@ -197,6 +198,23 @@ def kitchen_sink(score, b, h, q_idx, kv_idx):
     return x + y + z + w + score.to(torch.float16).float() + torch.floor(score) * 0.01
 
 
+def t5_buckets(score, b, h, q_idx, kv_idx):
+    # T5's bidirectional relative-position buckets (32 buckets, max distance 128) into a learned table
+    relative = kv_idx - q_idx
+    buckets = (relative > 0).long() * 16
+    distance = torch.abs(relative)
+    is_small = distance < 8
+    large = 8 + (torch.log(distance.float() / 8) / math.log(128 / 8) * 8).to(torch.long)
+    large = torch.min(large, torch.full_like(large, 15))
+    return score + T5_BIAS[h, buckets + torch.where(is_small, distance, large)]
+
+
+def relu_sign_ceil(score, b, h, q_idx, kv_idx):
+    return (
+        torch.nn.functional.relu(score) ** 2 + torch.sign(score) * torch.ceil(score * 0.5) + torch.relu(q_idx - kv_idx)
+    )
+
+
 def floats_floor_and_mod(score, b, h, q_idx, kv_idx):
     return score % 1.5 + score.detach() // 0.75 + torch.remainder(score, -2.0) + torch.floor(score).detach()
 
@@ -237,6 +255,8 @@ SCORE_MODS = {
     "chained_index": (chained_index, (TABLE,)),
     "temperature": (temperature, (TEMPERATURE,)),
     "kitchen_sink": (kitchen_sink, ()),
+    "t5_buckets": (t5_buckets, (T5_BIAS,)),
+    "relu_sign_ceil": (relu_sign_ceil, ()),
     "floats_floor_and_mod": (floats_floor_and_mod, ()),
     "full_like_bias": (full_like_bias, ()),
     "ignores_score": (ignores_score, (BIAS,)),

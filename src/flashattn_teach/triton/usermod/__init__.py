@@ -12,12 +12,14 @@ there, so ``triton.jit`` can read it (``inspect.getsource``) both compiled and i
 
 The kernels pass ``compiled.captures`` (the tensors the function reads, in slot order) as ``C0..C3``.
 Supported inside a function: ``+ - * / // % ** (by a number)``, unary ``-``, ``abs``, comparisons,
-``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor``, ``maximum``,
-``minimum``, ``clamp``, ``.to(dtype)`` and the cast methods, ``full_like / zeros_like / ones_like`` and
-``new_full / new_zeros / new_ones`` of size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into
-captured tensors with integer expressions of ``b, h, q_idx, kv_idx`` (results of lookups included).
-Not translated: reductions, Python control flow on tensors, slices, and numbers read from a captured
-tensor at trace time (``.item()``: they would be baked into the source).
+``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor ceil sign
+relu``, ``maximum``, ``minimum`` (and two-tensor ``max`` / ``min``), ``clamp``, ``.to(dtype)`` and the cast
+methods, ``detach``, ``full_like / zeros_like / ones_like`` and ``new_full / new_zeros / new_ones`` of
+size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into captured tensors with integer expressions
+of ``b, h, q_idx, kv_idx`` (results of lookups included; ``cap[i][j]`` too). Not translated, refused by
+name and line: reductions, Python control flow on tensors, slices, shapes. Caveats: integers are int32
+(int64 where a capture or ``.long()`` makes them so), floats fp32 (``.double()`` included); a number read
+from a captured tensor at trace time (``.item()``) would be baked into the source, so do not.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def _mod(a, b):
 
 _FLOAT_LIBRARY = {"exp": "tl.exp", "log": "tl.log", "exp2": "tl.exp2", "log2": "tl.log2", "sin": "tl.sin",
                   "cos": "tl.cos", "sigmoid": "tl.sigmoid", "sqrt": "tl.sqrt_rn", "rsqrt": "tl.rsqrt",
-                  "floor": "tl.floor", "abs": "tl.abs", "tanh": "_tanh"}  # fmt: skip
+                  "floor": "tl.floor", "ceil": "tl.ceil", "abs": "tl.abs", "tanh": "_tanh"}  # fmt: skip
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
 _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"  # torch.maximum / minimum / clamp propagate NaN
@@ -147,6 +147,12 @@ class _Function:
             return out
         if n.op == "not":
             return f"{a[0]} == 0" if n.kind == "b" else f"~{a[0]}"
+        if n.op == "relu":  # max(x, 0), NaN kept as torch.relu keeps it
+            zero = literal(0, n.kind)
+            return f"tl.maximum({a[0]}, {zero}{', ' + _NAN_ALL if n.kind == 'f' else ''})"
+        if n.op == "sign":
+            one, zero = literal(1, n.kind), literal(0, n.kind)
+            return f"tl.where({a[0]} > {zero}, {one}, tl.where({a[0]} < {zero}, -{one}, {a[0]} * {zero}))"
         if n.op == "detach":
             return a[0]  # the same value; only its derivative is zero
         if n.op == "neg":

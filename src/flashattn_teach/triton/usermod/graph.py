@@ -18,7 +18,7 @@ Operations (``op``) and their operands:
     add sub mul truediv floordiv mod maximum minimum             binary arithmetic
     lt le gt ge eq ne                                             comparisons (kind "b")
     and or xor                                                    logical on "b", bitwise on "i"
-    detach not neg abs exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor   unary
+    detach not neg abs relu sign exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor ceil   unary
     where    args = (cond, x, y)
     clamp    args = (x, lo, hi), lo or hi may be the const None
     pow      args = (x,), params = (exponent,)   x ** c for a Python number c

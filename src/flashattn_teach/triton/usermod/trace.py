@@ -267,9 +267,10 @@ _BINARY = {
 }  # fmt: skip
 _REFLECTED = {"__radd__", "__rsub__", "rsub", "__rmul__", "__rtruediv__", "__rdiv__", "__rfloordiv__",
               "__rmod__", "__rand__", "__ror__", "__rxor__"}  # fmt: skip
-_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan", "floor"}
+_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan", "floor", "ceil"}
 _UNARY = {"neg": "neg", "negative": "neg", "__neg__": "neg", "abs": "abs", "absolute": "abs",
-          "__abs__": "abs", "logical_not": "not", "bitwise_not": "not", "__invert__": "not",
+          "__abs__": "abs", "logical_not": "not", "bitwise_not": "not", "__invert__": "not", "relu": "relu",
+          "sign": "sign",
           **{name: name for name in _UNARY_FLOAT}}  # fmt: skip
 _CAST_METHODS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
                  "bfloat16": torch.bfloat16, "int": torch.int32, "long": torch.int64, "bool": torch.bool}  # fmt: skip
@@ -362,7 +363,8 @@ class Tracer:
     def apply(self, func: Any, display: str, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Record torch callable ``func`` (``display`` names it for errors) applied to ``args``."""
         g, site = self.graph, user_site()
-        kwargs = {k: v for k, v in kwargs.items() if not (k in ("device", "layout", "pin_memory") or v is None)}
+        ignored = ("device", "layout", "pin_memory")  # where a value lives means nothing inside a kernel
+        kwargs = {k: v for k, v in kwargs.items() if not (k in ignored or v is None or (k == "inplace" and not v))}
         if name == "__getitem__":
             base, index = args
             if isinstance(base, Tensor):
@@ -440,7 +442,7 @@ class Tracer:
         x = self.node(a)
         if op in _UNARY_FLOAT:
             x = self.cast(x, "f")
-        elif op in ("neg", "abs"):
+        elif op in ("neg", "abs", "relu", "sign"):
             if x.kind == "b":
                 raise self.unsupported(f"applies {op} to a bool tensor")
         return Traced(self, self.graph.add(op, (x,), (), x.kind, user_site()))
