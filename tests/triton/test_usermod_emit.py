@@ -227,10 +227,6 @@ def ignores_score(score, b, h, q_idx, kv_idx):
     return BIAS[h] + torch.ones_like(score)
 
 
-def int_result(score, b, h, q_idx, kv_idx):
-    return q_idx - kv_idx
-
-
 def integer_widths(score, b, h, q_idx, kv_idx):
     wide = (q_idx.long() * 70000 + kv_idx) * 40000  # past int32: torch computes it in int64
     return score + (wide % 1000).float() + (q_idx * 300).to(torch.int8) + (score * 100).to(torch.int16)
@@ -260,7 +256,6 @@ SCORE_MODS = {
     "floats_floor_and_mod": (floats_floor_and_mod, ()),
     "full_like_bias": (full_like_bias, ()),
     "ignores_score": (ignores_score, (BIAS,)),
-    "int_result": (int_result, ()),
     "integer_widths": (integer_widths, ()),
 }
 

@@ -113,8 +113,11 @@ def test_reductions_and_shapes_are_refused() -> None:
     assert "reads Tensor.shape" in refusal(lambda s, b, h, q, kv: s * s.shape[-1])
 
 
-def test_a_mask_mod_must_return_bool() -> None:
+def test_a_mask_mod_must_return_bool_and_a_score_mod_floats() -> None:
     assert "mask_mod returns a integer tensor" in refusal(lambda b, h, q, kv: q - kv, kind="mask_mod")
+    assert "score_mod returns a integer tensor" in refusal(lambda s, b, h, q, kv: q - kv)
+    assert "score_mod returns a float " in refusal(lambda s, b, h, q, kv: 0.0)
+    assert unsupported_reason(lambda b, h, q, kv: True, (), "mask_mod") is None  # a Python bool broadcasts
 
 
 def test_an_exception_in_the_user_function_is_reported_with_its_line() -> None:

@@ -543,6 +543,13 @@ class Tracer:
                 "support (return an expression of its arguments); the call runs on the CPU reference"
             )
         node = self.node(out)
+        if self.kind == "score_mod" and (node.kind != "f" or not isinstance(out, Traced)):
+            # the CPU paths refuse it too (flex.mods), so the two agree
+            what = f"{_KIND_NAME[node.kind]} tensor" if isinstance(out, Traced) else type(out).__name__
+            raise UnsupportedUserFunction(
+                f"score_mod returns a {what} ({g.where}), not a floating-point tensor (the new scores); "
+                "the call runs on the CPU reference"
+            )
         if self.kind == "mask_mod" and node.kind != "b":
             raise UnsupportedUserFunction(
                 f"mask_mod returns a {_KIND_NAME[node.kind]} tensor ({g.where}), not a bool one (compare it, e.g. "
