@@ -17,8 +17,8 @@ division by a constant multiplies by its reciprocal (within an ulp; the built-in
 from __future__ import annotations
 
 from .graph import CaptureLayout, Graph, Node
+from .standin import UnsupportedUserFunction
 from .tangent import tangent
-from .trace import UnsupportedUserFunction
 
 #: helper @triton.jit functions the generated code may call, emitted only when used
 _HELPERS = {
