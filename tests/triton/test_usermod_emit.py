@@ -111,6 +111,7 @@ BIAS = torch.tensor([0.3, -1.2, 2.5, 0.7])
 REL = torch.linspace(-2.0, 2.0, 2 * 64 - 1)  # bias by distance q - kv, index (q - kv) + 63
 TABLE = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1)).double()  # (B, H, 8), fp64
 TEMPERATURE = torch.tensor(0.7)  # a 0-dim capture used as a number
+OFFSET = torch.tensor(2)  # a 0-dim capture used as an index
 DOC = torch.tensor([[0] * 20 + [1] * 18 + [2] * 26, [0] * 40 + [1] * 24])  # (B, 64) document ids
 PREFIX = torch.tensor([12, 30])
 GROUP = torch.tensor([0, 1, 0], dtype=torch.int32)  # document -> group, looked up by a looked-up id
@@ -189,6 +190,10 @@ def temperature(score, b, h, q_idx, kv_idx):
     return score / TEMPERATURE
 
 
+def scalar_capture_as_index(score, b, h, q_idx, kv_idx):
+    return score + TABLE[b, OFFSET, kv_idx % 8] * OFFSET
+
+
 def kitchen_sink(score, b, h, q_idx, kv_idx):
     d = (q_idx - kv_idx).abs()
     x = torch.clamp(score, -2.0, 2.5) + torch.maximum(score, -score * 0.5) - torch.minimum(score, d.float() * 0.1)
@@ -250,6 +255,7 @@ SCORE_MODS = {
     "three_dims_fp64": (three_dims_fp64, (TABLE,)),
     "chained_index": (chained_index, (TABLE,)),
     "temperature": (temperature, (TEMPERATURE,)),
+    "scalar_capture_as_index": (scalar_capture_as_index, (OFFSET, TABLE)),
     "kitchen_sink": (kitchen_sink, ()),
     "t5_buckets": (t5_buckets, (T5_BIAS,)),
     "relu_sign_ceil": (relu_sign_ceil, ()),

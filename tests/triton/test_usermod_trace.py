@@ -98,6 +98,13 @@ def test_a_tensor_not_among_the_captures_is_refused() -> None:
     assert "reads a tensor of shape (4,) that is not among its captured tensors" in message
 
 
+def test_a_value_torch_computes_from_captures_at_trace_time_is_refused() -> None:
+    # bias[offset] of two real tensors runs eagerly while tracing: its value would be baked in
+    bias, offset = torch.zeros(4), torch.tensor(1)
+    message = refusal(lambda s, b, h, q, kv: s + bias[offset], (bias, offset))
+    assert "reads a tensor of shape () that is not among its captured tensors" in message
+
+
 def test_slices_whole_tensors_and_partial_lookups_are_refused() -> None:
     table = torch.zeros(4, 8)
     assert "indexes a captured tensor with slice" in refusal(lambda s, b, h, q, kv: s + table[:, h], (table,))

@@ -146,7 +146,7 @@ class Tracer:
         index = index if isinstance(index, tuple) else (index,)
         nodes = list(done)
         for i in index:
-            if isinstance(i, (Traced, bool, int)) and not isinstance(i, bool):
+            if isinstance(i, (Traced, int, Tensor)) and not isinstance(i, bool):  # a 0-dim capture too
                 node = self.node(i)
                 if node.kind != "i":
                     raise self.unsupported(f"indexes a captured tensor with a {_KIND_NAME[node.kind]} tensor")
