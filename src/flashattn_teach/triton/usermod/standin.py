@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -22,8 +22,17 @@ from flashattn_teach.errors import AttentionValueError
 
 from .graph import Node
 
-if TYPE_CHECKING:
-    from .trace import Tracer
+
+class Tracer(Protocol):
+    """What the stand-ins call on the tracer (:class:`.trace.Tracer` is the one implementation; this module
+    does not import it, so the two never import each other)."""
+
+    def apply(self, func: Any, display: str, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any: ...
+
+    def unsupported(self, what: str, hint: str = "") -> UnsupportedUserFunction: ...
+
+    def gather(self, slot: int, done: tuple[Node, ...], index: Any) -> Any: ...
+
 
 # frames in these folders are the tracer's or torch's, not the user's (the separator keeps torchvision out)
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
