@@ -144,9 +144,12 @@ def test_without_separate_full_blocks_every_computed_block_is_partial_as_in_torc
     _assert_like_torch(ours, theirs)
 
 
+@pytest.mark.parametrize("threads", ["inline", "pool"])
 @pytest.mark.parametrize("chunk_elements", [1, 5000, 1 << 30])
-def test_the_kinds_do_not_depend_on_the_chunk_size(chunk_elements):
-    """From one tile a chunk (1 element asks for one) to the whole grid at once: the same table."""
+def test_the_kinds_do_not_depend_on_the_chunk_size_or_the_threads(chunk_elements, threads, monkeypatch):
+    """From one tile a chunk (1 element asks for one) to the whole grid at once, in the calling thread or on
+    the worker threads: the same table."""
+    monkeypatch.setattr(classify, "MIN_PARALLEL_ELEMENTS", 2**62 if threads == "inline" else 0)
     mask_mod = document_mask(203)
     some, every = classify.tile_visibility(
         mask_mod, 2, 3, 203, 150, 32, 16, torch.device("cpu"), chunk_elements=chunk_elements
@@ -325,7 +328,9 @@ def test_repr_and_str_name_the_shape_and_kinds():
 N_LARGE = 16384
 
 
-def test_create_block_mask_at_16384_allocates_nothing_n_by_n():
+def test_create_block_mask_at_16384_allocates_nothing_n_by_n(monkeypatch):
+    # dispatch modes are per thread: the chunks run in this one (the same ops the worker threads run)
+    monkeypatch.setattr(classify, "MIN_PARALLEL_ELEMENTS", 2**62)
     mask_mod = document_mask(N_LARGE)
     with LargestAllocation() as probe:
         mask = create_block_mask(mask_mod, 2, None, N_LARGE, N_LARGE, device="cpu")

@@ -14,8 +14,10 @@ index tensors, as the CPU attention paths do:
     kv_idx  (1, C)            int64, the chunk's key columns
     mask_mod(b, h, q_idx, kv_idx) -> bool, broadcastable to (bs, hs, R, C)
 
-and reduced to the chunk's tiles before the next chunk is evaluated, so the peak memory is one chunk
-(:data:`CHUNK_ELEMENTS`) plus the two ``O(B H T_r T_c)`` tile tables.
+and reduced to the chunk's tiles, so the peak memory is one chunk (:data:`CHUNK_ELEMENTS`) per worker plus
+the two ``O(B H T_r T_c)`` tile tables. On the CPU the chunks run on the ``parallel`` path's worker threads,
+each with single-threaded torch ops (:mod:`flashattn_teach.reference.workers`), which keeps a busy core from
+stalling every op; a small call, or another device, runs them in the calling thread.
 
 Broadcasting does the rest: a ``mask_mod`` that never reads ``b`` (or ``h``) returns a result of size 1
 along it, and then one classification serves every batch element (head). :func:`result_dims` finds that
@@ -34,12 +36,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
+from ..reference.workers import default_workers, run_tasks
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 # Elements of mask_mod's result evaluated at once: 2**20 bools (1 MiB), a few MiB with the int64
 # intermediates a typical mask_mod makes (q_idx - kv_idx), and few enough Python calls at N = 16384.
 CHUNK_ELEMENTS = 1 << 20
+# Below this many elements in all, the chunks run in the calling thread (a pool's start-up costs more).
+MIN_PARALLEL_ELEMENTS = 1 << 22
 
 
 def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -109,25 +114,31 @@ def tile_visibility(
     bs = min(B_o, max(1, tiles // (tc * tr * hs)))
     rows = torch.arange(N_q, device=device).view(N_q, 1)
     cols = torch.arange(N_k, device=device).view(1, N_k)
-    for b0 in range(0, B_o, bs):
-        b = torch.arange(b0, min(b0 + bs, B_o), device=device).view(-1, 1, 1, 1)
-        for h0 in range(0, H_o, hs):
-            h = torch.arange(h0, min(h0 + hs, H_o), device=device).view(1, -1, 1, 1)
-            for i0 in range(0, T_r, tr):
-                i1 = min(i0 + tr, T_r)
-                q_idx = rows[i0 * block_m : i1 * block_m]
-                for j0 in range(0, T_c, tc):
-                    j1 = min(j0 + tc, T_c)
-                    kv_idx = cols[:, j0 * block_n : j1 * block_n]
-                    visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
-                    # a ragged last block: pad with invisible elements, as torch does
-                    pad_c = (j1 - j0) * block_n - kv_idx.shape[1]
-                    pad_r = (i1 - i0) * block_m - q_idx.shape[0]
-                    if pad_r or pad_c:
-                        visible = F.pad(visible, (0, pad_c, 0, pad_r))
-                    # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)
-                    t = visible.reshape(b.shape[0], h.shape[1], i1 - i0, block_m, j1 - j0, block_n)
-                    where = (slice(b0, b0 + b.shape[0]), slice(h0, h0 + h.shape[1]), slice(i0, i1), slice(j0, j1))
-                    some[where] = t.any(dim=5).any(dim=3)
-                    every[where] = t.all(dim=5).all(dim=3)
+
+    def classify_chunk(b0: int, b1: int, h0: int, h1: int, i0: int, i1: int, j0: int, j1: int) -> None:
+        b = torch.arange(b0, b1, device=device).view(-1, 1, 1, 1)
+        h = torch.arange(h0, h1, device=device).view(1, -1, 1, 1)
+        q_idx, kv_idx = rows[i0 * block_m : i1 * block_m], cols[:, j0 * block_n : j1 * block_n]
+        visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
+        # a ragged last block: pad with invisible elements, as torch does
+        pad_r, pad_c = (i1 - i0) * block_m - q_idx.shape[0], (j1 - j0) * block_n - kv_idx.shape[1]
+        if pad_r or pad_c:
+            visible = F.pad(visible, (0, pad_c, 0, pad_r))
+        # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)
+        t = visible.reshape(b1 - b0, h1 - h0, i1 - i0, block_m, j1 - j0, block_n)
+        some[b0:b1, h0:h1, i0:i1, j0:j1] = t.any(dim=5).any(dim=3)
+        every[b0:b1, h0:h1, i0:i1, j0:j1] = t.all(dim=5).all(dim=3)
+
+    chunks = [
+        (b0, min(b0 + bs, B_o), h0, min(h0 + hs, H_o), i0, min(i0 + tr, T_r), j0, min(j0 + tc, T_c))
+        for b0 in range(0, B_o, bs)
+        for h0 in range(0, H_o, hs)
+        for i0 in range(0, T_r, tr)
+        for j0 in range(0, T_c, tc)
+    ]
+    # CPU chunks go to the worker threads with single-threaded ops, as the parallel path's tiles: one
+    # multi-threaded op per chunk stalls at its barrier whenever another process holds a core
+    workers = default_workers()
+    inline = device.type != "cpu" or workers == 1 or B_o * H_o * N_q * N_k < MIN_PARALLEL_ELEMENTS
+    run_tasks(classify_chunk, chunks, inline=inline, workers=workers)
     return some, every
