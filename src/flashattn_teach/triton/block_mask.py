@@ -78,16 +78,16 @@ def triton_block_kinds(
     """The kinds of ``mask_mod``'s tiles, int8 ``(B|1, H|1, T_r, T_c)``, from the Triton kernel; None when it
     cannot run this function (see the module docstring); then the caller classifies with torch ops."""
     from ..flex.captures import captured_tensors
-    from .usermod import MAX_CAPTURES, UnsupportedUserFunction, compile_mask_mod
+    from .usermod import UnsupportedUserFunction, compile_mask_mod
 
     if triton_reason() is not None or not (_power_of_two(block_m) and _power_of_two(block_n)):
         return None
-    captures = captured_tensors(mask_mod)
-    if len(captures) > min(MAX_CAPTURES, MAX_CAPTURE_SLOTS) or any(c.device != device for c in captures):
-        return None
     try:
-        compiled = compile_mask_mod(mask_mod, captures)
+        compiled = compile_mask_mod(mask_mod, captured_tensors(mask_mod))
     except UnsupportedUserFunction:
+        return None
+    # the kernel reads the captures through raw pointers: each must be on the device
+    if len(compiled.captures) > MAX_CAPTURE_SLOTS or any(c.device != device for c in compiled.captures):
         return None
     B_o, H_o = result_dims(mask_mod, B, H, device)
     return launch_block_kinds(compiled.jit, compiled.captures, B_o, H_o, N_q, N_k, block_m, block_n, device)
