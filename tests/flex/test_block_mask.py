@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.nn.attention import flex_attention as torch_flex
 
 from flashattn_teach.errors import AttentionTypeError, AttentionValueError
@@ -95,6 +97,23 @@ def test_kinds_and_index_lists_equal_torchs_create_block_mask(name, BLOCK_SIZE, 
     mask_mod, B, H = (document_mask(N), 2, None) if name == "document" else (MASKS[name], None, None)
     ours = create_block_mask(mask_mod, B, H, N, N, device="cpu", BLOCK_SIZE=BLOCK_SIZE)
     _assert_like_torch(ours, torch_flex.create_block_mask(mask_mod, B, H, N, N, device="cpu", BLOCK_SIZE=BLOCK_SIZE))
+
+
+@given(
+    N_q=st.integers(1, 300),
+    N_k=st.integers(1, 300),
+    block=st.tuples(st.sampled_from([8, 16, 32, 48, 128]), st.sampled_from([8, 16, 32, 48, 128])),
+    left=st.integers(0, 300),
+    right=st.integers(-50, 300),
+    B=st.sampled_from([None, 1, 2]),
+)
+def test_any_window_at_any_lengths_and_block_sizes_equals_torchs(N_q, N_k, block, left, right, B):
+    def window(b, h, q_idx, kv_idx):  # keys [q - left, q + right], a per-batch shift when B = 2
+        shift = q_idx + 7 * b
+        return (kv_idx >= shift - left) & (kv_idx <= shift + right)
+
+    ours = create_block_mask(window, B, 2, N_q, N_k, device="cpu", BLOCK_SIZE=block)
+    _assert_like_torch(ours, torch_flex.create_block_mask(window, B, 2, N_q, N_k, device="cpu", BLOCK_SIZE=block))
 
 
 @pytest.mark.parametrize("Q_LEN, KV_LEN", [(113, 203), (203, 113), (1, 1000)])
