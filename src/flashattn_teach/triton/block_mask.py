@@ -19,6 +19,7 @@ from ..errors import AttentionValueError
 from ..flex.block_mask import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 from ..flex.classify import MaskMod, result_dims
 from .support import triton_reason
+from .usermod import UnsupportedUserFunction, compile_mask_mod
 
 MAX_CAPTURE_SLOTS = 4  # the kernel's pointer arguments C0..C3
 
@@ -77,8 +78,7 @@ def triton_block_kinds(
 ) -> Tensor | None:
     """The kinds of ``mask_mod``'s tiles, int8 ``(B|1, H|1, T_r, T_c)``, from the Triton kernel; None when it
     cannot run this function (see the module docstring); then the caller classifies with torch ops."""
-    from ..flex.captures import captured_tensors
-    from .usermod import UnsupportedUserFunction, compile_mask_mod
+    from ..flex.captures import captured_tensors  # the lead's module (flex/captures.py)
 
     if triton_reason() is not None or not (_power_of_two(block_m) and _power_of_two(block_n)):
         return None
