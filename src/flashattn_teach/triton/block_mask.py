@@ -56,6 +56,8 @@ def launch_block_kinds(
     kinds = torch.empty(B_o, H_o, T_r, T_c, dtype=torch.int8, device=device)
     # unused pointer slots get a tensor the generated function never reads
     C = [*captures, *[kinds] * (MAX_CAPTURE_SLOTS - len(captures))]
+    # about 64 tile elements per thread (32 threads a warp): a 128 x 128 tile on 4 warps ran out of registers
+    num_warps = min(8, max(1, block_m * block_n // (64 * 32)))
     _block_kinds_kernel[(B_o, H_o, T_r)](
         kinds,
         *kinds.stride(),
@@ -69,6 +71,7 @@ def launch_block_kinds(
         KIND_SKIP=KIND_SKIP,
         KIND_PARTIAL=KIND_PARTIAL,
         KIND_FULL=KIND_FULL,
+        num_warps=num_warps,
     )
     return kinds
 
