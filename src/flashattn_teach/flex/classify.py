@@ -47,18 +47,23 @@ CHUNK_ELEMENTS = 1 << 20
 MIN_PARALLEL_ELEMENTS = 1 << 22
 
 
-def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
-    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
-    out = mask_mod(b, h, q_idx, kv_idx)
+def _bool_result(out: object, device: torch.device) -> Tensor:
+    """``mask_mod``'s result as a tensor, refused unless bool."""
     if not isinstance(out, Tensor):
-        out = torch.as_tensor(out, device=q_idx.device)
+        out = torch.as_tensor(out, device=device)
     if out.dtype != torch.bool:
         raise AttentionTypeError(
             f"mask_mod must return a bool tensor (True where query q_idx may see key kv_idx), got {out.dtype}: "
             "return a comparison such as q_idx >= kv_idx; a function of (score, b, h, q_idx, kv_idx) is a "
             "score_mod, which flex_attention takes as score_mod="
         )
+    return out
+
+
+def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
+    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
+    out = _bool_result(mask_mod(b, h, q_idx, kv_idx), q_idx.device)
     try:
         return out.broadcast_to(shape)
     except RuntimeError:
@@ -75,9 +80,7 @@ def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tupl
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     zero = torch.zeros(1, 1, dtype=torch.int64, device=device)
-    out = mask_mod(b, h, zero, zero)
-    if not isinstance(out, Tensor):
-        out = torch.as_tensor(out, device=device)
+    out = _bool_result(mask_mod(b, h, zero, zero), device)
     shape = torch.broadcast_shapes(out.shape, (1, 1, 1, 1))
     if len(shape) != 4 or shape[0] not in (1, B) or shape[1] not in (1, H) or shape[2:] != (1, 1):
         raise AttentionValueError(
