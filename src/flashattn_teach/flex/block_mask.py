@@ -337,7 +337,8 @@ class BlockMask:
             if n == limit:
                 pictures.append(f"... (to_string(limit=N) draws more; {kinds.shape[0] * kinds.shape[1]} in all)")
                 break
-            lines = [f"(b={b}, h={h})" + (" for every (b, h)" if kinds.shape[:2] == (1, 1) else "")]
+            # a size-1 dim of the kinds stands for every batch element (head): "b=*"
+            lines = [f"(b={'*' if kinds.shape[0] == 1 else b}, h={'*' if kinds.shape[1] == 1 else h})"]
             for r in range(0, T_r, step_r):
                 line = ""
                 for c in range(0, T_c, step_c):
