@@ -423,22 +423,58 @@ ALL_CASES = {**{f"torch:{n}": b for n, b in TORCH_SUITE.items()}, **{f"mask:{n}"
     N_k=st.integers(1, 70),
     block_m=st.one_of(st.integers(1, 9), st.sampled_from([16, 33, 64])),
     block_n=st.one_of(st.integers(1, 9), st.sampled_from([16, 33, 64])),
+    mask_block=st.one_of(st.none(), st.tuples(st.integers(1, 40), st.integers(1, 40))),
     seed=st.integers(0, 2**16),
 )
-def test_tiled_references_match_the_oracle_for_any_tiling(order, name, N_q, N_k, block_m, block_n, seed):
-    """Any case at any tile sizes and lengths, ragged and tiny tiles included: the user's functions see each
-    tile's absolute indices, so the result cannot depend on the tiling."""
+def test_tiled_references_match_the_oracle_for_any_tiling(order, name, N_q, N_k, block_m, block_n, mask_block, seed):
+    """Any case at any tile sizes and lengths, ragged and tiny tiles included, its mask_mod given as such or
+    as a block mask of any block size (which the tiles re-tile): the user's functions see each tile's
+    absolute indices, so the result cannot depend on the tiling."""
     dims = Dims(B, H_Q, N_q, N_k)
     mods = ALL_CASES[name](dims, Params(torch.float64, seed=seed))
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H_Q, N_q, D, generator=g, dtype=torch.float64)
     k = torch.randn(B, H_KV, N_k, D, generator=g, dtype=torch.float64)
     v = torch.randn(B, H_KV, N_k, D_V, generator=g, dtype=torch.float64)
+    masks: dict = {"mask_mod": mods.mask_mod}
+    if mods.mask_mod is not None and mask_block is not None:
+        block_mask = fa.create_block_mask(mods.mask_mod, B, None, N_q, N_k, device="cpu", BLOCK_SIZE=mask_block)
+        masks = {"block_mask": block_mask}
     with torch.no_grad():
-        O, lse = via_reference(order, block_m, block_n)(q, k, v, score_mod=mods.score_mod, mask_mod=mods.mask_mod)
+        O, lse = via_reference(order, block_m, block_n)(q, k, v, score_mod=mods.score_mod, **masks)
     O_ref, lse_ref = oracle(q, k, v, score_mod=mods.score_mod, mask_mod=mods.mask_mod)
     torch.testing.assert_close(O, O_ref.detach(), atol=1e-10, rtol=0)
     assert_lse_equal(lse, lse_ref.detach(), 1e-10)
+
+
+@settings(max_examples=25)
+@given(
+    order=st.sampled_from(["query_major", "key_major", "parallel"]),
+    name=st.sampled_from(sorted(MASKS)),
+    N_q=st.integers(1, 90),
+    N_k=st.integers(1, 90),
+    block_m=st.one_of(st.integers(1, 9), st.sampled_from([16, 33, 64])),
+    block_n=st.one_of(st.integers(1, 9), st.sampled_from([16, 33, 64])),
+    mask_block=st.one_of(st.integers(1, 40), st.tuples(st.integers(1, 40), st.integers(1, 40))),
+    heads=st.sampled_from([None, H_Q]),
+    seed=st.integers(0, 2**16),
+)
+def test_block_masks_of_any_block_size_match_the_oracle_at_any_tiling(
+    order, name, N_q, N_k, block_m, block_n, mask_block, heads, seed
+):
+    """A mask's block mask at any BLOCK_SIZE (H broadcast or not), read by tiles of any other size: the
+    tiles' kinds are the blocks' conservatively (a tile is skipped only if every block under it is), so the
+    result is the mask_mod's, whatever the two tilings."""
+    mask_mod = MASKS[name](Dims(B, H_Q, N_q, N_k), Params(torch.float64, seed=seed)).mask_mod
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H_Q, N_q, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H_KV, N_k, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H_KV, N_k, D_V, generator=g, dtype=torch.float64)
+    block_mask = fa.create_block_mask(mask_mod, B, heads, N_q, N_k, device="cpu", BLOCK_SIZE=mask_block)
+    O, lse = via_reference(order, block_m, block_n)(q, k, v, score_mod=relative_causal, block_mask=block_mask)
+    O_ref, lse_ref = oracle(q, k, v, score_mod=relative_causal, mask_mod=mask_mod)
+    torch.testing.assert_close(O, O_ref, atol=1e-10, rtol=0)
+    assert_lse_equal(lse, lse_ref, 1e-10)
 
 
 # ------------------------------------------------------------------------ Triton in the interpreter
