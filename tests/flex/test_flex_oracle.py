@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import inspect
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -83,12 +82,8 @@ def via_backend(backend: str) -> Path:
     return run
 
 
-def takes_user_functions(function: Callable) -> bool:
-    return "score_mod" in inspect.signature(function).parameters
-
-
-# The public tiled references with chosen tiles, once they take score_mod and mask_mod; until then the same
-# loops through their internal entry (the options check and the tiled loop the public ones call).
+# The public tiled references take tiles; the parallel path has no public entry with tiles, so it runs through
+# the internal one its backend calls (the options check, then the tiled loop).
 TILED_PUBLIC = {"query_major": fa.online_attention, "key_major": fa.key_major_attention}
 
 
@@ -96,13 +91,12 @@ def via_reference(order: str, block_m: int, block_n: int) -> Path:
     """A tiled reference at chosen tiles: ragged last tiles on both axes."""
 
     def run(q, k, v, **kw):
-        public = TILED_PUBLIC.get(order)
-        if public is not None and takes_user_functions(public):
-            return public(q, k, v, block_m=block_m, block_n=block_n, enable_gqa=True, return_lse=True, **kw)
+        tiles = dict(block_m=block_m, block_n=block_n)
+        if order in TILED_PUBLIC:
+            return TILED_PUBLIC[order](q, k, v, enable_gqa=True, return_lse=True, **tiles, **kw)
         opts = make_options(q, k, v, enable_gqa=True, **kw)
-        guard = parallel_even_when_small() if order == "parallel" else contextlib.nullcontext()
-        with guard:
-            return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+        with parallel_even_when_small():
+            return tiled_attention(q, k, v, opts, order=order, **tiles)
 
     return run
 

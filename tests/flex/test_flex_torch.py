@@ -114,8 +114,8 @@ Q_TABLES = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
 def _assert_same_tables(ours, theirs, num: str, indices: str) -> None:
-    """Same counts; the same listed block indices (the first ``num`` slots of every row). The slots after
-    them are unused by either library's kernels, so their order is not compared."""
+    """The same counts and the same index tables, element for element: the listed blocks (the first ``num``
+    slots of each row) and the order of the unused slots after them too, as torch lays them out."""
     n_ours, n_theirs = getattr(ours, num), getattr(theirs, num)
     i_ours, i_theirs = getattr(ours, indices), getattr(theirs, indices)
     assert (n_ours is None) == (n_theirs is None), num
@@ -125,7 +125,8 @@ def _assert_same_tables(ours, theirs, num: str, indices: str) -> None:
     assert torch.equal(n_ours, n_theirs), num
     assert i_ours.dtype == i_theirs.dtype and i_ours.shape == i_theirs.shape, (indices, i_ours.shape, i_theirs.shape)
     listed = torch.arange(i_theirs.shape[-1]) < n_theirs[..., None]
-    assert torch.equal(i_ours[listed], i_theirs[listed]), indices
+    assert torch.equal(i_ours[listed], i_theirs[listed]), f"{indices}: the listed blocks differ"
+    assert torch.equal(i_ours, i_theirs), f"{indices}: the unused slots differ"
 
 
 @pytest.mark.parametrize("block_size", [128, (32, 64), (64, 32)], ids=["128", "32x64", "64x32"])
