@@ -14,7 +14,17 @@ import warnings
 
 import pytest
 import torch
-from flex_cases import MASKS, SCORE_MODS, TORCH_SUITE, Dims, Params, assert_lse_equal, causal_mask, relative_causal
+from flex_cases import (
+    MASKS,
+    SCORE_MODS,
+    TORCH_SUITE,
+    Dims,
+    Params,
+    assert_lse_equal,
+    causal_mask,
+    oracle,
+    relative_causal,
+)
 
 import flashattn_teach as fa
 
@@ -105,6 +115,23 @@ def test_three_dimensional_inputs_match_torch_on_a_batch_of_one():
         O = fa.flex_attention(q[0], k[0], v[0], score_mod=relative_causal)
         O_ref, _ = torch_flex(q, k, v, score_mod=relative_causal)
     torch.testing.assert_close(O, O_ref[0], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", [*TORCH_SUITE, *MASKS, *SCORE_MODS])
+def test_the_oracle_matches_torch_flex_attention(name):
+    """The float64 oracle of test_flex_oracle.py is torch's FlexAttention semantics (its eager path, which
+    evaluates mask_mod densely): the same O and lse on the same cases, rows that see no key included."""
+    registry = TORCH_SUITE if name in TORCH_SUITE else MASKS if name in MASKS else SCORE_MODS
+    mods = registry[name](Dims(B, H_Q, 203, 113), Params(torch.float64))
+    q, k, v = inputs(203, 113, torch.float64)
+    theirs = None
+    if mods.mask_mod is not None:
+        theirs = flex.create_block_mask(mods.mask_mod, B, H_Q, 203, 113, device="cpu", BLOCK_SIZE=(32, 64))
+    with torch.no_grad():
+        O_ref, lse_ref = torch_flex(q, k, v, score_mod=mods.score_mod, block_mask=theirs, enable_gqa=True)
+        O, lse = oracle(q, k, v, score_mod=mods.score_mod, mask_mod=mods.mask_mod)
+    torch.testing.assert_close(O, O_ref, atol=1e-12, rtol=0)
+    assert_lse_equal(lse, lse_ref, 1e-12)
 
 
 # ------------------------------------------------------------------------------ the block mask tables
