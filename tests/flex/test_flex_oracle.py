@@ -490,6 +490,33 @@ def test_triton_matches_the_float64_oracle(name):
         pytest.skip(str(e))
 
 
+def _frozen(builder: Callable[[Dims, Params], Mods]) -> Callable[[Dims, Params], Mods]:
+    """A learned case with its tensors frozen (``requires_grad_(False)``): the same lookups, no capture grads."""
+
+    def build(d: Dims, p: Params) -> Mods:
+        mods = builder(d, p)
+        for t in mods.learned.values():
+            t.requires_grad_(False)
+        return Mods(score_mod=mods.score_mod, mask_mod=mods.mask_mod)
+
+    return build
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on CPU tensors (tests/triton: CUDA)")
+@pytest.mark.parametrize("name", ["relative_table", "key_bias", "temperature", "learned_alibi", "module_capture"])
+def test_triton_reads_captured_tables_as_the_oracle(name):
+    """The learned cases' lookups, frozen: a relative-position table read by a computed index, a (B, N_k)
+    table read by (b, kv_idx), a shape-() tensor, per-head slopes, a module's parameter; values and the
+    gradients of q, k, v by the kernels."""
+    try:
+        check(via_backend("triton"), _frozen(SCORE_MODS[name]), 45, 67, torch.float32, tol=TRITON_TOL)
+    except BackendUnavailableError as e:
+        if "not yet in the Triton kernels" not in str(e):
+            raise
+        pytest.skip(str(e))
+
+
 def test_all_masked_rows_give_zero_and_minus_infinity():
     """A row whose scores score_mod sets to -inf gives O = 0 exactly and lse = -inf; the other rows are finite."""
     q, k, v = (t.detach() for t in inputs(113, 203, torch.float64))
