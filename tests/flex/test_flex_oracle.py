@@ -476,8 +476,8 @@ def test_block_masks_of_any_block_size_match_the_oracle_at_any_tiling(
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on CPU tensors (tests/triton: CUDA)")
-@pytest.mark.parametrize("name", ["torch:relative_causal", "torch:alibi_bias", "torch:head_offset", "mask:document",
-                                  "mod:tanh_softcap", "mod:hides_first_rows"])  # fmt: skip
+@pytest.mark.parametrize("name", [*(n for n in ALL_CASES if not n.startswith("mod:")), "mod:tanh_softcap",
+                                  "mod:hides_first_rows"])  # fmt: skip
 def test_triton_matches_the_float64_oracle(name):
     """``backend="triton"`` (the interpreter on CPU tensors without CUDA) on fp32 inputs, small and ragged:
     values and the gradients of q, k, v, with captured tensors that do not require grad (a learned one sends
@@ -504,7 +504,7 @@ def _frozen(builder: Callable[[Dims, Params], Mods]) -> Callable[[Dims, Params],
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on CPU tensors (tests/triton: CUDA)")
-@pytest.mark.parametrize("name", ["relative_table", "key_bias", "temperature", "learned_alibi", "module_capture"])
+@pytest.mark.parametrize("name", [n for n in SCORE_MODS if n not in ("tanh_softcap", "hides_first_rows")])
 def test_triton_reads_captured_tables_as_the_oracle(name):
     """The learned cases' lookups, frozen: a relative-position table read by a computed index, a (B, N_k)
     table read by (b, kv_idx), a shape-() tensor, per-head slopes, a module's parameter; values and the
