@@ -220,3 +220,20 @@ def test_a_block_mask_built_by_torch_is_taken_as_it_is():
     torch.testing.assert_close(
         fa.flex_attention(q, k, v, block_mask=theirs), fa.flex_attention(q, k, v, block_mask=ours)
     )
+
+
+def test_explain_verbose_prints_the_generated_triton_source_or_why_there_is_none():
+    q, k, v = _inputs(grad=False)
+    cap = torch.ones(4, dtype=torch.float64)
+
+    def capped(s, b, h, q_idx, kv_idx):
+        return 30.0 * torch.tanh(s / 30.0) + cap[h]
+
+    def rowwise(s, b, h, q_idx, kv_idx):
+        return torch.softmax(s, dim=-1)
+
+    shown = str(fa.explain(q, k, v, score_mod=capped, verbose=True))
+    assert "@triton.jit" in shown and "def score_grad(" in shown and "tl.load(C0 + h" in shown
+    refused = str(fa.explain(q, k, v, score_mod=rowwise, verbose=True))
+    assert "torch.softmax" in refused and "test_user_functions.py" in refused
+    assert "@triton.jit" not in str(fa.explain(q, k, v, score_mod=capped))  # the control: not verbose
