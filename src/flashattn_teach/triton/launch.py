@@ -124,6 +124,33 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
             )
 
 
+def mod_args(variants: KernelVariants, placeholder: Tensor, c: KernelConfig, N_q: int, N_k: int) -> tuple[object, ...]:
+    """:meth:`KernelVariants.mod_args` at the tiles of ``c``, whose kinds table must cover the launch's
+    ``cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N)`` tiles."""
+    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N)
+    kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
+    if kinds is not None:
+        need = (-(-N_q // c.BLOCK_M), -(-N_k // c.BLOCK_N))
+        if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
+            raise AttentionValueError(
+                f"block_mask's tile kinds at {c.BLOCK_M} x {c.BLOCK_N} tiles are {kinds.dtype} {tuple(kinds.shape)}, "
+                f"but N_q={N_q}, N_k={N_k} need int8 (B|1, H|1, {need[0]}, {need[1]}): build the block mask for "
+                "these lengths (create_block_mask(mask_mod, B, H, N_q, N_k))"
+            )
+    return args
+
+
+def forward_launch_tile(
+    c: KernelConfig, q: Tensor, k: Tensor, v: Tensor, variants: KernelVariants
+) -> tuple[KernelConfig, bool]:
+    """:func:`~.tma.forward_tile`, but never warp-specialised with a score_mod, mask_mod or block mask (the
+    specialised loop is not built for the user's functions and the SKIP tiles' branch)."""
+    c, ws = forward_tile(c, q, k, v, variants)
+    if ws and variants.user_mods:
+        return c.unspecialised(), False
+    return c, ws
+
+
 def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
     """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
     if config.backward_dkdv is None or config.backward_dq is None:
@@ -164,7 +191,7 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     var = variants.varlen
-    c, ws = forward_tile(config.forward, q, k, v, variants)
+    c, ws = forward_launch_tile(config.forward, q, k, v, variants)
     if ws:
         tma = True  # by descriptors the kernel makes
     else:
@@ -199,6 +226,7 @@ def forward(
         (s.scale if signed else abs(s.scale)) * LOG2E.value,
         _offset(s, causal_align, variants),
         *variants.args(lse),
+        *mod_args(variants, lse, c, N_q, N_k),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -220,6 +248,9 @@ def forward(
         WS=ws,
         # the specialised build's one loop needs no mask when every row sees every key of every block
         EVEN_N=ws and N_k % c.BLOCK_N == 0 and not (causal or variants.window or variants.has_seqlens),
+        SCORE_MOD=variants.score_mod_fn,
+        MASK_MOD=variants.mask_mod_fn,
+        KINDS=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -331,6 +362,7 @@ def backward(
             qk_scale,
             offset,
             *variants.args(lse),
+            *mod_args(variants, lse, c, N_q, N_k),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -351,6 +383,10 @@ def backward(
             VARLEN=var,
             TMA=tma,
             DQ_ATOMIC=fused,
+            SCORE_MOD=variants.score_mod_fn,
+            SCORE_GRAD=variants.score_grad_fn,
+            MASK_MOD=variants.mask_mod_fn,
+            KINDS=variants.has_kinds,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -386,6 +422,7 @@ def backward(
         qk_scale,
         offset,
         *variants.args(lse),
+        *mod_args(variants, lse, c, N_q, N_k),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -403,6 +440,10 @@ def backward(
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
         TMA=tma,
+        SCORE_MOD=variants.score_mod_fn,
+        SCORE_GRAD=variants.score_grad_fn,
+        MASK_MOD=variants.mask_mod_fn,
+        KINDS=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

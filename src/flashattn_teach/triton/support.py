@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
+import torch
 from torch import Tensor
 
 from .._options import AttentionOptions
@@ -16,9 +17,9 @@ from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
 from .configs import DTYPES, _triton_version, max_head_dim
-from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
-from .tma import forward_tile, launch_tile, ws_reason
-from .variants import NO_DROPOUT, SUPPORTED, KernelVariants
+from .launch import default_config, device_reason, forward_launch_tile, needs_grad, shape_reason, to_4d
+from .tma import launch_tile, ws_reason
+from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
 
 
 @functools.cache
@@ -70,7 +71,40 @@ def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
     """None if the kernels honour every variant of the call's mask contract, else which they lack (packed
     sequences are the varlen launch's, :func:`call_unsupported_reason`)."""
     missing = [name for name in opts.mask.variants if name not in SUPPORTED]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+    if missing:
+        return f"{', '.join(missing)} not yet in the Triton kernels"
+    return mods_unsupported_reason(opts)
+
+
+def mods_unsupported_reason(opts: AttentionOptions) -> str | None:
+    """None if the kernels can run the call's score_mod and mask_mod (``opts.mask.mods``), else why they run
+    on the CPU reference: a captured tensor that requires grad, a function the translator does not take
+    (:func:`flashattn_teach.triton.usermod.unsupported_reason` names the operation and the line), more
+    captured tensors than the kernels' slots, or packed sequences. Never raises; imports triton only to
+    translate a function. (The decode kernel never sees a score_mod: the planner sends such steps here.)"""
+    mods = getattr(opts.mask, "mods", None)
+    if mods is None or (mods.score_mod is None and mods.mask_mod is None):
+        return None
+    if opts.mask.packed is not None or "cu_seqlens" in opts.mask.variants:
+        return "score_mod and mask_mod with packed sequences are not in the Triton kernels"
+    for kind, fn, captures in (
+        ("score_mod", mods.score_mod, tuple(mods.captures)),
+        ("mask_mod", mods.mask_mod, tuple(mods.mask_captures)),
+    ):
+        if fn is None:
+            continue
+        if kind == "score_mod" and any(t.requires_grad for t in captures) and torch.is_grad_enabled():
+            return "score_mod captures a tensor that requires grad: learned biases' gradients run on the CPU reference"
+        if len(captures) > CAPTURE_SLOTS:
+            return f"{kind} captures {len(captures)} tensors, more than the {CAPTURE_SLOTS} the Triton kernels take"
+        try:
+            from .usermod import unsupported_reason as translation_reason
+        except ImportError as e:  # a triton too old to import the translator
+            return f"{kind} cannot be compiled into the Triton kernels: {e}"
+        reason = translation_reason(fn, captures, kind)
+        if reason is not None:
+            return reason
+    return None
 
 
 def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
@@ -80,7 +114,9 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
     if reason is not None:
         return reason
     missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+    if missing:
+        return f"{', '.join(missing)} not yet in the Triton kernels"
+    return mods_unsupported_reason(opts)
 
 
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
@@ -114,11 +150,33 @@ def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
     variants = KernelVariants.from_spec(opts.mask, dropout)
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
     asked = default_config(q4, s, variants).forward
-    tile, ws = forward_tile(asked, q4, k4, v4, variants)
+    tile, ws = forward_launch_tile(asked, q4, k4, v4, variants)
+    compiled = _compiled_note(variants)
     if ws:
         return (
             f"; forward {tile}: warp-specialised (a producer warpgroup issues the TMA copies, two consumer "
             "warpgroups of 64 query rows compute)"
         )
     tile, _ = launch_tile(tile, k4, v4, varlen=False)
-    return f"; forward {tile}: not warp-specialised: {ws_reason(asked, q4, k4, v4, variants)}"
+    why = ws_reason(asked, q4, k4, v4, variants)
+    if why is None:  # the launch's own rule (launch.forward_launch_tile)
+        why = "the specialised loop is not built for the user's functions"
+    return f"; forward {tile}{compiled}: not warp-specialised: {why}"
+
+
+def _compiled_note(variants: KernelVariants) -> str:
+    """For ``explain``: which of the user's functions are compiled into the kernels."""
+    names = [
+        name
+        for name, used in (
+            ("score_mod", variants.score_mod is not None),
+            ("its derivative", variants.score_grad_fn is not None),
+            ("mask_mod", variants.mask_mod is not None),
+        )
+        if used
+    ]
+    if variants.block_mask is not None:
+        names.append("the block mask's tile kinds (SKIP tiles not visited, mask_mod on PARTIAL tiles only)")
+    if not names:
+        return ""
+    return f" with {', '.join(names)} compiled in (flashattn_teach.triton.generated_sources prints the source)"

@@ -89,6 +89,19 @@ def attn_bwd_dkdv(
     CU_SEQLENS_Q,
     CU_SEQLENS_K,
     stride_lse_h,
+    C0,
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    TILE_KINDS,
+    stride_kind_b,
+    stride_kind_h,
+    stride_kind_m,
+    stride_kind_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -109,6 +122,10 @@ def attn_bwd_dkdv(
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -117,7 +134,10 @@ def attn_bwd_dkdv(
 
     ``DQ_ATOMIC``: the one-kernel backward. Each step also adds its dQ partial ``scale dS_ij K_j`` into
     ``DQ``, a zeroed fp32 buffer of Q's shape ``(B, H_q, N_q, D)``, by atomic adds (the order in which key
-    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is unused."""
+    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is unused.
+
+    ``SCORE_MOD``, ``SCORE_GRAD``, ``MASK_MOD`` and ``KINDS`` as in :func:`~.backward_dq.attn_bwd_dq`, the
+    kinds at this launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
@@ -181,6 +201,7 @@ def attn_bwd_dkdv(
         DO_group = DO + b * stride_dob + h0 * stride_doh
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
     MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
+    KINDS_col = TILE_KINDS + b * stride_kind_b + h0 * stride_kind_h + j * stride_kind_n  # read only with KINDS
     DQ_group = DQ + b * stride_dqb + h0 * stride_dqh
     if SEQLENS:
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
@@ -203,9 +224,11 @@ def attn_bwd_dkdv(
         begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
+        C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
+        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
@@ -213,9 +236,11 @@ def attn_bwd_dkdv(
         diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
+        C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, TMA=TMA, MASK=False, DQ_ATOMIC=DQ_ATOMIC,
+        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
@@ -223,9 +248,11 @@ def attn_bwd_dkdv(
         full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
         seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
+        C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION,
         WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
+        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
     )  # fmt: skip
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key

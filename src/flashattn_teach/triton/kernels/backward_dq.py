@@ -13,8 +13,9 @@ from triton import language as tl
 from .dropout import _dropout_keep, _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .grid import INDEX, LONGEST, program_block
-from .masking import _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
+from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
 from .tiles import _load_block, _load_block_T, _load_tile_tma, _store_block
+from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
 @triton.jit
@@ -52,6 +53,18 @@ def _attn_bwd_dq_inner(
     MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
     stride_mask_m,
     stride_mask_n,
+    b_idx,  # the flat batch index and the query head, as the user's functions see them (int32)
+    h_idx,
+    C0,  # score_mod's captured tensors, then mask_mod's (placeholders when unused)
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
+    stride_kind_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -68,83 +81,105 @@ def _attn_bwd_dq_inner(
     DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
     MASK: tl.constexpr,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
 ):
-    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
+    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
+    the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
     rows = tl.arange(0, BLOCK_M)
     offs_m = start_m + rows
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start in tl.range(start_n, end_n, BLOCK_N):
-        in_k = start + offs_n < N_k
-        # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        if TMA:
-            kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
-            vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
-        else:
-            cols = tl.cast(start, tl.int64)
-            kT = _load_block_T(
-                K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
-                ROWS_OK=not MASK,
-            )  # fmt: skip
-            vT = _load_block_T(
-                V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
-                ROWS_OK=not MASK,
-            )  # fmt: skip
-        # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        if SOFTCAP or ALIBI or ADD_MASK:
-            s, t = _modify_scores(
-                qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
-                SOFTCAP, ALIBI,
-            )  # fmt: skip
-            if ADD_MASK:
-                bias = _attn_mask_tile(
-                    MASK_head,
-                    start_m,
-                    start,
-                    rows[:, None],
-                    offs_n[None, :],
-                    stride_mask_m,
-                    stride_mask_n,
-                    N_q,
-                    N_k_all,
-                )
-                s = s + bias.to(tl.float32) * LOG2E
-            p = tl.math.exp2(s - lse2[:, None])
-        else:
-            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        if MASK or BOOL_MASK:
-            visible = in_k[None, :]
-            if CAUSAL:
-                visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
-            if WINDOW:
-                visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
-            if BOOL_MASK:
-                user = _attn_mask_tile(
-                    MASK_head,
-                    start_m,
-                    start,
-                    rows[:, None],
-                    offs_n[None, :],
-                    stride_mask_m,
-                    stride_mask_n,
-                    N_q,
-                    N_k_all,
-                )
-                visible = visible & (user != 0)
-            p = tl.where(visible, p, 0.0)
-        # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
-        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
-        if DROPOUT:
-            # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
-            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
-        # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
-        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+        kind = KIND_PARTIAL
+        if KINDS:
+            kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+        if kind != KIND_SKIP:  # a SKIP tile of the block mask adds nothing
+            in_k = start + offs_n < N_k
+            # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
+            if TMA:
+                kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
+                vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
+            else:
+                cols = tl.cast(start, tl.int64)
+                kT = _load_block_T(
+                    K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
+                    ROWS_OK=not MASK,
+                )  # fmt: skip
+                vT = _load_block_T(
+                    V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
+                    ROWS_OK=not MASK,
+                )  # fmt: skip
+            # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
+            qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+            if SOFTCAP or ALIBI or ADD_MASK or SCORE_MOD is not None:
+                s, t = _modify_scores(
+                    qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
+                    SOFTCAP, ALIBI,
+                )  # fmt: skip
+                if ADD_MASK:
+                    bias = _attn_mask_tile(
+                        MASK_head,
+                        start_m,
+                        start,
+                        rows[:, None],
+                        offs_n[None, :],
+                        stride_mask_m,
+                        stride_mask_n,
+                        N_q,
+                        N_k_all,
+                    )
+                    s = s + bias.to(tl.float32) * LOG2E
+                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
+                    grad = SCORE_GRAD(s * LN2, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], C0, C1, C2, C3)
+                if SCORE_MOD is not None:
+                    s = _score_mod(s, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
+                p = tl.math.exp2(s - lse2[:, None])
+            else:
+                p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+            if MASK or BOOL_MASK or MASK_MOD is not None:
+                visible = in_k[None, :]
+                if CAUSAL:
+                    visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
+                if WINDOW:
+                    visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
+                if BOOL_MASK:
+                    user = _attn_mask_tile(
+                        MASK_head,
+                        start_m,
+                        start,
+                        rows[:, None],
+                        offs_n[None, :],
+                        stride_mask_m,
+                        stride_mask_n,
+                        N_q,
+                        N_k_all,
+                    )
+                    visible = visible & (user != 0)
+                if MASK_MOD is not None:
+                    visible = _mask_mod_visible(
+                        visible, kind, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], MC0, MC1, MC2, MC3,
+                        MASK_MOD,
+                    )  # fmt: skip
+                p = tl.where(visible, p, 0.0)
+            # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
+            dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+            if DROPOUT:
+                # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
+                keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
+                dp = tl.where(keep, dp * keep_scale, 0.0)
+            ds = p * (dp - delta[:, None])
+            if SCORE_GRAD is not None:
+                # dS_raw = dS * d score_mod / d score, 0 where P is (the derivative at a -inf score may be NaN)
+                ds = tl.where(p == 0.0, 0.0, ds * grad)
+            if SOFTCAP:
+                ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
+            # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
+            dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
     return dq
 
 
@@ -203,6 +238,19 @@ def attn_bwd_dq(
     CU_SEQLENS_Q,
     CU_SEQLENS_K,
     stride_lse_h,
+    C0,
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    TILE_KINDS,
+    stride_kind_b,
+    stride_kind_h,
+    stride_kind_m,
+    stride_kind_n,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -220,10 +268,15 @@ def attn_bwd_dq(
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
-    descriptors of blocks ``(1, 1, BLOCK_N, .)``."""
+    descriptors of blocks ``(1, 1, BLOCK_N, .)``. ``SCORE_MOD``, ``SCORE_GRAD`` (its derivative; None when
+    it is 1), ``MASK_MOD`` and ``KINDS`` as in :func:`~.forward.attn_fwd`, the kinds at this launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; all heads' start first (.grid)
@@ -277,6 +330,7 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
+    KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + blk * stride_kind_m  # read only with KINDS
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
@@ -295,8 +349,10 @@ def attn_bwd_dq(
             begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
             MASK=True,
         )  # fmt: skip
     else:
@@ -307,8 +363,10 @@ def attn_bwd_dq(
         full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
+        b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         MASK=False,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
@@ -316,8 +374,10 @@ def attn_bwd_dq(
         full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
         seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
         MASK_head, stride_mask_m, stride_mask_n,
+        b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
         BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         MASK=True,
     )  # fmt: skip
 
