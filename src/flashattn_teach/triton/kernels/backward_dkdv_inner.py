@@ -149,7 +149,7 @@ def _attn_bwd_dkdv_inner(
             delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
             # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-            if SOFTCAP or ALIBI or ADD_MASK or SCORE_MOD is not None:
+            if SOFTCAP or ALIBI or ADD_MASK:
                 slope_log2 = 0.0
                 if ALIBI:
                     slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
@@ -164,12 +164,19 @@ def _attn_bwd_dkdv_inner(
                         stride_mask_m, stride_mask_n, N_q, N_k,
                     )  # fmt: skip
                     sT = sT + biasT.to(tl.float32) * LOG2E
-                q_idx = start + offs_m[None, :]  # (1, BLOCK_M) and (BLOCK_N, 1): the transposed grids
-                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
-                    gradT = SCORE_GRAD(sT * LN2, b_coord, h0_coord + g, q_idx, offs_n[:, None], C0, C1, C2, C3)
                 if SCORE_MOD is not None:
-                    sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, offs_n[:, None], C0, C1, C2, C3, SCORE_MOD)
+                    sT = sT * LN2  # natural units for the user's function
+            elif SCORE_MOD is not None:
+                sT = qkT * (qk_scale * LN2)  # scale * q.k
+            if SCORE_MOD is not None:
+                q_idx = start + offs_m[None, :]  # (1, BLOCK_M) and (BLOCK_N, 1): the transposed grids
+                kv_idx = offs_n[:, None]
+                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
+                    gradT = SCORE_GRAD(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3)
+                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
+                pT = tl.math.exp2(sT * LOG2E - lse2[None, :])
+            elif SOFTCAP or ALIBI or ADD_MASK:
                 pT = tl.math.exp2(sT - lse2[None, :])
             else:
                 # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score

@@ -115,7 +115,7 @@ def _attn_bwd_dq_inner(
                 )  # fmt: skip
             # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
             qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-            if SOFTCAP or ALIBI or ADD_MASK or SCORE_MOD is not None:
+            if SOFTCAP or ALIBI or ADD_MASK:
                 s, t = _modify_scores(
                     qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
                     SOFTCAP, ALIBI,
@@ -133,11 +133,19 @@ def _attn_bwd_dq_inner(
                         N_k_all,
                     )
                     s = s + bias.to(tl.float32) * LOG2E
-                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
-                    grad = SCORE_GRAD(s * LN2, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], C0, C1, C2, C3)
                 if SCORE_MOD is not None:
-                    s = _score_mod(s, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                    s = s * LN2  # natural units for the user's function
+            elif SCORE_MOD is not None:
+                s = qk * (qk_scale * LN2)  # scale * q.k
+            if SCORE_MOD is not None:
+                q_idx = offs_m[:, None]
+                kv_idx = start + offs_n[None, :]
+                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
+                    grad = SCORE_GRAD(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3)
+                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
+                p = tl.math.exp2(s * LOG2E - lse2[:, None])
+            elif SOFTCAP or ALIBI or ADD_MASK:
                 p = tl.math.exp2(s - lse2[:, None])
             else:
                 p = tl.math.exp2(qk * qk_scale - lse2[:, None])

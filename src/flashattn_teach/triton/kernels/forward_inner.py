@@ -143,6 +143,7 @@ def _attn_fwd_inner(
     unmasked stage then guards its row statistics (a row whose scores are all -inf keeps ``m = -inf``).
     ``KINDS``: a block mask's tile kinds; a SKIP tile is passed over, a FULL one runs without ``MASK_MOD``.
     """
+    nat_scale = qk_scale * LN2  # scale * q.k in natural units, for score_mod without built-in modifiers
     if BOOL_MASK or ADD_MASK:
         rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
         cols = tl.arange(0, BLOCK_N)
@@ -164,7 +165,7 @@ def _attn_fwd_inner(
             )
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             offs_n = start + tl.arange(0, BLOCK_N)
-            if SOFTCAP or ALIBI or ADD_MASK or SCORE_MOD is not None:
+            if SOFTCAP or ALIBI or ADD_MASK:
                 s, _ = _modify_scores(
                     s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
                 )
@@ -173,9 +174,14 @@ def _attn_fwd_inner(
                         MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
-                if SCORE_MOD is not None:
-                    s = _score_mod(s, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
                 s_scale = 1.0
+                if SCORE_MOD is not None:
+                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                    s_scale = LOG2E
+            elif SCORE_MOD is not None:
+                # natural units straight from the product (no log2 detour); LOG2E joins the exponent's FFMA
+                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                s_scale = LOG2E
             else:
                 s_scale = qk_scale
             if MASK or BOOL_MASK or ADD_MASK or MASK_MOD is not None:
@@ -203,9 +209,9 @@ def _attn_fwd_inner(
                 p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
             elif SCORE_MOD is not None:
                 # every key is visible but score_mod may give -inf: for a whole row too, which keeps m = -inf
-                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
                 m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.math.exp2(s - m_new_safe[:, None])  # exp2(-inf) = 0: no select a score
+                p = tl.math.exp2(s * s_scale - m_new_safe[:, None])  # exp2(-inf) = 0: no select a score
             else:
                 # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
                 m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)

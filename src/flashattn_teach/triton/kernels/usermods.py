@@ -6,7 +6,11 @@ then compiles to the code it had without them), and the tile kinds of a block ma
 Order (the design of issue 24, the CPU reference's): scale, softcap, ALiBi, additive mask, ``score_mod``,
 then the masks. Scores are in log2 units inside the kernels, the user's function in natural ones:
 
-    s2 = LOG2E * score_mod(LN2 * s2, b, h, q_idx, kv_idx)          d s2' / d s2 = score_mod'(LN2 * s2)
+    s = score_mod(LN2 * s2, b, h, q_idx, kv_idx),   then exp2(LOG2E * s - m2)   (d s / d (LN2 s2) = score_mod')
+
+and without built-in modifiers ``score_mod(scale * q.k, ...)`` directly: ``LOG2E`` then rides in the
+exponent's FFMA as ``qk_scale`` does in the plain kernel, so a softcap written as a score_mod costs what
+its own arithmetic costs (docs: the loop profile's ``--score-mod`` rows).
 
 ``b`` is the flat batch index and ``h`` the query head (int32 scalars), ``q_idx`` and ``kv_idx`` the
 absolute query and key positions as broadcast index tensors, ``C0..C3`` the captured tensors' pointers.
@@ -24,18 +28,16 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .masking import LN2, LOG2E
-
 KIND_SKIP = tl.constexpr(0)  # flashattn_teach.flex.mods.KIND_SKIP, KIND_PARTIAL, KIND_FULL
 KIND_PARTIAL = tl.constexpr(1)
 KIND_FULL = tl.constexpr(2)
 
 
 @triton.jit
-def _score_mod(s2, b, h, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD: tl.constexpr):
-    """``LOG2E * score_mod(LN2 * s2, ...)``: the user's function on log2-unit scores ``s2``, whose result may
-    be -inf (the kernels' arithmetic is guarded for it)."""
-    return SCORE_MOD(s2 * LN2, b, h, q_idx, kv_idx, C0, C1, C2, C3) * LOG2E
+def _score_mod(s, b, h, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD: tl.constexpr):
+    """``score_mod(s, ...)`` on natural-unit scores ``s`` (fp32); the result, in natural units, may be -inf
+    (the kernels' arithmetic is guarded for it)."""
+    return SCORE_MOD(s, b, h, q_idx, kv_idx, C0, C1, C2, C3).to(tl.float32)
 
 
 @triton.jit
