@@ -105,3 +105,13 @@ def test_ring_attention_example_on_two_ranks():
     errors = re.findall(r"max error (O|dQ|dK|dV) +(\S+)", out)
     assert [name for name, _ in errors] == ["O", "dQ", "dK", "dV"]
     assert all(float(e) < 1e-12 for _, e in errors)
+
+
+def test_flex_example_matches_the_oracle_and_torch_and_trains_the_bias():
+    out = _run("examples/05_flex_document_masking.py", "--n", "256")
+    assert _number(r"ours - float64 oracle\| = (\S+)", out) < 1e-4
+    assert _number(r"relative error against the oracle = (\S+)", out) < 1e-4
+    assert _number(r"ours - torch.nn.attention.flex_attention\| = (\S+)", out) < 1e-4
+    losses = [float(x) for x in re.search(r"loss while training the bias: (.*)", out).group(1).split()]
+    assert losses[-1] < 0.5 * losses[0]
+    assert "check: ok" in out

@@ -5,6 +5,9 @@ Public API:
     flash_attention               the same with FlashAttention's options (causal alignment, lse, backend)
     flash_attention_varlen        packed variable-length sequences, flash-attn's varlen layout
     flash_attention_with_kvcache  a decode step against a KV cache, split-KV (Flash-Decoding)
+    flex_attention                FlexAttention's function (score_mod, block masks) without torch.compile
+    create_block_mask, BlockMask  FlexAttention's block masks, classified tile by tile (never N_q x N_k),
+    and_masks, or_masks, noop_mask  and its mask combinators
     explain                       which backend would run for given inputs, and why
     explain_with_kvcache          which path, how many key ranges and which row layout a decode step would use
     reference                     dense oracle, online-softmax references, memory-efficient backward
@@ -19,15 +22,18 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 
 from . import reference
 from .api import (
+    create_block_mask,
     explain,
     explain_with_kvcache,
     flash_attention,
     flash_attention_varlen,
     flash_attention_with_kvcache,
+    flex_attention,
     scaled_dot_product_attention,
 )
 from .dispatch import BACKENDS, Plan
 from .errors import AttentionError, AttentionTypeError, AttentionValueError
+from .flex import BlockMask, and_masks, noop_mask, or_masks
 from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
@@ -38,7 +44,10 @@ __all__ = [
     "AttentionSchedules",
     "AttentionTypeError",
     "AttentionValueError",
+    "BlockMask",
     "Plan",
+    "and_masks",
+    "create_block_mask",
     "dense_attention",
     "explain",
     "explain_with_kvcache",
@@ -46,10 +55,13 @@ __all__ = [
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
     "flash_backward",
+    "flex_attention",
     "key_major_attention",
     "keymajor_attention",
     "merge_attention_states",
+    "noop_mask",
     "online_attention",
+    "or_masks",
     "reference",
     "scaled_dot_product_attention",
 ]

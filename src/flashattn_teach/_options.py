@@ -10,9 +10,11 @@ check nothing again.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
+import torch
 from torch import Tensor
 
 from ._validate.inputs import (
@@ -33,6 +35,9 @@ from ._validate.varlen import (
     check_same_batch,
 )
 from .dropout import DropoutKey, draw
+from .errors import AttentionValueError
+from .flex.block_mask import DEFAULT_BLOCK_SIZE, BlockMask, classified_block_mask
+from .flex.mods import UserMods, check_block_mask
 from .masks.spec import MaskSpec
 
 
@@ -115,6 +120,9 @@ def make_options(
     offset: int | None = None,
     causal_name: str = "causal",
     deterministic: object = False,
+    score_mod: object = None,
+    mask_mod: object = None,
+    block_mask: object = None,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
@@ -128,6 +136,7 @@ def make_options(
     # packed: slopes per sequence, checked by the caller (check_packed_alibi)
     slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
     cu_q, cu_k = packed if packed is not None else (None, None)
+    mods = check_mods(score_mod, mask_mod, block_mask, shapes, q.device)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
@@ -141,6 +150,7 @@ def make_options(
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
         offset=offset,
+        mods=mods,
     )
     return AttentionOptions(
         shapes=shapes,
@@ -149,6 +159,47 @@ def make_options(
         enable_gqa=gqa,
         dropout_p=check_dropout(dropout_p),
         deterministic=check_bool("deterministic", deterministic),
+    )
+
+
+def check_mods(
+    score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes, device: torch.device
+) -> UserMods | None:
+    """The call's user functions (:mod:`flashattn_teach.flex.mods`), checked: callables, a block mask that
+    fits the call's lengths, batch and heads, and not both ``mask_mod`` and ``block_mask`` (the block mask
+    carries its own)."""
+    if mask_mod is not None and block_mask is not None:
+        raise AttentionValueError(
+            "pass mask_mod or block_mask, not both: a block mask carries its own mask_mod "
+            "(create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN))"
+        )
+    bm = check_block_mask(from_torch(block_mask))
+    B, H = math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1
+    mods = UserMods.build(score_mod, mask_mod, bm)
+    if mods is not None and mods.mask_mod is not None and bm is None and shapes.N_q and shapes.N_k:
+        # mask_mod alone: classify its tiles once, as create_block_mask would, so that hidden tiles are
+        # skipped and wholly visible ones run without it
+        bm = classified_block_mask(mods.mask_mod, B, H, shapes.N_q, shapes.N_k, (DEFAULT_BLOCK_SIZE,) * 2, device)
+        mods = UserMods.build(score_mod, None, bm)
+    if mods is not None:
+        mods.check(B, H, shapes.N_q, shapes.N_k)
+    return mods
+
+
+def from_torch(block_mask: object) -> object:
+    """torch's own ``BlockMask`` (``torch.nn.attention.flex_attention.create_block_mask``'s) as this library's,
+    from its index lists (the same blocks and ``mask_mod``); anything else as it is."""
+    if type(block_mask).__name__ != "BlockMask" or not type(block_mask).__module__.startswith("torch."):
+        return block_mask
+    t: Any = block_mask
+    return BlockMask.from_kv_blocks(
+        t.kv_num_blocks,
+        t.kv_indices,
+        t.full_kv_num_blocks,
+        t.full_kv_indices,
+        BLOCK_SIZE=tuple(t.BLOCK_SIZE),
+        mask_mod=t.mask_mod,
+        seq_lengths=tuple(t.seq_lengths),
     )
 
 

@@ -48,15 +48,17 @@ def score_tile(
     *,
     softcap: float | None = None,
     bias: Tensor | None = None,
+    score_mod: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
-    """``S_ij = scale * Q_i K_j^T``, capped, biased and masked in flash-attn's order (:mod:`flashattn_teach.masks`):
-    ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then ``-inf`` where ``allowed`` (bool) is False.
+    """``S_ij = scale * Q_i K_j^T``, capped, biased, modified and masked in the order of
+    :mod:`flashattn_teach.masks`: ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then the user's
+    ``score_mod`` (bound to the tile's indices), then ``-inf`` where ``allowed`` (bool) is False.
     ``allowed`` and ``bias`` broadcast against the tile."""
     # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.
     S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
     if softcap is not None:
         S_ij = soft_cap(S_ij, softcap)
-    return bias_and_mask(S_ij, allowed, bias)
+    return bias_and_mask(S_ij, allowed, bias, score_mod)
 
 
 def soft_cap(S_ij: Tensor, softcap: float) -> Tensor:
@@ -64,11 +66,18 @@ def soft_cap(S_ij: Tensor, softcap: float) -> Tensor:
     return torch.tanh(S_ij / softcap) * softcap
 
 
-def bias_and_mask(S_ij: Tensor, allowed: Tensor | None, bias: Tensor | None) -> Tensor:
-    """``S_ij + bias``, then ``-inf`` where ``allowed`` is False (a masked score stays masked whatever the
-    bias). Masks in place: callers pass a tile they own."""
+def bias_and_mask(
+    S_ij: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    score_mod: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """``S_ij + bias``, then ``score_mod(S_ij)``, then ``-inf`` where ``allowed`` is False (a masked score
+    stays masked whatever the bias or the user's function). Masks in place: callers pass a tile they own."""
     if bias is not None:
         S_ij = S_ij + bias
+    if score_mod is not None:
+        S_ij = score_mod(S_ij)
     if allowed is not None:
         S_ij.masked_fill_(~allowed, NEG_INF)
     return S_ij

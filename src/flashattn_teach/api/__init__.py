@@ -8,19 +8,25 @@ to the dispatcher (:mod:`flashattn_teach.dispatch`), or, while compiled, to its 
     explain_call.py    explain: the plan a call would run, without running it (not `explain.py`: the
                        package exports the function `explain`, which would hide a module of that name)
     explain_decode.py  explain_with_kvcache: the same for a decode step
+    flex.py            flex_attention (FlexAttention's function: score_mod and a block mask)
+    block_mask.py      create_block_mask (FlexAttention's: mask_mod classified tile by tile)
 """
 
 from .attention import flash_attention, scaled_dot_product_attention
+from .block_mask import create_block_mask
 from .decode import flash_attention_with_kvcache
 from .explain_call import explain
 from .explain_decode import explain_with_kvcache
+from .flex import flex_attention
 from .varlen import flash_attention_varlen
 
 __all__ = [
+    "create_block_mask",
     "explain",
     "explain_with_kvcache",
     "flash_attention",
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
+    "flex_attention",
     "scaled_dot_product_attention",
 ]

@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from .._autocast import cast_inputs
-from .._options import make_options
+from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
 from ..dispatch import planner, runner
+from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..ops import attention as ops
 
 
@@ -41,6 +42,9 @@ def flash_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -63,6 +67,9 @@ def flash_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -85,6 +92,9 @@ def flash_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -106,6 +116,9 @@ def flash_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -137,6 +150,15 @@ def flash_attention(
             default adds dQ by fp32 atomic adds in one kernel, whose rounding varies from run to run; this
             runs its two-kernel backward instead, as ``torch.use_deterministic_algorithms(True)`` does (read
             when the backward runs). The CPU backends are deterministic either way.
+        score_mod: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx) -> score``, applied after the
+            scale, the softcap and the built-in biases (ALiBi, an additive ``attn_mask``), before every mask;
+            ``b`` is the flat batch index, ``h`` the query head. Run on each tile's broadcast index tensors
+            (``q_idx (Br, 1)``, ``kv_idx (1, Bc)``; :mod:`flashattn_teach.flex.mods`); the backward
+            differentiates through it, and tensors it captures that require grad get their gradients.
+        mask_mod: FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True: visible), combined with
+            the other masks; its tiles are classified first (:func:`flashattn_teach.create_block_mask`), so
+            tiles it hides are skipped and tiles it shows whole run without it.
+        block_mask: a :class:`flashattn_teach.BlockMask` instead of ``mask_mod`` (it carries its own).
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
@@ -163,10 +185,16 @@ def flash_attention(
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
         deterministic=deterministic,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
     )
     lse_wanted = check_bool("return_lse", return_lse)
     backend = planner.public_backend(backend)
-    if torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+    if opts.mask.mods is not None:
+        # user functions cannot be arguments of the custom op: the call runs eagerly, also under torch.compile
+        O, lse = _run_eagerly(planner.plan(q, k, v, opts, backend), q, k, v, opts)
+    elif torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
         # one opaque op in the graph instead of the traced tile loops, called with the checked arguments
         args = ops.AttentionArgs.of_call(
             opts, backend, scale_given=scale is not None, alibi_slopes=alibi_slopes, seqlens_k=seqlens_k
@@ -175,6 +203,11 @@ def flash_attention(
     else:
         O, lse = runner.run(planner.plan(q, k, v, opts, backend), q, k, v, opts)
     return (O, lse) if lse_wanted else O
+
+
+@torch.compiler.disable
+def _run_eagerly(p: planner.Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    return runner.run(p, q, k, v, opts)
 
 
 def scaled_dot_product_attention(

@@ -15,8 +15,11 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options, make_packed_options
+from .._validate.inputs import check_bool
 from ..dispatch import Plan, planner
 from ..dispatch.planner import TILED
+from ..errors import AttentionValueError
+from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..masks.causal import TileKind
 from ..triton.support import forward_kernel_note
 
@@ -58,6 +61,10 @@ def explain(
     max_seqlen_k: int | None = None,
     backend: str = "auto",
     deterministic: bool = False,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
+    verbose: bool = False,
 ) -> Plan:
     """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
     with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
@@ -66,7 +73,9 @@ def explain(
     packed sequences, ``(total, H, D)``, as :func:`flash_attention_varlen` takes them (its
     ``causal_align`` default is ``"bottom_right"``: pass it as the call does). On the Triton path the
     answer also says which backward runs (one kernel with dQ by atomics, or the deterministic two kernels,
-    and why); ``deterministic`` as the call's.
+    and why); ``deterministic`` as the call's. ``score_mod``, ``mask_mod`` and ``block_mask`` as
+    :func:`flash_attention` takes them; with ``verbose`` and user functions on the Triton path the answer
+    ends with the source of the ``@triton.jit`` functions they were translated into.
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 1024, 16)
@@ -76,7 +85,13 @@ def explain(
     parallel: cpu tensors: query-major tiles; fewer than 2^19 scores, too few for the worker threads: ...
     """
     query, key, value = cast_inputs(query, key, value)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and (score_mod is not None or mask_mod is not None or block_mask is not None):
+        raise AttentionValueError(
+            "score_mod, mask_mod and block_mask are not taken with packed sequences (cu_seqlens_q, cu_seqlens_k); "
+            "express the sequences as a document mask_mod over padded inputs instead"
+        )
+    if packed:
         query, key, value, opts = make_packed_options(
             query,
             key,
@@ -111,6 +126,9 @@ def explain(
             seqlens_k=seqlens_k,
             causal_name="is_causal",
             deterministic=deterministic,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            block_mask=block_mask,
         )
     p = planner.plan(query, key, value, opts, backend)
     if p.backend == "triton":  # which forward kernel runs, and whether its loop is warp-specialised
@@ -121,4 +139,22 @@ def explain(
     if opts.dropout_p > 0.0:  # explain draws no key: it consumes nothing from torch's generator
         again = ", and the backward draws the mask again instead of storing it" if p.backend in TILED else ""
         p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
+    if opts.mask.mods is not None:
+        p = Plan(p.backend, p.reason + _mods_note(p, opts, check_bool("verbose", verbose)))
     return p
+
+
+def _mods_note(p: Plan, opts: AttentionOptions, verbose: bool) -> str:
+    """How the call's user functions run on the planned backend."""
+    if p.backend != "triton":
+        where = "on the whole N_q x N_k grid" if p.backend == "dense" else "on each tile's index tensors"
+        note = f"; user functions run as Python {where} (b, h, q_idx, kv_idx broadcast)"
+        mods = opts.mask.mods
+        if p.backend != "dense" and mods is not None and mods.score_mod is not None:
+            captured = ", and into the captured tensors that require grad" if mods.grad_captures else ""
+            note += f"; the backward differentiates through score_mod tile by tile{captured}"
+        return note
+    from ..triton import generated_sources  # type: ignore[attr-defined]
+
+    note = "; user functions translated into @triton.jit functions inlined into the kernels"
+    return note + ("\n" + generated_sources(opts) if verbose else "")

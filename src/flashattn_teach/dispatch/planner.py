@@ -24,6 +24,7 @@ from types import FrameType
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .._options import AttentionOptions
 from ..errors import AttentionValueError, BackendUnavailableError
@@ -118,6 +119,8 @@ def dense_only(opts: AttentionOptions) -> str | None:
         return f"{' and '.join(differentiated)} requires grad, which only the dense path differentiates"
     if opts.attn_mask is not None and transforms_active():
         return "an attn_mask under a torch.func transform is only supported by the dense path"
+    if opts.mask.mods is not None and (transforms_active() or forward_ad._current_level >= 0):
+        return "score_mod and mask_mod under a torch.func transform or forward-mode AD run on the dense path only"
     return None
 
 

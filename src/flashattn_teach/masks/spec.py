@@ -51,6 +51,7 @@ size-1 dims where they broadcast, or in the grouped layout of ``_layout.py``. Th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -59,6 +60,7 @@ from torch import Tensor
 
 from .._layout import compute_dtype
 from .._validate.inputs import AttentionShapes
+from ..flex.mods import TileIndex, UserMods, to_flat
 from .causal import TileKind, diagonal_offset
 from .packed import PackedSequences
 from .tiling import MaskSummary, Tiling, unravel
@@ -91,6 +93,7 @@ class MaskSpec:
     packed: PackedSequences | None = None
     per_element: bool = False  # the diagonal follows each batch element's seqlens_k[b]
     dtype: torch.dtype = torch.float32  # the compute dtype biases are built in
+    mods: UserMods | None = None  # score_mod, mask_mod and the block mask (flashattn_teach.flex.mods)
     _tilings: dict[tuple[int, int], Tiling] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -108,6 +111,7 @@ class MaskSpec:
         cu_seqlens_q: Tensor | None = None,
         cu_seqlens_k: Tensor | None = None,
         offset: int | None = None,
+        mods: UserMods | None = None,
     ) -> MaskSpec:
         """``cu_seqlens_q, cu_seqlens_k`` (validated, both or neither) make the call packed: 3-D inputs
         ``(H, total, D)`` whose sequence axis holds the sequences back to back.
@@ -138,6 +142,7 @@ class MaskSpec:
             packed=packed,
             per_element=offset is None and causal_align == "bottom_right" and seqlens_k is not None,
             dtype=compute_dtype(q_dtype),
+            mods=mods,
         )
 
     # ------------------------------------------------------------------------------------- what is set
@@ -154,7 +159,7 @@ class MaskSpec:
             "attn_mask": self.attn_mask is not None,
             "cu_seqlens": self.packed is not None,
         }
-        return tuple(name for name, used in named.items() if used)
+        return tuple(name for name, used in named.items() if used) + (() if self.mods is None else self.mods.names)
 
     @property
     def seqlen_bounds(self) -> tuple[int, int]:
@@ -307,13 +312,14 @@ class MaskSpec:
         *,
         structure: TileKind,
         mask: TileKind,
+        user: TileKind = TileKind.FULL,
         b: int | None = None,
         h: int = 0,
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(visible, bias)`` of one tile, broadcastable to its scores (or for batch element ``b`` and head
         ``h`` alone), built only where the kinds need it: the structure's mask for a PARTIAL structure, the
-        user's bool mask for a PARTIAL mask tile. An additive mask and ALiBi always add their bias (None
-        when neither is set)."""
+        user's bool mask for a PARTIAL mask tile, the block mask and ``mask_mod`` for a PARTIAL ``user``
+        tile. An additive mask and ALiBi always add their bias (None when neither is set)."""
         visible = self.structure_visible(r0, r1, c0, c1, device, b=b) if structure is TileKind.PARTIAL else None
         bias = self.alibi_bias(r0, r1, c0, c1, device, b=b, h=h)
         if self.attn_mask is not None and mask is not TileKind.FULL:
@@ -322,7 +328,46 @@ class MaskSpec:
                 visible = m if visible is None else visible & m
             else:
                 bias = m.to(self.dtype) if bias is None else bias + m.to(self.dtype)
+        if self.mods is not None and user is not TileKind.FULL:
+            m = self.user_visible(r0, r1, c0, c1, device, b=b, h=h)
+            visible = m if visible is None else visible & m
         return visible, bias
+
+    def tile_index(
+        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None, h: int = 0
+    ) -> TileIndex:
+        """The user functions' indices of a tile: every batch element and head (flat layout), or ``b, h``."""
+        if b is not None:
+            return TileIndex.head(b, h, (r0, r1), (c0, c1), device)
+        return TileIndex.flat(math.prod(self.shapes.batch), self.shapes.H_q, (r0, r1), (c0, c1), device)
+
+    def user_visible(
+        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None, h: int = 0
+    ) -> Tensor:
+        """The block mask and ``mask_mod`` over the tile (:meth:`flashattn_teach.flex.mods.UserMods.visible`),
+        broadcastable to the score tile, or ``(Br, Bc)`` for batch element ``b`` and head ``h``."""
+        assert self.mods is not None
+        index = self.tile_index(r0, r1, c0, c1, device, b=b, h=h)
+        if b is not None:
+            return self.mods.visible(index, (r1 - r0, c1 - c0))
+        s = self.shapes
+        flat = to_flat(self.mods.visible(index, (math.prod(s.batch), s.H_q, r1 - r0, c1 - c0)))
+        return self.from_flat(flat)
+
+    def from_flat(self, t: Tensor) -> Tensor:
+        """A flat-layout tensor ``(B|1, H|1, Br, Bc)`` in the score layout ``(*batch, H_q|1, Br, Bc)`` (size-1
+        dims kept; ``(Br, Bc)`` for 2-D inputs)."""
+        rank = len(self.shapes.score_shape)
+        if rank <= 3:
+            return t.reshape(t.shape[-rank:]) if rank == 2 else t.reshape(t.shape[1:])
+        batch = self.shapes.batch if t.shape[0] > 1 else (1,) * len(self.shapes.batch)
+        return t.reshape(*batch, *t.shape[1:])
+
+    def scores_to_flat(self, S: Tensor) -> Tensor:
+        """Score-layout scores ``(*batch, H_q, Br, Bc)`` (all of them, no broadcast dims) -> the flat
+        layout ``(B, H_q, Br, Bc)`` the user functions see (a view)."""
+        s = self.shapes
+        return S.reshape(math.prod(s.batch), s.H_q if len(s.score_shape) > 2 else 1, *S.shape[-2:])
 
     @cached_property
     def _lengths(self) -> list[int]:
@@ -334,7 +379,8 @@ class MaskSpec:
         N_q, N_k = self.shapes.N_q, self.shapes.N_k
         whole = self.structure_kind(0, N_q, 0, N_k) if N_q and N_k else TileKind.FULL
         structure = TileKind.FULL if whole is TileKind.FULL else TileKind.PARTIAL  # a SKIP matrix is all False
-        return self.tensors(0, N_q, 0, N_k, device, structure=structure, mask=TileKind.PARTIAL)
+        user = TileKind.FULL if self.mods is None or self.mods.names == ("score_mod",) else TileKind.PARTIAL
+        return self.tensors(0, N_q, 0, N_k, device, structure=structure, mask=TileKind.PARTIAL, user=user)
 
     # ------------------------------------------------------------------------------------------ tilings
 

@@ -10,14 +10,17 @@ packed sequences), not all ``T_c`` of them. :class:`MaskSummary` is FlexAttentio
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 from .._validate.inputs import AttentionShapes
+from ..flex.mods import KIND_FULL, KIND_SKIP, CaptureGrads, TileIndex, UserMods, score_backward
 from .causal import TileKind
 
 
@@ -27,8 +30,13 @@ class MaskContract(Protocol):
 
     shapes: AttentionShapes
     attn_mask: Tensor | None
+    mods: UserMods | None
 
     def key_range(self, r0: int, r1: int, *, b: int | None = None) -> tuple[int, int]: ...
+
+    def tile_index(
+        self, r0: int, r1: int, c0: int, c1: int, device: torch.device, *, b: int | None = None, h: int = 0
+    ) -> TileIndex: ...
 
     def query_range(self, c0: int, c1: int, *, b: int | None = None) -> tuple[int, int]: ...
 
@@ -44,6 +52,7 @@ class MaskContract(Protocol):
         *,
         structure: TileKind,
         mask: TileKind,
+        user: TileKind = TileKind.FULL,
         b: int | None = None,
         h: int = 0,
     ) -> tuple[Tensor | None, Tensor | None]: ...
@@ -119,6 +128,32 @@ class MaskSummary:
         return TileKind.FULL if free else TileKind.PARTIAL
 
 
+class UserKinds:
+    """The kinds of a call's tiles under its block mask and ``mask_mod`` (:mod:`flashattn_teach.flex.mods`):
+    the block mask's own table re-tiled to these tiles (``BlockMask.tile_kinds``, conservative: SKIP only
+    if every block the tile meets is SKIP, FULL only if every one is FULL), or every tile PARTIAL when a
+    ``mask_mod`` comes without a block mask."""
+
+    def __init__(self, mods: UserMods, block_m: int, block_n: int) -> None:
+        bm = mods.block_mask
+        self.table = None if bm is None else bm.tile_kinds(block_m, block_n)  # (B|1, H|1, T_r, T_c) int8
+        if self.table is not None:
+            self.skip_everywhere: list[list[bool]] = (self.table == KIND_SKIP).all(dim=1).all(dim=0).tolist()
+            self.full_everywhere: list[list[bool]] = (self.table == KIND_FULL).all(dim=1).all(dim=0).tolist()
+
+    def kind(self, i: int, j: int, b: int | None = None, h: int | None = None) -> TileKind:
+        """The tile's kind anywhere (``b`` None) or for flat batch element ``b`` and query head ``h``."""
+        if self.table is None:
+            return TileKind.PARTIAL
+        if b is None:
+            skip, full = self.skip_everywhere[i][j], self.full_everywhere[i][j]
+        else:
+            Bm, Hm = self.table.shape[:2]
+            code = int(self.table[b if Bm > 1 else 0, (h or 0) if Hm > 1 else 0, i, j])
+            skip, full = code == KIND_SKIP, code == KIND_FULL
+        return TileKind.SKIP if skip else TileKind.FULL if full else TileKind.PARTIAL
+
+
 class Tiling(Generic[Contract]):
     """One call's tiles at ``block_m x block_n``: their kinds, which to visit, and their masks.
 
@@ -132,22 +167,26 @@ class Tiling(Generic[Contract]):
         self.col_blocks = blocks(spec.shapes.N_k, block_n)
         self.block_m, self.block_n = block_m, block_n
         self.summary = None if spec.attn_mask is None else MaskSummary(spec.attn_mask, block_m, block_n)
+        mods = spec.mods
+        self.user = None if mods is None or "mask_mod" not in mods.names else UserKinds(mods, block_m, block_n)
         # batch-wide structure kinds, asked for again by every loop (over each element's geometry: O(B) each)
         self._structure: dict[tuple[int, int], TileKind] = {}
 
-    def _kinds(self, i: int, j: int) -> tuple[TileKind, TileKind]:
+    def _kinds(self, i: int, j: int) -> tuple[TileKind, TileKind, TileKind]:
         if (i, j) not in self._structure:
             (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
             self._structure[i, j] = self.spec.structure_kind(r0, r1, c0, c1)
         structure = self._structure[i, j]
         mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j)
-        return structure, mask
+        user = TileKind.FULL if self.user is None else self.user.kind(i, j)
+        return structure, mask, user
 
     def kind(self, i: int, j: int, *, b: int | None = None, h: int | None = None) -> TileKind:
         """The kind of tile ``(i, j)``: over the whole batch and every head, or for batch element ``b``
         (a flat index into the batch dims) and query head ``h`` (both needed for an ``attn_mask``)."""
         if b is None:
-            return _combine(*self._kinds(i, j))
+            structure, mask, user = self._kinds(i, j)
+            return _combine(_combine(structure, mask), user)
         (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
         structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
         mask = TileKind.FULL
@@ -155,7 +194,8 @@ class Tiling(Generic[Contract]):
             if h is None:
                 raise ValueError("a tile's kind under an attn_mask depends on the head: pass h")
             mask = self.summary.kind(i, j, self._index(b, h))
-        return _combine(structure, mask)
+        user = TileKind.FULL if self.user is None else self.user.kind(i, j, b, h)
+        return _combine(_combine(structure, mask), user)
 
     def key_blocks(self, i: int, *, b: int | None = None, h: int | None = None) -> list[int]:
         """The key blocks query block ``i`` visits, in order: every one whose tile is not SKIP (over the
@@ -181,7 +221,8 @@ class Tiling(Generic[Contract]):
         c0, c1 = self.col_blocks[j]
         structure = self.spec.structure_kind(r0, r1, c0, c1, b=b)
         mask = TileKind.FULL if self.summary is None else self.summary.kind(i, j, self._index(b, h))
-        return self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask, b=b, h=h)
+        user = TileKind.FULL if self.user is None else self.user.kind(i, j, b, h)
+        return self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask, user=user, b=b, h=h)
 
     def _index(self, b: int, h: int) -> tuple[int, ...]:
         """The ``(*batch, h)`` index into the mask summary's leading dims for flat batch ``b``, head ``h``
@@ -192,9 +233,58 @@ class Tiling(Generic[Contract]):
     def tile(self, i: int, j: int, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """``(visible, bias)`` of tile ``(i, j)`` in the grouped layout ``(B|1, H_kv|1, G|1, Br, Bc)``."""
         (r0, r1), (c0, c1) = self.row_blocks[i], self.col_blocks[j]
-        structure, mask = self._kinds(i, j)
-        visible, bias = self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask)
+        structure, mask, user = self._kinds(i, j)
+        visible, bias = self.spec.tensors(r0, r1, c0, c1, device, structure=structure, mask=mask, user=user)
         return (None if visible is None else self.grouped(visible)), (None if bias is None else self.grouped(bias))
+
+    def score_mod(
+        self,
+        i: int,
+        j: int,
+        device: torch.device,
+        rows: tuple[int, int] | None = None,
+        *,
+        b: int | None = None,
+        h: int = 0,
+    ) -> Callable[[Tensor], Tensor] | None:
+        """``S -> score_mod(S, ...)`` for tile ``(i, j)`` (its query rows ``rows``, default the block's), on a
+        grouped-layout tile ``(B, H_kv, G, Br, Bc)``, or on ``(Br, Bc)`` of batch element ``b`` and head
+        ``h``; None without a ``score_mod``."""
+        mods = self.spec.mods
+        if mods is None or mods.score_mod is None:
+            return None
+        (r0, r1), (c0, c1) = rows or self.row_blocks[i], self.col_blocks[j]
+        index = self.spec.tile_index(r0, r1, c0, c1, device, b=b, h=h)
+        if b is not None:
+            return functools.partial(mods.score, index=index)
+
+        def grouped(S: Tensor) -> Tensor:  # (B, H_kv, G, Br, Bc) -> flat (B, H_q, Br, Bc) and back
+            return mods.score(S.reshape(S.shape[0], -1, *S.shape[-2:]), index).reshape(S.shape)
+
+        return grouped
+
+    def score_backward(
+        self,
+        i: int,
+        j: int,
+        S: Tensor,
+        grads: CaptureGrads | None,
+        rows: tuple[int, int] | None = None,
+        *,
+        b: int | None = None,
+        h: int = 0,
+    ) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        """``(score_mod(S), dS_out -> dS_in)`` of tile ``(i, j)`` (layouts as :meth:`score_mod`); the vjp adds
+        the captured tensors' gradients to ``grads``. The scores returned are the caller's to mask in place."""
+        mods = self.spec.mods
+        assert mods is not None and mods.score_mod is not None
+        (r0, r1), (c0, c1) = rows or self.row_blocks[i], self.col_blocks[j]
+        index = self.spec.tile_index(r0, r1, c0, c1, S.device, b=b, h=h)
+        flat = S if b is not None else S.reshape(S.shape[0], -1, *S.shape[-2:])
+        out, vjp = score_backward(mods, flat, index, grads)
+        if b is not None:
+            return out, vjp
+        return out.reshape(S.shape), lambda dS: vjp(dS.reshape(flat.shape)).reshape(S.shape)
 
     def grouped(self, t: Tensor) -> Tensor:
         """A tensor broadcastable to the score tile ``(*batch, H_q, Br, Bc)`` -> the grouped layout, keeping

@@ -18,6 +18,8 @@ from torch import Tensor
 from .._autocast import autocast_dtype, autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
+from ..errors import BackendUnavailableError
+from ..flex.mods import CaptureGrads
 from ..online_softmax import score_tile, whole_row
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
@@ -37,11 +39,15 @@ def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> 
     return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n), dropout=opts.dropout)
 
 
-def _backward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, ...]]:
-    """The backward of one loop order, its tiling bound in (see :func:`_forward`)."""
+def _backward(
+    order: str, opts: AttentionOptions, block_m: int, block_n: int, grads: CaptureGrads | None
+) -> Callable[..., tuple[Tensor, ...]]:
+    """The backward of one loop order, its tiling bound in (see :func:`_forward`); ``grads`` collects the
+    gradients of a ``score_mod``'s captured tensors."""
     if order == "parallel":
-        return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n))
-    return functools.partial(backward_grouped, tiling=opts.mask.tiling(block_m, block_n), dropout=opts.dropout)
+        return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n), grads=grads)
+    tiling = opts.mask.tiling(block_m, block_n)
+    return functools.partial(backward_grouped, tiling=tiling, dropout=opts.dropout, grads=grads)
 
 
 def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict[str, Any]:
@@ -102,13 +108,23 @@ class TiledAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, order: str, block_m: int, block_n: int
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        opts: AttentionOptions,
+        order: str,
+        block_m: int,
+        block_n: int,
+        *captures: Tensor,
     ) -> tuple[Tensor, Tensor]:
+        # captures: the score_mod's captured tensors that require grad, inputs here so that autograd gives
+        # them the backward's gradients; the forward reads them through the function itself
         return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        q, k, v, opts, order, block_m, block_n = inputs
+        q, k, v, opts, order, block_m, block_n, *captures = inputs
+        ctx.n_captures = len(captures)
         O, lse = output
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.save_for_forward(q, k, v, O, lse)
@@ -129,14 +145,25 @@ class TiledAttentionFunction(torch.autograd.Function):
         # under no_grad.
         block_m, block_n = ctx.blocks
         order = "query_major" if torch.is_grad_enabled() else ctx.order
+        mods = opts.mask.mods
+        grads = CaptureGrads(mods.grad_captures) if mods is not None and ctx.n_captures else None
         with autocast_off(q.device.type):
-            dq, dk, dv = _backward(order, opts, block_m, block_n)(qg, kg, vg, Og, lseg, dOg, dlseg, scale=s.scale)
-        return grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s), None, None, None, None
+            dq, dk, dv = _backward(order, opts, block_m, block_n, grads)(
+                qg, kg, vg, Og, lseg, dOg, dlseg, scale=s.scale
+            )
+        captured = () if grads is None else grads.values()
+        dqkv = grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)
+        return (*dqkv, None, None, None, None, *captured)
 
     @staticmethod
     def jvp(ctx: Any, tq: Tensor | None, tk: Tensor | None, tv: Tensor | None, *_: Any) -> tuple[Tensor, Tensor]:
         q, k, v, O, lse = ctx.saved_tensors
         opts: AttentionOptions = ctx.opts
+        if opts.mask.mods is not None and opts.mask.mods.score_mod is not None:
+            raise BackendUnavailableError(
+                "forward-mode AD through a score_mod runs on the dense path only: pass backend='dense' (or "
+                "'auto', which takes it)"
+            )
         s = opts.shapes
         qg, kg, vg = to_grouped(q, k, v, s)
         tqg, tkg, tvg = to_grouped(

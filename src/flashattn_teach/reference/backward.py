@@ -36,6 +36,7 @@ from .._options import make_options
 from .._validate.inputs import shape_str, validate_block_sizes
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
+from ..flex.mods import CaptureGrads
 from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
@@ -54,11 +55,14 @@ def backward_grouped(
     scale: float,
     tiling: Tiling,
     dropout: DropoutKey = NO_DROPOUT,
+    grads: CaptureGrads | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped layout (see ``_layout.py``): ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse (B, H_kv, G, N_q)``,
     ``k, v (B, H_kv, 1, N_k, .)``. Returns ``dq, dk, dv`` in the same layout; ``dk, dv`` are summed over
-    the ``G`` query heads that share a key/value head. ``dropout`` is the forward's key."""
+    the ``G`` query heads that share a key/value head. ``dropout`` is the forward's key; ``grads`` collects
+    the gradients of the tensors a ``score_mod`` captures (:mod:`flashattn_teach.flex.mods`)."""
     softcap = tiling.spec.softcap
+    has_score_mod = tiling.spec.mods is not None and tiling.spec.mods.score_mod is not None
     N_q, N_k = q.shape[-2], k.shape[-2]
     bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     delta = (dO * O).sum(dim=-1)  # (B, H_kv, G, N_q)
@@ -82,13 +86,20 @@ def backward_grouped(
             if softcap is not None:
                 T_ij = torch.tanh(S_ij / softcap)
                 S_ij = softcap * T_ij
-            S_ij = bias_and_mask(S_ij, allowed, bias)  # (B, H_kv, G, Br, Bc)
+            mod_vjp = None
+            if bias is not None:
+                S_ij = S_ij + bias
+            if has_score_mod:  # S = score_mod(S), and later dS_in = dS_out * d score_mod / dS
+                S_ij, mod_vjp = tiling.score_backward(i, j, S_ij, grads)
+            S_ij = bias_and_mask(S_ij, allowed, None)  # (B, H_kv, G, Br, Bc)
             P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)  # the forward's mask
             # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
             dv_j = dv_j + (drop(P_ij).transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
             dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
             dS_ij = P_ij * (drop(dP_ij) - delta[..., r0:r1, None])
+            if mod_vjp is not None:
+                dS_ij = mod_vjp(dS_ij)
             if softcap is not None:
                 dS_ij = dS_ij * (1 - T_ij * T_ij)  # through the cap: d(softcap tanh(x / softcap)) = 1 - T^2
             dk_j = dk_j + scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)

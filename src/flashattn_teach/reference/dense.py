@@ -26,6 +26,7 @@ from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
 from ..dropout import drop
+from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..online_softmax import soft_cap
 
 
@@ -45,6 +46,9 @@ def dense_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
 
@@ -65,6 +69,9 @@ def dense_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
 
@@ -85,6 +92,9 @@ def dense_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
@@ -104,6 +114,9 @@ def dense_attention(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     seqlens_k: Tensor | None = None,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
@@ -139,6 +152,8 @@ def dense_attention(
             flag). The mask comes from the counter-based generator of :mod:`flashattn_teach.dropout`, keyed
             once per call from torch's default generator (``torch.manual_seed`` makes calls repeatable);
             every backend draws the same mask for the same key. Not applied to ``lse``.
+        score_mod, mask_mod, block_mask: FlexAttention's user functions (:mod:`flashattn_teach.flex.mods`),
+            evaluated here once on the whole ``N_q x N_k`` grid and differentiated by ordinary autograd.
         return_lse: also return ``lse``.
 
     Returns:
@@ -161,6 +176,9 @@ def dense_attention(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
     )
     O, lse = dense_forward(q, k, v, opts.with_dropout())
     return (O, lse) if check_bool("return_lse", return_lse) else O
@@ -186,6 +204,10 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         allowed, bias = opts.mask.dense(q.device)  # bool and additive, broadcastable to S (flashattn_teach.masks)
         if bias is not None:
             S = S + bias
+        mods = opts.mask.mods
+        if mods is not None and mods.score_mod is not None:  # the user's score_mod, on the flat layout's indices
+            index = opts.mask.tile_index(0, s.N_q, 0, s.N_k, q.device)
+            S = mods.score(opts.mask.scores_to_flat(S), index).reshape(S.shape)
         if allowed is not None:
             S = S.masked_fill(~allowed, float("-inf"))
 

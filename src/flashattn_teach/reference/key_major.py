@@ -43,7 +43,8 @@ def key_major_forward(
             m_i, l_i, O_i = hbm[i]  # read from HBM (Alg. 1 line 8)
             acc = O_i * l_i.unsqueeze(-1)  # undo the stored normalisation
             allowed, bias = tiling.tile(i, j, q.device)
-            S_ij = score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
+            mod = tiling.score_mod(i, j, q.device)  # the user's score_mod at this tile's indices, or None
+            S_ij = score_tile(q[..., r0:r1, :], k_j, scale, allowed, softcap=softcap, bias=bias, score_mod=mod)
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
             m_i, l_i, acc = update(m_i, l_i, acc, S_ij, v_j, drop)
             hbm[i] = (m_i, l_i, normalize(l_i, acc))  # write back (Alg. 1 lines 12-13)

@@ -12,6 +12,7 @@ from torch.autograd import forward_ad
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
+from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from .autograd import TiledAttentionFunction, tiled_forward
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -23,18 +24,20 @@ def tiled_attention(
     the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again).
     A call that no derivative can reach runs the forward alone, without the autograd function's
     bookkeeping (a few tens of microseconds, most of a small call's host time)."""
-    if _differentiable(q, k, v):
-        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n)
+    captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
+    if _differentiable(q, k, v, *captures):
+        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, *captures)
         return O, lse
     return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
 
-def _differentiable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether a derivative may pass through the call: an input requires grad in grad mode, a torch.func
-    transform is active, or forward-mode AD has a dual level open (its tangents ride on the inputs)."""
+def _differentiable(*inputs: Tensor) -> bool:
+    """Whether a derivative may pass through the call: an input (``q, k, v``, a ``score_mod``'s captured
+    tensor) requires grad in grad mode, a torch.func transform is active, or forward-mode AD has a dual
+    level open (its tangents ride on the inputs)."""
     if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
         return True
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
 
 
 def _public(
@@ -53,6 +56,9 @@ def _public(
     seqlens_k: Tensor | None,
     attn_mask: Tensor | None,
     dropout_p: float,
+    score_mod: ScoreMod | None,
+    mask_mod: MaskMod | None,
+    block_mask: BlockMask | None,
     block_m: int,
     block_n: int,
     return_lse: bool,
@@ -72,6 +78,9 @@ def _public(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
     )
     block_m, block_n = validate_block_sizes(block_m, block_n)
     O, lse = tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
@@ -94,6 +103,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -116,6 +128,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -138,6 +153,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -159,6 +177,9 @@ def online_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -178,6 +199,8 @@ def online_attention(
             ``alibi_slopes`` or ``attn_mask``.
         dropout_p: dropout on the attention weights, as :func:`flashattn_teach.reference.dense_attention`
             (the same mask for the same key; drawn tile by tile, and again in the backward, never stored).
+        score_mod, mask_mod, block_mask: FlexAttention's user functions, as
+            :func:`flashattn_teach.flash_attention` takes them, run on each tile's index tensors.
         block_m, block_n: query and key tile sizes (``Br``, ``Bc`` in the papers); any sizes >= 1, they
             need not divide N.
         return_lse: also return ``lse = m + log l`` of shape ``(..., H_q, N_q)``.
@@ -204,6 +227,9 @@ def online_attention(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,
@@ -226,6 +252,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -248,6 +277,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -270,6 +302,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -291,6 +326,9 @@ def key_major_attention(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
+    block_mask: BlockMask | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -315,6 +353,9 @@ def key_major_attention(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         dropout_p=dropout_p,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        block_mask=block_mask,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from .._validate.inputs import validate_inputs
 from ..dropout import DropoutKey
+from ..flex.mods import CaptureGrads
 from ..masks.spec import MaskSpec, Tiling
 from ..online_softmax import NEG_INF, finalize, init_state, update_
 from .tile_dropout import NO_DROPOUT, tile_dropout
@@ -170,6 +171,9 @@ def _forward_rows(
             allowed, bias = tiling.head_tile(i, j, (rv, rh), b=b, h=h, device=q.device)
             if bias is not None:
                 S_ij.add_(bias)
+            mod = tiling.score_mod(i, j, q.device, (rv, rh), b=b, h=h)
+            if mod is not None:
+                S_ij = mod(S_ij)  # the user's score_mod, after the biases, before the masks
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, NEG_INF)
             cut = slice(rv - r0, rh - r0)
@@ -198,6 +202,7 @@ def parallel_backward(
     workers: int,
     mask: MaskSpec | None = None,
     dropout: DropoutKey = NO_DROPOUT,
+    grads: CaptureGrads | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """As ``backward_grouped``: ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse, dlse (B, H_kv, G, N_q)`` (``dlse``
     may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in the same layout, ``dk, dv`` summed over
@@ -234,6 +239,7 @@ def parallel_backward(
                 h * G + g,
                 dropout,
                 (b * H_kv + h) * G + g,
+                grads,
             )
 
     run_tasks(task, tasks, inline=inline, workers=workers)
@@ -257,6 +263,7 @@ def _backward_head(
     h: int,
     dropout: DropoutKey,
     bh: int,
+    grads: CaptureGrads | None = None,
 ) -> None:
     """FA2 Alg. 2 for one query head (batch element ``b``, query head ``h``, ``bh = b * H_q + h``):
     ``q, O, dO, dq (N_q, .)``, ``lse, dlse (N_q,)``, ``k, v, dk, dv (N_k, .)``; writes ``dq`` and adds this
@@ -288,6 +295,9 @@ def _backward_head(
             allowed, bias = tiling.head_tile(i, j, (rv, rh), b=b, h=h, device=q.device)
             if bias is not None:
                 S_ij.add_(bias)
+            mod_vjp = None
+            if tiling.spec.mods is not None and tiling.spec.mods.score_mod is not None:
+                S_ij, mod_vjp = tiling.score_backward(i, j, S_ij, grads, (rv, rh), b=b, h=h)
             if allowed is not None:
                 S_ij.masked_fill_(~allowed, NEG_INF)
             P_ij = S_ij.sub_(lse[rv:rh, None]).exp_()  # exp(S_ij - lse_i)
@@ -295,6 +305,8 @@ def _backward_head(
             dv_j.addmm_(drop(P_ij).t(), dO_i)  # dV_j += (P_ij Z s)^T dO_i: (Bc, Br') @ (Br', D_v)
             dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, rh - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
             dS_ij = drop(dP_ij).sub_(delta[rv:rh, None]).mul_(P_ij)  # P_ij * (dP_ij Z s - delta_i)
+            if mod_vjp is not None:
+                dS_ij = mod_vjp(dS_ij)  # through score_mod: dS_in = dS_out * d score_mod / dS
             if softcap is not None:
                 dS_ij.mul_(T_ij.square_().neg_().add_(1))  # through the cap: dS *= 1 - T^2
             dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br') @ (Br', D)

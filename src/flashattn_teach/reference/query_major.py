@@ -42,7 +42,8 @@ def query_major_forward(
         for j in tiling.key_blocks(i):  # key block j, SKIP tiles left out
             c0, c1 = tiling.col_blocks[j]
             allowed, bias = tiling.tile(i, j, q.device)  # None, None for a FULL tile without bias
-            S_ij = score_tile(q_i, k[..., c0:c1, :], scale, allowed, softcap=softcap, bias=bias)  # (.., Br, Bc)
+            mod = tiling.score_mod(i, j, q.device)  # the user's score_mod at this tile's indices, or None
+            S_ij = score_tile(q_i, k[..., c0:c1, :], scale, allowed, softcap=softcap, bias=bias, score_mod=mod)
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)
             m_i, l_i, acc = update(m_i, l_i, acc, S_ij, v[..., c0:c1, :], drop)
         O_i, lse_i = finalize(m_i, l_i, acc)

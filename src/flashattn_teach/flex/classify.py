@@ -1,0 +1,172 @@
+"""Which (query block, key block) tiles a ``mask_mod`` leaves empty, full or in between, found tile by tile
+on the CPU (or any device torch runs on) without ever holding the ``N_q x N_k`` mask.
+
+FlexAttention's block mask (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized
+Attention Kernels", sec. 3.3) sorts every ``BLOCK_M x BLOCK_N`` tile of a mask into three kinds: no
+element visible (skipped), every element visible (run without ``mask_mod``), and the rest (run with it).
+torch's ``create_block_mask`` evaluates ``mask_mod`` over the whole ``B x H x N_q x N_k`` grid first and
+sums it block by block. Here the grid is cut into chunks of whole tiles, each evaluated with broadcast
+index tensors, as the CPU attention paths do:
+
+    b       (bs, 1, 1, 1)     int64, batch elements b0 .. b0 + bs - 1
+    h       (1, hs, 1, 1)     int64, heads h0 .. h0 + hs - 1
+    q_idx   (R, 1)            int64, the chunk's query rows (absolute positions)
+    kv_idx  (1, C)            int64, the chunk's key columns
+    mask_mod(b, h, q_idx, kv_idx) -> bool, broadcastable to (bs, hs, R, C)
+
+and reduced to the chunk's tiles before the next chunk is evaluated, so the peak memory is one chunk
+(:data:`CHUNK_ELEMENTS`) plus the two ``O(B H T_r T_c)`` tile tables.
+
+Broadcasting does the rest: a ``mask_mod`` that never reads ``b`` (or ``h``) returns a result of size 1
+along it, and then one classification serves every batch element (head). :func:`result_dims` finds that
+out from a single element per (b, h) before the chunks run; the tables then keep a size-1 dim there.
+
+Padding follows torch: rows ``>= N_q`` and columns ``>= N_k`` of a ragged last block count as invisible,
+so a ragged block is never "every element visible" (it is run with ``mask_mod``, which also bounds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import AttentionTypeError, AttentionValueError
+from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+# Elements of mask_mod's result evaluated at once: 2**20 bools (1 MiB), a few MiB with the int64
+# intermediates a typical mask_mod makes (q_idx - kv_idx), and few enough Python calls at N = 16384.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
+    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
+    out = mask_mod(b, h, q_idx, kv_idx)
+    if not isinstance(out, Tensor):
+        out = torch.as_tensor(out, device=q_idx.device)
+    if out.dtype != torch.bool:
+        raise AttentionTypeError(
+            f"mask_mod must return a bool tensor (True where query q_idx may see key kv_idx), got {out.dtype}: "
+            "return a comparison such as q_idx >= kv_idx; a function of (score, b, h, q_idx, kv_idx) is a "
+            "score_mod, which flex_attention takes as score_mod="
+        )
+    try:
+        return out.broadcast_to(shape)
+    except RuntimeError:
+        raise AttentionValueError(
+            f"mask_mod returned shape {tuple(out.shape)}, which does not broadcast to {shape}: with b of shape "
+            f"{tuple(b.shape)}, h {tuple(h.shape)}, q_idx {tuple(q_idx.shape)} and kv_idx {tuple(kv_idx.shape)} it "
+            "must combine them elementwise (no reductions, no reshapes)"
+        ) from None
+
+
+def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tuple[int, int]:
+    """``(B or 1, H or 1)``: the sizes of ``mask_mod``'s result along b and h, from one (q_idx, kv_idx) = (0, 0)
+    element per (b, h). A size of 1 means the function does not read that argument."""
+    b = torch.arange(B, device=device).view(B, 1, 1, 1)
+    h = torch.arange(H, device=device).view(1, H, 1, 1)
+    zero = torch.zeros(1, 1, dtype=torch.int64, device=device)
+    out = mask_mod(b, h, zero, zero)
+    if not isinstance(out, Tensor):
+        out = torch.as_tensor(out, device=device)
+    shape = torch.broadcast_shapes(out.shape, (1, 1, 1, 1))
+    if len(shape) != 4 or shape[0] not in (1, B) or shape[1] not in (1, H) or shape[2:] != (1, 1):
+        raise AttentionValueError(
+            f"mask_mod returned shape {tuple(out.shape)} for b of shape {tuple(b.shape)}, h {tuple(h.shape)} and "
+            "q_idx, kv_idx of shape (1, 1); it must combine its arguments elementwise (no reductions, no reshapes)"
+        )
+    return shape[0], shape[1]
+
+
+def tile_visibility(
+    mask_mod: MaskMod,
+    B: int,
+    H: int,
+    N_q: int,
+    N_k: int,
+    block_m: int,
+    block_n: int,
+    device: torch.device,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """``(some, every)``, bool ``(B|1, H|1, T_r, T_c)``: whether some element of tile (i, j) is visible, and
+    whether every one of its ``block_m x block_n`` is (padding past ``N_q``, ``N_k`` is not). Evaluates
+    ``mask_mod`` over chunks of at most ``max(chunk_elements, block_m * block_n)`` elements."""
+    B_o, H_o = result_dims(mask_mod, B, H, device)
+    T_r, T_c = -(-N_q // block_m), -(-N_k // block_n)
+    some = torch.zeros(B_o, H_o, T_r, T_c, dtype=torch.bool, device=device)
+    every = torch.zeros_like(some)
+    # a chunk: bs batch elements x hs heads x tr query blocks x tc key blocks, filled key blocks first
+    tiles = max(1, chunk_elements // (block_m * block_n))
+    tc = min(T_c, tiles)
+    tr = min(T_r, max(1, tiles // tc))
+    hs = min(H_o, max(1, tiles // (tc * tr)))
+    bs = min(B_o, max(1, tiles // (tc * tr * hs)))
+    rows = torch.arange(N_q, device=device).view(N_q, 1)
+    cols = torch.arange(N_k, device=device).view(1, N_k)
+    for b0 in range(0, B_o, bs):
+        b = torch.arange(b0, min(b0 + bs, B_o), device=device).view(-1, 1, 1, 1)
+        for h0 in range(0, H_o, hs):
+            h = torch.arange(h0, min(h0 + hs, H_o), device=device).view(1, -1, 1, 1)
+            for i0 in range(0, T_r, tr):
+                i1 = min(i0 + tr, T_r)
+                q_idx = rows[i0 * block_m : i1 * block_m]
+                for j0 in range(0, T_c, tc):
+                    j1 = min(j0 + tc, T_c)
+                    kv_idx = cols[:, j0 * block_n : j1 * block_n]
+                    visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
+                    # a ragged last block: pad with invisible elements, as torch does
+                    pad_c = (j1 - j0) * block_n - kv_idx.shape[1]
+                    pad_r = (i1 - i0) * block_m - q_idx.shape[0]
+                    if pad_r or pad_c:
+                        visible = F.pad(visible, (0, pad_c, 0, pad_r))
+                    # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)
+                    t = visible.reshape(b.shape[0], h.shape[1], i1 - i0, block_m, j1 - j0, block_n)
+                    where = (slice(b0, b0 + b.shape[0]), slice(h0, h0 + h.shape[1]), slice(i0, i1), slice(j0, j1))
+                    some[where] = t.any(dim=5).any(dim=3)
+                    every[where] = t.all(dim=5).all(dim=3)
+    return some, every
+
+
+def retile(
+    kinds: Tensor, seq_lengths: tuple[int, int], BLOCK_SIZE: tuple[int, int], block_m: int, block_n: int
+) -> Tensor:
+    """int8 kinds ``(B|1, H|1, T_r, T_c)`` of ``BLOCK_SIZE`` blocks -> the kinds of ``block_m x block_n``
+    tiles, conservative (SKIP iff every block a tile overlaps is SKIP, FULL iff every one is FULL), by 2-D
+    prefix sums: O(blocks + tiles)."""
+    if (block_m, block_n) == BLOCK_SIZE:
+        return kinds
+    (N_q, N_k), (size_m, size_n), device = seq_lengths, BLOCK_SIZE, kinds.device
+
+    def overlapped(N: int, block: int, size: int) -> tuple[Tensor, Tensor]:
+        """Per tile, the first and one past the last block of ``size`` that it overlaps."""
+        start = torch.arange(0, N, block, device=device)
+        end = torch.clamp(start + block, max=N)
+        return start // size, (end - 1) // size + 1
+
+    r_lo, r_hi = overlapped(N_q, block_m, size_m)  # (T_r',)
+    c_lo, c_hi = overlapped(N_k, block_n, size_n)  # (T_c',)
+    area = (r_hi - r_lo)[:, None] * (c_hi - c_lo)[None, :]  # (T_r', T_c') blocks under each tile
+
+    def blocks_in_tiles(table: Tensor) -> Tensor:
+        """Per tile, the sum of ``table`` (B|1, H|1, T_r, T_c) over the blocks it overlaps."""
+        # P[r, c] = sum of table[:r, :c], the 2-D prefix sum
+        P = torch.nn.functional.pad(table.to(torch.int32).cumsum(2).cumsum(3), (1, 0, 1, 0))
+
+        def at(r: Tensor, c: Tensor) -> Tensor:
+            return P[:, :, r[:, None], c[None, :]]  # (B|1, H|1, T_r', T_c')
+
+        return at(r_hi, c_hi) - at(r_lo, c_hi) - at(r_hi, c_lo) + at(r_lo, c_lo)
+
+    visible = blocks_in_tiles(kinds != KIND_SKIP)
+    full = blocks_in_tiles(kinds == KIND_FULL)
+    out = torch.full(visible.shape, KIND_PARTIAL, dtype=torch.int8, device=device)
+    out[visible == 0] = KIND_SKIP
+    out[full == area] = KIND_FULL
+    return out

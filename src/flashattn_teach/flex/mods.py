@@ -1,0 +1,283 @@
+"""User functions inside the tiles: ``score_mod``, ``mask_mod`` and the block mask, as every CPU path runs them.
+
+FlexAttention's two functions (torch.nn.attention.flex_attention), with this library's place for them in
+the score (:mod:`flashattn_teach.masks`)::
+
+    S_ij = score_mod(S_ij, b, h, q_idx, kv_idx)        after the scale, the softcap and the built-in biases
+    S_ij = -inf  unless  visible(b, h, q_idx, kv_idx)  with the other masks
+
+    visible = the element's block is FULL, or it is PARTIAL and mask_mod(b, h, q_idx, kv_idx)
+
+Blocks are the block mask's (:class:`flashattn_teach.flex.BlockMask`): a SKIP block is invisible whatever
+``mask_mod`` says, so a mask built by hand (``BlockMask.from_kv_blocks``) means what it says, as in torch.
+
+The functions are never called per element: each call gets one tile's broadcast index tensors in the
+*flat* layout ``(B, H_q, Br, Bc)`` (``B`` the flat batch index over the call's batch dims, ``h`` the query
+head)::
+
+    b       (B, 1, 1, 1)  int64        or shape () for one head
+    h       (1, H_q, 1, 1)  int64      or shape () for one head
+    q_idx   (Br, 1)  int64             absolute query rows of the tile
+    kv_idx  (1, Bc)  int64             absolute key columns
+
+so ``bias[h]``, ``doc[b, q_idx] == doc[b, kv_idx]`` and ``torch.where(q_idx >= kv_idx, score, -inf)`` are
+ordinary broadcast indexing and a function that ignores ``b`` or ``h`` returns size-1 dims there. Nothing
+of size ``N_q x N_k`` is made unless a tile is that big (the dense oracle's one tile).
+
+Gradients: the backward differentiates through ``score_mod`` tile by tile (``dS_in = dS_out * d
+score_mod / dS``, by autograd on the tile) and collects the gradients of the captured tensors that require
+grad (:mod:`.captures`), scalar and repeated indexing included, since autograd's indexing backward adds
+repeated indices up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..errors import AttentionTypeError, AttentionValueError
+from .captures import captured_tensors
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+# The int8 codes of every tile-kind table (block masks, the kernels' tile kinds).
+KIND_SKIP, KIND_PARTIAL, KIND_FULL = 0, 1, 2
+
+
+class BlockMask(Protocol):
+    """What the tiles read of a block mask (:class:`flashattn_teach.flex.block_mask.BlockMask` is the one
+    implementation; this module does not import it, so the two never import each other)."""
+
+    seq_lengths: tuple[int, int]
+    BLOCK_SIZE: tuple[int, int]
+    block_kinds: Tensor  # int8 (B|1, H|1, nQ, nKV), KIND_* codes
+    mask_mod: Any
+
+    def tile_kinds(self, block_m: int, block_n: int) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class TileIndex:
+    """``b, h, q_idx, kv_idx`` of one tile, broadcast against its scores in the flat layout."""
+
+    b: Tensor
+    h: Tensor
+    q_idx: Tensor
+    kv_idx: Tensor
+
+    @staticmethod
+    def flat(B: int, H: int, rows: tuple[int, int], cols: tuple[int, int], device: torch.device) -> TileIndex:
+        """Every batch element and query head at once: ``b (B, 1, 1, 1)``, ``h (1, H, 1, 1)``."""
+        return TileIndex(
+            b=torch.arange(B, device=device).view(B, 1, 1, 1),
+            h=torch.arange(H, device=device).view(1, H, 1, 1),
+            q_idx=torch.arange(*rows, device=device)[:, None],  # (Br, 1)
+            kv_idx=torch.arange(*cols, device=device)[None, :],  # (1, Bc)
+        )
+
+    @staticmethod
+    def head(b: int, h: int, rows: tuple[int, int], cols: tuple[int, int], device: torch.device) -> TileIndex:
+        """One batch element ``b`` and query head ``h``: both of shape ``()``."""
+        return TileIndex(
+            b=torch.tensor(b, device=device),
+            h=torch.tensor(h, device=device),
+            q_idx=torch.arange(*rows, device=device)[:, None],
+            kv_idx=torch.arange(*cols, device=device)[None, :],
+        )
+
+
+@dataclass(frozen=True)
+class UserMods:
+    """A call's user functions: ``score_mod``, ``mask_mod`` (None when unset), the block mask that decides
+    which tiles ``mask_mod`` runs on (``create_block_mask``'s when only ``mask_mod`` was given), and the
+    tensors each function captures (:func:`~.captures.captured_tensors`)."""
+
+    score_mod: ScoreMod | None
+    mask_mod: MaskMod | None
+    block_mask: BlockMask | None
+    captures: tuple[Tensor, ...] = ()
+    mask_captures: tuple[Tensor, ...] = ()
+
+    @staticmethod
+    def build(score_mod: object, mask_mod: object, block_mask: BlockMask | None) -> UserMods | None:
+        """The checked functions (None when neither is set); ``mask_mod`` is the block mask's own when a
+        block mask is given."""
+        for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+            if fn is not None and not callable(fn):
+                raise AttentionTypeError(f"{name} must be a function or None, got {type(fn).__name__}")
+        if score_mod is None and mask_mod is None and block_mask is None:
+            return None
+        if block_mask is not None:
+            mask_mod = block_mask.mask_mod
+        return UserMods(
+            score_mod=score_mod,  # type: ignore[arg-type]  # callable, checked above
+            mask_mod=mask_mod,  # type: ignore[arg-type]
+            block_mask=block_mask,
+            captures=() if score_mod is None else captured_tensors(score_mod),  # type: ignore[arg-type]
+            mask_captures=() if mask_mod is None else captured_tensors(mask_mod),  # type: ignore[arg-type]
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The variants these functions make, by argument name (:attr:`flashattn_teach.masks.MaskSpec.variants`)."""
+        named = {
+            "score_mod": self.score_mod is not None,
+            "mask_mod": self.mask_mod is not None or self.block_mask is not None,
+        }
+        return tuple(name for name, used in named.items() if used)
+
+    @property
+    def grad_captures(self) -> tuple[Tensor, ...]:
+        """The captured tensors of ``score_mod`` whose gradients the backward computes."""
+        return tuple(t for t in self.captures if t.requires_grad)
+
+    # -------------------------------------------------------------------------------------- score_mod
+
+    def score(self, S: Tensor, index: TileIndex) -> Tensor:
+        """``score_mod(S, b, h, q_idx, kv_idx)`` of a flat-layout tile ``S`` (``(B, H_q, Br, Bc)``, or
+        ``(Br, Bc)`` for one head), broadcast back to ``S``'s shape and dtype."""
+        assert self.score_mod is not None
+        out = self.score_mod(S, index.b, index.h, index.q_idx, index.kv_idx)
+        if not isinstance(out, Tensor) or not out.is_floating_point():
+            what = f"a {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__
+            raise AttentionTypeError(f"score_mod must return a floating-point tensor (the new scores), got {what}")
+        # a fresh tensor of S's shape: the loops mask it in place
+        return _broadcast("score_mod", out, S.shape).to(S.dtype).contiguous()
+
+    # ------------------------------------------------------------------------ mask_mod and the blocks
+
+    def visible(self, index: TileIndex, shape: Sequence[int]) -> Tensor:
+        """Bool, broadcastable to the flat-layout tile ``shape``: the block mask's element visibility,
+        ``FULL or (PARTIAL and mask_mod)``, at the tile's indices."""
+        keep = self._mask(index, shape) if self.mask_mod is not None else None
+        if self.block_mask is None:
+            assert keep is not None
+            return keep
+        kinds = self._element_kinds(index)  # (B|1, H|1, Br, Bc), or (Br, Bc) for one head
+        full = kinds == KIND_FULL
+        partial = kinds == KIND_PARTIAL
+        return full | partial if keep is None else full | (partial & keep)
+
+    def _mask(self, index: TileIndex, shape: Sequence[int]) -> Tensor:
+        assert self.mask_mod is not None
+        out = self.mask_mod(index.b, index.h, index.q_idx, index.kv_idx)
+        if isinstance(out, bool):
+            out = torch.tensor(out, device=index.q_idx.device)
+        if not isinstance(out, Tensor) or out.dtype != torch.bool:
+            what = f"a {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__
+            raise AttentionTypeError(f"mask_mod must return a bool tensor (True: visible), got {what}")
+        _broadcast("mask_mod", out, shape)  # only checks: a bool mask broadcasts where it is used
+        return out
+
+    def _element_kinds(self, index: TileIndex) -> Tensor:
+        """The block kind of every element of the tile, gathered from the block mask's table."""
+        bm = self.block_mask
+        assert bm is not None
+        kinds = bm.block_kinds.to(index.q_idx.device)  # (B|1, H|1, nQ, nKV)
+        bs_q, bs_kv = bm.BLOCK_SIZE
+        rows, cols = index.q_idx // bs_q, index.kv_idx // bs_kv  # (Br, 1), (1, Bc)
+        if index.b.dim() == 0:  # one head
+            b = index.b if kinds.shape[0] > 1 else 0
+            h = index.h if kinds.shape[1] > 1 else 0
+            return kinds[b, h][rows, cols]  # (Br, Bc)
+        return kinds[:, :, rows, cols]  # (B|1, H|1, Br, Bc)
+
+    # ---------------------------------------------------------------------------- checks of the call
+
+    def check(self, B: int, H: int, N_q: int, N_k: int) -> None:
+        """The block mask fits the call: ``seq_lengths == (N_q, N_k)`` and its batch and head dims are 1
+        or the call's flat batch ``B`` and query heads ``H``."""
+        bm = self.block_mask
+        if bm is None:
+            return
+        if tuple(bm.seq_lengths) != (N_q, N_k):
+            raise AttentionValueError(
+                f"block_mask was built for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)}, but the call has "
+                f"N_q = {N_q} queries and N_k = {N_k} keys; build it with create_block_mask(mask_mod, B, H, "
+                f"{N_q}, {N_k})"
+            )
+        Bm, Hm = bm.block_kinds.shape[:2]
+        if Bm not in (1, B) or Hm not in (1, H):
+            raise AttentionValueError(
+                f"block_mask has (B, H) = ({Bm}, {Hm}), which does not broadcast to the call's batch {B} and "
+                f"{H} query heads; build it with B in (None, 1, {B}) and H in (None, 1, {H})"
+            )
+
+
+def check_block_mask(block_mask: object) -> BlockMask | None:
+    """``block_mask`` as a block mask, or None; anything else raises, naming it."""
+    if block_mask is None:
+        return None
+    if not all(hasattr(block_mask, name) for name in ("block_kinds", "BLOCK_SIZE", "seq_lengths", "tile_kinds")):
+        raise AttentionTypeError(
+            f"block_mask must be a flashattn_teach BlockMask, got {type(block_mask).__module__}."
+            f"{type(block_mask).__name__}; build it with flashattn_teach.create_block_mask"
+        )
+    return block_mask  # type: ignore[return-value]  # it has the protocol's attributes
+
+
+def to_flat(t: Tensor) -> Tensor:
+    """A tile broadcastable to the flat layout, with its leading dims made explicit: ``(B|1, H|1, Br, Bc)``."""
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
+
+
+def _broadcast(name: str, out: Tensor, shape: Sequence[int]) -> Tensor:
+    try:
+        return out.expand(*shape)
+    except RuntimeError:
+        raise AttentionValueError(
+            f"{name} returned shape {tuple(out.shape)}, which does not broadcast to the tile {tuple(shape)}; "
+            "a function of (b, h, q_idx, kv_idx) broadcast indices must broadcast to their shapes"
+        ) from None
+
+
+class CaptureGrads:
+    """The gradients of ``score_mod``'s captured tensors, summed over the tiles of a backward (thread-safe:
+    the parallel path's workers add into it)."""
+
+    def __init__(self, captures: Sequence[Tensor]) -> None:
+        self.captures = tuple(captures)
+        self.grads: list[Tensor | None] = [None] * len(self.captures)
+        self._lock = threading.Lock()
+
+    def add(self, grads: Sequence[Tensor | None]) -> None:
+        with self._lock:
+            for n, g in enumerate(grads):
+                if g is not None:
+                    before = self.grads[n]
+                    self.grads[n] = g if before is None else before + g
+
+    def values(self) -> tuple[Tensor | None, ...]:
+        return tuple(
+            torch.zeros_like(t) if g is None else g.to(t.dtype) for t, g in zip(self.captures, self.grads, strict=True)
+        )
+
+
+def score_backward(
+    mods: UserMods, S_in: Tensor, index: TileIndex, grads: CaptureGrads | None
+) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """``(S_out, vjp)``: ``score_mod`` of the tile ``S_in`` (flat layout), and ``dS_out -> dS_in``, which also
+    adds the captured tensors' gradients to ``grads``. With grad mode on (a double backward) the result
+    stays differentiable."""
+    create_graph = torch.is_grad_enabled()
+    wanted = grads.captures if grads is not None else ()
+    with torch.enable_grad():
+        S_leaf = S_in if S_in.requires_grad else S_in.detach().requires_grad_()
+        S_out = mods.score(S_leaf, index)
+
+    def vjp(dS_out: Tensor) -> Tensor:
+        inputs: tuple[Any, ...] = (S_leaf, *wanted)
+        got = torch.autograd.grad(S_out, inputs, dS_out, allow_unused=True, create_graph=create_graph)
+        if grads is not None:
+            grads.add(got[1:])
+        dS_in = got[0]
+        return torch.zeros_like(S_in) if dS_in is None else dS_in
+
+    # A copy the caller may mask in place without touching what autograd saved (or S_in, for the identity).
+    return (S_out.clone() if create_graph else S_out.detach().clone()), vjp
