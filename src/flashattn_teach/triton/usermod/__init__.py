@@ -1,0 +1,233 @@
+"""User ``score_mod`` / ``mask_mod`` functions compiled into ``@triton.jit`` functions, without torch.compile.
+
+FlexAttention (torch) traces these functions with torch.compile and inlines them into its Triton
+templates. Here a function is traced once per (function, captured tensors' shapes, strides and dtypes)
+into a graph of pointwise operations and lookups (``trace.py``, ``graph.py``), differentiated in ``score``
+by forward mode for the backward (``tangent.py``), and written out as Triton source (``emit.py``). The
+source goes to a file under ``tempfile.gettempdir()/flashattn_teach_usermod/`` and is imported from
+there, so ``triton.jit`` can read it (``inspect.getsource``) both compiled and in the interpreter.
+
+    compiled = compile_score_mod(fn, captures)    # CompiledScoreMod(jit, grad, source, captures)
+    print(compiled.source)                        # what the kernel runs; also generated_source(fn)
+
+The kernels pass ``compiled.captures`` (the tensors the function reads, in slot order) as ``C0..C3``.
+Supported inside a function: ``+ - * / // % ** (by a number)``, unary ``-``, ``abs``, comparisons,
+``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor``, ``maximum``,
+``minimum``, ``clamp``, ``.to(dtype)`` and the cast methods, ``full_like / zeros_like / ones_like`` and
+``new_full / new_zeros / new_ones`` of size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into
+captured tensors with integer expressions of ``b, h, q_idx, kv_idx`` (results of lookups included).
+Not translated: reductions, Python control flow on tensors, slices, and numbers read from a captured
+tensor at trace time (``.item()``: they would be baked into the source).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from torch import Tensor
+
+from flashattn_teach.errors import AttentionValueError
+
+from .emit import emit_source
+from .trace import MAX_CAPTURES, UnsupportedUserFunction, trace
+
+__all__ = [
+    "MAX_CAPTURES",
+    "CompiledMaskMod",
+    "CompiledScoreMod",
+    "UnsupportedUserFunction",
+    "compile_mask_mod",
+    "compile_score_mod",
+    "generated_source",
+    "unsupported_reason",
+]
+
+
+@dataclass(frozen=True)
+class CompiledScoreMod:
+    """A translated ``score_mod``: ``jit`` and ``grad`` (``d score_mod / d score``) are ``@triton.jit``
+    functions ``(score, b, h, q_idx, kv_idx, C0, C1, C2, C3) -> fp32 (BLOCK_M, BLOCK_N)``; pass
+    ``captures`` (the tensors it reads, at most MAX_CAPTURES) as ``C0..``; ``source`` is their code."""
+
+    jit: Any
+    grad: Any
+    source: str
+    captures: tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class CompiledMaskMod:
+    """A translated ``mask_mod``: ``jit`` is a ``@triton.jit`` function ``(b, h, q_idx, kv_idx, C0, C1, C2,
+    C3) -> int1``, 2-D, broadcastable to ``(BLOCK_M, BLOCK_N)``; pass ``captures`` as ``C0..``; ``source`` is
+    its code."""
+
+    jit: Any
+    source: str
+    captures: tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class _Translation:
+    """What is cached per (function, capture layouts): the source, its module, the capture positions read."""
+
+    source: str
+    module: ModuleType | None
+    slots: tuple[int, ...]
+
+
+_KINDS = ("score_mod", "mask_mod")
+_BY_FUNCTION: weakref.WeakKeyDictionary[Any, dict[Any, _Translation | UnsupportedUserFunction]] = (
+    weakref.WeakKeyDictionary()
+)
+_UNWEAKABLE: dict[Any, _Translation | UnsupportedUserFunction] = {}  # callables without weak references
+
+
+def _constants(fn: Any, depth: int = 0) -> tuple[Any, ...]:
+    """The Python numbers a function reads besides its arguments (closure cells, defaults, globals it names,
+    ``functools.partial`` arguments), through the functions it closes over: they are baked into the
+    source, so they are part of the cache key."""
+    if isinstance(fn, functools.partial):
+        values = [fn.func, *fn.args, *fn.keywords.values()]
+    else:
+        values = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+        values += list(getattr(fn, "__defaults__", None) or ())
+        code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        values += [scope[n] for n in (code.co_names if code else ()) if n in scope]
+    return tuple(_constant(v, depth) for v in values)
+
+
+def _constant(value: Any, depth: int) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, (tuple, list)) and depth < 4:
+        return tuple(_constant(v, depth + 1) for v in value)
+    if (inspect.isfunction(value) or isinstance(value, functools.partial)) and depth < 4:
+        return _constants(value, depth + 1)
+    return None
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell: a closure variable not yet assigned
+        return False
+    return True
+
+
+def _key(captures: Sequence[Tensor], kind: str, fn: Any) -> tuple[Any, ...]:
+    layouts = tuple((tuple(c.shape), tuple(c.stride()), c.dtype) for c in captures)
+    return (kind, layouts, _constants(fn))
+
+
+def _load(source: str) -> ModuleType:
+    """Import ``source`` from a file named by its hash, so triton.jit (``inspect.getsource``) can read it."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    name = f"flashattn_teach_usermod_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = os.path.join(tempfile.gettempdir(), "flashattn_teach_usermod")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.py")
+    if not os.path.exists(path) or open(path, encoding="utf-8").read() != source:
+        partial = f"{path}.{os.getpid()}.tmp"
+        with open(partial, "w", encoding="utf-8") as f:
+            f.write(source)
+        os.replace(partial, path)  # atomic: a concurrent process reads the old or the new file, whole
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _translate(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str, load: bool) -> _Translation:
+    """The cached translation of ``fn``; raises the cached :class:`UnsupportedUserFunction` if it has none."""
+    if kind not in _KINDS:
+        raise AttentionValueError(f"kind must be 'score_mod' or 'mask_mod', got {kind!r}")
+    key: Any = _key(captures, kind, fn)
+    table: dict[Any, _Translation | UnsupportedUserFunction]
+    try:
+        table = _BY_FUNCTION.setdefault(fn, {})
+    except TypeError:  # no weak reference (an instance of a slotted class): held strongly, by value
+        table, key = _UNWEAKABLE, (fn, *key)
+    try:
+        cached = table.get(key)
+    except TypeError:  # unhashable: translated on every call
+        table, key, cached = {}, None, None
+    if cached is None:
+        try:
+            graph = trace(fn, captures, kind)
+            cached = _Translation(emit_source(graph), None, tuple(graph.slots))
+        except UnsupportedUserFunction as exc:
+            cached = exc
+        table[key] = cached
+    if isinstance(cached, UnsupportedUserFunction):
+        raise UnsupportedUserFunction(str(cached))
+    if load and cached.module is None:
+        cached = _Translation(cached.source, _load(cached.source), cached.slots)
+        table[key] = cached
+    return cached
+
+
+def compile_score_mod(fn: Callable[..., Any], captures: Sequence[Tensor] = ()) -> CompiledScoreMod:
+    """``fn(score, b, h, q_idx, kv_idx) -> score`` as ``@triton.jit`` functions for the kernels.
+
+    ``captures``: the tensors ``fn`` reads (``flex.captures.captured_tensors(fn)``), matched by identity.
+    Cached per (function, captures' shapes, strides and dtypes, the numbers it closes over).
+    Raises :class:`UnsupportedUserFunction` naming the operation and ``file:line`` it cannot translate.
+    """
+    t = _translate(fn, captures, "score_mod", load=True)
+    assert t.module is not None
+    return CompiledScoreMod(t.module.score_mod, t.module.score_grad, t.source, tuple(captures[p] for p in t.slots))
+
+
+def compile_mask_mod(fn: Callable[..., Any], captures: Sequence[Tensor] = ()) -> CompiledMaskMod:
+    """``fn(b, h, q_idx, kv_idx) -> bool`` as a ``@triton.jit`` function; see :func:`compile_score_mod`."""
+    t = _translate(fn, captures, "mask_mod", load=True)
+    assert t.module is not None
+    return CompiledMaskMod(t.module.mask_mod, t.source, tuple(captures[p] for p in t.slots))
+
+
+def unsupported_reason(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str) -> str | None:
+    """Why ``fn`` (a ``kind``: "score_mod" or "mask_mod") cannot run in the Triton kernels, or ``None``.
+
+    For the planner: cached, imports no triton, and never raises for anything the function does.
+    """
+    try:
+        _translate(fn, captures, kind, load=False)
+    except UnsupportedUserFunction as exc:
+        return str(exc)
+    except Exception as exc:  # the contract: a reason, never an exception
+        return f"{kind} could not be translated for the Triton kernels: {type(exc).__name__}: {exc}"
+    return None
+
+
+def generated_source(fn: Callable[..., Any], captures: Sequence[Tensor] = (), kind: str | None = None) -> str:
+    """The Triton source the kernels run for ``fn``, for a reader: ``print(generated_source(my_mod))``.
+
+    ``kind`` defaults by arity: 5 parameters without defaults is a score_mod, 4 a mask_mod.
+    """
+    if kind is None:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        parameters = inspect.signature(fn).parameters.values()
+        arity = sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
+        if arity not in (4, 5):
+            raise AttentionValueError(
+                f"generated_source: {getattr(fn, '__name__', fn)!r} takes {arity} parameters without defaults; a "
+                "score_mod takes 5 (score, b, h, q_idx, kv_idx), a mask_mod 4 (b, h, q_idx, kv_idx); "
+                "pass kind= to say which"
+            )
+        kind = "score_mod" if arity == 5 else "mask_mod"
+    return _translate(fn, captures, kind, load=False).source
