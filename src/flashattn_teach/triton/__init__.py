@@ -42,6 +42,7 @@ __all__ = [
     "TEST_CONFIG",
     "AttentionConfig",
     "KernelConfig",
+    "generated_sources",
     "shapes_unsupported_reason",
     "shipped_config",
     "triton_attention",
@@ -119,6 +120,26 @@ def triton_attention(
     )
     O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)
     return (O, lse) if check_bool("return_lse", return_lse) else O
+
+
+def generated_sources(opts: AttentionOptions) -> str:
+    """The ``@triton.jit`` source the kernels run for the call's ``score_mod`` (with its derivative by the
+    score, which the backward multiplies into dS) and ``mask_mod``, for a reader (``explain(...,
+    verbose=True)`` prints it); empty without them. Translates the functions (cached), so it raises
+    :class:`flashattn_teach.triton.usermod.UnsupportedUserFunction` for one the translator does not take."""
+    from .usermod import compile_mask_mod, compile_score_mod
+
+    mods = opts.mask.mods
+    if mods is None:
+        return ""
+    parts = []
+    if mods.score_mod is not None:
+        compiled = compile_score_mod(mods.score_mod, mods.captures)
+        parts.append(f"# score_mod and score_grad: SCORE_MOD and SCORE_GRAD of the kernels\n{compiled.source}")
+    if mods.mask_mod is not None:
+        mask = compile_mask_mod(mods.mask_mod, mods.mask_captures)
+        parts.append(f"# mask_mod: MASK_MOD of the kernels, on the block mask's PARTIAL tiles\n{mask.source}")
+    return "\n".join(parts)
 
 
 def triton_forward(

@@ -82,7 +82,7 @@ def mods_unsupported_reason(opts: AttentionOptions) -> str | None:
     (:func:`flashattn_teach.triton.usermod.unsupported_reason` names the operation and the line), more
     captured tensors than the kernels' slots, or packed sequences. Never raises; imports triton only to
     translate a function. (The decode kernel never sees a score_mod: the planner sends such steps here.)"""
-    mods = getattr(opts.mask, "mods", None)
+    mods = opts.mask.mods
     if mods is None or (mods.score_mod is None and mods.mask_mod is None):
         return None
     if opts.mask.packed is not None or "cu_seqlens" in opts.mask.variants:
@@ -93,7 +93,7 @@ def mods_unsupported_reason(opts: AttentionOptions) -> str | None:
     ):
         if fn is None:
             continue
-        if kind == "score_mod" and any(t.requires_grad for t in captures) and torch.is_grad_enabled():
+        if kind == "score_mod" and mods.grad_captures and torch.is_grad_enabled():
             return "score_mod captures a tensor that requires grad: learned biases' gradients run on the CPU reference"
         if len(captures) > CAPTURE_SLOTS:
             return f"{kind} captures {len(captures)} tensors, more than the {CAPTURE_SLOTS} the Triton kernels take"
@@ -170,13 +170,14 @@ def _compiled_note(variants: KernelVariants) -> str:
         name
         for name, used in (
             ("score_mod", variants.score_mod is not None),
-            ("its derivative", variants.score_grad_fn is not None),
+            ("its derivative by the score", variants.score_grad_fn is not None),
             ("mask_mod", variants.mask_mod is not None),
         )
         if used
     ]
+    note = ""
+    if names:
+        note = f" with {', '.join(names)} compiled in (flashattn_teach.triton.generated_sources prints them)"
     if variants.block_mask is not None:
-        names.append("the block mask's tile kinds (SKIP tiles not visited, mask_mod on PARTIAL tiles only)")
-    if not names:
-        return ""
-    return f" with {', '.join(names)} compiled in (flashattn_teach.triton.generated_sources prints the source)"
+        note += ", the block mask's tile kinds read per tile (SKIP tiles not visited, mask_mod on PARTIAL ones only)"
+    return note

@@ -276,7 +276,7 @@ def _compiled_mods(spec: MaskSpec) -> tuple[CompiledScoreMod | None, CompiledMas
     """``spec.mods``' functions compiled by :mod:`flashattn_teach.triton.usermod` (which imports triton) and
     its block mask; Nones without them. The caller has refused what cannot be compiled
     (:func:`flashattn_teach.triton.support.mods_unsupported_reason`)."""
-    mods = getattr(spec, "mods", None)
+    mods = spec.mods
     if mods is None:
         return None, None, None
     from .usermod import compile_mask_mod, compile_score_mod
