@@ -81,7 +81,17 @@ def _every_third_row_empty(score, b, h, q_idx, kv_idx, C0, C1, C2, C3):
 
 @triton.jit
 def _every_third_row_empty_grad(score, b, h, q_idx, kv_idx, C0, C1, C2, C3):
-    return tl.where(q_idx % 3 == 0, float("nan"), 1.0)  # NaN where the score is -inf: must not leak
+    return tl.where(q_idx % 3 == 0, 0.0, 1.0)
+
+
+@triton.jit
+def _identity(score, b, h, q_idx, kv_idx, C0, C1, C2, C3):
+    return score
+
+
+@triton.jit
+def _nan_grad_at_minus_inf(score, b, h, q_idx, kv_idx, C0, C1, C2, C3):
+    return tl.where(score == float("-inf"), float("nan"), 1.0)  # as d(x * x) / dx would be at -inf
 
 
 @triton.jit
@@ -169,7 +179,9 @@ MASK_MODS = {
 # ----------------------------------------------------------------------------------------- oracle
 
 
-def oracle(q, k, v, *, score_mod=None, mask_mod=None, kinds=None, causal=False, softcap=None, scale=None):
+def oracle(
+    q, k, v, *, score_mod=None, mask_mod=None, kinds=None, causal=False, softcap=None, scale=None, attn_mask=None
+):
     """``(O, lse)`` in float64 by plain torch on whole index grids; a row that sees no key: O = 0, lse = -inf.
     ``q (B, H_q, N_q, D)``, ``k, v (B, H_kv, N_k, .)``; grouped heads by repetition."""
     B, H, N_q, D = q.shape
@@ -179,6 +191,8 @@ def oracle(q, k, v, *, score_mod=None, mask_mod=None, kinds=None, causal=False, 
     s = (D**-0.5 if scale is None else scale) * q @ k.transpose(-1, -2)  # (B, H, N_q, N_k)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
+    if attn_mask is not None:
+        s = s + attn_mask
     b = torch.arange(B).view(B, 1, 1, 1)
     h = torch.arange(H).view(1, H, 1, 1)
     qi = torch.arange(N_q).view(N_q, 1)
@@ -288,6 +302,16 @@ def test_rows_that_score_mod_empties_give_zero_output_minus_inf_lse_and_no_nan(d
     assert torch.isneginf(lse[:, :, ::3]).all() and torch.isfinite(lse[:, :, 1::3]).all()
     assert (O[:, :, ::3] == 0).all() and (dq[:, :, ::3] == 0).all()
     assert not any(torch.isnan(t).any() for t in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["one_kernel", "two_kernels"])
+def test_an_additive_masks_minus_inf_reaching_score_mod_leaves_no_nan_in_the_gradients(deterministic: bool) -> None:
+    # the derivative at a -inf score is NaN here; where P is 0 the kernels multiply nothing by it
+    mask = torch.zeros(113, 113, dtype=torch.float64)
+    mask[:, 40:70] = float("-inf")
+    mask[5] = float("-inf")  # a row that sees nothing
+    identity = ScoreMod(_identity, _nan_grad_at_minus_inf, lambda s, b, h, q, kv: s)
+    check(Case(score_mod=identity, options={"attn_mask": mask.to(DEVICE, torch.float32)}), deterministic=deterministic)
 
 
 @pytest.mark.parametrize("name", list(MASK_MODS))

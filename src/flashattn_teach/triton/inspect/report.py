@@ -27,7 +27,9 @@ dropout, alone or to any of these runs, and uses the dropout rows.
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
 in the benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
 (producer, consumers: warps, registers set by ``setmaxnreg``, named and CTA-wide barriers in its loop)
-and one with its model. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
+and one with its model. ``--score-mod`` adds :mod:`flashattn_teach.triton.inspect.score_mod`'s table: a softcap
+written as a score_mod against the built-in softcap, loop by loop. ``--dump DIR`` writes each compiled
+kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
@@ -234,6 +236,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="profile each kernel's steady-state loop from its SASS and estimate TFLOP/s (docs/loop-profile.md)",
     )
     parser.add_argument(
+        "--score-mod",
+        action="store_true",
+        help="compare the loops of a softcap written as a score_mod with the built-in softcap's (score_mod.py)",
+    )
+    parser.add_argument(
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
     )
     add_schedule_arguments(parser)
@@ -366,6 +373,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.loops:
         print_loop_profiles(args, selected)
+    if args.score_mod:
+        from .score_mod import print_comparison
+
+        print_comparison(
+            args.arch, sorted({dt for _, dt, _, _ in selected}, key=str), sorted({d for _, _, d, _ in selected})
+        )
     return 1 if failed else 0
 
 

@@ -228,8 +228,9 @@ def _attn_bwd_dkdv_inner(
                     # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
                     dsT = pT * (dpT - delta[None, :])
                 if SCORE_GRAD is not None:
-                    # dS_raw = dS * d score_mod / d score, 0 where P is (the derivative at a -inf score may be NaN)
-                    dsT = tl.where(pT == 0.0, 0.0, dsT * gradT)
+                    # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
+                    # derivative need not be finite: 0 where P is
+                    dsT = tl.where(pT == 0.0, 0.0, dsT * gradT) if ADD_MASK else dsT * gradT
                 if SOFTCAP:
                     # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
                     dsT = dsT * (1.0 - tT * tT)

@@ -182,8 +182,9 @@ def _attn_bwd_dq_inner(
                 dp = tl.where(keep, dp * keep_scale, 0.0)
             ds = p * (dp - delta[:, None])
             if SCORE_GRAD is not None:
-                # dS_raw = dS * d score_mod / d score, 0 where P is (the derivative at a -inf score may be NaN)
-                ds = tl.where(p == 0.0, 0.0, ds * grad)
+                # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
+                # derivative need not be finite: 0 where P is
+                ds = tl.where(p == 0.0, 0.0, ds * grad) if ADD_MASK else ds * grad
             if SOFTCAP:
                 ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
             # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
