@@ -13,6 +13,7 @@ Layers, each in its own file:
     backward_dq.py    the dQ kernel of the deterministic backward (a program owns a query block)
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
+    usermods.py   score_mod, mask_mod and a block mask's tile kinds inside the kernels
     variants.py   a call's variants as the kernels' flags and arguments
     launch.py     validate, allocate, launch
     autograd.py   the differentiable function (saves q, k, v, O, lse)
@@ -165,7 +166,7 @@ def triton_forward(
     reason = shapes_unsupported_reason(q, k, v, s)
     if reason is not None:
         raise AttentionValueError(reason)
-    missing = variants_unsupported_reason(opts)
+    missing = variants_unsupported_reason(opts, q.device)
     if missing is not None:
         raise NotImplementedError(missing)
     if dropout is None:

@@ -67,20 +67,22 @@ def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShape
     return triton_reason() or device_reason(q) or shape_reason(q, s, needs_grad(q, k, v))
 
 
-def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
+def variants_unsupported_reason(opts: AttentionOptions, device: torch.device | None = None) -> str | None:
     """None if the kernels honour every variant of the call's mask contract, else which they lack (packed
-    sequences are the varlen launch's, :func:`call_unsupported_reason`)."""
+    sequences are the varlen launch's, :func:`call_unsupported_reason`). ``device``: the query's, where the
+    user functions' captured tensors must be."""
     missing = [name for name in opts.mask.variants if name not in SUPPORTED]
     if missing:
         return f"{', '.join(missing)} not yet in the Triton kernels"
-    return mods_unsupported_reason(opts)
+    return mods_unsupported_reason(opts, device)
 
 
-def mods_unsupported_reason(opts: AttentionOptions) -> str | None:
+def mods_unsupported_reason(opts: AttentionOptions, device: torch.device | None = None) -> str | None:
     """None if the kernels can run the call's score_mod and mask_mod (``opts.mask.mods``), else why they run
     on the CPU reference: a captured tensor that requires grad, a function the translator does not take
     (:func:`flashattn_teach.triton.usermod.unsupported_reason` names the operation and the line), more
-    captured tensors than the kernels' slots, or packed sequences. Never raises; imports triton only to
+    captured tensors than the kernels' slots, one on another device than ``device`` (the query's, when
+    given), or packed sequences. Never raises; imports triton only to
     translate a function. (The decode kernel never sees a score_mod: the planner sends such steps here.)"""
     mods = opts.mask.mods
     if mods is None or (mods.score_mod is None and mods.mask_mod is None):
@@ -97,6 +99,12 @@ def mods_unsupported_reason(opts: AttentionOptions) -> str | None:
             return "score_mod captures a tensor that requires grad: learned biases' gradients run on the CPU reference"
         if len(captures) > CAPTURE_SLOTS:
             return f"{kind} captures {len(captures)} tensors, more than the {CAPTURE_SLOTS} the Triton kernels take"
+        elsewhere = [t for t in captures if device is not None and t.device != device]
+        if elsewhere:
+            return (
+                f"{kind} captures a tensor on {elsewhere[0].device} and the kernels read it on {device}: move it "
+                "there (.to(q.device))"
+            )
         try:
             from .usermod import unsupported_reason as translation_reason
         except ImportError as e:  # a triton too old to import the translator
@@ -116,7 +124,7 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
     missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
     if missing:
         return f"{', '.join(missing)} not yet in the Triton kernels"
-    return mods_unsupported_reason(opts)
+    return mods_unsupported_reason(opts, q.device)
 
 
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:

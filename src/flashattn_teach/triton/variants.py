@@ -192,6 +192,7 @@ class KernelVariants:
         if kinds is None:
             kind_args: tuple[object, ...] = (placeholder, 0, 0, 0, 0)
         else:
+            kinds = kinds.to(placeholder.device)  # O(tiles) bytes; a no-op where the block mask was built
             stride_b, stride_h, stride_m, stride_n = kinds.stride()
             kind_args = (
                 kinds,

@@ -21,7 +21,9 @@ The variants of the mask contract (a sliding window, softcap, ALiBi, ``seqlens_k
 flags, each compiled in only when a call uses it (:mod:`.masking`): a window adds a third, masked stage
 before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]`` takes the place of
 ``N_k`` (and, bottom-right, gives the diagonal offset ``seqlens_k[b] - N_q``); softcap and ALiBi modify
-each score after scaling it.
+each score after scaling it. FlexAttention's ``score_mod`` and ``mask_mod`` arrive compiled, as
+``tl.constexpr`` functions, and a block mask as a table of tile kinds (:mod:`.usermods`): the stages stay
+as they are, a SKIP tile inside them is passed over, and ``mask_mod`` runs on PARTIAL tiles only.
 
 With ``WS`` (sm_90, 16-bit inputs; :func:`flashattn_teach.triton.tma.ws_reason` says when) triton's pass
 warp-specialises the key loop: the program's 4 warps become 12, a producer warpgroup that issues the TMA
@@ -34,6 +36,7 @@ unless ``EVEN_N`` (set by the launcher: not causal, no window or ``seqlens_k``, 
 ``BLOCK_N``) says that every row sees every key of every block.
 
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
+The constants ``LOG2E`` and ``LN2`` live in :mod:`.masking`, with the score units they convert.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ def attn_fwd(
     their captured tensors ``C0..C3`` and ``MC0..MC3`` (placeholders where unused); ``KINDS`` with
     ``TILE_KINDS (B|1, H_q|1, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at
     this launch's tiles, read at ``b * stride_kind_b + h * stride_kind_h + i * stride_kind_m + j *
-    stride_kind_n`` (strides 0 where it broadcasts). None of them with ``VARLEN`` or ``WS``.
+    stride_kind_n`` (strides 0 where it broadcasts). The launcher passes none of them with ``VARLEN`` or ``WS``.
 
     ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
     ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
