@@ -123,6 +123,17 @@ def test_more_captured_tensors_than_the_kernels_take_are_refused() -> None:
     assert reason is not None and "5" in reason and "4" in reason
 
 
+def test_a_captured_tensor_on_another_device_is_refused_naming_both() -> None:
+    q, k, v = (t.float() for t in _tensors())
+    elsewhere = torch.zeros(H, device="meta")
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + elsewhere[h]
+
+    reason = mods_unsupported_reason(make_options(q, k, v, score_mod=biased), q.device)
+    assert reason is not None and "meta" in reason and "cpu" in reason
+
+
 def test_a_call_without_user_functions_has_no_mods_reason() -> None:
     q, k, v = (t.float() for t in _tensors())
     assert mods_unsupported_reason(make_options(q, k, v, causal=True)) is None
