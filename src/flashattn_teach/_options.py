@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-import torch
 from torch import Tensor
 
 from ._validate.inputs import (
@@ -36,7 +35,7 @@ from ._validate.varlen import (
 )
 from .dropout import DropoutKey, draw
 from .errors import AttentionValueError
-from .flex.block_mask import DEFAULT_BLOCK_SIZE, BlockMask, classified_block_mask
+from .flex.block_mask import BlockMask
 from .flex.mods import UserMods, check_block_mask
 from .masks.spec import MaskSpec
 
@@ -136,7 +135,7 @@ def make_options(
     # packed: slopes per sequence, checked by the caller (check_packed_alibi)
     slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
     cu_q, cu_k = packed if packed is not None else (None, None)
-    mods = check_mods(score_mod, mask_mod, block_mask, shapes, q.device)
+    mods = check_mods(score_mod, mask_mod, block_mask, shapes)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
@@ -162,9 +161,7 @@ def make_options(
     )
 
 
-def check_mods(
-    score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes, device: torch.device
-) -> UserMods | None:
+def check_mods(score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes) -> UserMods | None:
     """The call's user functions (:mod:`flashattn_teach.flex.mods`), checked: callables, a block mask that
     fits the call's lengths, batch and heads, and not both ``mask_mod`` and ``block_mask`` (the block mask
     carries its own)."""
@@ -176,11 +173,6 @@ def check_mods(
     bm = check_block_mask(from_torch(block_mask))
     B, H = math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1
     mods = UserMods.build(score_mod, mask_mod, bm)
-    if mods is not None and mods.mask_mod is not None and bm is None and shapes.N_q and shapes.N_k:
-        # mask_mod alone: classify its tiles once, as create_block_mask would, so that hidden tiles are
-        # skipped and wholly visible ones run without it
-        bm = classified_block_mask(mods.mask_mod, B, H, shapes.N_q, shapes.N_k, (DEFAULT_BLOCK_SIZE,) * 2, device)
-        mods = UserMods.build(score_mod, None, bm)
     if mods is not None:
         mods.check(B, H, shapes.N_q, shapes.N_k)
     return mods

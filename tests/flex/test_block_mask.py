@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.nn.attention import flex_attention as torch_flex
 
 from flashattn_teach import BlockMask, and_masks, create_block_mask, noop_mask, or_masks
@@ -89,6 +91,23 @@ def test_kinds_and_index_lists_equal_torchs_create_block_mask(name, BLOCK_SIZE, 
     _assert_like_torch(ours, torch_flex.create_block_mask(mask_mod, B, H, N, N, device="cpu", BLOCK_SIZE=BLOCK_SIZE))
 
 
+@given(
+    N_q=st.integers(1, 300),
+    N_k=st.integers(1, 300),
+    block=st.tuples(st.sampled_from([8, 16, 32, 48, 128]), st.sampled_from([8, 16, 32, 48, 128])),
+    left=st.integers(0, 300),
+    right=st.integers(-50, 300),
+    B=st.sampled_from([None, 1, 2]),
+)
+def test_any_window_at_any_lengths_and_block_sizes_equals_torchs(N_q, N_k, block, left, right, B):
+    def window(b, h, q_idx, kv_idx):  # keys [q - left, q + right], a per-batch shift when B = 2
+        shift = q_idx + 7 * b
+        return (kv_idx >= shift - left) & (kv_idx <= shift + right)
+
+    ours = create_block_mask(window, B, 2, N_q, N_k, device="cpu", BLOCK_SIZE=block)
+    _assert_like_torch(ours, torch_flex.create_block_mask(window, B, 2, N_q, N_k, device="cpu", BLOCK_SIZE=block))
+
+
 @pytest.mark.parametrize("Q_LEN, KV_LEN", [(113, 203), (203, 113), (1, 1000)])
 @pytest.mark.parametrize("name", list(MASKS))
 def test_rectangular_masks_equal_torchs(name, Q_LEN, KV_LEN):
@@ -136,9 +155,12 @@ def test_without_separate_full_blocks_every_computed_block_is_partial_as_in_torc
     _assert_like_torch(ours, theirs)
 
 
+@pytest.mark.parametrize("threads", ["inline", "pool"])
 @pytest.mark.parametrize("chunk_elements", [1, 5000, 1 << 30])
-def test_the_kinds_do_not_depend_on_the_chunk_size(chunk_elements):
-    """From one tile a chunk (1 element asks for one) to the whole grid at once: the same table."""
+def test_the_kinds_do_not_depend_on_the_chunk_size_or_the_threads(chunk_elements, threads, monkeypatch):
+    """From one tile a chunk (1 element asks for one) to the whole grid at once, in the calling thread or on
+    the worker threads: the same table."""
+    monkeypatch.setattr(classify, "MIN_PARALLEL_ELEMENTS", 2**62 if threads == "inline" else 0)
     mask_mod = document_mask(203)
     some, every = classify.tile_visibility(
         mask_mod, 2, 3, 203, 150, 32, 16, torch.device("cpu"), chunk_elements=chunk_elements
@@ -289,6 +311,8 @@ def test_refusals_name_the_argument():
         create_block_mask(lambda score, b, h, q, kv: score, 1, 1, 64, 64, device="cpu")
     with pytest.raises(AttentionTypeError, match="bool tensor"):
         create_block_mask(lambda b, h, q, kv: (q - kv).float(), 1, 1, 64, 64, device="cpu")
+    with pytest.raises(AttentionValueError, match="elementwise"):
+        create_block_mask(lambda b, h, q, kv: (q >= kv).flatten(), 1, 1, 64, 64, device="cpu")
     with pytest.raises(AttentionValueError, match="BLOCK_SIZE"):
         create_block_mask(causal, 1, 1, 64, 64, device="cpu", BLOCK_SIZE=(64, 0))
     with pytest.raises(AttentionValueError, match="Q_LEN"):
@@ -317,7 +341,9 @@ def test_repr_and_str_name_the_shape_and_kinds():
 N_LARGE = 16384
 
 
-def test_create_block_mask_at_16384_allocates_nothing_n_by_n():
+def test_create_block_mask_at_16384_allocates_nothing_n_by_n(monkeypatch):
+    # dispatch modes are per thread: the chunks run in this one (the same ops the worker threads run)
+    monkeypatch.setattr(classify, "MIN_PARALLEL_ELEMENTS", 2**62)
     mask_mod = document_mask(N_LARGE)
     with LargestAllocation() as probe:
         mask = create_block_mask(mask_mod, 2, None, N_LARGE, N_LARGE, device="cpu")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -109,9 +111,12 @@ BIAS = torch.tensor([0.3, -1.2, 2.5, 0.7])
 REL = torch.linspace(-2.0, 2.0, 2 * 64 - 1)  # bias by distance q - kv, index (q - kv) + 63
 TABLE = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1)).double()  # (B, H, 8), fp64
 TEMPERATURE = torch.tensor(0.7)  # a 0-dim capture used as a number
+OFFSET = torch.tensor(2)  # a 0-dim capture used as an index
 DOC = torch.tensor([[0] * 20 + [1] * 18 + [2] * 26, [0] * 40 + [1] * 24])  # (B, 64) document ids
 PREFIX = torch.tensor([12, 30])
 GROUP = torch.tensor([0, 1, 0], dtype=torch.int32)  # document -> group, looked up by a looked-up id
+T5_BIAS = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+LARGE_IDS = torch.tensor([5, 5 + 2**32, 7, 7 + 2**33])
 PAD = torch.tensor([[True] * 30 + [False] * 34, [True] * 64])  # a bool capture
 
 NEG_INF = -math.inf
@@ -185,6 +190,10 @@ def temperature(score, b, h, q_idx, kv_idx):
     return score / TEMPERATURE
 
 
+def scalar_capture_as_index(score, b, h, q_idx, kv_idx):
+    return score + TABLE[b, OFFSET, kv_idx % 8] * OFFSET
+
+
 def kitchen_sink(score, b, h, q_idx, kv_idx):
     d = (q_idx - kv_idx).abs()
     x = torch.clamp(score, -2.0, 2.5) + torch.maximum(score, -score * 0.5) - torch.minimum(score, d.float() * 0.1)
@@ -192,6 +201,23 @@ def kitchen_sink(score, b, h, q_idx, kv_idx):
     z = torch.log(score.abs() + 1) + torch.exp2(score * 0.3) - torch.log2(d + 1.0) + (score**3) * 0.01
     w = (q_idx - kv_idx) // 3 + (kv_idx - q_idx) % 5 + (2.0 ** (score * 0.2)) + score.pow(2) * 0.1
     return x + y + z + w + score.to(torch.float16).float() + torch.floor(score) * 0.01
+
+
+def t5_buckets(score, b, h, q_idx, kv_idx):
+    # T5's bidirectional relative-position buckets (32 buckets, max distance 128) into a learned table
+    relative = kv_idx - q_idx
+    buckets = (relative > 0).long() * 16
+    distance = torch.abs(relative)
+    is_small = distance < 8
+    large = 8 + (torch.log(distance.float() / 8) / math.log(128 / 8) * 8).to(torch.long)
+    large = torch.min(large, torch.full_like(large, 15))
+    return score + T5_BIAS[h, buckets + torch.where(is_small, distance, large)]
+
+
+def relu_sign_ceil(score, b, h, q_idx, kv_idx):
+    return (
+        torch.nn.functional.relu(score) ** 2 + torch.sign(score) * torch.ceil(score * 0.5) + torch.relu(q_idx - kv_idx)
+    )
 
 
 def floats_floor_and_mod(score, b, h, q_idx, kv_idx):
@@ -206,8 +232,9 @@ def ignores_score(score, b, h, q_idx, kv_idx):
     return BIAS[h] + torch.ones_like(score)
 
 
-def int_result(score, b, h, q_idx, kv_idx):
-    return q_idx - kv_idx
+def integer_widths(score, b, h, q_idx, kv_idx):
+    wide = (q_idx.long() * 70000 + kv_idx) * 40000  # past int32: torch computes it in int64
+    return score + (wide % 1000).float() + (q_idx * 300).to(torch.int8) + (score * 100).to(torch.int16)
 
 
 SCORE_MODS = {
@@ -228,11 +255,14 @@ SCORE_MODS = {
     "three_dims_fp64": (three_dims_fp64, (TABLE,)),
     "chained_index": (chained_index, (TABLE,)),
     "temperature": (temperature, (TEMPERATURE,)),
+    "scalar_capture_as_index": (scalar_capture_as_index, (OFFSET, TABLE)),
     "kitchen_sink": (kitchen_sink, ()),
+    "t5_buckets": (t5_buckets, (T5_BIAS,)),
+    "relu_sign_ceil": (relu_sign_ceil, ()),
     "floats_floor_and_mod": (floats_floor_and_mod, ()),
     "full_like_bias": (full_like_bias, ()),
     "ignores_score": (ignores_score, (BIAS,)),
-    "int_result": (int_result, ()),
+    "integer_widths": (integer_widths, ()),
 }
 
 
@@ -266,6 +296,70 @@ def test_the_oracle_sees_a_wrong_translation() -> None:
     assert not torch.allclose(out, ref, equal_nan=True)
 
 
+# --- random pointwise expressions ------------------------------------------------------------------------
+def _ints(depth: int):
+    leaves = st.sampled_from([("q",), ("kv",), ("h",), ("b",)])
+    if depth == 0:
+        return leaves
+    sub = _ints(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["-", "+"]), sub, sub),
+        st.tuples(st.sampled_from(["//", "%", "+c"]), sub, st.integers(-5, 5).filter(bool)),
+        st.tuples(st.just("abs"), sub),
+    )
+
+
+def _bools(depth: int):
+    ints = _ints(1)
+    leaves = st.tuples(st.sampled_from(["<", "=="]), ints, ints)
+    if depth == 0:
+        return leaves
+    sub = _bools(depth - 1)
+    return st.one_of(leaves, st.tuples(st.sampled_from(["&", "|"]), sub, sub), st.tuples(st.just("~"), sub))
+
+
+def _floats(depth: int):
+    leaves = st.one_of(st.just(("score",)), st.tuples(st.just("int"), _ints(1), st.floats(-0.5, 0.5)))
+    if depth == 0:
+        return leaves
+    sub = _floats(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["+", "max", "min"]), sub, sub),
+        st.tuples(st.just("*c"), sub, st.floats(-2, 2)),
+        st.tuples(st.sampled_from(["tanh", "sigmoid", "sin"]), sub),
+        st.tuples(st.just("where"), _bools(1), sub, sub),
+    )
+
+
+def _evaluate(tree, score, b, h, q, kv):
+    """The expression ``tree`` in torch operations (on tensors, or on the tracer's stand-ins)."""
+    op, *args = tree
+    leaves = {"score": score, "q": q, "kv": kv, "h": h, "b": b}
+    if op in leaves:
+        return leaves[op]
+    e = [_evaluate(a, score, b, h, q, kv) if isinstance(a, tuple) else a for a in args]
+    table = {
+        "+": lambda x, y: x + y, "-": lambda x, y: x - y, "//": lambda x, c: x // c, "%": lambda x, c: x % c,
+        "+c": lambda x, c: x + c, "abs": torch.abs, "<": lambda x, y: x < y, "==": lambda x, y: x == y,
+        "&": lambda x, y: x & y, "|": lambda x, y: x | y, "~": lambda x: ~x, "int": lambda x, c: x.float() * c,
+        "max": torch.maximum, "min": torch.minimum, "*c": lambda x, c: x * c, "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid, "sin": torch.sin, "where": torch.where,
+    }  # fmt: skip
+    return table[op](*e)
+
+
+@given(tree=_floats(3), b=st.integers(0, 1), h=st.integers(0, 3), q0=st.sampled_from([0, 16, 48]))
+def test_random_pointwise_expressions_match_torch(tree, b, h, q0) -> None:
+    def random_mod(score, b, h, q_idx, kv_idx):
+        return _evaluate(tree, score, b, h, q_idx, kv_idx)
+
+    out, grad, ref, ref_grad = run_score_mod(random_mod, b=b, h=h, q0=q0, kv0=16)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-4)
+
+
 # --- mask_mod ----------------------------------------------------------------------------------------------
 def causal_mask(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
@@ -285,6 +379,10 @@ def document(b, h, q_idx, kv_idx):
 
 def dilated_window(b, h, q_idx, kv_idx):
     return ((q_idx - kv_idx) % 2 == 0) & (torch.abs(q_idx - kv_idx) <= 6)
+
+
+def large_ids(b, h, q_idx, kv_idx):
+    return LARGE_IDS[q_idx % 4] == LARGE_IDS[kv_idx % 4]  # ids that differ only past 32 bits
 
 
 def grouped_documents(b, h, q_idx, kv_idx):
@@ -322,6 +420,7 @@ MASK_MODS = {
     "document": (document, (DOC,)),
     "dilated_window": (dilated_window, ()),
     "grouped_documents": (grouped_documents, (DOC, GROUP)),
+    "large_ids": (large_ids, (LARGE_IDS,)),
     "padding": (padding, (PAD,)),
     "noop": (noop, ()),
     "per_head": (per_head, ()),

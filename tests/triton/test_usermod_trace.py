@@ -98,6 +98,13 @@ def test_a_tensor_not_among_the_captures_is_refused() -> None:
     assert "reads a tensor of shape (4,) that is not among its captured tensors" in message
 
 
+def test_a_value_torch_computes_from_captures_at_trace_time_is_refused() -> None:
+    # bias[offset] of two real tensors runs eagerly while tracing: its value would be baked in
+    bias, offset = torch.zeros(4), torch.tensor(1)
+    message = refusal(lambda s, b, h, q, kv: s + bias[offset], (bias, offset))
+    assert "reads a tensor of shape () that is not among its captured tensors" in message
+
+
 def test_slices_whole_tensors_and_partial_lookups_are_refused() -> None:
     table = torch.zeros(4, 8)
     assert "indexes a captured tensor with slice" in refusal(lambda s, b, h, q, kv: s + table[:, h], (table,))
@@ -107,8 +114,17 @@ def test_slices_whole_tensors_and_partial_lookups_are_refused() -> None:
     assert "floating-point tensor" in refusal(lambda s, b, h, q, kv: s + table[h, s], (table,))
 
 
-def test_a_mask_mod_must_return_bool() -> None:
+def test_reductions_and_shapes_are_refused() -> None:
+    assert "uses torch.max as a reduction" in refusal(lambda s, b, h, q, kv: s - torch.max(s, 1).values)
+    assert "uses Tensor.max as a reduction" in refusal(lambda s, b, h, q, kv: s - s.max())
+    assert "reads Tensor.shape" in refusal(lambda s, b, h, q, kv: s * s.shape[-1])
+
+
+def test_a_mask_mod_must_return_bool_and_a_score_mod_floats() -> None:
     assert "mask_mod returns a integer tensor" in refusal(lambda b, h, q, kv: q - kv, kind="mask_mod")
+    assert "score_mod returns a integer tensor" in refusal(lambda s, b, h, q, kv: q - kv)
+    assert "score_mod returns a float " in refusal(lambda s, b, h, q, kv: 0.0)
+    assert unsupported_reason(lambda b, h, q, kv: True, (), "mask_mod") is None  # a Python bool broadcasts
 
 
 def test_an_exception_in_the_user_function_is_reported_with_its_line() -> None:

@@ -17,6 +17,7 @@ import torch
 from ..errors import AttentionTypeError, AttentionValueError
 from ..flex.block_mask import DEFAULT_BLOCK_SIZE, BlockMask, block_size, classified_block_mask
 from ..flex.classify import MaskMod
+from ..reference.workers import chunk_pool
 
 
 def _mask_mod_arity(mask_mod: Callable[..., object]) -> int | None:
@@ -102,4 +103,5 @@ def create_block_mask(
         device,
         kinds=kinds,
         separate_full_blocks=separate_full_blocks,
+        pool=chunk_pool(),
     )

@@ -18,6 +18,7 @@ from .._options import AttentionOptions, make_options, make_packed_options
 from .._validate.inputs import check_bool
 from ..dispatch import Plan, planner
 from ..dispatch.planner import TILED
+from ..dispatch.runner import with_block_mask
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..masks.causal import TileKind
@@ -130,6 +131,7 @@ def explain(
             mask_mod=mask_mod,
             block_mask=block_mask,
         )
+    opts = with_block_mask(opts, query.device)  # a mask_mod's tiles, classified as the call would
     p = planner.plan(query, key, value, opts, backend)
     if p.backend == "triton":  # which forward kernel runs, and whether its loop is warp-specialised
         p = Plan(p.backend, p.reason + forward_kernel_note(query, key, value, opts))

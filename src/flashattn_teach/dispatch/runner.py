@@ -13,11 +13,17 @@ and the ring's local blocks. Tests patch :func:`run` (and :func:`run_decode`) to
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+import torch
 from torch import Tensor
 
 from .._options import AttentionOptions
+from ..flex.block_mask import DEFAULT_BLOCK_SIZE, classified_block_mask
 from ..reference.dense import dense_forward
 from ..reference.online import tiled_attention
+from ..reference.workers import chunk_pool
 from .planner import Plan, batched, tiles, transforms_active
 from .rows import fold, unfold
 
@@ -32,10 +38,24 @@ def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
     return ("query_major", block_m, block_n) if batched(p.backend, opts) else (order, block_m, block_n)
 
 
+def with_block_mask(opts: AttentionOptions, device: torch.device) -> AttentionOptions:
+    """A call with a ``mask_mod`` but no block mask, its tiles classified once (``create_block_mask``'s
+    classification at its default block size, on the worker threads on the CPU), so that every backend skips
+    the tiles it hides and runs the tiles it shows whole without it; any other call as it is."""
+    mods = opts.mask.mods
+    s = opts.shapes
+    if mods is None or mods.mask_mod is None or mods.block_mask is not None or not (s.N_q and s.N_k):
+        return opts
+    B, H = math.prod(s.batch), s.H_q if len(s.score_shape) > 2 else 1
+    block = (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCK_SIZE)
+    bm = classified_block_mask(mods.mask_mod, B, H, s.N_q, s.N_k, block, device, pool=chunk_pool())
+    return replace(opts, mask=replace(opts.mask, mods=replace(mods, block_mask=bm), _tilings={}))
+
+
 def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of checked inputs by the planned backend; a call with dropout draws its key here, once,
-    unless ``opts`` carries one already."""
-    opts = opts.with_dropout()
+    unless ``opts`` carries one already, and a ``mask_mod`` is classified here (:func:`with_block_mask`)."""
+    opts = with_block_mask(opts.with_dropout(), q.device)
     if p.backend == "dense":
         return dense_forward(q, k, v, opts)
     if p.backend == "triton":

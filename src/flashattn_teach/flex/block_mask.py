@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from .classify import MaskMod, retile, tile_visibility
+from .classify import MaskMod, Pool, retile, tile_visibility
 from .combinators import noop_mask
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
@@ -294,7 +294,8 @@ class BlockMask:
             if n == limit:
                 pictures.append(f"... (to_string(limit=N) draws more; {kinds.shape[0] * kinds.shape[1]} in all)")
                 break
-            lines = [f"(b={b}, h={h})" + (" for every (b, h)" if kinds.shape[:2] == (1, 1) else "")]
+            # a size-1 dim of the kinds stands for every batch element (head): "b=*"
+            lines = [f"(b={'*' if kinds.shape[0] == 1 else b}, h={'*' if kinds.shape[1] == 1 else h})"]
             for r in range(0, T_r, step_r):
                 line = ""
                 for c in range(0, T_c, step_c):
@@ -374,11 +375,12 @@ def classified_block_mask(
     *,
     kinds: Tensor | None = None,
     separate_full_blocks: bool = True,
+    pool: Pool | None = None,
 ) -> BlockMask:
     """The block mask of checked arguments: ``kinds`` if already classified (the CUDA kernel's), else
     classified here with torch ops, chunk by chunk of tiles (:func:`~flashattn_teach.flex.classify.tile_visibility`)."""
     if kinds is None:
-        some, every = tile_visibility(mask_mod, B, H, Q_LEN, KV_LEN, block[0], block[1], device)
+        some, every = tile_visibility(mask_mod, B, H, Q_LEN, KV_LEN, block[0], block[1], device, pool=pool)
         kinds = kinds_from_visibility(some, every)
     if not separate_full_blocks:
         kinds = torch.where(kinds == KIND_FULL, KIND_PARTIAL, kinds).to(torch.int8)

@@ -14,8 +14,10 @@ index tensors, as the CPU attention paths do:
     kv_idx  (1, C)            int64, the chunk's key columns
     mask_mod(b, h, q_idx, kv_idx) -> bool, broadcastable to (bs, hs, R, C)
 
-and reduced to the chunk's tiles before the next chunk is evaluated, so the peak memory is one chunk
-(:data:`CHUNK_ELEMENTS`) plus the two ``O(B H T_r T_c)`` tile tables.
+and reduced to the chunk's tiles, so the peak memory is one chunk (:data:`CHUNK_ELEMENTS`) per worker plus
+the two ``O(B H T_r T_c)`` tile tables. On the CPU the chunks run on the ``parallel`` path's worker threads,
+each with single-threaded torch ops (:mod:`flashattn_teach.reference.workers`), which keeps a busy core from
+stalling every op; a small call, or another device, runs them in the calling thread.
 
 Broadcasting does the rest: a ``mask_mod`` that never reads ``b`` (or ``h``) returns a result of size 1
 along it, and then one classification serves every batch element (head). :func:`result_dims` finds that
@@ -27,7 +29,7 @@ so a ragged block is never "every element visible" (it is run with ``mask_mod``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,24 +39,34 @@ from ..errors import AttentionTypeError, AttentionValueError
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+# Runs a task on every chunk's arguments (the CPU worker pool of flashattn_teach.reference.workers, which
+# the callers above this layer pass in): ``pool(task, chunks)``.
+Pool = Callable[[Callable[..., None], Sequence[tuple[int, ...]]], None]
 
 # Elements of mask_mod's result evaluated at once: 2**20 bools (1 MiB), a few MiB with the int64
 # intermediates a typical mask_mod makes (q_idx - kv_idx), and few enough Python calls at N = 16384.
 CHUNK_ELEMENTS = 1 << 20
+# Below this many elements in all, the chunks run in the calling thread (a pool's start-up costs more).
+MIN_PARALLEL_ELEMENTS = 1 << 22
 
 
-def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
-    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
-    out = mask_mod(b, h, q_idx, kv_idx)
+def _bool_result(out: object, device: torch.device) -> Tensor:
+    """``mask_mod``'s result as a tensor, refused unless bool."""
     if not isinstance(out, Tensor):
-        out = torch.as_tensor(out, device=q_idx.device)
+        out = torch.as_tensor(out, device=device)
     if out.dtype != torch.bool:
         raise AttentionTypeError(
             f"mask_mod must return a bool tensor (True where query q_idx may see key kv_idx), got {out.dtype}: "
             "return a comparison such as q_idx >= kv_idx; a function of (score, b, h, q_idx, kv_idx) is a "
             "score_mod, which flex_attention takes as score_mod="
         )
+    return out
+
+
+def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
+    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
+    out = _bool_result(mask_mod(b, h, q_idx, kv_idx), q_idx.device)
     try:
         return out.broadcast_to(shape)
     except RuntimeError:
@@ -71,9 +83,7 @@ def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tupl
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     zero = torch.zeros(1, 1, dtype=torch.int64, device=device)
-    out = mask_mod(b, h, zero, zero)
-    if not isinstance(out, Tensor):
-        out = torch.as_tensor(out, device=device)
+    out = _bool_result(mask_mod(b, h, zero, zero), device)
     shape = torch.broadcast_shapes(out.shape, (1, 1, 1, 1))
     if len(shape) != 4 or shape[0] not in (1, B) or shape[1] not in (1, H) or shape[2:] != (1, 1):
         raise AttentionValueError(
@@ -94,6 +104,7 @@ def tile_visibility(
     device: torch.device,
     *,
     chunk_elements: int = CHUNK_ELEMENTS,
+    pool: Pool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(some, every)``, bool ``(B|1, H|1, T_r, T_c)``: whether some element of tile (i, j) is visible, and
     whether every one of its ``block_m x block_n`` is (padding past ``N_q``, ``N_k`` is not). Evaluates
@@ -110,27 +121,35 @@ def tile_visibility(
     bs = min(B_o, max(1, tiles // (tc * tr * hs)))
     rows = torch.arange(N_q, device=device).view(N_q, 1)
     cols = torch.arange(N_k, device=device).view(1, N_k)
-    for b0 in range(0, B_o, bs):
-        b = torch.arange(b0, min(b0 + bs, B_o), device=device).view(-1, 1, 1, 1)
-        for h0 in range(0, H_o, hs):
-            h = torch.arange(h0, min(h0 + hs, H_o), device=device).view(1, -1, 1, 1)
-            for i0 in range(0, T_r, tr):
-                i1 = min(i0 + tr, T_r)
-                q_idx = rows[i0 * block_m : i1 * block_m]
-                for j0 in range(0, T_c, tc):
-                    j1 = min(j0 + tc, T_c)
-                    kv_idx = cols[:, j0 * block_n : j1 * block_n]
-                    visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
-                    # a ragged last block: pad with invisible elements, as torch does
-                    pad_c = (j1 - j0) * block_n - kv_idx.shape[1]
-                    pad_r = (i1 - i0) * block_m - q_idx.shape[0]
-                    if pad_r or pad_c:
-                        visible = F.pad(visible, (0, pad_c, 0, pad_r))
-                    # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)
-                    t = visible.reshape(b.shape[0], h.shape[1], i1 - i0, block_m, j1 - j0, block_n)
-                    where = (slice(b0, b0 + b.shape[0]), slice(h0, h0 + h.shape[1]), slice(i0, i1), slice(j0, j1))
-                    some[where] = t.any(dim=5).any(dim=3)
-                    every[where] = t.all(dim=5).all(dim=3)
+
+    def classify_chunk(b0: int, b1: int, h0: int, h1: int, i0: int, i1: int, j0: int, j1: int) -> None:
+        b = torch.arange(b0, b1, device=device).view(-1, 1, 1, 1)
+        h = torch.arange(h0, h1, device=device).view(1, -1, 1, 1)
+        q_idx, kv_idx = rows[i0 * block_m : i1 * block_m], cols[:, j0 * block_n : j1 * block_n]
+        visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
+        # a ragged last block: pad with invisible elements, as torch does
+        pad_r, pad_c = (i1 - i0) * block_m - q_idx.shape[0], (j1 - j0) * block_n - kv_idx.shape[1]
+        if pad_r or pad_c:
+            visible = F.pad(visible, (0, pad_c, 0, pad_r))
+        # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)
+        t = visible.reshape(b1 - b0, h1 - h0, i1 - i0, block_m, j1 - j0, block_n)
+        some[b0:b1, h0:h1, i0:i1, j0:j1] = t.any(dim=5).any(dim=3)
+        every[b0:b1, h0:h1, i0:i1, j0:j1] = t.all(dim=5).all(dim=3)
+
+    chunks = [
+        (b0, min(b0 + bs, B_o), h0, min(h0 + hs, H_o), i0, min(i0 + tr, T_r), j0, min(j0 + tc, T_c))
+        for b0 in range(0, B_o, bs)
+        for h0 in range(0, H_o, hs)
+        for i0 in range(0, T_r, tr)
+        for j0 in range(0, T_c, tc)
+    ]
+    # CPU chunks go to the worker threads with single-threaded ops (``pool``, the parallel path's), as its
+    # tiles do: one multi-threaded op per chunk stalls at its barrier whenever another process holds a core
+    if pool is None or device.type != "cpu" or B_o * H_o * N_q * N_k < MIN_PARALLEL_ELEMENTS:
+        for chunk in chunks:
+            classify_chunk(*chunk)
+    else:
+        pool(classify_chunk, chunks)
     return some, every
 
 

@@ -11,6 +11,7 @@ first torch call during that window adopts 1.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -92,3 +93,12 @@ def run_tasks(task: Callable[..., None], args: Iterable[tuple], *, inline: bool,
 def _no_grad(task: Callable[..., None], *args) -> None:
     with torch.no_grad():  # grad mode is per thread, and on by default in a new one
         task(*args)
+
+
+def chunk_pool() -> Callable[[Callable[..., None], Iterable[tuple[int, ...]]], None] | None:
+    """``pool(task, chunks)`` on the worker threads, for work split in chunks outside the tile loops (the
+    block-mask classification, :mod:`flashattn_teach.flex.classify`); None with one worker."""
+    workers = default_workers()
+    if workers <= 1:
+        return None
+    return functools.partial(run_tasks, inline=False, workers=workers)

@@ -19,6 +19,7 @@ from ..errors import AttentionValueError
 from ..flex.block_mask import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 from ..flex.classify import MaskMod, result_dims
 from .support import triton_reason
+from .usermod import UnsupportedUserFunction, compile_mask_mod
 
 MAX_CAPTURE_SLOTS = 4  # the kernel's pointer arguments C0..C3
 
@@ -55,6 +56,8 @@ def launch_block_kinds(
     kinds = torch.empty(B_o, H_o, T_r, T_c, dtype=torch.int8, device=device)
     # unused pointer slots get a tensor the generated function never reads
     C = [*captures, *[kinds] * (MAX_CAPTURE_SLOTS - len(captures))]
+    # about 64 tile elements per thread (32 threads a warp): a 128 x 128 tile on 4 warps ran out of registers
+    num_warps = min(8, max(1, block_m * block_n // (64 * 32)))
     block_kinds_kernel[(B_o, H_o, T_r)](
         kinds,
         *kinds.stride(),
@@ -68,6 +71,7 @@ def launch_block_kinds(
         KIND_SKIP=KIND_SKIP,
         KIND_PARTIAL=KIND_PARTIAL,
         KIND_FULL=KIND_FULL,
+        num_warps=num_warps,
     )
     return kinds
 
@@ -77,17 +81,16 @@ def triton_block_kinds(
 ) -> Tensor | None:
     """The kinds of ``mask_mod``'s tiles, int8 ``(B|1, H|1, T_r, T_c)``, from the Triton kernel; None when it
     cannot run this function (see the module docstring); then the caller classifies with torch ops."""
-    from ..flex.captures import captured_tensors
-    from .usermod import MAX_CAPTURES, UnsupportedUserFunction, compile_mask_mod
+    from ..flex.captures import captured_tensors  # the lead's module (flex/captures.py)
 
     if triton_reason() is not None or not (_power_of_two(block_m) and _power_of_two(block_n)):
         return None
-    captures = captured_tensors(mask_mod)
-    if len(captures) > min(MAX_CAPTURES, MAX_CAPTURE_SLOTS) or any(c.device != device for c in captures):
-        return None
     try:
-        compiled = compile_mask_mod(mask_mod, captures)
+        compiled = compile_mask_mod(mask_mod, captured_tensors(mask_mod))
     except UnsupportedUserFunction:
+        return None
+    # the kernel reads the captures through raw pointers: each must be on the device
+    if len(compiled.captures) > MAX_CAPTURE_SLOTS or any(c.device != device for c in compiled.captures):
         return None
     B_o, H_o = result_dims(mask_mod, B, H, device)
     return launch_block_kinds(compiled.jit, compiled.captures, B_o, H_o, N_q, N_k, block_m, block_n, device)

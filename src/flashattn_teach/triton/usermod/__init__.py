@@ -12,12 +12,14 @@ there, so ``triton.jit`` can read it (``inspect.getsource``) both compiled and i
 
 The kernels pass ``compiled.captures`` (the tensors the function reads, in slot order) as ``C0..C3``.
 Supported inside a function: ``+ - * / // % ** (by a number)``, unary ``-``, ``abs``, comparisons,
-``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor``, ``maximum``,
-``minimum``, ``clamp``, ``.to(dtype)`` and the cast methods, ``full_like / zeros_like / ones_like`` and
-``new_full / new_zeros / new_ones`` of size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into
-captured tensors with integer expressions of ``b, h, q_idx, kv_idx`` (results of lookups included).
-Not translated: reductions, Python control flow on tensors, slices, and numbers read from a captured
-tensor at trace time (``.item()``: they would be baked into the source).
+``& | ^ ~``, ``torch.where``, ``exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor ceil sign
+relu``, ``maximum``, ``minimum`` (and two-tensor ``max`` / ``min``), ``clamp``, ``.to(dtype)`` and the cast
+methods, ``detach``, ``full_like / zeros_like / ones_like`` and ``new_full / new_zeros / new_ones`` of
+size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into captured tensors with integer expressions
+of ``b, h, q_idx, kv_idx`` (results of lookups included; ``cap[i][j]`` too). Not translated, refused by
+name and line: reductions, Python control flow on tensors, slices, shapes. Caveats: integers are int32
+(int64 where a capture or ``.long()`` makes them so), floats fp32 (``.double()`` included); a number read
+from a captured tensor at trace time (``.item()``) would be baked into the source, so do not.
 """
 
 from __future__ import annotations
@@ -136,20 +138,31 @@ def _load(source: str) -> ModuleType:
     name = f"flashattn_teach_usermod_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    folder = os.path.join(tempfile.gettempdir(), "flashattn_teach_usermod")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.py")
-    if not os.path.exists(path) or open(path, encoding="utf-8").read() != source:
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-            f.write(source)
-        os.replace(partial, path)  # atomic: a concurrent process reads the old or the new file, whole
+    try:
+        path = _write(os.path.join(tempfile.gettempdir(), "flashattn_teach_usermod"), name, source)
+    except OSError:  # a shared folder another user owns: a private one for this process
+        path = _write(tempfile.mkdtemp(prefix="flashattn_teach_usermod_"), name, source)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _write(folder: str, name: str, source: str) -> str:
+    """``folder/name.py`` holding ``source``; written atomically, so a concurrent process reads it whole."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.py")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read() == source:
+                return path
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(source)
+    os.replace(partial, path)
+    return path
 
 
 def _translate(fn: Callable[..., Any], captures: Sequence[Tensor], kind: str, load: bool) -> _Translation:

@@ -8,16 +8,17 @@
 positions), ``score`` is fp32 in natural units. ``Ck`` points at the k-th captured tensor the function
 reads; its sizes and strides are literals here, and every lookup is ``tl.load(Ck + i0*s0 + ...)`` masked by
 the sizes (a negative index counts from the end, as in torch; one out of range reads 0), so a ragged tile
-reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int32 (ints)
-and int1 (bools). Integer ``//`` and ``%`` follow Python (floor), not C (truncation), as torch does; a
+reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int32 (ints;
+values of an int64 capture and ``.long()`` results stay int64, so large ids compare exactly) and int1
+(bools). Integer ``//`` and ``%`` follow Python (floor), not C (truncation), as torch does; a
 division by a constant multiplies by its reciprocal (within an ulp; the built-in softcap does the same).
 """
 
 from __future__ import annotations
 
 from .graph import CaptureLayout, Graph, Node
+from .standin import UnsupportedUserFunction
 from .tangent import tangent
-from .trace import UnsupportedUserFunction
 
 #: helper @triton.jit functions the generated code may call, emitted only when used
 _HELPERS = {
@@ -42,13 +43,15 @@ def _mod(a, b):
 
 _FLOAT_LIBRARY = {"exp": "tl.exp", "log": "tl.log", "exp2": "tl.exp2", "log2": "tl.log2", "sin": "tl.sin",
                   "cos": "tl.cos", "sigmoid": "tl.sigmoid", "sqrt": "tl.sqrt_rn", "rsqrt": "tl.rsqrt",
-                  "floor": "tl.floor", "abs": "tl.abs", "tanh": "_tanh"}  # fmt: skip
+                  "floor": "tl.floor", "ceil": "tl.ceil", "abs": "tl.abs", "tanh": "_tanh"}  # fmt: skip
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
 _NAN_ALL = "propagate_nan=tl.PropagateNan.ALL"  # torch.maximum / minimum / clamp propagate NaN
-_LOAD_CAST = {"float32": "", "int32": "", "bool": "", "float64": ".to(tl.float32)", "float16": ".to(tl.float32)",
-              "bfloat16": ".to(tl.float32)"}  # fmt: skip
+# what a loaded value is converted to: fp32 for floats, int32 for narrow ints; int32, int64 and bool stay
+_LOAD_CAST = {"float32": "", "int32": "", "int64": "", "bool": "", "float64": ".to(tl.float32)",
+              "float16": ".to(tl.float32)", "bfloat16": ".to(tl.float32)"}  # fmt: skip
 _INT32_MAX = 2**31 - 1
+_FP32_NORMAL = 2.0**-126  # the smallest normal fp32: within (2^-126, 2^126) a reciprocal is finite and normal
 
 
 def literal(value: bool | int | float, kind: str) -> str:
@@ -113,7 +116,7 @@ class _Function:
     def expression(self, n: Node) -> str:
         a = [self.ref(x) for x in n.args]
         float_op = n.args[0].kind == "f"
-        if n.op == "truediv" and n.args[1].op == "const" and n.args[1].value not in (0, float("inf"), float("-inf")):
+        if n.op == "truediv" and n.args[1].op == "const" and _FP32_NORMAL < abs(n.args[1].value) < 1 / _FP32_NORMAL:
             # x / c as x * (1 / c), as the built-in softcap scales: a multiply, within an ulp of the quotient
             return f"{a[0]} * {literal(1.0 / n.args[1].value, 'f')}"
         if n.op in ("and", "or", "xor") and n.kind == "b":
@@ -144,6 +147,12 @@ class _Function:
             return out
         if n.op == "not":
             return f"{a[0]} == 0" if n.kind == "b" else f"~{a[0]}"
+        if n.op == "relu":  # max(x, 0), NaN kept as torch.relu keeps it
+            zero = literal(0, n.kind)
+            return f"tl.maximum({a[0]}, {zero}{', ' + _NAN_ALL if n.kind == 'f' else ''})"
+        if n.op == "sign":
+            one, zero = literal(1, n.kind), literal(0, n.kind)
+            return f"tl.where({a[0]} > {zero}, {one}, tl.where({a[0]} < {zero}, -{one}, {a[0]} * {zero}))"
         if n.op == "detach":
             return a[0]  # the same value; only its derivative is zero
         if n.op == "neg":
@@ -162,6 +171,8 @@ class _Function:
                 return f"{a[0]} != 0"
             if target in ("float16", "bfloat16"):
                 return f"{a[0]}.to(tl.{target}).to(tl.float32)"
+            if target in ("int16", "int8", "uint8"):  # wraps as torch's cast does, then computes in int32
+                return f"{a[0]}.to(tl.{target}).to(tl.int32)"
             return f"{a[0]}.to(tl.{target})"
         if n.op == "pow":
             return self.power(n, a[0])
@@ -234,11 +245,13 @@ class _Function:
 
 
 def _docstring(graph: Graph, what: str) -> str:
-    reads = "; ".join(
-        f"C{k} = captures[{p}], shape {lay.shape}, strides {lay.strides}, {lay.dtype}"
+    reads = [
+        f"    C{k} = captures[{p}]: shape {lay.shape}, strides {lay.strides}, {lay.dtype}"
         for k, (p, lay) in enumerate(zip(graph.slots, graph.layouts, strict=True))
-    )
-    return f'    """{what} of {graph.name} ({graph.where}). Reads: {reads or "no captured tensor"}."""'
+    ]
+    if not reads:
+        return f'    """{what} of {graph.name} ({graph.where}); reads no captured tensor."""'
+    return "\n".join([f'    """{what} of {graph.name} ({graph.where}).', "", *reads, '    """'])
 
 
 def _function(graph: Graph, name: str, root: Node | None, helpers: set[str], what: str) -> str:

@@ -4,7 +4,8 @@ A ``score_mod(score, b, h, q_idx, kv_idx)`` or ``mask_mod(b, h, q_idx, kv_idx)``
 stand-ins (``trace.py``); every operation it performs becomes a :class:`Node`. Nodes are interned (the
 same operation on the same operands is one node), created in topological order, and carry:
 
-    kind   "f" (computed in fp32), "i" (int32) or "b" (int1), torch's type promotion with b < i < f
+    kind   "f" (computed in fp32), "i" (int32; int64 from an int64 capture or ``.long()``) or "b" (int1),
+           with torch's type promotion, b < i < f
     dims   which of the tile's axes the value varies along: "m" (query rows, from q_idx or score),
            "n" (key columns, from kv_idx or score); b and h are scalars, so {} is a scalar
     site   the user's ``file:line`` that created it (for errors and for comments in the generated source)
@@ -18,7 +19,7 @@ Operations (``op``) and their operands:
     add sub mul truediv floordiv mod maximum minimum             binary arithmetic
     lt le gt ge eq ne                                             comparisons (kind "b")
     and or xor                                                    logical on "b", bitwise on "i"
-    detach not neg abs exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor   unary
+    detach not neg abs relu sign exp log exp2 log2 tanh sigmoid sqrt rsqrt sin cos tan floor ceil   unary
     where    args = (cond, x, y)
     clamp    args = (x, lo, hi), lo or hi may be the const None
     pow      args = (x,), params = (exponent,)   x ** c for a Python number c

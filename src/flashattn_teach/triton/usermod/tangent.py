@@ -6,10 +6,10 @@ pointwise in ``score``, one forward-mode pass does it: every node gets a tangent
 which are torch's autograd formulas so that the kernels' gradients agree with autograd's on the CPU:
 
     x + y: dx + dy           x * y: dx y + x dy        x / y: dx / y - dy (x / y) / y
-    x % y: dx - dy floor(x / y)                        x // y, floor, detach, casts to int/bool, lookups: 0
+    x % y: dx - dy floor(x / y)                        x // y, floor, ceil, sign, detach, casts to int/bool, lookups: 0
     exp: dx e^x   exp2: dx 2^x ln2   log: dx / x   log2: dx / (x ln2)   tanh: dx (1 - t^2)
     sigmoid: dx s (1 - s)   sqrt: dx / (2 r)   rsqrt: -dx r^3 / 2   sin: dx cos   cos: -dx sin   tan: dx (1 + t^2)
-    abs: dx sign(x)          x ** c: dx c x^(c-1) (0 for c = 0)
+    abs: dx sign(x)          relu: dx where x > 0     x ** c: dx c x^(c-1) (0 for c = 0)
     where(c, x, y): where(c, dx, dy)
     maximum(x, y): dx where x > y, dy where x < y, (dx + dy) / 2 at ties (torch splits ties evenly)
     clamp(x, lo, hi): dx where lo <= x <= hi, dlo where x < lo, dhi where x > hi
@@ -21,23 +21,9 @@ import math
 
 from .graph import Graph, Node
 
-_ZERO_TANGENT = (
-    "const",
-    "gather",
-    "detach",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "eq",
-    "ne",
-    "and",
-    "or",
-    "xor",
-    "not",
-    "floordiv",
-    "floor",
-)
+# ops whose result is piecewise constant in score (or no float at all): a zero tangent
+_ZERO_TANGENT = {"const", "gather", "detach", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "not",
+                 "floordiv", "floor", "ceil", "sign"}  # fmt: skip
 
 
 class _Builder:
@@ -124,6 +110,8 @@ def _rule(f: _Builder, n: Node, d: list[Node | None]) -> Node | None:
     if n.op == "abs":
         zero = f.c(0.0)
         return f.where(f.cmp("gt", x, zero), d[0], f.where(f.cmp("lt", x, zero), f.neg(d[0]), None))
+    if n.op == "relu":
+        return f.where(f.cmp("gt", x, f.c(0.0)), d[0], None)
     if n.op == "exp":
         return f.mul(d[0], n)
     if n.op == "exp2":

@@ -1,13 +1,10 @@
 """Trace a user ``score_mod`` / ``mask_mod`` into a :class:`~.graph.Graph`, without torch.compile.
 
-The function is called once with stand-ins (:class:`Traced`) for ``score, b, h, q_idx, kv_idx``. A
-stand-in is not a tensor: it implements ``__torch_function__`` and the Python operators, so every torch
-function, tensor method and operator the user's code applies to it, and every lookup ``cap[idx, ...]``
-into a captured tensor with stand-in indices, reaches :meth:`Tracer.apply` and becomes a graph node.
-Functions that call other functions (``and_masks``-style closures) trace through, since only the
-operations on stand-ins are recorded. Anything the translator cannot express raises
-:class:`UnsupportedUserFunction` naming the operation and the user's ``file:line``; so does Python control
-flow on a stand-in (``if``, ``and``, ``or``, ``int()``), whose outcome would differ element by element.
+The function is called once with stand-ins (:class:`~.standin.Traced`) for ``score, b, h, q_idx,
+kv_idx``; every operation on them reaches :meth:`Tracer.apply`, which checks it, applies torch's type
+promotion and adds a graph node. Functions that call other functions (``and_masks``-style closures) trace
+through, since only the operations on stand-ins are recorded. Anything the translator cannot express
+raises :class:`~.standin.UnsupportedUserFunction` naming the operation and the user's ``file:line``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any
 
 import torch
@@ -26,12 +22,11 @@ from torch import Tensor
 from flashattn_teach.errors import AttentionValueError
 
 from .graph import INPUTS, CaptureLayout, Graph, Node, promote
+from .standin import PACKAGE_DIR, TORCH_DIR, PartialGather, Traced, UnsupportedUserFunction, user_site
 
 #: the most captured tensors one user function may read in the Triton kernels (pointers C0..C3)
 MAX_CAPTURES = 4
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 #: torch dtypes of gathered values and casts -> the kind they are computed in ("f" fp32, "i" int32, "b")
 _DTYPE_KIND = {
@@ -46,23 +41,6 @@ _DTYPE_KIND = {
     torch.uint8: "i",
     torch.bool: "b",
 }
-_KIND_DTYPE = {"f": torch.float32, "i": torch.int64, "b": torch.bool}  # what torch's eager call would hold
-
-
-class UnsupportedUserFunction(AttentionValueError):
-    """A ``score_mod`` / ``mask_mod`` uses something the Triton translator cannot express; the message names
-    the operation and the user's ``file:line``. Such a call runs on the CPU reference."""
-
-
-def user_site(frame: FrameType | None = None) -> str:
-    """``file:line`` of the innermost frame outside this package and torch: the user's line being traced."""
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_HERE) or path.startswith(_TORCH)):
-            return f"{os.path.basename(path)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>:0"
 
 
 def _function_site(fn: Callable[..., Any]) -> str:
@@ -74,178 +52,6 @@ def _function_site(fn: Callable[..., Any]) -> str:
     return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
 
 
-def _op_name(func: Any) -> str:
-    """A reader's name for a torch callable: ``torch.softmax``, ``Tensor.softmax``, ``torch.nn.functional.relu``."""
-    name = getattr(func, "__name__", repr(func))
-    if getattr(func, "__objclass__", None) is not None or getattr(torch.Tensor, name, None) is func:
-        return f"Tensor.{name}"
-    module = getattr(func, "__module__", None) or "torch"
-    module = "torch" if module.startswith("torch._C") else module
-    return f"{module}.{name}"
-
-
-class Traced:
-    """The tracer's stand-in for a tensor in the user's function: one graph node."""
-
-    __slots__ = ("node", "tracer")
-
-    def __init__(self, tracer: Tracer, node: Node) -> None:
-        self.tracer = tracer
-        self.node = node
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
-        tracer = next(a.tracer for a in _flat(args, kwargs) if isinstance(a, (Traced, PartialGather)))
-        return tracer.apply(func, _op_name(func), getattr(func, "__name__", ""), list(args), dict(kwargs or {}))
-
-    # --- Python's operators, each the torch function it stands for --------------------------------------
-    def _op(self, name: str, *args: Any) -> Any:
-        return self.tracer.apply(None, f"Tensor.{name}", name, [self, *args], {})
-
-    def __add__(self, o: Any) -> Any: return self._op("__add__", o)  # fmt: skip
-
-    def __radd__(self, o: Any) -> Any: return self._op("__radd__", o)  # fmt: skip
-
-    def __sub__(self, o: Any) -> Any: return self._op("__sub__", o)  # fmt: skip
-
-    def __rsub__(self, o: Any) -> Any: return self._op("__rsub__", o)  # fmt: skip
-
-    def __mul__(self, o: Any) -> Any: return self._op("__mul__", o)  # fmt: skip
-
-    def __rmul__(self, o: Any) -> Any: return self._op("__rmul__", o)  # fmt: skip
-
-    def __truediv__(self, o: Any) -> Any: return self._op("__truediv__", o)  # fmt: skip
-
-    def __rtruediv__(self, o: Any) -> Any: return self._op("__rtruediv__", o)  # fmt: skip
-
-    def __floordiv__(self, o: Any) -> Any: return self._op("__floordiv__", o)  # fmt: skip
-
-    def __rfloordiv__(self, o: Any) -> Any: return self._op("__rfloordiv__", o)  # fmt: skip
-
-    def __mod__(self, o: Any) -> Any: return self._op("__mod__", o)  # fmt: skip
-
-    def __rmod__(self, o: Any) -> Any: return self._op("__rmod__", o)  # fmt: skip
-
-    def __pow__(self, o: Any) -> Any: return self._op("__pow__", o)  # fmt: skip
-
-    def __rpow__(self, o: Any) -> Any: return self._op("__rpow__", o)  # fmt: skip
-
-    def __and__(self, o: Any) -> Any: return self._op("__and__", o)  # fmt: skip
-
-    def __rand__(self, o: Any) -> Any: return self._op("__rand__", o)  # fmt: skip
-
-    def __or__(self, o: Any) -> Any: return self._op("__or__", o)  # fmt: skip
-
-    def __ror__(self, o: Any) -> Any: return self._op("__ror__", o)  # fmt: skip
-
-    def __xor__(self, o: Any) -> Any: return self._op("__xor__", o)  # fmt: skip
-
-    def __rxor__(self, o: Any) -> Any: return self._op("__rxor__", o)  # fmt: skip
-
-    def __lt__(self, o: Any) -> Any: return self._op("__lt__", o)  # fmt: skip
-
-    def __le__(self, o: Any) -> Any: return self._op("__le__", o)  # fmt: skip
-
-    def __gt__(self, o: Any) -> Any: return self._op("__gt__", o)  # fmt: skip
-
-    def __ge__(self, o: Any) -> Any: return self._op("__ge__", o)  # fmt: skip
-
-    def __eq__(self, o: Any) -> Any: return self._op("__eq__", o)  # type: ignore[override]  # fmt: skip
-
-    def __ne__(self, o: Any) -> Any: return self._op("__ne__", o)  # type: ignore[override]  # fmt: skip
-
-    def __neg__(self) -> Any: return self._op("__neg__")  # fmt: skip
-
-    def __pos__(self) -> Any: return self  # fmt: skip
-
-    def __abs__(self) -> Any: return self._op("__abs__")  # fmt: skip
-
-    def __invert__(self) -> Any: return self._op("__invert__")  # fmt: skip
-
-    def __getitem__(self, index: Any) -> Any: return self._op("__getitem__", index)  # fmt: skip
-
-    __hash__ = object.__hash__
-
-    # --- Python control flow on a value that differs element by element ----------------------------------
-    def _control_flow(self, what: str) -> UnsupportedUserFunction:
-        return self.tracer.unsupported(
-            f"uses a tensor in Python control flow ({what})",
-            hint="the value differs element by element; write torch.where(cond, a, b) or & | ~ instead",
-        )
-
-    def __bool__(self) -> bool:
-        raise self._control_flow("`if`, `and`, `or`, `not` or bool()")
-
-    def __int__(self) -> int:
-        raise self._control_flow("int()")
-
-    def __float__(self) -> float:
-        raise self._control_flow("float() or a math.* function")
-
-    def __index__(self) -> int:
-        raise self._control_flow("a Python index or range()")
-
-    def __len__(self) -> int:
-        raise self._control_flow("len()")
-
-    def __iter__(self) -> Any:
-        raise self._control_flow("iteration")
-
-    # --- attributes: the few a pointwise function reads, and the tensor methods ---------------------------
-    @property
-    def dtype(self) -> torch.dtype:
-        return _KIND_DTYPE[self.node.kind]
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")  # never used: the generated code runs where the kernel runs
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        method = getattr(torch.Tensor, name, None)
-        if method is None:
-            raise AttributeError(name)
-        return lambda *args, **kwargs: self.tracer.apply(method, f"Tensor.{name}", name, [self, *args], kwargs)
-
-
-class PartialGather:
-    """``cap[i0]`` of a captured tensor with more dimensions: only further indexing may follow."""
-
-    __slots__ = ("indices", "slot", "tracer")
-
-    def __init__(self, tracer: Tracer, slot: int, indices: tuple[Node, ...]) -> None:
-        self.tracer = tracer
-        self.slot = slot
-        self.indices = indices
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
-        tracer = next(a.tracer for a in _flat(args, kwargs) if isinstance(a, (Traced, PartialGather)))
-        raise tracer.unsupported(
-            f"uses {_op_name(func)} on part of a captured tensor", hint="index every dimension: cap[i, j]"
-        )
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.tracer.gather(self.slot, self.indices, index)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise self.tracer.unsupported(f"uses .{name} of part of a captured tensor", hint="index every dimension")
-
-
-def _flat(args: Sequence[Any], kwargs: Any) -> list[Any]:
-    """Arguments with tuples and lists (of indices, of clamp bounds) opened one level."""
-    out: list[Any] = []
-    for a in [*args, *(kwargs or {}).values()]:
-        if isinstance(a, (tuple, list)):
-            out.extend(a)
-        else:
-            out.append(a)
-    return out
-
-
 # torch names (functions, methods, operators) -> the graph op; reflected operators swap their operands
 _BINARY = {
     "add": "add", "__add__": "add", "__radd__": "add",
@@ -255,7 +61,7 @@ _BINARY = {
     "__rtruediv__": "truediv", "__div__": "truediv", "__rdiv__": "truediv",
     "floor_divide": "floordiv", "__floordiv__": "floordiv", "__rfloordiv__": "floordiv",
     "remainder": "mod", "__mod__": "mod", "__rmod__": "mod",
-    "maximum": "maximum", "max": "maximum", "fmax": "maximum", "minimum": "minimum", "min": "minimum",
+    "maximum": "maximum", "max": "maximum", "minimum": "minimum", "min": "minimum",
     "lt": "lt", "less": "lt", "__lt__": "lt", "le": "le", "less_equal": "le", "__le__": "le",
     "gt": "gt", "greater": "gt", "__gt__": "gt", "ge": "ge", "greater_equal": "ge", "__ge__": "ge",
     "eq": "eq", "__eq__": "eq", "ne": "ne", "not_equal": "ne", "__ne__": "ne",
@@ -265,9 +71,10 @@ _BINARY = {
 }  # fmt: skip
 _REFLECTED = {"__radd__", "__rsub__", "rsub", "__rmul__", "__rtruediv__", "__rdiv__", "__rfloordiv__",
               "__rmod__", "__rand__", "__ror__", "__rxor__"}  # fmt: skip
-_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan", "floor"}
+_UNARY_FLOAT = {"exp", "log", "exp2", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "sin", "cos", "tan", "floor", "ceil"}
 _UNARY = {"neg": "neg", "negative": "neg", "__neg__": "neg", "abs": "abs", "absolute": "abs",
-          "__abs__": "abs", "logical_not": "not", "bitwise_not": "not", "__invert__": "not",
+          "__abs__": "abs", "logical_not": "not", "bitwise_not": "not", "__invert__": "not", "relu": "relu",
+          "sign": "sign",
           **{name: name for name in _UNARY_FLOAT}}  # fmt: skip
 _CAST_METHODS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
                  "bfloat16": torch.bfloat16, "int": torch.int32, "long": torch.int64, "bool": torch.bool}  # fmt: skip
@@ -339,7 +146,7 @@ class Tracer:
         index = index if isinstance(index, tuple) else (index,)
         nodes = list(done)
         for i in index:
-            if isinstance(i, (Traced, bool, int)) and not isinstance(i, bool):
+            if isinstance(i, (Traced, int, Tensor)) and not isinstance(i, bool):  # a 0-dim capture too
                 node = self.node(i)
                 if node.kind != "i":
                     raise self.unsupported(f"indexes a captured tensor with a {_KIND_NAME[node.kind]} tensor")
@@ -360,12 +167,15 @@ class Tracer:
     def apply(self, func: Any, display: str, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Record torch callable ``func`` (``display`` names it for errors) applied to ``args``."""
         g, site = self.graph, user_site()
-        kwargs = {k: v for k, v in kwargs.items() if not (k in ("device", "layout", "pin_memory") or v is None)}
+        ignored = ("device", "layout", "pin_memory")  # where a value lives means nothing inside a kernel
+        kwargs = {k: v for k, v in kwargs.items() if not (k in ignored or v is None or (k == "inplace" and not v))}
         if name == "__getitem__":
             base, index = args
             if isinstance(base, Tensor):
                 return self.gather(self.slot(base), (), index)
             raise self.unsupported("indexes a traced value", hint="only captured tensors may be indexed")
+        if name in ("max", "min") and not (len(args) == 2 and isinstance(args[1], (Traced, Tensor))):
+            raise self.unsupported(f"uses {display} as a reduction", hint=f"torch.{name}imum(a, b) is elementwise")
         if name in _BINARY and len(args) == 2 and not kwargs.get("rounding_mode"):
             a, b = (args[1], args[0]) if name in _REFLECTED else (args[0], args[1])
             if name in ("sub", "add") and "alpha" in kwargs:
@@ -436,7 +246,7 @@ class Tracer:
         x = self.node(a)
         if op in _UNARY_FLOAT:
             x = self.cast(x, "f")
-        elif op in ("neg", "abs"):
+        elif op in ("neg", "abs", "relu", "sign"):
             if x.kind == "b":
                 raise self.unsupported(f"applies {op} to a bool tensor")
         return Traced(self, self.graph.add(op, (x,), (), x.kind, user_site()))
@@ -489,13 +299,11 @@ class Tracer:
             return x
         if dtype not in _DTYPE_KIND:
             raise self.unsupported(f"casts to {dtype}")
-        kind = _DTYPE_KIND[dtype]
-        if dtype in (torch.float16, torch.bfloat16):
-            # round as torch would, then compute on in fp32
-            rounded = self.graph.add(
-                "cast", (self.cast(node, "f"),), (str(dtype).removeprefix("torch."),), "f", user_site()
-            )
-            return Traced(self, rounded)
+        kind, target = _DTYPE_KIND[dtype], str(dtype).removeprefix("torch.")
+        if dtype in (torch.float16, torch.bfloat16):  # round as torch would, then compute on in fp32
+            return Traced(self, self.graph.add("cast", (self.cast(node, "f"),), (target,), "f", user_site()))
+        if kind == "i" and node.op != "const":  # the width the user asks for: int64 widens, int16 wraps
+            return Traced(self, self.graph.add("cast", (node,), (target,), "i", user_site()))
         return Traced(self, self.cast(node, kind))
 
     def fill(self, display: str, name: str, args: list[Any], kwargs: dict[str, Any]) -> Traced:
@@ -527,7 +335,7 @@ class Tracer:
             raise
         except Exception as exc:  # the user's code failed on stand-ins: name where, and what it raised
             frames = traceback.extract_tb(exc.__traceback__)
-            mine = [f for f in frames if not os.path.abspath(f.filename).startswith((_HERE, _TORCH))]
+            mine = [f for f in frames if not os.path.abspath(f.filename).startswith((PACKAGE_DIR, TORCH_DIR))]
             site = f"{os.path.basename(mine[-1].filename)}:{mine[-1].lineno}" if mine else g.where
             raise UnsupportedUserFunction(
                 f"{self.kind} raised {type(exc).__name__}: {exc} ({site}) while the Triton translator traced it; "
@@ -539,6 +347,13 @@ class Tracer:
                 "support (return an expression of its arguments); the call runs on the CPU reference"
             )
         node = self.node(out)
+        if self.kind == "score_mod" and (node.kind != "f" or not isinstance(out, Traced)):
+            # the CPU paths refuse it too (flex.mods), so the two agree
+            what = f"{_KIND_NAME[node.kind]} tensor" if isinstance(out, Traced) else type(out).__name__
+            raise UnsupportedUserFunction(
+                f"score_mod returns a {what} ({g.where}), not a floating-point tensor (the new scores); "
+                "the call runs on the CPU reference"
+            )
         if self.kind == "mask_mod" and node.kind != "b":
             raise UnsupportedUserFunction(
                 f"mask_mod returns a {_KIND_NAME[node.kind]} tensor ({g.where}), not a bool one (compare it, e.g. "
