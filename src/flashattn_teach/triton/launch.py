@@ -124,10 +124,12 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
             )
 
 
-def mod_args(variants: KernelVariants, placeholder: Tensor, c: KernelConfig, N_q: int, N_k: int) -> tuple[object, ...]:
+def mod_args(
+    variants: KernelVariants, placeholder: Tensor, c: KernelConfig, N_q: int, N_k: int, *, listed: bool
+) -> tuple[object, ...]:
     """:meth:`KernelVariants.mod_args` at the tiles of ``c``, whose kinds table must cover the launch's
     ``cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N)`` tiles."""
-    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N)
+    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N, listed=listed)
     kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
     if kinds is not None:
         need = (-(-N_q // c.BLOCK_M), -(-N_k // c.BLOCK_N))
@@ -226,7 +228,7 @@ def forward(
         (s.scale if signed else abs(s.scale)) * LOG2E.value,
         _offset(s, causal_align, variants),
         *variants.args(lse),
-        *mod_args(variants, lse, c, N_q, N_k),
+        *mod_args(variants, lse, c, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -251,6 +253,7 @@ def forward(
         SCORE_MOD=variants.score_mod_fn,
         MASK_MOD=variants.mask_mod_fn,
         KINDS=variants.has_kinds,
+        LISTED=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -362,7 +365,7 @@ def backward(
             qk_scale,
             offset,
             *variants.args(lse),
-            *mod_args(variants, lse, c, N_q, N_k),
+            *mod_args(variants, lse, c, N_q, N_k, listed=False),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -422,7 +425,7 @@ def backward(
         qk_scale,
         offset,
         *variants.args(lse),
-        *mod_args(variants, lse, c, N_q, N_k),
+        *mod_args(variants, lse, c, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -444,6 +447,7 @@ def backward(
         SCORE_GRAD=variants.score_grad_fn,
         MASK_MOD=variants.mask_mod_fn,
         KINDS=variants.has_kinds,
+        LISTED=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -8,7 +8,8 @@ The kernels take, after ``OFFSET``::
     ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
     CU_SEQLENS_Q, CU_SEQLENS_K, stride_lse_h,
     C0, C1, C2, C3, MC0, MC1, MC2, MC3,
-    TILE_KINDS, stride_kind_b, stride_kind_h, stride_kind_m, stride_kind_n
+    TILE_KINDS, stride_kind_b, stride_kind_h, stride_kind_m, stride_kind_n,
+    TILE_LIST, stride_list_b, stride_list_h, stride_list_m
 
 and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
 :mod:`.masking`, :mod:`.dropout` and :mod:`.varlen`), and ``SCORE_MOD, SCORE_GRAD, MASK_MOD`` (the user's
@@ -41,6 +42,7 @@ SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k", "attn_mask", "sco
 NO_DROPOUT = DropoutKey()
 # score_mod's and mask_mod's captured tensors the kernels take (C0..C3, MC0..MC3): usermod.MAX_CAPTURES
 CAPTURE_SLOTS = 4
+KIND_SKIP = 0  # flashattn_teach.flex.mods.KIND_SKIP
 
 
 class CompiledScoreMod(Protocol):
@@ -175,10 +177,11 @@ class KernelVariants:
             placeholder.shape[-1],
         )
 
-    def mod_args(self, placeholder: Tensor, block_m: int, block_n: int) -> tuple[object, ...]:
+    def mod_args(self, placeholder: Tensor, block_m: int, block_n: int, listed: bool = False) -> tuple[object, ...]:
         """The runtime arguments after ``stride_lse_h``: the captured tensors of score_mod and of mask_mod
-        (``placeholder`` in unused slots) and the tile kinds at a launch's ``block_m x block_n`` tiles with
-        their strides (0 along broadcast dims)."""
+        (``placeholder`` in unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles with
+        their strides (0 along broadcast dims), and with ``listed`` (kernels whose programs own a query
+        block) :func:`tile_list` of them, ``TILE_LIST, stride_list_b, stride_list_h, stride_list_m``."""
         score = () if self.score_mod is None else tuple(self.score_mod.captures)
         mask = () if self.mask_mod is None else tuple(self.mask_mod.captures)
         for name, captures in (("score_mod", score), ("mask_mod", mask)):
@@ -201,7 +204,16 @@ class KernelVariants:
                 stride_m,
                 stride_n,
             )
-        return (*(score + slots)[:CAPTURE_SLOTS], *(mask + slots)[:CAPTURE_SLOTS], *kind_args)
+        list_args: tuple[object, ...] = (placeholder, 0, 0, 0)
+        if listed and kinds is not None:
+            table = tile_list(kinds)
+            list_args = (
+                table,
+                0 if table.shape[0] == 1 else table.stride(0),
+                0 if table.shape[1] == 1 else table.stride(1),
+                table.stride(2),
+            )
+        return (*(score + slots)[:CAPTURE_SLOTS], *(mask + slots)[:CAPTURE_SLOTS], *kind_args, *list_args)
 
     def tile_kinds(self, block_m: int, block_n: int) -> Tensor | None:
         """The block mask's kinds at ``block_m x block_n`` tiles, int8 ``(B|1, H|1, T_r, T_c)``, or None."""
@@ -271,6 +283,19 @@ class KernelVariants:
 
 
 PLAIN = KernelVariants()
+
+
+def tile_list(kinds: Tensor) -> Tensor:
+    """Each query tile's key tiles that are not SKIP, in order: int32 ``(B|1, H|1, T_r, 1 + T_c)`` whose entry
+    0 is their number ``n`` and entries ``1..n`` are ``(j << 2) | kind`` (``kinds`` int8 ``(B|1, H|1, T_r,
+    T_c)``). The forward and dQ kernels loop over it, as FlexAttention's over its ``kv_indices``: a SKIP tile
+    takes no iteration and no branch sits in the loop, whose loads stay pipelined. O(tiles) work."""
+    visited = kinds != KIND_SKIP
+    # stable: the visited tiles first, in key order
+    order = torch.argsort((~visited).to(torch.int8), dim=-1, stable=True)
+    codes = (order.to(torch.int32) << 2) | kinds.gather(-1, order).to(torch.int32)
+    count = visited.sum(-1, keepdim=True, dtype=torch.int32)
+    return torch.cat([count, codes], dim=-1).contiguous()
 
 
 def _compiled_mods(spec: MaskSpec) -> tuple[CompiledScoreMod | None, CompiledMaskMod | None, TileKinds | None]:

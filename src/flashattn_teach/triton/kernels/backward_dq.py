@@ -65,6 +65,7 @@ def _attn_bwd_dq_inner(
     MC3,
     KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
     stride_kind_n,
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -85,6 +86,7 @@ def _attn_bwd_dq_inner(
     SCORE_GRAD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
     the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
@@ -93,11 +95,19 @@ def _attn_bwd_dq_inner(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start in tl.range(start_n, end_n, BLOCK_N):
+    for it in tl.range(start_n, end_n, 1 if LISTED else BLOCK_N):
         kind = KIND_PARTIAL
-        if KINDS:
-            kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
-        if kind != KIND_SKIP:  # a SKIP tile of the block mask adds nothing
+        visit = True
+        if LISTED:  # [start_n, end_n) counts entries of LIST_row, each (j << 2) | kind
+            code = tl.load(LIST_row + 1 + it)
+            start = (code >> 2) * BLOCK_N
+            kind = code & 3
+        else:
+            start = it
+            if KINDS:
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                visit = kind != KIND_SKIP
+        if visit:  # a SKIP tile of the block mask adds nothing
             in_k = start + offs_n < N_k
             # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
             if TMA:
@@ -260,6 +270,10 @@ def attn_bwd_dq(
     stride_kind_h,
     stride_kind_m,
     stride_kind_n,
+    TILE_LIST,
+    stride_list_b,
+    stride_list_h,
+    stride_list_m,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -281,11 +295,12 @@ def attn_bwd_dq(
     SCORE_GRAD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
     descriptors of blocks ``(1, 1, BLOCK_N, .)``. ``SCORE_MOD``, ``SCORE_GRAD`` (its derivative; None when
-    it is 1), ``MASK_MOD`` and ``KINDS`` as in :func:`~.forward.attn_fwd`, the kinds at this launch's tiles."""
+    it is 1), ``MASK_MOD``, ``KINDS`` and ``LISTED`` as in :func:`~.forward.attn_fwd`, at this launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; all heads' start first (.grid)
@@ -340,6 +355,7 @@ def attn_bwd_dq(
 
     MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
     KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + blk * stride_kind_m  # read only with KINDS
+    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + blk * stride_list_m  # read only with LISTED
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
@@ -351,44 +367,58 @@ def attn_bwd_dq(
         slope_log2 = 0.0
     # (start_n, end_n, MASK) of the stages: the window's left side, the full key blocks, then the diagonal
     # (the window's right side) and the ragged last block
-    if WINDOW:
-        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    if LISTED:
+        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            0, tl.load(LIST_row), start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
-            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+            MASK=True,
+        )  # fmt: skip
+    else:
+        if WINDOW:
+            begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+            dq = _attn_bwd_dq_inner(
+                dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+                begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+                seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+                MASK_head, stride_mask_m, stride_mask_n,
+                b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+                BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+                SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+                MASK=True,
+            )  # fmt: skip
+        else:
+            full_begin = 0
+            full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            MASK=False,
+        )  # fmt: skip
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
             SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
             MASK=True,
         )  # fmt: skip
-    else:
-        full_begin = 0
-        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_head, stride_mask_m, stride_mask_n,
-        b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-        MASK=False,
-    )  # fmt: skip
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_head, stride_mask_m, stride_mask_n,
-        b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-        SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-        MASK=True,
-    )  # fmt: skip
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale

@@ -129,6 +129,10 @@ def attn_fwd(
     stride_kind_h,
     stride_kind_m,
     stride_kind_n,
+    TILE_LIST,
+    stride_list_b,
+    stride_list_h,
+    stride_list_m,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -152,6 +156,7 @@ def attn_fwd(
     SCORE_MOD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -175,7 +180,10 @@ def attn_fwd(
     their captured tensors ``C0..C3`` and ``MC0..MC3`` (placeholders where unused); ``KINDS`` with
     ``TILE_KINDS (B|1, H_q|1, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at
     this launch's tiles, read at ``b * stride_kind_b + h * stride_kind_h + i * stride_kind_m + j *
-    stride_kind_n`` (strides 0 where it broadcasts). The launcher passes none of them with ``VARLEN`` or ``WS``.
+    stride_kind_n`` (strides 0 where it broadcasts); with ``LISTED`` the key loop is one masked stage over
+    ``TILE_LIST``, :func:`flashattn_teach.triton.variants.tile_list` of those kinds, read at ``b *
+    stride_list_b + h * stride_list_h + i * stride_list_m``: a SKIP tile takes no iteration. The launcher
+    passes none of them with ``VARLEN`` or ``WS``.
 
     ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
     ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
@@ -268,6 +276,7 @@ def attn_fwd(
         slope_log2 = 0.0
 
     KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + i * stride_kind_m  # read only with KINDS
+    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + i * stride_list_m  # read only with LISTED
     if WINDOW:
         begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     else:
@@ -281,24 +290,36 @@ def attn_fwd(
     first_end = full_begin
     if WS:
         first_end = end
-    if WINDOW or WS:
+    if LISTED:
+        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+        )  # fmt: skip
+    elif WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
             SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         )  # fmt: skip
-    if not WS:  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
+    if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
             SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
@@ -308,7 +329,7 @@ def attn_fwd(
             full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
             SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,

@@ -106,6 +106,7 @@ def _attn_fwd_inner(
     MC3,
     KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
     stride_kind_n,
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -126,6 +127,7 @@ def _attn_fwd_inner(
     SCORE_MOD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -142,6 +144,8 @@ def _attn_fwd_inner(
     of a tile. ``SCORE_MOD`` (:mod:`.usermods`) comes last among the modifiers; since it may return -inf, the
     unmasked stage then guards its row statistics (a row whose scores are all -inf keeps ``m = -inf``).
     ``KINDS``: a block mask's tile kinds; a SKIP tile is passed over, a FULL one runs without ``MASK_MOD``.
+    ``LISTED``: ``[start_n, end_n)`` counts entries of ``LIST_row`` (the tiles to visit, with their kinds)
+    rather than keys; no branch then sits in the loop.
     """
     nat_scale = qk_scale * LN2  # scale * q.k in natural units, for score_mod without built-in modifiers
     if BOOL_MASK or ADD_MASK:
@@ -149,16 +153,25 @@ def _attn_fwd_inner(
         cols = tl.arange(0, BLOCK_N)
     # the unmasked stage loops over a block counter, which compiles to fewer instructions an iteration; the
     # masked stage over key offsets, since a counter there spilled registers in some tiles (docs/loop-profile.md)
-    if MASK:
+    if LISTED:
+        lo, hi, step = start_n, end_n, 1
+    elif MASK:
         lo, hi, step = start_n, end_n, BLOCK_N
     else:
         lo, hi, step = 0, tl.cdiv(end_n - start_n, BLOCK_N), 1
     for it in tl.range(lo, hi, step, warp_specialize=WS):
-        start = it if MASK else start_n + it * BLOCK_N
         kind = KIND_PARTIAL
-        if KINDS:
-            kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
-        if kind != KIND_SKIP:  # a SKIP tile of the block mask: nothing of it is loaded or computed
+        visit = True
+        if LISTED:
+            code = tl.load(LIST_row + 1 + it)  # (j << 2) | kind
+            start = (code >> 2) * BLOCK_N
+            kind = code & 3
+        else:
+            start = it if MASK else start_n + it * BLOCK_N
+            if KINDS:
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                visit = kind != KIND_SKIP
+        if visit:  # a SKIP tile of the block mask: nothing of it is loaded or computed
             # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
             k = _load_kv_block(
                 K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
