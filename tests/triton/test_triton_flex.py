@@ -347,6 +347,14 @@ def test_tile_kinds_skip_full_and_partial_tiles_as_the_block_mask_says(determini
     )
 
 
+@pytest.mark.parametrize("heads", [4, 1], ids=["kinds_per_head", "kinds_shared_by_the_group"])
+def test_tile_kinds_with_grouped_query_heads(heads: int) -> None:
+    # per head, the dK/dV program's group of query heads has a list of tiles each (the branching loop); shared,
+    # one list serves the group (the listed loop)
+    kinds = Kinds(_kinds_table(2, heads, 113, 203, seed=4))
+    check(Case(H=4, H_kv=2, N_q=113, N_k=203, mask_mod=MASK_MODS["checkerboard"], kinds=kinds))
+
+
 def test_tile_kinds_broadcast_over_batch_and_heads_with_causal() -> None:
     kinds = Kinds(_kinds_table(1, 1, 113, 113, seed=2))
     check(Case(mask_mod=MASK_MODS["checkerboard"], kinds=kinds, options={"causal": True}))

@@ -125,11 +125,18 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
 
 
 def mod_args(
-    variants: KernelVariants, placeholder: Tensor, c: KernelConfig, N_q: int, N_k: int, *, listed: bool
+    variants: KernelVariants,
+    placeholder: Tensor,
+    c: KernelConfig,
+    N_q: int,
+    N_k: int,
+    *,
+    listed: bool,
+    columns: bool = False,
 ) -> tuple[object, ...]:
     """:meth:`KernelVariants.mod_args` at the tiles of ``c``, whose kinds table must cover the launch's
     ``cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N)`` tiles."""
-    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N, listed=listed)
+    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N, listed=listed, columns=columns)
     kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
     if kinds is not None:
         need = (-(-N_q // c.BLOCK_M), -(-N_k // c.BLOCK_N))
@@ -338,6 +345,10 @@ def backward(
     q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
     do_src = descriptor(do, c.BLOCK_M, Dv_pad) if tma else do
     # one launch computing dK and dV, or (``split``) one for dK and one for dV
+    # the dK/dV loop runs a group's heads in one flat loop: over a list of query tiles only when one list
+    # serves them all (kinds broadcast over heads, or no group)
+    kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
+    listed_columns = kinds is not None and (s.group == 1 or kinds.shape[1] == 1)
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
         attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
             q_src,
@@ -365,7 +376,7 @@ def backward(
             qk_scale,
             offset,
             *variants.args(lse),
-            *mod_args(variants, lse, c, N_q, N_k, listed=False),
+            *mod_args(variants, lse, c, N_q, N_k, listed=listed_columns, columns=True),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -390,6 +401,7 @@ def backward(
             SCORE_GRAD=variants.score_grad_fn,
             MASK_MOD=variants.mask_mod_fn,
             KINDS=variants.has_kinds,
+            LISTED=listed_columns,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )

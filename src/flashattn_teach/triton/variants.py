@@ -177,11 +177,14 @@ class KernelVariants:
             placeholder.shape[-1],
         )
 
-    def mod_args(self, placeholder: Tensor, block_m: int, block_n: int, listed: bool = False) -> tuple[object, ...]:
+    def mod_args(
+        self, placeholder: Tensor, block_m: int, block_n: int, listed: bool = False, columns: bool = False
+    ) -> tuple[object, ...]:
         """The runtime arguments after ``stride_lse_h``: the captured tensors of score_mod and of mask_mod
         (``placeholder`` in unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles with
-        their strides (0 along broadcast dims), and with ``listed`` (kernels whose programs own a query
-        block) :func:`tile_list` of them, ``TILE_LIST, stride_list_b, stride_list_h, stride_list_m``."""
+        their strides (0 along broadcast dims), and with ``listed`` :func:`tile_list` of them, ``TILE_LIST,
+        stride_list_b, stride_list_h, stride_list_m``: each query tile's key tiles, or with ``columns`` each
+        key tile's query tiles (the dK/dV kernel, whose programs own a key block)."""
         score = () if self.score_mod is None else tuple(self.score_mod.captures)
         mask = () if self.mask_mod is None else tuple(self.mask_mod.captures)
         for name, captures in (("score_mod", score), ("mask_mod", mask)):
@@ -206,7 +209,7 @@ class KernelVariants:
             )
         list_args: tuple[object, ...] = (placeholder, 0, 0, 0)
         if listed and kinds is not None:
-            table = tile_list(kinds)
+            table = tile_list(kinds.transpose(-1, -2) if columns else kinds)
             list_args = (
                 table,
                 0 if table.shape[0] == 1 else table.stride(0),

@@ -73,6 +73,7 @@ def _attn_bwd_dkdv_inner(
     KINDS_col,  # the block mask's kinds of this key block at the group's first query head (its first query
     stride_kind_h,  # tile), and their head and query-tile strides
     stride_kind_m,
+    LIST_col,  # with LISTED: variants.tile_list's row of this key block (the query tiles that see it)
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -96,6 +97,7 @@ def _attn_bwd_dkdv_inner(
     SCORE_GRAD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
     (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
@@ -105,7 +107,9 @@ def _attn_bwd_dkdv_inner(
     True for the diagonal and the ragged last block, where ``P`` of invisible pairs is 0; False for full
     blocks, whose loads need no row mask. The user's functions (:mod:`.usermods`) see the transposed index
     grids ``q_idx (1, BLOCK_M)``, ``kv_idx (BLOCK_N, 1)``, the flat batch index ``b_coord`` and the query head
-    ``h0_coord + g``; a SKIP tile of ``KINDS`` adds nothing.
+    ``h0_coord + g``; a SKIP tile of ``KINDS`` adds nothing. ``LISTED``: ``[start_m, end_m)`` counts
+    entries of ``LIST_col``, each ``(i << 2) | kind``, the same for every head of the group (the launcher
+    sets it only then).
     """
     offs_m = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -114,21 +118,31 @@ def _attn_bwd_dkdv_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
     # moves out of an empty loop divides by zero
-    n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
+    if LISTED:
+        n_steps = tl.maximum(end_m - start_m, 0)
+    else:
+        n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
     # the masked stages run a block or two per key block; by TMA they run unpipelined, which leaves more
     # registers to the tile (through pointers one stage would hold the loaded tiles in registers instead)
-    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA else None):
+    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA and not LISTED else None):
         if GROUP == 1:
             g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
         else:
             g = t // tl.maximum(n_steps, 1)
-        start = start_m + (t - g * n_steps) * BLOCK_M
+        kind = KIND_PARTIAL
+        visit = True
+        if LISTED:
+            code = tl.load(LIST_col + 1 + start_m + (t - g * n_steps))  # (i << 2) | kind
+            start = (code >> 2) * BLOCK_M
+            kind = code & 3
+        else:
+            start = start_m + (t - g * n_steps) * BLOCK_M
+            if KINDS:
+                kind = tl.load(KINDS_col + g * stride_kind_h + (start // BLOCK_M) * stride_kind_m)
+                visit = kind != KIND_SKIP
         rows = tl.cast(start, tl.int64)
         stats = tl.cast(g, tl.int64) * stride_lse_h + rows
-        kind = KIND_PARTIAL
-        if KINDS:
-            kind = tl.load(KINDS_col + g * stride_kind_h + (start // BLOCK_M) * stride_kind_m)
-        if kind != KIND_SKIP:  # a SKIP tile of the block mask adds nothing
+        if visit:  # a SKIP tile of the block mask adds nothing
             in_q = start + offs_m < N_q
             # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
             if TMA:

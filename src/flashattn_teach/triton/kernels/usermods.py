@@ -21,6 +21,9 @@ A block mask's kinds, one int8 per (query tile, key tile) of the launch's ``BLOC
 (``TILE_KINDS (B|1, H|1, T_r, T_c)``, stride 0 along broadcast dims; :data:`KIND_SKIP` and the others are
 :mod:`flashattn_teach.flex.mods`' codes): a SKIP tile is not computed (its K, V are not even loaded), a
 FULL tile runs without ``mask_mod``, a PARTIAL one with it (every tile is PARTIAL without a block mask).
+The loops walk a list of the tiles to visit (``LISTED``, :func:`flashattn_teach.triton.variants.tile_list`,
+FlexAttention's ``kv_indices``) as one masked stage: no branch in the loop, so its loads stay pipelined.
+Only the dK/dV loop of a query-head group whose heads have different kinds branches on each tile's kind.
 """
 
 from __future__ import annotations
