@@ -10,6 +10,7 @@ documented order (scale, softcap, ALiBi, additive mask, score_mod, masks) indepe
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from flashattn_teach._options import make_options  # noqa: E402
 from flashattn_teach.triton import AttentionConfig  # noqa: E402
 from flashattn_teach.triton.autograd import TritonAttentionFunction  # noqa: E402
 from flashattn_teach.triton.kernels.masking import _tanh  # noqa: E402
-from flashattn_teach.triton.variants import KernelVariants  # noqa: E402
+from flashattn_teach.triton.variants import KernelVariants, tile_list  # noqa: E402
 
 SKIP, PARTIAL, FULL = 0, 1, 2  # flashattn_teach.flex.mods' KIND_* codes
 TILE = AttentionConfig.uniform(32, 16)  # every kernel's tile: the kinds tables below are at 32 x 16
@@ -358,6 +359,16 @@ def test_tile_kinds_with_grouped_query_heads(heads: int) -> None:
 def test_tile_kinds_broadcast_over_batch_and_heads_with_causal() -> None:
     kinds = Kinds(_kinds_table(1, 1, 113, 113, seed=2))
     check(Case(mask_mod=MASK_MODS["checkerboard"], kinds=kinds, options={"causal": True}))
+
+
+def test_tile_list_holds_each_rows_visited_tiles_in_order_with_their_kinds() -> None:
+    kinds = _kinds_table(2, 3, 113, 203, seed=5)
+    table = tile_list(kinds)
+    assert table.dtype == torch.int32 and table.shape == (*kinds.shape[:3], 1 + kinds.shape[3])
+    for b, h, i in itertools.product(*(range(n) for n in kinds.shape[:3])):
+        visited = [(j, int(kind)) for j, kind in enumerate(kinds[b, h, i].tolist()) if kind != SKIP]
+        n = int(table[b, h, i, 0])
+        assert [(int(c) >> 2, int(c) & 3) for c in table[b, h, i, 1 : 1 + n]] == visited
 
 
 def test_a_skip_tile_is_not_computed_even_where_mask_mod_sees_keys() -> None:
