@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from torch import Tensor
 
+from ._layout import compute_dtype
 from ._validate.inputs import (
     AttentionShapes,
     check_alibi_slopes,
@@ -135,7 +136,7 @@ def make_options(
     # packed: slopes per sequence, checked by the caller (check_packed_alibi)
     slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
     cu_q, cu_k = packed if packed is not None else (None, None)
-    mods = check_mods(score_mod, mask_mod, block_mask, shapes)
+    mods = check_mods(score_mod, mask_mod, block_mask, shapes, q)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
@@ -161,7 +162,9 @@ def make_options(
     )
 
 
-def check_mods(score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes) -> UserMods | None:
+def check_mods(
+    score_mod: object, mask_mod: object, block_mask: object, shapes: AttentionShapes, q: Tensor
+) -> UserMods | None:
     """The call's user functions (:mod:`flashattn_teach.flex.mods`), checked: callables, a block mask that
     fits the call's lengths, batch and heads, and not both ``mask_mod`` and ``block_mask`` (the block mask
     carries its own)."""
@@ -172,7 +175,7 @@ def check_mods(score_mod: object, mask_mod: object, block_mask: object, shapes: 
         )
     bm = check_block_mask(from_torch(block_mask))
     B, H = math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1
-    mods = UserMods.build(score_mod, mask_mod, bm)
+    mods = UserMods.build(score_mod, mask_mod, bm, q.device, compute_dtype(q.dtype))
     if mods is not None:
         mods.check(B, H, shapes.N_q, shapes.N_k)
     return mods

@@ -220,3 +220,111 @@ def test_a_block_mask_built_by_torch_is_taken_as_it_is():
     torch.testing.assert_close(
         fa.flex_attention(q, k, v, block_mask=theirs), fa.flex_attention(q, k, v, block_mask=ours)
     )
+
+
+def test_explain_verbose_prints_the_generated_triton_source_or_why_there_is_none():
+    q, k, v = _inputs(grad=False)
+    cap = torch.ones(4, dtype=torch.float64)
+
+    def capped(s, b, h, q_idx, kv_idx):
+        return 30.0 * torch.tanh(s / 30.0) + cap[h]
+
+    def rowwise(s, b, h, q_idx, kv_idx):
+        return torch.softmax(s, dim=-1)
+
+    shown = str(fa.explain(q, k, v, score_mod=capped, verbose=True))
+    assert "@triton.jit" in shown and "def score_grad(" in shown and "tl.load(C0 + h" in shown
+    refused = str(fa.explain(q, k, v, score_mod=rowwise, verbose=True))
+    assert "torch.softmax" in refused and "test_user_functions.py" in refused
+    assert "@triton.jit" not in str(fa.explain(q, k, v, score_mod=capped))  # the control: not verbose
+
+
+# ------------------------------------------------------------- captured tensors: found, refused, reproducible
+
+
+@pytest.mark.parametrize("backend", ["online", "parallel"])
+def test_a_tensor_reached_through_an_attribute_gets_its_gradient(backend):
+    import types
+
+    q, k, v = _inputs()
+    ns = types.SimpleNamespace(bias=torch.randn(4, 45, dtype=torch.float64, requires_grad=True))
+
+    def score_mod(s, b, h, q_idx, kv_idx):
+        return s + ns.bias[h, kv_idx]  # the walk cannot see ns.bias; the probe can
+
+    grads = {}
+    for run in ("dense", backend):
+        O = fa.flash_attention(q, k, v, score_mod=score_mod, backend=run)
+        grads[run] = torch.autograd.grad(O.square().sum(), ns.bias)[0]
+    torch.testing.assert_close(grads[backend], grads["dense"], rtol=1e-9, atol=1e-11)
+
+
+def test_parameters_the_function_does_not_read_get_no_gradient():
+    q, k, v = _inputs()
+    model = torch.nn.Module()
+    model.rel = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    model.head = torch.nn.Linear(8, 4, dtype=torch.float64)
+
+    def score_mod(s, b, h, q_idx, kv_idx):
+        return s + model.rel[h] * (q_idx - kv_idx)
+
+    fa.flash_attention(q, k, v, score_mod=score_mod, backend="online").square().sum().backward()
+    assert model.rel.grad is not None and model.rel.grad.abs().sum() > 0
+    assert model.head.weight.grad is None and model.head.bias.grad is None  # as autograd leaves them
+
+
+def test_a_closure_rebound_before_the_backward_is_refused_rather_than_differentiated_wrongly():
+    q, k, v = _inputs()
+    biases = [torch.randn(4, 45, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    x = q
+    for bias in biases:  # the lambdas read the loop variable: both see the last bias by backward time
+        x = fa.flash_attention(x, k, v, score_mod=lambda s, b, h, i, j: s + bias[h, j], backend="online")  # noqa: B023
+    with pytest.raises(AttentionValueError, match="rebound"):
+        x.sum().backward()
+    # the control: one function per call, its bias bound by functools.partial, differentiates
+    y = q
+    for bias in biases:
+        bound = functools.partial(lambda s, b, h, i, j, bias: s + bias[h, j], bias=bias)
+        y = fa.flash_attention(y, k, v, score_mod=bound, backend="online")
+    y.sum().backward()
+    assert all(t.grad is not None for t in biases)
+
+
+def test_captured_gradients_on_the_worker_threads_are_bitwise_reproducible():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 384, 16, generator=g) for _ in range(3))
+    rel = torch.randn(2 * 384, requires_grad=True)
+
+    def score_mod(s, b, h, q_idx, kv_idx):
+        return s + rel[q_idx - kv_idx + 384]
+
+    runs = []
+    for _ in range(3):
+        O = fa.flash_attention(q, k, v, score_mod=score_mod, backend="parallel")
+        runs.append(torch.autograd.grad(O.square().sum(), rel)[0])
+    assert "too few for the worker threads" not in str(fa.explain(q, k, v, score_mod=score_mod, backend="parallel"))
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+def test_a_function_of_the_other_kind_is_refused_by_its_arity():
+    q, k, v = _inputs(grad=False)
+    with pytest.raises(AttentionTypeError, match=r"score_mod takes 4 positional arguments.*pass it as mask_mod="):
+        fa.flex_attention(q, k, v, score_mod=lambda b, h, i, j: i >= j)
+    with pytest.raises(AttentionTypeError, match=r"mask_mod takes 5 positional arguments.*pass it as score_mod="):
+        fa.flash_attention(q, k, v, mask_mod=lambda s, b, h, i, j: s)
+
+
+def test_a_score_mod_working_in_place_differentiates_as_its_out_of_place_twin():
+    q, k, v = _inputs()
+    grads = []
+    for mod in (lambda s, b, h, i, j: s.mul_(2.0), lambda s, b, h, i, j: s * 2.0):
+        O = fa.flash_attention(q, k, v, score_mod=mod, backend="online")
+        grads.append(torch.autograd.grad(O.square().sum(), (q, k, v)))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_block_masks_index_lists_are_read_only():
+    bm = fa.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cpu")
+    with pytest.raises(AttributeError, match="from_kv_blocks"):
+        bm.kv_num_blocks = torch.zeros_like(bm.kv_num_blocks)

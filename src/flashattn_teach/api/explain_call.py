@@ -147,16 +147,28 @@ def explain(
 
 
 def _mods_note(p: Plan, opts: AttentionOptions, verbose: bool) -> str:
-    """How the call's user functions run on the planned backend."""
-    if p.backend != "triton":
+    """How the call's user functions run on the planned backend; with ``verbose`` the ``@triton.jit`` source
+    they translate into (on any backend: the translation needs no GPU), or why they do not translate."""
+    mods = opts.mask.mods
+    assert mods is not None
+    if p.backend == "triton":
+        note = "; user functions translated into @triton.jit functions inlined into the kernels"
+    else:
         where = "on the whole N_q x N_k grid" if p.backend == "dense" else "on each tile's index tensors"
         note = f"; user functions run as Python {where} (b, h, q_idx, kv_idx broadcast)"
-        mods = opts.mask.mods
-        if p.backend != "dense" and mods is not None and mods.score_mod is not None:
+        if p.backend != "dense" and mods.score_mod is not None:
             captured = ", and into the captured tensors that require grad" if mods.grad_captures else ""
             note += f"; the backward differentiates through score_mod tile by tile{captured}"
+    if not verbose:
         return note
-    from ..triton import generated_sources  # type: ignore[attr-defined]
+    from ..triton.usermod import generated_source, unsupported_reason
 
-    note = "; user functions translated into @triton.jit functions inlined into the kernels"
-    return note + ("\n" + generated_sources(opts) if verbose else "")
+    sources = []
+    for kind, fn, captures in (
+        ("score_mod", mods.score_mod, mods.captures),
+        ("mask_mod", mods.mask_mod, mods.mask_captures),
+    ):
+        if fn is not None:
+            why = unsupported_reason(fn, captures, kind)
+            sources.append(f"# {kind}: {why}" if why else generated_source(fn, captures, kind))
+    return note + "\n" + "\n".join(sources)

@@ -40,6 +40,11 @@ from .classify import MaskMod, Pool, retile, tile_visibility
 from .combinators import noop_mask
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
+# torch's index-list attributes of a block mask, in its order
+INDEX_LISTS = tuple(
+    "kv_num_blocks kv_indices full_kv_num_blocks full_kv_indices q_num_blocks q_indices full_q_num_blocks "
+    "full_q_indices".split()
+)
 DEFAULT_BLOCK_SIZE = 128  # torch's _DEFAULT_SPARSE_BLOCK_SIZE
 
 
@@ -105,7 +110,15 @@ class BlockMask:
         self.mask_mod: MaskMod = mask_mod if mask_mod is not None else noop_mask
         self._tile_kinds: dict[tuple[int, int], Tensor] = {}
 
-    # torch's index lists, derived on first use (an assignment replaces one, as on torch's BlockMask)
+    # torch's index lists, derived on first use; read only, since the attention reads block_kinds
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in INDEX_LISTS:
+            raise AttributeError(
+                f"BlockMask.{name} is derived from block_kinds, which the attention reads, so setting it would "
+                "change nothing: build a new mask with BlockMask.from_kv_blocks(...) from the lists you want"
+            )
+        super().__setattr__(name, value)
 
     def _expanded(self, kind: int, *, transpose: bool = False) -> Tensor:
         """0/1 int32 table of blocks of one kind, at ``batch_shape`` (query blocks last if ``transpose``)."""
@@ -239,10 +252,12 @@ class BlockMask:
         mask = cls(
             kinds, seq_lengths, size, mask_mod, batch_shape=tuple(batch), has_full=full_kv_num_blocks is not None
         )
-        mask.kv_num_blocks, mask.kv_indices = kv_num_blocks, kv_indices
-        mask.full_kv_num_blocks, mask.full_kv_indices = full_kv_num_blocks, full_kv_indices
+        # the given lists are the mask's attributes (torch's); block_kinds says the same
+        given: dict[str, Tensor | None] = {"kv_num_blocks": kv_num_blocks, "kv_indices": kv_indices}
+        given |= {"full_kv_num_blocks": full_kv_num_blocks, "full_kv_indices": full_kv_indices}
         if not compute_q_blocks:
-            mask.q_num_blocks = mask.q_indices = mask.full_q_num_blocks = mask.full_q_indices = None
+            given |= dict.fromkeys(("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"))
+        vars(mask).update(given)
         return mask
 
     # torch's views of the mask

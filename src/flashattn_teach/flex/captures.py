@@ -2,7 +2,12 @@
 
 FlexAttention's functions are plain Python, ``lambda score, b, h, q_idx, kv_idx: score + bias[h]``, and a
 learned bias is a tensor the function closes over, not an argument. torch finds such tensors by tracing the
-function with dynamo; here they are found by walking what the function can reach without running it:
+function with dynamo; here they are found two ways, and the union is kept:
+
+- a probe: the function is called once on a 1 x 1 tile under a ``TorchFunctionMode`` that records every
+  tensor a torch operation receives that is neither an argument nor made inside the call. This sees what
+  the function really reads, however it reaches it (``ns.bias``, ``self.table``, ``module.BIAS``);
+- a walk of what the function can reach without running it, for what a branch of the probe did not take:
 
     closure cells             def outer(): bias = ...; def score_mod(...): ... bias[h] ...
     globals it names          bias = ...  at module level, used by name in the function
@@ -23,20 +28,53 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 # Deep enough for combinators of combinators; a cycle is cut by the set of objects already seen.
 MAX_DEPTH = 16
 
 
-def captured_tensors(fn: Callable[..., object]) -> tuple[Tensor, ...]:
-    """Every tensor ``fn`` can reach besides its arguments, each once, in the order found."""
+def captured_tensors(fn: Callable[..., object], probe: tuple[Tensor, ...] | None = None) -> tuple[Tensor, ...]:
+    """Every tensor ``fn`` reads besides its arguments, each once: those ``fn(*probe)`` reads (when a probe
+    is given and the call succeeds), then those the walk reaches."""
     found: dict[int, Tensor] = {}
-    for t in _reach(fn, set(), 0):
+    read = None if probe is None else tensors_read(fn, probe)
+    for t in (*(read or ()), *_reach(fn, set(), 0)):
         found.setdefault(id(t), t)
     return tuple(found.values())
+
+
+def tensors_read(fn: Callable[..., object], args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
+    """The tensors ``fn(*args)`` hands to torch operations that are neither ``args`` nor made inside the
+    call, in the order first read; None if the call raised (the real call will say why)."""
+    mode = _Reads(args)
+    try:
+        with torch.no_grad(), mode:
+            fn(*args)
+    except Exception:
+        return None
+    return tuple(mode.found.values())
+
+
+class _Reads(TorchFunctionMode):
+    def __init__(self, args: tuple[Tensor, ...]) -> None:
+        super().__init__()
+        self.known = {id(t) for t in args}  # the arguments, then everything made inside the call
+        self.found: dict[int, Tensor] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for leaf in tree_flatten((args, kwargs))[0]:
+            if isinstance(leaf, Tensor) and id(leaf) not in self.known:
+                self.found.setdefault(id(leaf), leaf)
+        out = func(*args, **kwargs)
+        self.known.update(id(leaf) for leaf in tree_flatten(out)[0] if isinstance(leaf, Tensor))
+        return out
 
 
 def _reach(obj: object, seen: set[int], depth: int) -> Iterator[Tensor]:

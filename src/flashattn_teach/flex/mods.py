@@ -32,6 +32,7 @@ repeated indices up.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -104,24 +105,50 @@ class UserMods:
     captures: tuple[Tensor, ...] = ()
     mask_captures: tuple[Tensor, ...] = ()
 
+    versions: tuple[int, ...] = ()  # each capture's version counter when the call was checked
+
     @staticmethod
-    def build(score_mod: object, mask_mod: object, block_mask: BlockMask | None) -> UserMods | None:
+    def build(
+        score_mod: object, mask_mod: object, block_mask: BlockMask | None, device: torch.device, dtype: torch.dtype
+    ) -> UserMods | None:
         """The checked functions (None when neither is set); ``mask_mod`` is the block mask's own when a
-        block mask is given."""
-        for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
-            if fn is not None and not callable(fn):
-                raise AttentionTypeError(f"{name} must be a function or None, got {type(fn).__name__}")
+        block mask is given. Their captured tensors are found by a probe on a 1 x 1 tile of ``device``
+        (scores in ``dtype``) and by a walk (:func:`~.captures.captured_tensors`)."""
+        for name, fn, arity in (("score_mod", score_mod, 5), ("mask_mod", mask_mod, 4)):
+            _check_function(name, fn, arity)
         if score_mod is None and mask_mod is None and block_mask is None:
             return None
         if block_mask is not None:
             mask_mod = block_mask.mask_mod
+        index = TileIndex.flat(1, 1, (0, 1), (0, 1), device)
+        at = (index.b, index.h, index.q_idx, index.kv_idx)
+        score = torch.zeros(1, 1, 1, 1, dtype=dtype, device=device)
+        captures = () if score_mod is None else captured_tensors(score_mod, (score, *at))  # type: ignore[arg-type]
         return UserMods(
             score_mod=score_mod,  # type: ignore[arg-type]  # callable, checked above
             mask_mod=mask_mod,  # type: ignore[arg-type]
             block_mask=block_mask,
-            captures=() if score_mod is None else captured_tensors(score_mod),  # type: ignore[arg-type]
-            mask_captures=() if mask_mod is None else captured_tensors(mask_mod),  # type: ignore[arg-type]
+            captures=captures,
+            mask_captures=() if mask_mod is None else captured_tensors(mask_mod, at),  # type: ignore[arg-type]
+            versions=tuple(t._version for t in captures),
         )
+
+    def check_unchanged(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Before a backward that calls ``score_mod`` again: it must read the tensors the forward's call read,
+        unmodified, or the gradients would be of another function (autograd refuses a changed input too)."""
+        if self.score_mod is None:
+            return
+        now = UserMods.build(self.score_mod, None, None, device, dtype)
+        assert now is not None
+        before = {id(t) for t in self.captures}
+        changed = [t._version != v for t, v in zip(self.captures, self.versions, strict=True)]
+        if any(id(t) not in before for t in now.captures) or any(changed):
+            raise AttentionValueError(
+                "score_mod reads other tensors in the backward than in the forward (a variable it closes over "
+                "was rebound, or a captured tensor was modified in place since the call); the tiled backward "
+                "calls score_mod again, so keep what it reads unchanged until backward, or give each call its "
+                "own function (for instance functools.partial(score_mod, bias=bias))"
+            )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -210,6 +237,31 @@ class UserMods:
             )
 
 
+def positional_arity(fn: Callable[..., object]) -> int | None:
+    """How many positional parameters without defaults ``fn`` takes (None: it takes ``*args`` or cannot
+    be inspected)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: give it the benefit of the doubt
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _check_function(name: str, fn: object, arity: int) -> None:
+    if fn is None:
+        return
+    if not callable(fn):
+        raise AttentionTypeError(f"{name} must be a function or None, got {type(fn).__name__}")
+    got = positional_arity(fn)
+    if got is not None and got != arity:
+        args = "(score, b, h, q_idx, kv_idx)" if arity == 5 else "(b, h, q_idx, kv_idx)"
+        other = "mask_mod" if arity == 5 else "score_mod"
+        hint = f" (a function of {got} arguments is a {other}: pass it as {other}=)" if got == 9 - arity else ""
+        raise AttentionTypeError(f"{name} takes {got} positional arguments; a {name} takes {arity}, {args}{hint}")
+
+
 def check_block_mask(block_mask: object) -> BlockMask | None:
     """``block_mask`` as a block mask, or None; anything else raises, naming it."""
     if block_mask is None:
@@ -254,9 +306,18 @@ class CaptureGrads:
                     self.grads[n] = g if before is None else before + g
 
     def values(self) -> tuple[Tensor | None, ...]:
-        return tuple(
-            torch.zeros_like(t) if g is None else g.to(t.dtype) for t, g in zip(self.captures, self.grads, strict=True)
-        )
+        """Each capture's gradient, None for one the function did not differentiate through (as autograd
+        leaves a parameter it never reached)."""
+        return tuple(None if g is None else g.to(t.dtype) for t, g in zip(self.captures, self.grads, strict=True))
+
+    def part(self) -> CaptureGrads:
+        """An empty sum for one task of a parallel backward; :meth:`merge` adds the parts in a fixed order,
+        so the result does not depend on which worker finished first."""
+        return CaptureGrads(self.captures)
+
+    def merge(self, parts: Sequence[CaptureGrads]) -> None:
+        for part in parts:
+            self.add(part.grads)
 
 
 def score_backward(
@@ -269,7 +330,8 @@ def score_backward(
     wanted = grads.captures if grads is not None else ()
     with torch.enable_grad():
         S_leaf = S_in if S_in.requires_grad else S_in.detach().requires_grad_()
-        S_out = mods.score(S_leaf, index)
+        # a copy for the user's function, which may work in place (score.mul_(2)) as it may in the forward
+        S_out = mods.score(S_leaf.clone(), index)
 
     def vjp(dS_out: Tensor) -> Tensor:
         inputs: tuple[Any, ...] = (S_leaf, *wanted)

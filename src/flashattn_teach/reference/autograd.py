@@ -146,6 +146,8 @@ class TiledAttentionFunction(torch.autograd.Function):
         block_m, block_n = ctx.blocks
         order = "query_major" if torch.is_grad_enabled() else ctx.order
         mods = opts.mask.mods
+        if mods is not None:
+            mods.check_unchanged(q.device, qg.dtype)  # the backward calls score_mod again
         grads = CaptureGrads(mods.grad_captures) if mods is not None and ctx.n_captures else None
         with autocast_off(q.device.type):
             dq, dk, dv = _backward(order, opts, block_m, block_n, grads)(

@@ -219,6 +219,8 @@ def parallel_backward(
     dk_parts = k.new_zeros((parts, *k.shape))
     dv_parts = v.new_zeros((parts, *v.shape))
     tasks = [(b, h, p, g0, g1) for b, h in units for p, (g0, g1) in enumerate(_split(G, parts))]
+    # one sum of the captured tensors' gradients per task, added up in task order: deterministic
+    task_grads = {(b, h, p): grads.part() for b, h, p, _, _ in tasks} if grads is not None else {}
 
     def task(b, h, p, g0, g1):
         for g in range(g0, g1):
@@ -239,10 +241,12 @@ def parallel_backward(
                 h * G + g,
                 dropout,
                 (b * H_kv + h) * G + g,
-                grads,
+                task_grads.get((b, h, p)),
             )
 
     run_tasks(task, tasks, inline=inline, workers=workers)
+    if grads is not None:
+        grads.merge([task_grads[b, h, p] for b, h, p, _, _ in tasks])
     return dq, dk_parts.sum(dim=0), dv_parts.sum(dim=0)
 
 
