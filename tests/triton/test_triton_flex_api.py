@@ -16,7 +16,6 @@ from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 import flashattn_teach as fa  # noqa: E402
 from flashattn_teach._options import make_options  # noqa: E402
 from flashattn_teach.errors import BackendUnavailableError  # noqa: E402
-from flashattn_teach.flex.mods import UserMods  # noqa: E402
 from flashattn_teach.triton import generated_sources  # noqa: E402
 from flashattn_teach.triton.support import call_unsupported_reason, mods_unsupported_reason  # noqa: E402
 
@@ -137,4 +136,3 @@ def test_a_captured_tensor_on_another_device_is_refused_naming_both() -> None:
 def test_a_call_without_user_functions_has_no_mods_reason() -> None:
     q, k, v = (t.float() for t in _tensors())
     assert mods_unsupported_reason(make_options(q, k, v, causal=True)) is None
-    assert UserMods.build(None, None, None) is None
