@@ -34,7 +34,7 @@ from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
 from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
-from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
+from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, check_backward_config, shipped_config
 from .support import shapes_unsupported_reason, triton_installed, unsupported_reason, variants_unsupported_reason
 from .variants import KernelVariants
 from .varlen import triton_attention_varlen
@@ -191,7 +191,7 @@ def triton_forward(
     elif not isinstance(config, AttentionConfig):
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
     if launch.needs_grad(q, k, v):
-        launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
+        check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
         q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
     )

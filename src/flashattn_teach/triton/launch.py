@@ -21,10 +21,11 @@ from .configs import (
     MIN_HEAD_DIM,
     TEST_CONFIG,
     AttentionConfig,
-    KernelConfig,
     arch_of,
     block_d,
+    check_backward_config,
     dot_precision,
+    fused_backward,
     max_head_dim,
     shipped_config,
 )
@@ -124,60 +125,6 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
             )
 
 
-def mod_args(
-    variants: KernelVariants,
-    placeholder: Tensor,
-    c: KernelConfig,
-    N_q: int,
-    N_k: int,
-    *,
-    listed: bool,
-    columns: bool = False,
-) -> tuple[object, ...]:
-    """:meth:`KernelVariants.mod_args` at the tiles of ``c``, whose kinds table must cover the launch's
-    ``cdiv(N_q, BLOCK_M) x cdiv(N_k, BLOCK_N)`` tiles."""
-    args = variants.mod_args(placeholder, c.BLOCK_M, c.BLOCK_N, listed=listed, columns=columns)
-    kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
-    if kinds is not None:
-        need = (-(-N_q // c.BLOCK_M), -(-N_k // c.BLOCK_N))
-        if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
-            raise AttentionValueError(
-                f"block_mask's tile kinds at {c.BLOCK_M} x {c.BLOCK_N} tiles are {kinds.dtype} {tuple(kinds.shape)}, "
-                f"but N_q={N_q}, N_k={N_k} need int8 (B|1, H|1, {need[0]}, {need[1]}): build the block mask for "
-                "these lengths (create_block_mask(mask_mod, B, H, N_q, N_k))"
-            )
-    return args
-
-
-def forward_launch_tile(
-    c: KernelConfig, q: Tensor, k: Tensor, v: Tensor, variants: KernelVariants
-) -> tuple[KernelConfig, bool]:
-    """:func:`~.tma.forward_tile`, but never warp-specialised with a score_mod, mask_mod or block mask (the
-    specialised loop is not built for the user's functions and the SKIP tiles' branch)."""
-    c, ws = forward_tile(c, q, k, v, variants)
-    if ws and variants.user_mods:
-        return c.unspecialised(), False
-    return c, ws
-
-
-def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
-    """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
-    if config.backward_dkdv is None or config.backward_dq is None:
-        raise AttentionValueError(
-            f"config has no backward kernels (backward_dkdv={config.backward_dkdv}, "
-            f"backward_dq={config.backward_dq}) for query {tuple(q.shape)} of {q.dtype} with D={s.D}, D_v={s.D_v}; "
-            f"the shipped backward covers head dimensions up to {max_head_dim(q.dtype, backward=True)}: pass a "
-            "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
-        )
-    return config.backward_dkdv, config.backward_dq
-
-
-def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
-    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
-    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
-    return not deterministic and config.backward_fused is not None
-
-
 def forward(
     q: Tensor,
     k: Tensor,
@@ -200,7 +147,7 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     var = variants.varlen
-    c, ws = forward_launch_tile(config.forward, q, k, v, variants)
+    c, ws = forward_tile(config.forward, q, k, v, variants)
     if ws:
         tma = True  # by descriptors the kernel makes
     else:
@@ -235,7 +182,7 @@ def forward(
         (s.scale if signed else abs(s.scale)) * LOG2E.value,
         _offset(s, causal_align, variants),
         *variants.args(lse),
-        *mod_args(variants, lse, c, N_q, N_k, listed=True),
+        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -376,7 +323,7 @@ def backward(
             qk_scale,
             offset,
             *variants.args(lse),
-            *mod_args(variants, lse, c, N_q, N_k, listed=listed_columns, columns=True),
+            *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=listed_columns, columns=True),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -437,7 +384,7 @@ def backward(
         qk_scale,
         offset,
         *variants.args(lse),
-        *mod_args(variants, lse, c, N_q, N_k, listed=True),
+        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,

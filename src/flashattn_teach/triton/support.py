@@ -17,8 +17,8 @@ from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
 from .configs import DTYPES, _triton_version, max_head_dim
-from .launch import default_config, device_reason, forward_launch_tile, needs_grad, shape_reason, to_4d
-from .tma import launch_tile, ws_reason
+from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
+from .tma import forward_tile, launch_tile, ws_reason
 from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
 
 
@@ -158,7 +158,7 @@ def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
     variants = KernelVariants.from_spec(opts.mask, dropout)
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
     asked = default_config(q4, s, variants).forward
-    tile, ws = forward_launch_tile(asked, q4, k4, v4, variants)
+    tile, ws = forward_tile(asked, q4, k4, v4, variants)
     compiled = _compiled_note(variants)
     if ws:
         return (
@@ -167,8 +167,6 @@ def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
         )
     tile, _ = launch_tile(tile, k4, v4, varlen=False)
     why = ws_reason(asked, q4, k4, v4, variants)
-    if why is None:  # the launch's own rule (launch.forward_launch_tile)
-        why = "the specialised loop is not built for the user's functions"
     return f"; forward {tile}{compiled}: not warp-specialised: {why}"
 
 

@@ -178,13 +178,21 @@ class KernelVariants:
         )
 
     def mod_args(
-        self, placeholder: Tensor, block_m: int, block_n: int, listed: bool = False, columns: bool = False
+        self,
+        placeholder: Tensor,
+        block_m: int,
+        block_n: int,
+        N_q: int,
+        N_k: int,
+        listed: bool = False,
+        columns: bool = False,
     ) -> tuple[object, ...]:
         """The runtime arguments after ``stride_lse_h``: the captured tensors of score_mod and of mask_mod
         (``placeholder`` in unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles with
         their strides (0 along broadcast dims), and with ``listed`` :func:`tile_list` of them, ``TILE_LIST,
         stride_list_b, stride_list_h, stride_list_m``: each query tile's key tiles, or with ``columns`` each
-        key tile's query tiles (the dK/dV kernel, whose programs own a key block)."""
+        key tile's query tiles (the dK/dV kernel, whose programs own a key block). The kinds table must cover
+        the launch's ``cdiv(N_q, block_m) x cdiv(N_k, block_n)`` tiles."""
         score = () if self.score_mod is None else tuple(self.score_mod.captures)
         mask = () if self.mask_mod is None else tuple(self.mask_mod.captures)
         for name, captures in (("score_mod", score), ("mask_mod", mask)):
@@ -198,6 +206,13 @@ class KernelVariants:
         if kinds is None:
             kind_args: tuple[object, ...] = (placeholder, 0, 0, 0, 0)
         else:
+            need = (-(-N_q // block_m), -(-N_k // block_n))
+            if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
+                raise AttentionValueError(
+                    f"block_mask's tile kinds at {block_m} x {block_n} tiles are {kinds.dtype} {tuple(kinds.shape)}, "
+                    f"but N_q={N_q}, N_k={N_k} need int8 (B|1, H|1, {need[0]}, {need[1]}): build the block mask "
+                    "for these lengths (create_block_mask(mask_mod, B, H, N_q, N_k))"
+                )
             kinds = kinds.to(placeholder.device)  # O(tiles) bytes; a no-op where the block mask was built
             stride_b, stride_h, stride_m, stride_n = kinds.stride()
             kind_args = (

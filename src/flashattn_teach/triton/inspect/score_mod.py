@@ -5,7 +5,7 @@
 
 Both are compiled for the same sample call (:mod:`.specialize`, non-causal, no other variant) in the
 configurations calls with variants get, the forward unspecialised (the launcher does not warp-specialise a
-call with user functions, :func:`flashattn_teach.triton.launch.forward_launch_tile`); the built-in's
+call with user functions, :func:`flashattn_teach.triton.tma.ws_reason`); the built-in's
 warp-specialised forward, where it ships, is a row of its own.
 
     flashattn-teach kernels --arch sm90 --dtype bfloat16 --head-dim 128 --score-mod
@@ -66,7 +66,7 @@ HEADER = f"{'kernel':<10} {'dtype':<9} {'D':>4} {'tile':<20} {'built-in':>8} {'s
 def compare(arch: str, dtype: torch.dtype, head_dim: int) -> list[LoopComparison]:
     """One :class:`LoopComparison` per kernel with a loop (the forward unspecialised) that ships for
     ``(arch, dtype, head_dim)`` with variants. Compiles; no GPU needed, no ``TRITON_INTERPRET``."""
-    from .report import compile_kernel
+    from .compile import compile_kernel
 
     builtin, user = softcap_variants()
     config = shipped_config(head_dim, dtype, arch, variants=True)
