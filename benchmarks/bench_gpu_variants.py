@@ -47,7 +47,7 @@ if importlib.util.find_spec("flashattn_teach") is None:  # not installed: run fr
 
 from _machine import machine_info  # noqa: E402
 
-PROVIDERS = ("triton", "sdpa", "flex")
+PROVIDERS = ("triton", "sdpa", "flex", "ours_flex")
 PASSES = ("fwd", "fwd+bwd")
 CSV_COLUMNS = (
     "case",
@@ -189,13 +189,21 @@ def sdpa(case: Case, mask) -> Callable:
     return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
 
 
-def flex(case: Case, device, compiled: bool) -> Callable:
-    """FlexAttention with the case's ``mask_mod`` (and ``score_mod`` for softcap), compiled unless ``compiled``
-    is False (the CPU dry run)."""
+def flex(case: Case, device, compiled: bool, library: str = "torch") -> Callable:
+    """FlexAttention with the case's ``mask_mod`` (and ``score_mod`` for softcap): torch's, compiled unless
+    ``compiled`` is False (the CPU dry run), or (``library="ours"``) this library's ``flex_attention`` and
+    ``create_block_mask`` with the same functions, which need no torch.compile (on CUDA the functions are
+    translated into the Triton kernels)."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    attend = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    if library == "ours":
+        from flashattn_teach import create_block_mask, flex_attention
+
+        attend = flex_attention
+    else:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        attend = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
     score_mod = None
     if case.softcap is not None:
         cap = case.softcap
@@ -326,8 +334,10 @@ def run_row(case: Case, provider: str, args: argparse.Namespace, device: str) ->
             fn = ours(case)
         elif provider == "sdpa":
             fn = sdpa(case, mask)
-        else:
+        elif provider == "flex":
             fn = flex(case, device, compiled=not args.dry_run)
+        else:
+            fn = flex(case, device, compiled=False, library="ours")
         out = fn(q, k, v)
         err = (first_element(case, out).float() - reference(case, q, k, v, exact=True)).abs().max().item()
         ref_err = (reference(case, q, k, v, exact=False).float() - reference(case, q, k, v, exact=True)).abs()

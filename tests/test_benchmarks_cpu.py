@@ -162,11 +162,14 @@ def test_bench_variants_memory_probe_sees_a_freed_block_of_known_size():
 
 
 def test_bench_gpu_variants_dry_run_fails_soft_and_checks_outputs(tmp_path):
-    argv = ["--dry-run", "--cases", "window", "softcap", "--providers", "triton", "sdpa", "flex", "--passes", "fwd"]
+    argv = ["--dry-run", "--cases", "window", "softcap", "--providers", "triton", "sdpa", "flex", "ours_flex"]
+    argv += ["--passes", "fwd"]
     proc = _run([sys.executable, str(BENCH / "bench_gpu_variants.py"), *argv, "--out", str(tmp_path)], timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = {(r["case"], r["provider"]): r for r in json.loads((tmp_path / "variants.json").read_text())["rows"]}
-    assert len(rows) == 6
+    assert len(rows) == 8
+    for case in ("window", "softcap"):  # this library's flex_attention with the same functions, uncompiled
+        assert rows[(case, "ours_flex")]["status"] == "ok" and rows[(case, "ours_flex")]["max_err"] < 1e-5
     assert rows[("window", "sdpa")]["status"] == "ok" and rows[("window", "sdpa")]["max_err"] < 1e-5
     assert rows[("softcap", "sdpa")]["status"].startswith("not available: torch SDPA cannot cap scores")
     assert rows[("window", "triton")]["status"] != ""  # ok once the kernels have it; a status either way

@@ -13,6 +13,7 @@ Layers, each in its own file:
     backward_dq.py    the dQ kernel of the deterministic backward (a program owns a query block)
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
     masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
+    usermods.py   score_mod, mask_mod and a block mask's tile kinds inside the kernels
     variants.py   a call's variants as the kernels' flags and arguments
     launch.py     validate, allocate, launch
     autograd.py   the differentiable function (saves q, k, v, O, lse)
@@ -33,7 +34,7 @@ from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
 from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
-from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, shipped_config
+from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, check_backward_config, shipped_config
 from .support import shapes_unsupported_reason, triton_installed, unsupported_reason, variants_unsupported_reason
 from .variants import KernelVariants
 from .varlen import triton_attention_varlen
@@ -42,6 +43,7 @@ __all__ = [
     "TEST_CONFIG",
     "AttentionConfig",
     "KernelConfig",
+    "generated_sources",
     "shapes_unsupported_reason",
     "shipped_config",
     "triton_attention",
@@ -121,6 +123,26 @@ def triton_attention(
     return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
+def generated_sources(opts: AttentionOptions) -> str:
+    """The ``@triton.jit`` source the kernels run for the call's ``score_mod`` (with its derivative by the
+    score, which the backward multiplies into dS) and ``mask_mod``, for a reader (``explain(...,
+    verbose=True)`` prints it); empty without them. Translates the functions (cached), so it raises
+    :class:`flashattn_teach.triton.usermod.UnsupportedUserFunction` for one the translator does not take."""
+    from .usermod import compile_mask_mod, compile_score_mod
+
+    mods = opts.mask.mods
+    if mods is None:
+        return ""
+    parts = []
+    if mods.score_mod is not None:
+        compiled = compile_score_mod(mods.score_mod, mods.captures)
+        parts.append(f"# score_mod and score_grad: SCORE_MOD and SCORE_GRAD of the kernels\n{compiled.source}")
+    if mods.mask_mod is not None:
+        mask = compile_mask_mod(mods.mask_mod, mods.mask_captures)
+        parts.append(f"# mask_mod: MASK_MOD of the kernels, on the block mask's PARTIAL tiles\n{mask.source}")
+    return "\n".join(parts)
+
+
 def triton_forward(
     q: Tensor,
     k: Tensor,
@@ -144,7 +166,7 @@ def triton_forward(
     reason = shapes_unsupported_reason(q, k, v, s)
     if reason is not None:
         raise AttentionValueError(reason)
-    missing = variants_unsupported_reason(opts)
+    missing = variants_unsupported_reason(opts, q.device)
     if missing is not None:
         raise NotImplementedError(missing)
     if dropout is None:
@@ -169,7 +191,7 @@ def triton_forward(
     elif not isinstance(config, AttentionConfig):
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
     if launch.needs_grad(q, k, v):
-        launch.check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
+        check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
         q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
     )

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
-from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, shipped_config
-from .launch import check_backward_config, device_reason, shape_reason
+from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, check_backward_config, shipped_config
+from .launch import device_reason, shape_reason
 
 Timer = Callable[[Callable[[], object]], float]
 

@@ -23,7 +23,9 @@ import re
 from dataclasses import dataclass, replace
 
 import torch
+from torch import Tensor
 
+from .._validate.inputs import AttentionShapes
 from ..errors import AttentionTypeError, AttentionValueError
 
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq", "backward_fused")
@@ -372,3 +374,21 @@ def shipped_configs(
         for d in HEAD_DIMS
         if d in _table(arch, dt)
     ]
+
+
+def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
+    """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
+    if config.backward_dkdv is None or config.backward_dq is None:
+        raise AttentionValueError(
+            f"config has no backward kernels (backward_dkdv={config.backward_dkdv}, "
+            f"backward_dq={config.backward_dq}) for query {tuple(q.shape)} of {q.dtype} with D={s.D}, D_v={s.D_v}; "
+            f"the shipped backward covers head dimensions up to {max_head_dim(q.dtype, backward=True)}: pass a "
+            "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
+        )
+    return config.backward_dkdv, config.backward_dq
+
+
+def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
+    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
+    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
+    return not deterministic and config.backward_fused is not None

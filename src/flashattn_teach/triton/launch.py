@@ -21,10 +21,11 @@ from .configs import (
     MIN_HEAD_DIM,
     TEST_CONFIG,
     AttentionConfig,
-    KernelConfig,
     arch_of,
     block_d,
+    check_backward_config,
     dot_precision,
+    fused_backward,
     max_head_dim,
     shipped_config,
 )
@@ -124,24 +125,6 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
             )
 
 
-def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes) -> tuple[KernelConfig, KernelConfig]:
-    """``config``'s dK/dV and dQ kernel configurations; raises if the backward has none."""
-    if config.backward_dkdv is None or config.backward_dq is None:
-        raise AttentionValueError(
-            f"config has no backward kernels (backward_dkdv={config.backward_dkdv}, "
-            f"backward_dq={config.backward_dq}) for query {tuple(q.shape)} of {q.dtype} with D={s.D}, D_v={s.D_v}; "
-            f"the shipped backward covers head dimensions up to {max_head_dim(q.dtype, backward=True)}: pass a "
-            "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
-        )
-    return config.backward_dkdv, config.backward_dq
-
-
-def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
-    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
-    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
-    return not deterministic and config.backward_fused is not None
-
-
 def forward(
     q: Tensor,
     k: Tensor,
@@ -199,6 +182,7 @@ def forward(
         (s.scale if signed else abs(s.scale)) * LOG2E.value,
         _offset(s, causal_align, variants),
         *variants.args(lse),
+        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -220,6 +204,10 @@ def forward(
         WS=ws,
         # the specialised build's one loop needs no mask when every row sees every key of every block
         EVEN_N=ws and N_k % c.BLOCK_N == 0 and not (causal or variants.window or variants.has_seqlens),
+        SCORE_MOD=variants.score_mod_fn,
+        MASK_MOD=variants.mask_mod_fn,
+        KINDS=variants.has_kinds,
+        LISTED=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -304,6 +292,10 @@ def backward(
     q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
     do_src = descriptor(do, c.BLOCK_M, Dv_pad) if tma else do
     # one launch computing dK and dV, or (``split``) one for dK and one for dV
+    # the dK/dV loop runs a group's heads in one flat loop: over a list of query tiles only when one list
+    # serves them all (kinds broadcast over heads, or no group)
+    kinds = variants.tile_kinds(c.BLOCK_M, c.BLOCK_N)
+    listed_columns = kinds is not None and (s.group == 1 or kinds.shape[1] == 1)
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
         attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
             q_src,
@@ -331,6 +323,7 @@ def backward(
             qk_scale,
             offset,
             *variants.args(lse),
+            *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=listed_columns, columns=True),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -351,6 +344,11 @@ def backward(
             VARLEN=var,
             TMA=tma,
             DQ_ATOMIC=fused,
+            SCORE_MOD=variants.score_mod_fn,
+            SCORE_GRAD=variants.score_grad_fn,
+            MASK_MOD=variants.mask_mod_fn,
+            KINDS=variants.has_kinds,
+            LISTED=listed_columns,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -386,6 +384,7 @@ def backward(
         qk_scale,
         offset,
         *variants.args(lse),
+        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -403,6 +402,11 @@ def backward(
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
         TMA=tma,
+        SCORE_MOD=variants.score_mod_fn,
+        SCORE_GRAD=variants.score_grad_fn,
+        MASK_MOD=variants.mask_mod_fn,
+        KINDS=variants.has_kinds,
+        LISTED=variants.has_kinds,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
+import torch
 from torch import Tensor
 
 from .._options import AttentionOptions
@@ -18,7 +19,7 @@ from ..errors import AttentionError
 from .configs import DTYPES, _triton_version, max_head_dim
 from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
 from .tma import forward_tile, launch_tile, ws_reason
-from .variants import NO_DROPOUT, SUPPORTED, KernelVariants
+from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
 
 
 @functools.cache
@@ -66,11 +67,52 @@ def shapes_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, s: AttentionShape
     return triton_reason() or device_reason(q) or shape_reason(q, s, needs_grad(q, k, v))
 
 
-def variants_unsupported_reason(opts: AttentionOptions) -> str | None:
+def variants_unsupported_reason(opts: AttentionOptions, device: torch.device | None = None) -> str | None:
     """None if the kernels honour every variant of the call's mask contract, else which they lack (packed
-    sequences are the varlen launch's, :func:`call_unsupported_reason`)."""
+    sequences are the varlen launch's, :func:`call_unsupported_reason`). ``device``: the query's, where the
+    user functions' captured tensors must be."""
     missing = [name for name in opts.mask.variants if name not in SUPPORTED]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+    if missing:
+        return f"{', '.join(missing)} not yet in the Triton kernels"
+    return mods_unsupported_reason(opts, device)
+
+
+def mods_unsupported_reason(opts: AttentionOptions, device: torch.device | None = None) -> str | None:
+    """None if the kernels can run the call's score_mod and mask_mod (``opts.mask.mods``), else why they run
+    on the CPU reference: a captured tensor that requires grad, a function the translator does not take
+    (:func:`flashattn_teach.triton.usermod.unsupported_reason` names the operation and the line), more
+    captured tensors than the kernels' slots, one on another device than ``device`` (the query's, when
+    given), or packed sequences. Never raises; imports triton only to
+    translate a function. (The decode kernel never sees a score_mod: the planner sends such steps here.)"""
+    mods = opts.mask.mods
+    if mods is None or (mods.score_mod is None and mods.mask_mod is None):
+        return None
+    if opts.mask.packed is not None or "cu_seqlens" in opts.mask.variants:
+        return "score_mod and mask_mod with packed sequences are not in the Triton kernels"
+    for kind, fn, captures in (
+        ("score_mod", mods.score_mod, tuple(mods.captures)),
+        ("mask_mod", mods.mask_mod, tuple(mods.mask_captures)),
+    ):
+        if fn is None:
+            continue
+        if kind == "score_mod" and mods.grad_captures and torch.is_grad_enabled():
+            return "score_mod captures a tensor that requires grad: learned biases' gradients run on the CPU reference"
+        if len(captures) > CAPTURE_SLOTS:
+            return f"{kind} captures {len(captures)} tensors, more than the {CAPTURE_SLOTS} the Triton kernels take"
+        elsewhere = [t for t in captures if device is not None and t.device != device]
+        if elsewhere:
+            return (
+                f"{kind} captures a tensor on {elsewhere[0].device} and the kernels read it on {device}: move it "
+                "there (.to(q.device))"
+            )
+        try:
+            from .usermod import unsupported_reason as translation_reason
+        except ImportError as e:  # a triton too old to import the translator
+            return f"{kind} cannot be compiled into the Triton kernels: {e}"
+        reason = translation_reason(fn, captures, kind)
+        if reason is not None:
+            return reason
+    return None
 
 
 def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str | None:
@@ -80,7 +122,9 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
     if reason is not None:
         return reason
     missing = [name for name in opts.mask.variants if name not in SUPPORTED and name != "cu_seqlens"]
-    return f"{', '.join(missing)} not yet in the Triton kernels" if missing else None
+    if missing:
+        return f"{', '.join(missing)} not yet in the Triton kernels"
+    return mods_unsupported_reason(opts, q.device)
 
 
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
@@ -115,10 +159,31 @@ def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions)
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
     asked = default_config(q4, s, variants).forward
     tile, ws = forward_tile(asked, q4, k4, v4, variants)
+    compiled = _compiled_note(variants)
     if ws:
         return (
             f"; forward {tile}: warp-specialised (a producer warpgroup issues the TMA copies, two consumer "
             "warpgroups of 64 query rows compute)"
         )
     tile, _ = launch_tile(tile, k4, v4, varlen=False)
-    return f"; forward {tile}: not warp-specialised: {ws_reason(asked, q4, k4, v4, variants)}"
+    why = ws_reason(asked, q4, k4, v4, variants)
+    return f"; forward {tile}{compiled}: not warp-specialised: {why}"
+
+
+def _compiled_note(variants: KernelVariants) -> str:
+    """For ``explain``: which of the user's functions are compiled into the kernels."""
+    names = [
+        name
+        for name, used in (
+            ("score_mod", variants.score_mod is not None),
+            ("its derivative by the score", variants.score_grad_fn is not None),
+            ("mask_mod", variants.mask_mod is not None),
+        )
+        if used
+    ]
+    note = ""
+    if names:
+        note = f" with {', '.join(names)} compiled in (flashattn_teach.triton.generated_sources prints them)"
+    if variants.block_mask is not None:
+        note += ", the block mask's tile kinds read per tile (SKIP tiles not visited, mask_mod on PARTIAL ones only)"
+    return note

@@ -106,6 +106,7 @@ def _ws_variants(variants: KernelVariants) -> tuple[tuple[str, bool], ...]:
         ("packed sequences", variants.varlen),
         ("an attn_mask", variants.bool_mask or variants.additive_mask),
         ("dropout", variants.has_dropout),
+        ("a score_mod, mask_mod or block mask", variants.user_mods),
     )
 
 

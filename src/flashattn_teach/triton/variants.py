@@ -6,22 +6,29 @@ The kernels take, after ``OFFSET``::
     SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
     seed, dropout_offset, dropout_threshold, keep_scale,
     ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-    CU_SEQLENS_Q, CU_SEQLENS_K, stride_lse_h
+    CU_SEQLENS_Q, CU_SEQLENS_K, stride_lse_h,
+    C0, C1, C2, C3, MC0, MC1, MC2, MC3,
+    TILE_KINDS, stride_kind_b, stride_kind_h, stride_kind_m, stride_kind_n,
+    TILE_LIST, stride_list_b, stride_list_h, stride_list_m
 
 and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
-:mod:`.masking`, :mod:`.dropout` and :mod:`.varlen`). A variant that is not set passes a placeholder
-pointer that is never read, so a call without variants compiles to the plain kernel.
+:mod:`.masking`, :mod:`.dropout` and :mod:`.varlen`), and ``SCORE_MOD, SCORE_GRAD, MASK_MOD`` (the user's
+functions compiled by :mod:`flashattn_teach.triton.usermod`, or None) and ``KINDS`` (see
+:mod:`.kernels.usermods`). A variant that is not set passes a placeholder pointer that is never read, so a
+call without variants compiles to the plain kernel.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ..dropout import DropoutKey
+from ..errors import AttentionValueError
 from ..masks.spec import MaskSpec
 
 LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
@@ -29,9 +36,39 @@ LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernel
 # enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
 UNBOUNDED = 2**30
 
-# The variants of the mask contract the kernels honour, by MaskSpec.variants' names.
-SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k", "attn_mask")
+# The variants of the mask contract the kernels honour, by MaskSpec.variants' names (score_mod and
+# mask_mod with the exceptions of support.mods_unsupported_reason)
+SUPPORTED = ("window", "softcap", "alibi_slopes", "seqlens_k", "attn_mask", "score_mod", "mask_mod")
 NO_DROPOUT = DropoutKey()
+# score_mod's and mask_mod's captured tensors the kernels take (C0..C3, MC0..MC3): usermod.MAX_CAPTURES
+CAPTURE_SLOTS = 4
+KIND_SKIP = 0  # flashattn_teach.flex.mods.KIND_SKIP
+
+
+class CompiledScoreMod(Protocol):
+    """What the kernels read of :class:`flashattn_teach.triton.usermod.CompiledScoreMod`."""
+
+    @property
+    def jit(self) -> Any: ...  # @triton.jit (score, b, h, q_idx, kv_idx, C0, C1, C2, C3) -> score
+    @property
+    def grad(self) -> Any: ...  # d score_mod / d score, same signature; None when it is 1
+    @property
+    def captures(self) -> tuple[Tensor, ...]: ...
+
+
+class CompiledMaskMod(Protocol):
+    """What the kernels read of :class:`flashattn_teach.triton.usermod.CompiledMaskMod`."""
+
+    @property
+    def jit(self) -> Any: ...  # @triton.jit (b, h, q_idx, kv_idx, C0, C1, C2, C3) -> bool
+    @property
+    def captures(self) -> tuple[Tensor, ...]: ...
+
+
+class TileKinds(Protocol):
+    """What the kernels read of :class:`flashattn_teach.flex.block_mask.BlockMask`."""
+
+    def tile_kinds(self, block_m: int, block_n: int) -> Tensor: ...  # int8 (B|1, H|1, T_r, T_c)
 
 
 @dataclass(frozen=True)
@@ -43,7 +80,9 @@ class KernelVariants:
     ``attn_mask (B, H_q, N_q, N_k)``: the user's mask as a view with stride 0 along broadcast dims (a
     bool mask viewed as uint8), copied only when several batch dims broadcast unevenly; ``cu_seqlens_q,
     cu_seqlens_k (B + 1,)`` int32 and ``max_seqlen_q, max_seqlen_k``: packed sequences (``VARLEN``, set by
-    :mod:`.varlen`), whose batch index is the sequence."""
+    :mod:`.varlen`), whose batch index is the sequence. ``score_mod``, ``mask_mod``: the user's functions,
+    compiled (their captured tensors on the query's device); ``block_mask``: whatever gives the kinds of
+    each tile at a launch's tiles (``tile_kinds(BLOCK_M, BLOCK_N)``), a FlexAttention block mask."""
 
     window: bool = False
     left: int = UNBOUNDED
@@ -57,6 +96,9 @@ class KernelVariants:
     cu_seqlens_k: Tensor | None = None
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
+    score_mod: CompiledScoreMod | None = None
+    mask_mod: CompiledMaskMod | None = None
+    block_mask: TileKinds | None = None
 
     @staticmethod
     def from_spec(spec: MaskSpec, dropout: DropoutKey = NO_DROPOUT) -> KernelVariants:
@@ -74,6 +116,7 @@ class KernelVariants:
             mask = mask.detach().expand(s.score_shape).reshape(math.prod(s.batch), s.H_q, s.N_q, s.N_k)
             if mask.dtype == torch.bool:
                 mask = mask.view(torch.uint8)  # same bytes; the kernels test != 0
+        score_mod, mask_mod, block_mask = _compiled_mods(spec)
         window = "window" in spec.variants
         return KernelVariants(
             window=window,
@@ -84,20 +127,29 @@ class KernelVariants:
             seqlens_k=lengths,
             dropout=dropout,
             attn_mask=mask,
+            score_mod=score_mod,
+            mask_mod=mask_mod,
+            block_mask=block_mask,
         )
 
     @property
     def used(self) -> bool:
         """Whether any variant is set (the call then gets the variant rows of the configuration table)."""
         return (
-            self.window or self.modifies_scores or self.has_seqlens or self.has_dropout or self.bool_mask or self.varlen
+            self.window
+            or self.modifies_scores
+            or self.has_seqlens
+            or self.has_dropout
+            or self.bool_mask
+            or self.varlen
+            or self.user_mods
         )
 
     @property
     def modifies_scores(self) -> bool:
-        """Softcap, ALiBi or an additive mask: the scale must reach the scores before them (no scale inside
-        the exponent)."""
-        return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask
+        """Softcap, ALiBi, an additive mask or a score_mod: the scale must reach the scores before them (no
+        scale inside the exponent)."""
+        return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask or self.has_score_mod
 
     def args(self, placeholder: Tensor) -> tuple[object, ...]:
         """The runtime arguments after ``OFFSET``; ``placeholder``, the call's lse (whose last dimension is
@@ -124,6 +176,96 @@ class KernelVariants:
             placeholder if self.cu_seqlens_k is None else self.cu_seqlens_k,
             placeholder.shape[-1],
         )
+
+    def mod_args(
+        self,
+        placeholder: Tensor,
+        block_m: int,
+        block_n: int,
+        N_q: int,
+        N_k: int,
+        listed: bool = False,
+        columns: bool = False,
+    ) -> tuple[object, ...]:
+        """The runtime arguments after ``stride_lse_h``: the captured tensors of score_mod and of mask_mod
+        (``placeholder`` in unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles with
+        their strides (0 along broadcast dims), and with ``listed`` :func:`tile_list` of them, ``TILE_LIST,
+        stride_list_b, stride_list_h, stride_list_m``: each query tile's key tiles, or with ``columns`` each
+        key tile's query tiles (the dK/dV kernel, whose programs own a key block). The kinds table must cover
+        the launch's ``cdiv(N_q, block_m) x cdiv(N_k, block_n)`` tiles."""
+        score = () if self.score_mod is None else tuple(self.score_mod.captures)
+        mask = () if self.mask_mod is None else tuple(self.mask_mod.captures)
+        for name, captures in (("score_mod", score), ("mask_mod", mask)):
+            if len(captures) > CAPTURE_SLOTS:
+                raise AttentionValueError(
+                    f"{name} captures {len(captures)} tensors and the kernels take {CAPTURE_SLOTS}: run the call "
+                    "on a CPU path (backend='online'), or fold captured tensors into fewer (torch.stack)"
+                )
+        slots = (placeholder,) * CAPTURE_SLOTS
+        kinds = self.tile_kinds(block_m, block_n)
+        if kinds is None:
+            kind_args: tuple[object, ...] = (placeholder, 0, 0, 0, 0)
+        else:
+            need = (-(-N_q // block_m), -(-N_k // block_n))
+            if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
+                raise AttentionValueError(
+                    f"block_mask's tile kinds at {block_m} x {block_n} tiles are {kinds.dtype} {tuple(kinds.shape)}, "
+                    f"but N_q={N_q}, N_k={N_k} need int8 (B|1, H|1, {need[0]}, {need[1]}): build the block mask "
+                    "for these lengths (create_block_mask(mask_mod, B, H, N_q, N_k))"
+                )
+            kinds = kinds.to(placeholder.device)  # O(tiles) bytes; a no-op where the block mask was built
+            stride_b, stride_h, stride_m, stride_n = kinds.stride()
+            kind_args = (
+                kinds,
+                0 if kinds.shape[0] == 1 else stride_b,
+                0 if kinds.shape[1] == 1 else stride_h,
+                stride_m,
+                stride_n,
+            )
+        list_args: tuple[object, ...] = (placeholder, 0, 0, 0)
+        if listed and kinds is not None:
+            table = tile_list(kinds.transpose(-1, -2) if columns else kinds)
+            list_args = (
+                table,
+                0 if table.shape[0] == 1 else table.stride(0),
+                0 if table.shape[1] == 1 else table.stride(1),
+                table.stride(2),
+            )
+        return (*(score + slots)[:CAPTURE_SLOTS], *(mask + slots)[:CAPTURE_SLOTS], *kind_args, *list_args)
+
+    def tile_kinds(self, block_m: int, block_n: int) -> Tensor | None:
+        """The block mask's kinds at ``block_m x block_n`` tiles, int8 ``(B|1, H|1, T_r, T_c)``, or None."""
+        if self.block_mask is None:
+            return None
+        return self.block_mask.tile_kinds(block_m, block_n)
+
+    @property
+    def score_mod_fn(self) -> Any:
+        """``SCORE_MOD``: the compiled score_mod, or None."""
+        return None if self.score_mod is None else self.score_mod.jit
+
+    @property
+    def score_grad_fn(self) -> Any:
+        """``SCORE_GRAD``: its derivative by the score, or None (none, or a derivative of 1)."""
+        return None if self.score_mod is None else self.score_mod.grad
+
+    @property
+    def mask_mod_fn(self) -> Any:
+        """``MASK_MOD``: the compiled mask_mod, or None."""
+        return None if self.mask_mod is None else self.mask_mod.jit
+
+    @property
+    def has_score_mod(self) -> bool:
+        return self.score_mod is not None
+
+    @property
+    def has_kinds(self) -> bool:
+        return self.block_mask is not None
+
+    @property
+    def user_mods(self) -> bool:
+        """Whether a score_mod, a mask_mod or a block mask is set (the user's functions in the kernels)."""
+        return self.score_mod is not None or self.mask_mod is not None or self.block_mask is not None
 
     @property
     def has_softcap(self) -> bool:
@@ -159,3 +301,30 @@ class KernelVariants:
 
 
 PLAIN = KernelVariants()
+
+
+def tile_list(kinds: Tensor) -> Tensor:
+    """Each query tile's key tiles that are not SKIP, in order: int32 ``(B|1, H|1, T_r, 1 + T_c)`` whose entry
+    0 is their number ``n`` and entries ``1..n`` are ``(j << 2) | kind`` (``kinds`` int8 ``(B|1, H|1, T_r,
+    T_c)``). The forward and dQ kernels loop over it, as FlexAttention's over its ``kv_indices``: a SKIP tile
+    takes no iteration and no branch sits in the loop, whose loads stay pipelined. O(tiles) work."""
+    visited = kinds != KIND_SKIP
+    # stable: the visited tiles first, in key order
+    order = torch.argsort((~visited).to(torch.int8), dim=-1, stable=True)
+    codes = (order.to(torch.int32) << 2) | kinds.gather(-1, order).to(torch.int32)
+    count = visited.sum(-1, keepdim=True, dtype=torch.int32)
+    return torch.cat([count, codes], dim=-1).contiguous()
+
+
+def _compiled_mods(spec: MaskSpec) -> tuple[CompiledScoreMod | None, CompiledMaskMod | None, TileKinds | None]:
+    """``spec.mods``' functions compiled by :mod:`flashattn_teach.triton.usermod` (which imports triton) and
+    its block mask; Nones without them. The caller has refused what cannot be compiled
+    (:func:`flashattn_teach.triton.support.mods_unsupported_reason`)."""
+    mods = spec.mods
+    if mods is None:
+        return None, None, None
+    from .usermod import compile_mask_mod, compile_score_mod
+
+    score = None if mods.score_mod is None else compile_score_mod(mods.score_mod, tuple(mods.captures))
+    mask = None if mods.mask_mod is None else compile_mask_mod(mods.mask_mod, tuple(mods.mask_captures))
+    return score, mask, mods.block_mask

@@ -40,7 +40,8 @@ def triton_varlen_forward(
     kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call. With
     ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
     from .autograd import TritonAttentionFunction
-    from .launch import check_backward_config, default_config, needs_grad
+    from .configs import check_backward_config
+    from .launch import default_config, needs_grad
 
     if not triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")

@@ -26,7 +26,7 @@ import torch
 
 from ..configs import ARCHS
 from ..decode_launch import decode_config, launch_decode
-from .report import MAX_REGISTERS, SMEM_LIMIT
+from .compile import MAX_REGISTERS, SMEM_LIMIT
 from .sass import disassemble
 from .specialize import CompileRequest, requests_for
 

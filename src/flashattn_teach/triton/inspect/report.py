@@ -27,7 +27,9 @@ dropout, alone or to any of these runs, and uses the dropout rows.
 iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
 in the benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
 (producer, consumers: warps, registers set by ``setmaxnreg``, named and CTA-wide barriers in its loop)
-and one with its model. ``--dump DIR`` writes each compiled kernel's PTX and SASS.
+and one with its model. ``--score-mod`` adds :mod:`flashattn_teach.triton.inspect.score_mod`'s table: a softcap
+written as a score_mod against the built-in softcap, loop by loop. ``--dump DIR`` writes each compiled
+kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
@@ -37,133 +39,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..._cli_types import ArgumentParser, positive_int
-from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_config, shipped_configs
-from ..variants import PLAIN, KernelVariants
-from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile, profile_sass
-from .sass import disassemble
-from .specialize import CompileRequest, kernel_request, sample_variants, sample_varlen, with_kernel_config
+from ..configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_configs
+from ..variants import PLAIN
+from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel
+from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile
+from .specialize import sample_variants, sample_varlen
 from .waves import add_arguments as add_schedule_arguments
 from .waves import print_schedule
 
-SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
-MAX_REGISTERS = 255
-_SHORT_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class CompileReport:
-    """What one compiled kernel uses."""
-
-    kernel: str
-    arch: str
-    dtype: torch.dtype
-    head_dim: int
-    config: KernelConfig
-    registers: int
-    spill_bytes: int
-    smem_bytes: int
-    mma: str  # "HGMMA", "HMMA" or "none"
-    seconds: float
-    launched_warps: int = field(compare=False)  # the compiled kernel's (more than asked when warp-specialised)
-    request: CompileRequest = field(repr=False, compare=False)
-    ptx: str = field(repr=False, compare=False)
-    sass: str = field(repr=False, compare=False)
-
-    def problems(self) -> list[str]:
-        """Why this kernel fails the compile checks; empty if it passes."""
-        out = []
-        if self.spill_bytes:
-            out.append(
-                "spills to local memory"
-                if self.spill_bytes < 0
-                else f"{self.spill_bytes} bytes spilled to local memory"
-            )
-        if self.registers > MAX_REGISTERS:
-            out.append(f"{self.registers} registers > {MAX_REGISTERS}")
-        if self.smem_bytes > SMEM_LIMIT[self.arch]:
-            out.append(f"{self.smem_bytes} bytes of shared memory > {SMEM_LIMIT[self.arch]}")
-        if (
-            self.arch == "sm90"
-            and self.dtype != torch.float32
-            and self.kernel != "backward_preprocess"
-            and self.mma != "HGMMA"
-        ):
-            out.append(f"matmuls use {self.mma}, not HGMMA")
-        return out
-
-    def file_stem(self) -> str:
-        """``forward_bf16_d128_128x128_w8_s2``: kernel, dtype, head dim and tile (``_ws`` when warp-specialised),
-        for dumped files."""
-        c = self.config
-        return (
-            f"{self.kernel}_{_SHORT_DTYPE[self.dtype]}_d{self.head_dim}_{c.BLOCK_M}x{c.BLOCK_N}"
-            f"_w{c.num_warps}_s{c.num_stages}" + "_ws" * getattr(c, "ws", False)
-        )
-
-    def loop_profile(self) -> LoopProfile | None:
-        """The profile of this kernel's steady-state loop; None for a kernel without a matmul loop."""
-        return profile_sass(self.sass, self.config.num_warps, self.arch, kernel=self.kernel)
-
-
-def _resource(res_usage: str, name: str) -> int:
-    """One figure of ``cuobjdump -res-usage`` (``REG:226 STACK:0 SHARED:0 LOCAL:0 ...``)."""
-    found = re.search(rf"\b{name}:(\d+)", res_usage)
-    if found is None:
-        raise RuntimeError(f"cuobjdump -res-usage printed no {name} figure: {res_usage.strip()!r}")
-    return int(found.group(1))
-
-
-def compile_kernel(
-    name: str,
-    arch: str,
-    dtype: torch.dtype,
-    head_dim: int,
-    c: KernelConfig,
-    causal: bool = True,
-    group: int = 1,
-    variants: KernelVariants = PLAIN,
-) -> CompileReport:
-    """Compile one kernel for ``arch`` ("sm90" or "sm80") as the JIT would for a sample call with launch
-    parameters ``c`` (see :func:`flashattn_teach.triton.inspect.specialize.attention_requests`), and read its
-    resource use from the cubin."""
-    t0 = time.perf_counter()
-    base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
-    config = with_kernel_config(base, name, c)
-    request = kernel_request(name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants)
-    compiled = request.compile()
-    text, res = disassemble(compiled.asm["cubin"])
-    registers = _resource(res, "REG")
-    local = _resource(res, "LOCAL") + _resource(res, "STACK")
-    if local == 0 and re.search(r"\b(STL|LDL)\b", text):
-        local = -1  # local-memory traffic of unknown size
-    static_smem = _resource(res, "SHARED")
-    mma = "HGMMA" if "HGMMA" in text else "HMMA" if "HMMA" in text else "none"
-    return CompileReport(
-        kernel=name,
-        arch=arch,
-        dtype=dtype,
-        head_dim=head_dim,
-        config=c,
-        registers=registers,
-        spill_bytes=local,
-        smem_bytes=max(static_smem, compiled.metadata.shared),
-        mma=mma,
-        seconds=time.perf_counter() - t0,
-        launched_warps=compiled.metadata.num_warps,
-        request=request,
-        ptx=compiled.asm["ptx"],
-        sass=text,
-    )
 
 
 def shipped_kernels(
@@ -232,6 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--loops",
         action="store_true",
         help="profile each kernel's steady-state loop from its SASS and estimate TFLOP/s (docs/loop-profile.md)",
+    )
+    parser.add_argument(
+        "--score-mod",
+        action="store_true",
+        help="compare the loops of a softcap written as a score_mod with the built-in softcap's (score_mod.py)",
     )
     parser.add_argument(
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
@@ -366,6 +261,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.loops:
         print_loop_profiles(args, selected)
+    if args.score_mod:
+        from .score_mod import print_comparison
+
+        print_comparison(
+            args.arch, sorted({dt for _, dt, _, _ in selected}, key=str), sorted({d for _, _, d, _ in selected})
+        )
     return 1 if failed else 0
 
 

@@ -89,6 +89,23 @@ def attn_bwd_dkdv(
     CU_SEQLENS_Q,
     CU_SEQLENS_K,
     stride_lse_h,
+    C0,
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    TILE_KINDS,
+    stride_kind_b,
+    stride_kind_h,
+    stride_kind_m,
+    stride_kind_n,
+    TILE_LIST,
+    stride_list_b,
+    stride_list_h,
+    stride_list_m,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -109,6 +126,11 @@ def attn_bwd_dkdv(
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -117,7 +139,12 @@ def attn_bwd_dkdv(
 
     ``DQ_ATOMIC``: the one-kernel backward. Each step also adds its dQ partial ``scale dS_ij K_j`` into
     ``DQ``, a zeroed fp32 buffer of Q's shape ``(B, H_q, N_q, D)``, by atomic adds (the order in which key
-    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is unused."""
+    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is unused.
+
+    ``SCORE_MOD``, ``SCORE_GRAD``, ``MASK_MOD`` and ``KINDS`` as in :func:`~.backward_dq.attn_bwd_dq`, the
+    kinds at this launch's tiles; ``LISTED`` with ``TILE_LIST`` the list of each key block's visited query
+    tiles (:func:`flashattn_teach.triton.variants.tile_list` of the transposed kinds, row ``j`` at ``b *
+    stride_list_b + h0 * stride_list_h + j * stride_list_m``), one for the whole group."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
@@ -181,6 +208,8 @@ def attn_bwd_dkdv(
         DO_group = DO + b * stride_dob + h0 * stride_doh
     SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
     MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
+    KINDS_col = TILE_KINDS + b * stride_kind_b + h0 * stride_kind_h + j * stride_kind_n  # read only with KINDS
+    LIST_col = TILE_LIST + b * stride_list_b + h0 * stride_list_h + j * stride_list_m  # read only with LISTED
     DQ_group = DQ + b * stride_dqb + h0 * stride_dqh
     if SEQLENS:
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
@@ -195,38 +224,64 @@ def attn_bwd_dkdv(
         end = tl.where(start_n < tl.load(SEQLENS_K + b), end, begin)
         diag_end = tl.minimum(diag_end, end)
         full_end = tl.minimum(full_end, end)
-    # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
-    # ragged last block (and the window's left side)
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA=TMA, MASK=False, DQ_ATOMIC=DQ_ATOMIC,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-        stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-        full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-        seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn, stride_dqd, scale,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION,
-        WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-    )  # fmt: skip
+    if LISTED:
+        # the block mask's visited query tiles, all masked (the causal, window and length bounds still apply)
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+            0, tl.load(LIST_col), start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group,
+            stride_slope_h,
+            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
+            stride_dqd, scale,
+            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+        )  # fmt: skip
+    else:
+        # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
+        # ragged last block (and the window's left side)
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+            begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
+            stride_dqd, scale,
+            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+        )  # fmt: skip
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+            diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
+            stride_dqd, scale,
+            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            WITH_DK, WITH_DV, TMA=TMA, MASK=False, DQ_ATOMIC=DQ_ATOMIC,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+        )  # fmt: skip
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
+            full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
+            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
+            stride_dqd, scale,
+            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION,
+            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+        )  # fmt: skip
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key
         # alone), and no row sees them: their gradient is 0

@@ -10,8 +10,9 @@ from triton import language as tl
 
 from .dropout import _dropout_keep
 from .forward import LOG2E
-from .masking import _attn_mask_tile, _in_window, _modify_scores
+from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
 from .tiles import _load_block, _load_block_T, _load_tile_tma
+from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
 @triton.jit
@@ -61,6 +62,18 @@ def _attn_bwd_dkdv_inner(
     stride_dqn,
     stride_dqd,
     scale,
+    C0,  # score_mod's captured tensors, then mask_mod's (placeholders when unused)
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    KINDS_col,  # the block mask's kinds of this key block at the group's first query head (its first query
+    stride_kind_h,  # tile), and their head and query-tile strides
+    stride_kind_m,
+    LIST_col,  # with LISTED: variants.tile_list's row of this key block (the query tiles that see it)
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -80,6 +93,11 @@ def _attn_bwd_dkdv_inner(
     TMA: tl.constexpr,
     MASK: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
     (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
@@ -87,7 +105,11 @@ def _attn_bwd_dkdv_inner(
     One flat loop over ``GROUP * n_steps`` (head, block) pairs, the block fastest. Works on transposed
     tiles (keys along rows) so that no probability tile needs a transpose. ``MASK`` selects the stage:
     True for the diagonal and the ragged last block, where ``P`` of invisible pairs is 0; False for full
-    blocks, whose loads need no row mask.
+    blocks, whose loads need no row mask. The user's functions (:mod:`.usermods`) see the transposed index
+    grids ``q_idx (1, BLOCK_M)``, ``kv_idx (BLOCK_N, 1)``, the flat batch index ``b_coord`` and the query head
+    ``h0_coord + g``; a SKIP tile of ``KINDS`` adds nothing. ``LISTED``: ``[start_m, end_m)`` counts
+    entries of ``LIST_col``, each ``(i << 2) | kind``, the same for every head of the group (the launcher
+    sets it only then).
     """
     offs_m = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -96,105 +118,145 @@ def _attn_bwd_dkdv_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
     # moves out of an empty loop divides by zero
-    n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
+    if LISTED:
+        n_steps = tl.maximum(end_m - start_m, 0)
+    else:
+        n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
     # the masked stages run a block or two per key block; by TMA they run unpipelined, which leaves more
     # registers to the tile (through pointers one stage would hold the loaded tiles in registers instead)
-    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA else None):
+    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA and not LISTED else None):
         if GROUP == 1:
             g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
         else:
             g = t // tl.maximum(n_steps, 1)
-        start = start_m + (t - g * n_steps) * BLOCK_M
+        kind = KIND_PARTIAL
+        visit = True
+        if LISTED:
+            code = tl.load(LIST_col + 1 + start_m + (t - g * n_steps))  # (i << 2) | kind
+            start = (code >> 2) * BLOCK_M
+            kind = code & 3
+        else:
+            start = start_m + (t - g * n_steps) * BLOCK_M
+            if KINDS:
+                kind = tl.load(KINDS_col + g * stride_kind_h + (start // BLOCK_M) * stride_kind_m)
+                visit = kind != KIND_SKIP
         rows = tl.cast(start, tl.int64)
         stats = tl.cast(g, tl.int64) * stride_lse_h + rows
-        in_q = start + offs_m < N_q
-        # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
-        if TMA:
-            # the copy engine fills rows past N_q and lanes past D with zeros; no address arithmetic here
-            qT = tl.trans(_load_tile_tma(Q_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_D))
-            do = _load_tile_tma(DO_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_DV)
-        else:
-            Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
-            DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
-            qT = _load_block_T(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
-            do = _load_block(
-                DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
-            )
-        # lse_i * log2(e) (+inf for a row that saw no key) and delta_i: (BLOCK_M,)
-        lse2 = tl.load(LSE2_group + stats + offs_m, mask=in_q, other=0.0)
-        delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
-        # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-        if SOFTCAP or ALIBI or ADD_MASK:
-            slope_log2 = 0.0
-            if ALIBI:
-                slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
-            # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
-            sT, tT = _modify_scores(
-                qkT * qk_scale, start + offs_m[None, :], offs_n[:, None], OFFSET, softcap_log2, slope_log2,
-                SOFTCAP, ALIBI,
-            )  # fmt: skip
-            if ADD_MASK:
-                biasT = _attn_mask_tile(
-                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
-                    stride_mask_m, stride_mask_n, N_q, N_k,
-                )  # fmt: skip
-                sT = sT + biasT.to(tl.float32) * LOG2E
-            pT = tl.math.exp2(sT - lse2[None, :])
-        else:
-            # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
-            pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
-        if MASK or BOOL_MASK:
-            visible = in_q[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
-            if WINDOW:
-                visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
-            if BOOL_MASK:
-                userT = _attn_mask_tile(
-                    MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
-                    stride_mask_m, stride_mask_n, N_q, N_k,
-                )  # fmt: skip
-                visible = visible & (userT != 0)
-            pT = tl.where(visible, pT, 0.0)
-        if DROPOUT:
-            # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
-            keepT = tl.trans(
-                _dropout_keep(seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q_all, N_k, dropout_threshold)
-            )
-            # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
-            if WITH_DV:
-                pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
-                dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        elif WITH_DV:
-            # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        if WITH_DK:
-            # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M), after the dV
-            # update so that the scores' and dP's tiles are not live at once
-            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-            if DROPOUT:
-                # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
-                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
-            if DQ_ATOMIC:
-                # scale * dS_ij^T = P_ij^T * (scale dP_ij^T - scale delta_i): one FFMA where the plain form has
-                # an FADD, and dK_j and the dQ partial both come out scaled
-                dsT = pT * (dpT * scale - (delta * scale)[None, :])
+        if visit:  # a SKIP tile of the block mask adds nothing
+            in_q = start + offs_m < N_q
+            # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
+            if TMA:
+                # the copy engine fills rows past N_q and lanes past D with zeros; no address arithmetic here
+                qT = tl.trans(_load_tile_tma(Q_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_D))
+                do = _load_tile_tma(DO_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_DV)
             else:
-                # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
-                dsT = pT * (dpT - delta[None, :])
-            if SOFTCAP:
-                # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
-                dsT = dsT * (1.0 - tT * tT)
-            dsT = dsT.to(qT.dtype)
-            # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); without DQ_ATOMIC the scale is
-            # applied once at the end
-            dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=DOT_PRECISION)
-            if DQ_ATOMIC:
-                # dQ_i += scale dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D), added into the fp32 buffer
-                # that every key block's program adds to; K_j's rows past the keys are 0 and add nothing
-                dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION)
-                DQ_blk = DQ_group + tl.cast(g, tl.int64) * stride_dqh + rows * stride_dqn
-                ptrs = DQ_blk + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
-                tl.atomic_add(ptrs, dq, mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+                Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
+                DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
+                qT = _load_block_T(
+                    Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
+                )
+                do = _load_block(
+                    DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+                )
+            # lse_i * log2(e) (+inf for a row that saw no key) and delta_i: (BLOCK_M,)
+            lse2 = tl.load(LSE2_group + stats + offs_m, mask=in_q, other=0.0)
+            delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
+            # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
+            qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+            if SOFTCAP or ALIBI or ADD_MASK:
+                slope_log2 = 0.0
+                if ALIBI:
+                    slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
+                # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
+                sT, tT = _modify_scores(
+                    qkT * qk_scale, start + offs_m[None, :], offs_n[:, None], OFFSET, softcap_log2, slope_log2,
+                    SOFTCAP, ALIBI,
+                )  # fmt: skip
+                if ADD_MASK:
+                    biasT = _attn_mask_tile(
+                        MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                        stride_mask_m, stride_mask_n, N_q, N_k,
+                    )  # fmt: skip
+                    sT = sT + biasT.to(tl.float32) * LOG2E
+                if SCORE_MOD is not None:
+                    sT = sT * LN2  # natural units for the user's function
+            elif SCORE_MOD is not None:
+                sT = qkT * (qk_scale * LN2)  # scale * q.k
+            if SCORE_MOD is not None:
+                q_idx = start + offs_m[None, :]  # (1, BLOCK_M) and (BLOCK_N, 1): the transposed grids
+                kv_idx = offs_n[:, None]
+                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
+                    gradT = SCORE_GRAD(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3)
+                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
+                # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
+                pT = tl.math.exp2(sT * LOG2E - lse2[None, :])
+            elif SOFTCAP or ALIBI or ADD_MASK:
+                pT = tl.math.exp2(sT - lse2[None, :])
+            else:
+                # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
+                pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+            if MASK or BOOL_MASK or MASK_MOD is not None:
+                visible = in_q[None, :]
+                if CAUSAL:
+                    visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
+                if WINDOW:
+                    visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
+                if BOOL_MASK:
+                    userT = _attn_mask_tile(
+                        MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
+                        stride_mask_m, stride_mask_n, N_q, N_k,
+                    )  # fmt: skip
+                    visible = visible & (userT != 0)
+                if MASK_MOD is not None:
+                    visible = _mask_mod_visible(
+                        visible, kind, b_coord, h0_coord + g, start + offs_m[None, :], offs_n[:, None],
+                        MC0, MC1, MC2, MC3, MASK_MOD,
+                    )  # fmt: skip
+                pT = tl.where(visible, pT, 0.0)
+            if DROPOUT:
+                # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
+                keepT = tl.trans(
+                    _dropout_keep(
+                        seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q_all, N_k, dropout_threshold
+                    )
+                )
+                # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
+                if WITH_DV:
+                    pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
+                    dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            elif WITH_DV:
+                # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
+                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            if WITH_DK:
+                # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M), after the dV
+                # update so that the scores' and dP's tiles are not live at once
+                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                if DROPOUT:
+                    # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
+                    dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+                if DQ_ATOMIC:
+                    # scale * dS_ij^T = P_ij^T * (scale dP_ij^T - scale delta_i): one FFMA where the plain form has
+                    # an FADD, and dK_j and the dQ partial both come out scaled
+                    dsT = pT * (dpT * scale - (delta * scale)[None, :])
+                else:
+                    # dS_ij^T = P_ij^T * (dP_ij^T - delta_i)
+                    dsT = pT * (dpT - delta[None, :])
+                if SCORE_GRAD is not None:
+                    # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
+                    # derivative need not be finite: 0 where P is
+                    dsT = tl.where(pT == 0.0, 0.0, dsT * gradT) if ADD_MASK else dsT * gradT
+                if SOFTCAP:
+                    # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
+                    dsT = dsT * (1.0 - tT * tT)
+                dsT = dsT.to(qT.dtype)
+                # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); without DQ_ATOMIC the scale is
+                # applied once at the end
+                dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=DOT_PRECISION)
+                if DQ_ATOMIC:
+                    # dQ_i += scale dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D), added into the fp32 buffer
+                    # that every key block's program adds to; K_j's rows past the keys are 0 and add nothing
+                    dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION)
+                    DQ_blk = DQ_group + tl.cast(g, tl.int64) * stride_dqh + rows * stride_dqn
+                    ptrs = DQ_blk + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+                    tl.atomic_add(ptrs, dq, mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv

@@ -10,142 +10,12 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from .dropout import _dropout_keep, _packed_dropout
+from .backward_dq_inner import _attn_bwd_dq_inner
+from .dropout import _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .grid import INDEX, LONGEST, program_block
-from .masking import _attn_mask_tile, _in_window, _modify_scores, _sequence, _window_key_range
-from .tiles import _load_block, _load_block_T, _load_tile_tma, _store_block
-
-
-@triton.jit
-def _attn_bwd_dq_inner(
-    dq,  # dQ_i (BLOCK_M, BLOCK_D) fp32 accumulator
-    q,  # Q_i (BLOCK_M, BLOCK_D)
-    do,  # dO_i (BLOCK_M, BLOCK_DV)
-    lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
-    delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
-    K_head,  # K and V of the key/value head (row 0); with TMA K's and V's descriptors
-    V_head,
-    b_coord,  # with TMA: the batch element and the key/value head, as descriptor coordinates
-    h_coord,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    start_n,
-    end_n,
-    start_m,
-    N_k,
-    qk_scale,
-    OFFSET,
-    LEFT,
-    RIGHT,
-    softcap_log2,
-    slope_log2,
-    seed,  # dropout, as in _attn_bwd_dkdv_inner (bh: this program's b * H_q + h)
-    dropout_offset,
-    bh,
-    N_q,
-    N_k_all,
-    dropout_threshold,
-    keep_scale,
-    MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
-    stride_mask_m,
-    stride_mask_n,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    BOOL_MASK: tl.constexpr,
-    ADD_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
-    MASK: tl.constexpr,
-):
-    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`."""
-    rows = tl.arange(0, BLOCK_M)
-    offs_m = start_m + rows
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    for start in tl.range(start_n, end_n, BLOCK_N):
-        in_k = start + offs_n < N_k
-        # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-        if TMA:
-            kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
-            vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
-        else:
-            cols = tl.cast(start, tl.int64)
-            kT = _load_block_T(
-                K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
-                ROWS_OK=not MASK,
-            )  # fmt: skip
-            vT = _load_block_T(
-                V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
-                ROWS_OK=not MASK,
-            )  # fmt: skip
-        # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        if SOFTCAP or ALIBI or ADD_MASK:
-            s, t = _modify_scores(
-                qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
-                SOFTCAP, ALIBI,
-            )  # fmt: skip
-            if ADD_MASK:
-                bias = _attn_mask_tile(
-                    MASK_head,
-                    start_m,
-                    start,
-                    rows[:, None],
-                    offs_n[None, :],
-                    stride_mask_m,
-                    stride_mask_n,
-                    N_q,
-                    N_k_all,
-                )
-                s = s + bias.to(tl.float32) * LOG2E
-            p = tl.math.exp2(s - lse2[:, None])
-        else:
-            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        if MASK or BOOL_MASK:
-            visible = in_k[None, :]
-            if CAUSAL:
-                visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
-            if WINDOW:
-                visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
-            if BOOL_MASK:
-                user = _attn_mask_tile(
-                    MASK_head,
-                    start_m,
-                    start,
-                    rows[:, None],
-                    offs_n[None, :],
-                    stride_mask_m,
-                    stride_mask_n,
-                    N_q,
-                    N_k_all,
-                )
-                visible = visible & (user != 0)
-            p = tl.where(visible, p, 0.0)
-        # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
-        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
-        if DROPOUT:
-            # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
-            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
-        # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
-        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
-    return dq
+from .masking import _sequence, _window_key_range
+from .tiles import _load_block, _store_block
 
 
 @triton.jit
@@ -203,6 +73,23 @@ def attn_bwd_dq(
     CU_SEQLENS_Q,
     CU_SEQLENS_K,
     stride_lse_h,
+    C0,
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    TILE_KINDS,
+    stride_kind_b,
+    stride_kind_h,
+    stride_kind_m,
+    stride_kind_n,
+    TILE_LIST,
+    stride_list_b,
+    stride_list_h,
+    stride_list_m,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -220,10 +107,16 @@ def attn_bwd_dq(
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
-    descriptors of blocks ``(1, 1, BLOCK_N, .)``."""
+    descriptors of blocks ``(1, 1, BLOCK_N, .)``. ``SCORE_MOD``, ``SCORE_GRAD`` (its derivative; None when
+    it is 1), ``MASK_MOD``, ``KINDS`` and ``LISTED`` as in :func:`~.forward.attn_fwd`, at this launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; all heads' start first (.grid)
@@ -277,6 +170,8 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
+    KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + blk * stride_kind_m  # read only with KINDS
+    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + blk * stride_list_m  # read only with LISTED
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
@@ -288,38 +183,58 @@ def attn_bwd_dq(
         slope_log2 = 0.0
     # (start_n, end_n, MASK) of the stages: the window's left side, the full key blocks, then the diagonal
     # (the window's right side) and the ragged last block
-    if WINDOW:
-        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    if LISTED:
+        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            0, tl.load(LIST_row), start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
             MASK=True,
         )  # fmt: skip
     else:
-        full_begin = 0
-        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_head, stride_mask_m, stride_mask_n,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-        MASK=False,
-    )  # fmt: skip
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
-        full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-        seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-        MASK_head, stride_mask_m, stride_mask_n,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-        MASK=True,
-    )  # fmt: skip
+        if WINDOW:
+            begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+            dq = _attn_bwd_dq_inner(
+                dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+                begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+                seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+                MASK_head, stride_mask_m, stride_mask_n,
+                b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+                BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+                SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+                MASK=True,
+            )  # fmt: skip
+        else:
+            full_begin = 0
+            full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            MASK=False,
+        )  # fmt: skip
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+            full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, stride_mask_m, stride_mask_n,
+            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            MASK=True,
+        )  # fmt: skip
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale

@@ -29,6 +29,8 @@ diagonal or the split's end cuts (masked), as :mod:`.masking` does for the prefi
 
 Like the prefill kernels the scores are kept in log2 units: ``s2 = scale log2(e) q.k`` and
 ``lse = ln 2 (m_i + log2 l_i)``; softcap and ALiBi modify ``s2`` (:func:`~.masking._modify_scores`).
+FlexAttention's ``score_mod`` and ``mask_mod`` (:mod:`.usermods`) never reach these kernels:
+``flash_attention_with_kvcache`` takes neither.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ The variants of the mask contract (a sliding window, softcap, ALiBi, ``seqlens_k
 flags, each compiled in only when a call uses it (:mod:`.masking`): a window adds a third, masked stage
 before the unmasked one, for the key blocks its left side cuts; ``seqlens_k[b]`` takes the place of
 ``N_k`` (and, bottom-right, gives the diagonal offset ``seqlens_k[b] - N_q``); softcap and ALiBi modify
-each score after scaling it.
+each score after scaling it. FlexAttention's ``score_mod`` and ``mask_mod`` arrive compiled, as
+``tl.constexpr`` functions, and a block mask as a table of tile kinds (:mod:`.usermods`): the stages stay
+as they are, a SKIP tile inside them is passed over, and ``mask_mod`` runs on PARTIAL tiles only.
 
 With ``WS`` (sm_90, 16-bit inputs; :func:`flashattn_teach.triton.tma.ws_reason` says when) triton's pass
 warp-specialises the key loop: the program's 4 warps become 12, a producer warpgroup that issues the TMA
@@ -34,6 +36,7 @@ unless ``EVEN_N`` (set by the launcher: not causal, no window or ``seqlens_k``, 
 ``BLOCK_N``) says that every row sees every key of every block.
 
 The backward kernels import two pieces from here: ``LOG2E`` and the key range of a query block.
+The constants ``LOG2E`` and ``LN2`` live in :mod:`.masking`, with the score units they convert.
 """
 
 from __future__ import annotations
@@ -113,6 +116,23 @@ def attn_fwd(
     CU_SEQLENS_Q,
     CU_SEQLENS_K,
     stride_lse_h,
+    C0,
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    TILE_KINDS,
+    stride_kind_b,
+    stride_kind_h,
+    stride_kind_m,
+    stride_kind_n,
+    TILE_LIST,
+    stride_list_b,
+    stride_list_h,
+    stride_list_m,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -133,6 +153,10 @@ def attn_fwd(
     VARLEN: tl.constexpr = False,
     WS: tl.constexpr = False,
     EVEN_N: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -151,6 +175,15 @@ def attn_fwd(
     of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``. ``BOOL_MASK``
     (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any strides (0
     where it broadcasts).
+
+    ``SCORE_MOD``, ``MASK_MOD`` (:mod:`.usermods`): the user's functions, compiled, with the pointers of
+    their captured tensors ``C0..C3`` and ``MC0..MC3`` (placeholders where unused); ``KINDS`` with
+    ``TILE_KINDS (B|1, H_q|1, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at
+    this launch's tiles, read at ``b * stride_kind_b + h * stride_kind_h + i * stride_kind_m + j *
+    stride_kind_n`` (strides 0 where it broadcasts); with ``LISTED`` the key loop is one masked stage over
+    ``TILE_LIST``, :func:`flashattn_teach.triton.variants.tile_list` of those kinds, read at ``b *
+    stride_list_b + h * stride_list_h + i * stride_list_m``: a SKIP tile takes no iteration. The launcher
+    passes none of them with ``VARLEN`` or ``WS``.
 
     ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
     ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
@@ -242,6 +275,8 @@ def attn_fwd(
     else:
         slope_log2 = 0.0
 
+    KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + i * stride_kind_m  # read only with KINDS
+    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + i * stride_list_m  # read only with LISTED
     if WINDOW:
         begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
     else:
@@ -255,31 +290,49 @@ def attn_fwd(
     first_end = full_begin
     if WS:
         first_end = end
-    if WINDOW or WS:
+    if LISTED:
+        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
+            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
+            MASK_head, start_m, stride_mask_m, stride_mask_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+        )  # fmt: skip
+    elif WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         )  # fmt: skip
-    if not WS:  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
+    if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
+            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
         )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).

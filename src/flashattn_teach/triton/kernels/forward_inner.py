@@ -15,11 +15,11 @@ import triton
 from triton import language as tl
 
 from .dropout import _dropout_keep
-from .masking import _attn_mask_tile, _in_window, _modify_scores
+from .masking import LN2, LOG2E, _attn_mask_tile, _in_window, _modify_scores
 from .tiles import _load_block, _load_tile_tma
+from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
-LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
-LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
+__all__ = ["LN2", "LOG2E", "_attn_fwd_inner", "_load_kv_block"]
 
 
 @triton.jit
@@ -95,6 +95,18 @@ def _attn_fwd_inner(
     offs_m0,
     stride_mask_m,
     stride_mask_n,
+    h,  # the query head, as the user's functions see it (int32; ``b`` is the flat batch index)
+    C0,  # score_mod's captured tensors (placeholders when unused), then mask_mod's
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
+    stride_kind_n,
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -112,6 +124,10 @@ def _attn_fwd_inner(
     TMA: tl.constexpr,
     MASK: tl.constexpr,
     WS: tl.constexpr = False,
+    SCORE_MOD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -124,76 +140,113 @@ def _attn_fwd_inner(
     With ``SOFTCAP``, ``ALIBI`` or an additive mask the scale must come first (tanh is not linear, the
     biases are not scaled): the scores are scaled and modified in log2 units
     (:func:`~.masking._modify_scores`), and the scale left for the exponent is 1. With a user mask
-    (``BOOL_MASK``, ``ADD_MASK``) every stage runs the masked arithmetic: any row may see none of a tile.
+    (``BOOL_MASK``, ``ADD_MASK``, ``MASK_MOD``) every stage runs the masked arithmetic: any row may see none
+    of a tile. ``SCORE_MOD`` (:mod:`.usermods`) comes last among the modifiers; since it may return -inf, the
+    unmasked stage then guards its row statistics (a row whose scores are all -inf keeps ``m = -inf``).
+    ``KINDS``: a block mask's tile kinds; a SKIP tile is passed over, a FULL one runs without ``MASK_MOD``.
+    ``LISTED``: ``[start_n, end_n)`` counts entries of ``LIST_row`` (the tiles to visit, with their kinds)
+    rather than keys; no branch then sits in the loop.
     """
+    nat_scale = qk_scale * LN2  # scale * q.k in natural units, for score_mod without built-in modifiers
     if BOOL_MASK or ADD_MASK:
         rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
         cols = tl.arange(0, BLOCK_N)
     # the unmasked stage loops over a block counter, which compiles to fewer instructions an iteration; the
     # masked stage over key offsets, since a counter there spilled registers in some tiles (docs/loop-profile.md)
-    if MASK:
+    if LISTED:
+        lo, hi, step = start_n, end_n, 1
+    elif MASK:
         lo, hi, step = start_n, end_n, BLOCK_N
     else:
         lo, hi, step = 0, tl.cdiv(end_n - start_n, BLOCK_N), 1
     for it in tl.range(lo, hi, step, warp_specialize=WS):
-        start = it if MASK else start_n + it * BLOCK_N
-        # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
-        k = _load_kv_block(K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        offs_n = start + tl.arange(0, BLOCK_N)
-        if SOFTCAP or ALIBI or ADD_MASK:
-            s, _ = _modify_scores(
-                s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
+        kind = KIND_PARTIAL
+        visit = True
+        if LISTED:
+            code = tl.load(LIST_row + 1 + it)  # (j << 2) | kind
+            start = (code >> 2) * BLOCK_N
+            kind = code & 3
+        else:
+            start = it if MASK else start_n + it * BLOCK_N
+            if KINDS:
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                visit = kind != KIND_SKIP
+        if visit:  # a SKIP tile of the block mask: nothing of it is loaded or computed
+            # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
+            k = _load_kv_block(
+                K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
             )
-            if ADD_MASK:
-                bias = _attn_mask_tile(
-                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            offs_n = start + tl.arange(0, BLOCK_N)
+            if SOFTCAP or ALIBI or ADD_MASK:
+                s, _ = _modify_scores(
+                    s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
                 )
-                s = s + bias.to(tl.float32) * LOG2E
-            s_scale = 1.0
-        else:
-            s_scale = qk_scale
-        if MASK or BOOL_MASK or ADD_MASK:
-            visible = (offs_n < N_k)[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
-            if WINDOW:
-                visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
-            if BOOL_MASK:
-                user = _attn_mask_tile(
-                    MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
-                )
-                visible = visible & (user != 0)
-            s = tl.where(visible, s, float("-inf"))
-            s_max = tl.max(s, 1)
-            # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
-            m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * s_scale))
-            # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
-            p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
-        else:
-            # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
-            m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
-            m_new_safe = m_new
-            # P_ij = exp(scale * S_ij - m_new), in base 2: one FFMA and one MUFU.EX2 per score
-            p = tl.math.exp2(s * s_scale - m_new[:, None])
-        # alpha = exp(m_i - m_new) rescales what was accumulated under the old max
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        # l_new = alpha * l_i + rowsum(P_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
-            # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
-            keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
-            p = tl.where(keep, p * keep_scale, 0.0)
-        # V_j: (BLOCK_N, BLOCK_DV)
-        v = _load_kv_block(
-            V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
-        )
-        # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
-        # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+                if ADD_MASK:
+                    bias = _attn_mask_tile(
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                    )
+                    s = s + bias.to(tl.float32) * LOG2E
+                s_scale = 1.0
+                if SCORE_MOD is not None:
+                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                    s_scale = LOG2E
+            elif SCORE_MOD is not None:
+                # natural units straight from the product (no log2 detour); LOG2E joins the exponent's FFMA
+                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                s_scale = LOG2E
+            else:
+                s_scale = qk_scale
+            if MASK or BOOL_MASK or ADD_MASK or MASK_MOD is not None:
+                visible = (offs_n < N_k)[None, :]
+                if CAUSAL:
+                    visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
+                if WINDOW:
+                    visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
+                if BOOL_MASK:
+                    user = _attn_mask_tile(
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                    )
+                    visible = visible & (user != 0)
+                if MASK_MOD is not None:
+                    visible = _mask_mod_visible(
+                        visible, kind, b, h, offs_m[:, None], offs_n[None, :], MC0, MC1, MC2, MC3, MASK_MOD
+                    )
+                s = tl.where(visible, s, float("-inf"))
+                s_max = tl.max(s, 1)
+                # a row with no visible key here has s_max = -inf; keep it -inf even when qk_scale = 0
+                m_new = tl.maximum(m_i, tl.where(s_max == float("-inf"), float("-inf"), s_max * s_scale))
+                # a row that has seen only masked keys keeps m = -inf; subtract 0 there, not (-inf) - (-inf)
+                m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
+                p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
+            elif SCORE_MOD is not None:
+                # every key is visible but score_mod may give -inf: for a whole row too, which keeps m = -inf
+                m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
+                m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.math.exp2(s * s_scale - m_new_safe[:, None])  # exp2(-inf) = 0: no select a score
+            else:
+                # m_new = max(m_i, qk_scale * rowmax(S_ij)); every row sees a finite score here
+                m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
+                m_new_safe = m_new
+                # P_ij = exp(scale * S_ij - m_new), in base 2: one FFMA and one MUFU.EX2 per score
+                p = tl.math.exp2(s * s_scale - m_new[:, None])
+            # alpha = exp(m_i - m_new) rescales what was accumulated under the old max
+            alpha = tl.math.exp2(m_i - m_new_safe)
+            # l_new = alpha * l_i + rowsum(P_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DROPOUT:
+                # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
+                # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
+                keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
+                p = tl.where(keep, p * keep_scale, 0.0)
+            # V_j: (BLOCK_N, BLOCK_DV)
+            v = _load_kv_block(
+                V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
+            )
+            # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
+            # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
     return acc, l_i, m_i

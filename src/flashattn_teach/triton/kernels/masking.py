@@ -41,6 +41,9 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+LOG2E = tl.constexpr(1.4426950408889634)  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln 2: log(x) = log2(x) * LN2
+
 
 @triton.jit
 def _window_key_range(start_m, N_k, OFFSET, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):

@@ -1,0 +1,198 @@
+"""The dQ kernel's loop over key blocks: one step recomputes ``P_ij`` and ``dS_ij`` for query block ``i``
+and key block ``j`` and adds ``dS_ij K_j`` into ``dQ_i``. :mod:`.backward_dq` has the kernel.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton import language as tl
+
+from .dropout import _dropout_keep
+from .forward import LOG2E
+from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
+from .tiles import _load_block_T, _load_tile_tma
+from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq,  # dQ_i (BLOCK_M, BLOCK_D) fp32 accumulator
+    q,  # Q_i (BLOCK_M, BLOCK_D)
+    do,  # dO_i (BLOCK_M, BLOCK_DV)
+    lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
+    delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
+    K_head,  # K and V of the key/value head (row 0); with TMA K's and V's descriptors
+    V_head,
+    b_coord,  # with TMA: the batch element and the key/value head, as descriptor coordinates
+    h_coord,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    start_n,
+    end_n,
+    start_m,
+    N_k,
+    qk_scale,
+    OFFSET,
+    LEFT,
+    RIGHT,
+    softcap_log2,
+    slope_log2,
+    seed,  # dropout, as in _attn_bwd_dkdv_inner (bh: this program's b * H_q + h)
+    dropout_offset,
+    bh,
+    N_q,
+    N_k_all,
+    dropout_threshold,
+    keep_scale,
+    MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
+    stride_mask_m,
+    stride_mask_n,
+    b_idx,  # the flat batch index and the query head, as the user's functions see them (int32)
+    h_idx,
+    C0,  # score_mod's captured tensors, then mask_mod's (placeholders when unused)
+    C1,
+    C2,
+    C3,
+    MC0,
+    MC1,
+    MC2,
+    MC3,
+    KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
+    stride_kind_n,
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BOOL_MASK: tl.constexpr,
+    ADD_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+    MASK: tl.constexpr,
+    SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None,
+    MASK_MOD: tl.constexpr = None,
+    KINDS: tl.constexpr = False,
+    LISTED: tl.constexpr = False,
+):
+    """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
+    the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for it in tl.range(start_n, end_n, 1 if LISTED else BLOCK_N):
+        kind = KIND_PARTIAL
+        visit = True
+        if LISTED:  # [start_n, end_n) counts entries of LIST_row, each (j << 2) | kind
+            code = tl.load(LIST_row + 1 + it)
+            start = (code >> 2) * BLOCK_N
+            kind = code & 3
+        else:
+            start = it
+            if KINDS:
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                visit = kind != KIND_SKIP
+        if visit:  # a SKIP tile of the block mask adds nothing
+            in_k = start + offs_n < N_k
+            # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
+            if TMA:
+                kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
+                vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
+            else:
+                cols = tl.cast(start, tl.int64)
+                kT = _load_block_T(
+                    K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
+                    ROWS_OK=not MASK,
+                )  # fmt: skip
+                vT = _load_block_T(
+                    V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
+                    ROWS_OK=not MASK,
+                )  # fmt: skip
+            # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
+            qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+            if SOFTCAP or ALIBI or ADD_MASK:
+                s, t = _modify_scores(
+                    qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
+                    SOFTCAP, ALIBI,
+                )  # fmt: skip
+                if ADD_MASK:
+                    bias = _attn_mask_tile(
+                        MASK_head,
+                        start_m,
+                        start,
+                        rows[:, None],
+                        offs_n[None, :],
+                        stride_mask_m,
+                        stride_mask_n,
+                        N_q,
+                        N_k_all,
+                    )
+                    s = s + bias.to(tl.float32) * LOG2E
+                if SCORE_MOD is not None:
+                    s = s * LN2  # natural units for the user's function
+            elif SCORE_MOD is not None:
+                s = qk * (qk_scale * LN2)  # scale * q.k
+            if SCORE_MOD is not None:
+                q_idx = offs_m[:, None]
+                kv_idx = start + offs_n[None, :]
+                if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
+                    grad = SCORE_GRAD(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3)
+                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
+                # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
+                p = tl.math.exp2(s * LOG2E - lse2[:, None])
+            elif SOFTCAP or ALIBI or ADD_MASK:
+                p = tl.math.exp2(s - lse2[:, None])
+            else:
+                p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+            if MASK or BOOL_MASK or MASK_MOD is not None:
+                visible = in_k[None, :]
+                if CAUSAL:
+                    visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
+                if WINDOW:
+                    visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
+                if BOOL_MASK:
+                    user = _attn_mask_tile(
+                        MASK_head,
+                        start_m,
+                        start,
+                        rows[:, None],
+                        offs_n[None, :],
+                        stride_mask_m,
+                        stride_mask_n,
+                        N_q,
+                        N_k_all,
+                    )
+                    visible = visible & (user != 0)
+                if MASK_MOD is not None:
+                    visible = _mask_mod_visible(
+                        visible, kind, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], MC0, MC1, MC2, MC3,
+                        MASK_MOD,
+                    )  # fmt: skip
+                p = tl.where(visible, p, 0.0)
+            # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
+            dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+            if DROPOUT:
+                # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
+                keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
+                dp = tl.where(keep, dp * keep_scale, 0.0)
+            ds = p * (dp - delta[:, None])
+            if SCORE_GRAD is not None:
+                # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
+                # derivative need not be finite: 0 where P is
+                ds = tl.where(p == 0.0, 0.0, ds * grad) if ADD_MASK else ds * grad
+            if SOFTCAP:
+                ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
+            # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
+            dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+    return dq
