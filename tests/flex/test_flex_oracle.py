@@ -46,7 +46,6 @@ from hypothesis import strategies as st
 
 import flashattn_teach as fa
 from flashattn_teach._options import make_options
-from flashattn_teach.errors import BackendUnavailableError
 from flashattn_teach.reference import parallel
 from flashattn_teach.reference.online import tiled_attention
 
@@ -481,13 +480,8 @@ def test_block_masks_of_any_block_size_match_the_oracle_at_any_tiling(
 def test_triton_matches_the_float64_oracle(name):
     """``backend="triton"`` (the interpreter on CPU tensors without CUDA) on fp32 inputs, small and ragged:
     values and the gradients of q, k, v, with captured tensors that do not require grad (a learned one sends
-    the call to a CPU path). Skipped, with the planner's reason, while the kernels do not take the call."""
-    try:
-        check(via_backend("triton"), ALL_CASES[name], 45, 67, torch.float32, tol=TRITON_TOL)
-    except BackendUnavailableError as e:
-        if "not yet in the Triton kernels" not in str(e):
-            raise
-        pytest.skip(str(e))
+    the call to a CPU path)."""
+    check(via_backend("triton"), ALL_CASES[name], 45, 67, torch.float32, tol=TRITON_TOL)
 
 
 def _frozen(builder: Callable[[Dims, Params], Mods]) -> Callable[[Dims, Params], Mods]:
@@ -509,12 +503,7 @@ def test_triton_reads_captured_tables_as_the_oracle(name):
     """The learned cases' lookups, frozen: a relative-position table read by a computed index, a (B, N_k)
     table read by (b, kv_idx), a shape-() tensor, per-head slopes, a module's parameter; values and the
     gradients of q, k, v by the kernels."""
-    try:
-        check(via_backend("triton"), _frozen(SCORE_MODS[name]), 45, 67, torch.float32, tol=TRITON_TOL)
-    except BackendUnavailableError as e:
-        if "not yet in the Triton kernels" not in str(e):
-            raise
-        pytest.skip(str(e))
+    check(via_backend("triton"), _frozen(SCORE_MODS[name]), 45, 67, torch.float32, tol=TRITON_TOL)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -528,12 +517,7 @@ def test_triton_block_masks_at_any_block_size_match_the_oracle(block_size):
     mask_mod = MASKS["causal_document"](dims, Params(torch.float32)).mask_mod
     block_mask = fa.create_block_mask(mask_mod, B, None, N_q, N_k, device="cpu", BLOCK_SIZE=block_size)
     q, k, v = inputs(N_q, N_k, torch.float32)
-    try:
-        O, lse = via_backend("triton")(q, k, v, score_mod=relative_causal, block_mask=block_mask)
-    except BackendUnavailableError as e:
-        if "not yet in the Triton kernels" not in str(e):
-            raise
-        pytest.skip(str(e))
+    O, lse = via_backend("triton")(q, k, v, score_mod=relative_causal, block_mask=block_mask)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     O_ref, lse_ref = oracle(q64, k64, v64, score_mod=relative_causal, mask_mod=mask_mod)
     torch.testing.assert_close(O.double(), O_ref, atol=TRITON_TOL["value"], rtol=0)
