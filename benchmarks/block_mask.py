@@ -35,8 +35,8 @@ from torch.nn.attention import flex_attention as torch_flex
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the allocation probe
 
 from _machine import REPO, machine_info
+from flashattn_teach import create_block_mask
 from flashattn_teach.flex import classify
-from flashattn_teach.flex.block_mask import create_block_mask
 
 from allocation_probe import LargestAllocation
 

@@ -141,7 +141,7 @@ def test_a_function_the_translator_refuses_falls_back_to_the_torch_classificatio
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(TRANSLATED))
 def test_create_block_mask_on_cuda_equals_the_cpus(name):
-    from flashattn_teach.flex.block_mask import create_block_mask
+    from flashattn_teach import create_block_mask
 
     fn, B, H = TRANSLATED[name]
     on_gpu = create_block_mask(fn, B, H, 1000, 777, device="cuda", BLOCK_SIZE=(64, 32))

@@ -18,6 +18,14 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.nn.attention.flex_attention
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashattn_teach as fa
+from flashattn_teach._options import make_options
+from flashattn_teach.reference import parallel
+from flashattn_teach.reference.online import tiled_attention
+
 from flex_cases import (
     HIDDEN_ROWS,
     MASKS,
@@ -41,13 +49,6 @@ from flex_cases import (
     squared,
     times_two,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import flashattn_teach as fa
-from flashattn_teach._options import make_options
-from flashattn_teach.reference import parallel
-from flashattn_teach.reference.online import tiled_attention
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

@@ -14,6 +14,9 @@ import warnings
 
 import pytest
 import torch
+
+import flashattn_teach as fa
+
 from flex_cases import (
     MASKS,
     SCORE_MODS,
@@ -25,8 +28,6 @@ from flex_cases import (
     oracle,
     relative_causal,
 )
-
-import flashattn_teach as fa
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 

@@ -30,9 +30,13 @@ _DROPOUT_NOTE = (
 )
 
 
+def _masked_by_user(opts: AttentionOptions) -> bool:
+    return opts.mask.mods is not None and "mask_mod" in opts.mask.mods.names
+
+
 def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
     """How the planned tiled backend meets the mask: tiles visited whole, masked, and skipped."""
-    _, block_m, block_n = planner.tiles(p.backend, opts.shapes.N_q)
+    _, block_m, block_n = planner.tiles(p.backend, opts.shapes.N_q, block_mask=_masked_by_user(opts))
     counts = opts.mask.tiling(block_m, block_n).counts()
     n = sum(counts.values())
     return (

@@ -34,7 +34,10 @@ def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
     query-major loop at the same tiles instead, each tile op over every head at once with torch's threads:
     the pool's tasks would cost more than the call's arithmetic (``benchmarks/README.md`` has the
     crossover, idle and with the second core busy)."""
-    order, block_m, block_n = tiles(p.backend, opts.shapes.N_q)
+    mods = opts.mask.mods
+    order, block_m, block_n = tiles(
+        p.backend, opts.shapes.N_q, block_mask=mods is not None and "mask_mod" in mods.names
+    )
     return ("query_major", block_m, block_n) if batched(p.backend, opts) else (order, block_m, block_n)
 
 

@@ -60,6 +60,9 @@ class BlockMask(Protocol):
     block_kinds: Tensor  # int8 (B|1, H|1, nQ, nKV), KIND_* codes
     mask_mod: Any
 
+    @property
+    def shape(self) -> tuple[int, ...]: ...  # (B, H, Q_LEN, KV_LEN) it was built for
+
     def tile_kinds(self, block_m: int, block_n: int) -> Tensor: ...
 
 
@@ -229,7 +232,8 @@ class UserMods:
                 f"N_q = {N_q} queries and N_k = {N_k} keys; build it with create_block_mask(mask_mod, B, H, "
                 f"{N_q}, {N_k})"
             )
-        Bm, Hm = bm.block_kinds.shape[:2]
+        # the (B, H) it was built for (its kinds may hold size 1 where mask_mod ignores b or h): 1 or the call's
+        Bm, Hm = (*(1,) * (4 - len(bm.shape)), *bm.shape)[:2]
         if Bm not in (1, B) or Hm not in (1, H):
             raise AttentionValueError(
                 f"block_mask has (B, H) = ({Bm}, {Hm}), which does not broadcast to the call's batch {B} and "

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from ..flex.block_mask import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 from ..flex.classify import MaskMod, result_dims
+from ..flex.mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 from .support import triton_reason
 from .usermod import UnsupportedUserFunction, compile_mask_mod
 
