@@ -136,3 +136,19 @@ def test_a_captured_tensor_on_another_device_is_refused_naming_both() -> None:
 def test_a_call_without_user_functions_has_no_mods_reason() -> None:
     q, k, v = (t.float() for t in _tensors())
     assert mods_unsupported_reason(make_options(q, k, v, causal=True)) is None
+
+
+def test_a_capture_changed_in_place_before_the_backward_is_refused() -> None:
+    q, k, v = (t.to(DEVICE, torch.float32).requires_grad_() for t in _tensors())
+    bias = torch.tensor([0.5, -0.5], device=DEVICE)
+
+    def head_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+
+    O = fa.flash_attention(q, k, v, score_mod=head_bias, backend="triton")
+    bias.mul_(2.0)  # the backward kernels would read the new values
+    with pytest.raises(fa.AttentionValueError, match="modified in place"):
+        O.sum().backward()
+    O = fa.flash_attention(q, k, v, score_mod=head_bias, backend="triton")
+    O.sum().backward()  # the control: unchanged since its forward, it differentiates
+    assert q.grad is not None and torch.isfinite(q.grad).all()

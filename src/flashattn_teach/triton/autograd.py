@@ -18,6 +18,7 @@ from .._layout import grad_to_input
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
 from ..dropout import DropoutKey
+from ..errors import AttentionValueError
 from .configs import AttentionConfig
 from .launch import backward as launch_backward
 from .launch import default_config, to_4d
@@ -95,6 +96,7 @@ class TritonAttentionFunction(torch.autograd.Function):
         ctx.causal_align = causal_align
         ctx.config = config
         ctx.variants = rest[0] if rest else PLAIN
+        ctx.capture_versions = [t._version for t in _captures(ctx.variants)]
         ctx.deterministic = rest[1] if len(rest) > 1 else False
         # a loss of O alone passes dlse = None rather than zeros, and the backward skips its subtraction
         ctx.set_materialize_grads(False)
@@ -109,6 +111,12 @@ class TritonAttentionFunction(torch.autograd.Function):
         do4 = torch.zeros_like(o4) if dO is None else to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
         deterministic, _ = deterministic_backward(ctx.deterministic)
+        if [t._version for t in _captures(ctx.variants)] != ctx.capture_versions:
+            raise AttentionValueError(
+                "a tensor score_mod or mask_mod captures was modified in place between the forward and the "
+                "backward; the backward kernels read it again, so keep it unchanged until backward (or clone it "
+                "for the call)"
+            )
         dq4, dk4, dv4 = launch_backward(
             q4,
             k4,
@@ -129,3 +137,8 @@ class TritonAttentionFunction(torch.autograd.Function):
         dk = grad_to_input(dk4.unsqueeze(2), k, s)
         dv = grad_to_input(dv4.unsqueeze(2), v, s)
         return (dq, dk, dv) + (None,) * (len(ctx.needs_input_grad) - 3)
+
+
+def _captures(variants: KernelVariants) -> list[Tensor]:
+    """The tensors the compiled user functions read, which the backward kernels read again."""
+    return [t for mod in (variants.score_mod, variants.mask_mod) if mod is not None for t in mod.captures]
