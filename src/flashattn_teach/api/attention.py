@@ -205,8 +205,11 @@ def flash_attention(
     return (O, lse) if lse_wanted else O
 
 
-@torch.compiler.disable
 def _run_eagerly(p: planner.Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """``runner.run``, outside the graph while compiling (disabling at import would import dynamo, and
+    with it triton, for every user of the package)."""
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(runner.run)(p, q, k, v, opts)
     return runner.run(p, q, k, v, opts)
 
 
