@@ -17,6 +17,7 @@ from typing import Any, cast
 from torch import Tensor
 
 from ._layout import compute_dtype
+from ._validate.fp8 import Fp8Descale
 from ._validate.inputs import (
     AttentionShapes,
     check_alibi_slopes,
@@ -52,6 +53,7 @@ class AttentionOptions:
     (:mod:`flashattn_teach.dropout`): drawn by :meth:`with_dropout` where the call runs (not by ``explain``,
     which draws nothing), and kept for the backward, which regenerates the mask from it. ``deterministic``
     asks for a bitwise reproducible backward (flash-attn's argument; the CPU backends always are).
+    ``descale``: an FP8 call's dequantisation factors (:mod:`flashattn_teach._validate.fp8`), None otherwise.
     """
 
     shapes: AttentionShapes
@@ -61,6 +63,7 @@ class AttentionOptions:
     dropout_p: float = 0.0
     dropout_key: DropoutKey | None = None
     deterministic: bool = False
+    descale: Fp8Descale | None = None
 
     @property
     def scale(self) -> float:
@@ -123,13 +126,15 @@ def make_options(
     score_mod: object = None,
     mask_mod: object = None,
     block_mask: object = None,
+    descale: Fp8Descale | None = None,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
     ``packed``: ``(cu_seqlens_q, cu_seqlens_k)``, already checked
     (:mod:`flashattn_teach._validate.varlen`), for the ``(H, total, D)`` views of packed sequences; the
     ALiBi slopes are then per sequence, checked by the caller too. ``offset`` fixes the causal diagonal's
-    offset itself (a decode step's key range; see :meth:`flashattn_teach.masks.MaskSpec.build`)."""
+    offset itself (a decode step's key range; see :meth:`flashattn_teach.masks.MaskSpec.build`).
+    ``descale``: an FP8 call's factors, already checked (:func:`flashattn_teach._validate.fp8.check_fp8`)."""
     causal = check_bool(causal_name, causal)
     gqa = check_bool("enable_gqa", enable_gqa)
     shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
@@ -159,6 +164,7 @@ def make_options(
         enable_gqa=gqa,
         dropout_p=check_dropout(dropout_p),
         deterministic=check_bool("deterministic", deterministic),
+        descale=descale,
     )
 
 

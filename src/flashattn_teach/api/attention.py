@@ -19,8 +19,9 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
+from .._validate.fp8 import check_fp8
 from .._validate.inputs import check_bool
-from ..dispatch import planner, runner
+from ..dispatch import fp8, planner, runner
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..ops import attention as ops
 
@@ -47,6 +48,9 @@ def flash_attention(
     block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> Tensor: ...
 
 
@@ -72,6 +76,9 @@ def flash_attention(
     block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -97,6 +104,9 @@ def flash_attention(
     block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: bool = False,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
@@ -121,6 +131,9 @@ def flash_attention(
     block_mask: BlockMask | None = None,
     backend: str = "auto",
     return_lse: bool = False,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention without storing the ``N_q x N_k`` score matrix.
 
@@ -162,6 +175,12 @@ def flash_attention(
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
+        q_descale, k_descale, v_descale: FlashAttention-3's FP8 forward: with ``q, k, v`` in
+            ``torch.float8_e4m3fn`` (4-D ``(B, H, N, D)``), float32 ``(B, H_kv)`` factors (None: 1) such that
+            the inputs meant are ``q * q_descale[b, h // G]`` and likewise for k and v. The output is then
+            bfloat16, forward only (gradients are refused), without dropout, ``attn_mask`` or user functions;
+            the kernel runs on sm_90, and every CPU backend runs its emulation
+            (:mod:`flashattn_teach.reference.fp8`; :mod:`flashattn_teach._validate.fp8` has the convention).
 
     Returns:
         ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype (the autocast dtype under
@@ -169,7 +188,13 @@ def flash_attention(
         backend, also under the torch.func transforms on the CPU backends; a query row that sees no key
         gives 0 (and ``lse = -inf``).
     """
-    q, k, v = cast_inputs(q, k, v)
+    fp8_options = {"dropout_p": dropout_p != 0.0, "attn_mask": attn_mask is not None}
+    fp8_options.update(
+        score_mod=score_mod is not None, mask_mod=mask_mod is not None, block_mask=block_mask is not None
+    )
+    descale = check_fp8(q, k, v, (q_descale, k_descale, v_descale), refused=fp8_options)
+    if descale is None:  # e4m3 inputs stay e4m3 under torch.autocast (their descales define them)
+        q, k, v = cast_inputs(q, k, v)
     opts = make_options(
         q,
         k,
@@ -188,10 +213,13 @@ def flash_attention(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        descale=descale,
     )
     lse_wanted = check_bool("return_lse", return_lse)
     backend = planner.public_backend(backend)
-    if opts.mask.mods is not None:
+    if descale is not None:
+        O, lse = _run_fp8(backend, q, k, v, opts)
+    elif opts.mask.mods is not None:
         # user functions cannot be arguments of the custom op: the call runs eagerly, also under torch.compile
         O, lse = _run_eagerly(planner.plan(q, k, v, opts, backend), q, k, v, opts)
     elif torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
@@ -211,6 +239,14 @@ def _run_eagerly(p: planner.Plan, q: Tensor, k: Tensor, v: Tensor, opts: Attenti
     if torch.compiler.is_compiling():
         return torch.compiler.disable(runner.run)(p, q, k, v, opts)
     return runner.run(p, q, k, v, opts)
+
+
+def _run_fp8(backend: str, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+    """An FP8 call by its own plan (:mod:`flashattn_teach.dispatch.fp8`), outside the graph while compiling
+    (the custom op's schema carries no descales)."""
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(_run_fp8)(backend, q, k, v, opts)
+    return fp8.run_fp8(fp8.plan_fp8(q, opts, backend), q, k, v, opts)
 
 
 def scaled_dot_product_attention(

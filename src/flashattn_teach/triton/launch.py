@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .._layout import pad_rank
+from .._validate.fp8 import Fp8Descale
 from .._validate.inputs import AttentionShapes
 from ..errors import AttentionValueError
 from ..masks.causal import diagonal_offset
@@ -135,17 +136,25 @@ def forward(
     causal_align: str,
     config: AttentionConfig,
     variants: KernelVariants = PLAIN,
+    descale: Fp8Descale | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
-    (a window carries causal in its right side, so ``causal`` is then ignored)."""
+    (a window carries causal in its right side, so ``causal`` is then ignored). ``descale``: an FP8 call's
+    factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16."""
     import triton
 
     from .kernels.forward import LOG2E, attn_fwd
 
     B = q.shape[0]
-    o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=q.dtype, device=q.device)
+    fp8 = descale is not None
+    out_dtype = torch.bfloat16 if fp8 else q.dtype  # FA3 returns bf16 for e4m3 inputs
+    o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=out_dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
+    # the descales (B, H_kv), one layout for the three (their own strides); lse stands in without FP8
+    qd, kd, vd = (descale.q, descale.k, descale.v) if fp8 else (lse, lse, lse)
+    if fp8:
+        qd, kd, vd = (t.contiguous() for t in (qd, kd, vd))
     var = variants.varlen
     c, ws = forward_tile(config.forward, q, k, v, variants)
     if ws:
@@ -163,8 +172,9 @@ def forward(
     V_src = descriptor(v, c.BLOCK_N, Dv_pad) if host_descriptors else v
     # one program per (query block, batch, head), the query block fastest (see attn_fwd)
     grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
-    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd)
-    signed = variants.modifies_scores
+    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd);
+    # with FP8 the kernel moves the sign of scale * qd * kd itself
+    signed = variants.modifies_scores or fp8
     attn_fwd[grid](
         q,
         K_src,
@@ -183,6 +193,10 @@ def forward(
         _offset(s, causal_align, variants),
         *variants.args(lse),
         *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
+        qd,
+        kd,
+        vd,
+        *(qd.stride() if fp8 else (0, 0)),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -208,6 +222,7 @@ def forward(
         MASK_MOD=variants.mask_mod_fn,
         KINDS=variants.has_kinds,
         LISTED=variants.has_kinds,
+        FP8=fp8,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -133,6 +133,11 @@ def attn_fwd(
     stride_list_b,
     stride_list_h,
     stride_list_m,
+    Q_DESCALE,
+    K_DESCALE,
+    V_DESCALE,
+    stride_descale_b,
+    stride_descale_h,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -157,6 +162,7 @@ def attn_fwd(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    FP8: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -190,6 +196,12 @@ def attn_fwd(
     ``N_q, N_k`` are ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right
     alignment and 0 for top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``stride_lse_h`` (without
     ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
+
+    ``FP8`` (FA3's FP8 forward, :mod:`flashattn_teach._validate.fp8`): ``Q, K, V`` e4m3, ``O`` bf16, and
+    ``Q_DESCALE, K_DESCALE, V_DESCALE (B, H_kv)`` fp32 read at ``b * stride_descale_b + h_kv *
+    stride_descale_h``; ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q`` False). Both products run on
+    e4m3 operands (P_ij is cast to V's dtype in the loop) with fp32 accumulators. Not with ``VARLEN`` or
+    ``WS``; the pointers are placeholders without ``FP8``.
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
@@ -260,6 +272,15 @@ def attn_fwd(
         q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     if NEGATE_Q:
         q = -q
+    if FP8:
+        # the descales join the scale: scale * q.k * qd * kd = (scale * qd * kd) * q_fp8.k_fp8 (FA3)
+        descale_at = b * stride_descale_b + h_kv * stride_descale_h
+        qk_scale = qk_scale * tl.load(Q_DESCALE + descale_at) * tl.load(K_DESCALE + descale_at)
+        # the loop needs qk_scale >= 0 (its row max is taken before scaling): a negative product's sign
+        # moves into Q, exactly, by flipping e4m3's sign bit (the host never reads the descales: no sync)
+        flip = tl.where(qk_scale < 0, 0x80, 0).to(tl.uint8)
+        q = (q.to(tl.uint8, bitcast=True) ^ flip).to(q.dtype, bitcast=True)
+        qk_scale = tl.abs(qk_scale)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -339,6 +360,8 @@ def attn_fwd(
     # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf.
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if FP8:
+        o = o * tl.load(V_DESCALE + descale_at)  # O = vd * (P_fp8 V_fp8) / l: V's descale, once per row
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     tl.store(LSE_head + offs_m, lse, mask=in_q)
     O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
