@@ -151,10 +151,10 @@ def forward(
     out_dtype = torch.bfloat16 if fp8 else q.dtype  # FA3 returns bf16 for e4m3 inputs
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=out_dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
-    # the descales (B, H_kv), one layout for the three (their own strides); lse stands in without FP8
-    qd, kd, vd = (descale.q, descale.k, descale.v) if fp8 else (lse, lse, lse)
-    if fp8:
-        qd, kd, vd = (t.contiguous() for t in (qd, kd, vd))
+    # the descales (B, H_kv), contiguous: one pair of strides for the three; lse stands in without FP8
+    qd, kd, vd = lse, lse, lse
+    if descale is not None:
+        qd, kd, vd = (t.contiguous() for t in (descale.q, descale.k, descale.v))
     var = variants.varlen
     c, ws = forward_tile(config.forward, q, k, v, variants)
     if ws:
