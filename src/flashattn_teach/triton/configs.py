@@ -307,6 +307,12 @@ _SM90_FP8_FORWARD: dict[int, KernelConfig] = {
     128: K(128, 128, 8, 3),
     256: K(128, 64, 8, 2),
 }
+# with a window, softcap and ALiBi at once (more live values per score), tiles that do not spill
+_SM90_FP8_VARIANTS: dict[int, KernelConfig] = {
+    64: K(128, 64, 8, 3),
+    128: K(128, 64, 8, 3),
+    256: K(128, 32, 8, 2),
+}
 del K
 
 _TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
@@ -397,14 +403,16 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
     return config.backward_dkdv, config.backward_dq
 
 
-def fp8_forward_config(head_dim: int) -> AttentionConfig:
-    """The FP8 forward's configuration for a head dimension (``max(D, D_v)``) on sm_90; no backward."""
+def fp8_forward_config(head_dim: int, *, variants: bool = False) -> AttentionConfig:
+    """The FP8 forward's configuration for a head dimension (``max(D, D_v)``) on sm_90, for a call with a
+    window, softcap, ALiBi or ``seqlens_k`` (``variants``) or without; no backward."""
     d = block_d(head_dim)
     if d not in _SM90_FP8_FORWARD:
         raise AttentionValueError(
             f"the FP8 forward ships head dimensions 33 to 256 (padded {sorted(_SM90_FP8_FORWARD)}), got {head_dim}"
         )
-    return AttentionConfig(forward=_SM90_FP8_FORWARD[d], backward_dkdv=None, backward_dq=None)
+    forward = (_SM90_FP8_VARIANTS if variants else _SM90_FP8_FORWARD)[d]
+    return AttentionConfig(forward=forward, backward_dkdv=None, backward_dq=None)
 
 
 def fp8_head_dims() -> tuple[int, ...]:

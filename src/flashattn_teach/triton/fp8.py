@@ -60,9 +60,11 @@ def triton_fp8_forward(
     if reason is not None:
         raise AttentionValueError(f"backend='triton' cannot run this FP8 call: {reason}")
     s = opts.shapes
-    if config is None:
-        config = fp8_forward_config(max(s.D, s.D_v)) if q.device.type == "cuda" else TEST_CONFIG
     variants = KernelVariants.from_spec(opts.mask, NO_DROPOUT)
+    if config is None and q.device.type == "cuda":
+        config = fp8_forward_config(max(s.D, s.D_v), variants=variants.used)
+    elif config is None:
+        config = TEST_CONFIG
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
     return launch.forward(
         q4,

@@ -54,6 +54,7 @@ import re
 from dataclasses import dataclass, field
 
 from .sass import (
+    WARPGROUP_MMA,
     Instruction,
     Partition,
     count_kinds,
@@ -123,7 +124,7 @@ def mma_cycles(ins: Instruction, model: SMModel) -> float:
     M, N, K = mma_shape(ins)
     dtype = _input_type(ins)
     math = M * N * K / model.fma_per_clock[dtype]
-    if ins.opcode != "HGMMA":
+    if ins.opcode not in WARPGROUP_MMA:
         return math  # HMMA reads registers only
     a_in_shared = ins.operands.split(",")[1].strip().startswith("gdesc")
     smem_bytes = (N * K + (M * K if a_in_shared else 0)) * _BYTES[dtype]

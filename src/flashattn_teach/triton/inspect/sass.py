@@ -34,7 +34,7 @@ from pathlib import Path
 
 # kind -> opcodes; an opcode in none of them counts as "other" (moves, shuffles, special registers...)
 KINDS: dict[str, tuple[str, ...]] = {
-    "mma": ("HGMMA", "HMMA"),
+    "mma": ("HGMMA", "QGMMA", "HMMA"),  # QGMMA: the warpgroup MMA on e4m3/e5m2 inputs
     "mufu": ("MUFU",),
     "ffma": ("FFMA",),
     "fmul": ("FMUL",),
@@ -93,9 +93,10 @@ _KIND_OF = {op: kind for kind, ops in KINDS.items() for op in ops}
 
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?P<body>[^;]*);", re.IGNORECASE)
 _BRANCH_TARGET = re.compile(r"^\s*(?:0x)?([0-9a-f]+)\b", re.IGNORECASE)
-_HGMMA_SHAPE = re.compile(r"^HGMMA\.(\d+)x(\d+)x(\d+)")
+_HGMMA_SHAPE = re.compile(r"^[HQ]GMMA\.(\d+)x(\d+)x(\d+)")
 _NAMED_BARRIER = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s*,\s*(0x[0-9a-f]+|\d+)\b", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"(0x[0-9a-f]+|\d+)\s*$", re.IGNORECASE)
+WARPGROUP_MMA = ("HGMMA", "QGMMA")  # sm_90's warpgroup MMA: 16-bit and TF32 inputs, fp8 inputs
 _HMMA_SHAPE = re.compile(r"^HMMA\.(16)(8)(\d+)")  # HMMA.16816 is m16 n8 k16, HMMA.1688 m16 n8 k8
 
 
@@ -186,7 +187,7 @@ def mma_shape(ins: Instruction) -> tuple[int, int, int]:
 def mma_shapes(body: tuple[Instruction, ...] | list[Instruction]) -> Counter[str]:
     """How many tensor-core instructions of each shape: ``{"HGMMA.64x128x16": 16}``."""
     return Counter(
-        f"{i.opcode}.{'x'.join(map(str, mma_shape(i)))}" if i.opcode == "HGMMA" else i.mnemonic.split(".F32")[0]
+        f"{i.opcode}.{'x'.join(map(str, mma_shape(i)))}" if i.opcode in WARPGROUP_MMA else i.mnemonic.split(".F32")[0]
         for i in body
         if i.kind == "mma"
     )
