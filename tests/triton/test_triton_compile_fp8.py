@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from flashattn_teach.triton.configs import fp8_head_dims
+from flashattn_teach.triton.fp8 import fp8_head_dims
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 

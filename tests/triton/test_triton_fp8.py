@@ -21,7 +21,8 @@ import flashattn_teach as fa
 from flashattn_teach._options import make_options
 from flashattn_teach._validate.fp8 import check_fp8
 from flashattn_teach.reference import fp8 as emulation
-from flashattn_teach.triton.configs import TEST_CONFIG, fp8_forward_config
+from flashattn_teach.triton.configs import TEST_CONFIG
+from flashattn_teach.triton.fp8 import fp8_forward_config
 
 E4M3 = torch.float8_e4m3fn
 GPU = pytest.mark.skipif(
@@ -122,5 +123,6 @@ def test_the_check_sees_the_weights_rounding(rne_casts, monkeypatch: pytest.Monk
 @GPU
 @pytest.mark.parametrize("name", list(CASES))
 def test_fp8_kernel_matches_the_emulation_on_sm90(name: str) -> None:
-    O, lse, O_e, lse_e = run_case(name, "cuda", fp8_forward_config(64).forward.BLOCK_N)
+    block_n = fp8_forward_config(64, variants=name.startswith("variants")).forward.BLOCK_N  # the launch's tile
+    O, lse, O_e, lse_e = run_case(name, "cuda", block_n)
     assert_matches(O, lse, O_e, lse_e)

@@ -40,6 +40,13 @@ class Fp8Descale:
     k: Tensor
     v: Tensor
 
+    def kernel_args(self) -> tuple[Tensor, Tensor, Tensor, int, int]:
+        """``Q_DESCALE, K_DESCALE, V_DESCALE, stride_descale_b, stride_descale_h`` of the forward kernel:
+        the three contiguous, so that one pair of strides serves them."""
+        q, k, v = (t.contiguous() for t in (self.q, self.k, self.v))
+        stride_b, stride_h = q.stride()
+        return q, k, v, stride_b, stride_h
+
 
 def is_fp8(t: object) -> bool:
     """Whether ``t`` is a tensor of a float8 dtype (any of torch's)."""

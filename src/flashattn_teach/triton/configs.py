@@ -298,21 +298,6 @@ _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm80", "fp32", 16): K(32, 64, 4, 2),
     ("sm80", "fp32", 32): K(16, 64, 4, 2),
 }
-# The FP8 (e4m3) forward, sm_90 only (its warpgroup MMA takes e4m3 operands; :mod:`.fp8`), by padded head
-# dim: forward only. e4m3 tiles take half the shared memory of 16-bit ones; the loop's fp32 accumulator and
-# scores are the same size, so the tiles follow the 16-bit pointer rows. Below hd64 none: the e4m3 MMA's K
-# is 32, and FA3 ships FP8 from hd64.
-_SM90_FP8_FORWARD: dict[int, KernelConfig] = {
-    64: K(128, 128, 8, 3),
-    128: K(128, 128, 8, 3),
-    256: K(128, 64, 8, 2),
-}
-# with a window, softcap and ALiBi at once (more live values per score), tiles that do not spill
-_SM90_FP8_VARIANTS: dict[int, KernelConfig] = {
-    64: K(128, 64, 8, 3),
-    128: K(128, 64, 8, 3),
-    256: K(128, 32, 8, 2),
-}
 del K
 
 _TABLES: dict[tuple[str, torch.dtype], dict[int, _Row]] = {
@@ -401,23 +386,6 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
             "config whose backward_dkdv and backward_dq are set, or do not ask for gradients"
         )
     return config.backward_dkdv, config.backward_dq
-
-
-def fp8_forward_config(head_dim: int, *, variants: bool = False) -> AttentionConfig:
-    """The FP8 forward's configuration for a head dimension (``max(D, D_v)``) on sm_90, for a call with a
-    window, softcap, ALiBi or ``seqlens_k`` (``variants``) or without; no backward."""
-    d = block_d(head_dim)
-    if d not in _SM90_FP8_FORWARD:
-        raise AttentionValueError(
-            f"the FP8 forward ships head dimensions 33 to 256 (padded {sorted(_SM90_FP8_FORWARD)}), got {head_dim}"
-        )
-    forward = (_SM90_FP8_VARIANTS if variants else _SM90_FP8_FORWARD)[d]
-    return AttentionConfig(forward=forward, backward_dkdv=None, backward_dq=None)
-
-
-def fp8_head_dims() -> tuple[int, ...]:
-    """The padded head dimensions the FP8 forward ships."""
-    return tuple(_SM90_FP8_FORWARD)
 
 
 def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._options import AttentionOptions
 from ..errors import AttentionValueError
-from .configs import TEST_CONFIG, AttentionConfig, block_d, fp8_forward_config, fp8_head_dims
+from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, block_d
 from .launch import device_reason, to_4d
 from .support import triton_reason
 from .variants import NO_DROPOUT, KernelVariants
@@ -22,6 +22,36 @@ from .variants import NO_DROPOUT, KernelVariants
 # the variants of the mask contract the FP8 build takes (all score modifiers and masks of the kernel that
 # need no extra operand tile); the checks (_validate/fp8.py) refuse dropout, attn_mask and user functions
 FP8_VARIANTS = ("window", "softcap", "alibi_slopes", "seqlens_k")
+
+# The configurations, sm_90 only, by padded head dim (as :mod:`.configs`' tables), forward only. e4m3 tiles take
+# half the shared memory of 16-bit ones; the loop's fp32 accumulator and scores are the same size. Below hd64
+# none: the e4m3 MMA's K is 32, and FA3 ships FP8 from hd64. Each compiles without spills with triton 3.9
+# (``python -m flashattn_teach.triton.inspect.fp8 --variants``); the widest such tiles by the loop profile.
+_FORWARD: dict[int, KernelConfig] = {
+    64: KernelConfig(128, 128, 8, 3),
+    128: KernelConfig(128, 128, 8, 3),
+    256: KernelConfig(128, 64, 8, 2),
+}
+# with a window, softcap and ALiBi at once (more live values per score; the tiles above spill 8 to 56 bytes)
+_VARIANTS: dict[int, KernelConfig] = {
+    64: KernelConfig(128, 64, 8, 3),
+    128: KernelConfig(128, 64, 8, 3),
+    256: KernelConfig(128, 32, 8, 2),
+}
+
+
+def fp8_head_dims() -> tuple[int, ...]:
+    """The padded head dimensions the FP8 forward ships."""
+    return tuple(_FORWARD)
+
+
+def fp8_forward_config(head_dim: int, *, variants: bool = False) -> AttentionConfig:
+    """The FP8 forward's configuration for a head dimension (``max(D, D_v)``) on sm_90, for a call with a
+    window, softcap, ALiBi or ``seqlens_k`` (``variants``) or without; no backward."""
+    d = block_d(head_dim)
+    if d not in _FORWARD:
+        raise AttentionValueError(f"the FP8 forward ships head dimensions 33 to 256, got {head_dim}")
+    return AttentionConfig(forward=(_VARIANTS if variants else _FORWARD)[d], backward_dkdv=None, backward_dq=None)
 
 
 def fp8_unsupported_reason(q: Tensor, opts: AttentionOptions) -> str | None:

@@ -141,20 +141,15 @@ def forward(
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
     (a window carries causal in its right side, so ``causal`` is then ignored). ``descale``: an FP8 call's
-    factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16."""
+    factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16, as FA3's."""
     import triton
 
     from .kernels.forward import LOG2E, attn_fwd
 
     B = q.shape[0]
     fp8 = descale is not None
-    out_dtype = torch.bfloat16 if fp8 else q.dtype  # FA3 returns bf16 for e4m3 inputs
-    o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=out_dtype, device=q.device)
+    o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
-    # the descales (B, H_kv), contiguous: one pair of strides for the three; lse stands in without FP8
-    qd, kd, vd = lse, lse, lse
-    if descale is not None:
-        qd, kd, vd = (t.contiguous() for t in (descale.q, descale.k, descale.v))
     var = variants.varlen
     c, ws = forward_tile(config.forward, q, k, v, variants)
     if ws:
@@ -172,8 +167,8 @@ def forward(
     V_src = descriptor(v, c.BLOCK_N, Dv_pad) if host_descriptors else v
     # one program per (query block, batch, head), the query block fastest (see attn_fwd)
     grid = (triton.cdiv(N_q, c.BLOCK_M) * variants.batch(B) * s.H_q,)
-    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd);
-    # with FP8 the kernel moves the sign of scale * qd * kd itself
+    # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd); the
+    # FP8 build moves the sign of scale * qd * kd itself
     signed = variants.modifies_scores or fp8
     attn_fwd[grid](
         q,
@@ -193,10 +188,7 @@ def forward(
         _offset(s, causal_align, variants),
         *variants.args(lse),
         *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
-        qd,
-        kd,
-        vd,
-        *(qd.stride() if fp8 else (0, 0)),
+        *(descale.kernel_args() if descale is not None else (lse, lse, lse, 0, 0)),  # lse: placeholders
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,

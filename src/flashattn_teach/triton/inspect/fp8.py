@@ -3,7 +3,7 @@ no GPU needed.
 
 Each case is the sample call of :func:`.specialize.sample_shapes` (B = 2, H = 16, N = 8192) in e4m3 with
 descales, run through the real launcher (:func:`flashattn_teach.triton.launch.forward`) under
-:func:`.specialize.capture`, at the tile :func:`flashattn_teach.triton.configs.fp8_forward_config` ships:
+:func:`.specialize.capture`, at the tile :func:`flashattn_teach.triton.fp8.fp8_forward_config` ships:
 causal, and with a window, softcap and ALiBi at once (``--variants``). Printed per case: registers,
 spilled bytes, shared memory, the tensor-core instruction of the loop (``QGMMA...E4M3.E4M3``: the warpgroup
 MMA on e4m3 operands, for both products), the loop profile's estimate (:mod:`.loops`) and a check (no spills,
@@ -24,7 +24,7 @@ import sys
 import torch
 
 from ..._validate.fp8 import FP8_DTYPE, Fp8Descale
-from ..configs import fp8_forward_config, fp8_head_dims
+from ..fp8 import fp8_forward_config, fp8_head_dims
 from .compile import MAX_REGISTERS, SMEM_LIMIT
 from .loops import profile_sass
 from .sass import disassemble
