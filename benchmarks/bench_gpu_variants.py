@@ -15,7 +15,11 @@ Cases (``case``), each ``B * N = 16k`` tokens, ``D = 128``, ``H = 16``:
 - ``seqlens_k``: keys of batch element ``b`` end at ``seqlens_k[b]``; SDPA with the key-padding mask
   ``(B, 1, 1, N)``; Flex with ``kv < seqlens_k[b]``;
 - ``varlen``: packed causal sequences through ``flash_attention_varlen`` (when the library has it); SDPA on
-  the packed batch with the block-diagonal mask ``(T, T)``; Flex with the document mask.
+  the packed batch with the block-diagonal mask ``(T, T)``; Flex with the document mask;
+- ``fp8``: causal, ``q, k, v`` in e4m3 with descales per (batch, kv head) (FA3's FP8 forward, forward only),
+  quantised with power-of-two descales so that the dequantised inputs are exact in bf16: SDPA and Flex run
+  those bf16 inputs, the same numbers. Its tolerance is 8x plain PyTorch's bf16 error, not 2x: the e4m3
+  weights ``P`` carry 3 mantissa bits (tests/api/test_fp8.py measures 2 to 6x).
 
 Every row fails soft: a provider or variant that is missing (``NotImplementedError``, an import error, a
 compilation error) is recorded in ``status`` and the script goes on, so the suite finishes. Providers run
@@ -83,11 +87,12 @@ class Case:
     softcap: float | None = None
     seqlens_k: tuple[int, ...] | None = None
     packed: tuple[int, ...] | None = None
+    fp8: bool = False
 
     @property
     def options(self) -> str:
         named = {"causal": self.causal, "window": self.window, "softcap": self.softcap,
-                 "seqlens_k": self.seqlens_k, "sequences": self.packed}  # fmt: skip
+                 "seqlens_k": self.seqlens_k, "sequences": self.packed, "e4m3": self.fp8}  # fmt: skip
         return ", ".join(f"{k}={v}" for k, v in named.items() if v)
 
     @property
@@ -104,12 +109,14 @@ def cases(dry_run: bool) -> list[Case]:
             Case("softcap", 2, 2, 64, 16, causal=True, softcap=5.0),
             Case("seqlens_k", 2, 2, 64, 16, seqlens_k=(64, 17)),
             Case("varlen", 1, 2, 0, 16, causal=True, packed=(30, 1, 33)),
+            Case("fp8", 2, 2, 64, 64, causal=True, fp8=True),
         ]
     return [
         Case("window", 4, 16, 4096, 128, window=(256, 0)),
         Case("softcap", 4, 16, 4096, 128, causal=True, softcap=30.0),
         Case("seqlens_k", 4, 16, 4096, 128, seqlens_k=(4096, 3000, 2000, 1000)),
         Case("varlen", 1, 16, 0, 128, causal=True, packed=(4096, 3000, 2000, 1000, 4096, 2192)),
+        Case("fp8", 4, 16, 4096, 128, causal=True, fp8=True),
     ]
 
 
@@ -130,7 +137,7 @@ def dense_mask(case: Case, device):
     """The bool mask (True: visible) torch's SDPA needs for ``case``, or None where no mask can say it."""
     import torch
 
-    if case.softcap is not None:
+    if case.softcap is not None or case.fp8:  # fp8: causal, SDPA's is_causal
         return None
     if case.packed is not None:
         _, seq, _ = _cu(case, device)
@@ -150,11 +157,35 @@ def dense_mask(case: Case, device):
 # ------------------------------------------------------------------------------------------ providers
 
 
-def ours(case: Case) -> Callable:
-    """``(q, k, v) -> O`` through this library's Triton backend, inputs in the library's layout."""
+def quantised(q, k, v):
+    """``(q, k, v)`` ``(B, H, N, D)`` quantised to e4m3 per (batch, head) with power-of-two descales
+    ``(B, H)`` (``2^ceil(log2(amax / 448))``): ``((q8, k8, v8), (qd, kd, vd))``, and the inputs they mean,
+    ``q8 * qd`` and so on, which are exact in bf16."""
+    import torch
+
+    eights, descales, meant = [], [], []
+    for t in (q, k, v):
+        amax = t.float().abs().amax(dim=(-2, -1)).clamp_min(1e-30)  # (B, H)
+        d = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+        t8 = (t.float() / d[..., None, None]).to(torch.float8_e4m3fn)
+        eights.append(t8)
+        descales.append(d)
+        meant.append((t8.float() * d[..., None, None]).to(t.dtype))
+    return (tuple(eights), tuple(descales)), tuple(meant)
+
+
+def ours(case: Case, fp8_inputs=None) -> Callable:
+    """``(q, k, v) -> O`` through this library's Triton backend, inputs in the library's layout; for the
+    fp8 case the e4m3 inputs and descales of :func:`quantised` (the bf16 arguments are what they mean)."""
     import torch
 
     import flashattn_teach as fa
+
+    if case.fp8:
+        (q8, k8, v8), (qd, kd, vd) = fp8_inputs
+        return lambda q, k, v: fa.flash_attention(
+            q8, k8, v8, causal=case.causal, q_descale=qd, k_descale=kd, v_descale=vd, backend="triton"
+        )
 
     if case.packed is not None:
 
@@ -180,6 +211,8 @@ def ours(case: Case) -> Callable:
 def sdpa(case: Case, mask) -> Callable:
     import torch.nn.functional as F
 
+    if case.fp8:  # its flash kernel on the bf16 numbers the e4m3 inputs mean
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
     if mask is None:
         raise NotImplementedError("torch SDPA cannot cap scores: no attn_mask expresses softcap * tanh(S / softcap)")
     if case.packed is not None:  # (T, H, D) -> (1, H, T, D), one batch of packed tokens
@@ -329,9 +362,12 @@ def run_row(case: Case, provider: str, args: argparse.Namespace, device: str) ->
         g = torch.Generator(device=device).manual_seed(0)
         dtype = torch.bfloat16 if cuda else torch.float32
         q, k, v, dO = (torch.randn(case.shape, device=device, dtype=dtype, generator=g) for _ in range(4))
+        fp8_inputs = None
+        if case.fp8:  # every provider gets the numbers the e4m3 inputs mean
+            fp8_inputs, (q, k, v) = quantised(q, k, v)
         mask = dense_mask(case, device) if provider == "sdpa" else None
         if provider == "triton":
-            fn = ours(case)
+            fn = ours(case, fp8_inputs)
         elif provider == "sdpa":
             fn = sdpa(case, mask)
         elif provider == "flex":
@@ -350,7 +386,7 @@ def run_row(case: Case, provider: str, args: argparse.Namespace, device: str) ->
             torch.cuda.empty_cache()
         return rows_with(f"error: {type(e).__name__}: {_first_line(e)}")
     mask_mib = 0.0 if mask is None else mask.numel() * mask.element_size() / 2**20
-    tolerance = 2 * ref_err + 1e-3
+    tolerance = (8 if case.fp8 and provider == "triton" else 2) * ref_err + 1e-3  # fp8: see the module docs
     status = "ok" if err <= tolerance else f"wrong output: max error {err:.3g} > {tolerance:.3g}"
     measure = timer(device, args.warmup, args.rep)
     rows = []
@@ -417,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     default_out = Path(os.environ["OUT"]) / "variants" if os.environ.get("OUT") else HERE / "results" / "local"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, FlexAttention not compiled")
-    p.add_argument("--cases", nargs="+", choices=("window", "softcap", "seqlens_k", "varlen"))
+    p.add_argument("--cases", nargs="+", choices=("window", "softcap", "seqlens_k", "varlen", "fp8"))
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     p.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up, ms (default 10)")

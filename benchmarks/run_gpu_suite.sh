@@ -120,9 +120,9 @@ if [ "$rc" -ne 0 ]; then
     [ "$status" -eq 0 ] && status=2
 fi
 
-# Variant rows (window, softcap, seqlens_k, varlen: ours, SDPA with the dense mask, FlexAttention). Every row
+# Variant rows (window, softcap, seqlens_k, varlen, fp8: ours, SDPA with the dense mask, FlexAttention). Every row
 # fails soft inside the script; a timeout keeps the rows written so far. Not counted in the exit status.
-echo "== Variant rows (window, softcap, seqlens_k, varlen)"
+echo "== Variant rows (window, softcap, seqlens_k, varlen, fp8)"
 timeout "$(budget "${VARIANTS_TIMEOUT:-90}")" "$PY" benchmarks/bench_gpu_variants.py --out "$OUT_DIR/variants" \
     2>&1 | tee "$OUT_DIR/variants.log"
 rc=${PIPESTATUS[0]}
