@@ -17,7 +17,7 @@ from typing import Any, cast
 from torch import Tensor
 
 from ._layout import compute_dtype
-from ._validate.fp8 import Fp8Descale
+from ._validate.fp8 import Fp8Descale, is_fp8
 from ._validate.inputs import (
     AttentionShapes,
     check_alibi_slopes,
@@ -36,7 +36,7 @@ from ._validate.varlen import (
     check_same_batch,
 )
 from .dropout import DropoutKey, draw
-from .errors import AttentionValueError
+from .errors import AttentionTypeError, AttentionValueError
 from .flex.block_mask import BlockMask
 from .flex.mods import UserMods, check_block_mask
 from .masks.spec import MaskSpec
@@ -135,6 +135,11 @@ def make_options(
     ALiBi slopes are then per sequence, checked by the caller too. ``offset`` fixes the causal diagonal's
     offset itself (a decode step's key range; see :meth:`flashattn_teach.masks.MaskSpec.build`).
     ``descale``: an FP8 call's factors, already checked (:func:`flashattn_teach._validate.fp8.check_fp8`)."""
+    if descale is None and is_fp8(q):  # an e4m3 input means nothing without its descale
+        raise AttentionTypeError(
+            f"query is {q.dtype}: float8 inputs run in flash_attention's FP8 forward only (q_descale, k_descale, "
+            "v_descale there; flashattn_teach._validate.fp8), or dequantise them to bfloat16 first"
+        )
     causal = check_bool(causal_name, causal)
     gqa = check_bool("enable_gqa", enable_gqa)
     shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)

@@ -129,6 +129,8 @@ def test_fp8_arguments_are_checked_by_name(monkeypatch: pytest.MonkeyPatch) -> N
         call(q_descale=qd.clone().requires_grad_())
     with torch.no_grad():
         call(q_descale=qd.clone().requires_grad_())  # no gradient asked for: runs
+    with pytest.raises(AttentionTypeError, match="FP8 forward only"):  # no descale to give: refused
+        fa.scaled_dot_product_attention(q8, k8, v8)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: the kernel cannot run them
     with pytest.raises(AttentionError, match="backend='triton' cannot run this FP8 call: the Triton kernels need CUDA"):
         call(backend="triton")
