@@ -75,7 +75,14 @@ def cpu_options(opts, descale):
 CASES = {
     "causal_gqa_negative_descale": (dict(causal=True), (2, 4, 2, 45, 45), True),
     "variants_bottom_right": (
-        dict(causal=True, causal_align="bottom_right", window=(19, 0), softcap=4.0, seqlens_k=torch.tensor([50, 0])),
+        dict(
+            causal=True,
+            causal_align="bottom_right",
+            window=(19, 0),
+            softcap=4.0,
+            seqlens_k=torch.tensor([50, 0]),
+            alibi_slopes=torch.tensor([0.25, 0.5]),
+        ),
         (2, 2, 1, 23, 50),
         False,
     ),
