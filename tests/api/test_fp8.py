@@ -134,3 +134,21 @@ def test_fp8_arguments_are_checked_by_name(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: the kernel cannot run them
     with pytest.raises(AttentionError, match="backend='triton' cannot run this FP8 call: the Triton kernels need CUDA"):
         call(backend="triton")
+
+
+def test_emulation_depends_on_the_key_tiles_only() -> None:
+    """``P_ij`` is rounded after the running max of its key tile is subtracted: other key tiles give other
+    roundings, while the query tiles, whose rows are independent, change nothing (bitwise)."""
+    from flashattn_teach._options import make_options
+    from flashattn_teach._validate.fp8 import check_fp8
+    from flashattn_teach.reference.fp8 import fp8_forward
+
+    q8, qd, k8, kd, v8, vd = quantised(1, 2, 2, 100, 100, 64, seed=5)
+    opts = make_options(
+        q8, k8, v8, causal=True, window=(40, 0), descale=check_fp8(q8, k8, v8, (qd, kd, vd), refused={})
+    )
+    O_16, lse_16 = fp8_forward(q8, k8, v8, opts, block_m=16, block_n=32)
+    O_256, lse_256 = fp8_forward(q8, k8, v8, opts, block_m=256, block_n=32)
+    assert torch.equal(O_16, O_256) and torch.equal(lse_16, lse_256)
+    O_other, _ = fp8_forward(q8, k8, v8, opts, block_m=16, block_n=16)
+    assert not torch.equal(O_other, O_16)
