@@ -51,6 +51,9 @@ def decode_step(
     backend: str,
     return_lse: bool,
     autocast: torch.dtype | None,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
     ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
@@ -84,6 +87,9 @@ def decode_step(
             softcap=cap,
             alibi_slopes=slopes,
             num_splits=splits,
+            block_table=block_table,
+            cache_leftpad=cache_leftpad,
+            sinks=sinks,
         )
         return (O, lse) if lse_wanted else O
 

@@ -93,9 +93,13 @@ def run_decode(
     softcap: float | None,
     alibi_slopes: Tensor | None,
     num_splits: int,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    sinks: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of a checked decode step by the Triton split-KV decode kernel, which also writes
-    ``k, v`` into the caches (:func:`flashattn_teach.triton.decode_launch.triton_decode`)."""
+    ``k, v`` into the caches, through ``block_table`` for paged ones
+    (:func:`flashattn_teach.triton.decode_launch.triton_decode`)."""
     from ..triton.decode_launch import triton_decode
 
     return triton_decode(
@@ -111,4 +115,7 @@ def run_decode(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         num_splits=num_splits,
+        block_table=block_table,
+        cache_leftpad=cache_leftpad,
+        sinks=sinks,
     )

@@ -12,6 +12,10 @@ has already checked shapes, dtypes, devices and options (``_validate_decode``). 
   raises leaves the caches as they were.
 - the new keys and values are written into the caches in place at ``[cache_seqlens[b], cache_seqlens[b]
   + N_new_kv)`` by one indexed copy each, with positions computed on the device.
+- paged caches (``block_table``): ``k_cache (num_blocks, H_kv, page_size, D)``, each batch element's
+  capacity ``N_max = max_blocks x page_size``; the new entries go through the block table
+  (:func:`append_to_pages`); a CUDA block table and ``cache_leftpad`` are not read on the host either,
+  the kernel clamps block ids into ``[0, num_blocks)`` and ``cache_leftpad[b]`` into ``[0, L_b]``.
 - tiles: ``BLOCK_M`` query rows (the ``G x N_new`` rows of a key/value head, padded to the 16 rows a
   tensor-core dot needs), ``BLOCK_N`` keys by head dimension (:func:`decode_config`).
 - splits: ``num_splits = 0`` asks :func:`flashattn_teach.splitkv.default_num_splits` with the cache's
@@ -124,8 +128,28 @@ def append_on_device(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seq
         v_cache.transpose(1, 2)[batch, pos] = v.transpose(1, 2)
 
 
-def _needs_grad(*tensors: Tensor) -> list[str]:
-    return [n for n, t in zip(("q", "k_cache", "v_cache"), tensors, strict=True) if t.requires_grad]
+def append_to_pages(
+    k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor, block_table: Tensor
+) -> None:
+    """:func:`append_on_device` through a block table: entry ``j`` of batch element b goes to page
+    ``block_table[b, j // page_size]``, slot ``j % page_size`` of ``k_cache (num_blocks, H_kv, page_size,
+    D)``; positions and block ids computed and clamped on the device (as the kernel clamps them), so only
+    the slots written change."""
+    num_blocks, _, page_size, _ = k_cache.shape
+    N_max = block_table.shape[1] * page_size
+    N_new_kv = k.shape[2]
+    first = seqlens.long().clamp(0, N_max - N_new_kv)  # (B,)
+    pos = first[:, None] + torch.arange(N_new_kv, device=k.device)  # (B, N_new_kv)
+    page = block_table.long().gather(1, pos // page_size).clamp(0, num_blocks - 1)  # (B, N_new_kv)
+    slot = pos % page_size  # (B, N_new_kv)
+    with torch.no_grad():  # an in-place write of inference state, as decode.append_to_cache
+        # (num_blocks, page_size, H_kv, D)[page, slot] = (B, N_new_kv, H_kv, D): views of the caches
+        k_cache.transpose(1, 2)[page, slot] = k.transpose(1, 2)
+        v_cache.transpose(1, 2)[page, slot] = v.transpose(1, 2)
+
+
+def _needs_grad(**tensors: Tensor | None) -> list[str]:
+    return [name for name, t in tensors.items() if t is not None and t.requires_grad]
 
 
 def triton_decode(
@@ -142,35 +166,45 @@ def triton_decode(
     softcap: float | None,
     alibi_slopes: Tensor | None,
     num_splits: int,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
     config: DecodeConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(O (B, H_q, N_new, D_v) in q's dtype, lse (B, H_q, N_new) float32)`` of one decode step by the
     Triton kernels; ``k, v`` are appended first. Inputs and options checked by the caller (``window`` as
-    ``check_window`` returns it, ``scale`` the resolved one, ``num_splits`` 0 to choose)."""
+    ``check_window`` returns it, ``scale`` the resolved one, ``num_splits`` 0 to choose; ``block_table``
+    int32 ``(B, max_blocks)`` with caches ``(num_blocks, H_kv, page_size, .)``, ``cache_leftpad`` int32
+    ``(B,)``, ``sinks`` floating ``(H_q,)``, each on q's device)."""
     reason = decode_unsupported_reason(q, v_cache)
     if reason is not None:
         raise AttentionValueError(f"backend='triton' cannot run this decode call: {reason}")
-    needing = _needs_grad(q, k_cache, v_cache) if torch.is_grad_enabled() else []
+    needing = _needs_grad(q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks) if torch.is_grad_enabled() else []
     if needing:
         raise AttentionValueError(
             f"{', '.join(needing)} require{'s' if len(needing) == 1 else ''} grad, but the Triton decode kernel "
             "is forward only; run under torch.no_grad(), or use backend='auto' or a CPU backend for gradients"
         )
     B, D = q.shape[0], q.shape[3]
-    N_max, D_v = v_cache.shape[2], v_cache.shape[3]
+    D_v = v_cache.shape[3]
+    N_max = v_cache.shape[2] if block_table is None else block_table.shape[1] * v_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
     seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
     if config is None:
         config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
     splits = num_splits or default_num_splits(q, k_cache, N_max)
     splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
-    check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)  # before the write, too
+    if block_table is None:  # paged rows are addressed in 64-bit, key by key
+        check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)  # before the write, too
     if k is not None and v is not None:
         if N_new_kv > N_max:
             raise AttentionValueError(
                 f"k and v hold N_new_kv={N_new_kv} new entries, more than k_cache and v_cache hold (N_max = {N_max})"
             )
-        append_on_device(k_cache, v_cache, k, v, seqlens)
+        if block_table is None:
+            append_on_device(k_cache, v_cache, k, v, seqlens)
+        else:
+            append_to_pages(k_cache, v_cache, k, v, seqlens, block_table)
     return launch_decode(
         q,
         k_cache,
@@ -183,6 +217,9 @@ def triton_decode(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
         num_splits=splits,
+        block_table=block_table,
+        cache_leftpad=cache_leftpad,
+        sinks=sinks,
         config=config,
     )
 
@@ -201,16 +238,21 @@ def launch_decode(
     alibi_slopes: Tensor | None,
     num_splits: int,
     config: DecodeConfig,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Allocate and launch (the new entries already appended): the split kernel on ``num_splits >= 1``
     splits, then the combine when there are several. ``seqlens`` int32 ``(B,)``, the lengths before the
-    step's ``N_new_kv`` new entries."""
+    step's ``N_new_kv`` new entries; ``block_table``, ``cache_leftpad``, ``sinks`` as :func:`triton_decode`
+    takes them."""
     import triton
 
     from .kernels.decode import decode_combine, decode_split_fwd
 
     B, H_q, N_new, D = q.shape
-    _, H_kv, N_max, D_v = v_cache.shape
+    num_blocks, H_kv, N_rows, D_v = v_cache.shape  # N_rows: the cache's length, or a page's
+    N_max = N_rows if block_table is None else block_table.shape[1] * N_rows
     G = H_q // H_kv
     BLOCK_M = rows_block(G * N_new, config.BLOCK_M)
     O = torch.empty((B, H_q, N_new, D_v), dtype=q.dtype, device=q.device)
@@ -222,7 +264,14 @@ def launch_decode(
     else:
         O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
-    check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)
+    if block_table is None:
+        check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)
+        table, stride_bt_b, stride_bt_n = seqlens, 0, 0  # a placeholder pointer, never read
+    else:
+        table, (stride_bt_b, stride_bt_n) = block_table, block_table.stride()
+    # placeholders (never read) where a variant is off
+    leftpad = seqlens if cache_leftpad is None else cache_leftpad
+    sink_logits = lse if sinks is None else sinks.detach().to(torch.float32).contiguous()  # (H_q,), fp32
     if alibi_slopes is None:
         slopes, stride_slope_b, stride_slope_h = lse, 0, 0  # a placeholder pointer, never read
     else:
@@ -238,6 +287,9 @@ def launch_decode(
         lse_part,
         seqlens,
         slopes,
+        table,
+        leftpad,
+        sink_logits,
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
@@ -245,6 +297,10 @@ def launch_decode(
         *lse_part.stride(),
         stride_slope_b,
         stride_slope_h,
+        stride_bt_b,
+        stride_bt_n,
+        N_rows if block_table is not None else 1,  # PAGE_SIZE
+        num_blocks,
         H_kv,
         G,
         N_new,
@@ -264,6 +320,9 @@ def launch_decode(
         SOFTCAP=softcap is not None,
         ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype),
+        PAGED=block_table is not None,
+        LEFTPAD=cache_leftpad is not None,
+        SINKS=sinks is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

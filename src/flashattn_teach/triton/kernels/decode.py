@@ -27,6 +27,15 @@ LEFT)``, are cut into ``num_splits`` ranges of whole key blocks (the last one sh
 within a split, :func:`_split_key_runs` finds the blocks every row sees whole (no mask) and the ones a
 diagonal or the split's end cuts (masked), as :mod:`.masking` does for the prefill kernels.
 
+Paged caches (``PAGED``, flash-attn's ``block_table``): key ``j`` of batch element b lives in page
+``block_table[b, j // PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` of ``K (num_blocks, H_kv, PAGE_SIZE, D)``, so
+each key of a block gets its own row address (:func:`_page_rows`, 64-bit) from the pages' strides; any
+page size, and flash-attn's ``(num_blocks, PAGE_SIZE, H_kv, D)`` storage as a transposed view. Block ids
+are clamped to ``[0, num_blocks)``: a CUDA table is never read on the host. ``LEFTPAD`` (flash-attn's
+``cache_leftpad``): keys before ``cache_leftpad[b]`` are padding, so ``lo`` starts there. ``SINKS``: row
+``r`` of head h counts one more key, of score ``sink_h`` and value 0; split 0 starts its rows' state from
+it (``m_i = sink_h log2(e), l_i = 1``), so the sink enters each row once, also through the combine.
+
 Like the prefill kernels the scores are kept in log2 units: ``s2 = scale log2(e) q.k`` and
 ``lse = ln 2 (m_i + log2 l_i)``; softcap and ALiBi modify ``s2`` (:func:`~.masking._modify_scores`).
 FlexAttention's ``score_mod`` and ``mask_mod`` (:mod:`.usermods`) never reach these kernels:
@@ -64,17 +73,38 @@ def _split_key_runs(split_begin, split_end, p_first, p_last, LEFT, RIGHT, BLOCK_
 
 
 @triton.jit
+def _page_rows(table, cols, in_split, stride_bt_n, PAGE_SIZE, num_blocks, MASK: tl.constexpr):
+    """``(page, slot)`` of keys ``cols`` (``(BLOCK_N,)``, int64) in a paged cache: page ``table[cols //
+    PAGE_SIZE]`` (``table`` points at the batch element's row of the block table), clamped into
+    ``[0, num_blocks)`` so that no id reads outside the cache, and slot ``cols % PAGE_SIZE``. ``MASK``:
+    keys past the split are not looked up (their table entries may be past the sequence's pages)."""
+    entry = table + (cols // PAGE_SIZE) * stride_bt_n
+    if MASK:
+        page = tl.load(entry, mask=in_split, other=0)
+    else:
+        page = tl.load(entry)
+    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1)
+    return page.to(tl.int64), (cols % PAGE_SIZE).to(tl.int64)
+
+
+@triton.jit
 def _decode_inner(
     acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output
     l_i,  # (BLOCK_M,) fp32, running denominator
     m_i,  # (BLOCK_M,) fp32, running max of the log2-unit scores
     q,  # (BLOCK_M, BLOCK_D), the rows' queries
-    K_head,  # key and value head (b, h_kv) of the caches
+    K_head,  # key and value head (b, h_kv) of the caches; paged: head h_kv of page 0
     V_head,
+    stride_kp,  # paged: the stride of a page (K's first axis)
     stride_kn,
     stride_kd,
+    stride_vp,
     stride_vn,
     stride_vd,
+    table,  # paged: batch element b's row of the block table
+    stride_bt_n,
+    PAGE_SIZE,
+    num_blocks,
     start_n,
     end_n,
     split_end,
@@ -92,10 +122,12 @@ def _decode_inner(
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
-    ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read)."""
+    ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read).
+    ``PAGED``: each key's row found through the block table (:func:`_page_rows`)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, BLOCK_N)
@@ -103,8 +135,15 @@ def _decode_inner(
         cols = start + offs_j
         in_split = cols < split_end
         # K_j: (BLOCK_N, BLOCK_D); S = Q K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
-        K_block = K_head + tl.cast(start, tl.int64) * stride_kn
-        k = _load_block(K_block, offs_j, offs_d, stride_kn, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+        if PAGED:  # the keys of a block may lie in several pages: one 64-bit row offset per key
+            page, slot = _page_rows(table, cols, in_split, stride_bt_n, PAGE_SIZE, num_blocks, MASK)
+            k_rows = page * stride_kp + slot * stride_kn
+            k = _load_block(K_head, k_rows, offs_d, 1, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+        else:
+            K_block = K_head + tl.cast(start, tl.int64) * stride_kn
+            k = _load_block(
+                K_block, offs_j, offs_d, stride_kn, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
+            )
         # s2 = scale log2(e) q.k, scaled before the max (the scale may be negative)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if SOFTCAP or ALIBI:
@@ -125,10 +164,14 @@ def _decode_inner(
         alpha = tl.math.exp2(m_i - m_new_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         # V_j: (BLOCK_N, BLOCK_DV); acc = alpha acc + P V_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV)
-        V_block = V_head + tl.cast(start, tl.int64) * stride_vn
-        v = _load_block(
-            V_block, offs_j, offs_dv, stride_vn, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
-        )
+        if PAGED:
+            v_rows = page * stride_vp + slot * stride_vn
+            v = _load_block(V_head, v_rows, offs_dv, 1, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
+        else:
+            V_block = V_head + tl.cast(start, tl.int64) * stride_vn
+            v = _load_block(
+                V_block, offs_j, offs_dv, stride_vn, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+            )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -143,6 +186,9 @@ def decode_split_fwd(
     LSE,
     CACHE_SEQLENS,
     ALIBI_SLOPES,
+    BLOCK_TABLE,
+    CACHE_LEFTPAD,
+    SINK_LOGITS,
     stride_qb,
     stride_qh,
     stride_qn,
@@ -166,6 +212,10 @@ def decode_split_fwd(
     stride_ln,
     stride_slope_b,
     stride_slope_h,
+    stride_bt_b,
+    stride_bt_n,
+    PAGE_SIZE,
+    num_blocks,
     H_kv,
     GROUP,
     N_new,
@@ -185,6 +235,9 @@ def decode_split_fwd(
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr,
+    LEFTPAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``.
 
@@ -193,7 +246,11 @@ def decode_split_fwd(
     viewed with a leading axis of 1, any strides. ``CACHE_SEQLENS (B,)`` int32, clamped here to
     ``[0, N_max - N_new_kv]`` so no key is read past the cache. ``qk_scale = scale log2(e)``; ``LEFT,
     RIGHT``: the window with causal folded in; ``ALIBI_SLOPES`` fp32 at ``b stride_slope_b + h
-    stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``."""
+    stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``.
+    ``PAGED``: ``K, V (num_blocks, H_kv, PAGE_SIZE, .)`` (``stride_kb``, ``stride_vb`` step a page), batch
+    element b's pages at ``BLOCK_TABLE + b stride_bt_b + n stride_bt_n`` (int32), ``N_max = max_blocks
+    PAGE_SIZE``. ``LEFTPAD``: ``CACHE_LEFTPAD (B,)`` int32, clamped here to ``[0, L_b]``. ``SINKS``:
+    ``SINK_LOGITS (H_q,)`` fp32, contiguous."""
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -206,6 +263,8 @@ def decode_split_fwd(
     p_first = L - N_new
     # the keys some row sees: [lo, L), cut into num_splits ranges of whole blocks
     lo = tl.minimum(tl.maximum(p_first - LEFT, 0), L)
+    if LEFTPAD:  # keys [0, cache_leftpad[b]) are padding; split boundaries start at or after it
+        lo = tl.maximum(lo, tl.minimum(tl.maximum(tl.load(CACHE_LEFTPAD + b), 0), L))
     blocks_per_split = tl.cdiv(tl.cdiv(L - lo, BLOCK_N), num_splits)
     split_begin = tl.minimum(lo + s * blocks_per_split * BLOCK_N, L)
     split_end = tl.minimum(split_begin + blocks_per_split * BLOCK_N, L)
@@ -229,31 +288,46 @@ def decode_split_fwd(
     else:
         slope_log2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
 
-    K_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    V_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PAGED:  # pages hold keys of any batch element: b enters through its row of the block table
+        K_head = K + h_kv.to(tl.int64) * stride_kh
+        V_head = V + h_kv.to(tl.int64) * stride_vh
+        table = BLOCK_TABLE + b.to(tl.int64) * stride_bt_b
+    else:
+        K_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        V_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+        table = BLOCK_TABLE
+    if SINKS:  # the sink as a key of score sink_h and value 0, folded in once per row: by split 0
+        sink = tl.load(SINK_LOGITS + h, mask=in_rows, other=0.0) * LOG2E
+        m_i = tl.where(s == 0, sink, float("-inf"))
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + (s == 0).to(tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     begin, full_begin, full_end, end = _split_key_runs(split_begin, split_end, p_lo, p_hi, LEFT, RIGHT, BLOCK_N)
     # the blocks a left bound cuts, those every row sees whole, those a right bound or the split's end cuts
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        table, stride_bt_n, PAGE_SIZE, num_blocks,
         begin, full_begin, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=True,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_begin, full_end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=False,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=False,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_end, end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=True,
     )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of
-    # this split (l_i = 0, acc = 0) gets O = 0 and lse = -inf, which the combine weighs 0
+    # this split (l_i = 0, acc = 0) gets O = 0 and lse = -inf, which the combine weighs 0 (with sinks,
+    # split 0 has l_i >= 1 there: O = 0, lse = sink_h)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)

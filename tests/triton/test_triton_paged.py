@@ -1,0 +1,201 @@
+"""The Triton decode kernel on paged caches (flash-attn's ``block_table``), with ``cache_leftpad`` and
+attention sinks, against a float64 oracle written out here: the pages gathered back into one dense cache
+per batch element by the block table, then the softmax over each row's visible keys (and the sink) by hand.
+
+Paged caches ``(num_blocks, H_kv, page_size, D)`` with page sizes 1, an odd 7 and 16 (one 16-key block per
+page), block tables shuffled, more pages than the tables use (those must stay bitwise untouched) and table
+entries past a sequence's pages holding garbage; flash-attn's ``(num_blocks, page_size, H_kv, D)`` storage
+passed as a transposed view; 1 and 3 splits; one new query, and four (chunked prefill, causal); GQA;
+window, ALiBi, softcap; ``cache_leftpad``; sinks, with a row that sees no key (O = 0, lse = sink); and
+``D = 192`` with ``D_v = 128``. The kernels run in the interpreter at ``TEST_DECODE_CONFIG`` (16 x 16).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+import torch  # noqa: E402
+from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
+
+from flashattn_teach.triton import decode_launch  # noqa: E402
+
+B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
+# old entries per batch element: an empty cache, one that ends inside a page and a key block, and one
+# that reaches a 16-key block boundary after 3 new entries
+SEQLENS = [0, 17, 29]
+GARBAGE = 10**6  # block-table entries past a sequence's pages: never to be used
+
+
+def paged_problem(*, page_size, group=2, n_new=1, n_new_kv=1, D=16, D_v=16, layout="bhnd", seed=0):
+    """``q, k_pages, v_pages, k, v, block_table, dense_k, dense_v`` in float32: the caches' contents as dense
+    ``(B, H_kv, N_max, .)`` tensors and scattered into shuffled pages; two spare pages no row owns."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = math.ceil(MAX_BLOCKS_KEYS / page_size)
+    N_max = max_blocks * page_size
+    num_blocks = B * max_blocks + 2
+    dense_k = torch.randn(B, H_KV, N_max, D, generator=g)
+    dense_v = torch.randn(B, H_KV, N_max, D_v, generator=g)
+    block_table = torch.randperm(num_blocks, generator=g)[: B * max_blocks].reshape(B, max_blocks).to(torch.int32)
+    if layout == "bnhd":  # flash-attn's storage, passed as a strided view
+        k_pages = torch.randn(num_blocks, page_size, H_KV, D, generator=g).transpose(1, 2)
+        v_pages = torch.randn(num_blocks, page_size, H_KV, D_v, generator=g).transpose(1, 2)
+    else:
+        k_pages = torch.randn(num_blocks, H_KV, page_size, D, generator=g)
+        v_pages = torch.randn(num_blocks, H_KV, page_size, D_v, generator=g)
+    for b in range(B):
+        for p in range(max_blocks):
+            keys = slice(p * page_size, (p + 1) * page_size)
+            k_pages[block_table[b, p]] = dense_k[b, :, keys]  # (H_kv, page_size, D)
+            v_pages[block_table[b, p]] = dense_v[b, :, keys]
+    for b, n in enumerate(SEQLENS):  # pages past what the step reads or writes: any value
+        block_table[b, math.ceil((n + n_new_kv) / page_size) :] = GARBAGE
+    q = torch.randn(B, H_KV * group, n_new, D, generator=g)
+    k, v = torch.randn(B, H_KV, n_new_kv, D, generator=g), torch.randn(B, H_KV, n_new_kv, D_v, generator=g)
+    return q, k_pages, v_pages, k, v, block_table, dense_k, dense_v
+
+
+def oracle(q, dense_k, dense_v, lengths, *, scale, causal, window, softcap, alibi, leftpad, sinks):
+    """``(O, lse)`` in float64, one batch element and head at a time: row n at position ``p = L - N_new + n``
+    sees key j iff ``leftpad <= j < L`` and ``p - left <= j <= p + right`` (causal: right = 0)."""
+    H_q, N_new = q.shape[1], q.shape[2]
+    G = H_q // dense_k.shape[1]
+    left, right = window
+    O = torch.zeros(B, H_q, N_new, dense_v.shape[-1], dtype=torch.float64)
+    lse = torch.zeros(B, H_q, N_new, dtype=torch.float64)
+    for b, L in enumerate(lengths):
+        j = torch.arange(dense_k.shape[2])
+        p = L - N_new + torch.arange(N_new)
+        seen = ((j < L) & (j >= (0 if leftpad is None else leftpad[b]))).repeat(N_new, 1)  # (N_new, N_max)
+        if left >= 0:
+            seen &= j[None, :] >= p[:, None] - left
+        if causal or right >= 0:
+            seen &= j[None, :] <= p[:, None] + (0 if causal else right)
+        for h in range(H_q):
+            S = scale * q[b, h].double() @ dense_k[b, h // G].double().T  # (N_new, D) @ (D, N_max)
+            if softcap is not None:
+                S = softcap * torch.tanh(S / softcap)
+            if alibi is not None:
+                S = S - alibi[h].double() * (p[:, None] - j[None, :]).abs()
+            S = S.masked_fill(~seen, float("-inf"))
+            if sinks is not None:  # one more logit per row, of value zero
+                S = torch.cat([S, sinks[h].double().expand(N_new, 1)], dim=1)
+            row_lse = torch.logsumexp(S, dim=1)  # (N_new,), -inf for a row with no key and no sink
+            P = torch.exp(S - row_lse[:, None].clamp(min=-1e300)).nan_to_num(0.0)[:, : dense_v.shape[2]]
+            O[b, h] = P @ dense_v[b, h // G].double()  # (N_new, N_max) @ (N_max, D_v)
+            lse[b, h] = row_lse
+    return O, lse
+
+
+def run_paged(args, *, num_splits, causal=True, window=(-1, -1), softcap=None, alibi=None, leftpad=None, sinks=None):
+    """The kernel on the paged problem ``args``; then the oracle on the dense contents with the new entries
+    appended; checks O, lse, and that the pages hold exactly what they held plus the new entries."""
+    q, k_pages, v_pages, k, v, block_table, dense_k, dense_v = args
+    page_size, n_new_kv = k_pages.shape[2], k.shape[2]
+    scale = q.shape[-1] ** -0.5
+    seqlens = torch.tensor(SEQLENS, dtype=torch.int32)
+    expect_k, expect_v = k_pages.clone(), v_pages.clone()
+    for b, n in enumerate(SEQLENS):
+        for t in range(n_new_kv):
+            page, slot = block_table[b, (n + t) // page_size], (n + t) % page_size
+            expect_k[page, :, slot], expect_v[page, :, slot] = k[b, :, t], v[b, :, t]
+            dense_k[b, :, n + t], dense_v[b, :, n + t] = k[b, :, t], v[b, :, t]
+    with torch.no_grad():
+        O, lse = decode_launch.triton_decode(
+            *(t.to(DEVICE) for t in (q, k_pages, v_pages)),
+            *((None, None) if n_new_kv == 0 else (k.to(DEVICE), v.to(DEVICE))),
+            cache_seqlens=seqlens.to(DEVICE),
+            causal=causal,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            alibi_slopes=alibi,
+            num_splits=num_splits,
+            block_table=block_table.to(DEVICE),
+            cache_leftpad=leftpad,
+            sinks=sinks,
+        )
+    options = {"causal": causal, "window": window, "softcap": softcap, "alibi": alibi}
+    lengths = [n + n_new_kv for n in SEQLENS]
+    O_ref, lse_ref = oracle(q, dense_k, dense_v, lengths, scale=scale, leftpad=leftpad, sinks=sinks, **options)
+    assert_close_scaled(O, O_ref, REL_TOL[torch.float32], "O")
+    assert_close_scaled(lse, lse_ref, REL_TOL[torch.float32], "lse")
+    assert torch.equal(k_pages, expect_k) and torch.equal(v_pages, expect_v), "pages other than the new slots changed"
+    return O, lse
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("page_size", [1, 7, 16])
+def test_paged_decode_matches_the_oracle_for_any_page_size(page_size, num_splits):
+    # batch element 0 holds only its new key; spare pages and table entries past each sequence untouched
+    run_paged(paged_problem(page_size=page_size), num_splits=num_splits)
+
+
+def test_chunked_prefill_over_flash_attns_page_layout_with_gqa():
+    # 4 new queries and keys per element (causal), G = 4, pages stored (num_blocks, page_size, H_kv, D)
+    args = paged_problem(page_size=7, group=4, n_new=4, n_new_kv=4, layout="bnhd", seed=1)
+    run_paged(args, num_splits=3)
+
+
+def test_paged_window_alibi_and_softcap():
+    slopes = torch.linspace(0.1, 0.8, H_KV * 2)
+    run_paged(paged_problem(page_size=16, n_new=2, n_new_kv=2), num_splits=2, window=(9, 0), alibi=slopes, softcap=4.0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_leftpad_and_sinks_on_pages(num_splits):
+    # element 0: leftpad 0 with one key; element 1 pads 5 keys; element 2 pads all of its 30 keys but the
+    # last (leftpad 29): the sink still weighs in, once per row whatever the number of splits
+    leftpad = torch.tensor([0, 5, 29], dtype=torch.int32)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    run_paged(paged_problem(page_size=7), num_splits=num_splits, leftpad=leftpad, sinks=sinks)
+
+
+def test_a_row_that_sees_no_key_gets_zero_and_the_sink():
+    # no new entry and an empty cache for element 0: every entry of its block table is garbage
+    args = paged_problem(page_size=7, n_new_kv=0)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    O, lse = run_paged(args, num_splits=3, sinks=sinks)
+    assert torch.all(O[0] == 0) and torch.allclose(lse[0], sinks[:, None], rtol=1e-6, atol=1e-6)
+
+
+def test_unpaged_leftpad_sinks_and_d192_dv128():
+    # the dense-cache path with the two new variants, at DeepSeek's head dims: D = 192 (a 256-lane tile
+    # here), D_v = 128, in float16 (the kernel's fp32 dots stop at head dim 128)
+    problem = paged_problem(page_size=16, D=192, D_v=128, group=1)
+    q, k, v, dense_k, dense_v = (t.half() for t in (problem[0], *problem[3:5], *problem[6:]))
+    k_cache, v_cache = dense_k.clone(), dense_v.clone()
+    leftpad, sinks = torch.tensor([0, 3, 11], dtype=torch.int32), torch.tensor([1.0, -0.5])
+    with torch.no_grad():
+        O, lse = decode_launch.triton_decode(
+            q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32), causal=True,
+            scale=0.1, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits=2, cache_leftpad=leftpad,
+            sinks=sinks,
+        )  # fmt: skip
+    for b, n in enumerate(SEQLENS):
+        dense_k[b, :, n], dense_v[b, :, n] = k[b, :, 0], v[b, :, 0]
+    assert torch.equal(k_cache, dense_k) and torch.equal(v_cache, dense_v)
+    lengths = [n + 1 for n in SEQLENS]
+    options = {"causal": True, "window": (-1, -1), "softcap": None, "alibi": None}
+    O_ref, lse_ref = oracle(q, dense_k, dense_v, lengths, scale=0.1, leftpad=leftpad, sinks=sinks, **options)
+    assert O.dtype == torch.float16 and O.shape == (B, 2, 1, 128)
+    assert_close_scaled(O, O_ref, REL_TOL[torch.float16], "O")
+    assert_close_scaled(lse, lse_ref, REL_TOL[torch.float16], "lse")
+
+
+def test_the_oracle_sees_a_wrong_page_order():
+    # negative control: the same kernel output against the oracle of the pages taken in table order 0, 1, ...
+    # (what a kernel that ignored the shuffle would give) is far off
+    args = paged_problem(page_size=7)
+    O, _ = run_paged(args, num_splits=1)
+    q, k_pages, v_pages, _, _, block_table, _, _ = args
+    max_blocks = block_table.shape[1]
+    unshuffled_k = k_pages[: B * max_blocks].reshape(B, max_blocks, H_KV, 7, -1).transpose(1, 2).flatten(2, 3)
+    unshuffled_v = v_pages[: B * max_blocks].reshape(B, max_blocks, H_KV, 7, -1).transpose(1, 2).flatten(2, 3)
+    lengths = [n + 1 for n in SEQLENS]
+    options = {"causal": True, "window": (-1, -1), "softcap": None, "alibi": None, "leftpad": None, "sinks": None}
+    O_wrong, _ = oracle(q, unshuffled_k, unshuffled_v, lengths, scale=0.25, **options)
+    assert (O.double() - O_wrong).abs().max() > 0.1
