@@ -194,8 +194,9 @@ def triton_decode(
         config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
     splits = num_splits or default_num_splits(q, k_cache, N_max)
     splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
-    if block_table is None:  # paged rows are addressed in 64-bit, key by key
-        check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)  # before the write, too
+    # before the write, too; paged: the kernel moves to each page in 64-bit arithmetic, within it in 32-bit
+    rows = config.BLOCK_N if block_table is None else v_cache.shape[2]
+    check_tile_offsets("decode", rows, k_cache=k_cache, v_cache=v_cache)
     if k is not None and v is not None:
         if N_new_kv > N_max:
             raise AttentionValueError(
@@ -264,8 +265,8 @@ def launch_decode(
     else:
         O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
+    check_tile_offsets("decode", config.BLOCK_N if block_table is None else N_rows, k_cache=k_cache, v_cache=v_cache)
     if block_table is None:
-        check_tile_offsets("decode", config.BLOCK_N, k_cache=k_cache, v_cache=v_cache)
         table, stride_bt_b, stride_bt_n = seqlens, 0, 0  # a placeholder pointer, never read
     else:
         table, (stride_bt_b, stride_bt_n) = block_table, block_table.stride()
@@ -321,6 +322,7 @@ def launch_decode(
         ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         PAGED=block_table is not None,
+        WIDE_PAGES=block_table is not None and N_rows >= config.BLOCK_N,
         LEFTPAD=cache_leftpad is not None,
         SINKS=sinks is not None,
         num_warps=config.num_warps,

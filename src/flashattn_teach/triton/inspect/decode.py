@@ -6,11 +6,15 @@ under :func:`.specialize.capture`, so the kernels compiled are the specialisatio
 Llama's shapes (``H_q = 32``, ``H_kv = 8``, one new query, so ``G x N_new = 4`` rows padded to
 ``BLOCK_M = 16``), a 16k cache in 4 splits (so the combine kernel launches too), with a causal window,
 softcap and ALiBi at once (the most live values per score), in the tiles :func:`.decode_launch.decode_config`
-ships; ``--rows`` asks for as many query rows as the configuration's largest ``BLOCK_M``. Printed per
-kernel: registers per thread, spilled bytes (stack plus local memory), shared memory, and a check (no
-spills, at most 255 registers, shared memory within 228 KB on sm_90, 164 KB on sm_80).
+ships; ``--rows`` asks for as many query rows as the configuration's largest ``BLOCK_M``; ``--paged
+PAGE_SIZE`` stores the caches in pages of that many keys (a shuffled block table, flash-attn's
+``cache_leftpad`` and attention sinks too). Printed per kernel: registers per thread, spilled bytes (stack
+plus local memory), shared memory, and a check (no spills, at most 255 registers, shared memory within
+228 KB on sm_90, 164 KB on sm_80); ``--loops`` adds the split kernel's loop profile
+(:mod:`.loops`: instructions per warp per key-block iteration of its steady-state loop).
 
     python -m flashattn_teach.triton.inspect.decode --arch sm90 [--case bfloat16:128 float32:64] [--rows]
+        [--paged 256] [--loops]
 
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 """
@@ -27,6 +31,7 @@ import torch
 from ..configs import ARCHS
 from ..decode_launch import decode_config, launch_decode
 from .compile import MAX_REGISTERS, SMEM_LIMIT
+from .loops import loop_profile
 from .sass import disassemble
 from .specialize import CompileRequest, requests_for
 
@@ -56,14 +61,27 @@ def _figure(res_usage: str, name: str) -> int:
     return int(found.group(1))
 
 
-def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False) -> list[CompileRequest]:
-    """The compile requests of the sample decode step (module docs): the split kernel, then the combine."""
+def requests(
+    arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False, page_size: int | None = None
+) -> list[CompileRequest]:
+    """The compile requests of the sample decode step (module docs): the split kernel, then the combine;
+    ``page_size``: paged caches of that many keys a page, with ``cache_leftpad`` and sinks."""
     config = decode_config(dtype, head_dim, arch)
     n_new = config.BLOCK_M // (SAMPLE_HEADS // SAMPLE_KV_HEADS) if rows else 1
     q = torch.empty(SAMPLE_BATCH, SAMPLE_HEADS, n_new, head_dim, dtype=dtype)
-    k_cache = torch.empty(SAMPLE_BATCH, SAMPLE_KV_HEADS, SAMPLE_CACHE, head_dim, dtype=dtype)
-    v_cache = torch.empty_like(k_cache)
     seqlens = torch.empty(SAMPLE_BATCH, dtype=torch.int32)
+    paged: dict[str, torch.Tensor | None] = {"block_table": None, "cache_leftpad": None, "sinks": None}
+    if page_size is None:
+        k_cache = torch.empty(SAMPLE_BATCH, SAMPLE_KV_HEADS, SAMPLE_CACHE, head_dim, dtype=dtype)
+    else:
+        max_blocks = -(-SAMPLE_CACHE // page_size)
+        k_cache = torch.empty(SAMPLE_BATCH * max_blocks, SAMPLE_KV_HEADS, page_size, head_dim, dtype=dtype)
+        paged = {
+            "block_table": torch.randperm(SAMPLE_BATCH * max_blocks, dtype=torch.int32).view(SAMPLE_BATCH, -1),
+            "cache_leftpad": torch.zeros(SAMPLE_BATCH, dtype=torch.int32),
+            "sinks": torch.zeros(SAMPLE_HEADS),
+        }
+    v_cache = torch.empty_like(k_cache)
     return requests_for(
         lambda: launch_decode(
             q,
@@ -78,6 +96,7 @@ def requests(arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False
             alibi_slopes=torch.empty(SAMPLE_HEADS),
             num_splits=SAMPLE_SPLITS,
             config=config,
+            **paged,
         ),
         arch,
     )
@@ -108,17 +127,23 @@ def main() -> int:
     names = [f"{str(dt).removeprefix('torch.')}:{d}" for dt, d in CASES]
     parser.add_argument("--case", nargs="+", choices=names, default=names, help="dtype:head_dim (default: all)")
     parser.add_argument("--rows", action="store_true", help="as many query rows as the largest BLOCK_M")
+    parser.add_argument("--paged", type=int, metavar="PAGE_SIZE", help="paged caches, with leftpad and sinks")
+    parser.add_argument("--loops", action="store_true", help="the split kernel's loop profile")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
     cases = [(_DTYPE_BY_NAME[name.split(":")[0]], int(name.split(":")[1])) for name in args.case]
     limits = f"registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B"
-    print(f"# {args.arch} decode kernels: {limits}")
+    layout = "contiguous caches" if args.paged is None else f"pages of {args.paged} keys, leftpad, sinks"
+    print(f"# {args.arch} decode kernels ({layout}): {limits}")
     columns = ("kernel", "dtype", "D", "BLOCK_M", "BLOCK_N", "regs", "spills", "smem")
     print(_ROW.format(*columns) + "  check")
     failed = 0
     for dt, d in cases:
-        for request in requests(args.arch, dt, d, rows=args.rows):
+        profiles = []
+        for request in requests(args.arch, dt, d, rows=args.rows, page_size=args.paged):
             r = report(request, args.arch)
+            if args.loops and request.name == "decode_split_fwd":
+                profiles.append(loop_profile(request, args.arch))
             constants = request.constants()
             failed += r["check"] != "ok"
             tile = (constants.get("BLOCK_M", "-"), constants.get("BLOCK_N", "-"))
@@ -126,6 +151,8 @@ def main() -> int:
             print(
                 _ROW.format(request.name, dtype, d, *tile, r["registers"], r["spills"], r["smem"]) + f"  {r['check']}"
             )
+        for profile in profiles:
+            print("  " + ("no loop holds a matmul" if profile is None else profile.summary()))
     return 1 if failed else 0
 
 

@@ -29,12 +29,17 @@ diagonal or the split's end cuts (masked), as :mod:`.masking` does for the prefi
 
 Paged caches (``PAGED``, flash-attn's ``block_table``): key ``j`` of batch element b lives in page
 ``block_table[b, j // PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` of ``K (num_blocks, H_kv, PAGE_SIZE, D)``, so
-each key of a block gets its own row address (:func:`_page_rows`, 64-bit) from the pages' strides; any
-page size, and flash-attn's ``(num_blocks, PAGE_SIZE, H_kv, D)`` storage as a transposed view. Block ids
-are clamped to ``[0, num_blocks)``: a CUDA table is never read on the host. ``LEFTPAD`` (flash-attn's
-``cache_leftpad``): keys before ``cache_leftpad[b]`` are padding, so ``lo`` starts there. ``SINKS``: row
-``r`` of head h counts one more key, of score ``sink_h`` and value 0; split 0 starts its rows' state from
-it (``m_i = sink_h log2(e), l_i = 1``), so the sink enters each row once, also through the combine.
+each key of a block gets its own row address (:func:`_page_slots`, 64-bit) from the pages' strides: any
+page size, and flash-attn's ``(num_blocks, PAGE_SIZE, H_kv, D)`` storage as a transposed view. Pages of at
+least ``BLOCK_N`` keys hold a block in two pages at most: two block ids a block (``WIDE_PAGES``). The ids
+of the next block are read one iteration ahead (:func:`_block_ids`), so that the K and V loads' addresses
+wait for no load of the same iteration and the compiler still pipelines them (``python -m
+flashattn_teach.triton.inspect.decode --paged 256 --loops``: the shared memory of two stages in flight, as
+for contiguous caches). Block ids are clamped to ``[0, num_blocks)``: a CUDA table is never read on the
+host. ``LEFTPAD`` (flash-attn's ``cache_leftpad``): keys before ``cache_leftpad[b]`` are padding, so ``lo``
+starts there. ``SINKS``: row ``r`` of head h counts one more key, of score ``sink_h`` and value 0; split 0
+starts its rows' state from it (``m_i = sink_h log2(e), l_i = 1``), so the sink enters each row once, also
+through the combine.
 
 Like the prefill kernels the scores are kept in log2 units: ``s2 = scale log2(e) q.k`` and
 ``lse = ln 2 (m_i + log2 l_i)``; softcap and ALiBi modify ``s2`` (:func:`~.masking._modify_scores`).
@@ -73,18 +78,40 @@ def _split_key_runs(split_begin, split_end, p_first, p_last, LEFT, RIGHT, BLOCK_
 
 
 @triton.jit
-def _page_rows(table, cols, in_split, stride_bt_n, PAGE_SIZE, num_blocks, MASK: tl.constexpr):
-    """``(page, slot)`` of keys ``cols`` (``(BLOCK_N,)``, int64) in a paged cache: page ``table[cols //
-    PAGE_SIZE]`` (``table`` points at the batch element's row of the block table), clamped into
-    ``[0, num_blocks)`` so that no id reads outside the cache, and slot ``cols % PAGE_SIZE``. ``MASK``:
-    keys past the split are not looked up (their table entries may be past the sequence's pages)."""
-    entry = table + (cols // PAGE_SIZE) * stride_bt_n
-    if MASK:
-        page = tl.load(entry, mask=in_split, other=0)
+def _block_ids(table, start, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
+    """The pages of key block ``[start, start + BLOCK_N)``: ids from ``table`` (the batch element's row of
+    the block table) clamped into ``[0, num_blocks)``, so that no id reads outside the cache; entries of
+    keys at or past ``split_end`` are not read (they may lie past the sequence's pages).
+
+    ``WIDE`` (``PAGE_SIZE >= BLOCK_N``): the block lies in page ``start // PAGE_SIZE`` and perhaps the
+    next, so two ids serve it (``(1,)`` each); otherwise ``(BLOCK_N,)`` ids, one per key (returned twice)."""
+    if WIDE:
+        first = start // PAGE_SIZE + tl.arange(0, 2)  # (2,): this page and the next
+        ids = tl.load(table + first * stride_bt_n, mask=first * PAGE_SIZE < split_end, other=0)
+        ids = tl.minimum(tl.maximum(ids, 0), num_blocks - 1)
+        page0 = tl.sum(tl.where(tl.arange(0, 2) == 0, ids, 0), 0)
+        page1 = tl.sum(tl.where(tl.arange(0, 2) == 1, ids, 0), 0)
     else:
-        page = tl.load(entry)
-    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1)
-    return page.to(tl.int64), (cols % PAGE_SIZE).to(tl.int64)
+        cols = start + tl.arange(0, BLOCK_N)
+        page0 = tl.load(table + (cols // PAGE_SIZE) * stride_bt_n, mask=cols < split_end, other=0)
+        page0 = tl.minimum(tl.maximum(page0, 0), num_blocks - 1)
+        page1 = page0
+    return page0, page1
+
+
+@triton.jit
+def _page_slots(page0, page1, start, cols, PAGE_SIZE, WIDE: tl.constexpr):
+    """``(page, slot)`` of each key ``cols = start + [0, BLOCK_N)`` from :func:`_block_ids`'s ids: the page
+    as int64 (``page x page stride`` may pass 2^31) and the slot ``cols % PAGE_SIZE``."""
+    if WIDE:
+        t = cols - (start // PAGE_SIZE) * PAGE_SIZE  # the slot in the first page, or PAGE_SIZE more in the next
+        next_page = t >= PAGE_SIZE
+        page = tl.where(next_page, page1, page0).to(tl.int64)
+        slot = tl.where(next_page, t - PAGE_SIZE, t)
+    else:
+        page = page0.to(tl.int64)
+        slot = cols % PAGE_SIZE
+    return page, slot
 
 
 @triton.jit
@@ -123,20 +150,23 @@ def _decode_inner(
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PAGED: tl.constexpr,
+    WIDE_PAGES: tl.constexpr,
     MASK: tl.constexpr,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
     ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read).
-    ``PAGED``: each key's row found through the block table (:func:`_page_rows`)."""
+    ``PAGED``: each key's row found through the block table (:func:`_block_ids`, :func:`_page_slots`)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, BLOCK_N)
+    if PAGED:  # the block ids one block ahead, so that the K and V loads' addresses wait for no load
+        page0, page1 = _block_ids(table, start_n, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N, WIDE_PAGES)
     for start in tl.range(start_n, end_n, BLOCK_N):
         cols = start + offs_j
         in_split = cols < split_end
         # K_j: (BLOCK_N, BLOCK_D); S = Q K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
         if PAGED:  # the keys of a block may lie in several pages: one 64-bit row offset per key
-            page, slot = _page_rows(table, cols, in_split, stride_bt_n, PAGE_SIZE, num_blocks, MASK)
+            page, slot = _page_slots(page0, page1, start, cols, PAGE_SIZE, WIDE_PAGES)
             k_rows = page * stride_kp + slot * stride_kn
             k = _load_block(K_head, k_rows, offs_d, 1, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
         else:
@@ -174,6 +204,10 @@ def _decode_inner(
             )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
+        if PAGED:
+            page0, page1 = _block_ids(
+                table, start + BLOCK_N, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N, WIDE_PAGES
+            )
     return acc, l_i, m_i
 
 
@@ -236,6 +270,7 @@ def decode_split_fwd(
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PAGED: tl.constexpr,
+    WIDE_PAGES: tl.constexpr,
     LEFTPAD: tl.constexpr,
     SINKS: tl.constexpr,
 ):
@@ -249,8 +284,9 @@ def decode_split_fwd(
     stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``.
     ``PAGED``: ``K, V (num_blocks, H_kv, PAGE_SIZE, .)`` (``stride_kb``, ``stride_vb`` step a page), batch
     element b's pages at ``BLOCK_TABLE + b stride_bt_b + n stride_bt_n`` (int32), ``N_max = max_blocks
-    PAGE_SIZE``. ``LEFTPAD``: ``CACHE_LEFTPAD (B,)`` int32, clamped here to ``[0, L_b]``. ``SINKS``:
-    ``SINK_LOGITS (H_q,)`` fp32, contiguous."""
+    PAGE_SIZE``; ``WIDE_PAGES``: ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``LEFTPAD``:
+    ``CACHE_LEFTPAD (B,)`` int32, clamped here to ``[0, L_b]``. ``SINKS``: ``SINK_LOGITS (H_q,)`` fp32,
+    contiguous."""
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -310,19 +346,19 @@ def decode_split_fwd(
         acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         begin, full_begin, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=True,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
         acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_begin, full_end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=False,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=False,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
         acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_end, end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=True,
     )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of
