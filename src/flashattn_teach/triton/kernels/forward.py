@@ -48,7 +48,7 @@ from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
 from .grid import INDEX, LONGEST, program_block
 from .masking import _sequence, _window_key_range
-from .tiles import _load_block, _store_block
+from .tiles import _load_block, _load_block_hi, _store_block
 
 
 @triton.jit
@@ -157,6 +157,7 @@ def attn_fwd(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -190,6 +191,9 @@ def attn_fwd(
     ``N_q, N_k`` are ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right
     alignment and 0 for top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``stride_lse_h`` (without
     ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
+
+    ``BLOCK_D2 > 0``: ``HEAD_DIM`` is two lane groups, ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`),
+    read through pointers (neither ``TMA`` nor ``WS``).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
@@ -258,8 +262,15 @@ def attn_fwd(
         q = Q_desc.load([start_m, 0])  # rows past N_q and lanes past HEAD_DIM read 0
     else:
         q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    q2 = q  # with BLOCK_D2 the head dim's second lane group (.tiles), by pointers only; otherwise unread
+    if BLOCK_D2 > 0:
+        tl.static_assert(not (TMA or WS), "a split head dim reads its two lane groups through pointers")
+        q2 = _load_block_hi(
+            Q_block, offs_m - start_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
+        )
     if NEGATE_Q:
         q = -q
+        q2 = -q2
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -293,46 +304,46 @@ def attn_fwd(
     if LISTED:
         # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     elif WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
