@@ -19,8 +19,8 @@ from flashattn_teach.triton import AttentionConfig, launch, triton_attention
 from flashattn_teach.triton.configs import lane_groups, shipped_config, table_dim
 from flashattn_teach.triton.kernels import backward_dkdv, backward_dq, forward
 
-# 16 x 16 tiles in the interpreter: several key and query blocks on short sequences
-CONFIG = AttentionConfig.uniform(16, 16)
+# small tiles of two shapes in the interpreter: several key and query blocks on short sequences
+CONFIG = AttentionConfig.uniform(32, 16)
 
 
 def oracle(q, k, v, causal: bool, group: int):

@@ -150,8 +150,8 @@ def forward(
     var = variants.varlen
     c, ws = forward_tile(config.forward, q, k, v, variants)
     D_pad, D2 = lane_groups(s.D)
-    if D2:  # a split head dim's two lane groups are read through pointers (kernels/tiles.py)
-        c, ws = c.by_pointers(), False
+    if D2 and not ws:  # a split head dim's lane groups: by in-kernel descriptors or pointers (kernels/tiles.py)
+        c = c.by_pointers()
     if ws:
         tma = True  # by descriptors the kernel makes
     else:

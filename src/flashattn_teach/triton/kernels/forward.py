@@ -193,7 +193,7 @@ def attn_fwd(
     ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
 
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is two lane groups, ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`),
-    read through pointers (neither ``TMA`` nor ``WS``).
+    the second through pointers or, with ``WS``, by its own in-kernel descriptors (not with ``TMA``).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
@@ -262,12 +262,26 @@ def attn_fwd(
         q = Q_desc.load([start_m, 0])  # rows past N_q and lanes past HEAD_DIM read 0
     else:
         q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
-    q2 = q  # with BLOCK_D2 the head dim's second lane group (.tiles), by pointers only; otherwise unread
+    # with BLOCK_D2 the head dim's second lane group (.tiles), of Q_i and of each K_j: with WS by boxes of
+    # BLOCK_D2 lanes read at lane BLOCK_D, else through pointers (not by host descriptors); otherwise unread
+    q2 = q
+    K2_src = K_src
     if BLOCK_D2 > 0:
-        tl.static_assert(not (TMA or WS), "a split head dim reads its two lane groups through pointers")
-        q2 = _load_block_hi(
-            Q_block, offs_m - start_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
-        )
+        tl.static_assert(not TMA, "a split head dim's second lane group has no host descriptor")
+        if WS:
+            q2 = tl.make_tensor_descriptor(
+                Q_head, shape=[N_q, HEAD_DIM], strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D2]
+            ).load([start_m, BLOCK_D])
+            K2_src = tl.make_tensor_descriptor(
+                K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+                shape=[N_k, HEAD_DIM],
+                strides=[stride_kn, 1],
+                block_shape=[BLOCK_N, BLOCK_D2],
+            )
+        else:
+            q2 = _load_block_hi(
+                Q_block, offs_m - start_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
+            )
     if NEGATE_Q:
         q = -q
         q2 = -q2
@@ -304,7 +318,7 @@ def attn_fwd(
     if LISTED:
         # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
@@ -315,7 +329,7 @@ def attn_fwd(
         )  # fmt: skip
     elif WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
@@ -326,7 +340,7 @@ def attn_fwd(
         )  # fmt: skip
     if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
@@ -336,7 +350,7 @@ def attn_fwd(
             SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,

@@ -8,7 +8,7 @@ blocks ``j`` of one stage of :mod:`.forward`'s loop (masked or not, by ``tl.cons
 
 :func:`_load_kv_block` brings ``K_j`` and ``V_j`` in, by TMA descriptors on Hopper or through pointers.
 With ``BLOCK_D2 > 0`` the head dim is two lane groups (:mod:`.tiles`; 192 = 128 + 64) and ``S_ij`` is two
-MMAs into one accumulator, by pointers only.
+MMAs into one accumulator (its second lane group through pointers, or with ``WS`` by its own box).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def _attn_fwd_inner(
     q,  # Q_i (BLOCK_M, BLOCK_D)
     q2,  # with BLOCK_D2: Q_i's second lane group (BLOCK_M, BLOCK_D2); otherwise unread
     K_src,
+    K2_src,  # with BLOCK_D2: the keys' second lane group, K_src's pointer or with WS a box of BLOCK_D2 lanes
     V_src,
     b,
     h_kv,
@@ -183,11 +184,14 @@ def _attn_fwd_inner(
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             if BLOCK_D2 > 0:
                 # S_ij += Q_i[:, BLOCK_D:] K_j[:, BLOCK_D:]^T: (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
-                rows = tl.arange(0, BLOCK_N)
-                k2 = _load_block_hi(
-                    K_src + tl.cast(start, tl.int64) * stride_kn, rows, stride_kn, stride_kd, start + rows < N_k,
-                    HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK,
-                )  # fmt: skip
+                if WS:
+                    k2 = K2_src.load([start, BLOCK_D])  # lanes [BLOCK_D, BLOCK_D + BLOCK_D2); zeros past the ends
+                else:
+                    rows = tl.arange(0, BLOCK_N)
+                    k2 = _load_block_hi(
+                        K2_src + tl.cast(start, tl.int64) * stride_kn, rows, stride_kn, stride_kd, start + rows < N_k,
+                        HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK,
+                    )  # fmt: skip
                 s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
             offs_n = start + tl.arange(0, BLOCK_N)
             if SOFTCAP or ALIBI or ADD_MASK:

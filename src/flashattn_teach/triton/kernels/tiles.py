@@ -73,13 +73,13 @@ def _load_block_hi(
     ``D - BLOCK_D`` whose first lane sits ``BLOCK_D`` lanes in, so lanes past ``D`` read 0 as in
     :func:`_load_block`, and none is masked when ``D = BLOCK_D + BLOCK_D2``."""
     lanes = tl.arange(0, BLOCK_D2)
+    hi = ptr + BLOCK_D * stride_d
+    # one return: triton checks every return's type against the others, also in a branch not compiled
     if TRANS:
-        return _load_block_T(
-            ptr + BLOCK_D * stride_d, offs_r, lanes, stride_r, stride_d, in_r, D - BLOCK_D, BLOCK_D2, ROWS_OK
-        )
-    return _load_block(
-        ptr + BLOCK_D * stride_d, offs_r, lanes, stride_r, stride_d, in_r, D - BLOCK_D, BLOCK_D2, ROWS_OK
-    )
+        tile = _load_block_T(hi, offs_r, lanes, stride_r, stride_d, in_r, D - BLOCK_D, BLOCK_D2, ROWS_OK)
+    else:
+        tile = _load_block(hi, offs_r, lanes, stride_r, stride_d, in_r, D - BLOCK_D, BLOCK_D2, ROWS_OK)
+    return tile
 
 
 @triton.jit
