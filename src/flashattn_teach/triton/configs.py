@@ -192,7 +192,7 @@ _SM90_16BIT: dict[int, _Row] = {
         K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
-    SPLIT_DIM: (K(128, 64, 8, 2), K(32, 64, 8, 2), K(128, 32, 8, 2)),
+    SPLIT_DIM: (_ws(128, 64, 2, K(128, 64, 8, 3)), K(16, 128, 8, 2), K(128, 64, 8, 2)),
     256: (
         _ws(128, 64, 2, K(128, 64, 8, 2, tma=True, fallback=K(64, 64, 8, 2))),
         K(16, 64, 8, 2, split=True),
@@ -205,7 +205,7 @@ _SM80_16BIT: dict[int, _Row] = {
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
     128: (K(128, 64, 8, 3), K(32, 64, 8, 2), K(64, 64, 8, 2)),
-    SPLIT_DIM: (K(64, 64, 8, 2), K(32, 64, 8, 2), K(64, 32, 8, 2)),
+    SPLIT_DIM: (K(64, 64, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
     256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers. Above hd64 only thin
