@@ -205,7 +205,7 @@ _SM80_16BIT: dict[int, _Row] = {
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
     128: (K(128, 64, 8, 3), K(32, 64, 8, 2), K(64, 64, 8, 2)),
-    SPLIT_DIM: (K(64, 64, 8, 2), K(32, 32, 8, 2), K(32, 64, 8, 2)),
+    SPLIT_DIM: (K(64, 64, 4, 2), K(32, 32, 4, 2), K(32, 64, 8, 2)),
     256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers. Above hd64 only thin
