@@ -179,6 +179,13 @@ def _ws(block_m: int, block_n: int, num_stages: int, fallback: KernelConfig) -> 
 # spills with triton 3.6 and 3.9 in shared memory within the 232,448 bytes a block may use: 128 x 128 with
 # three stages up to hd64 (131,648 bytes at hd64), with two at hd128 (180,608; three ask for 246,336),
 # 128 x 64 with two at hd256 (229,760). They are not yet timed on a GPU.
+#
+# The 192 rows (D = 192, D_v <= 128, as two lane groups: :mod:`.lanes`) are the loop profile's best that
+# compile without spills, causal and not, with triton 3.6 and 3.9 (``flashattn-teach kernels
+# --split-head-dim``); not timed. Their K_j and Q_i come through pointers except in the warp-specialised
+# forward. The split frees registers where padding to 256 spills: the 16 x 128 dK/dV and 128 x 64 dQ tiles
+# spill 128 and 8 bytes padded. No one-kernel backward tile compiled cleanly (16 x 128 to 32 x 128: 80 to
+# 576 bytes), so the backward is the two-kernel one.
 _SM90_16BIT: dict[int, _Row] = {
     16: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 8, 3), K(128, 64, 4, 3)),
@@ -227,8 +234,9 @@ _SM80_FP32: dict[int, _Row] = {
 # loop (index tensors, the tanh, the bias): where a plain tile spills with all of them at once or with a
 # padding mask (``flashattn-teach kernels --variants``, ``--mask bool``, ``--mask additive``), a thinner
 # one that does not, with triton 3.6 and 3.9. Keyed by (arch, "16-bit" or "fp32", padded head dim);
-# those without a row use the plain row. At hd256 on sm_90 no dK/dV tile tried compiles without spilling
-# with an additive mask and triton 3.9 (this one: 8 to 16 bytes; with 3.6 none).
+# those without a row use the plain row (192 / 128: the 256 row, whose sm_80 dQ spills 88 bytes there). At
+# hd256 on sm_90 no dK/dV tile tried compiles without spilling with an additive mask and triton 3.9 (this
+# one: 8 to 16 bytes; with 3.6 none).
 # The sm_90 16-bit forward rows are warp-specialised as the plain ones are, with tiles clean with window,
 # softcap, ALiBi and seqlens_k at once (at hd128 and hd256 thinner than the plain rows': 128 x 128 spills
 # 16 bytes at hd128 with triton 3.9, 128 x 64 24 bytes at hd256 with 3.6); an attn_mask falls back.
@@ -253,6 +261,7 @@ _VARIANT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "16-bit", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
     ("sm80", "16-bit", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
     ("sm80", "16-bit", 256): (K(64, 64, 8, 2), K(32, 32, 8, 2, split=True), K(64, 32, 8, 2)),
+    ("sm80", "16-bit", SPLIT_DIM): (K(64, 64, 8, 2), K(32, 32, 8, 2, split=True), K(32, 64, 8, 2)),
     ("sm80", "fp32", 16): (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 16, 4, 2)),
     ("sm80", "fp32", 32): (K(64, 32, 4, 2), K(16, 32, 4, 2), K(32, 16, 4, 2)),
     ("sm80", "fp32", 128): (K(32, 32, 8, 2), K(16, 16, 8, 1), K(16, 32, 4, 2)),
