@@ -15,7 +15,7 @@ import pytest
 import torch
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled
 
-from flashattn_teach.triton import AttentionConfig, launch, triton_attention
+from flashattn_teach.triton import AttentionConfig, KernelConfig, launch, triton_attention
 from flashattn_teach.triton.configs import lane_groups, shipped_config, table_dim
 from flashattn_teach.triton.kernels import backward_dkdv, backward_dq, forward
 
@@ -122,3 +122,23 @@ def test_other_head_dims_launch_one_lane_group(launches) -> None:
     assert launch_out.shape == (1, 2, 16, 128)
     assert launches == [{"HEAD_DIM": 200, "BLOCK_D": 256, "BLOCK_D2": 0}]
     assert launch.lane_groups is lane_groups
+
+
+# the warp-specialised forward's source (descriptors made in the kernel, one key loop) runs in the interpreter
+WS_TILE = KernelConfig(32, 16, 4, 1, tma=True, ws=True, fallback=KernelConfig(16, 16, 4, 1))
+
+
+@pytest.mark.parametrize(("N_q", "N_k", "causal"), [(37, 45, True), (32, 48, False)])
+def test_split_head_dim_in_the_warp_specialised_forward_matches_the_oracle(launches, monkeypatch, N_q, N_k, causal):
+    ran = []
+    real = launch.forward_tile
+    monkeypatch.setattr(launch, "forward_tile", lambda *args: ran.append(real(*args)) or ran[-1])
+    q, k, v, _ = tensors(192, 128, torch.float16, 2, N_q=N_q, N_k=N_k)
+    config = AttentionConfig(forward=WS_TILE, backward_dkdv=None, backward_dq=None)
+    O, lse = triton_attention(
+        q, k, v, causal=causal, causal_align="bottom_right", enable_gqa=True, return_lse=True, config=config
+    )
+    assert ran == [(WS_TILE, True)] and launches == [{"HEAD_DIM": 192, "BLOCK_D": 128, "BLOCK_D2": 64}]
+    O_ref, lse_ref = oracle(q, k, v, causal, 2)
+    assert_close_scaled(O, O_ref, REL_TOL[torch.float16], "O")
+    assert_close_scaled(lse, lse_ref, REL_TOL[torch.float16], "lse")
