@@ -23,12 +23,16 @@ from flashattn_teach.triton.kernels import backward_dkdv, backward_dq, forward
 CONFIG = AttentionConfig.uniform(32, 16)
 
 
-def oracle(q, k, v, causal: bool, group: int):
-    """O and lse in float64, bottom-right causal (key c visible to row r iff c <= r + N_k - N_q)."""
+def oracle(q, k, v, causal: bool, group: int, scale: float | None = None, softcap: float | None = None):
+    """O and lse in float64, bottom-right causal (key c visible to row r iff c <= r + N_k - N_q); the
+    softcap as Gemma 2's, ``softcap * tanh(scale * q.k / softcap)``."""
     q, k, v = (t.double().cpu() for t in (q, k, v))
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     N_q, N_k = q.shape[-2], k.shape[-2]
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, N_q, D) @ (B, H, D, N_k) -> (B, H, N_q, N_k)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, N_q, D) @ (B, H, D, N_k) -> (B, H, N_q, N_k)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     if causal:
         visible = torch.arange(N_k)[None, :] <= torch.arange(N_q)[:, None] + (N_k - N_q)
         s = s.masked_fill(~visible, float("-inf"))
@@ -142,3 +146,23 @@ def test_split_head_dim_in_the_warp_specialised_forward_matches_the_oracle(launc
     O_ref, lse_ref = oracle(q, k, v, causal, 2)
     assert_close_scaled(O, O_ref, REL_TOL[torch.float16], "O")
     assert_close_scaled(lse, lse_ref, REL_TOL[torch.float16], "lse")
+
+
+@pytest.mark.parametrize(("scale", "softcap"), [(-0.2, None), (0.3, 4.0)])
+def test_split_head_dim_with_a_negative_scale_or_a_softcap_matches_the_oracle(scale, softcap) -> None:
+    """A negative scale negates both lane groups of Q (``NEGATE_Q``); a softcap scales the summed scores."""
+    q, k, v, dO = tensors(192, 128, torch.float16, 1, N_q=33, N_k=40)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    O, lse = triton_attention(
+        q, k, v, causal=True, causal_align="bottom_right", scale=scale, softcap=softcap, return_lse=True,
+        config=CONFIG, deterministic=True,
+    )  # fmt: skip
+    (O * dO).sum().backward()
+    qd, kd, vd = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    O_ref, lse_ref = oracle(qd, kd, vd, True, 1, scale=scale, softcap=softcap)
+    (O_ref * dO.double().cpu()).sum().backward()
+    tol = REL_TOL[torch.float16]
+    assert_close_scaled(O, O_ref, tol, "O")
+    assert_close_scaled(lse, lse_ref, tol, "lse")
+    for name, got, want in (("dq", q.grad, qd.grad), ("dk", k.grad, kd.grad), ("dv", v.grad, vd.grad)):
+        assert_close_scaled(got, want, 2 * tol, name)
