@@ -179,7 +179,8 @@ def compiled_step(
     shapes_known = isinstance(k_cache, Tensor) and (k is None or isinstance(k, Tensor))  # else checked later
     if not isinstance(lengths, Tensor) and shapes_known:
         paged = isinstance(block_table, Tensor) and block_table.dim() == 2
-        N_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]  # paged: pages x slots
+        pages = block_table.shape[1] if isinstance(block_table, Tensor) and paged else 1
+        N_max = pages * k_cache.shape[2]  # paged: max_blocks pages of page_size slots
         capacity = "block_table.shape[1] * page_size" if paged else "k_cache.shape[2]"
         check_length(lengths, 0 if k is None else k.shape[2], N_max, capacity=capacity)
     if not traceable(q, k_cache, v_cache, k, v, alibi_slopes, sinks):
