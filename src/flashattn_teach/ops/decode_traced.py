@@ -126,7 +126,7 @@ def traced_step(
         # (B, N_max, H_kv, D) with (B, N_new_kv, H_kv, D) put at [batch, pos]: new tensors, the caches untouched
         keys, values = (
             cache.transpose(1, 2).index_put((batch, pos), new.transpose(1, 2)).transpose(1, 2)
-            for cache, new in ((k_cache, k), (v_cache, v))
+            for cache, new in ((keys, k), (values, v))
         )
     visible, distance = _visible(lengths + N_new_kv, N_new, N_max, causal, window, leftpad)
     mask: Tensor = visible[:, None]  # (B, 1, N_new, N_max): the same for every head
