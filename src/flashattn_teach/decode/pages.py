@@ -59,15 +59,28 @@ class ElementCache:
         page_size = self.k_cache.shape[2]
         return s0 // page_size, -(-s1 // page_size)
 
+    def _consecutive(self, p0: int, p1: int) -> bool:
+        run = self.pages[p0:p1]
+        return all(b == run[0] + i for i, b in enumerate(run))
+
+    def reads_a_view(self, s0: int, s1: int) -> bool:
+        """Whether keys ``[s0, s1)`` are read without a copy: contiguous caches, or consecutive page ids
+        whose pages lie back to back for each head (one page, one slot per page, or the next page starting
+        where the last slot's stride puts it, as in flash-attn's layout)."""
+        if self.ids is None:
+            return True
+        p0, p1 = self.page_span(s0, s1)
+        pool, page_size = self.k_cache, self.k_cache.shape[2]
+        adjacent = p1 - p0 == 1 or page_size == 1 or pool.stride(0) == page_size * pool.stride(2)
+        return adjacent and self._consecutive(p0, p1)
+
     def read(self, s0: int, s1: int) -> tuple[Tensor, Tensor]:
         """``(k (1, H_kv, s1 - s0, D), v (1, H_kv, s1 - s0, D_v))``: the keys ``[s0, s1)``, from the pages
         of that range alone when paged (the module docs' picture)."""
         if self.ids is None:
             return self.k_cache[:, :, s0:s1], self.v_cache[:, :, s0:s1]
         p0, p1 = self.page_span(s0, s1)
-        run = self.pages[p0:p1]
-        consecutive = all(b == run[0] + i for i, b in enumerate(run))
-        first = run[0] if consecutive else -1
+        first = self.pages[p0] if self._consecutive(p0, p1) else -1
         start = s0 - p0 * self.k_cache.shape[2]  # the range's first key within its first page
         k, v = (_pages_view(pool, first, p1 - p0, self.ids[p0:p1]) for pool in (self.k_cache, self.v_cache))
         return k[None, :, start : start + s1 - s0], v[None, :, start : start + s1 - s0]
