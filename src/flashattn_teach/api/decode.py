@@ -38,6 +38,23 @@ call on the views ``k_cache[b, :, s0:s1]`` with the mask contract's diagonal off
 ``L_b - N_new - s0``, which puts row ``i``'s diagonal at global key ``L_b - N_new + i``; so one spec is
 built per batch element and range, and the contract itself needs no per-batch offset.
 
+Paged caches (``block_table``, vLLM's PagedAttention, Kwon et al. 2023; flash-attn's layout): the caches
+are one pool of pages ``(num_blocks, H_kv, page_size, D)``, and row ``b`` of ``block_table (B, max_blocks)``
+lists the pages of batch element ``b`` in key order; key ``j`` is slot ``j % page_size`` of page
+``block_table[b, j // page_size]``. ``page_size = 4``, ``cache_seqlens[b] = 9``, one new key::
+
+    block_table[b] = [ 6,            2,            9,            * ]      (*: past L_b, never read)
+    pool page         6              2              9
+    slots            k0 k1 k2 k3 | k4 k5 k6 k7 | k8 n0 .  .          n0 written in place at page 9,
+    key position      0  1  2  3 |  4  5  6  7 |  8  9 10 11         slot 9 % 4 = 1; every other page of
+                                                                     the pool is left as it was
+    a range [3, 9) reads pages 6, 2, 9 alone: (H_kv, 3 * 4, D) gathered (a view when the pages are
+    consecutive and adjacent in memory), sliced to its 6 keys
+
+With ``cache_leftpad``, element ``b``'s keys start at ``cache_leftpad[b]`` instead of 0 (the ranges cut
+``[cache_leftpad[b], L_b)``); with ``sinks``, each row's sink joins after the ranges' merge as one more
+partial, ``(O = 0, lse = sink_h)``, so it is counted once however many ranges there are.
+
 On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
 heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
 query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
