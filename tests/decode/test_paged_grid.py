@@ -64,17 +64,19 @@ def test_a_consecutive_run_of_pages_in_flash_attn_layout_is_read_without_a_copy(
 
 @pytest.mark.parametrize("backend", ["parallel", "dense"])
 def test_gradients_into_q_and_sinks_match_the_oracle(backend):
-    """With ``k, v`` None, ``q``, ``sinks`` and the pools are differentiable; the oracle's float64 autograd
-    gives the reference gradients."""
+    """With ``k, v`` None, ``q``, ``sinks`` and the pools are differentiable (the pages read, nothing else);
+    the oracle's float64 autograd gives the reference gradients."""
     case = next(c for c in CASES if c.variant == "all" and c.N_new_kv == 0)
     p = make_problem(case)
+    p.k_pool, p.v_pool = p.k_pool.detach().requires_grad_(), p.v_pool.detach().requires_grad_()
     for t in (p.q, p.options["sinks"]):
         t.requires_grad_(True)
     O, lse = call(p, backend, lengths=case.lengths)
     O_ref, lse_ref = oracle(p, p.k_pool, p.v_pool, case.lengths)
     w = torch.randn(O.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    grads = torch.autograd.grad((O * w).sum() + lse.sum(), (p.q, p.options["sinks"]))
-    grads_ref = torch.autograd.grad((O_ref * w).sum() + lse_ref.sum(), (p.q, p.options["sinks"]))
+    inputs = (p.q, p.options["sinks"], p.k_pool, p.v_pool)
+    grads = torch.autograd.grad((O * w).sum() + lse.sum(), inputs)
+    grads_ref = torch.autograd.grad((O_ref * w).sum() + lse_ref.sum(), inputs)
     for got, want in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     assert grads[1].abs().sum() > 0  # the control: the sinks do reach the output

@@ -32,8 +32,15 @@ def _pages_view(pool: Tensor, first: int, n: int, ids: Tensor) -> Tensor:
     if first >= 0:  # consecutive ids: a view (reshape copies only when the pages are not adjacent in memory)
         # (n, H_kv, page_size, D) -> (H_kv, n, page_size, D) -> (H_kv, n * page_size, D)
         return pool[first : first + n].transpose(0, 1).reshape(H_kv, n * page_size, D)
-    # (H_kv, num_blocks, page_size, D)[:, ids] -> (H_kv, n, page_size, D), a new tensor -> (H_kv, n * page_size, D)
-    return pool.transpose(0, 1)[:, ids].reshape(H_kv, n * page_size, D)
+    if pool.requires_grad and torch.is_grad_enabled():  # out= is not differentiated: one indexed gather
+        # (H_kv, num_blocks, page_size, D)[:, ids] -> (H_kv, n, page_size, D) -> (H_kv, n * page_size, D)
+        return pool.transpose(0, 1)[:, ids].reshape(H_kv, n * page_size, D)
+    # one copy, head by head: pool[:, h] (num_blocks, page_size, D) -> its pages ids, (n, page_size, D), each
+    # page a contiguous run of page_size * D elements (a gather of whole pages, about a memcpy's speed)
+    out = pool.new_empty(H_kv, n, page_size, D)
+    for h in range(H_kv):
+        torch.index_select(pool[:, h], 0, ids, out=out[h])
+    return out.reshape(H_kv, n * page_size, D)  # a view of out
 
 
 @dataclass(frozen=True)
