@@ -67,10 +67,12 @@ class PagedCase:
 
 
 def _cases() -> list[PagedCase]:
+    """Every (page size, variant) pair once; the other factors rotate so that each variant meets every
+    step kind, head layout, split count and pool layout across the page sizes."""
     cases = []
-    for i, (page_size, variant) in enumerate(itertools.product(PAGE_SIZES, VARIANTS)):
-        H_q, H_kv = HEADS[i % len(HEADS)]
-        N_new, N_new_kv = STEPS[(i // 2) % len(STEPS)]
+    for (p, page_size), (v, variant) in itertools.product(enumerate(PAGE_SIZES), enumerate(VARIANTS)):
+        H_q, H_kv = HEADS[(v + 2 * p) % len(HEADS)]
+        N_new, N_new_kv = STEPS[(v + p) % len(STEPS)]
         cases.append(
             PagedCase(
                 page_size=page_size,
@@ -79,8 +81,8 @@ def _cases() -> list[PagedCase]:
                 H_kv=H_kv,
                 N_new=N_new,
                 N_new_kv=N_new_kv,
-                num_splits=SPLITS[(i // 3) % len(SPLITS)],
-                flash_attn_layout=i % 2 == 1,
+                num_splits=SPLITS[(v + 4 * p) % len(SPLITS)],
+                flash_attn_layout=(v + p) % 2 == 1,
             )
         )
     return cases

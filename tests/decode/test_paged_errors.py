@@ -8,9 +8,12 @@ import torch
 
 import flashattn_teach as fa
 
-from paged_cases import CASES, make_problem
+from paged_cases import PagedCase, make_problem
 
-CASE = next(c for c in CASES if c.page_size == 3 and c.N_new_kv > 0 and c.H_q == 4)
+# lengths [13, 0, 29] and one new key: L_b = [14, 1, 30], 11 pages of 3 slots per row (N_max = 33), 36 pages
+CASE = PagedCase(
+    page_size=3, variant="plain", H_q=4, H_kv=2, N_new=1, N_new_kv=1, num_splits=2, flash_attn_layout=False
+)
 
 
 def _args(**changes):

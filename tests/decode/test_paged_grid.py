@@ -11,7 +11,20 @@ import torch
 import flashattn_teach as fa
 
 from decode_cases import CPU_BACKENDS, tiles
-from paged_cases import CASES, call, expected_pools, make_problem, oracle, run_case
+from paged_cases import (
+    CASES,
+    HEADS,
+    PAGE_SIZES,
+    SPLITS,
+    STEPS,
+    VARIANTS,
+    call,
+    expected_pools,
+    gather,
+    make_problem,
+    oracle,
+    run_case,
+)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -124,3 +137,42 @@ def test_the_oracle_sees_a_wrong_page():
     p.block_table[2, 1] = spare
     O_ref, _ = oracle(p, p.k_pool, p.v_pool, case.lengths)
     assert (O[2] - O_ref[2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_paged_error_is_at_most_twice_plain_torchs(dtype):
+    """flash-attn's rule: against the float64 oracle, the paged step's error in ``dtype`` is at most about
+    twice that of plain PyTorch attention in the same dtype (SDPA on the gathered keys, the mask built by
+    hand)."""
+    case = next(c for c in CASES if c.N_new == 3 and c.variant == "causal")
+    p = make_problem(case, dtype=dtype)
+    k_want, v_want = expected_pools(p, case.lengths)
+    O, _ = call(p, "parallel", lengths=case.lengths)
+    p64 = make_problem(case)  # the same numbers in float64 (the inputs were rounded from them)
+    for name in ("q", "k_pool", "v_pool", "k", "v"):
+        setattr(p64, name, getattr(p, name).double())
+    O_ref, _ = oracle(p64, k_want.double(), v_want.double(), case.lengths)
+    G = case.H_q // case.H_kv
+    errors = []
+    for b, n in enumerate(case.lengths):
+        L = n + case.N_new_kv
+        k, v = (gather(pool, p.block_table[b], L).repeat_interleave(G, dim=0) for pool in (k_want, v_want))
+        pos = L - case.N_new + torch.arange(case.N_new)[:, None]  # (N_new, 1)
+        mask = torch.arange(L)[None, :] <= pos  # (N_new, L), causal bottom-right
+        torch_O = torch.nn.functional.scaled_dot_product_attention(p.q[b], k, v, attn_mask=mask)
+        errors.append((torch_O.double() - O_ref[b]).abs().max())
+    torch_error = max(errors)
+    ours = (O.double() - O_ref).abs().max()
+    assert ours <= 2 * torch_error + 1e-3 * torch.finfo(dtype).eps, (ours, torch_error)
+
+
+def test_the_grid_meets_every_factor_with_every_variant():
+    """The sample is not the full product, but each variant meets every page size, step kind (decode,
+    chunked prefill, no new keys), head layout (GQA, MQA, H_q = H_kv), split count and pool layout."""
+    for variant in VARIANTS:
+        cases = [c for c in CASES if c.variant == variant]
+        assert {c.page_size for c in cases} == set(PAGE_SIZES)
+        assert {(c.N_new, c.N_new_kv) for c in cases} == set(STEPS)
+        assert {(c.H_q, c.H_kv) for c in cases} == set(HEADS)
+        assert {c.num_splits for c in cases} == set(SPLITS)
+        assert {c.flash_attn_layout for c in cases} == {False, True}
