@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
+from flashattn_teach.errors import BackendUnavailableError
 
 from paged_cases import PagedCase, make_problem
 
@@ -110,3 +111,17 @@ def test_leftpad_and_sinks_work_without_a_block_table():
     torch.testing.assert_close(O, O_paged, atol=1e-14, rtol=1e-14)
     O_no_pad = fa.flash_attention_with_kvcache(p.q, k_cache, v_cache, cache_seqlens=lengths, sinks=sinks)
     assert (O_no_pad[0] - O[0]).abs().max() > 1e-3  # the control: the padding hides keys
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_backend_triton_refuses_what_this_build_of_its_kernel_does_not_take(dtype):
+    """float64: the kernel's dtypes refuse it; float32 under ``TRITON_INTERPRET=1``: the pages, padding and
+    sinks it does not take (without the interpreter, the CPU tensors)."""
+    p = make_problem(CASE, dtype=dtype)
+    before = p.k_pool.clone()
+    with pytest.raises(BackendUnavailableError):
+        fa.flash_attention_with_kvcache(
+            p.q, p.k_pool, p.v_pool, p.k, p.v, cache_seqlens=torch.tensor(CASE.lengths), block_table=p.block_table,
+            backend="triton",
+        )  # fmt: skip
+    assert torch.equal(p.k_pool, before)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import AttentionTypeError, AttentionValueError
+from ..errors import AttentionTypeError, AttentionValueError, BackendUnavailableError
 from .inputs import shape_str
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -103,3 +103,12 @@ def check_leftpad_values(cache_leftpad: Tensor, lengths: list[int]) -> list[int]
                 "of the cached entries, which cache_seqlens counts from slot 0"
             )
     return pads
+
+
+def refuse_on_triton_decode(given: list[str]) -> None:
+    """The Triton decode kernel of this build reads contiguous caches without padding or sinks: a call that
+    would run on it with any of ``given`` is refused by name rather than run without them."""
+    raise BackendUnavailableError(
+        f"the Triton decode kernel does not take {', '.join(given)} yet; pass a CPU backend (backend='online', "
+        "'parallel', 'key_major' or 'dense')"
+    )

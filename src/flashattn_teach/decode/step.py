@@ -26,6 +26,7 @@ from .._validate.pages import (
     check_cache_leftpad,
     check_leftpad_values,
     check_page_shapes,
+    refuse_on_triton_decode,
 )
 from .._validate.sinks import check_sinks
 from ..dispatch import check_backend, planner, runner
@@ -120,6 +121,17 @@ def decode_step(
             N_new_kv=N_new_kv,
             device=q.device,
         )
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled() and backend == "auto" and q.is_cuda:
+        backend = "online"  # the Triton decode kernel is forward only: the query-major reference, as for q
+    given = [
+        n
+        for n, t in (("block_table", block_table), ("cache_leftpad", cache_leftpad), ("sinks", sinks))
+        if t is not None
+    ]
+    if given and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if backend == "triton":
+            refuse_on_triton_decode(given)
+        backend = "online"  # "auto": the CPU paths' query-major reference takes them
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
             check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
