@@ -105,10 +105,10 @@ def check_leftpad_values(cache_leftpad: Tensor, lengths: list[int]) -> list[int]
     return pads
 
 
-def refuse_on_triton_decode(given: list[str]) -> None:
-    """The Triton decode kernel of this build reads contiguous caches without padding or sinks: a call that
-    would run on it with any of ``given`` is refused by name rather than run without them."""
+def refuse_on_triton_decode(reason: str) -> None:
+    """``backend="triton"`` for a decode call its kernel cannot run as asked (``reason``: what the kernel
+    ``does not take``, or why it cannot give a gradient): refused by name rather than run without it."""
     raise BackendUnavailableError(
-        f"the Triton decode kernel does not take {', '.join(given)} yet; pass a CPU backend (backend='online', "
-        "'parallel', 'key_major' or 'dense')"
+        f"backend='triton' cannot run this decode call: the Triton decode kernel {reason}; pass backend='auto' "
+        "or a CPU backend ('online', 'parallel', 'key_major' or 'dense')"
     )

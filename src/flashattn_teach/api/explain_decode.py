@@ -24,7 +24,7 @@ from .._validate.pages import check_block_table, check_cache_leftpad, check_page
 from .._validate.sinks import check_sinks
 from ..decode.pages import ElementCache, element_caches
 from ..decode.ranges import DecodeStep, range_plan, visible_keys
-from ..decode.step import check_host_values
+from ..decode.step import check_host_values, route_extras
 from ..dispatch import Plan, check_backend, planner
 from ..splitkv import default_num_splits, split_ranges
 
@@ -91,6 +91,7 @@ def explain_with_kvcache(
     backend = check_backend(backend)
     leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
     sink_logits = check_sinks(sinks, H_q, q.device)
+    backend = route_extras(backend, q, k_cache, v_cache, block_table=table, cache_leftpad=leftpad, sinks=sink_logits)
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         n = splits or default_num_splits(q, k_cache, N_max)
         chosen = "chosen from the GPU's SM count and N_max" if splits == 0 else "as given"

@@ -67,6 +67,32 @@ def check_host_values(
     return lengths, pads
 
 
+def route_extras(
+    backend: str,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    sinks: Tensor | None,
+) -> str:
+    """The backend of a call with pages, padding or sinks: the Triton decode kernel of this build takes none
+    of them and is forward only, so a call that would run on it goes to the CPU paths' query-major
+    reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other backend is
+    returned as it is."""
+    extras = (("block_table", block_table), ("cache_leftpad", cache_leftpad), ("sinks", sinks))
+    given = [n for n, t in extras if t is not None]  # what the kernel of this build does not take
+    reason = f"does not take {', '.join(given)} yet" if given else ""
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        reason = "is forward only, and sinks requires grad"
+    if reason and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if backend == "triton":
+            refuse_on_triton_decode(reason)
+        return "online"
+    return backend
+
+
 def decode_step(
     q: Tensor,
     k_cache: Tensor,
@@ -121,17 +147,9 @@ def decode_step(
             N_new_kv=N_new_kv,
             device=q.device,
         )
-    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled() and backend == "auto" and q.is_cuda:
-        backend = "online"  # the Triton decode kernel is forward only: the query-major reference, as for q
-    given = [
-        n
-        for n, t in (("block_table", block_table), ("cache_leftpad", cache_leftpad), ("sinks", sinks))
-        if t is not None
-    ]
-    if given and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
-        if backend == "triton":
-            refuse_on_triton_decode(given)
-        backend = "online"  # "auto": the CPU paths' query-major reference takes them
+    backend = route_extras(
+        backend, q, k_cache, v_cache, block_table=block_table, cache_leftpad=cache_leftpad, sinks=sinks
+    )
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
             check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
