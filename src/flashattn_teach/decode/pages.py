@@ -25,11 +25,19 @@ import torch
 from torch import Tensor
 
 
+def _adjacent(pool: Tensor, n: int) -> bool:
+    """Whether ``n`` consecutive pages of ``pool (num_blocks, H_kv, page_size, D)`` lie back to back for each
+    head: one page, one slot per page, or the next page starting where the last slot's stride puts it (as
+    in flash-attn's ``(num_blocks, page_size, H_kv, D)`` layout, or with one key/value head)."""
+    page_size = pool.shape[2]
+    return n == 1 or page_size == 1 or pool.stride(0) == page_size * pool.stride(2)
+
+
 def _pages_view(pool: Tensor, first: int, n: int, ids: Tensor) -> Tensor:
     """``(H_kv, n * page_size, D)``: pages ``ids`` (``n`` of them; ``first`` their first id when they are
     consecutive, else -1) of ``pool (num_blocks, H_kv, page_size, D)``, in key order."""
     _, H_kv, page_size, D = pool.shape
-    if first >= 0:  # consecutive ids: a view (reshape copies only when the pages are not adjacent in memory)
+    if first >= 0 and _adjacent(pool, n):  # a strided view of the pool, no copy
         # (n, H_kv, page_size, D) -> (H_kv, n, page_size, D) -> (H_kv, n * page_size, D)
         return pool[first : first + n].transpose(0, 1).reshape(H_kv, n * page_size, D)
     if pool.requires_grad and torch.is_grad_enabled():  # out= is not differentiated: one indexed gather
@@ -72,14 +80,12 @@ class ElementCache:
 
     def reads_a_view(self, s0: int, s1: int) -> bool:
         """Whether keys ``[s0, s1)`` are read without a copy: contiguous caches, or consecutive page ids
-        whose pages lie back to back for each head (one page, one slot per page, or the next page starting
-        where the last slot's stride puts it, as in flash-attn's layout)."""
+        whose pages lie back to back for each head in both pools (:func:`_adjacent`)."""
         if self.ids is None:
             return True
         p0, p1 = self.page_span(s0, s1)
-        pool, page_size = self.k_cache, self.k_cache.shape[2]
-        adjacent = p1 - p0 == 1 or page_size == 1 or pool.stride(0) == page_size * pool.stride(2)
-        return adjacent and self._consecutive(p0, p1)
+        pools = (self.k_cache, self.v_cache)
+        return self._consecutive(p0, p1) and all(_adjacent(pool, p1 - p0) for pool in pools)
 
     def read(self, s0: int, s1: int) -> tuple[Tensor, Tensor]:
         """``(k (1, H_kv, s1 - s0, D), v (1, H_kv, s1 - s0, D_v))``: the keys ``[s0, s1)``, from the pages

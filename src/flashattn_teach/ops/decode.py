@@ -8,6 +8,9 @@ shapes of ``q``, whatever the lengths::
 
     flashattn_teach::attention_with_kvcache(q, k_cache!, v_cache!, <DecodeArgs>) -> (O, lse)
 
+(with ``block_table`` the caches are pools of pages and ``DecodeArgs`` carries the table, ``cache_leftpad``
+and ``sinks``: tensors the graph passes through untouched, as the lengths)
+
 ``!``: the op writes ``k, v`` into the caches in place (``mutates_args``), as the eager call does, so the
 compiled graph knows the caches change and functionalizes the write. Its implementation is the eager call
 (whichever backend that picks, the Triton decode kernel included); its fake implementation gives the
