@@ -6,7 +6,9 @@ batch element ``b`` with ``L_b`` valid keys, is the module docs' picture: the ke
 into ``num_splits`` ranges (:func:`flashattn_teach.splitkv.split_ranges`), each range is an ordinary call
 of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's diagonal offset set so that
 row ``i`` sits at global key position ``L_b - N_new + i``, and the partials ``(O_s, lse_s)`` are merged
-by :func:`flashattn_teach.merge_attention_states`.
+by :func:`flashattn_teach.merge_attention_states`. A range of a paged cache reads its own pages
+(:mod:`.pages`); with ``cache_leftpad`` the keys start at ``cache_leftpad[b]``; sinks join once per row
+after the ranges' merge (:func:`merge_sinks`).
 """
 
 from __future__ import annotations
@@ -203,11 +205,11 @@ def cpu_decode(
     leftpad: list[int] | None = None,
     sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs whose new keys are already
-    in the caches: batch element ``b`` (``caches[b]``, :func:`~.pages.element_caches`) over its keys
+    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs (``B >= 1``) whose new keys are
+    already in the caches: batch element ``b`` (``caches[b]``, :func:`~.pages.element_caches`) over its keys
     ``[leftpad[b], L[b])``, one after another, every range on the backend of ``plan`` (:func:`range_plan`);
     then the sinks, once per row."""
-    B, H_q, N_new, _ = q.shape
+    B = q.shape[0]
     parts = [
         decode_one(
             q if B == 1 else q[b : b + 1],
@@ -220,15 +222,11 @@ def cpu_decode(
         )
         for b in range(B)
     ]
-    dt = compute_dtype(q.dtype)
     if len(parts) == 1:
         O, lse = parts[0]
-    elif parts:
+    else:
         O = torch.cat([O_b for O_b, _ in parts])  # (B, H_q, N_new, D_v)
         lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
-    else:
-        D_v = caches[0].D_v if caches else 0
-        O, lse = q.new_zeros(0, H_q, N_new, D_v, dtype=dt), q.new_zeros(0, H_q, N_new, dtype=dt)
     if sinks is not None:
         O, lse = merge_sinks(O, lse, sinks)
     return _cast(O, q.dtype), lse
