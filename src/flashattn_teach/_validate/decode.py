@@ -26,15 +26,21 @@ _WANT = {
     "k": "(B, H_kv, N_new_kv, D)",
     "v": "(B, H_kv, N_new_kv, D_v)",
 }
+# with block_table: pools of pages (flash-attn's (num_blocks, page_size, H_kv, D) as .transpose(1, 2))
+_WANT_PAGED = {
+    **_WANT,
+    "k_cache": "(num_blocks, H_kv, page_size, D) with block_table",
+    "v_cache": "(num_blocks, H_kv, page_size, D_v) with block_table",
+}
 
 
-def _tensor4(name: str, t: object) -> Tensor:
+def _tensor4(name: str, t: object, want: dict[str, str] = _WANT) -> Tensor:
     if not isinstance(t, Tensor):
-        raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {_WANT[name]}, got {type(t).__name__}")
+        raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want[name]}, got {type(t).__name__}")
     if not t.is_floating_point():
         raise AttentionTypeError(f"{name} must have a floating-point dtype, got {t.dtype} with shape {shape_str(t)}")
     if t.dim() != 4:
-        raise AttentionValueError(f"{name} must have shape {_WANT[name]}, got {shape_str(t)}")
+        raise AttentionValueError(f"{name} must have shape {want[name]}, got {shape_str(t)}")
     return t
 
 
@@ -85,11 +91,21 @@ def _check_dtypes(names: tuple[str, ...], tensors: tuple[Tensor, ...], autocast:
 
 
 def check_cache_inputs(
-    q: object, k_cache: object, v_cache: object, k: object, v: object, *, autocast: dtype | None = None
+    q: object,
+    k_cache: object,
+    v_cache: object,
+    k: object,
+    v: object,
+    *,
+    autocast: dtype | None = None,
+    paged: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
     """Shapes, dtypes and devices of the queries, the caches and the new keys and values (``autocast``: the
-    autocast dtype :func:`autocast_inputs` cast them for, or None)."""
-    q, k_cache, v_cache = _tensor4("q", q), _tensor4("k_cache", k_cache), _tensor4("v_cache", v_cache)
+    autocast dtype :func:`autocast_inputs` cast them for, or None). ``paged``: a ``block_table`` was given,
+    so the caches are pools of pages ``(num_blocks, H_kv, page_size, D)`` (:mod:`.pages`), whose dim 0 is
+    not the batch."""
+    want = _WANT_PAGED if paged else _WANT
+    q, k_cache, v_cache = _tensor4("q", q), _tensor4("k_cache", k_cache, want), _tensor4("v_cache", v_cache, want)
     if (k is None) != (v is None):
         raise AttentionValueError(
             f"k and v must be given together (new keys and values to append) or both be None, got "
@@ -102,8 +118,13 @@ def check_cache_inputs(
     if len({t.device for t in tensors}) > 1:
         devices = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors, strict=True))
         raise AttentionValueError(f"{', '.join(names)} must be on one device, got {devices}")
-    _same(names, tensors, (0,), "batch size B (dim 0)")
-    _same(("k_cache", "v_cache"), (k_cache, v_cache), (1, 2), "H_kv and N_max (dims 1 and 2)")
+    if paged:  # the pools' dim 0 counts pages; q, k and v carry the batch
+        batch = [(n, t) for n, t in zip(names, tensors, strict=True) if n not in ("k_cache", "v_cache")]
+        _same(tuple(n for n, _ in batch), tuple(t for _, t in batch), (0,), "batch size B (dim 0)")
+        _same(("k_cache", "v_cache"), (k_cache, v_cache), (0, 1, 2), "num_blocks, H_kv and page_size (dims 0-2)")
+    else:
+        _same(names, tensors, (0,), "batch size B (dim 0)")
+        _same(("k_cache", "v_cache"), (k_cache, v_cache), (1, 2), "H_kv and N_max (dims 1 and 2)")
     _same(("q", "k_cache"), (q, k_cache), (3,), "head dimension D (dim 3)")
     if new:
         k_new, v_new = new
@@ -120,12 +141,19 @@ def check_cache_inputs(
 
 
 def check_cache_seqlens(
-    cache_seqlens: object, B: int, N_max: int, device: torch.device, *, N_new_kv: int = 0
+    cache_seqlens: object,
+    B: int,
+    N_max: int,
+    device: torch.device,
+    *,
+    N_new_kv: int = 0,
+    capacity: str = "k_cache.shape[2]",
 ) -> list[int]:
     """The valid cache entries per batch element, read on the host: an int32/int64 tensor ``(B,)`` on
     ``q``'s device, or one Python int for every element, each in ``[0, N_max]`` and leaving room for the
     ``N_new_kv`` new entries (:func:`check_room`), so that no write passes a cache's end. Reading a CUDA
-    tensor waits for the GPU; the Triton path does not call this for one."""
+    tensor waits for the GPU; the Triton path does not call this for one. ``capacity`` says where ``N_max``
+    comes from in the errors (a paged cache's is ``block_table.shape[1] * page_size``)."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         lengths = [int(cache_seqlens)] * B
         labels = [""] * B  # one int: its errors quote it as it was given
@@ -139,7 +167,7 @@ def check_cache_seqlens(
             f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
         )
     for n, at in zip(lengths, labels, strict=True):
-        check_length(n, N_new_kv, N_max, at=at)
+        check_length(n, N_new_kv, N_max, at=at, capacity=capacity)
     return lengths
 
 
@@ -149,19 +177,21 @@ def check_room(lengths: list[int], N_new_kv: int, N_max: int) -> None:
         check_length(n, N_new_kv, N_max, at=f"[{b}]")
 
 
-def check_length(n: int | torch.SymInt, N_new_kv: int, N_max: int, *, at: str = "") -> None:
+def check_length(
+    n: int | torch.SymInt, N_new_kv: int, N_max: int, *, at: str = "", capacity: str = "k_cache.shape[2]"
+) -> None:
     """One cache length ``cache_seqlens{at} = n`` in ``[0, N_max]``, with room for the ``N_new_kv`` new
     entries. Compared, never hashed, and formatted only to raise, so a symbolic int (``torch.compile``
     with ``dynamic=True``) is guarded on rather than specialised."""
     if n < 0 or n > N_max:
         raise AttentionValueError(
-            f"cache_seqlens must lie in [0, N_max] = [0, {int(N_max)}] (N_max = k_cache.shape[2]), got "
+            f"cache_seqlens must lie in [0, N_max] = [0, {int(N_max)}] (N_max = {capacity}), got "
             f"cache_seqlens{at} = {int(n)}"
         )
     if n + N_new_kv > N_max:
         raise AttentionValueError(
             f"cache_seqlens{at} = {int(n)} leaves no room for the N_new_kv={int(N_new_kv)} new entries of k and "
-            f"v: {int(n)} + {int(N_new_kv)} > N_max = {int(N_max)} (k_cache.shape[2]); enlarge the caches or "
+            f"v: {int(n)} + {int(N_new_kv)} > N_max = {int(N_max)} ({capacity}); enlarge the caches or "
             "pass fewer"
         )
 

@@ -38,6 +38,23 @@ call on the views ``k_cache[b, :, s0:s1]`` with the mask contract's diagonal off
 ``L_b - N_new - s0``, which puts row ``i``'s diagonal at global key ``L_b - N_new + i``; so one spec is
 built per batch element and range, and the contract itself needs no per-batch offset.
 
+Paged caches (``block_table``, vLLM's PagedAttention, Kwon et al. 2023; flash-attn's layout): the caches
+are one pool of pages ``(num_blocks, H_kv, page_size, D)``, and row ``b`` of ``block_table (B, max_blocks)``
+lists the pages of batch element ``b`` in key order; key ``j`` is slot ``j % page_size`` of page
+``block_table[b, j // page_size]``. ``page_size = 4``, ``cache_seqlens[b] = 9``, one new key::
+
+    block_table[b] = [ 6,            2,            9,            * ]      (*: past L_b, never read)
+    pool page         6              2              9
+    slots            k0 k1 k2 k3 | k4 k5 k6 k7 | k8 n0 .  .          n0 written in place at page 9,
+    key position      0  1  2  3 |  4  5  6  7 |  8  9 10 11         slot 9 % 4 = 1; every other page of
+                                                                     the pool is left as it was
+    a range [3, 9) reads pages 6, 2, 9 alone: (H_kv, 3 * 4, D) gathered (a view when the pages are
+    consecutive and adjacent in memory), sliced to its 6 keys
+
+With ``cache_leftpad``, element ``b``'s keys start at ``cache_leftpad[b]`` instead of 0 (the ranges cut
+``[cache_leftpad[b], L_b)``); with ``sinks``, each row's sink joins after the ranges' merge as one more
+partial, ``(O = 0, lse = sink_h)``, so it is counted once however many ranges there are.
+
 On the CPU the ranges run one after another, each on the tiled CPU paths (the threaded path spreads the
 heads over its workers) at decode tiles of a few query rows by 2048 keys; with one new query, the ``G``
 query heads of a key/value head run as ``G`` rows of that head, so each key is read once per key/value
@@ -69,6 +86,9 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
@@ -89,6 +109,9 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
@@ -109,6 +132,9 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
@@ -128,6 +154,9 @@ def flash_attention_with_kvcache(
     v: Tensor | None = None,
     *,
     cache_seqlens: Tensor | int,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
@@ -143,7 +172,10 @@ def flash_attention_with_kvcache(
         q: ``(B, H_q, N_new, D)``, the new queries; ``H_q`` a multiple of ``H_kv`` (grouped-query
             attention: query head h reads key/value head ``h // (H_q // H_kv)``).
         k_cache, v_cache: ``(B, H_kv, N_max, D)`` and ``(B, H_kv, N_max, D_v)``; entries
-            ``[0, cache_seqlens[b])`` of batch element ``b`` are valid, the rest unused.
+            ``[0, cache_seqlens[b])`` of batch element ``b`` are valid, the rest unused. With
+            ``block_table``: pools of pages ``(num_blocks, H_kv, page_size, D)`` and ``(num_blocks, H_kv,
+            page_size, D_v)``, any ``page_size >= 1`` and any strides (flash-attn's ``(num_blocks,
+            page_size, H_kv, D)`` pools are passed as their ``.transpose(1, 2)`` views, never copied).
         k, v: ``(B, H_kv, N_new_kv, D)`` and ``(B, H_kv, N_new_kv, D_v)``, or both None. Written into the
             caches IN PLACE at ``[cache_seqlens[b], cache_seqlens[b] + N_new_kv)`` (an error if that passes
             ``N_max``) before attending. ``cache_seqlens`` is not updated (as in flash-attn): add
@@ -155,6 +187,24 @@ def flash_attention_with_kvcache(
             tensor's values on the device only (no host synchronisation in a decode loop): they are not
             checked there, but clamped to ``[0, N_max - N_new_kv]``, so a bad value cannot touch memory
             outside the caches, though one that leaves no room overwrites the last valid entries.
+        block_table: None, or int32 (or int64) ``(B, max_blocks)`` on ``q``'s device: a paged cache (the
+            module docs draw it). Key position ``j`` of batch element ``b`` is slot ``j % page_size`` of page
+            ``block_table[b, j // page_size]``; each element's capacity is ``N_max = max_blocks *
+            page_size``, and the new ``k, v`` are written through the table. The ids of the pages a step
+            reads or writes, ``[0, ceil(L_b / page_size))`` of row ``b``, must lie in ``[0, num_blocks)``:
+            checked for a CPU tensor; a CUDA one is read on the device only, and the Triton kernel clamps
+            the ids. Entries past an element's pages are never read; pages the step does not touch stay
+            bitwise unchanged.
+        cache_leftpad: None, or int32 (or int64) ``(B,)`` on ``q``'s device (flash-attn's): the first
+            ``cache_leftpad[b]`` slots of element ``b`` are padding, its valid keys ``[cache_leftpad[b],
+            L_b)``. ``cache_seqlens`` still counts from slot 0, padding included, and query positions do not
+            move (causal, window and ALiBi as without it). ``0 <= cache_leftpad[b] <= cache_seqlens[b]``:
+            checked for a CPU tensor, clamped by the Triton kernel for a CUDA one.
+        sinks: None, or a floating ``(H_q,)`` tensor on ``q``'s device: attention sinks (GPT-OSS), one
+            logit per query head in every row's softmax with a zero value:
+            ``lse_i = log(sum_j exp(S_ij) + exp(sink_h))`` (:mod:`flashattn_teach._validate.sinks`); in the
+            units of the scaled scores, itself not scaled, softcapped or biased. Added once per row, after
+            the ranges' merge. Differentiable, as ``q``.
         causal: query row i sits at position ``L_b - N_new + i`` and sees keys ``j <= L_b - N_new + i``
             (bottom-right, per batch element; the module docs draw it). Off by default, as in flash-attn's
             ``flash_attn_with_kvcache``: a step with several new queries (a prefill, speculative decoding)
@@ -181,7 +231,8 @@ def flash_attention_with_kvcache(
 
     Returns:
         ``O`` of shape ``(B, H_q, N_new, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse`` in float32
-        (float64 for float64 inputs). A row that sees no key gives 0 and ``lse = -inf``.
+        (float64 for float64 inputs), the sink included. A row that sees no key gives 0 and ``lse = -inf``
+        (``lse = sink_h`` with sinks).
 
     Under ``torch.autocast``, as :func:`flashattn_teach.flash_attention`: ``q`` is cast to the autocast
     dtype (float64 untouched), so ``O`` has that dtype, and the caches are read in it; ``k, v`` are cast to
@@ -189,8 +240,8 @@ def flash_attention_with_kvcache(
 
     A call that raises writes nothing into the caches: every check runs before the write.
 
-    Gradients: decoding is inference, but ``q`` is differentiable (also ``k_cache`` and ``v_cache`` when
-    ``k, v`` are None, over their first ``L_b`` entries). With ``k, v`` given, the in-place write is not
+    Gradients: decoding is inference, but ``q`` and ``sinks`` are differentiable (also ``k_cache`` and
+    ``v_cache`` when ``k, v`` are None, over the entries the step reads). With ``k, v`` given, the in-place write is not
     differentiated: if grad mode is on and any of ``k, v, k_cache, v_cache`` requires grad, the call
     raises instead of silently dropping that gradient.
     """
@@ -204,6 +255,9 @@ def flash_attention_with_kvcache(
         k,
         v,
         cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        cache_leftpad=cache_leftpad,
+        sinks=sinks,
         causal=causal,
         scale=scale,
         window=window,

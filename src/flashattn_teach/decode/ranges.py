@@ -6,7 +6,9 @@ batch element ``b`` with ``L_b`` valid keys, is the module docs' picture: the ke
 into ``num_splits`` ranges (:func:`flashattn_teach.splitkv.split_ranges`), each range is an ordinary call
 of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's diagonal offset set so that
 row ``i`` sits at global key position ``L_b - N_new + i``, and the partials ``(O_s, lse_s)`` are merged
-by :func:`flashattn_teach.merge_attention_states`.
+by :func:`flashattn_teach.merge_attention_states`. A range of a paged cache reads its own pages
+(:mod:`.pages`); with ``cache_leftpad`` the keys start at ``cache_leftpad[b]``; sinks join once per row
+after the ranges' merge (:func:`merge_sinks`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..dispatch import Plan, planner, runner
 from ..masks.spec import MaskSpec
 from ..merge import merge_attention_states
 from ..splitkv import split_ranges
+from .pages import ElementCache
 
 
 def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -97,8 +100,7 @@ def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *,
 
 def _merged_ranges(
     q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    cache: ElementCache,
     step: DecodeStep,
     *,
     plan: Plan,
@@ -117,8 +119,9 @@ def _merged_ranges(
         if a == b:
             continue  # an empty range: lse = -inf for every row, which the merge would ignore
         s0, s1 = lo + a, lo + b
-        # (1, H_kv, s1 - s0, D or D_v), read in q's dtype first: a no-op, or autocast's cast (autocast_inputs)
-        k_s, v_s = (_cast(_cast(cache[:, :, s0:s1], q.dtype), dt) for cache in (k_cache, v_cache))
+        # (1, H_kv, s1 - s0, D or D_v), from its pages when paged; read in q's dtype first: a no-op, or
+        # autocast's cast (autocast_inputs)
+        k_s, v_s = (_cast(_cast(t, q.dtype), dt) for t in cache.read(s0, s1))
         # offset = first - s0 puts row i's diagonal at global key first + i
         opts = range_options(
             qc,
@@ -134,70 +137,96 @@ def _merged_ranges(
         part = runner.run(plan, qc, k_s, v_s, opts)
         merged = part if merged is None else merge_attention_states(*merged, *part)
     if merged is None:  # no key to see: every row gives O = 0, lse = -inf
-        shape = (*q.shape[:3], v_cache.shape[3])
+        shape = (*q.shape[:3], cache.D_v)
         return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
     return merged
 
 
-def decode_one(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, plan: Plan, L: int, alibi_slopes: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[0, L)``.
+def visible_keys(L: int, N_new: int, window: tuple[int, int], leftpad: int = 0) -> tuple[int, int]:
+    """``[lo, L)``: the cache keys some row of a batch element with ``L`` keys can see. Keys before its
+    padding ``leftpad`` are no keys; keys before ``L - N_new - left`` (a window's left side) are outside
+    every row's window."""
+    left = window[0]
+    lo = 0 if left < 0 else min(max(0, L - N_new - left), L)
+    return max(lo, leftpad), L
 
-    Keys before ``lo = L - N_new - left`` (a window's left side) are outside every row's window, so only
-    ``[lo, L)`` is cut into ranges. One new query (``N_new = 1``) sits at position ``L - 1``, after every
+
+def decode_one(
+    q: Tensor,
+    cache: ElementCache,
+    step: DecodeStep,
+    *,
+    plan: Plan,
+    L: int,
+    alibi_slopes: Tensor | None,
+    leftpad: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[lo, L)``
+    (:func:`visible_keys`: after the padding and within reach of a window's left side); only those are
+    cut into ranges.
+
+    One new query (``N_new = 1``) sits at position ``L - 1``, after every
     cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
     ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
     no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
     (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
     per query head, and each score tile is ``G`` rows tall."""
     _, H_q, N_new, D = q.shape
-    H_kv = k_cache.shape[1]
+    H_kv = cache.H_kv
     G = H_q // H_kv
-    left = step.window[0]
-    keys = (0 if left < 0 else min(max(0, L - N_new - left), L), L)
+    keys = visible_keys(L, N_new, step.window, leftpad)
     if N_new == 1 and G > 1 and alibi_slopes is None:
         rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
         O, lse = _merged_ranges(
-            q.reshape(1, H_kv, G, D), k_cache, v_cache, rows, plan=plan, keys=keys, first=L - 1, alibi_slopes=None
+            q.reshape(1, H_kv, G, D), cache, rows, plan=plan, keys=keys, first=L - 1, alibi_slopes=None
         )
         return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
-    return _merged_ranges(q, k_cache, v_cache, step, plan=plan, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
+    return _merged_ranges(q, cache, step, plan=plan, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
+
+
+def merge_sinks(O: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of rows ``(B, H_q, N_new, D_v)`` over their keys, with each head's sink added once: the
+    merge with a partial over one more key of score ``sink_h`` and value zero, ``(O = 0, lse = sink_h)``
+    (:mod:`flashattn_teach._validate.sinks`). So ``lse = log(exp(lse) + exp(sink_h))`` and ``O`` shrinks by
+    ``exp(lse_old - lse)``; a row that saw no key gets ``O = 0``, ``lse = sink_h``. Differentiable in
+    ``sinks`` (the merge is)."""
+    lse_sink = _cast(sinks, lse.dtype)[None, :, None].expand_as(lse)  # (H_q,) -> (B, H_q, N_new)
+    return merge_attention_states(O, lse, torch.zeros_like(O), lse_sink)
 
 
 def cpu_decode(
     q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    caches: list[ElementCache],
     step: DecodeStep,
     *,
     plan: Plan,
     L: list[int],
     alibi_slopes: Tensor | None,
+    leftpad: list[int] | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs whose new keys are already
-    in the caches: batch element ``b`` over its keys ``[0, L[b])``, one after another, every range on the
-    backend of ``plan`` (:func:`range_plan`)."""
-    B, H_q, N_new, _ = q.shape
+    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs (``B >= 1``) whose new keys are
+    already in the caches: batch element ``b`` (``caches[b]``, :func:`~.pages.element_caches`) over its keys
+    ``[leftpad[b], L[b])``, one after another, every range on the backend of ``plan`` (:func:`range_plan`);
+    then the sinks, once per row."""
+    B = q.shape[0]
     parts = [
         decode_one(
             q if B == 1 else q[b : b + 1],
-            k_cache if B == 1 else k_cache[b : b + 1],
-            v_cache if B == 1 else v_cache[b : b + 1],
+            caches[b],
             step,
             plan=plan,
             L=L[b],
             alibi_slopes=None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes,
+            leftpad=0 if leftpad is None else leftpad[b],
         )
         for b in range(B)
     ]
-    dt = compute_dtype(q.dtype)
     if len(parts) == 1:
         O, lse = parts[0]
-        return _cast(O, q.dtype), lse
-    if parts:
-        O = _cast(torch.cat([O_b for O_b, _ in parts]), q.dtype)  # (B, H_q, N_new, D_v)
-        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
     else:
-        O, lse = q.new_zeros(0, H_q, N_new, v_cache.shape[3]), q.new_zeros(0, H_q, N_new, dtype=dt)
-    return O, lse
+        O = torch.cat([O_b for O_b, _ in parts])  # (B, H_q, N_new, D_v)
+        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
+    if sinks is not None:
+        O, lse = merge_sinks(O, lse, sinks)
+    return _cast(O, q.dtype), lse

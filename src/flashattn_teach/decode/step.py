@@ -20,8 +20,18 @@ from .._validate.decode import (
     lengths_on_host,
 )
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
+from .._validate.pages import (
+    check_block_ids,
+    check_block_table,
+    check_cache_leftpad,
+    check_leftpad_values,
+    check_page_shapes,
+    refuse_on_triton_decode,
+)
+from .._validate.sinks import check_sinks
 from ..dispatch import check_backend, planner, runner
 from ..splitkv import default_num_splits
+from .pages import append_to_pages, element_caches
 from .ranges import DecodeStep, cpu_decode, range_plan
 
 
@@ -32,6 +42,55 @@ def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cach
         for b, n in enumerate(cache_seqlens):
             k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
             v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
+
+
+def check_host_values(
+    cache_seqlens: Tensor | int,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    *,
+    k_cache: Tensor,
+    B: int,
+    N_max: int,
+    N_new_kv: int,
+    device: torch.device,
+) -> tuple[list[int], list[int] | None]:
+    """The checks that read values, all before any write: the lengths (room for the new entries), the
+    block ids the step uses (``block_table``, pages ``[0, ceil(L_b / page_size))``) and ``0 <= cache_leftpad
+    <= cache_seqlens``; returns the lengths and the padding. The caller runs it where the values are on the
+    host (or read there anyway, as the CPU paths read the lengths)."""
+    capacity = "k_cache.shape[2]" if block_table is None else "block_table.shape[1] * page_size"
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, device, N_new_kv=N_new_kv, capacity=capacity)
+    if block_table is not None:  # k_cache is the pool (num_blocks, H_kv, page_size, D)
+        check_block_ids(block_table.cpu(), [n + N_new_kv for n in lengths], k_cache.shape[2], k_cache.shape[0])
+    pads = None if cache_leftpad is None else check_leftpad_values(cache_leftpad.cpu(), lengths)
+    return lengths, pads
+
+
+def route_extras(
+    backend: str,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    sinks: Tensor | None,
+) -> str:
+    """The backend of a call with pages, padding or sinks: the Triton decode kernel of this build takes none
+    of them and is forward only, so a call that would run on it goes to the CPU paths' query-major
+    reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other backend is
+    returned as it is."""
+    extras = (("block_table", block_table), ("cache_leftpad", cache_leftpad), ("sinks", sinks))
+    given = [n for n, t in extras if t is not None]  # what the kernel of this build does not take
+    reason = f"does not take {', '.join(given)} yet" if given else ""
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        reason = "is forward only, and sinks requires grad"
+    if reason and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if backend == "triton":
+            refuse_on_triton_decode(reason)
+        return "online"
+    return backend
 
 
 def decode_step(
@@ -57,9 +116,12 @@ def decode_step(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
     ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast)
+    paged = block_table is not None
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast, paged=paged)
     B, H_q = q.shape[:2]
-    N_max = k_cache.shape[2]
+    block_table = check_block_table(block_table, B, q.device)
+    # N_max: each batch element's capacity, max_blocks pages of page_size slots when paged
+    N_max = check_page_shapes(k_cache, block_table)[1] if block_table is not None else k_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
     if k is not None and v is not None:
         check_no_grad_through_write(k_cache, v_cache, k, v)
@@ -71,6 +133,23 @@ def decode_step(
     splits = check_num_splits(num_splits)
     lse_wanted = check_bool("return_lse", return_lse)
     backend = check_backend(backend)
+    cache_leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
+    sinks = check_sinks(sinks, H_q, q.device)
+    checked = None
+    if all(lengths_on_host(t) for t in (cache_seqlens, block_table, cache_leftpad)):  # no device sync
+        checked = check_host_values(
+            cache_seqlens,
+            block_table,
+            cache_leftpad,
+            k_cache=k_cache,
+            B=B,
+            N_max=N_max,
+            N_new_kv=N_new_kv,
+            device=q.device,
+        )
+    backend = route_extras(
+        backend, q, k_cache, v_cache, block_table=block_table, cache_leftpad=cache_leftpad, sinks=sinks
+    )
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
             check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
@@ -93,7 +172,10 @@ def decode_step(
         )
         return (O, lse) if lse_wanted else O
 
-    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
+    # the CPU paths read the values on the host anyway (a split per range, a slice per batch element)
+    lengths, pads = checked or check_host_values(
+        cache_seqlens, block_table, cache_leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
+    )
     L = [n + N_new_kv for n in lengths]
     if splits == 0:
         splits = default_num_splits(q, k_cache, max(L) if L else 0)
@@ -102,11 +184,15 @@ def decode_step(
     )
     plan = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes) if B > 0 else None  # refusals before the write
     if k is not None and v is not None:
-        append_to_cache(k_cache, v_cache, k, v, lengths)
+        if block_table is None:
+            append_to_cache(k_cache, v_cache, k, v, lengths)
+        elif B > 0:
+            append_to_pages(k_cache, v_cache, k, v, block_table, lengths)
     if plan is None:  # no batch element: nothing to attend
         shape = (0, H_q, q.shape[2])
         O, lse = q.new_zeros(*shape, v_cache.shape[3]), q.new_zeros(shape, dtype=compute_dtype(q.dtype))
         return (O, lse) if lse_wanted else O
+    caches = element_caches(k_cache, v_cache, block_table)
     with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
-        O, lse = cpu_decode(q, k_cache, v_cache, step, plan=plan, L=L, alibi_slopes=slopes)
+        O, lse = cpu_decode(q, caches, step, plan=plan, L=L, alibi_slopes=slopes, leftpad=pads, sinks=sinks)
     return (O, lse) if lse_wanted else O

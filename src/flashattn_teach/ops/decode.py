@@ -8,6 +8,9 @@ shapes of ``q``, whatever the lengths::
 
     flashattn_teach::attention_with_kvcache(q, k_cache!, v_cache!, <DecodeArgs>) -> (O, lse)
 
+(with ``block_table`` the caches are pools of pages and ``DecodeArgs`` carries the table, ``cache_leftpad``
+and ``sinks``: tensors the graph passes through untouched, as the lengths)
+
 ``!``: the op writes ``k, v`` into the caches in place (``mutates_args``), as the eager call does, so the
 compiled graph knows the caches change and functionalizes the write. Its implementation is the eager call
 (whichever backend that picks, the Triton decode kernel included); its fake implementation gives the
@@ -62,6 +65,9 @@ class DecodeArgs:
     num_splits: int
     backend: str
     autocast: torch.dtype | None
+    block_table: Tensor | None = None  # (B, max_blocks): k_cache and v_cache are pools of pages
+    cache_leftpad: Tensor | None = None  # (B,)
+    sinks: Tensor | None = None  # (H_q,)
 
 
 @torch.library.custom_op(
@@ -81,6 +87,9 @@ def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args: A
             a.k,
             a.v,
             cache_seqlens=a.cache_seqlens,
+            block_table=a.block_table,
+            cache_leftpad=a.cache_leftpad,
+            sinks=a.sinks,
             causal=a.causal,
             scale=a.scale,
             window=None if a.window is None else (a.window[0], a.window[1]),
@@ -156,6 +165,9 @@ def compiled_step(
     backend: str,
     return_lse: bool,
     autocast: torch.dtype | None,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """One call of ``flash_attention_with_kvcache`` while it is compiled or exported: the op, or with a
     gradient wanted :func:`traced_step`; a tensor or an int ``cache_seqlens`` both give one graph for every
@@ -169,8 +181,12 @@ def compiled_step(
     lengths = _int_or_tensor(cache_seqlens, q.shape[0])
     shapes_known = isinstance(k_cache, Tensor) and (k is None or isinstance(k, Tensor))  # else checked later
     if not isinstance(lengths, Tensor) and shapes_known:
-        check_length(lengths, 0 if k is None else k.shape[2], k_cache.shape[2])
-    if not traceable(q, k_cache, v_cache, k, v, alibi_slopes):
+        paged = isinstance(block_table, Tensor) and block_table.dim() == 2
+        pages = block_table.shape[1] if isinstance(block_table, Tensor) and paged else 1
+        N_max = pages * k_cache.shape[2]  # paged: max_blocks pages of page_size slots
+        capacity = "block_table.shape[1] * page_size" if paged else "k_cache.shape[2]"
+        check_length(lengths, 0 if k is None else k.shape[2], N_max, capacity=capacity)
+    if not traceable(q, k_cache, v_cache, k, v, alibi_slopes, sinks):
         O, lse = traced_step(
             q,
             k_cache,
@@ -178,6 +194,9 @@ def compiled_step(
             k,
             v,
             cache_seqlens=lengths,
+            block_table=block_table,
+            cache_leftpad=cache_leftpad,
+            sinks=sinks,
             causal=causal,
             scale=scale,
             window=window_sizes,
@@ -192,6 +211,9 @@ def compiled_step(
         v=v,
         cache_seqlens=_seqlens_tensor(lengths, q.shape[0], q.device),
         alibi_slopes=alibi_slopes,
+        block_table=block_table,
+        cache_leftpad=cache_leftpad,
+        sinks=sinks,
         causal=causal,
         scale=scale,
         window=None if window is None else list(window),

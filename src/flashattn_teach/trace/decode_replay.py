@@ -20,6 +20,10 @@ batch element and one query head, the replay records:
    and ``max |O - O_final|`` against the dense float64 output of the whole step, which reaches round-off
    at the last merge. The merge is associative and commutative: ``merge_order`` replays any order.
 
+With a ``block_table`` (a paged cache) the replay gathers the element's pages into its copy and records
+them: ``pages`` the block ids of its pages in key order, and :meth:`DecodeReplay.page_of` the page and slot
+of a key (``block_table[b, j // page_size]``, ``j % page_size``), which the renderers show per key.
+
 Empty ranges (more splits than keys) are not run and not merged, as in :mod:`flashattn_teach.api.decode`. The caches
 are not
 written: the replay reads a copy with ``k, v`` in place.
@@ -38,6 +42,8 @@ from .._layout import compute_dtype
 from .._options import AttentionOptions
 from .._validate.decode import check_cache_inputs, check_cache_seqlens, check_decode_alibi, check_num_splits, check_room
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window, validate_block_sizes
+from .._validate.pages import check_block_ids, check_block_table, check_page_shapes
+from ..decode.pages import element_caches
 from ..decode.ranges import range_options
 from ..errors import AttentionValueError
 from ..online_softmax import init_state, log_sum_exp
@@ -110,6 +116,8 @@ class DecodeReplay:
     scale: float
     batch_index: int
     head: int
+    page_size: int | None = None  # a paged cache: slots per page
+    pages: tuple[int, ...] = ()  # the block ids of the element's pages [0, ceil(L / page_size)), in key order
 
     @property
     def L(self) -> int:
@@ -124,6 +132,13 @@ class DecodeReplay:
     def role(self, key: int) -> KeyRole:
         """Whether cache slot ``key`` was cached before, written by this step, or is unused."""
         return KeyRole.OLD if key < self.cache_len else KeyRole.NEW if key < self.L else KeyRole.UNUSED
+
+    def page_of(self, key: int) -> tuple[int, int] | None:
+        """``(block id, slot)`` of cache position ``key`` in a paged cache; None when not paged or past the
+        element's pages."""
+        if self.page_size is None or key // self.page_size >= len(self.pages):
+            return None
+        return self.pages[key // self.page_size], key % self.page_size
 
     def split_of(self, key: int) -> int | None:
         """The split whose range holds ``key``, or None (unused, or before a window's reach)."""
@@ -223,6 +238,7 @@ def replay_decode(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     merge_order: Sequence[int] | None = None,
+    block_table: Tensor | None = None,
 ) -> DecodeReplay:
     """Replay one step of ``flash_attention_with_kvcache`` for batch element ``batch_index``, query head
     ``head``: the tile updates of each split-KV range, then the merges.
@@ -236,6 +252,8 @@ def replay_decode(
         batch_index, head: the batch element and the query head replayed (key/value head ``head // G``).
         merge_order: the order the ranges' partials are merged in, a permutation of ``range(num_splits)``
             (default in order, as the decode merges them).
+        block_table: ``(B, max_blocks)`` for a paged cache, ``k_cache, v_cache`` then pools of pages
+            ``(num_blocks, H_kv, page_size, D)``, as for the decode call.
 
     Returns:
         A :class:`DecodeReplay`, computed in float64 for float64 inputs and float32 otherwise; the oracle
@@ -244,16 +262,21 @@ def replay_decode(
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v)
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, paged=block_table is not None)
     B, H_q, N_new, _ = q.shape
-    H_kv, N_max = k_cache.shape[1], k_cache.shape[2]
+    table = check_block_table(block_table, B, q.device)
+    H_kv = k_cache.shape[1]
+    N_max = check_page_shapes(k_cache, table)[1] if table is not None else k_cache.shape[2]
     if N_new == 0:
         raise AttentionValueError(f"q must hold at least one new query to replay, got q of shape {tuple(q.shape)}")
     b = check_index("batch_index", batch_index, B, f"batch size B={B}")
     h = check_index("head", head, H_q, f"H_q={H_q} query heads")
-    n = check_cache_seqlens(cache_seqlens, B, N_max, q.device)[b]
+    capacity = "k_cache.shape[2]" if table is None else "block_table.shape[1] * page_size"
+    n = check_cache_seqlens(cache_seqlens, B, N_max, q.device, capacity=capacity)[b]
     N_new_kv = 0 if k is None else k.shape[2]
     check_room([n], N_new_kv, N_max)
+    if table is not None:
+        check_block_ids(table[b : b + 1].cpu(), [n + N_new_kv], k_cache.shape[2], k_cache.shape[0])
     _, block_n = validate_block_sizes(N_new, block_n)
     splits = check_num_splits(num_splits) or default_num_splits(q, k_cache, n + N_new_kv)
     order = check_merge_order(merge_order, splits)
@@ -270,7 +293,16 @@ def replay_decode(
     L = n + N_new_kv
     dt = compute_dtype(q.dtype)  # float64 for float64 inputs, else float32, as the references
     h_kv = h // (H_q // H_kv)
-    keys, values = k_cache[b, h_kv].clone(), v_cache[b, h_kv].clone()  # (N_max, D), (N_max, D_v): a copy
+    pages: tuple[int, ...] = ()
+    if table is None:
+        keys, values = k_cache[b, h_kv].clone(), v_cache[b, h_kv].clone()  # (N_max, D), (N_max, D_v): a copy
+    else:  # the element's cached keys [0, n) gathered from its pages into a copy; slots past them stay 0
+        element = element_caches(k_cache, v_cache, table[b : b + 1])[0]
+        pages = element.pages[: -(-(n + N_new_kv) // k_cache.shape[2])]
+        keys, values = k_cache.new_zeros(N_max, k_cache.shape[3]), v_cache.new_zeros(N_max, v_cache.shape[3])
+        if n:
+            old_k, old_v = element.read(0, n)  # (1, H_kv, n, D), (1, H_kv, n, D_v)
+            keys[:n], values[:n] = old_k[0, h_kv], old_v[0, h_kv]
     if k is not None and v is not None:
         keys[n:L], values[n:L] = k[b, h_kv], v[b, h_kv]  # the step's write, into the copy
     q1 = q[b, h][None, None]  # (1, 1, N_new, D): one head of one batch element
@@ -324,4 +356,6 @@ def replay_decode(
         scale=whole.scale,
         batch_index=b,
         head=h,
+        page_size=None if table is None else k_cache.shape[2],
+        pages=pages,
     )

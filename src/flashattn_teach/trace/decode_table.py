@@ -33,6 +33,8 @@ def _cache(r: DecodeReplay):
         table.add_column(str(j), justify="center")
     table.add_row("role", *(f"[{ROLE_GLYPHS[r.role(j)][1]}]{r.role(j).value}[/]" for j in range(r.N_max)))
     table.add_row("split", *("·" if (s := r.split_of(j)) is None else str(s) for j in range(r.N_max)))
+    if r.page_size is not None:  # paged: the block id of each key's page (slot j % page_size)
+        table.add_row("page", *("·" if (at := r.page_of(j)) is None else str(at[0]) for j in range(r.N_max)))
     first = r.L - r.N_new
     for i, row in enumerate(r.visible.tolist()):
         table.add_row(f"q{i} (at {first + i})", *("x" if seen else "." for seen in row))
@@ -94,6 +96,7 @@ def render_decode_table(r: DecodeReplay, file: IO[str] | None = None, *, width: 
         f"[bold]Decode step replay[/bold] · batch element {r.batch_index}, query head {r.head} · "
         f"{r.cache_len} cached + {r.N_new_kv} new keys = L {r.L} of N_max {r.N_max} slots · N_new={r.N_new} "
         f"quer{'y' if r.N_new == 1 else 'ies'} · num_splits={r.num_splits}, BLOCK_N={r.block_n} · "
+        + ("" if r.page_size is None else f"paged, page_size {r.page_size}, pages {list(r.pages)} · ")
         + " · ".join(r.labels() or ["no mask"])
     )
     console.print(_cache(r))

@@ -1,7 +1,8 @@
 """Block sizes, warps and pipeline stages: one small named table per (head dim, dtype, GPU generation).
 
 A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
-D = 40 uses the 64 row, D = 80 and 96 the 128 row), by the element size of the inputs, and by the GPU
+D = 40 uses the 64 row, D = 80 and 96 the 128 row; :mod:`.lanes`: D = 129 to 192 with D_v <= 128 runs as
+two lane groups, 128 + 64, on a 192 row of its own), by the element size of the inputs, and by the GPU
 generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
 ``flashattn-teach kernels`` and by the compile-check tests, which require no register spills and shared
 memory within the architecture's limit, with triton 3.6 (the GPU machine's) and 3.9 alike; a row may
@@ -27,6 +28,9 @@ from torch import Tensor
 
 from .._validate.inputs import AttentionShapes
 from ..errors import AttentionTypeError, AttentionValueError
+from .lanes import SPLIT_DIM, table_dim
+from .lanes import block_d as block_d  # re-exported: callers look for it here
+from .lanes import lane_groups as lane_groups
 
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq", "backward_fused")
 ARCHS = ("sm90", "sm80")
@@ -175,6 +179,13 @@ def _ws(block_m: int, block_n: int, num_stages: int, fallback: KernelConfig) -> 
 # spills with triton 3.6 and 3.9 in shared memory within the 232,448 bytes a block may use: 128 x 128 with
 # three stages up to hd64 (131,648 bytes at hd64), with two at hd128 (180,608; three ask for 246,336),
 # 128 x 64 with two at hd256 (229,760). They are not yet timed on a GPU.
+#
+# The 192 rows (D = 192, D_v <= 128, as two lane groups: :mod:`.lanes`) are the loop profile's best that
+# compile without spills, causal and not, with triton 3.6 and 3.9 (``flashattn-teach kernels
+# --split-head-dim``); not timed. Their K_j and Q_i come through pointers except in the warp-specialised
+# forward. The split frees registers where padding to 256 spills: the 16 x 128 dK/dV and 128 x 64 dQ tiles
+# spill 128 and 8 bytes padded. No one-kernel backward tile compiled cleanly (16 x 128 to 32 x 128: 80 to
+# 576 bytes), so the backward is the two-kernel one.
 _SM90_16BIT: dict[int, _Row] = {
     16: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 4, 3), K(128, 64, 4, 3)),
     32: (_ws(128, 128, 3, K(128, 64, 4, 3, tma=True)), K(32, 128, 8, 3), K(128, 64, 4, 3)),
@@ -188,6 +199,7 @@ _SM90_16BIT: dict[int, _Row] = {
         K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
+    SPLIT_DIM: (_ws(128, 64, 2, K(128, 64, 8, 3)), K(16, 128, 8, 2), K(128, 64, 8, 2)),
     256: (
         _ws(128, 64, 2, K(128, 64, 8, 2, tma=True, fallback=K(64, 64, 8, 2))),
         K(16, 64, 8, 2, split=True),
@@ -200,6 +212,7 @@ _SM80_16BIT: dict[int, _Row] = {
     32: (K(128, 64, 4, 3), K(32, 128, 8, 3), K(128, 32, 4, 3)),
     64: (K(128, 128, 8, 3), K(32, 128, 8, 2), K(128, 32, 8, 3)),
     128: (K(128, 64, 8, 3), K(32, 64, 8, 2), K(64, 64, 8, 2)),
+    SPLIT_DIM: (K(64, 64, 4, 2), K(32, 32, 4, 2), K(32, 64, 8, 2)),
     256: (K(64, 64, 8, 2), K(32, 64, 8, 2, split=True), K(64, 32, 8, 2)),
 }
 # fp32 inputs run "tf32x3" dots, whose split operands need about twice the registers. Above hd64 only thin
@@ -221,8 +234,9 @@ _SM80_FP32: dict[int, _Row] = {
 # loop (index tensors, the tanh, the bias): where a plain tile spills with all of them at once or with a
 # padding mask (``flashattn-teach kernels --variants``, ``--mask bool``, ``--mask additive``), a thinner
 # one that does not, with triton 3.6 and 3.9. Keyed by (arch, "16-bit" or "fp32", padded head dim);
-# those without a row use the plain row. At hd256 on sm_90 no dK/dV tile tried compiles without spilling
-# with an additive mask and triton 3.9 (this one: 8 to 16 bytes; with 3.6 none).
+# those without a row use the plain row (192 / 128: the 256 row, whose sm_80 dQ spills 88 bytes there). At
+# hd256 on sm_90 no dK/dV tile tried compiles without spilling with an additive mask and triton 3.9 (this
+# one: 8 to 16 bytes; with 3.6 none).
 # The sm_90 16-bit forward rows are warp-specialised as the plain ones are, with tiles clean with window,
 # softcap, ALiBi and seqlens_k at once (at hd128 and hd256 thinner than the plain rows': 128 x 128 spills
 # 16 bytes at hd128 with triton 3.9, 128 x 64 24 bytes at hd256 with 3.6); an attn_mask falls back.
@@ -247,6 +261,7 @@ _VARIANT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "16-bit", 64): (K(64, 64, 4, 3), K(32, 32, 8, 2), K(128, 32, 8, 3)),
     ("sm80", "16-bit", 128): (K(64, 32, 8, 2), K(32, 32, 8, 2), K(64, 64, 8, 3)),
     ("sm80", "16-bit", 256): (K(64, 64, 8, 2), K(32, 32, 8, 2, split=True), K(64, 32, 8, 2)),
+    ("sm80", "16-bit", SPLIT_DIM): (K(64, 64, 8, 2), K(32, 32, 8, 2, split=True), K(32, 64, 8, 2)),
     ("sm80", "fp32", 16): (K(64, 32, 4, 2), K(32, 64, 4, 2), K(64, 16, 4, 2)),
     ("sm80", "fp32", 32): (K(64, 32, 4, 2), K(16, 32, 4, 2), K(32, 16, 4, 2)),
     ("sm80", "fp32", 128): (K(32, 32, 8, 2), K(16, 16, 8, 1), K(16, 32, 4, 2)),
@@ -330,11 +345,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def block_d(head_dim: int) -> int:
-    """Head dimension padded to a power of two (at least 16, the smallest tensor-core K)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
 def arch_of(device: torch.device) -> str:
     """GPU generation of a CUDA device: "sm90" for compute capability 9.x and newer, else "sm80"."""
     major, _ = torch.cuda.get_device_capability(device)
@@ -342,21 +352,33 @@ def arch_of(device: torch.device) -> str:
 
 
 def shipped_config(
-    head_dim: int, dtype: torch.dtype, arch: str, *, variants: bool = False, dropout: bool = False
+    head_dim: int,
+    dtype: torch.dtype,
+    arch: str,
+    *,
+    variants: bool = False,
+    dropout: bool = False,
+    head_dim_v: int | None = None,
 ) -> AttentionConfig:
     """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
     None where the backward does not ship (see :func:`max_head_dim`). ``variants``: for a call with a
     window, softcap, ALiBi or ``seqlens_k``, ``dropout``: with dropout (the variant or dropout row where
-    there is one)."""
+    there is one). ``head_dim_v``: the values' head dim where it differs from ``head_dim`` (the row is
+    :func:`table_dim`'s; ``head_dim`` is then the queries' and keys')."""
     rows = _table(arch, dtype)
-    if not MIN_HEAD_DIM <= head_dim <= max(rows):
-        raise AttentionValueError(
-            f"head_dim must be between {MIN_HEAD_DIM} and {max(rows)} for {dtype} on {arch}, got {head_dim}"
-        )
-    d = block_d(head_dim)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    for name, dim in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if not MIN_HEAD_DIM <= dim <= max(rows):
+            raise AttentionValueError(
+                f"{name} must be between {MIN_HEAD_DIM} and {max(rows)} for {dtype} on {arch}, got {dim}"
+            )
+    d = table_dim(head_dim, head_dim_v)
     fwd, dkdv, dq = rows[d]
     table = _DROPOUT_ROWS if dropout else _VARIANT_ROWS if variants else {}
     key = (arch, "fp32" if dtype == torch.float32 else "16-bit", d)
+    if d == SPLIT_DIM and table and key not in table:
+        # no variant or dropout row of its own: the 256 row's, whose tiles hold more lanes than 192 + 128
+        key = (arch, key[1], block_d(SPLIT_DIM))
     if key in table:
         fwd, dkdv, dq = table[key]
     fused = None if variants or dropout else _FUSED_ROWS.get(key)

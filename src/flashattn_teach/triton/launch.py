@@ -27,6 +27,7 @@ from .configs import (
     check_backward_config,
     dot_precision,
     fused_backward,
+    lane_groups,
     max_head_dim,
     shipped_config,
 )
@@ -74,7 +75,7 @@ def default_config(q: Tensor, s: AttentionShapes, variants: KernelVariants = PLA
     if q.device.type != "cuda":
         return TEST_CONFIG
     return shipped_config(
-        max(s.D, s.D_v), q.dtype, arch_of(q.device), variants=variants.used, dropout=variants.has_dropout
+        s.D, q.dtype, arch_of(q.device), variants=variants.used, dropout=variants.has_dropout, head_dim_v=s.D_v
     )
 
 
@@ -152,6 +153,9 @@ def forward(
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     var = variants.varlen
     c, ws = forward_tile(config.forward, q, k, v, variants)
+    D_pad, D2 = lane_groups(s.D)
+    if D2 and not ws:  # a split head dim's lane groups: by in-kernel descriptors or pointers (kernels/tiles.py)
+        c = c.by_pointers()
     if ws:
         tma = True  # by descriptors the kernel makes
     else:
@@ -159,7 +163,7 @@ def forward(
     check_tile_offsets("forward", c.BLOCK_M, q=q, o=o)
     check_tile_offsets("forward", c.BLOCK_N, k=k, v=v)
     N_q, N_k = _grid_lengths(s, variants)
-    D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
+    Dv_pad = block_d(s.D_v)
     if ws and q.device.type == "cuda":
         ensure_scratch_allocator()  # the kernel makes its own descriptors (see attn_fwd)
     host_descriptors = tma and not ws
@@ -192,6 +196,7 @@ def forward(
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
+        BLOCK_D2=D2,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
@@ -253,7 +258,7 @@ def backward(
 
     dkdv_config, dq_config = check_backward_config(config, q, s)
     B = q.shape[0]
-    D_pad, Dv_pad = block_d(s.D), block_d(s.D_v)
+    (D_pad, D2), Dv_pad = lane_groups(s.D), block_d(s.D_v)
     offset = _offset(s, causal_align, variants)
     var = variants.varlen
     N_q, N_k = _grid_lengths(s, variants)
@@ -293,7 +298,7 @@ def backward(
     # passes dk in its place, unread
     dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else dk
     tile = config.backward_fused if fused and config.backward_fused is not None else dkdv_config
-    c, tma = launch_tile(tile, q, do, varlen=var)  # Q_i and dO_i by TMA
+    c, tma = launch_tile(tile.by_pointers() if D2 else tile, q, do, varlen=var)  # Q_i, dO_i by TMA (unless split)
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
     q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
@@ -334,6 +339,7 @@ def backward(
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
+            BLOCK_D2=D2,
             BLOCK_DV=Dv_pad,
             BLOCK_M=c.BLOCK_M,
             BLOCK_N=c.BLOCK_N,
@@ -365,7 +371,7 @@ def backward(
         return dq_acc.to(q.dtype), dk, dv
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
-    c, tma = launch_tile(dq_config, k, v, varlen=var)  # K_j and V_j by TMA
+    c, tma = launch_tile(dq_config.by_pointers() if D2 else dq_config, k, v, varlen=var)  # K_j, V_j likewise
     check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
     k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
@@ -395,6 +401,7 @@ def backward(
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
+        BLOCK_D2=D2,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,

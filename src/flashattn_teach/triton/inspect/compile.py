@@ -5,6 +5,7 @@ the loop profile of :mod:`.loops`), for ``flashattn-teach kernels`` (:mod:`.repo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from ..configs import KernelConfig, shipped_config
 from ..variants import PLAIN, KernelVariants
 from .loops import LoopProfile, profile_sass
 from .sass import disassemble
-from .specialize import CompileRequest, kernel_request, with_kernel_config
+from .specialize import CompileRequest, kernel_request, one_lane_group, with_kernel_config
 
 SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
 MAX_REGISTERS = 255
@@ -94,14 +95,22 @@ def compile_kernel(
     causal: bool = True,
     group: int = 1,
     variants: KernelVariants = PLAIN,
+    head_dim_v: int | None = None,
+    padded: bool = False,
 ) -> CompileReport:
     """Compile one kernel for ``arch`` ("sm90" or "sm80") as the JIT would for a sample call with launch
     parameters ``c`` (see :func:`flashattn_teach.triton.inspect.specialize.attention_requests`), and read its
-    resource use from the cubin."""
+    resource use from the cubin. ``head_dim_v``: the values' head dim (default ``head_dim``); ``padded``:
+    build the head dim as one padded lane group even where it is split (:func:`.specialize.one_lane_group`)."""
     t0 = time.perf_counter()
-    base = shipped_config(head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout)
+    base = shipped_config(
+        head_dim, dtype, arch, variants=variants.used, dropout=variants.has_dropout, head_dim_v=head_dim_v
+    )
     config = with_kernel_config(base, name, c)
-    request = kernel_request(name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants)
+    with one_lane_group() if padded else contextlib.nullcontext():
+        request = kernel_request(
+            name, config, dtype, head_dim, arch, causal=causal, group=group, variants=variants, head_dim_v=head_dim_v
+        )
     compiled = request.compile()
     text, res = disassemble(compiled.asm["cubin"])
     registers = _resource(res, "REG")

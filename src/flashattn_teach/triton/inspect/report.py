@@ -129,6 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare the loops of a softcap written as a score_mod with the built-in softcap's (score_mod.py)",
     )
     parser.add_argument(
+        "--split-head-dim",
+        action="store_true",
+        help="compare D = 192 (D_v = 128) run as 128 + 64 lanes with it padded to 256, loop by loop (split.py)",
+    )
+    parser.add_argument(
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
     )
     add_schedule_arguments(parser)
@@ -261,6 +266,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.loops:
         print_loop_profiles(args, selected)
+    if args.split_head_dim:
+        from .split import print_split_profile
+
+        print_split_profile(args.arch)
     if args.score_mod:
         from .score_mod import print_comparison
 

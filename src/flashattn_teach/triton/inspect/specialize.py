@@ -147,18 +147,33 @@ def request_for_call(kernel, *args: Any, arch: str = "sm90", **kwargs: Any) -> C
 
 
 def sample_shapes(
-    dtype: torch.dtype, head_dim: int, group: int = 1
+    dtype: torch.dtype, head_dim: int, group: int = 1, head_dim_v: int | None = None
 ) -> tuple[AttentionShapes, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A sample non-causal call: ``(s, q, k, v)`` as ``(B, H, N, D)`` CPU tensors (allocated, never read)."""
+    """A sample non-causal call: ``(s, q, k, v)`` as ``(B, H, N, D)`` CPU tensors (allocated, never read);
+    the values' head dim is ``head_dim_v`` (default ``head_dim``)."""
     B, H, N = SAMPLE_BATCH, SAMPLE_HEADS, SAMPLE_SEQ
     H_kv = H // group
-    s = AttentionShapes(
-        batch=(B,), H_q=H, H_kv=H_kv, N_q=N, N_k=N, D=head_dim, D_v=head_dim, rank=4, scale=head_dim**-0.5
-    )
+    D_v = head_dim if head_dim_v is None else head_dim_v
+    s = AttentionShapes(batch=(B,), H_q=H, H_kv=H_kv, N_q=N, N_k=N, D=head_dim, D_v=D_v, rank=4, scale=head_dim**-0.5)
     q = torch.empty(B, H, N, head_dim, dtype=dtype)
     k = torch.empty(B, H_kv, N, head_dim, dtype=dtype)
-    v = torch.empty(B, H_kv, N, head_dim, dtype=dtype)
+    v = torch.empty(B, H_kv, N, D_v, dtype=dtype)
     return s, q, k, v
+
+
+@contextmanager
+def one_lane_group() -> Iterator[None]:
+    """Within the block the launcher covers every head dim with one padded lane group, as it did before
+    :func:`flashattn_teach.triton.lanes.lane_groups` split 192 into 128 + 64: for comparing the two builds."""
+    from .. import launch
+    from ..lanes import block_d
+
+    saved = launch.lane_groups
+    launch.lane_groups = lambda head_dim: (block_d(head_dim), 0)
+    try:
+        yield
+    finally:
+        launch.lane_groups = saved
 
 
 def attention_requests(
@@ -171,14 +186,16 @@ def attention_requests(
     causal: bool = True,
     group: int = 1,
     variants: KernelVariants = PLAIN,
+    head_dim_v: int | None = None,
 ) -> dict[str, CompileRequest]:
     """The kernels the launcher compiles for a sample call (see :func:`sample_shapes`), by kernel name of
     :data:`flashattn_teach.triton.configs.KERNELS`: the forward, or the three backward kernels; with
-    ``variants`` (e.g. :func:`sample_variants`) the kernels of a call that uses them."""
+    ``variants`` (e.g. :func:`sample_variants`) the kernels of a call that uses them; ``head_dim_v`` as
+    :func:`sample_shapes`'s."""
     from ..launch import backward as launch_backward
     from ..launch import forward as launch_forward
 
-    s, q, k, v = sample_shapes(dtype, head_dim, group)
+    s, q, k, v = sample_shapes(dtype, head_dim, group, head_dim_v)
     if not backward:
         (fwd,) = requests_for(
             lambda: launch_forward(
@@ -187,7 +204,7 @@ def attention_requests(
             arch,
         )
         return {"forward": fwd}
-    o, do = torch.empty_like(q), torch.empty_like(q)
+    o, do = (torch.empty(*q.shape[:-1], s.D_v, dtype=dtype) for _ in range(2))
     lse = torch.empty(q.shape[:-1], dtype=torch.float32)
 
     # a ``split`` dK/dV kernel launches twice; its dK program (the heavier: it also holds V_j, dP and dS)

@@ -20,7 +20,7 @@ from .backward_dkdv_inner import _attn_bwd_dkdv_inner
 from .dropout import _packed_dropout
 from .grid import INDEX, LONGEST, program_block
 from .masking import _sequence, _window_query_range
-from .tiles import _load_block, _store_block
+from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 
 @triton.jit
@@ -131,6 +131,7 @@ def attn_bwd_dkdv(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
     ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
@@ -144,7 +145,8 @@ def attn_bwd_dkdv(
     ``SCORE_MOD``, ``SCORE_GRAD``, ``MASK_MOD`` and ``KINDS`` as in :func:`~.backward_dq.attn_bwd_dq`, the
     kinds at this launch's tiles; ``LISTED`` with ``TILE_LIST`` the list of each key block's visited query
     tiles (:func:`flashattn_teach.triton.variants.tile_list` of the transposed kinds, row ``j`` at ``b *
-    stride_list_b + h0 * stride_list_h + j * stride_list_m``), one for the whole group."""
+    stride_list_b + h0 * stride_list_h + j * stride_list_m``), one for the whole group. ``BLOCK_D2`` as in
+    :func:`~.forward.attn_fwd`: K_j, dK_j (and the dQ partial) in two lane groups, by pointers only."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
@@ -197,6 +199,12 @@ def attn_bwd_dkdv(
     v = _load_block(V_blk, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    k2 = k  # with BLOCK_D2 K_j's and dK_j's second lane groups (.tiles); otherwise unread
+    dk2 = dk
+    if BLOCK_D2 > 0:
+        tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
+        k2 = _load_block_hi(K_blk, offs_n, stride_kn, stride_kd, k_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
 
     b_coord = bh // H_kv
     h0_coord = (bh % H_kv) * GROUP
@@ -226,8 +234,8 @@ def attn_bwd_dkdv(
         full_end = tl.minimum(full_end, end)
     if LISTED:
         # the block mask's visited query tiles, all masked (the causal, window and length bounds still apply)
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+        dk, dk2, dv = _attn_bwd_dkdv_inner(
+            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
             stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
             0, tl.load(LIST_col), start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group,
             stride_slope_h,
@@ -238,13 +246,13 @@ def attn_bwd_dkdv(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION,
             WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     else:
         # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
         # ragged last block (and the window's left side)
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+        dk, dk2, dv = _attn_bwd_dkdv_inner(
+            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
             stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
             begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
             seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
@@ -254,10 +262,10 @@ def attn_bwd_dkdv(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION,
             WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+        dk, dk2, dv = _attn_bwd_dkdv_inner(
+            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
             stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
             diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
             seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
@@ -267,10 +275,10 @@ def attn_bwd_dkdv(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION,
             WITH_DK, WITH_DV, TMA=TMA, MASK=False, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
+        dk, dk2, dv = _attn_bwd_dkdv_inner(
+            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
             stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
             full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
             seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
@@ -280,13 +288,15 @@ def attn_bwd_dkdv(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION,
             WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key
         # alone), and no row sees them: their gradient is 0
         seen = start_n + offs_n < tl.load(SEQLENS_K + b)
         dk = tl.where(seen[:, None], dk, 0.0)
+        if BLOCK_D2 > 0:
+            dk2 = tl.where(seen[:, None], dk2, 0.0)
         dv = tl.where(seen[:, None], dv, 0.0)
 
     # each output pointer is formed just before its store: one fewer 64-bit register live at the peak
@@ -296,6 +306,12 @@ def attn_bwd_dkdv(
             dk = dk * scale
         DK_blk = DK + b * stride_dkb + h_kv * stride_dkh + cols * stride_dkn
         _store_block(DK_blk, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
+        if BLOCK_D2 > 0:
+            if not DQ_ATOMIC:
+                dk2 = dk2 * scale
+            _store_block_hi(
+                DK_blk, dk2.to(DK.dtype.element_ty), offs_n, stride_dkn, stride_dkd, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2
+            )
     if WITH_DV:
         DV_blk = DV + b * stride_dvb + h_kv * stride_dvh + cols * stride_dvn
         _store_block(DV_blk, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)

@@ -1,6 +1,8 @@
 """The dK/dV kernel's loop over query blocks (and the query heads of a group): one step recomputes
 ``P_ij^T`` and ``dS_ij^T`` for key block ``j`` and adds them into ``dV_j`` and ``dK_j``; in the one-kernel
 backward it also adds the step's dQ partial into the fp32 dQ buffer. :mod:`.backward_dkdv` has the kernel.
+With ``BLOCK_D2 > 0`` (a head dim of two lane groups, :mod:`.tiles`) ``S_ij^T`` is two MMAs, and ``dK_j``
+and the dQ partial two accumulators, one a lane group.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ from triton import language as tl
 from .dropout import _dropout_keep
 from .forward import LOG2E
 from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
-from .tiles import _load_block, _load_block_T, _load_tile_tma
+from .tiles import _load_block, _load_block_hi, _load_block_T, _load_tile_tma
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk,  # dK_j (BLOCK_N, BLOCK_D) fp32 accumulator
+    dk2,  # with BLOCK_D2: dK_j's second lane group (BLOCK_N, BLOCK_D2) fp32, likewise k2; otherwise unread
     dv,  # dV_j (BLOCK_N, BLOCK_DV) fp32 accumulator
     k,  # K_j (BLOCK_N, BLOCK_D)
+    k2,
     v,  # V_j (BLOCK_N, BLOCK_DV)
     Q_group,  # Q of the group's first query head (row 0), likewise dO, lse2, delta; with TMA Q's and dO's descriptors
     DO_group,
@@ -98,6 +102,7 @@ def _attn_bwd_dkdv_inner(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
     (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
@@ -163,6 +168,12 @@ def _attn_bwd_dkdv_inner(
             delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
             # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
             qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+            if BLOCK_D2 > 0:
+                # Q_i^T's second lane group (BLOCK_D2, BLOCK_M); S_ij^T += (BLOCK_N, BLOCK_D2) @ (BLOCK_D2, BLOCK_M)
+                qT2 = _load_block_hi(
+                    Q_blk, offs_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK, TRANS=True
+                )
+                qkT = tl.dot(k2, qT2, qkT, input_precision=DOT_PRECISION)
             if SOFTCAP or ALIBI or ADD_MASK:
                 slope_log2 = 0.0
                 if ALIBI:
@@ -252,6 +263,9 @@ def _attn_bwd_dkdv_inner(
                 # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); without DQ_ATOMIC the scale is
                 # applied once at the end
                 dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=DOT_PRECISION)
+                if BLOCK_D2 > 0:
+                    # the second lane group: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D2)
+                    dk2 = tl.dot(dsT, tl.trans(qT2), dk2, input_precision=DOT_PRECISION)
                 if DQ_ATOMIC:
                     # dQ_i += scale dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D), added into the fp32 buffer
                     # that every key block's program adds to; K_j's rows past the keys are 0 and add nothing
@@ -259,4 +273,10 @@ def _attn_bwd_dkdv_inner(
                     DQ_blk = DQ_group + tl.cast(g, tl.int64) * stride_dqh + rows * stride_dqn
                     ptrs = DQ_blk + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
                     tl.atomic_add(ptrs, dq, mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
-    return dk, dv
+                    if BLOCK_D2 > 0:
+                        # lanes [BLOCK_D, BLOCK_D + BLOCK_D2): (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
+                        dq2 = tl.dot(tl.trans(dsT), k2, input_precision=DOT_PRECISION)
+                        lanes2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+                        ptrs2 = DQ_blk + offs_m[:, None] * stride_dqn + lanes2[None, :] * stride_dqd
+                        tl.atomic_add(ptrs2, dq2, mask=in_q[:, None] & (lanes2[None, :] < HEAD_DIM), sem="relaxed")
+    return dk, dk2, dv

@@ -15,7 +15,7 @@ from .dropout import _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .grid import INDEX, LONGEST, program_block
 from .masking import _sequence, _window_key_range
-from .tiles import _load_block, _store_block
+from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 
 @triton.jit
@@ -112,11 +112,13 @@ def attn_bwd_dq(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
     descriptors of blocks ``(1, 1, BLOCK_N, .)``. ``SCORE_MOD``, ``SCORE_GRAD`` (its derivative; None when
-    it is 1), ``MASK_MOD``, ``KINDS`` and ``LISTED`` as in :func:`~.forward.attn_fwd`, at this launch's tiles."""
+    it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2`` as in :func:`~.forward.attn_fwd`, at this
+    launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; all heads' start first (.grid)
@@ -168,6 +170,12 @@ def attn_bwd_dq(
     lse2 = tl.load(LSE2 + stats + offs_m, mask=in_q, other=0.0)  # lse_i * log2(e), +inf for no key
     delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    q2 = q  # with BLOCK_D2 Q_i's and dQ_i's second lane groups (.tiles), by pointers only; otherwise unread
+    dq2 = dq
+    if BLOCK_D2 > 0:
+        tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
+        q2 = _load_block_hi(Q_blk, offs_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
+        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
 
     MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
     KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + blk * stride_kind_m  # read only with KINDS
@@ -185,8 +193,9 @@ def attn_bwd_dq(
     # (the window's right side) and the ragged last block
     if LISTED:
         # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
-        dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, dq2 = _attn_bwd_dq_inner(
+            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
+            stride_kn, stride_kd, stride_vn, stride_vd,
             0, tl.load(LIST_row), start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
@@ -194,13 +203,14 @@ def attn_bwd_dq(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
             SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
-            MASK=True,
+            MASK=True, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     else:
         if WINDOW:
             begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-            dq = _attn_bwd_dq_inner(
-                dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, dq2 = _attn_bwd_dq_inner(
+                dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
+            stride_kn, stride_kd, stride_vn, stride_vd,
                 begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
                 seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
                 MASK_head, stride_mask_m, stride_mask_n,
@@ -208,13 +218,14 @@ def attn_bwd_dq(
                 HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
                 BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
                 SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-                MASK=True,
+                MASK=True, BLOCK_D2=BLOCK_D2,
             )  # fmt: skip
         else:
             full_begin = 0
             full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-        dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, dq2 = _attn_bwd_dq_inner(
+            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
+            stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
@@ -222,10 +233,11 @@ def attn_bwd_dq(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
             SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-            MASK=False,
+            MASK=False, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
-        dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, K_head, V_head, b_coord, h_coord, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, dq2 = _attn_bwd_dq_inner(
+            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
+            stride_kn, stride_kd, stride_vn, stride_vd,
             full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, stride_mask_m, stride_mask_n,
@@ -233,10 +245,15 @@ def attn_bwd_dq(
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
             SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-            MASK=True,
+            MASK=True, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
     DQ_blk = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
     _store_block(DQ_blk, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, in_q, HEAD_DIM)
+    if BLOCK_D2 > 0:
+        dq2 = dq2 * scale
+        _store_block_hi(
+            DQ_blk, dq2.to(DQ.dtype.element_ty), offs_m, stride_dqn, stride_dqd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2
+        )

@@ -1,5 +1,7 @@
 """The dQ kernel's loop over key blocks: one step recomputes ``P_ij`` and ``dS_ij`` for query block ``i``
-and key block ``j`` and adds ``dS_ij K_j`` into ``dQ_i``. :mod:`.backward_dq` has the kernel.
+and key block ``j`` and adds ``dS_ij K_j`` into ``dQ_i``. :mod:`.backward_dq` has the kernel. With
+``BLOCK_D2 > 0`` (a head dim of two lane groups, :mod:`.tiles`) ``S_ij`` is two MMAs and ``dQ_i`` two
+accumulators, one a lane group.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from triton import language as tl
 from .dropout import _dropout_keep
 from .forward import LOG2E
 from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
-from .tiles import _load_block_T, _load_tile_tma
+from .tiles import _load_block_hi, _load_block_T, _load_tile_tma
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
     dq,  # dQ_i (BLOCK_M, BLOCK_D) fp32 accumulator
+    dq2,  # with BLOCK_D2: dQ_i's second lane group (BLOCK_M, BLOCK_D2) fp32, likewise q2; otherwise unread
     q,  # Q_i (BLOCK_M, BLOCK_D)
+    q2,
     do,  # dO_i (BLOCK_M, BLOCK_DV)
     lse2,  # (BLOCK_M,) fp32, lse_i * log2(e)
     delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
@@ -83,6 +87,7 @@ def _attn_bwd_dq_inner(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
     the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
@@ -121,6 +126,13 @@ def _attn_bwd_dq_inner(
                 )  # fmt: skip
             # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
             qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
+            if BLOCK_D2 > 0:
+                # K_j^T's second lane group (BLOCK_D2, BLOCK_N); S_ij += (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
+                kT2 = _load_block_hi(
+                    K_head + cols * stride_kn, offs_n, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2,
+                    ROWS_OK=not MASK, TRANS=True,
+                )  # fmt: skip
+                qk = tl.dot(q2, kT2, qk, input_precision=DOT_PRECISION)
             if SOFTCAP or ALIBI or ADD_MASK:
                 s, t = _modify_scores(
                     qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
@@ -195,4 +207,7 @@ def _attn_bwd_dq_inner(
                 ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
             # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
             dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
-    return dq
+            if BLOCK_D2 > 0:
+                # the second lane group: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
+                dq2 = tl.dot(ds.to(kT.dtype), tl.trans(kT2), dq2, input_precision=DOT_PRECISION)
+    return dq, dq2

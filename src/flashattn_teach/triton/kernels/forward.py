@@ -48,7 +48,7 @@ from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
 from .grid import INDEX, LONGEST, program_block
 from .masking import _sequence, _window_key_range
-from .tiles import _load_block, _store_block
+from .tiles import _load_block, _load_block_hi, _store_block
 
 
 @triton.jit
@@ -163,6 +163,7 @@ def attn_fwd(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     FP8: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -202,6 +203,9 @@ def attn_fwd(
     stride_descale_h``; ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q`` False). Both products run on
     e4m3 operands (P_ij is cast to V's dtype in the loop) with fp32 accumulators. Not with ``VARLEN`` or
     ``WS``; the pointers are placeholders without ``FP8``.
+
+    ``BLOCK_D2 > 0``: ``HEAD_DIM`` is two lane groups, ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`),
+    the second through pointers or, with ``WS``, by its own in-kernel descriptors (not with ``TMA``).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
@@ -270,8 +274,29 @@ def attn_fwd(
         q = Q_desc.load([start_m, 0])  # rows past N_q and lanes past HEAD_DIM read 0
     else:
         q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    # with BLOCK_D2 the head dim's second lane group (.tiles), of Q_i and of each K_j: with WS by boxes of
+    # BLOCK_D2 lanes read at lane BLOCK_D, else through pointers (not by host descriptors); otherwise unread
+    q2 = q
+    K2_src = K_src
+    if BLOCK_D2 > 0:
+        tl.static_assert(not TMA, "a split head dim's second lane group has no host descriptor")
+        if WS:
+            q2 = tl.make_tensor_descriptor(
+                Q_head, shape=[N_q, HEAD_DIM], strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D2]
+            ).load([start_m, BLOCK_D])
+            K2_src = tl.make_tensor_descriptor(
+                K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+                shape=[N_k, HEAD_DIM],
+                strides=[stride_kn, 1],
+                block_shape=[BLOCK_N, BLOCK_D2],
+            )
+        else:
+            q2 = _load_block_hi(
+                Q_block, offs_m - start_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
+            )
     if NEGATE_Q:
         q = -q
+        q2 = -q2
     if FP8:
         # the descales join the scale: scale * q.k * qd * kd = (scale * qd * kd) * q_fp8.k_fp8 (FA3)
         descale_at = b * stride_descale_b + h_kv * stride_descale_h
@@ -280,6 +305,8 @@ def attn_fwd(
         # moves into Q, exactly, by flipping e4m3's sign bit (the host never reads the descales: no sync)
         flip = tl.where(qk_scale < 0, 0x80, 0).to(tl.uint8)
         q = (q.to(tl.uint8, bitcast=True) ^ flip).to(q.dtype, bitcast=True)
+        if BLOCK_D2 > 0:
+            q2 = (q2.to(tl.uint8, bitcast=True) ^ flip).to(q2.dtype, bitcast=True)
         qk_scale = tl.abs(qk_scale)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -314,46 +341,46 @@ def attn_fwd(
     if LISTED:
         # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     elif WINDOW or WS:
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
     if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, K_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
             full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
             seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
             MASK_head, start_m, stride_mask_m, stride_mask_n,
             h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
             BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS,
+            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
         )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).

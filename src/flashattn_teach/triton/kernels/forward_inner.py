@@ -7,6 +7,8 @@ blocks ``j`` of one stage of :mod:`.forward`'s loop (masked or not, by ``tl.cons
     l_i  = exp2(m_i - m_new) l_i + rowsum(P_ij),      acc = exp2(m_i - m_new) acc + P_ij V_j
 
 :func:`_load_kv_block` brings ``K_j`` and ``V_j`` in, by TMA descriptors on Hopper or through pointers.
+With ``BLOCK_D2 > 0`` the head dim is two lane groups (:mod:`.tiles`; 192 = 128 + 64) and ``S_ij`` is two
+MMAs into one accumulator (its second lane group through pointers, or with ``WS`` by its own box).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from triton import language as tl
 
 from .dropout import _dropout_keep
 from .masking import LN2, LOG2E, _attn_mask_tile, _in_window, _modify_scores
-from .tiles import _load_block, _load_tile_tma
+from .tiles import _load_block, _load_block_hi, _load_tile_tma
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 __all__ = ["LN2", "LOG2E", "_attn_fwd_inner", "_load_kv_block"]
@@ -66,7 +68,9 @@ def _attn_fwd_inner(
     l_i,  # (BLOCK_M,) fp32, running denominator
     m_i,  # (BLOCK_M,) fp32, running max of qk_scale * S (log2 units)
     q,  # Q_i (BLOCK_M, BLOCK_D)
+    q2,  # with BLOCK_D2: Q_i's second lane group (BLOCK_M, BLOCK_D2); otherwise unread
     K_src,
+    K2_src,  # with BLOCK_D2: the keys' second lane group, K_src's pointer or with WS a box of BLOCK_D2 lanes
     V_src,
     b,
     h_kv,
@@ -128,6 +132,7 @@ def _attn_fwd_inner(
     MASK_MOD: tl.constexpr = None,
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
+    BLOCK_D2: tl.constexpr = 0,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -177,6 +182,17 @@ def _attn_fwd_inner(
                 K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
             )
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if BLOCK_D2 > 0:
+                # S_ij += Q_i[:, BLOCK_D:] K_j[:, BLOCK_D:]^T: (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
+                if WS:
+                    k2 = K2_src.load([start, BLOCK_D])  # lanes [BLOCK_D, BLOCK_D + BLOCK_D2); zeros past the ends
+                else:
+                    rows = tl.arange(0, BLOCK_N)
+                    k2 = _load_block_hi(
+                        K2_src + tl.cast(start, tl.int64) * stride_kn, rows, stride_kn, stride_kd, start + rows < N_k,
+                        HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK,
+                    )  # fmt: skip
+                s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
             offs_n = start + tl.arange(0, BLOCK_N)
             if SOFTCAP or ALIBI or ADD_MASK:
                 s, _ = _modify_scores(
