@@ -113,11 +113,10 @@ def test_leftpad_and_sinks_work_without_a_block_table():
     assert (O_no_pad[0] - O[0]).abs().max() > 1e-3  # the control: the padding hides keys
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_backend_triton_refuses_what_this_build_of_its_kernel_does_not_take(dtype):
-    """float64: the kernel's dtypes refuse it; float32 under ``TRITON_INTERPRET=1``: the pages, padding and
-    sinks it does not take (without the interpreter, the CPU tensors)."""
-    p = make_problem(CASE, dtype=dtype)
+def test_backend_triton_refuses_float64_pages_before_writing():
+    """float64: the kernel's dtypes refuse it, before the write (the kernel on pages, padding and sinks:
+    tests/triton/test_triton_paged.py)."""
+    p = make_problem(CASE, dtype=torch.float64)
     before = p.k_pool.clone()
     with pytest.raises(BackendUnavailableError):
         fa.flash_attention_with_kvcache(

@@ -199,3 +199,33 @@ def test_the_oracle_sees_a_wrong_page_order():
     options = {"causal": True, "window": (-1, -1), "softcap": None, "alibi": None, "leftpad": None, "sinks": None}
     O_wrong, _ = oracle(q, unshuffled_k, unshuffled_v, lengths, scale=0.25, **options)
     assert (O.double() - O_wrong).abs().max() > 0.1
+
+
+def test_the_public_call_runs_pages_padding_and_sinks_on_the_kernel_as_on_the_cpu_paths():
+    # flash_attention_with_kvcache(backend="triton") with every new argument, against the CPU paths'
+    # float64 answer (pcpu's) on copies; sinks that need a gradient are refused by name (forward-only kernel)
+    import flashattn_teach as fa
+
+    q, k_pages, v_pages, k, v, block_table, _, _ = paged_problem(page_size=7, n_new=2, n_new_kv=2, layout="bnhd")
+    leftpad, sinks = torch.tensor([0, 5, 20], dtype=torch.int32), torch.tensor([0.5, -1.0, 2.0, 0.0])
+    table = block_table  # garbage past each sequence's pages: the host check reads only the pages a step uses
+    extras = {"block_table": table, "cache_leftpad": leftpad, "sinks": sinks}
+    wide = [t.double() for t in (q, k_pages, v_pages, k, v)]
+    seqlens = torch.tensor(SEQLENS, dtype=torch.int32)
+    with torch.no_grad():
+        O, lse = fa.flash_attention_with_kvcache(
+            q, k_pages, v_pages, k, v, cache_seqlens=seqlens, causal=True, num_splits=3, backend="triton",
+            return_lse=True, **extras,
+        )  # fmt: skip
+    O_ref, lse_ref = fa.flash_attention_with_kvcache(
+        *wide, cache_seqlens=seqlens, causal=True, backend="dense", return_lse=True,
+        block_table=table, cache_leftpad=leftpad, sinks=sinks.double(),
+    )  # fmt: skip
+    assert_close_scaled(O, O_ref, REL_TOL[torch.float32], "O")
+    assert_close_scaled(lse, lse_ref, REL_TOL[torch.float32], "lse")
+    assert torch.equal(k_pages.double(), wide[1]) and torch.equal(v_pages.double(), wide[2])
+    with pytest.raises(fa.errors.BackendUnavailableError, match="sinks requires grad"):
+        fa.flash_attention_with_kvcache(
+            q, k_pages, v_pages, cache_seqlens=seqlens, backend="triton", block_table=table,
+            sinks=sinks.requires_grad_(),
+        )  # fmt: skip

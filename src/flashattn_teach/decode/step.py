@@ -77,18 +77,15 @@ def route_extras(
     cache_leftpad: Tensor | None,
     sinks: Tensor | None,
 ) -> str:
-    """The backend of a call with pages, padding or sinks: the Triton decode kernel of this build takes none
-    of them and is forward only, so a call that would run on it goes to the CPU paths' query-major
-    reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other backend is
-    returned as it is."""
-    extras = (("block_table", block_table), ("cache_leftpad", cache_leftpad), ("sinks", sinks))
-    given = [n for n, t in extras if t is not None]  # what the kernel of this build does not take
-    reason = f"does not take {', '.join(given)} yet" if given else ""
-    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
-        reason = "is forward only, and sinks requires grad"
-    if reason and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+    """The backend of a call with pages, padding or sinks. The Triton decode kernel takes all three but is
+    forward only, so a call whose sinks need a gradient that would run on it goes to the CPU paths'
+    query-major reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other
+    call keeps its backend. (``block_table`` and ``cache_leftpad`` are taken for the signature the call
+    and ``explain_with_kvcache`` share.)"""
+    wants_grad = sinks is not None and sinks.requires_grad and torch.is_grad_enabled()
+    if wants_grad and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if backend == "triton":
-            refuse_on_triton_decode(reason)
+            refuse_on_triton_decode("is forward only, and sinks requires grad")
         return "online"
     return backend
 
