@@ -8,11 +8,16 @@ entries past a sequence's pages holding garbage; flash-attn's ``(num_blocks, pag
 passed as a transposed view; 1 and 3 splits; one new query, and four (chunked prefill, causal); GQA;
 window, ALiBi, softcap; ``cache_leftpad``; sinks, with a row that sees no key (O = 0, lse = sink); and
 ``D = 192`` with ``D_v = 128``. The kernels run in the interpreter at ``TEST_DECODE_CONFIG`` (16 x 16).
+Compiled ahead of time for sm_90 and sm_80 (a subprocess per build, without ``TRITON_INTERPRET``): no spills,
+and the paged loop stays pipelined and within a bound of the contiguous loop's instructions.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +27,7 @@ import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 
 from flashattn_teach.triton import decode_launch  # noqa: E402
+from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
 B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
 # old entries per batch element: an empty cache, one that ends inside a page and a key block, and one
@@ -229,3 +235,54 @@ def test_the_public_call_runs_pages_padding_and_sinks_on_the_kernel_as_on_the_cp
             q, k_pages, v_pages, cache_seqlens=seqlens, backend="triton", block_table=table,
             sinks=sinks.requires_grad_(),
         )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- compiled ahead of time
+
+COMPILES = {  # name -> arguments of python -m flashattn_teach.triton.inspect.decode
+    "contiguous": ["--case", "bfloat16:128", "--loops"],
+    "pages of 256": ["--case", "bfloat16:128", "float32:128", "--paged", "256", "--loops"],
+    "pages of 7": ["--case", "bfloat16:128", "--paged", "7", "--loops"],
+}
+# paged over contiguous instructions per key-block iteration, at most: 1.6 (pages of 256) and 1.9 (7) on
+# sm_90 and sm_80 with triton 3.9 (the rows' 64-bit addresses); a loop whose K/V loads wait for the block
+# table in the same iteration is no longer pipelined and loses its second stage's shared memory
+MAX_PAGED_RATIO = 2.25
+
+
+@pytest.fixture(scope="module")
+def paged_compiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.inspect.decode"]
+    runs = {
+        (arch, name): subprocess.Popen(
+            [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for arch in ARCHS
+        for name, args in COMPILES.items()
+    }
+    return {key: (*run.communicate(timeout=600), run.returncode) for key, run in runs.items()}
+
+
+def _table(out):
+    rows = [line.split() for line in out.splitlines() if line.startswith("decode_")]
+    loops = [int(line.split()[1]) for line in out.splitlines() if line.startswith("  decode_split_fwd:")]
+    return rows, loops
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_paged_kernel_compiles_without_spills_and_keeps_its_loop_pipelined(arch, paged_compiles):
+    """The paged split kernel (with leftpad and sinks; a shuffled block table) compiles without spills, with
+    the contiguous kernel's shared memory (K and V still multi-buffered), and at most ``MAX_PAGED_RATIO``
+    times its instructions per key-block iteration."""
+    tables = {}
+    for name in COMPILES:
+        out, err, code = paged_compiles[(arch, name)]
+        assert code == 0, f"{name}: {out}\n{err[-3000:]}"
+        tables[name] = _table(out)
+        assert all(row[-1] == "ok" and row[-3] == "0" for row in tables[name][0]), out
+    (contiguous, [base]) = tables["contiguous"]
+    for name in ("pages of 256", "pages of 7"):
+        rows, loops = tables[name]
+        assert rows[0][-2] == contiguous[0][-2], f"{name}: shared memory {rows[0][-2]} != {contiguous[0][-2]}"
+        assert loops[0] <= MAX_PAGED_RATIO * base, f"{name}: {loops[0]} instructions vs {base} contiguous"
