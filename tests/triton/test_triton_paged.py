@@ -134,15 +134,18 @@ def run_paged(args, *, num_splits, causal=True, window=(-1, -1), softcap=None, a
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("page_size", [1, 7, 16])
+@pytest.mark.parametrize("page_size", [1, 7, 16, 32])
 def test_paged_decode_matches_the_oracle_for_any_page_size(page_size, num_splits):
-    # batch element 0 holds only its new key; spare pages and table entries past each sequence untouched
+    # batch element 0 holds only its new key; spare pages and table entries past each sequence untouched;
+    # 16 and 32 take the kernel's two-ids-a-block path (pages of at least BLOCK_N = 16 keys)
     run_paged(paged_problem(page_size=page_size), num_splits=num_splits)
 
 
-def test_chunked_prefill_over_flash_attns_page_layout_with_gqa():
-    # 4 new queries and keys per element (causal), G = 4, pages stored (num_blocks, page_size, H_kv, D)
-    args = paged_problem(page_size=7, group=4, n_new=4, n_new_kv=4, layout="bnhd", seed=1)
+@pytest.mark.parametrize("page_size", [7, 32])
+def test_chunked_prefill_over_flash_attns_page_layout_with_gqa(page_size):
+    # 4 new queries and keys per element (causal), G = 4, pages stored (num_blocks, page_size, H_kv, D);
+    # D = 24 and D_v = 40, padded to 32 and 64 lanes
+    args = paged_problem(page_size=page_size, group=4, n_new=4, n_new_kv=4, D=24, D_v=40, layout="bnhd", seed=1)
     run_paged(args, num_splits=3)
 
 
@@ -151,13 +154,13 @@ def test_paged_window_alibi_and_softcap():
     run_paged(paged_problem(page_size=16, n_new=2, n_new_kv=2), num_splits=2, window=(9, 0), alibi=slopes, softcap=4.0)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_leftpad_and_sinks_on_pages(num_splits):
+@pytest.mark.parametrize(("page_size", "num_splits"), [(7, 1), (7, 3), (16, 3)])
+def test_leftpad_and_sinks_on_pages(page_size, num_splits):
     # element 0: leftpad 0 with one key; element 1 pads 5 keys; element 2 pads all of its 30 keys but the
     # last (leftpad 29): the sink still weighs in, once per row whatever the number of splits
     leftpad = torch.tensor([0, 5, 29], dtype=torch.int32)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
-    run_paged(paged_problem(page_size=7), num_splits=num_splits, leftpad=leftpad, sinks=sinks)
+    run_paged(paged_problem(page_size=page_size), num_splits=num_splits, leftpad=leftpad, sinks=sinks)
 
 
 def test_a_row_that_sees_no_key_gets_zero_and_the_sink():
