@@ -289,3 +289,47 @@ def test_paged_kernel_compiles_without_spills_and_keeps_its_loop_pipelined(arch,
         rows, loops = tables[name]
         assert rows[0][-2] == contiguous[0][-2], f"{name}: shared memory {rows[0][-2]} != {contiguous[0][-2]}"
         assert loops[0] <= MAX_PAGED_RATIO * base, f"{name}: {loops[0]} instructions vs {base} contiguous"
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [16, 256, 7])
+def test_llama_decode_on_pages_matches_the_contiguous_kernel_on_gpu(page_size):
+    """Llama's decode (H_q = 32, H_kv = 8, D = 128, bf16, one new query and key) over caches of 1000, 4097,
+    0 and 8191 entries stored in shuffled pages of flash-attn's layout: the same output as the contiguous
+    kernel on the same contents (the kernel's splits and block order are the same), the new entries in
+    their pages; with leftpad and sinks, within bf16's rounding of the float64 CPU answer."""
+    import flashattn_teach as fa
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths, Hq, Hkv, D, N = [1000, 4097, 0, 8191], 32, 8, 128, 8192
+    Bg, max_blocks = len(lengths), math.ceil(N / page_size)
+    q, k, v = (torch.randn(Bg, H, 1, D, device="cuda", generator=g).to(torch.bfloat16) for H in (Hq, Hkv, Hkv))
+    k_cache, v_cache = (torch.randn(Bg, Hkv, max_blocks * page_size, D, device="cuda", generator=g) for _ in range(2))
+    k_cache, v_cache = k_cache.to(torch.bfloat16), v_cache.to(torch.bfloat16)
+    table = torch.randperm(Bg * max_blocks, device="cuda", generator=g).to(torch.int32).view(Bg, max_blocks)
+    # pools (num_blocks, page_size, H_kv, D) as flash-attn keeps them: page table[b, p] holds keys p * page_size...
+    pools = []
+    for cache in (k_cache, v_cache):
+        pool = torch.empty(Bg * max_blocks, page_size, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        pool[table.long().flatten()] = (
+            cache.view(Bg, Hkv, max_blocks, page_size, D).permute(0, 2, 3, 1, 4).flatten(0, 1)
+        )
+        pools.append(pool.transpose(1, 2))
+    seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    O = fa.flash_attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, num_splits=3)
+    O_paged = fa.flash_attention_with_kvcache(q, *pools, k, v, cache_seqlens=seqlens, block_table=table, num_splits=3)
+    torch.testing.assert_close(O_paged, O, atol=1e-3, rtol=1e-2)
+    for b, n in enumerate(lengths):
+        page, slot = table[b, n // page_size].long(), n % page_size
+        assert torch.equal(pools[0][page, :, slot], k[b, :, 0]) and torch.equal(pools[1][page, :, slot], v[b, :, 0])
+    pad = torch.tensor([0, 4000, 0, 100], device="cuda", dtype=torch.int32)
+    sinks = torch.randn(Hq, device="cuda", generator=g)
+    extras = {"cache_seqlens": seqlens + 1, "cache_leftpad": pad, "sinks": sinks}
+    O_extras = fa.flash_attention_with_kvcache(q, *pools, block_table=table, num_splits=0, **extras)
+    O_ref = fa.flash_attention_with_kvcache(q.double(), kc.double(), vc.double(), backend="dense", **extras)
+    assert (O_extras.double() - O_ref).abs().max().item() < 2e-2
