@@ -266,10 +266,10 @@ def launch_decode(
         O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
     check_tile_offsets("decode", config.BLOCK_N if block_table is None else N_rows, k_cache=k_cache, v_cache=v_cache)
-    if block_table is None:
-        table, stride_bt_b, stride_bt_n = seqlens, 0, 0  # a placeholder pointer, never read
+    if block_table is None:  # a placeholder pointer and sizes, never read (constant 1s: no new specialisation)
+        table, stride_bt_b, stride_bt_n, page_size, num_blocks = seqlens, 0, 0, 1, 1
     else:
-        table, (stride_bt_b, stride_bt_n) = block_table, block_table.stride()
+        table, (stride_bt_b, stride_bt_n), page_size = block_table, block_table.stride(), N_rows
     # placeholders (never read) where a variant is off
     leftpad = seqlens if cache_leftpad is None else cache_leftpad
     sink_logits = lse if sinks is None else sinks.detach().to(torch.float32).contiguous()  # (H_q,), fp32
@@ -300,7 +300,7 @@ def launch_decode(
         stride_slope_h,
         stride_bt_b,
         stride_bt_n,
-        N_rows if block_table is not None else 1,  # PAGE_SIZE
+        page_size,
         num_blocks,
         H_kv,
         G,
@@ -322,7 +322,7 @@ def launch_decode(
         ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         PAGED=block_table is not None,
-        WIDE_PAGES=block_table is not None and N_rows >= config.BLOCK_N,
+        WIDE_PAGES=block_table is not None and page_size >= config.BLOCK_N,
         LEFTPAD=cache_leftpad is not None,
         SINKS=sinks is not None,
         num_warps=config.num_warps,
