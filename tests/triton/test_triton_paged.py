@@ -25,6 +25,8 @@ triton = pytest.importorskip("triton")
 
 import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from flashattn_teach.triton import decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
@@ -36,7 +38,7 @@ SEQLENS = [0, 17, 29]
 GARBAGE = 10**6  # block-table entries past a sequence's pages: never to be used
 
 
-def paged_problem(*, page_size, group=2, n_new=1, n_new_kv=1, D=16, D_v=16, layout="bhnd", seed=0):
+def paged_problem(*, page_size, group=2, n_new=1, n_new_kv=1, D=16, D_v=16, layout="bhnd", seed=0, seqlens=SEQLENS):
     """``q, k_pages, v_pages, k, v, block_table, dense_k, dense_v`` in float32: the caches' contents as dense
     ``(B, H_kv, N_max, .)`` tensors and scattered into shuffled pages; two spare pages no row owns."""
     g = torch.Generator().manual_seed(seed)
@@ -57,7 +59,7 @@ def paged_problem(*, page_size, group=2, n_new=1, n_new_kv=1, D=16, D_v=16, layo
             keys = slice(p * page_size, (p + 1) * page_size)
             k_pages[block_table[b, p]] = dense_k[b, :, keys]  # (H_kv, page_size, D)
             v_pages[block_table[b, p]] = dense_v[b, :, keys]
-    for b, n in enumerate(SEQLENS):  # pages past what the step reads or writes: any value
+    for b, n in enumerate(seqlens):  # pages past what the step reads or writes: any value
         block_table[b, math.ceil((n + n_new_kv) / page_size) :] = GARBAGE
     q = torch.randn(B, H_KV * group, n_new, D, generator=g)
     k, v = torch.randn(B, H_KV, n_new_kv, D, generator=g), torch.randn(B, H_KV, n_new_kv, D_v, generator=g)
@@ -96,15 +98,27 @@ def oracle(q, dense_k, dense_v, lengths, *, scale, causal, window, softcap, alib
     return O, lse
 
 
-def run_paged(args, *, num_splits, causal=True, window=(-1, -1), softcap=None, alibi=None, leftpad=None, sinks=None):
+def run_paged(
+    args,
+    *,
+    num_splits,
+    causal=True,
+    window=(-1, -1),
+    softcap=None,
+    alibi=None,
+    leftpad=None,
+    sinks=None,
+    seqlens=SEQLENS,
+):
     """The kernel on the paged problem ``args``; then the oracle on the dense contents with the new entries
     appended; checks O, lse, and that the pages hold exactly what they held plus the new entries."""
     q, k_pages, v_pages, k, v, block_table, dense_k, dense_v = args
     page_size, n_new_kv = k_pages.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5
-    seqlens = torch.tensor(SEQLENS, dtype=torch.int32)
+    lengths_before = seqlens
+    seqlens = torch.tensor(lengths_before, dtype=torch.int32)
     expect_k, expect_v = k_pages.clone(), v_pages.clone()
-    for b, n in enumerate(SEQLENS):
+    for b, n in enumerate(lengths_before):
         for t in range(n_new_kv):
             page, slot = block_table[b, (n + t) // page_size], (n + t) % page_size
             expect_k[page, :, slot], expect_v[page, :, slot] = k[b, :, t], v[b, :, t]
@@ -125,7 +139,7 @@ def run_paged(args, *, num_splits, causal=True, window=(-1, -1), softcap=None, a
             sinks=sinks,
         )
     options = {"causal": causal, "window": window, "softcap": softcap, "alibi": alibi}
-    lengths = [n + n_new_kv for n in SEQLENS]
+    lengths = [n + n_new_kv for n in lengths_before]
     O_ref, lse_ref = oracle(q, dense_k, dense_v, lengths, scale=scale, leftpad=leftpad, sinks=sinks, **options)
     assert_close_scaled(O, O_ref, REL_TOL[torch.float32], "O")
     assert_close_scaled(lse, lse_ref, REL_TOL[torch.float32], "lse")
@@ -161,6 +175,27 @@ def test_leftpad_and_sinks_on_pages(page_size, num_splits):
     leftpad = torch.tensor([0, 5, 29], dtype=torch.int32)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
     run_paged(paged_problem(page_size=page_size), num_splits=num_splits, leftpad=leftpad, sinks=sinks)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seqlens=st.lists(st.integers(0, 36), min_size=B, max_size=B),
+    page_size=st.sampled_from([1, 3, 7, 16, 32]),
+    group=st.sampled_from([1, 2, 4]),
+    n_new=st.integers(1, 3),
+    num_splits=st.integers(1, 4),
+    window=st.sampled_from([(-1, -1), (5, 0), (12, 0)]),
+    pad=st.integers(0, 36),
+    with_sinks=st.booleans(),
+)
+def test_paged_kernel_matches_the_oracle_for_any_pages_lengths_and_padding(
+    seqlens, page_size, group, n_new, num_splits, window, pad, with_sinks
+):
+    # chunked prefill of n_new queries and keys over any lengths; padding up to each element's length
+    args = paged_problem(page_size=page_size, group=group, n_new=n_new, n_new_kv=n_new, seqlens=seqlens)
+    leftpad = torch.tensor([min(pad, n) for n in seqlens], dtype=torch.int32)
+    sinks = torch.linspace(-1.0, 1.5, H_KV * group) if with_sinks else None
+    run_paged(args, num_splits=num_splits, window=window, leftpad=leftpad, sinks=sinks, seqlens=seqlens)
 
 
 def test_a_row_that_sees_no_key_gets_zero_and_the_sink():
