@@ -275,6 +275,34 @@ def test_the_public_call_runs_pages_padding_and_sinks_on_the_kernel_as_on_the_cp
         )  # fmt: skip
 
 
+def test_a_paged_step_with_padding_and_sinks_asks_the_host_nothing(monkeypatch):
+    # the path a CUDA call takes (its tensors' values are not read on the host: told so by the probe's
+    # convention, tests/triton/test_triton_host_sync.py): no .item(), .tolist(), .cpu(), nonzero or equal
+    from _host_sync import host_syncs, report
+
+    import flashattn_teach as fa
+    from flashattn_teach._validate import inputs as validate_inputs
+
+    monkeypatch.setattr(validate_inputs, "values_on_host", lambda t: False)
+    q, k_pages, v_pages, k, v, block_table, _, _ = paged_problem(page_size=7)
+    extras = {
+        "block_table": block_table.clamp(max=k_pages.shape[0] - 1),  # not checked on the host now: in range
+        "cache_leftpad": torch.tensor([0, 5, 20], dtype=torch.int32),
+        "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0]),
+    }
+    seqlens = torch.tensor(SEQLENS, dtype=torch.int32)
+
+    def step():
+        fa.flash_attention_with_kvcache(
+            q, k_pages, v_pages, k, v, cache_seqlens=seqlens, causal=True, num_splits=2, backend="triton", **extras
+        )
+
+    step()
+    with host_syncs() as found:
+        step()
+    assert not found, "host syncs:\n" + report(found)
+
+
 # ----------------------------------------------------------------------------- compiled ahead of time
 
 COMPILES = {  # name -> arguments of python -m flashattn_teach.triton.inspect.decode
