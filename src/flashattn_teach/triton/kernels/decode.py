@@ -84,7 +84,8 @@ def _block_ids(table, start, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOC
     keys at or past ``split_end`` are not read (they may lie past the sequence's pages).
 
     ``WIDE`` (``PAGE_SIZE >= BLOCK_N``): the block lies in page ``start // PAGE_SIZE`` and perhaps the
-    next, so two ids serve it (``(1,)`` each); otherwise ``(BLOCK_N,)`` ids, one per key (returned twice)."""
+    next, so two scalar ids serve it (read by one two-entry load); otherwise ``(BLOCK_N,)`` ids, one per
+    key (returned twice, so that both variants carry the same pair through the loop)."""
     if WIDE:
         first = start // PAGE_SIZE + tl.arange(0, 2)  # (2,): this page and the next
         ids = tl.load(table + first * stride_bt_n, mask=first * PAGE_SIZE < split_end, other=0)
