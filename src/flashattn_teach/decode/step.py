@@ -148,8 +148,9 @@ def decode_step(
         backend, q, k_cache, v_cache, block_table=block_table, cache_leftpad=cache_leftpad, sinks=sinks
     )
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
-        if lengths_on_host(cache_seqlens):  # an int or a CPU tensor: checked with no device sync
-            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv)
+        if checked is None and lengths_on_host(cache_seqlens):  # an int or a CPU tensor: no device sync
+            capacity = "k_cache.shape[2]" if block_table is None else "block_table.shape[1] * page_size"
+            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv, capacity=capacity)
         O, lse = runner.run_decode(
             q,
             k_cache,
