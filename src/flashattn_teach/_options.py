@@ -27,6 +27,7 @@ from ._validate.inputs import (
     check_window,
     validate_inputs,
 )
+from ._validate.sinks import check_sinks
 from ._validate.varlen import (
     check_cu_seqlens,
     check_max_seqlen,
@@ -52,6 +53,8 @@ class AttentionOptions:
     (:mod:`flashattn_teach.dropout`): drawn by :meth:`with_dropout` where the call runs (not by ``explain``,
     which draws nothing), and kept for the backward, which regenerates the mask from it. ``deterministic``
     asks for a bitwise reproducible backward (flash-attn's argument; the CPU backends always are).
+    ``sinks``: the call's attention sinks, ``(H_q,)`` or None (:mod:`flashattn_teach._validate.sinks`),
+    one logit per query head that every row's softmax counts as one more key, of value zero.
     """
 
     shapes: AttentionShapes
@@ -61,6 +64,7 @@ class AttentionOptions:
     dropout_p: float = 0.0
     dropout_key: DropoutKey | None = None
     deterministic: bool = False
+    sinks: Tensor | None = None
 
     @property
     def scale(self) -> float:
@@ -95,6 +99,11 @@ class AttentionOptions:
             key = draw(self.dropout_p)
         return replace(self, dropout_p=key.p, dropout_key=key)
 
+    def with_sinks(self, sinks: Tensor | None) -> AttentionOptions:
+        """These options with another tensor of the same sinks (an autograd function's own input, which
+        torch.func may wrap); nothing is checked again."""
+        return replace(self, sinks=sinks)
+
     def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
         """These options for the same keys read by other query rows (``shapes`` and ``mask`` of those rows,
         as :mod:`flashattn_teach.dispatch.rows` builds them); nothing is checked again."""
@@ -123,6 +132,7 @@ def make_options(
     score_mod: object = None,
     mask_mod: object = None,
     block_mask: object = None,
+    sinks: object = None,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
@@ -159,6 +169,7 @@ def make_options(
         enable_gqa=gqa,
         dropout_p=check_dropout(dropout_p),
         deterministic=check_bool("deterministic", deterministic),
+        sinks=check_sinks(sinks, shapes.H_q, q.device),
     )
 
 
@@ -215,6 +226,7 @@ def make_packed_options(
     alibi_slopes: object,
     dropout_p: object,
     deterministic: object = False,
+    sinks: object = None,
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
     """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments) and return the
     ``(H, total, D)`` views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no
@@ -241,5 +253,6 @@ def make_packed_options(
         dropout_p=dropout_p,
         packed=(cu_q, cu_k),
         deterministic=deterministic,
+        sinks=sinks,
     )
     return qh, kh, vh, opts

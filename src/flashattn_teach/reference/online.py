@@ -25,8 +25,9 @@ def tiled_attention(
     A call that no derivative can reach runs the forward alone, without the autograd function's
     bookkeeping (a few tens of microseconds, most of a small call's host time)."""
     captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
-    if _differentiable(q, k, v, *captures):
-        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, *captures)
+    sinks = () if opts.sinks is None else (opts.sinks,)
+    if _differentiable(q, k, v, *sinks, *captures):
+        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, opts.sinks, *captures)
         return O, lse
     return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
