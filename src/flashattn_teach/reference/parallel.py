@@ -91,8 +91,9 @@ def parallel_forward(
     dropout: DropoutKey = NO_DROPOUT,
     sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Grouped layout in, grouped layout out, as ``query_major_forward`` (``sink (H_kv, G, 1)`` too): ``q (B, H_kv, G, N_q, D)``,
-    ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``,
+    """Grouped layout in, grouped layout out, as ``query_major_forward`` (``sink (H_kv, G, 1)`` too):
+    ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` ->
+    ``O (B, H_kv, G, N_q, D_v)``,
     ``lse (B, H_kv, G, N_q)``. ``mask`` is the call's mask contract (``make_options`` builds it from the same
     ``causal`` and ``causal_align``); without it, the mask is causal masking alone. ``dropout`` is the
     call's key (none by default)."""
@@ -148,8 +149,9 @@ def _forward_rows(
     sink: Tensor | None = None,
 ) -> None:
     """FA2 Alg. 1 for query blocks ``[i0, i1)`` of one head (batch element ``b``, query head ``h``; ``bh`` is
-    ``b * H_q + h``, the dropout's head index; ``sink`` its attention sink, a 0-d tensor, or None): ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those
-    rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
+    ``b * H_q + h``, the dropout's head index; ``sink`` its attention sink, a 0-d tensor, or None):
+    ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and
+    ``lse (N_q,)``."""
     if i0 >= i1:
         return
     D_v = v.shape[-1]
