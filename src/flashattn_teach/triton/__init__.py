@@ -193,6 +193,6 @@ def triton_forward(
     if launch.needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
     )
     return O, lse

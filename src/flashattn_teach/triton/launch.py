@@ -135,10 +135,12 @@ def forward(
     causal_align: str,
     config: AttentionConfig,
     variants: KernelVariants = PLAIN,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
-    (a window carries causal in its right side, so ``causal`` is then ignored)."""
+    (a window carries causal in its right side, so ``causal`` is then ignored). ``sinks (H_q,)``: attention
+    sinks, read in fp32 (``lse`` includes them)."""
     import triton
 
     from .kernels.forward import LOG2E, attn_fwd
@@ -183,6 +185,7 @@ def forward(
         _offset(s, causal_align, variants),
         *variants.args(lse),
         *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
+        lse if sinks is None else sinks.to(torch.float32).contiguous(),  # SINK: a placeholder when unused
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -208,6 +211,7 @@ def forward(
         MASK_MOD=variants.mask_mod_fn,
         KINDS=variants.has_kinds,
         LISTED=variants.has_kinds,
+        SINKS=sinks is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -64,7 +64,7 @@ def triton_varlen_forward(
     if needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
     )
     return O, lse
 
