@@ -59,7 +59,7 @@ def assert_grads_match(O, lse, O_ref, lse_ref, leaves, label: str) -> None:
     """The gradients of q, k, v and the sinks through the call and through the oracle, for the same dO, dlse."""
     got, want = grads_of(O, lse, leaves), grads_of(O_ref, lse_ref, leaves)
     for name, g, w in zip(("q", "k", "v", "sinks"), got, want, strict=True):
-        torch.testing.assert_close(g, w, **TOL, msg=f"{label}")
+        torch.testing.assert_close(g, w, **TOL, msg=f"{label}: d{name}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -101,7 +101,7 @@ def test_dropout_drops_key_weights_only_and_lse_stays_undropped(backend: str, ca
     O_ref, lse_ref = sink_oracle(*leaves, causal=causal, key=dp.draw(p))
     torch.testing.assert_close(O, O_ref, **TOL)
     torch.testing.assert_close(lse, sink_oracle(*leaves, causal=causal)[1], **TOL)  # undropped
-    assert_grads_match(O, lse, O_ref, lse_ref, leaves, f"{backend}")
+    assert_grads_match(O, lse, O_ref, lse_ref, leaves, backend)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -150,7 +150,7 @@ def test_varlen_sinks_match_the_oracle_per_sequence(backend: str) -> None:
     torch.testing.assert_close(O, O_ref, **TOL)
     torch.testing.assert_close(lse, lse_ref, **TOL)
     assert torch.equal(lse[:, 5:8], sinks.detach()[:, None].expand(H_Q, 3))  # the sequence without keys
-    assert_grads_match(O, lse, O_ref, lse_ref, leaves, f"{backend}")
+    assert_grads_match(O, lse, O_ref, lse_ref, leaves, backend)
 
 
 @given(
