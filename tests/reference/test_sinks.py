@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sink_oracle import grads_of, sink_oracle
 
 import flashattn_teach as fa
 from flashattn_teach import dropout as dp
@@ -20,6 +19,8 @@ from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import parallel
 from flashattn_teach.reference.autograd import ORDERS
 from flashattn_teach.reference.online import tiled_attention
+
+from sink_oracle import grads_of, sink_oracle
 
 CPU_BACKENDS = ["parallel", "online", "key_major", "dense"]
 B, H_Q, H_KV, D, D_V = 2, 4, 2, 8, 6
