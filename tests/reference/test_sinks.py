@@ -192,6 +192,27 @@ def test_forward_mode_ad_carries_the_sinks_tangent() -> None:
     torch.testing.assert_close(tlse, tlse_ref, **TOL)
 
 
+def test_torch_func_grad_and_vmap_over_the_sinks() -> None:
+    q, k, v, sinks = (t.detach() for t in _leaves(13, 11))
+
+    def loss(fn):
+        return lambda s, q: fn(q, k, v, s).square().sum()
+
+    def ours(q, k, v, s):
+        return fa.flash_attention(q, k, v, sinks=s, causal=True)
+
+    def oracle(q, k, v, s):
+        return sink_oracle(q, k, v, s, causal=True)[0]
+
+    got = torch.func.grad(loss(ours), argnums=(0, 1))(sinks, q)
+    want = torch.func.grad(loss(oracle), argnums=(0, 1))(sinks, q)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **TOL)
+    many = torch.randn(3, H_Q, generator=torch.Generator().manual_seed(9), dtype=torch.float64)  # (3, H_q)
+    O = torch.func.vmap(lambda s: ours(q, k, v, s))(many)  # (3, B, H_q, N_q, D_v)
+    torch.testing.assert_close(O, torch.stack([oracle(q, k, v, s) for s in many]), **TOL)
+
+
 def test_compiled_call_is_the_op_with_eager_values_and_gradients() -> None:
     leaves = [t.float() if t.is_floating_point() else t for t in _leaves(13, 11)]
     leaves = [t.detach().requires_grad_() for t in leaves]
