@@ -254,3 +254,13 @@ def test_sinks_of_another_shape_are_refused_by_name() -> None:
             torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32), 5, 5,
             sinks=torch.zeros(4, 1),
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", ["online_attention", "key_major_attention", "dense_attention"])
+def test_the_reference_functions_take_sinks(fn: str) -> None:
+    q, k, v, sinks = (t.detach() for t in _leaves(13, 11))
+    tiles = {} if fn == "dense_attention" else {"block_m": 4, "block_n": 3}
+    O, lse = getattr(fa.reference, fn)(q, k, v, sinks=sinks, enable_gqa=True, causal=True, return_lse=True, **tiles)
+    O_ref, lse_ref = sink_oracle(q, k, v, sinks, causal=True)
+    torch.testing.assert_close(O, O_ref, **TOL)
+    torch.testing.assert_close(lse, lse_ref, **TOL)

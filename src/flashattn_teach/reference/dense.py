@@ -49,6 +49,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
 
@@ -72,6 +73,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
 
@@ -95,6 +97,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
@@ -117,6 +120,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
@@ -154,12 +158,14 @@ def dense_attention(
             every backend draws the same mask for the same key. Not applied to ``lse``.
         score_mod, mask_mod, block_mask: FlexAttention's user functions (:mod:`flashattn_teach.flex.mods`),
             evaluated here once on the whole ``N_q x N_k`` grid and differentiated by ordinary autograd.
+        sinks: attention sinks ``(H_q,)``: one more score column per row, ``sink_h``, in the softmax, dropped
+            before ``P V`` (GPT-OSS's eager attention); differentiated by ordinary autograd.
         return_lse: also return ``lse``.
 
     Returns:
         ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype, and with ``return_lse`` also ``lse`` of
         shape ``(..., H_q, N_q)`` in the compute dtype (float64 for float64 inputs, else float32).
-        A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
+        A query row that sees no key gets ``O = 0`` and ``lse = -inf`` (``sink_h`` with sinks).
     """
     q, k, v = cast_inputs(q, k, v)
     opts = make_options(
@@ -179,6 +185,7 @@ def dense_attention(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        sinks=sinks,
     )
     O, lse = dense_forward(q, k, v, opts.with_dropout())
     return (O, lse) if check_bool("return_lse", return_lse) else O
