@@ -67,6 +67,15 @@ def test_triton_sinks_match_the_float64_oracle(case: str) -> None:
     assert (O.double().cpu() - O_plain.cpu()).abs().max() > 1e-2
 
 
+def test_triton_sinks_in_the_deterministic_two_kernel_backward() -> None:
+    N_q, N_k, kw = CASES["causal"]
+    leaves = _leaves(N_q, N_k, seed=1)
+    O, lse = fa.flash_attention(
+        *leaves[:3], sinks=leaves[3], backend="triton", deterministic=True, return_lse=True, **kw
+    )
+    _check(O, lse, leaves, *_oracle(leaves, **kw), torch.float32, "deterministic")
+
+
 def test_triton_sinks_with_dropout_drop_key_weights_only() -> None:
     p, seed = 0.25, 99
     leaves = _leaves(24, 37)
