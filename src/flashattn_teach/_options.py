@@ -28,6 +28,7 @@ from ._validate.inputs import (
     check_window,
     validate_inputs,
 )
+from ._validate.sinks import check_sinks
 from ._validate.varlen import (
     check_cu_seqlens,
     check_max_seqlen,
@@ -54,6 +55,8 @@ class AttentionOptions:
     which draws nothing), and kept for the backward, which regenerates the mask from it. ``deterministic``
     asks for a bitwise reproducible backward (flash-attn's argument; the CPU backends always are).
     ``descale``: an FP8 call's dequantisation factors (:mod:`flashattn_teach._validate.fp8`), None otherwise.
+    ``sinks``: the call's attention sinks, ``(H_q,)`` or None (:mod:`flashattn_teach._validate.sinks`),
+    one logit per query head that every row's softmax counts as one more key, of value zero.
     """
 
     shapes: AttentionShapes
@@ -64,6 +67,7 @@ class AttentionOptions:
     dropout_key: DropoutKey | None = None
     deterministic: bool = False
     descale: Fp8Descale | None = None
+    sinks: Tensor | None = None
 
     @property
     def scale(self) -> float:
@@ -98,6 +102,11 @@ class AttentionOptions:
             key = draw(self.dropout_p)
         return replace(self, dropout_p=key.p, dropout_key=key)
 
+    def with_sinks(self, sinks: Tensor | None) -> AttentionOptions:
+        """These options with another tensor of the same sinks (an autograd function's own input, which
+        torch.func may wrap); nothing is checked again."""
+        return replace(self, sinks=sinks)
+
     def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
         """These options for the same keys read by other query rows (``shapes`` and ``mask`` of those rows,
         as :mod:`flashattn_teach.dispatch.rows` builds them); nothing is checked again."""
@@ -127,6 +136,7 @@ def make_options(
     mask_mod: object = None,
     block_mask: object = None,
     descale: Fp8Descale | None = None,
+    sinks: object = None,
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
@@ -170,6 +180,7 @@ def make_options(
         dropout_p=check_dropout(dropout_p),
         deterministic=check_bool("deterministic", deterministic),
         descale=descale,
+        sinks=check_sinks(sinks, shapes.H_q, q.device),
     )
 
 
@@ -226,6 +237,7 @@ def make_packed_options(
     alibi_slopes: object,
     dropout_p: object,
     deterministic: object = False,
+    sinks: object = None,
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
     """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments) and return the
     ``(H, total, D)`` views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no
@@ -252,5 +264,6 @@ def make_packed_options(
         dropout_p=dropout_p,
         packed=(cu_q, cu_k),
         deterministic=deterministic,
+        sinks=sinks,
     )
     return qh, kh, vh, opts

@@ -32,12 +32,30 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
-def init_state(rows: tuple[int, ...], D_v: int, *, dtype: torch.dtype, device: torch.device | str):
-    """State before any key: ``m = -inf``, ``l = 0``, ``acc = 0``; shapes ``rows`` and ``(*rows, D_v)``."""
-    m_i = torch.full(rows, NEG_INF, dtype=dtype, device=device)
-    l_i = torch.zeros(rows, dtype=dtype, device=device)
+def init_state(
+    rows: tuple[int, ...],
+    D_v: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    sink: Tensor | float | None = None,
+):
+    """State before any key: ``m = -inf``, ``l = 0``, ``acc = 0``; shapes ``rows`` and ``(*rows, D_v)``.
+
+    With an attention sink (``sink``: a number, or a tensor broadcastable to ``rows``) the state starts as if
+    the row had already seen one key of score ``sink_h`` and value zero: ``m = sink_h``, ``l = exp(sink_h -
+    m) = 1``, ``acc = 0``. The updates then fold the keys in unchanged, and :func:`finalize` gives ``lse_i =
+    log(sum_j exp(S_ij) + exp(sink_h))`` and ``O_i = acc / l_i``; a row that sees no key ends as it started,
+    ``O_i = 0``, ``lse_i = sink_h``."""
     acc = torch.zeros((*rows, D_v), dtype=dtype, device=device)
-    return m_i, l_i, acc
+    if sink is None:
+        m_i = torch.full(rows, NEG_INF, dtype=dtype, device=device)
+        return m_i, torch.zeros(rows, dtype=dtype, device=device), acc
+    if isinstance(sink, Tensor):
+        m_i = sink.to(device=device, dtype=dtype).expand(rows).clone()  # the updates write m_i in place
+    else:
+        m_i = torch.full(rows, sink, dtype=dtype, device=device)
+    return m_i, torch.ones(rows, dtype=dtype, device=device), acc
 
 
 def score_tile(
@@ -162,3 +180,28 @@ def log_sum_exp(m_i: Tensor, l_i: Tensor) -> Tensor:
 def finalize(m_i: Tensor, l_i: Tensor, acc: Tensor) -> tuple[Tensor, Tensor]:
     """``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13)."""
     return normalize(l_i, acc), log_sum_exp(m_i, l_i)
+
+
+def sink_grad(sinks: Tensor, lse: Tensor, O: Tensor, dO: Tensor | None, dlse: Tensor | None) -> Tensor:
+    """``dsink_h`` of attention sinks ``(H_q,)`` from a forward's ``O (..., H_q, N_q, D_v)`` and ``lse (...,
+    H_q, N_q)`` (sink included) and the gradients ``dO``, ``dlse`` of those (None: zero); in ``sinks``' dtype.
+
+    The sink's weight in row ``i`` is ``p_i = exp(sink_h - lse_i)``. ``lse_i`` depends on the sink through
+    ``d lse_i / d sink_h = p_i``, and ``O_i = sum_j exp(S_ij - lse_i) V_j`` through ``lse_i`` alone, so
+    ``d O_i / d sink_h = -p_i O_i`` and, with ``delta_i = rowsum(dO_i * O_i)`` (FA2's ``D_i``),
+
+        dsink_h = sum_{b, i} p_i (dlse_i - delta_i)
+
+    O(B H N) work from what the backward holds anyway; nothing of size ``N_q x N_k``. Dropout changes
+    nothing here: the dropped ``O`` still depends on the sink through ``lse`` alone."""
+    per_head = lse.dim() >= 2  # (..., H_q, N_q); a 2-D call's lse is (N_q,), its one sink (1,)
+    s = sinks.to(lse.dtype).reshape(-1, 1) if per_head else sinks.to(lse.dtype)
+    # p = exp(sink - lse) <= 1; lse = -inf only where sink = -inf too (p = 0 there, not exp(-inf + inf))
+    p = torch.where(torch.isneginf(lse), 0.0, torch.exp(s - lse))  # (..., H_q, N_q)
+    g = torch.zeros_like(p)
+    if dO is not None:
+        g = g - p * (dO.to(lse.dtype) * O.to(lse.dtype)).sum(dim=-1)  # - p_i delta_i
+    if dlse is not None:
+        g = g + p * dlse.to(lse.dtype)
+    dsink = g.reshape(-1, *g.shape[-2:]).sum(dim=(0, 2)) if per_head else g.sum().reshape(1)
+    return dsink.to(sinks.dtype)

@@ -66,6 +66,27 @@ def test_fp8_emulation_error_is_bounded_by_eight_times_bf16s(B, H, H_kv, N, D, c
     assert err.mean() > 2 * err_bf16.mean()
 
 
+def test_fp8_emulation_with_sinks_matches_the_sink_column_oracle() -> None:
+    B, H, H_kv, N, D = 1, 4, 2, 96, 64
+    q8, qd, k8, kd, v8, vd = quantised(B, H, H_kv, N, N, D, seed=4)
+    Q, K, V = dequantised(q8, qd, H), dequantised(k8, kd, H), dequantised(v8, vd, H)
+    sinks = torch.tensor([-1.0, 0.5, 2.0, 6.0])
+    S = (Q @ K.transpose(-2, -1) * D**-0.5).masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), -torch.inf)
+    with_sink = torch.cat([S, sinks.double().reshape(1, H, 1, 1).expand(B, H, N, 1)], dim=-1)  # (B, H, N, N + 1)
+    ref = with_sink.softmax(-1)[..., :N] @ V
+    ref_lse = torch.logsumexp(with_sink, dim=-1)
+    O, lse = fa.flash_attention(
+        q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd, sinks=sinks, return_lse=True
+    )
+    bf16 = fa.flash_attention(Q.bfloat16(), K.bfloat16(), V.bfloat16(), causal=True, sinks=sinks).double()
+    err, err_bf16 = (O.double() - ref).abs(), (bf16 - ref).abs()
+    assert err.max() <= 8 * err_bf16.max()
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=0)
+    # negative control: without its sink the oracle is far from the output (head 3's sink takes most weight)
+    no_sink = S.softmax(-1) @ V
+    assert (O.double() - no_sink).abs().max() > 100 * err_bf16.max()
+
+
 def test_fp8_emulation_rounds_each_tiles_weights_to_e4m3() -> None:
     """With one key tile the emulation is a dense formula, computed here independently: the weights are
     rounded to e4m3 after the running max (the row max) is subtracted, ``l`` sums them unrounded."""

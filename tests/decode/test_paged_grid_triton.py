@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from paged_cases import CASES, run_case  # noqa: E402
+from paged_cases import CASES, run_case
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 from flashattn_teach import flash_attention  # noqa: E402
-from flashattn_teach.errors import AttentionTypeError  # noqa: E402
+from flashattn_teach.errors import AttentionTypeError, AttentionValueError  # noqa: E402
 from flashattn_teach.integrations.transformers import IGNORED_KWARGS, attention_forward  # noqa: E402
 
 B, H_Q, H_KV, D = 2, 4, 2, 16
@@ -140,12 +140,23 @@ def test_every_ignored_keyword_changes_nothing():
         assert torch.equal(got, plain), name
 
 
-@pytest.mark.parametrize("name", ["s_aux", "sinks", "indices", "block_indices"])
+@pytest.mark.parametrize("name", ["indices", "block_indices"])
 def test_a_keyword_for_a_feature_not_implemented_is_refused_by_name(name):
     q, k, v = _qkv(7, 7)
     with pytest.raises(NotImplementedError, match=rf"{name}.*attn_implementation="):
         attention_forward(_Attention(), q, k, v, None, **{name: torch.zeros(H_Q)})
     attention_forward(_Attention(), q, k, v, None, **{name: None})  # None: the feature is off
+
+
+def test_s_aux_and_sinks_are_the_attention_sinks_and_both_at_once_is_refused():
+    q, k, v = _qkv(7, 7)
+    s_aux = torch.linspace(-1.0, 1.0, H_Q, dtype=q.dtype)
+    want, _ = attention_forward(_Attention(), q, k, v, None, s_aux=s_aux)
+    got, _ = attention_forward(_Attention(), q, k, v, None, sinks=s_aux)
+    plain, _ = attention_forward(_Attention(), q, k, v, None)
+    assert torch.equal(got, want) and not torch.allclose(want, plain)
+    with pytest.raises(AttentionValueError, match=r"s_aux .* and sinks .* are both given"):
+        attention_forward(_Attention(), q, k, v, None, s_aux=s_aux, sinks=s_aux.clone())
 
 
 def test_an_unknown_keyword_is_refused_by_name_not_dropped():

@@ -1,5 +1,5 @@
 """Models that hand the attention function more than a mask: T5's relative position bias (``position_bias``)
-must reach the scores; GPT-OSS's attention sinks (``s_aux``), not implemented here, must be refused by name."""
+must reach the scores; GPT-OSS's attention sinks (``s_aux``) must reach every softmax, forward and backward."""
 
 from __future__ import annotations
 
@@ -53,16 +53,50 @@ def test_t5_training_gradients_match_eager():
         torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_gpt_oss_attention_sinks_are_refused_by_name():
+def _gpt_oss(name: str):
+    return build(transformers.GptOssForCausalLM, gpt_oss_config(), name)
+
+
+def test_gpt_oss_logits_and_gradients_match_eager(backends):
+    """Every parameter's gradient, the sinks' included, of a loss over the real (unpadded) positions; left
+    padding leaves query rows that see no key, where both give 0 (the sink takes all the weight)."""
     ids, mask = padded_batch("left")
-    teach = build(transformers.GptOssForCausalLM, gpt_oss_config(), "teach")
-    with pytest.raises(NotImplementedError, match=r"s_aux.*attn_implementation='eager'"), torch.no_grad():
-        teach(input_ids=ids, attention_mask=mask)
-    # negative control: the model runs with eager attention, and its sinks change its logits
-    eager = build(transformers.GptOssForCausalLM, gpt_oss_config(), "eager")
+    real = mask.bool()
+    out = {}
+    for name in ("eager", "teach"):
+        model = _gpt_oss(name).train()  # train(): gradients; the config has no attention dropout
+        backends.clear()
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = logits[real].logsumexp(-1).sum()
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        out[name] = (logits.detach(), grads)
+    assert backends and "dense" not in backends  # the teach model ran flashattn_teach, not the oracle
+    (want, want_grads), (got, got_grads) = out["eager"], out["teach"]
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert want_grads.keys() == got_grads.keys()
+    sink_names = [n for n in want_grads if n.endswith("sinks")]
+    assert len(sink_names) == 2 and all(want_grads[n].abs().max() > 0 for n in sink_names)
+    for n, g in want_grads.items():
+        torch.testing.assert_close(got_grads[n], g, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_gpt_oss_greedy_generation_matches_eager():
+    ids, mask = padded_batch("left")
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=PAD)
     with torch.no_grad():
-        logits = eager(input_ids=ids, attention_mask=mask).logits
-        for layer in eager.model.layers:
+        assert torch.equal(_gpt_oss("teach").generate(ids, **kwargs), _gpt_oss("eager").generate(ids, **kwargs))
+
+
+def test_gpt_oss_sinks_change_the_logits():
+    """Negative control: without its sinks (-inf: no weight) the model's logits move, so the comparison above
+    would see sinks that were dropped."""
+    ids, mask = padded_batch("left")
+    teach = _gpt_oss("teach")
+    with torch.no_grad():
+        logits = teach(input_ids=ids, attention_mask=mask).logits
+        for layer in teach.model.layers:
             layer.self_attn.sinks.fill_(-torch.inf)  # exp(-inf) = 0: the sink takes no weight
-        without_sinks = eager(input_ids=ids, attention_mask=mask).logits
-    assert logits.isfinite().all() and (logits - without_sinks).abs().max() > 1e-3
+        without_sinks = teach(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert logits.isfinite().all() and (logits[real] - without_sinks[real]).abs().max() > 1e-3

@@ -1,6 +1,6 @@
 """The custom ops keep the schemas of flashattn_teach 0.1.0, argument for argument: exported programs name the
 ops and pass their arguments in this order; an argument added since comes last, with a default
-(``deterministic``), so that calls written for 0.1.0 still run. Each schema is built from its argument record
+(``deterministic``, ``sinks``), so that calls written for 0.1.0 still run. Each schema is built from its argument record
 (``ops/schema.py``), so a field added, renamed or moved in a record shows here, and the records round-trip
 through the ops."""
 
@@ -23,14 +23,14 @@ SCHEMAS = {
     "attention": (
         "flashattn_teach::attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? alibi_slopes, "
         "Tensor? seqlens_k, bool causal, str causal_align, float? scale, SymInt[]? window, float? softcap, "
-        "bool enable_gqa, str backend, float dropout_p=0., Tensor? dropout_seed=None, bool deterministic=False) -> "
-        "(Tensor, Tensor)"
+        "bool enable_gqa, str backend, float dropout_p=0., Tensor? dropout_seed=None, bool deterministic=False, "
+        "Tensor? sinks=None) -> (Tensor, Tensor)"
     ),
     "attention_backward": (
         "flashattn_teach::attention_backward(Tensor dO, Tensor dlse, Tensor q, Tensor k, Tensor v, Tensor? "
         "attn_mask, Tensor? alibi_slopes, Tensor? seqlens_k, bool causal, str causal_align, float? scale, "
         "SymInt[]? window, float? softcap, bool enable_gqa, str backend, float dropout_p=0., Tensor? "
-        "dropout_seed=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)"
+        "dropout_seed=None, bool deterministic=False, Tensor? sinks=None) -> (Tensor, Tensor, Tensor)"
     ),
     "attention_varlen": (
         "flashattn_teach::attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor "

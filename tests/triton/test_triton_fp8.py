@@ -86,6 +86,8 @@ CASES = {
         (2, 2, 1, 23, 50),
         False,
     ),
+    # attention sinks, one far above the scores: the state starts at the sink in both (init_state, SINKS)
+    "sinks_gqa": (dict(causal=True, sinks=torch.tensor([-1.0, 0.5, 2.0, 6.0])), (2, 4, 2, 45, 45), False),
 }
 
 

@@ -46,6 +46,7 @@ def flash_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
     q_descale: Tensor | None = None,
@@ -74,6 +75,7 @@ def flash_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
     q_descale: Tensor | None = None,
@@ -102,6 +104,7 @@ def flash_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
     q_descale: Tensor | None = None,
@@ -129,6 +132,7 @@ def flash_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
     q_descale: Tensor | None = None,
@@ -172,6 +176,11 @@ def flash_attention(
             the other masks; its tiles are classified first (:func:`flashattn_teach.create_block_mask`), so
             tiles it hides are skipped and tiles it shows whole run without it.
         block_mask: a :class:`flashattn_teach.BlockMask` instead of ``mask_mod`` (it carries its own).
+        sinks: attention sinks (GPT-OSS's ``s_aux``), ``(H_q,)``: one learned logit per query head that
+            every row's softmax counts as one more key, of value zero: ``lse_i = log(sum_j exp(S_ij) +
+            exp(sink_h))``, ``O_i = sum_j exp(S_ij - lse_i) V_j``. ``S_ij`` is the scaled, capped and biased
+            score; the sink itself is neither scaled, capped, biased nor masked. A row that sees no key gives
+            ``O = 0``, ``lse = sink_h``. Differentiable (``dsink`` in ``sinks``' dtype).
         backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
@@ -214,6 +223,7 @@ def flash_attention(
         mask_mod=mask_mod,
         block_mask=block_mask,
         descale=descale,
+        sinks=sinks,
     )
     lse_wanted = check_bool("return_lse", return_lse)
     backend = planner.public_backend(backend)

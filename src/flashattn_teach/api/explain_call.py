@@ -69,6 +69,7 @@ def explain(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     verbose: bool = False,
 ) -> Plan:
     """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
@@ -80,7 +81,8 @@ def explain(
     answer also says which backward runs (one kernel with dQ by atomics, or the deterministic two kernels,
     and why); ``deterministic`` as the call's. ``score_mod``, ``mask_mod`` and ``block_mask`` as
     :func:`flash_attention` takes them; with ``verbose`` and user functions on the Triton path the answer
-    ends with the source of the ``@triton.jit`` functions they were translated into.
+    ends with the source of the ``@triton.jit`` functions they were translated into. ``sinks`` as the call's
+    (the answer says how the backend takes them).
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 1024, 16)
@@ -113,6 +115,7 @@ def explain(
             alibi_slopes=alibi_slopes,
             dropout_p=dropout_p,
             deterministic=deterministic,
+            sinks=sinks,
         )
     else:
         opts = make_options(
@@ -134,6 +137,7 @@ def explain(
             score_mod=score_mod,
             mask_mod=mask_mod,
             block_mask=block_mask,
+            sinks=sinks,
         )
     opts = with_block_mask(opts, query.device)  # a mask_mod's tiles, classified as the call would
     p = planner.plan(query, key, value, opts, backend)
@@ -147,7 +151,20 @@ def explain(
         p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
     if opts.mask.mods is not None:
         p = Plan(p.backend, p.reason + _mods_note(p, opts, check_bool("verbose", verbose)))
+    if opts.sinks is not None:
+        p = Plan(p.backend, p.reason + _sinks_note(p))
     return p
+
+
+def _sinks_note(p: Plan) -> str:
+    """For ``explain``: how the planned backend takes attention sinks."""
+    if p.backend == "dense":
+        how = "one more score column per row, sink_h, in the softmax, dropped before P V"
+    elif p.backend == "triton":
+        how = "the forward kernel starts each row at m_i = sink_h log2(e), l_i = 1 (SINKS)"
+    else:
+        how = "each row's online softmax starts at m_i = sink_h, l_i = 1 (online_softmax.init_state)"
+    return f"; attention sinks: {how}; the backward reads them in the saved lse, dsink from lse and delta"
 
 
 def _mods_note(p: Plan, opts: AttentionOptions, verbose: bool) -> str:

@@ -59,6 +59,7 @@ def flash_attention_varlen(
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -82,6 +83,7 @@ def flash_attention_varlen(
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -105,6 +107,7 @@ def flash_attention_varlen(
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -127,6 +130,7 @@ def flash_attention_varlen(
     alibi_slopes: Tensor | None = None,
     dropout_p: float = 0.0,
     deterministic: bool = False,
+    sinks: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -156,6 +160,10 @@ def flash_attention_varlen(
             the keep mask is drawn over the packed matrix (see the module's docstring), the same on every
             backend, and drawn again by the backward.
         deterministic: a bitwise reproducible backward, as :func:`flashattn_teach.flash_attention`'s.
+        sinks: attention sinks ``(H_q,)``, one logit per query head counted in every row's softmax as a key
+            of value zero, as :func:`flashattn_teach.flash_attention`'s (``lse = sink_h`` for a row that
+            sees no key). Under ``torch.compile`` a call with sinks runs the eager path (the packed op does
+            not carry them).
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
@@ -167,12 +175,12 @@ def flash_attention_varlen(
     Returns:
         ``O`` of shape ``(total_q, H_q, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse``.
         Differentiable with respect to ``q, k, v`` by autograd. A query row that sees no key (a window
-        or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf``.
+        or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf`` (``sink_h`` with sinks).
     """
     q, k, v = cast_inputs(q, k, v)
     lse_wanted = check_bool("return_lse", return_lse)
     backend = public_backend(backend)
-    if torch.compiler.is_compiling() and traceable(None, alibi_slopes):
+    if torch.compiler.is_compiling() and sinks is None and traceable(None, alibi_slopes):
         # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
         # arguments that need no look into the bounds are checked here, as in eager mode; the op checks the
         # rest when it runs.
@@ -213,6 +221,7 @@ def flash_attention_varlen(
         alibi_slopes=alibi_slopes,
         dropout_p=dropout_p,
         deterministic=deterministic,
+        sinks=sinks,
     )
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout

@@ -69,7 +69,7 @@ def fold(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tenso
         return None
     if spec.packed is not None:
         return None
-    if opts.dropout_p > 0.0:
+    if opts.dropout_p > 0.0 or opts.sinks is not None:  # a sink per query head, as ALiBi's slope
         return None
     G = H_q // H_kv
     mask = _folded_mask(opts.attn_mask, H_q, H_kv, G)

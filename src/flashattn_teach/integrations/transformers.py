@@ -35,9 +35,15 @@ tile by tile (tiles no query sees are skipped, tiles every query sees run unmask
                                  generator)
     output_attentions=True       a warning through transformers' logging, once; None for the weights
     IGNORED_KWARGS               nothing: each is listed with why it cannot change the result
-    s_aux, sinks, indices, ...   NotImplementedError naming the keyword (attention sinks, sparse attention)
+    s_aux or sinks (GPT-OSS)     sinks: one logit per query head, (H_q,), in every row's softmax as a key
+                                 of value zero (eager's cat([scores, sinks]), softmax, drop the column)
+    indices, block_indices       NotImplementedError naming the keyword (sparse attention)
     any other keyword            AttentionTypeError naming it (None is accepted as "not given")
     output (B, N_q, H_q, D_v)    O transposed, as transformers' attention functions return it
+
+On CUDA a decode step (one query row, a mask None or showing each row one run of keys: left padding, a
+static cache's empty slots, a sliding window) runs instead as flash_attention_with_kvcache with
+cache_leftpad and cache_seqlens read from the mask, on the split-KV decode kernel (:mod:`.transformers_decode`).
 
 A query row that sees no key through a bool mask (a left-padding position) gives 0, where eager attention
 and transformers' SDPA give an average of padding values; transformers discards those rows.
@@ -52,6 +58,7 @@ from torch import Tensor
 
 from ..api.attention import flash_attention
 from ..errors import AttentionTypeError, AttentionValueError
+from .transformers_decode import decode_step_output
 
 DEFAULT_NAME = "teach"
 
@@ -88,8 +95,6 @@ IGNORED_KWARGS: frozenset[str] = frozenset(
 
 # Keywords that change the result and are not implemented here: refused by name, with what to use instead.
 _NOT_IMPLEMENTED: dict[str, str] = {
-    "s_aux": "attention sinks (GPT-OSS and others: one learned logit per head in every softmax)",
-    "sinks": "attention sinks (one learned logit per head in every softmax)",
     "indices": "sparse attention over selected keys (DeepSeek V3.2-style indexers)",
     "block_indices": "block-sparse attention over selected key blocks",
 }
@@ -130,6 +135,7 @@ def attention_forward(
             "finfo(dtype).min or -inf masked), as torch's SDPA takes; a flex BlockMask needs "
             "attn_implementation='flex_attention'"
         )
+    sinks = _sinks(kwargs.pop("s_aux", None), kwargs.pop("sinks", None))
     _refuse_unknown(kwargs)
     if kwargs.get("output_attentions", False):
         _transformers_logger().warning_once(
@@ -139,6 +145,12 @@ def attention_forward(
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
+    if position_bias is None:  # a decode step on CUDA: the split-KV decode kernel (transformers_decode.py)
+        step = decode_step_output(
+            query, key, value, attention_mask, scaling=scaling, softcap=softcap, dropout=dropout, sinks=sinks
+        )
+        if step is not None:
+            return step.transpose(1, 2).contiguous(), None
     mask = attention_mask if position_bias is None else _with_position_bias(position_bias, attention_mask)
     O = flash_attention(
         query,
@@ -150,10 +162,22 @@ def attention_forward(
         softcap=softcap,
         attn_mask=mask,
         dropout_p=dropout,
+        sinks=sinks,
         # flash-attn's keyword, as transformers' flash-attention path passes it: a reproducible backward
         deterministic=kwargs.get("deterministic") or False,
     )
     return O.transpose(1, 2).contiguous(), None  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
+
+
+def _sinks(s_aux: Tensor | None, sinks: Tensor | None) -> Tensor | None:
+    """The call's attention sinks: GPT-OSS passes ``s_aux=module.sinks``; ``sinks`` is the same under the
+    name flash-attn and this library use. Both, unless they are the same tensor, is ambiguous: refused."""
+    if s_aux is not None and sinks is not None and s_aux is not sinks:
+        raise AttentionValueError(
+            f"s_aux {tuple(s_aux.shape)} and sinks {tuple(sinks.shape)} are both given: pass the attention sinks "
+            "under one of the two names"
+        )
+    return s_aux if s_aux is not None else sinks
 
 
 def _transformers_logger() -> Any:

@@ -26,6 +26,7 @@ draws the forward's mask again (Dao et al. 2022, Alg. 4) and, where the compiled
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from .._validate.inputs import check_dropout, validate_inputs
 from ..dispatch import planner, runner
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
+from ..online_softmax import sink_grad
 from .grads import recomputed_grads, unaliased
 from .schema import op_args, op_schema, unused
 
@@ -47,7 +49,8 @@ class AttentionArgs:
     """The arguments of ``flashattn_teach::attention`` after ``q, k, v``, each in the type its schema
     declares: the masks and lengths as given, then the checked options (``scale`` None for ``1 / sqrt(D)``,
     ``window`` a list or None), then dropout's probability and seed (an int64 scalar tensor), then
-    ``deterministic`` (last, with its default, so records and call sites from before it still work)."""
+    ``deterministic`` and ``sinks`` (last, with their defaults, so records and call sites from before them still
+    work)."""
 
     attn_mask: Tensor | None
     alibi_slopes: Tensor | None
@@ -62,6 +65,7 @@ class AttentionArgs:
     dropout_p: float = 0.0
     dropout_seed: Tensor | None = None
     deterministic: bool = False
+    sinks: Tensor | None = None
 
     @staticmethod
     def of_call(
@@ -90,6 +94,7 @@ class AttentionArgs:
             dropout_p=opts.dropout_p,
             dropout_seed=dropout_seed(opts.dropout_p),
             deterministic=opts.deterministic,
+            sinks=opts.sinks,
         )
 
     def options(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionOptions:
@@ -109,6 +114,7 @@ class AttentionArgs:
             alibi_slopes=self.alibi_slopes,
             seqlens_k=self.seqlens_k,
             deterministic=self.deterministic,
+            sinks=self.sinks,
         )
         if opts.dropout_p > 0.0 and self.dropout_seed is None:
             raise AttentionValueError(f"dropout_p={self.dropout_p} needs a dropout_seed (an int64 tensor)")
@@ -178,17 +184,33 @@ def _attention_backward_fake(dO: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
     q, k, v, *args = inputs
     a = AttentionArgs(*args)
-    ctx.save_for_backward(q, k, v, a.attn_mask, a.alibi_slopes, a.seqlens_k, a.dropout_seed)
+    # O and lse only with sinks, whose gradient is computed from them (online_softmax.sink_grad)
+    O, lse = output if a.sinks is not None else (None, None)
+    ctx.save_for_backward(q, k, v, a.attn_mask, a.alibi_slopes, a.seqlens_k, a.dropout_seed, a.sinks, O, lse)
     ctx.args = a
 
 
 def _backward(ctx: Any, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:
-    q, k, v, attn_mask, alibi_slopes, seqlens_k, dropout_seed = ctx.saved_tensors
+    q, k, v, attn_mask, alibi_slopes, seqlens_k, dropout_seed, sinks, O, lse = ctx.saved_tensors
     a: AttentionArgs = ctx.args
-    saved = {"attn_mask": attn_mask, "alibi_slopes": alibi_slopes, "seqlens_k": seqlens_k, "dropout_seed": dropout_seed}
+    saved = {
+        "attn_mask": attn_mask,
+        "alibi_slopes": alibi_slopes,
+        "seqlens_k": seqlens_k,
+        "dropout_seed": dropout_seed,
+        "sinks": sinks,
+    }
     args = op_args(AttentionArgs(**{**a.__dict__, **saved}))
     grads = attention_backward(dO, dlse, q, k, v, *args)
-    return (*grads, *unused(AttentionArgs))  # no gradient into masks, slopes, lengths, options or the seed
+    # no gradient into masks, slopes, lengths, options or the seed; the sinks' is O(B H N) torch ops on the
+    # forward's O and lse, traced into the graph (the backward op recomputes q, k, v's only)
+    rest: list[Tensor | None] = list(unused(AttentionArgs))
+    if sinks is not None and ctx.needs_input_grad[3 + _SINKS_FIELD]:
+        rest[_SINKS_FIELD] = sink_grad(sinks, lse, O, dO, dlse)
+    return (*grads, *rest)
+
+
+_SINKS_FIELD = [f.name for f in dataclasses.fields(AttentionArgs)].index("sinks")
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

@@ -20,7 +20,7 @@ from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_group
 from .._options import AttentionOptions
 from ..errors import BackendUnavailableError
 from ..flex.mods import CaptureGrads
-from ..online_softmax import score_tile, whole_row
+from ..online_softmax import score_tile, sink_grad, whole_row
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
@@ -33,10 +33,21 @@ ORDERS = (*FORWARDS, "parallel")
 
 
 def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The forward of one loop order, its tiling bound in: call it with ``(q, k, v, scale=...)``."""
+    """The forward of one loop order, its tiling and sinks bound in: call it with ``(q, k, v, scale=...)``."""
+    sink = grouped_sink(opts)
     if order == "parallel":
-        return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n))
-    return functools.partial(FORWARDS[order], tiling=opts.mask.tiling(block_m, block_n), dropout=opts.dropout)
+        return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n), sink=sink)
+    tiling = opts.mask.tiling(block_m, block_n)
+    return functools.partial(FORWARDS[order], tiling=tiling, dropout=opts.dropout, sink=sink)
+
+
+def grouped_sink(opts: AttentionOptions) -> Tensor | None:
+    """The call's sinks ``(H_q,)`` as ``(H_kv, G, 1)`` in the compute dtype, to broadcast against the grouped
+    rows ``(B, H_kv, G, Br)`` (query head ``h_kv G + g``, as ``_layout.to_grouped`` orders them)."""
+    if opts.sinks is None:
+        return None
+    s = opts.shapes
+    return opts.sinks.to(compute_dtype(opts.sinks.dtype)).reshape(s.H_kv, s.group, 1)
 
 
 def _backward(
@@ -67,6 +78,8 @@ def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, bloc
     dropout) on inputs whose heads broadcast as they stand (``H_kv`` is ``H_q`` or 1, one batch shape)."""
     s, spec = opts.shapes, opts.mask
     if not (0 < s.N_k <= block_n and s.N_q <= block_m) or spec.causal or opts.dropout_p > 0.0:
+        return False
+    if opts.sinks is not None:  # whole_row starts from m = -inf; the loop starts each row at its sink
         return False
     if spec.variants and spec.variants != ("softcap",):
         return False
@@ -115,26 +128,32 @@ class TiledAttentionFunction(torch.autograd.Function):
         order: str,
         block_m: int,
         block_n: int,
+        sinks: Tensor | None,
         *captures: Tensor,
     ) -> tuple[Tensor, Tensor]:
+        # sinks: the call's attention sinks (opts.sinks), an input so that autograd gives them dsink.
         # captures: the score_mod's captured tensors that require grad, inputs here so that autograd gives
         # them the backward's gradients; the forward reads them through the function itself
+        opts = opts if sinks is None else opts.with_sinks(sinks)
         return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        q, k, v, opts, order, block_m, block_n, *captures = inputs
+        q, k, v, opts, order, block_m, block_n, sinks, *captures = inputs
         ctx.n_captures = len(captures)
         O, lse = output
-        ctx.save_for_backward(q, k, v, O, lse)
-        ctx.save_for_forward(q, k, v, O, lse)
+        ctx.save_for_backward(q, k, v, O, lse, sinks)
+        ctx.save_for_forward(q, k, v, O, lse, sinks)
         ctx.opts, ctx.order, ctx.blocks = opts, order, (block_m, block_n)
 
     @staticmethod
     def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, v, O, lse = ctx.saved_tensors
+        q, k, v, O, lse, sinks = ctx.saved_tensors
         opts: AttentionOptions = ctx.opts
         s = opts.shapes
+        # The backward's loops need no sink: P_ij = exp(S_ij - lse_i) with the saved lse (sink included)
+        # is the forward's weight, and the sink's own gradient comes from lse and delta alone.
+        dsink = sink_grad(sinks, lse, O, dO, dlse) if sinks is not None and ctx.needs_input_grad[7] else None
         qg, kg, vg = to_grouped(q, k, v, s)
         dt = qg.dtype
         Og, lseg = rows_to_grouped(O, s, dt), rows_to_grouped(lse, s, dt)
@@ -155,11 +174,12 @@ class TiledAttentionFunction(torch.autograd.Function):
             )
         captured = () if grads is None else grads.values()
         dqkv = grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)
-        return (*dqkv, None, None, None, None, *captured)
+        return (*dqkv, None, None, None, None, dsink, *captured)
 
     @staticmethod
-    def jvp(ctx: Any, tq: Tensor | None, tk: Tensor | None, tv: Tensor | None, *_: Any) -> tuple[Tensor, Tensor]:
-        q, k, v, O, lse = ctx.saved_tensors
+    def jvp(ctx: Any, tq: Tensor | None, tk: Tensor | None, tv: Tensor | None, *rest: Any) -> tuple[Tensor, Tensor]:
+        q, k, v, O, lse, sinks = ctx.saved_tensors
+        tsink = rest[4] if len(rest) > 4 else None  # after opts, order, block_m, block_n
         opts: AttentionOptions = ctx.opts
         if opts.mask.mods is not None and opts.mask.mods.score_mod is not None:
             raise BackendUnavailableError(
@@ -190,4 +210,12 @@ class TiledAttentionFunction(torch.autograd.Function):
                 tiling=opts.mask.tiling(block_m, block_n),
                 dropout=opts.dropout,
             )
-        return from_grouped(tO, s).to(O.dtype), lse_from_grouped(tlse, s)
+        tO_u, tlse_u = from_grouped(tO, s), lse_from_grouped(tlse, s)
+        if sinks is not None and tsink is not None:
+            # lse_i moves by p_i tsink_h (p_i = exp(sink_h - lse_i)), and O_i = sum_j exp(S_ij - lse_i) V_j by
+            # -O_i times that: the sink's tangent enters through lse alone (see online_softmax.sink_grad)
+            t = tsink.to(lse.dtype).reshape(-1, 1) if lse.dim() >= 2 else tsink.to(lse.dtype)
+            dl = torch.where(torch.isneginf(lse), 0.0, torch.exp(sinks.to(lse.dtype).reshape(t.shape) - lse)) * t
+            tlse_u = tlse_u + dl
+            tO_u = tO_u - O.to(tO_u.dtype) * dl.unsqueeze(-1).to(tO_u.dtype)
+        return tO_u.to(O.dtype), tlse_u

@@ -49,6 +49,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
 
@@ -72,6 +73,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
 
@@ -95,6 +97,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
@@ -117,6 +120,7 @@ def dense_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
@@ -154,12 +158,14 @@ def dense_attention(
             every backend draws the same mask for the same key. Not applied to ``lse``.
         score_mod, mask_mod, block_mask: FlexAttention's user functions (:mod:`flashattn_teach.flex.mods`),
             evaluated here once on the whole ``N_q x N_k`` grid and differentiated by ordinary autograd.
+        sinks: attention sinks ``(H_q,)``: one more score column per row, ``sink_h``, in the softmax, dropped
+            before ``P V`` (GPT-OSS's eager attention); differentiated by ordinary autograd.
         return_lse: also return ``lse``.
 
     Returns:
         ``O`` of shape ``(..., H_q, N_q, D_v)`` in ``q``'s dtype, and with ``return_lse`` also ``lse`` of
         shape ``(..., H_q, N_q)`` in the compute dtype (float64 for float64 inputs, else float32).
-        A query row that sees no key gets ``O = 0`` and ``lse = -inf``.
+        A query row that sees no key gets ``O = 0`` and ``lse = -inf`` (``sink_h`` with sinks).
     """
     q, k, v = cast_inputs(q, k, v)
     opts = make_options(
@@ -179,6 +185,7 @@ def dense_attention(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        sinks=sinks,
     )
     O, lse = dense_forward(q, k, v, opts.with_dropout())
     return (O, lse) if check_bool("return_lse", return_lse) else O
@@ -211,12 +218,19 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         if allowed is not None:
             S = S.masked_fill(~allowed, float("-inf"))
 
+        if opts.sinks is not None:
+            # Attention sinks (GPT-OSS): one more column, sink_h, in every row of head h; softmax over the
+            # row with it, then drop it, so the keys' weights sum to 1 - exp(sink_h - lse_i).
+            S = torch.cat([S.expand(s.score_shape), _sink_column(opts.sinks, s.score_shape, dt)], dim=-1)
+
         # Rows with no visible key: softmax over all -inf is NaN, but the defined answer is O = 0, lse = -inf.
         # Give those rows harmless scores, then zero them, so neither value nor gradient becomes NaN.
         empty = torch.isneginf(S).all(dim=-1, keepdim=True)  # (..., N_q, 1)
         S_safe = S.masked_fill(empty, 0.0)
         lse = torch.logsumexp(S_safe, dim=-1)  # (..., N_q)
-        P = torch.softmax(S_safe, dim=-1).masked_fill(empty, 0.0)  # (..., N_q, N_k)
+        P = torch.softmax(S_safe, dim=-1).masked_fill(empty, 0.0)  # (..., N_q, N_k), or N_k + 1 with sinks
+        if opts.sinks is not None:
+            P = P[..., :-1]  # the sink has no value: its weight reaches no V
         key = opts.dropout
         if key.p > 0.0:
             # Every (batch element, head) draws its own mask: P gets all of the score shape first (q and k may
@@ -229,3 +243,10 @@ def dense_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tu
         O = torch.matmul(P, vc)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
         lse = lse.masked_fill(empty.squeeze(-1), float("-inf"))
     return O.expand(s.out_shape).to(q.dtype), lse.expand(s.lse_shape)
+
+
+def _sink_column(sinks: Tensor, score_shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """``sinks (H_q,)`` as a column of the scores, ``(*batch, H_q, N_q, 1)`` (a 2-D call's one sink as
+    ``(N_q, 1)``), in the compute dtype and differentiable."""
+    col = sinks.to(dtype).reshape(-1, 1, 1) if len(score_shape) > 2 else sinks.to(dtype).reshape(1, 1)
+    return col.expand(*score_shape[:-1], 1)

@@ -58,10 +58,12 @@ def fp8_forward(
     tiling = opts.mask.tiling(block_m, block_n)
     softcap = opts.mask.softcap
     lead = qg.shape[:-2]
+    # attention sinks (H_q,) -> (1, H_kv, G, 1): each row's state starts at its head's sink (init_state)
+    sink = None if opts.sinks is None else opts.sinks.to(torch.float32).reshape(1, H_kv, G, 1)
     O_blocks, lse_blocks = [qg.new_empty((*lead, 0, s.D_v))], [qg.new_empty((*lead, 0))]
     for i, (r0, r1) in enumerate(tiling.row_blocks):  # query block i
         q_i = qg[..., r0:r1, :]  # (B, H_kv, G, Br, D)
-        m_i, l_i, acc = init_state((*lead, r1 - r0), s.D_v, dtype=torch.float32, device=q.device)
+        m_i, l_i, acc = init_state((*lead, r1 - r0), s.D_v, dtype=torch.float32, device=q.device, sink=sink)
         for j in tiling.key_blocks(i):  # key block j, tiles no row sees left out
             c0, c1 = tiling.col_blocks[j]
             allowed, bias = tiling.tile(i, j, q.device)

@@ -24,10 +24,18 @@ from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
 def key_major_forward(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling, dropout: DropoutKey = NO_DROPOUT
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    tiling: Tiling,
+    dropout: DropoutKey = NO_DROPOUT,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Same contract as :func:`query_major_forward` (grouped layout), same results (the same dropout mask
-    too: it is drawn by each weight's place, not by the loop order), other loop order."""
+    """Same contract as :func:`query_major_forward` (grouped layout; ``sink (H_kv, G, 1)``), same results
+    (the same dropout mask too: it is drawn by each weight's place, not by the loop order), other loop
+    order."""
     lead = q.shape[:-2]
     D_v = v.shape[-1]
     N_q, N_k = q.shape[-2], k.shape[-2]
@@ -35,7 +43,7 @@ def key_major_forward(
     bh = grouped_heads(q)  # (B, H_kv, G, 1, 1): b * H_q + h, the dropout's head index
     row_blocks = tiling.row_blocks
     # The "HBM" copies of each query block's running state (Alg. 1 line 2): (m_i, l_i, O_i).
-    hbm = [init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device) for r0, r1 in row_blocks]
+    hbm = [init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device, sink=sink) for r0, r1 in row_blocks]
     for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j = k[..., c0:c1, :], v[..., c0:c1, :]  # (B, H_kv, 1, Bc, D), (B, H_kv, 1, Bc, D_v)
         for i in tiling.query_blocks(j):  # query block i; rows that see none of this block are left out

@@ -25,8 +25,9 @@ def tiled_attention(
     A call that no derivative can reach runs the forward alone, without the autograd function's
     bookkeeping (a few tens of microseconds, most of a small call's host time)."""
     captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
-    if _differentiable(q, k, v, *captures):
-        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, *captures)
+    sinks = () if opts.sinks is None else (opts.sinks,)
+    if _differentiable(q, k, v, *sinks, *captures):
+        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, opts.sinks, *captures)
         return O, lse
     return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
 
@@ -59,6 +60,7 @@ def _public(
     score_mod: ScoreMod | None,
     mask_mod: MaskMod | None,
     block_mask: BlockMask | None,
+    sinks: Tensor | None,
     block_m: int,
     block_n: int,
     return_lse: bool,
@@ -81,6 +83,7 @@ def _public(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        sinks=sinks,
     )
     block_m, block_n = validate_block_sizes(block_m, block_n)
     O, lse = tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
@@ -106,6 +109,7 @@ def online_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -131,6 +135,7 @@ def online_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -156,6 +161,7 @@ def online_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -180,6 +186,7 @@ def online_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -201,6 +208,8 @@ def online_attention(
             (the same mask for the same key; drawn tile by tile, and again in the backward, never stored).
         score_mod, mask_mod, block_mask: FlexAttention's user functions, as
             :func:`flashattn_teach.flash_attention` takes them, run on each tile's index tensors.
+        sinks: attention sinks ``(H_q,)``, as :func:`flashattn_teach.flash_attention` takes them: each row's
+            state starts at its head's sink (``m = sink_h``, ``l = 1``), so ``lse`` includes it.
         block_m, block_n: query and key tile sizes (``Br``, ``Bc`` in the papers); any sizes >= 1, they
             need not divide N.
         return_lse: also return ``lse = m + log l`` of shape ``(..., H_q, N_q)``.
@@ -230,6 +239,7 @@ def online_attention(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        sinks=sinks,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,
@@ -255,6 +265,7 @@ def key_major_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[False] = False,
@@ -280,6 +291,7 @@ def key_major_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: Literal[True],
@@ -305,6 +317,7 @@ def key_major_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -329,6 +342,7 @@ def key_major_attention(
     score_mod: ScoreMod | None = None,
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
+    sinks: Tensor | None = None,
     block_m: int = DEFAULT_BLOCK_M,
     block_n: int = DEFAULT_BLOCK_N,
     return_lse: bool = False,
@@ -356,6 +370,7 @@ def key_major_attention(
         score_mod=score_mod,
         mask_mod=mask_mod,
         block_mask=block_mask,
+        sinks=sinks,
         block_m=block_m,
         block_n=block_n,
         return_lse=return_lse,

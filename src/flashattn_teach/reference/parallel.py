@@ -89,9 +89,11 @@ def parallel_forward(
     workers: int,
     mask: MaskSpec | None = None,
     dropout: DropoutKey = NO_DROPOUT,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Grouped layout in, grouped layout out, as ``query_major_forward``: ``q (B, H_kv, G, N_q, D)``,
-    ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``,
+    """Grouped layout in, grouped layout out, as ``query_major_forward`` (``sink (H_kv, G, 1)`` too):
+    ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` ->
+    ``O (B, H_kv, G, N_q, D_v)``,
     ``lse (B, H_kv, G, N_q)``. ``mask`` is the call's mask contract (``make_options`` builds it from the same
     ``causal`` and ``causal_align``); without it, the mask is causal masking alone. ``dropout`` is the
     call's key (none by default)."""
@@ -110,9 +112,11 @@ def parallel_forward(
         for b, h, g in heads
         for i0, i1 in _split(row_blocks, parts)
     ]
+    sinks = None if sink is None else sink.reshape(H_kv * G)  # query head h_kv G + g's sink
 
     def task(q, k, v, O, lse, i0, i1, b, h):
-        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h, dropout, b * H_kv * G + h)
+        head_sink = None if sinks is None else sinks[h]
+        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h, dropout, b * H_kv * G + h, head_sink)
 
     run_tasks(task, tasks, inline=inline, workers=workers)
     return O, lse
@@ -142,10 +146,12 @@ def _forward_rows(
     h: int,
     dropout: DropoutKey,
     bh: int,
+    sink: Tensor | None = None,
 ) -> None:
     """FA2 Alg. 1 for query blocks ``[i0, i1)`` of one head (batch element ``b``, query head ``h``; ``bh`` is
-    ``b * H_q + h``, the dropout's head index): ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those
-    rows of ``O (N_q, D_v)`` and ``lse (N_q,)``."""
+    ``b * H_q + h``, the dropout's head index; ``sink`` its attention sink, a 0-d tensor, or None):
+    ``q (N_q, D)``, ``k (N_k, D)``, ``v (N_k, D_v)``; writes those rows of ``O (N_q, D_v)`` and
+    ``lse (N_q,)``."""
     if i0 >= i1:
         return
     D_v = v.shape[-1]
@@ -157,7 +163,7 @@ def _forward_rows(
     S_buf = q.new_empty(min(tiling.block_m, r_end - r_start) * min(tiling.block_n, k.shape[0]))
     for i in range(i0, i1):  # query block i
         r0, r1 = tiling.row_blocks[i]
-        m_i, l_i, acc = init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device)
+        m_i, l_i, acc = init_state((r1 - r0,), D_v, dtype=q.dtype, device=q.device, sink=sink)
         for j in tiling.key_blocks(i, b=b, h=h):  # key block j; tiles this head sees nothing of are left out
             c0, c1 = tiling.col_blocks[j]
             # Rows outside the ones that may see key block j see nothing of it, and folding in a fully masked

@@ -25,11 +25,19 @@ from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
 def query_major_forward(
-    q: Tensor, k: Tensor, v: Tensor, *, scale: float, tiling: Tiling, dropout: DropoutKey = NO_DROPOUT
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    tiling: Tiling,
+    dropout: DropoutKey = NO_DROPOUT,
+    sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Grouped layout in, grouped layout out: ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``,
     ``v (B, H_kv, 1, N_k, D_v)`` -> ``O (B, H_kv, G, N_q, D_v)``, ``lse (B, H_kv, G, N_q)``; ``dropout`` is
-    the call's key (none by default)."""
+    the call's key (none by default); ``sink (H_kv, G, 1)`` the attention sinks of the query heads, each
+    row's first "key" (``online_softmax.init_state``)."""
     lead = q.shape[:-2]
     D_v = v.shape[-1]
     N_q, N_k = q.shape[-2], k.shape[-2]
@@ -38,7 +46,7 @@ def query_major_forward(
     O_blocks, lse_blocks = [q.new_empty((*lead, 0, D_v))], [q.new_empty((*lead, 0))]
     for i, (r0, r1) in enumerate(tiling.row_blocks):  # query block i
         q_i = q[..., r0:r1, :]  # (B, H_kv, G, Br, D)
-        m_i, l_i, acc = init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device)
+        m_i, l_i, acc = init_state((*lead, r1 - r0), D_v, dtype=q.dtype, device=q.device, sink=sink)
         for j in tiling.key_blocks(i):  # key block j, SKIP tiles left out
             c0, c1 = tiling.col_blocks[j]
             allowed, bias = tiling.tile(i, j, q.device)  # None, None for a FULL tile without bias

@@ -35,6 +35,7 @@ from .._validate.inputs import check_bool
 from ..dropout import DropoutKey, draw
 from ..errors import AttentionError, AttentionTypeError, AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, check_backward_config, shipped_config
+from .devices import needs_grad
 from .support import shapes_unsupported_reason, triton_installed, unsupported_reason, variants_unsupported_reason
 from .variants import KernelVariants
 from .varlen import triton_attention_varlen
@@ -184,15 +185,15 @@ def triton_forward(
             causal=opts.causal,
             causal_align=opts.causal_align,
             enable_gqa=opts.enable_gqa,
-            backward=launch.needs_grad(q, k, v),
+            backward=needs_grad(q, k, v),
         )
     elif config is None:
         config = launch.default_config(q, s, variants)
     elif not isinstance(config, AttentionConfig):
         raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
-    if launch.needs_grad(q, k, v):
+    if needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
     )
     return O, lse

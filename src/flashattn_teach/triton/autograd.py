@@ -1,6 +1,7 @@
 """Autograd glue: the fused forward and the backward kernels as one differentiable function.
 
-Saved for backward: ``q, k, v, O, lse`` only (O(N) memory); ``P`` is recomputed by the backward kernels.
+Saved for backward: ``q, k, v, O, lse`` only (O(N) memory, and the attention sinks, ``(H_q,)``); ``P`` is
+recomputed by the backward kernels, and ``dsink`` comes from ``lse`` and ``delta``.
 The function has the ``setup_context`` form (a ``forward`` without ``ctx``), so ``torch.func.vjp`` sees
 through it. Caveats: there is no vmap rule, and ``torch.func.grad`` fails, because inside that transform
 the backward receives functorch's wrapper tensors, whose storage a Triton launch cannot read.
@@ -19,6 +20,7 @@ from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
+from ..online_softmax import sink_grad
 from .configs import AttentionConfig
 from .launch import backward as launch_backward
 from .launch import default_config, to_4d
@@ -78,10 +80,11 @@ class TritonAttentionFunction(torch.autograd.Function):
         config: AttentionConfig,
         variants: KernelVariants = PLAIN,
         deterministic: bool = False,
+        sinks: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
         o4, lse3 = launch_forward(
-            q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config, variants=variants
+            q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config, variants=variants, sinks=sinks
         )
         # (B, H_q, N_q, D_v) -> (*batch, H_q, N_q, D_v): a view, as is the lse's
         return o4.reshape(s.out_shape), lse3.reshape(s.lse_shape)
@@ -90,7 +93,8 @@ class TritonAttentionFunction(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
         q, k, v, s, causal, causal_align, config, *rest = inputs
         O, lse = output
-        ctx.save_for_backward(q, k, v, O, lse)
+        sinks = rest[2] if len(rest) > 2 else None
+        ctx.save_for_backward(q, k, v, O, lse, sinks)
         ctx.shapes = s
         ctx.causal = causal
         ctx.causal_align = causal_align
@@ -103,8 +107,12 @@ class TritonAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, v, O, lse = ctx.saved_tensors
+        q, k, v, O, lse, sinks = ctx.saved_tensors
         s: AttentionShapes = ctx.shapes
+        # The kernels need no sink: they recompute P_ij = exp(S_ij - lse_i) from the saved lse, which holds
+        # it; the sink's own gradient is O(B H N) work on lse and delta (online_softmax.sink_grad).
+        wants_dsink = sinks is not None and len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
+        dsink = sink_grad(sinks, lse, O, dO, dlse) if wants_dsink else None
         q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
         o4 = to_4d(O, s, s.H_q)
         lse3 = lse.reshape(o4.shape[:3])  # (B, H_q, N_q)
@@ -136,7 +144,10 @@ class TritonAttentionFunction(torch.autograd.Function):
         dq = grad_to_input(dq4.unsqueeze(2), q, s)
         dk = grad_to_input(dk4.unsqueeze(2), k, s)
         dv = grad_to_input(dv4.unsqueeze(2), v, s)
-        return (dq, dk, dv) + (None,) * (len(ctx.needs_input_grad) - 3)
+        grads = [dq, dk, dv] + [None] * (len(ctx.needs_input_grad) - 3)
+        if dsink is not None:
+            grads[9] = dsink  # after s, causal, causal_align, config, variants, deterministic
+        return tuple(grads)
 
 
 def _captures(variants: KernelVariants) -> list[Tensor]:

@@ -21,7 +21,7 @@ from torch import Tensor
 from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
 from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, check_backward_config, shipped_config
-from .launch import device_reason, shape_reason
+from .devices import device_reason, shape_reason
 
 Timer = Callable[[Callable[[], object]], float]
 

@@ -15,7 +15,8 @@ from torch import Tensor
 from .._options import AttentionOptions
 from ..errors import AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, block_d
-from .launch import device_reason, to_4d
+from .devices import device_reason
+from .launch import to_4d
 from .support import triton_reason
 from .variants import NO_DROPOUT, KernelVariants
 
@@ -106,4 +107,5 @@ def triton_fp8_forward(
         config=config,
         variants=variants,
         descale=opts.descale,
+        sinks=opts.sinks,
     )

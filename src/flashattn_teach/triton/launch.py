@@ -7,8 +7,6 @@ leading dimensions allow it: a ``(B, N, H, D)`` tensor transposed to ``(B, H, N,
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
@@ -18,8 +16,6 @@ from .._validate.inputs import AttentionShapes
 from ..errors import AttentionValueError
 from ..masks.causal import diagonal_offset
 from .configs import (
-    DTYPES,
-    MIN_HEAD_DIM,
     TEST_CONFIG,
     AttentionConfig,
     arch_of,
@@ -28,45 +24,10 @@ from .configs import (
     dot_precision,
     fused_backward,
     lane_groups,
-    max_head_dim,
     shipped_config,
 )
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .variants import PLAIN, KernelVariants
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def device_reason(t: Tensor) -> str | None:
-    """Why a tensor's device cannot run the Triton kernels, or None."""
-    if t.device.type == "cuda":
-        return None
-    if t.device.type == "cpu" and interpreting():
-        return None
-    return f"the Triton kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {t.device}"
-
-
-def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
-    """Why a dtype or head dimension is outside what the shipped kernels support, or None."""
-    if q.dtype not in DTYPES:
-        return f"the Triton kernels support float16, bfloat16 and float32, got {q.dtype}"
-    top = max_head_dim(q.dtype, backward=needs_grad)
-    for name, d in (("D", s.D), ("D_v", s.D_v)):
-        if not MIN_HEAD_DIM <= d <= top:
-            what = "forward and backward" if needs_grad else "forward"
-            return (
-                f"the Triton {what} for {str(q.dtype).removeprefix('torch.')} supports head dimensions "
-                f"{MIN_HEAD_DIM} to {top}, got {name}={d}"
-            )
-    return None
-
-
-def needs_grad(*tensors: Tensor) -> bool:
-    """Whether autograd will ask for the backward of a call on these tensors."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def default_config(q: Tensor, s: AttentionShapes, variants: KernelVariants = PLAIN) -> AttentionConfig:
@@ -138,11 +99,13 @@ def forward(
     config: AttentionConfig,
     variants: KernelVariants = PLAIN,
     descale: Fp8Descale | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
     (a window carries causal in its right side, so ``causal`` is then ignored). ``descale``: an FP8 call's
-    factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16, as FA3's."""
+    factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16, as FA3's.
+    ``sinks (H_q,)``: attention sinks, read in fp32 (``lse`` includes them)."""
     import triton
 
     from .kernels.forward import LOG2E, attn_fwd
@@ -193,6 +156,7 @@ def forward(
         *variants.args(lse),
         *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         *(descale.kernel_args() if descale is not None else (lse, lse, lse, 0, 0)),  # lse: placeholders
+        lse if sinks is None else sinks.to(torch.float32).contiguous(),  # SINK: a placeholder when unused
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -220,6 +184,7 @@ def forward(
         KINDS=variants.has_kinds,
         LISTED=variants.has_kinds,
         FP8=fp8,
+        SINKS=sinks is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

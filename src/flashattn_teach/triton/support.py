@@ -17,7 +17,8 @@ from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
 from .configs import DTYPES, _triton_version, max_head_dim
-from .launch import default_config, device_reason, needs_grad, shape_reason, to_4d
+from .devices import device_reason, needs_grad, shape_reason
+from .launch import default_config, to_4d
 from .tma import forward_tile, launch_tile, ws_reason
 from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
 

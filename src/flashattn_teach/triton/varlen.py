@@ -41,7 +41,8 @@ def triton_varlen_forward(
     ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
     from .autograd import TritonAttentionFunction
     from .configs import check_backward_config
-    from .launch import default_config, needs_grad
+    from .devices import needs_grad
+    from .launch import default_config
 
     if not triton_installed():
         raise AttentionError("backend='triton' needs the triton package, which is not installed")
@@ -64,7 +65,7 @@ def triton_varlen_forward(
     if needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
     O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic
+        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
     )
     return O, lse
 

@@ -108,7 +108,7 @@ def capture(arch: str) -> Iterator[list[CompileRequest]]:
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    from ..launch import interpreting
+    from ..devices import interpreting
 
     if interpreting():
         raise RuntimeError("capturing the JIT's specialisation needs TRITON_INTERPRET unset (it is set here)")

@@ -138,6 +138,7 @@ def attn_fwd(
     V_DESCALE,
     stride_descale_b,
     stride_descale_h,
+    SINK,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -164,6 +165,7 @@ def attn_fwd(
     LISTED: tl.constexpr = False,
     FP8: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    SINKS: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
 
@@ -191,6 +193,9 @@ def attn_fwd(
     ``TILE_LIST``, :func:`flashattn_teach.triton.variants.tile_list` of those kinds, read at ``b *
     stride_list_b + h * stride_list_h + i * stride_list_m``: a SKIP tile takes no iteration. The launcher
     passes none of them with ``VARLEN`` or ``WS``.
+
+    ``SINKS``: attention sinks, ``SINK (H_q,)`` fp32, one logit per query head in the units of the scaled
+    scores (:mod:`flashattn_teach._validate.sinks`): each row's state starts with it as a key of value 0.
 
     ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
     ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
@@ -309,8 +314,14 @@ def attn_fwd(
             q2 = (q2.to(tl.uint8, bitcast=True) ^ flip).to(q2.dtype, bitcast=True)
         qk_scale = tl.abs(qk_scale)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SINKS:
+        # the sink as the row's first key, of score sink_h and value 0 (online_softmax.init_state): m_i is
+        # sink_h in log2 units and l_i = exp2(m_i - m_i) = 1; the loop and the epilogue are unchanged
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINK + h) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     MASK_head = ATTN_MASK + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
     n_keys = N_k  # the keys that exist for this batch element
@@ -384,7 +395,8 @@ def attn_fwd(
         )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
-    # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf.
+    # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf (with SINKS, l_i = 1 and
+    # lse = sink_h).
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     if FP8:

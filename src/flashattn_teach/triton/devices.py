@@ -1,0 +1,47 @@
+"""Whether the Triton kernels can run a call at all: the device (CUDA, or the CPU under ``TRITON_INTERPRET=1``),
+the dtype and head dimension the shipped kernels take, and whether autograd will want the backward. The
+launchers, :mod:`.support` and :mod:`.autotune` ask these before anything is launched."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .._validate.inputs import AttentionShapes
+from .configs import DTYPES, MIN_HEAD_DIM, max_head_dim
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_reason(t: Tensor) -> str | None:
+    """Why a tensor's device cannot run the Triton kernels, or None."""
+    if t.device.type == "cuda":
+        return None
+    if t.device.type == "cpu" and interpreting():
+        return None
+    return f"the Triton kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {t.device}"
+
+
+def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
+    """Why a dtype or head dimension is outside what the shipped kernels support, or None."""
+    if q.dtype not in DTYPES:
+        return f"the Triton kernels support float16, bfloat16 and float32, got {q.dtype}"
+    top = max_head_dim(q.dtype, backward=needs_grad)
+    for name, d in (("D", s.D), ("D_v", s.D_v)):
+        if not MIN_HEAD_DIM <= d <= top:
+            what = "forward and backward" if needs_grad else "forward"
+            return (
+                f"the Triton {what} for {str(q.dtype).removeprefix('torch.')} supports head dimensions "
+                f"{MIN_HEAD_DIM} to {top}, got {name}={d}"
+            )
+    return None
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd will ask for the backward of a call on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
