@@ -48,7 +48,8 @@ SCHEMAS = {
     "attention_with_kvcache": (
         "flashattn_teach::attention_with_kvcache(Tensor q, Tensor(a1!) k_cache, Tensor(a2!) v_cache, Tensor? "
         "k, Tensor? v, Tensor cache_seqlens, Tensor? alibi_slopes, bool causal, float? scale, SymInt[]? "
-        "window, float? softcap, SymInt num_splits, str backend, ScalarType? autocast) -> (Tensor, Tensor)"
+        "window, float? softcap, SymInt num_splits, str backend, ScalarType? autocast, Tensor? block_table=None, "
+        "Tensor? cache_leftpad=None, Tensor? sinks=None) -> (Tensor, Tensor)"
     ),
 }
 
