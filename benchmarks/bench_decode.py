@@ -15,6 +15,8 @@ Providers (``provider``):
 - ``ours``: ``flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=...)``, ``num_splits=0`` (the
   split count the library picks from the SM count, in ``splits``): the Triton decode kernel on CUDA;
 - ``ours-1split``: the same with ``num_splits=1`` (one program per batch element and key/value head);
+- ``ours-paged16``, ``ours-paged256``: the same keys in a paged pool (``block_table``, pages of 16 or 256 keys,
+  head-major ``(num_blocks, H_kv, page_size, D)``, the pages in a shuffled order), ``num_splits=0``;
 - ``sdpa``: ``F.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)`` with no mask, one call
   over the whole cache: SDPA's best case, possible here only because every cache is full;
 - ``sdpa-mask``: the same call with the bool key-padding mask ``(B, 1, 1, N)`` built from ``cache_seqlens``,
@@ -47,7 +49,7 @@ if importlib.util.find_spec("flashattn_teach") is None:  # not installed: run fr
 
 from _machine import machine_info  # noqa: E402
 
-PROVIDERS = ("ours", "ours-1split", "sdpa", "sdpa-mask")
+PROVIDERS = ("ours", "ours-1split", "ours-paged16", "ours-paged256", "sdpa", "sdpa-mask")
 CSV_COLUMNS = (
     "batch",
     "cache",
@@ -97,6 +99,9 @@ def provider_call(provider: str, s: Shape, q, k_cache, v_cache, lengths) -> Call
 
     import flashattn_teach as fa
 
+    if provider.startswith("ours-paged"):
+        k_pool, v_pool, table = paged(k_cache, v_cache, int(provider.removeprefix("ours-paged")))
+        return lambda: fa.flash_attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, block_table=table)
     if provider.startswith("ours"):
         splits = 1 if provider == "ours-1split" else 0
         return lambda: fa.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits)
@@ -107,6 +112,26 @@ def provider_call(provider: str, s: Shape, q, k_cache, v_cache, lengths) -> Call
     keys = torch.arange(s.cache, device=q.device)
     mask = (keys[None, :] < lengths[:, None])[:, None, None]  # (B, 1, 1, N): True where a key is valid
     return lambda: F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+
+
+def paged(k_cache, v_cache, page_size: int):
+    """The caches ``(B, H_kv, N, D)`` as pools of pages ``(B N / page_size, H_kv, page_size, D)`` in a shuffled
+    order, and the block table ``(B, N / page_size)`` int32 that finds them: the same keys, paged."""
+    import torch
+
+    B, H_kv, N, _ = k_cache.shape
+    per_row = N // page_size
+    order = torch.randperm(B * per_row, generator=torch.Generator().manual_seed(0)).to(k_cache.device)
+    table = order.reshape(B, per_row).to(torch.int32)  # page j of row b sits at block table[b, j]
+    pools = []
+    for cache in (k_cache, v_cache):
+        # (B, H_kv, N, D) -> (B, H_kv, per_row, page_size, D) -> (B per_row, H_kv, page_size, D), row-major pages
+        pages = cache.reshape(B, H_kv, per_row, page_size, -1).transpose(1, 2).reshape(B * per_row, H_kv, page_size, -1)
+        pool = torch.empty_like(pages)
+        pool[order] = pages  # page i (row i // per_row, page i % per_row) goes to block order[i]
+        pools.append(pool)
+        del pages
+    return pools[0], pools[1], table
 
 
 def oracle_error(out, q, k_cache, v_cache) -> float:
@@ -168,7 +193,7 @@ def run_shape(s: Shape, args: argparse.Namespace, cuda: bool) -> list[dict[str, 
     rows = []
     for provider in args.providers:
         row: dict[str, object] = {**base, "provider": provider}
-        if provider == "ours":
+        if provider == "ours" or provider.startswith("ours-paged"):
             row["splits"] = splitkv.default_num_splits(q, k_cache, s.cache)
         elif provider == "ours-1split":
             row["splits"] = 1

@@ -19,7 +19,10 @@ Cases (``case``), each ``B * N = 16k`` tokens, ``D = 128``, ``H = 16``:
 - ``fp8``: causal, ``q, k, v`` in e4m3 with descales per (batch, kv head) (FA3's FP8 forward, forward only),
   quantised with power-of-two descales so that the dequantised inputs are exact in bf16: SDPA and Flex run
   those bf16 inputs, the same numbers. Its tolerance is 8x plain PyTorch's bf16 error, not 2x: the e4m3
-  weights ``P`` carry 3 mantissa bits (tests/api/test_fp8.py measures 2 to 6x).
+  weights ``P`` carry 3 mantissa bits (tests/api/test_fp8.py measures 2 to 6x);
+- ``sinks``: causal with a sliding window and attention sinks (GPT-OSS's sliding layers, ``sinks=`` a logit
+  per head); SDPA and FlexAttention have no sinks, so their rows say so; the cost of the sinks is this
+  row against the ``window`` row's.
 
 Every row fails soft: a provider or variant that is missing (``NotImplementedError``, an import error, a
 compilation error) is recorded in ``status`` and the script goes on, so the suite finishes. Providers run
@@ -88,11 +91,13 @@ class Case:
     seqlens_k: tuple[int, ...] | None = None
     packed: tuple[int, ...] | None = None
     fp8: bool = False
+    sinks: bool = False
 
     @property
     def options(self) -> str:
         named = {"causal": self.causal, "window": self.window, "softcap": self.softcap,
-                 "seqlens_k": self.seqlens_k, "sequences": self.packed, "e4m3": self.fp8}  # fmt: skip
+                 "seqlens_k": self.seqlens_k, "sequences": self.packed, "e4m3": self.fp8,
+                 "sinks": self.sinks}  # fmt: skip
         return ", ".join(f"{k}={v}" for k, v in named.items() if v)
 
     @property
@@ -110,6 +115,7 @@ def cases(dry_run: bool) -> list[Case]:
             Case("seqlens_k", 2, 2, 64, 16, seqlens_k=(64, 17)),
             Case("varlen", 1, 2, 0, 16, causal=True, packed=(30, 1, 33)),
             Case("fp8", 2, 2, 64, 64, causal=True, fp8=True),
+            Case("sinks", 2, 2, 64, 16, causal=True, window=(16, 0), sinks=True),
         ]
     return [
         Case("window", 4, 16, 4096, 128, window=(256, 0)),
@@ -117,7 +123,15 @@ def cases(dry_run: bool) -> list[Case]:
         Case("seqlens_k", 4, 16, 4096, 128, seqlens_k=(4096, 3000, 2000, 1000)),
         Case("varlen", 1, 16, 0, 128, causal=True, packed=(4096, 3000, 2000, 1000, 4096, 2192)),
         Case("fp8", 4, 16, 4096, 128, causal=True, fp8=True),
+        Case("sinks", 4, 16, 4096, 128, causal=True, window=(128, 0), sinks=True),  # GPT-OSS's sliding layers
     ]
+
+
+def sink_logits(case: Case, device):
+    """The sinks case's ``(H,)`` logits: spread over [-1, 2], the range of GPT-OSS's learned ones."""
+    import torch
+
+    return torch.linspace(-1.0, 2.0, case.heads, device=device)
 
 
 # ------------------------------------------------------------------------------------------ the masks
@@ -200,9 +214,10 @@ def ours(case: Case, fp8_inputs=None) -> Callable:
 
     def call(q, k, v):
         seqlens_k = None if lengths is None else lengths.to(q.device)
+        sinks = sink_logits(case, q.device) if case.sinks else None
         return fa.flash_attention(
             q, k, v, causal=case.causal, window=case.window, softcap=case.softcap, seqlens_k=seqlens_k,
-            backend="triton",
+            sinks=sinks, backend="triton",
         )  # fmt: skip
 
     return call
@@ -213,6 +228,8 @@ def sdpa(case: Case, mask) -> Callable:
 
     if case.fp8:  # its flash kernel on the bf16 numbers the e4m3 inputs mean
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    if case.sinks:
+        raise NotImplementedError("torch SDPA has no attention sinks (no mask adds a softmax entry of value 0)")
     if mask is None:
         raise NotImplementedError("torch SDPA cannot cap scores: no attn_mask expresses softcap * tanh(S / softcap)")
     if case.packed is not None:  # (T, H, D) -> (1, H, T, D), one batch of packed tokens
@@ -229,6 +246,8 @@ def flex(case: Case, device, compiled: bool, library: str = "torch") -> Callable
     translated into the Triton kernels)."""
     import torch
 
+    if case.sinks:
+        raise NotImplementedError("FlexAttention has no attention sinks (a score_mod cannot add a softmax entry)")
     if library == "ours":
         from flashattn_teach import create_block_mask, flex_attention
 
@@ -297,10 +316,11 @@ def reference(case: Case, q, k, v, *, exact: bool):
         q0, k0, v0 = (t[0] for t in (q, k, v))  # (H, N, D)
         window = case.window
         seqlens_k = None if case.seqlens_k is None else case.seqlens_k[0]
+    sinks = sink_logits(case, q.device) if case.sinks else None
     if exact:
         return fa.dense_attention(
             q0.float(), k0.float(), v0.float(), causal=case.causal, window=window, softcap=case.softcap,
-            seqlens_k=None if seqlens_k is None else torch.tensor(seqlens_k, device=q.device),
+            seqlens_k=None if seqlens_k is None else torch.tensor(seqlens_k, device=q.device), sinks=sinks,
         )  # fmt: skip
     N_q, N_k = q0.shape[-2], k0.shape[-2]
     S = (q0 * q0.shape[-1] ** -0.5) @ k0.transpose(-2, -1)  # (H, N_q, D) @ (H, D, N_k) -> (H, N_q, N_k)
@@ -314,7 +334,10 @@ def reference(case: Case, q, k, v, *, exact: bool):
         visible &= (j >= i - window[0]) & (j <= i + window[1])
     if seqlens_k is not None:
         visible &= j < seqlens_k
-    P = torch.softmax(S.float().masked_fill(~visible, float("-inf")), dim=-1).to(v0.dtype)
+    S = S.float().masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # one more softmax entry per row, the head's sink, of value 0: (H, N_q, N_k + 1)
+        S = torch.cat([S, sinks[:, None, None].expand(-1, N_q, 1)], dim=-1)
+    P = torch.softmax(S, dim=-1)[..., :N_k].to(v0.dtype)
     return P @ v0  # (H, N_q, N_k) @ (H, N_k, D) -> (H, N_q, D)
 
 
@@ -392,6 +415,9 @@ def run_row(case: Case, provider: str, args: argparse.Namespace, device: str) ->
     rows = []
     for pass_ in args.passes:
         row: dict[str, object] = {**base, "pass": pass_, "max_err": err, "ref_err": ref_err, "mask_mib": mask_mib}
+        if case.fp8 and provider == "triton" and pass_ == "fwd+bwd":
+            rows.append({**row, "status": "not available: the FP8 forward has no backward (FA3's neither)"})
+            continue
         try:
             for t in (q, k, v):
                 t.requires_grad_(pass_ == "fwd+bwd")
