@@ -173,3 +173,22 @@ def test_emulation_depends_on_the_key_tiles_only() -> None:
     assert torch.equal(O_16, O_256) and torch.equal(lse_16, lse_256)
     O_other, _ = fp8_forward(q8, k8, v8, opts, block_m=16, block_n=16)
     assert not torch.equal(O_other, O_16)
+
+
+def test_fp8_emulation_ignores_autocast() -> None:
+    """The emulation's products are fp32 as the tensor cores' are: a caller's CPU autocast to bfloat16 must not
+    lower them (it did: lse 1000x further from the oracle)."""
+    q8, qd, k8, kd, v8, vd = quantised(1, 2, 2, 64, 64, 64, seed=2)
+    d = dict(q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)
+    O0, lse0 = fa.flash_attention(q8, k8, v8, **d)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        O1, lse1 = fa.flash_attention(q8, k8, v8, **d)
+    assert torch.equal(O0, O1) and torch.equal(lse0, lse1)
+
+
+def test_the_decode_api_refuses_float8_caches_by_name() -> None:
+    q, k_cache = (torch.randn(1, 2, n, 16).to(E4M3) for n in (1, 10))
+    with pytest.raises(AttentionTypeError, match="no FP8 path"):
+        fa.flash_attention_with_kvcache(q, k_cache, k_cache, cache_seqlens=5)
+    with pytest.raises(AttentionTypeError, match=r"k_cache is torch\.float8_e4m3fn"):
+        fa.flash_attention_with_kvcache(q.bfloat16(), k_cache, k_cache.bfloat16(), cache_seqlens=5)

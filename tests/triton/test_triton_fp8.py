@@ -20,7 +20,9 @@ import torch
 import flashattn_teach as fa
 from flashattn_teach._options import make_options
 from flashattn_teach._validate.fp8 import check_fp8
+from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import fp8 as emulation
+from flashattn_teach.triton import fp8 as fp8_launch
 from flashattn_teach.triton.configs import TEST_CONFIG
 from flashattn_teach.triton.fp8 import fp8_forward_config
 
@@ -48,6 +50,7 @@ def rne_casts(monkeypatch: pytest.MonkeyPatch) -> None:
         return own(x, src, dst, rounding)
 
     monkeypatch.setattr(interpreter, "_convert_float", convert)
+    monkeypatch.setattr(fp8_launch, "INTERPRETER_ROUNDS_AS_GPU", True)  # what the refusal waits for
 
 
 def inputs(B, H, H_kv, N_q, N_k, D, device, seed=0, negative=False):
@@ -107,6 +110,14 @@ def assert_matches(O, lse, O_e, lse_e) -> None:
     # lse sums unrounded weights: fp32 arithmetic only; O: the same e4m3 weights, one bf16 ulp for sum order
     torch.testing.assert_close(lse, lse_e, atol=1e-5, rtol=0)
     torch.testing.assert_close(O.float(), O_e.float(), atol=1e-4, rtol=2**-7)
+
+
+def test_the_interpreter_is_refused_where_its_e4m3_casts_are_its_own() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter test runs without a GPU")
+    q8, k8, v8, (qd, kd, vd) = inputs(1, 2, 1, 16, 16, 64, "cpu")
+    with pytest.raises(AttentionValueError, match="interpreter rounds fp32 to e4m3"):
+        fa.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, backend="triton")
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -17,6 +17,7 @@ from torch import Tensor, dtype
 from .._autocast import autocast_dtype
 from ..errors import AttentionTypeError, AttentionValueError
 from . import inputs
+from .fp8 import is_fp8
 from .inputs import shape_str
 
 _WANT = {
@@ -39,6 +40,11 @@ def _tensor4(name: str, t: object, want: dict[str, str] = _WANT) -> Tensor:
         raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want[name]}, got {type(t).__name__}")
     if not t.is_floating_point():
         raise AttentionTypeError(f"{name} must have a floating-point dtype, got {t.dtype} with shape {shape_str(t)}")
+    if is_fp8(t):  # no descales here: e4m3 values without their factors mean nothing (flash_attention's FP8)
+        raise AttentionTypeError(
+            f"{name} is {t.dtype} with shape {shape_str(t)}: flash_attention_with_kvcache has no FP8 path "
+            "(no descales); dequantise the caches and queries to bfloat16 or float16 first"
+        )
     if t.dim() != 4:
         raise AttentionValueError(f"{name} must have shape {want[name]}, got {shape_str(t)}")
     return t

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .._autocast import autocast_off
 from .._options import AttentionOptions
 from ..errors import BackendUnavailableError
 from ..reference.fp8 import fp8_forward
@@ -39,4 +40,5 @@ def run_fp8(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) ->
     """``(O, lse)`` of a checked FP8 call by its planned backend: ``O`` bfloat16, ``lse`` float32."""
     if p.backend == "triton":
         return triton_fp8_forward(q, k, v, opts)
-    return fp8_forward(q, k, v, opts)
+    with autocast_off(q.device.type):  # the emulation's products are fp32, as the tensor cores' (not autocast's)
+        return fp8_forward(q, k, v, opts)

@@ -27,10 +27,25 @@ def device_reason(t: Tensor) -> str | None:
     return f"the Triton kernels need CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {t.device}"
 
 
+def interpreter_dtype_reason(t: Tensor) -> str | None:
+    """Why the interpreter cannot run a kernel on ``t``'s dtype, or None: triton's interpreter multiplies
+    bfloat16 tiles wrongly (a 16 x 16 ``tl.dot`` of bfloat16 tiles is off by about 1e10 with triton 3.9),
+    with no error, so a bfloat16 call on CPU tensors is refused rather than answered."""
+    if t.dtype == torch.bfloat16 and t.device.type == "cpu" and interpreting():
+        return (
+            "triton's interpreter (TRITON_INTERPRET=1) computes bfloat16 dot products wrongly, without an "
+            "error; run bfloat16 on a GPU, or float16 or float32 in the interpreter"
+        )
+    return None
+
+
 def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
     """Why a dtype or head dimension is outside what the shipped kernels support, or None."""
     if q.dtype not in DTYPES:
         return f"the Triton kernels support float16, bfloat16 and float32, got {q.dtype}"
+    interpreter = interpreter_dtype_reason(q)
+    if interpreter is not None:
+        return interpreter
     top = max_head_dim(q.dtype, backward=needs_grad)
     for name, d in (("D", s.D), ("D_v", s.D_v)):
         if not MIN_HEAD_DIM <= d <= top:

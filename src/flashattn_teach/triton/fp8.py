@@ -55,12 +55,25 @@ def fp8_forward_config(head_dim: int, *, variants: bool = False) -> AttentionCon
     return AttentionConfig(forward=(_VARIANTS if variants else _FORWARD)[d], backward_dkdv=None, backward_dq=None)
 
 
+# Whether triton's interpreter converts fp32 to e4m3 and bf16 as the GPU does (round to nearest even, with
+# subnormals and the carry into the exponent). triton 3.9's does not (0.123 becomes 0.0625, 0.001 becomes 0,
+# fp32 -> bf16 truncates), which changes P_ij's rounding and the stored O with no error: the interpreter is
+# refused for FP8 calls unless a caller (the tests, which substitute torch's conversions) says otherwise.
+INTERPRETER_ROUNDS_AS_GPU = False
+
+
 def fp8_unsupported_reason(q: Tensor, opts: AttentionOptions) -> str | None:
     """None if the FP8 kernel can run this checked FP8 call, else why: triton, a CUDA device of compute
     capability 9.x (or the interpreter), head dimensions 33 to 256, and only :data:`FP8_VARIANTS`."""
     reason = triton_reason() or device_reason(q)
     if reason is not None:
         return reason
+    if q.device.type == "cpu" and not INTERPRETER_ROUNDS_AS_GPU:
+        return (
+            "triton's interpreter rounds fp32 to e4m3 and bfloat16 differently from the GPU (the FP8 forward "
+            "would give other numbers, with no error); on the CPU use any CPU backend (the emulation of the "
+            "kernel's roundings)"
+        )
     if q.device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(q.device)
         if major != 9:

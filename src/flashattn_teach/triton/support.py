@@ -17,7 +17,7 @@ from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
 from .configs import DTYPES, _triton_version, max_head_dim
-from .devices import device_reason, needs_grad, shape_reason
+from .devices import device_reason, interpreter_dtype_reason, needs_grad, shape_reason
 from .launch import default_config, to_4d
 from .tma import forward_tile, launch_tile, ws_reason
 from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
@@ -136,6 +136,9 @@ def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
         return reason
     if q.dtype not in DTYPES:
         return f"the Triton decode kernel supports float16, bfloat16 and float32, got {q.dtype}"
+    interpreter = interpreter_dtype_reason(q)
+    if interpreter is not None:
+        return interpreter
     if v_cache.dtype != q.dtype:  # torch.autocast cast q but not the caches, which are the caller's storage
         return (
             f"the Triton decode kernel reads the caches in q's dtype, but under torch.autocast q is {q.dtype} "
