@@ -192,3 +192,11 @@ def test_the_decode_api_refuses_float8_caches_by_name() -> None:
         fa.flash_attention_with_kvcache(q, k_cache, k_cache, cache_seqlens=5)
     with pytest.raises(AttentionTypeError, match=r"k_cache is torch\.float8_e4m3fn"):
         fa.flash_attention_with_kvcache(q.bfloat16(), k_cache, k_cache.bfloat16(), cache_seqlens=5)
+
+
+def test_explain_plans_an_fp8_call_as_flash_attention_runs_it() -> None:
+    q8, qd, k8, kd, v8, vd = quantised(1, 2, 1, 16, 16, 64)
+    p = fa.explain(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+    assert p.backend == "online" and "FP8 emulation" in p.reason
+    with pytest.raises(AttentionValueError, match="dropout_p"):
+        fa.explain(q8, k8, v8, dropout_p=0.1, q_descale=qd, k_descale=kd, v_descale=vd)

@@ -15,8 +15,9 @@ from torch import Tensor
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options, make_packed_options
+from .._validate.fp8 import check_fp8
 from .._validate.inputs import check_bool
-from ..dispatch import Plan, planner
+from ..dispatch import Plan, fp8, planner
 from ..dispatch.planner import TILED
 from ..dispatch.runner import with_block_mask
 from ..errors import AttentionValueError
@@ -70,6 +71,9 @@ def explain(
     mask_mod: MaskMod | None = None,
     block_mask: BlockMask | None = None,
     sinks: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
     verbose: bool = False,
 ) -> Plan:
     """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
@@ -82,7 +86,8 @@ def explain(
     and why); ``deterministic`` as the call's. ``score_mod``, ``mask_mod`` and ``block_mask`` as
     :func:`flash_attention` takes them; with ``verbose`` and user functions on the Triton path the answer
     ends with the source of the ``@triton.jit`` functions they were translated into. ``sinks`` as the call's
-    (the answer says how the backend takes them).
+    (the answer says how the backend takes them). ``q_descale, k_descale, v_descale`` with e4m3 inputs: an FP8
+    call, planned as :func:`flash_attention` plans it (the kernel on sm_90, else the CPU emulation).
 
     >>> import torch, flashattn_teach as fa
     >>> q = torch.randn(1, 2, 1024, 16)
@@ -118,10 +123,18 @@ def explain(
             sinks=sinks,
         )
     else:
+        refused = {
+            "dropout_p": dropout_p != 0.0,
+            "attn_mask": attn_mask is not None,
+            "score_mod": score_mod is not None,
+        }
+        refused.update(mask_mod=mask_mod is not None, block_mask=block_mask is not None)
+        descale = check_fp8(query, key, value, (q_descale, k_descale, v_descale), refused=refused)
         opts = make_options(
             query,
             key,
             value,
+            descale=descale,
             causal=is_causal,
             causal_align=causal_align,
             scale=scale,
@@ -139,6 +152,8 @@ def explain(
             block_mask=block_mask,
             sinks=sinks,
         )
+    if opts.descale is not None:  # an FP8 call: its own plan (dispatch/fp8.py), forward only
+        return fp8.plan_fp8(query, opts, backend)
     opts = with_block_mask(opts, query.device)  # a mask_mod's tiles, classified as the call would
     p = planner.plan(query, key, value, opts, backend)
     if p.backend == "triton":  # which forward kernel runs, and whether its loop is warp-specialised
