@@ -8,8 +8,8 @@ import triton
 from triton import language as tl
 
 from flashattn_teach import dropout as dp
+from flashattn_teach.triton.devices import device_reason
 from flashattn_teach.triton.kernels.dropout import _dropout_keep
-from flashattn_teach.triton.launch import device_reason
 
 
 @triton.jit
