@@ -182,8 +182,8 @@ def test_cli_sinks_flag(capsys, tmp_path):
     assert "sink" not in json.loads(capsys.readouterr().out)  # negative control
     assert main([*argv, "--sinks", "0.5,1"]) == 2
     assert "argument --sinks: the replay runs one head" in capsys.readouterr().err
-    assert main(["--decode", "--sinks", "0.5"]) == 2
-    assert "argument --sinks: not used with --decode" in capsys.readouterr().err
+    assert main(["--decode", "--sinks", "0.5,1"]) == 2
+    assert "argument --sinks: the replay runs one head" in capsys.readouterr().err
     png = tmp_path / "sink.png"
     assert main(["--seq-len", "4", "--sinks", "0.5", "--format", "png", "--out", str(png), "--step", "1"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

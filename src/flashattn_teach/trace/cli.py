@@ -36,7 +36,7 @@ from .._cli_types import (
     positive_int,
     seed,
 )
-from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, window
+from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, sinks_error, window
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
@@ -108,7 +108,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         type=floats,
         default=None,
         metavar="SINK",
-        help="attention sink of the one replayed head (GPT-OSS's logit): each row's state starts at it",
+        help="attention sink of the one replayed head (GPT-OSS's logit); with --decode merged in after the splits",
     )
     masks = parser.add_mutually_exclusive_group()
     masks.add_argument(
@@ -141,7 +141,6 @@ REPLAY_ONLY = (
     "mask",
     "extensions",
     "step",
-    "sinks",
 )
 DECODE_ONLY = ("cache_len", "new_kv", "new_queries", "num_splits", "cache_size", "merge_order")
 
@@ -234,9 +233,9 @@ def _option_error(args: argparse.Namespace) -> str | None:
         if values is not None and max(values) > args.seq_len:
             given = ",".join(map(str, values))
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
-    if args.sinks is not None and len(args.sinks) != 1:
-        given = ",".join(f"{x:g}" for x in args.sinks)
-        return f"argument --sinks: the replay runs one head, so it takes one sink, got {given}"
+    problem = sinks_error(args.sinks)
+    if problem is not None:
+        return problem
     uses_diagonal = args.causal or args.window is not None or args.alibi is not None  # masks.py: i + off
     if args.causal_align is not None and not uses_diagonal:
         return (

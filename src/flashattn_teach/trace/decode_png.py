@@ -140,7 +140,7 @@ def _updates(r: DecodeReplay) -> list[list[str]]:
 def _merge_rows(r: DecodeReplay) -> list[list[str]]:
     rows = []
     for m in r.merges:
-        merged = "(" + " ".join(map(str, m.merged)) + f") + {m.split}"
+        merged = m.label
         lses = [_vec(m.lse_a), _vec(m.lse_b), _vec(m.lse)]
         rows.append([merged, *lses, _vec(m.w_a), _vec(m.w_b), f"{m.max_diff:.3g}"])
     return rows
