@@ -20,6 +20,8 @@ READ_PAGE = """(() => ({
   states: Object.fromEntries([...document.querySelectorAll("#grid rect")].map(
     e => [e.dataset.row + "," + e.dataset.column, e.dataset.state])),
   masked: [...document.querySelectorAll("#grid rect.masked")].map(e => e.dataset.row + "," + e.dataset.column),
+  sink: [...document.querySelectorAll("#sink .value.share")].map(e => e.textContent),
+  sinkHidden: document.getElementById("sink").hidden,
   prev: document.getElementById("prev").disabled,
   next: document.getElementById("next").disabled,
 }))()"""
@@ -45,6 +47,10 @@ def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
     assert int(page["metrics"][0][1]) == case["metrics"][0]["value"]
     assert int(page["metrics"][1][1]) == case["metrics"][1]["value"]
     assert math.isclose(float(page["metrics"][2][1]), case["metrics"][2]["value"], rel_tol=5.01e-4, abs_tol=1e-300)
+    assert page["sinkHidden"] == ("sinkShare" not in case)
+    assert len(page["sink"]) == len(case.get("sinkShare", []))
+    for text, x in zip(page["sink"], case.get("sinkShare", []), strict=True):
+        assert math.isclose(float(text), x, rel_tol=5.01e-4), (text, x)
     assert (page["prev"], page["next"]) == (n == 1, n == total)
 
 
@@ -57,6 +63,7 @@ def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
             "window-left-pad",
             "--seq-len 8 --query-block 3 --window 2,0 --batch 2 --batch-index 1 --pad-left 0,5".split(),
         ),
+        ("causal-sink", "--seq-len 6 --block-m 3 --query-block 1 --causal --sinks 0.5".split()),
     ],
 )
 def test_html_page_steps_through_updates_and_shows_the_json_numbers(

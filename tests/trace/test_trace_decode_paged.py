@@ -1,17 +1,22 @@
 """The decode replay of a paged cache: the same replay as the contiguous cache holding the same keys, the
-pages recorded per key, the pool untouched, and the terminal table showing each key's page."""
+pages recorded per key, the pool untouched, and the terminal table, the JSON and the PNG showing each key's
+page."""
 
 from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 from flashattn_teach.trace import replay_decode
+from flashattn_teach.trace.decode_manifest import decode_to_experiment
+from flashattn_teach.trace.decode_png import render_decode_png, slot_label
 from flashattn_teach.trace.decode_table import render_decode_table
+from flashattn_teach.trace.manifest import schema
 
 
-def test_paged_replay_is_the_contiguous_replay_with_its_pages():
+def test_paged_replay_is_the_contiguous_replay_with_its_pages(tmp_path):
     g = torch.Generator().manual_seed(4)
     B, H_q, H_kv, page_size, max_blocks, D = 2, 2, 1, 3, 4, 4
     N_max = page_size * max_blocks
@@ -39,3 +44,13 @@ def test_paged_replay_is_the_contiguous_replay_with_its_pages():
     render_decode_table(paged, file=out, width=200)
     text = out.getvalue()
     assert "paged, page_size 3, pages [1, 5, 3]" in text and "page" in text
+
+    experiment = decode_to_experiment(paged)
+    assert experiment["decode"]["pageSize"] == 3 and experiment["decode"]["pages"] == [1, 5, 3]
+    assert "pages" not in decode_to_experiment(flat)["decode"]  # negative control: a contiguous cache has none
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(schema()).validate(experiment)
+    assert slot_label(paged, 4) == "4\nold\np5" and slot_label(paged, 9) == "9\nunused\n·"
+    assert slot_label(flat, 4) == "4\nold"
+    png = render_decode_png(paged, tmp_path / "paged.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

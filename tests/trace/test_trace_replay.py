@@ -33,6 +33,7 @@ def replay_cases(draw):
         "causal_align": draw(st.sampled_from(["top_left", "bottom_right"])),
         "order": draw(st.sampled_from(["query_major", "key_major"])),
         "seed": draw(st.integers(0, 2**16)),
+        "sink": draw(st.none() | st.floats(-3.0, 3.0)),  # an attention sink, or none
     }
     return case
 
@@ -56,7 +57,13 @@ def run(case, q, k, v):
         causal=case["causal"],
         causal_align=case["causal_align"],
         order=case["order"],
+        sinks=case.get("sink"),
     )
+
+
+def sinks_of(case):
+    """The case's sink as the references take it: ``(1,)`` for the one head, or None."""
+    return None if case.get("sink") is None else torch.tensor([case["sink"]], dtype=torch.float64)
 
 
 @given(replay_cases())
@@ -72,6 +79,7 @@ def test_replay_equals_online_reference_after_last_tile_for_any_tiling(case):
         causal_align=case["causal_align"],
         block_m=case["block_m"],
         block_n=case["block_n"],
+        sinks=sinks_of(case),
     )[0, r0:r1]
     last = r.steps[-1].O_partial if r.steps else torch.zeros_like(O)  # no visible key: O = 0
     torch.testing.assert_close(last, O, rtol=0, atol=1e-13)
@@ -105,7 +113,10 @@ def test_statistics_match_an_independent_float64_recomputation(case):
     assert [s.j for s in r.steps] == runs
     assert sorted(j for i_t, j in r.skipped if i_t == i) == sorted(set(range(T_c)) - set(runs))
 
-    dense = dense_attention(q[0], k[0], v[0], causal=case["causal"], causal_align=case["causal_align"])[r0:r1]
+    dense = dense_attention(
+        q[0], k[0], v[0], causal=case["causal"], causal_align=case["causal_align"], sinks=sinks_of(case)
+    )[r0:r1]
+    sink = case.get("sink")
     for n, step in enumerate(r.steps):
         c0, c1 = step.cols
         assert (c0, c1) == (step.j * bn, min((step.j + 1) * bn, case["N_k"]))
@@ -115,11 +126,19 @@ def test_statistics_match_an_independent_float64_recomputation(case):
             step.S_ij.numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf), rtol=1e-13, atol=1e-13
         )
         seen = np.where(visible[r0:r1, :c1], S[r0:r1, :c1], -np.inf)  # every column up to this tile
+        values = V[:c1]
+        if sink is not None:  # the sink: one more column of score sink and value zero
+            seen = np.concatenate([seen, np.full((r1 - r0, 1), sink)], axis=1)
+            values = np.concatenate([values, np.zeros((1, V.shape[1]))], axis=0)
         m = seen.max(axis=1)
         m_safe = np.where(np.isneginf(m), 0.0, m)
         P = np.exp(seen - m_safe[:, None])
         l = P.sum(axis=1)
-        partial = (P @ V[:c1]) / np.where(l == 0, 1.0, l)[:, None]
+        partial = (P @ values) / np.where(l == 0, 1.0, l)[:, None]
+        if sink is not None:
+            np.testing.assert_allclose(step.sink_share.numpy(), P[:, -1] / l, rtol=1e-12, atol=1e-15)
+        else:
+            assert step.sink_share is None
         np.testing.assert_array_equal(step.m_i.numpy() == -np.inf, m == -np.inf)
         np.testing.assert_allclose(step.m_i.numpy(), m, rtol=1e-13, atol=1e-13)
         np.testing.assert_allclose(step.l_i.numpy(), l, rtol=1e-12, atol=1e-13)

@@ -2,10 +2,13 @@
 
     replay(q, k, v, block_m=2, block_n=2)   -> Replay of TileStep (replay.py, steps.py; schedule.py for the
                                             order); causal, window, softcap, alibi_slopes, seqlens_k and
-                                            attn_mask as in flashattn_teach.masks
+                                            attn_mask as in flashattn_teach.masks; sinks= the head's
+                                            attention sink (each row's share: Replay.sink_share())
     replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, num_splits=3, block_n=2)
                                             -> DecodeReplay: one decode step's split-KV ranges, their tile
-                                            updates, then the merges (decode_replay.py, decode_merges.py)
+                                            updates, then the merges (decode_replay.py, decode_merges.py);
+                                            block_table= a paged cache, its pages shown per key;
+                                            sinks= merged in after the splits
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;

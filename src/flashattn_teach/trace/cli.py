@@ -13,7 +13,7 @@ window, -1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one slope, or one per
 one per batch element) builds the left-padding mask a Hugging Face tokenizer's ``attention_mask`` gives,
 bool ``(B, 1, N)``, False on each element's first ``K`` keys (``N`` and ``K`` in ``[0, --seq-len]``);
 ``--mask FILE.pt`` reads any bool or additive mask saved with ``torch.save``, broadcastable to ``(B, N, N)``
-(or Hugging Face's ``(B, 1, N, N)``).
+(or Hugging Face's ``(B, 1, N, N)``). ``--sinks X`` gives the replayed head an attention sink of logit ``X``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .._cli_types import (
     positive_int,
     seed,
 )
-from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, window
+from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, sinks_error, window
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
@@ -102,6 +102,13 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="0,N1,...,N",
         help="packed sequences: their boundaries on the sequence axis (batch 1)",
+    )
+    parser.add_argument(
+        "--sinks",
+        type=floats,
+        default=None,
+        metavar="SINK",
+        help="attention sink of the one replayed head (GPT-OSS's logit); with --decode merged in after the splits",
     )
     masks = parser.add_mutually_exclusive_group()
     masks.add_argument(
@@ -226,6 +233,9 @@ def _option_error(args: argparse.Namespace) -> str | None:
         if values is not None and max(values) > args.seq_len:
             given = ",".join(map(str, values))
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
+    problem = sinks_error(args.sinks)
+    if problem is not None:
+        return problem
     uses_diagonal = args.causal or args.window is not None or args.alibi is not None  # masks.py: i + off
     if args.causal_align is not None and not uses_diagonal:
         return (
@@ -295,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
             seqlens_k=masks.seqlens_k,
             attn_mask=masks.attn_mask,
             cu_seqlens=masks.cu_seqlens,
+            sinks=None if args.sinks is None else args.sinks[0],
         )
         problem = _output_error(r, args)
         if problem is not None:

@@ -60,6 +60,14 @@ def per_batch(option: str, values: list[T] | None, B: int) -> list[T] | None:
     raise ValueError(f"argument {option}: give one value or {B} (one per batch element), got {len(values)}")
 
 
+def sinks_error(sinks: list[float] | None) -> str | None:
+    """``--sinks``: the inputs the command makes have one head, so one sink; more is refused by name."""
+    if sinks is None or len(sinks) == 1:
+        return None
+    given = ",".join(f"{x:g}" for x in sinks)
+    return f"argument --sinks: the replay runs one head, so it takes one sink, got {given}"
+
+
 @contextmanager
 def open_output(path: Path | None) -> Iterator[IO[str]]:
     """``path`` opened for writing, or stdout; a file is removed again if writing it fails half-way."""

@@ -5,7 +5,7 @@ Inputs are made in the recorded example's manner: ``torch.manual_seed(seed)``, t
 that order (one head; the cache slots past ``--cache-len`` hold random values that the step overwrites or
 never reads). With ``--batch`` above 1, batch element ``--batch-index`` is replayed. Causal masking is on
 unless ``--no-causal`` (as in ``flash_attention_with_kvcache``); ``--window``, ``--softcap``, ``--alibi`` and
-``--scale`` are those of the replay.
+``--scale`` are those of the replay; ``--sinks X`` gives the head a sink, merged in after the splits.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import torch
 
 from .._cli_types import nonnegative_int, positive_int
-from .cli_common import DTYPES, PROG, counts, open_output, per_batch
+from .cli_common import DTYPES, PROG, counts, open_output, per_batch, sinks_error
 from .decode_replay import DecodeReplay, replay_decode
 
 DECODE_FORMATS = ("table", "json", "png")
@@ -63,6 +63,9 @@ def decode_option_error(args: argparse.Namespace) -> str | None:
         return f"argument --batch-index: must be in [0, {args.batch}) for --batch {args.batch}, got {args.batch_index}"
     if args.merge_order is not None and sorted(args.merge_order) != list(range(args.num_splits)):
         return f"argument --merge-order: must list every split 0..{args.num_splits - 1} once, got {args.merge_order}"
+    problem = sinks_error(args.sinks)
+    if problem is not None:
+        return problem
     if args.format not in DECODE_FORMATS:
         return f"argument --format: --decode writes {', '.join(DECODE_FORMATS)}, got {args.format}"
     if args.format == "png" and args.out is None:
@@ -95,6 +98,7 @@ def run_decode(args: argparse.Namespace) -> int:
             softcap=args.softcap,
             alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64).reshape(-1, 1),
             merge_order=args.merge_order,
+            sinks=None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64),
         )
         _render(r, args)
     except (TypeError, ValueError) as error:

@@ -1,12 +1,13 @@
 """A decode-step replay as the seed manifest's "experiment" dict, with the splits and merges under ``"decode"``.
 
-The cases are the tile updates of every split in order, each in the seed format of :mod:`.manifest`
-(key columns in global cache positions; the partial output is the split's ``acc / l_i``; the final
-output is the dense float64 output of the whole step), plus a ``"split"`` key naming its split. The
-top-level ``"decode"`` key holds what the seed format has no place for: the cache's key roles (old, new,
-unused), the ranges, each split's partial ``(O_s, lse_s)``, and each merge's ``lse_a, lse_b, lse``, weights
-and error. A reader of the seed format ignores both keys; ``replay.schema.json`` documents them. ``-inf``
-is written as ``null``, as in :mod:`.manifest`.
+The cases are the tile updates of every split in order, each in the seed format of :mod:`.manifest` (key
+columns in global cache positions; the partial output is the split's ``acc / l_i``; the final output is the
+dense float64 output of the whole step), plus a ``"split"`` key naming its split. The top-level ``"decode"``
+key holds what the seed format has no place for: the cache's key roles (old, new, unused), the pages of a
+paged cache (``pageSize``, ``pages``), an attention sink (``sink``; its merge, the last, has ``"split":
+null``), the ranges, each split's partial ``(O_s, lse_s)``, and each merge's ``lse_a, lse_b, lse``, weights
+and error. A reader of the seed format ignores both keys; ``replay.schema.json`` documents them. ``-inf`` is
+written as ``null``, as in :mod:`.manifest`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ def _cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
 
 
 def _decode(r: DecodeReplay) -> dict[str, Any]:
+    decode = _decode_keys(r)
+    if r.page_size is not None:  # paged: the element's pages in key order; key j lives on pages[j // pageSize]
+        decode["pageSize"] = r.page_size
+        decode["pages"] = list(r.pages)
+    if r.sink is not None:  # the last merge is the sink's: "split" null, its weightB the sink's share per row
+        decode["sink"] = r.sink
+    return decode
+
+
+def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
     return {
         "cacheLen": r.cache_len,
         "newKeys": r.N_new_kv,

@@ -7,6 +7,10 @@ Each merge combines the running result ``(O_a, lse_a)`` with the next split's ``
 
 and ``max |O - O_final|`` against the dense output of the whole step. The merge is exact, commutative and
 associative, so any ``order`` ends at the same result up to round-off.
+
+An attention sink joins once per row, after every split (as ``decode/ranges.py``'s ``merge_sinks``): one more
+merge, with the partial of one key of score ``sink_h`` and value zero, ``(O_b = 0, lse_b = sink_h)``
+(:func:`merge_sink`); its ``w_b = exp(sink_h - lse)`` is the sink's share of each row.
 """
 
 from __future__ import annotations
@@ -20,21 +24,22 @@ from torch import Tensor
 from ..errors import AttentionValueError
 from ..merge import merge_attention_states
 
-__all__ = ["MergeStep", "Partial", "check_merge_order", "fold_merges"]
+__all__ = ["MergeStep", "Partial", "check_merge_order", "fold_merges", "merge_sink"]
 
 Partial = tuple[int, Tensor, Tensor]  # (split s, O_s (N_new, D_v), lse_s (N_new,))
 
 
 @dataclass(frozen=True)
 class MergeStep:
-    """Merge ``index``: ``(O_a, lse_a)`` of the splits ``merged`` with ``(O_b, lse_b)`` of split ``split``.
+    """Merge ``index``: ``(O_a, lse_a)`` of the splits ``merged`` with ``(O_b, lse_b)`` of split ``split``
+    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``).
 
     ``lse_a, lse_b, lse, w_a, w_b`` are ``(N_new,)``, ``O`` is ``(N_new, D_v)``; ``max_diff`` is
     ``max |O - O_final|`` over every row."""
 
     index: int
     merged: tuple[int, ...]
-    split: int
+    split: int | None
     lse_a: Tensor
     lse_b: Tensor
     lse: Tensor
@@ -42,6 +47,11 @@ class MergeStep:
     w_b: Tensor
     O: Tensor
     max_diff: float
+
+    @property
+    def label(self) -> str:
+        """``(0 1) + 2``: the splits merged so far and the one merged in (``sink`` for the sink)."""
+        return "(" + " ".join(map(str, self.merged)) + ") + " + ("sink" if self.split is None else str(self.split))
 
 
 def merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,3 +90,13 @@ def fold_merges(
         steps.append(MergeStep(n, merged, s, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff))
         O, lse, merged = O_new, lse_new, (*merged, s)
     return tuple(steps), O, lse
+
+
+def merge_sink(index: int, merged: tuple[int, ...], O: Tensor, lse: Tensor, sink: Tensor, O_final: Tensor) -> MergeStep:
+    """Merge ``index``: the merged splits' ``(O, lse)`` with the sink's partial ``(0, sink_h)`` (``sink (1,)``);
+    a row that saw no key (``lse = -inf``) ends at ``O = 0``, ``lse = sink_h``."""
+    lse_b = sink.to(lse.dtype).expand_as(lse)  # (1,) -> (N_new,)
+    O_new, lse_new = merge_attention_states(O, lse, torch.zeros_like(O), lse_b)
+    w_a, w_b = merge_weights(lse, lse_b, lse_new)
+    max_diff = float((O_new - O_final).abs().max())
+    return MergeStep(index, merged, None, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff)

@@ -1,7 +1,8 @@
 """A decode-step replay as a picture (matplotlib): the cache by split, the tile updates, the merges, the error.
 
 Top: the ``N_new x N_max`` scores of the step, coloured by split (pale where masked, grey where the slot is
-unused), the key roles above (old, new) and the tiles inside each split. Middle: each split's tile
+unused), the key roles above (old, new) and the tiles inside each split; a paged cache adds its page boundaries and
+each slot's block id. Middle: each split's tile
 updates (``m_i``, ``l_i``, the split's error against the dense output) and the merges (``lse_a``,
 ``lse_b``, ``lse``, the weights). Right: the error after every event on a log scale, down to round-off.
 Uses ``matplotlib.figure.Figure`` directly, not pyplot, so rendering never changes a notebook's backend.
@@ -21,6 +22,7 @@ from .manifest import span
 SPLIT_COLOURS = ("#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#bc80bd")
 UNUSED_COLOUR = "#e0e0e0"
 ROLE_COLOURS = {KeyRole.OLD: "#333333", KeyRole.NEW: "#c2185b", KeyRole.UNUSED: "#999999"}
+PAGE_COLOUR = "#1565c0"  # a paged cache: page boundaries and each slot's block id
 MAX_DRAWN_KEYS = 48  # one column per cache slot, with its label
 MAX_DRAWN_ROWS = 40  # table rows: tile updates and merges
 FLOOR = 1e-18  # an error of exactly 0 drawn on the log scale
@@ -80,7 +82,10 @@ def _cache(ax: Any, r: DecodeReplay) -> None:
                 alpha=0.5,
             )
         )
-    ax.set_xticks(range(r.N_max), [f"{j}\n{r.role(j).value}" for j in range(r.N_max)], fontsize=8)
+    if r.page_size is not None:  # paged: a dashed line where each of the element's pages starts
+        for p in range(len(r.pages) + 1):
+            ax.axvline(p * r.page_size - 0.5, color=PAGE_COLOUR, lw=1.5, ls="--")
+    ax.set_xticks(range(r.N_max), [slot_label(r, j) for j in range(r.N_max)], fontsize=8)
     ax.xaxis.tick_top()
     for tick, j in zip(ax.xaxis.get_major_ticks(), range(r.N_max), strict=True):
         tick.label2.set_color(ROLE_COLOURS[r.role(j)])
@@ -89,13 +94,23 @@ def _cache(ax: Any, r: DecodeReplay) -> None:
         if s0 < s1:
             label = f"split {s}: keys {span(s0, s1)}"
             ax.text((s0 + s1 - 1) / 2, r.N_new - 0.5 + 0.12, label, ha="center", va="top", fontsize=9)
+    paged = "" if r.page_size is None else f"; dashed: pages of {r.page_size} slots, p = block id"
     ax.set_title(
         f"cache slots: {r.cache_len} old (cached before) · {r.N_new_kv} new (written this step) · "
-        f"{r.N_max - r.L} unused  —  dotted: BLOCK_N={r.block_n} tiles; bold: split boundaries; pale: masked",
+        f"{r.N_max - r.L} unused  —  dotted: BLOCK_N={r.block_n} tiles; bold: split boundaries; pale: masked{paged}",
         fontsize=9,
         loc="left",
-        pad=28,
+        pad=28 if r.page_size is None else 38,
     )
+
+
+def slot_label(r: DecodeReplay, j: int) -> str:
+    """Slot ``j``'s tick: its position and role, and in a paged cache the block id of its page."""
+    label = f"{j}\n{r.role(j).value}"
+    if r.page_size is None:
+        return label
+    at = r.page_of(j)
+    return label + ("\n·" if at is None else f"\np{at[0]}")
 
 
 def _table(ax: Any, header: list[str], rows: list[list[str]], title: str) -> None:
@@ -125,7 +140,7 @@ def _updates(r: DecodeReplay) -> list[list[str]]:
 def _merge_rows(r: DecodeReplay) -> list[list[str]]:
     rows = []
     for m in r.merges:
-        merged = "(" + " ".join(map(str, m.merged)) + f") + {m.split}"
+        merged = m.label
         lses = [_vec(m.lse_a), _vec(m.lse_b), _vec(m.lse)]
         rows.append([merged, *lses, _vec(m.w_a), _vec(m.w_b), f"{m.max_diff:.3g}"])
     return rows
@@ -190,7 +205,9 @@ def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = 130) -> P
         )
     fig.suptitle(
         f"Decode step replay · {r.cache_len} cached + {r.N_new_kv} new keys, N_new={r.N_new} · "
-        f"num_splits={r.num_splits}, BLOCK_N={r.block_n}" + "".join(f" · {label}" for label in r.labels()),
+        f"num_splits={r.num_splits}, BLOCK_N={r.block_n}"
+        + ("" if r.page_size is None else f" · paged, page_size {r.page_size}, pages {list(r.pages)}")
+        + "".join(f" · {label}" for label in r.labels()),
         fontsize=11,
     )
     path = Path(path)

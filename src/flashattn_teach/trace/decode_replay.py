@@ -24,6 +24,10 @@ With a ``block_table`` (a paged cache) the replay gathers the element's pages in
 them: ``pages`` the block ids of its pages in key order, and :meth:`DecodeReplay.page_of` the page and slot
 of a key (``block_table[b, j // page_size]``, ``j % page_size``), which the renderers show per key.
 
+With attention sinks (``sinks (H_q,)``, as for the decode call) the replayed head's ``sink_h`` joins once
+per row after the splits' merges, as the decode adds it: one more merge with ``(O = 0, lse = sink_h)``,
+whose weight ``w_b = exp(sink_h - lse)`` is the sink's share of the row (:func:`.decode_merges.merge_sink`).
+
 Empty ranges (more splits than keys) are not run and not merged, as in :mod:`flashattn_teach.api.decode`. The caches
 are not
 written: the replay reads a copy with ``k, v`` in place.
@@ -43,13 +47,14 @@ from .._options import AttentionOptions
 from .._validate.decode import check_cache_inputs, check_cache_seqlens, check_decode_alibi, check_num_splits, check_room
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window, validate_block_sizes
 from .._validate.pages import check_block_ids, check_block_table, check_page_shapes
+from .._validate.sinks import check_sinks
 from ..decode.pages import element_caches
 from ..decode.ranges import range_options
 from ..errors import AttentionValueError
 from ..online_softmax import init_state, log_sum_exp
 from ..reference.dense import dense_forward
 from ..splitkv import default_num_splits, split_ranges
-from .decode_merges import MergeStep, check_merge_order, fold_merges
+from .decode_merges import MergeStep, check_merge_order, fold_merges, merge_sink
 from .inputs import check_index
 from .schedule import Schedule, visited_key_blocks
 from .steps import Steps, TileStep
@@ -118,6 +123,7 @@ class DecodeReplay:
     head: int
     page_size: int | None = None  # a paged cache: slots per page
     pages: tuple[int, ...] = ()  # the block ids of the element's pages [0, ceil(L / page_size)), in key order
+    sink: float | None = None  # sink_h of the replayed head, merged in last; None without sinks
 
     @property
     def L(self) -> int:
@@ -153,6 +159,8 @@ class DecodeReplay:
             labels.append(f"softcap {self.softcap:g}")
         if self.alibi_slope is not None:
             labels.append(f"alibi slope {self.alibi_slope:g}")
+        if self.sink is not None:
+            labels.append(f"sink {self.sink:g}")
         return labels
 
 
@@ -239,6 +247,7 @@ def replay_decode(
     alibi_slopes: Tensor | None = None,
     merge_order: Sequence[int] | None = None,
     block_table: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> DecodeReplay:
     """Replay one step of ``flash_attention_with_kvcache`` for batch element ``batch_index``, query head
     ``head``: the tile updates of each split-KV range, then the merges.
@@ -254,6 +263,7 @@ def replay_decode(
             (default in order, as the decode merges them).
         block_table: ``(B, max_blocks)`` for a paged cache, ``k_cache, v_cache`` then pools of pages
             ``(num_blocks, H_kv, page_size, D)``, as for the decode call.
+        sinks: ``(H_q,)`` attention sinks, as for the decode call; head ``head``'s joins after the merges.
 
     Returns:
         A :class:`DecodeReplay`, computed in float64 for float64 inputs and float32 otherwise; the oracle
@@ -281,6 +291,8 @@ def replay_decode(
     splits = check_num_splits(num_splits) or default_num_splits(q, k_cache, n + N_new_kv)
     order = check_merge_order(merge_order, splits)
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
+    sinks = check_sinks(sinks, H_q, q.device)
+    sink = None if sinks is None else sinks[h].reshape(1).double()  # (1,): the replayed head's sink_h
     slope = None if slopes is None else (slopes[b, h] if slopes.dim() == 2 else slopes[h]).reshape(1)
     settings = _Settings(
         causal=check_bool("causal", causal),
@@ -310,7 +322,7 @@ def replay_decode(
 
     # The oracle: dense float64 attention over [0, L), the same mask contract in global positions.
     q64, k64, v64 = q1.double(), k1.double(), v1.double()
-    whole = _options(q64, k64, v64, settings, offset=L - N_new)
+    whole = replace(_options(q64, k64, v64, settings, offset=L - N_new), sinks=sink)
     O_final, lse_final = dense_forward(q64, k64, v64, whole)  # (1, 1, N_new, D_v), (1, 1, N_new)
     O_final, lse_final = O_final[0, 0], lse_final[0, 0]
     visible = torch.zeros(N_new, N_max, dtype=torch.bool, device=q.device)  # unused slots: never seen
@@ -333,6 +345,10 @@ def replay_decode(
         merges, O, lse = fold_merges([(p.index, p.O_s, p.lse_s) for p in parts], order, O_final)
     else:  # no key to see: O = 0, lse = -inf, as the decode returns
         merges, O, lse = (), torch.zeros_like(O_final, dtype=dt), torch.full((N_new,), float("-inf"), dtype=dt)
+    if sink is not None:  # once per row, after every split
+        merged = tuple(s for s in order if any(p.index == s for p in parts))
+        last = merge_sink(len(merges), merged, O, lse, sink, O_final)
+        merges, O, lse = (*merges, last), last.O, last.lse
     return DecodeReplay(
         cache_len=n,
         N_new_kv=N_new_kv,
@@ -358,4 +374,5 @@ def replay_decode(
         head=h,
         page_size=None if table is None else k_cache.shape[2],
         pages=pages,
+        sink=None if sink is None else float(sink),
     )

@@ -76,7 +76,7 @@ def _merges(r: DecodeReplay):
     for m in r.merges:
         table.add_row(
             str(m.index + 1),
-            "(" + " ".join(map(str, m.merged)) + f") + {m.split}",
+            m.label,
             _vec(m.lse_a),
             _vec(m.lse_b),
             _vec(m.lse),

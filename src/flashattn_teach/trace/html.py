@@ -5,8 +5,9 @@ The page embeds ``to_experiment(replay, extensions=True)`` as JSON and draws it 
 Content-Security-Policy of ``default-src 'none'`` forbids every network fetch. It renders any seed-format
 experiment; the extensions only add the skipped (SKIP) tiles, each update's tile kind, which cells are
 masked (``visible``, added here: the page draws every cell anyway) and, for the key-major order, the tiles
-of other query blocks already computed. The tile states reach the script as the values of
-:class:`~flashattn_teach.trace.replay.TileState`, embedded next to the data.
+of other query blocks already computed. A replay with an attention sink also gets, per update, a labelled bar
+for each row's sink share so far (``sinkShare``) next to its final share ``exp(sink_h - lse_i)``. The tile
+states reach the script as the values of :class:`~flashattn_teach.trace.replay.TileState`, embedded next to the data.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ TEMPLATE = """<!doctype html>
 <div class="layout">
   <div><svg id="grid" role="img" aria-label="schedule grid"></svg><div class="legend" id="legend"></div></div>
   <div id="vectors"></div>
+  <div id="sink" hidden></div>
 </div>
 <h2>Metrics</h2>
 <table class="metrics" id="metrics"></table>

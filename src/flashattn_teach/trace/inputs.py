@@ -6,9 +6,12 @@ the argument when an index or a slope does not fit (:mod:`flashattn_teach.errors
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from .._validate.sinks import check_sinks
 from ..errors import AttentionTypeError, AttentionValueError
 
 
@@ -45,3 +48,22 @@ def one_slope(alibi_slopes: float | Tensor | None, B: int) -> Tensor | None:
             f"alibi_slopes must be a number or a tensor of shape ({B},), got {type(alibi_slopes).__name__}"
         )
     return torch.tensor([float(alibi_slopes)], dtype=torch.float64)
+
+
+def one_sink(sinks: float | Tensor | None, device: torch.device) -> Tensor | None:
+    """The replayed head's attention sink: a number, or a ``(1,)`` tensor (``check_sinks`` with ``H_q = 1``),
+    as a ``(1,)`` tensor on ``device``; None stays None. A model's ``(H_q,)`` sinks are sliced by the caller
+    (``sinks[h:h + 1]``), as its queries are: the replay runs one head."""
+    if sinks is None:
+        return None
+    if isinstance(sinks, Tensor):
+        sink = check_sinks(sinks, 1, device)
+        assert sink is not None
+        if not torch.isfinite(sink).all():  # the replay is on the host: the value can be read
+            raise AttentionValueError(f"sinks must be finite, got {sink.tolist()}")
+        return sink
+    if isinstance(sinks, bool) or not isinstance(sinks, (int, float)):
+        raise AttentionTypeError(f"sinks must be a number or a tensor of shape (1,), got {type(sinks).__name__}")
+    if not math.isfinite(sinks):
+        raise AttentionValueError(f"sinks must be finite, got {sinks}")
+    return torch.tensor([float(sinks)], dtype=torch.float64, device=device)

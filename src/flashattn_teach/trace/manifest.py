@@ -9,6 +9,9 @@ documented JSON Schema. Two choices the seed did not have to make:
 - Skipped (SKIP) tiles, each update's tile kind and the key-major schedule are not in the seed format. With
   ``extensions=True`` they are added under a top-level ``"replay"`` key and a per-case ``"tiles"`` key,
   which a reader of the seed format ignores; by default the dict holds the seed's keys only.
+- An attention sink is not in the seed format either; a replay with one adds, whatever ``extensions``, a
+  top-level ``"sink"`` (``sink_h`` and each row's final share ``exp(sink_h - lse_i)``) and per case
+  ``"sinkShare"``, the sink's share of each row so far. Without a sink neither key is written.
 
 :func:`write_json` streams the cases one at a time, so a replay of any length is written in the memory
 of one case.
@@ -73,6 +76,8 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
             {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
         ],
     }
+    if step.sink_share is not None:
+        case["sinkShare"] = _values(step.sink_share)
     if extensions:
         case["tiles"] = {
             "i": step.i,
@@ -118,6 +123,9 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
             "scheduleLength": len(replay.schedule),
             "skipped": [list(t) for t in replay.skipped],
         }
+    share = replay.sink_share()
+    if share is not None:
+        experiment["sink"] = {"value": replay.sink, "rowStart": replay.rows[0], "share": _values(share)}
     return experiment
 
 

@@ -89,6 +89,32 @@ function drawVectors(c) {
   });
 }
 
+// With an attention sink: each row's share so far, exp(sink − m_i) / l_i, on a 0–1 scale, and its final
+// share exp(sink − lse_i); the keys hold the rest.
+function drawSink(c) {
+  const root = document.getElementById("sink");
+  root.hidden = !data.sink;
+  root.replaceChildren();
+  if (!data.sink) return;
+  const box = document.createElement("div"); box.className = "sink-share";
+  const label = document.createElement("div"); label.className = "label";
+  label.textContent = `Sink share so far · exp(sink − m_i) / l_i · sink = ${fmt(data.sink.value)}`;
+  box.appendChild(label);
+  c.sinkShare.forEach((x, r) => {
+    const row = document.createElement("div"); row.className = "bar-row"; row.dataset.row = data.sink.rowStart + r;
+    const name = document.createElement("span"); name.className = "row-label";
+    name.textContent = `row ${data.sink.rowStart + r}`;
+    const track = document.createElement("div"); track.className = "track share";
+    const bar = document.createElement("div"); bar.className = "bar sink"; bar.style.width = 100 * x + "%";
+    track.appendChild(bar);
+    const value = document.createElement("span"); value.className = "value share"; value.textContent = fmt(x);
+    const final = document.createElement("span"); final.className = "value final";
+    final.textContent = `final exp(sink − lse_i): ${fmt(data.sink.share[r])}`;
+    row.append(name, track, value, final); box.appendChild(row);
+  });
+  root.appendChild(box);
+}
+
 function drawMetrics(c) {
   const table = document.getElementById("metrics");
   table.replaceChildren();
@@ -111,7 +137,7 @@ function show(k) {
       `step ${c.tiles.position} of ${ext.scheduleLength} in the ${ext.order} schedule` : "";
   document.getElementById("prev").disabled = index === 0;
   document.getElementById("next").disabled = index === cases.length - 1;
-  drawGrid(c); drawVectors(c); drawMetrics(c);
+  drawGrid(c); drawVectors(c); drawSink(c); drawMetrics(c);
   document.body.dataset.case = c.id;
 }
 
@@ -120,7 +146,8 @@ document.getElementById("meta").textContent = ext
   ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
     (ext.causal ? ` · causal (${ext.causalAlign})` : "") +
     (ext.variants.includes("window") ? ` · window (${ext.window[0]}, ${ext.window[1]})` : "") +
-    ext.variants.filter(v => v !== "window").map(v => ` · ${v}`).join("") : "";
+    ext.variants.filter(v => v !== "window").map(v => ` · ${v}`).join("") +
+    (data.sink ? ` · sink ${fmt(data.sink.value)}` : "") : "";
 document.getElementById("legend").innerHTML =
   Object.values(STATE).map(s => `<span><i class="${s}"></i>${s}</span>`).join("");
 document.getElementById("prev").addEventListener("click", () => show(index - 1));

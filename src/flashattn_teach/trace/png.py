@@ -1,5 +1,8 @@
 """A replay as a picture (matplotlib): one row per tile update, the schedule grid next to the vector bars.
 
+With an attention sink, each update's title gives every row's sink share so far, ``exp(sink_h - m_i) / l_i``
+(at the last update the final ``exp(sink_h - lse_i)``), and the heading names the sink.
+
 Uses ``matplotlib.figure.Figure`` directly, not pyplot, so rendering never changes a notebook's backend.
 """
 
@@ -79,11 +82,11 @@ def _bars(ax: Any, step: TileStep, limit: float) -> None:
     ax.set_xlim(-limit, limit)
     ax.tick_params(axis="x", labelsize=6)
     (r0, r1), (c0, c1) = step.rows, step.cols
-    ax.set_title(
-        f"query rows {r0}–{r1 - 1} · key columns {c0}–{c1 - 1}  ·  max |O partial - O final|: {step.max_diff:.3g}",
-        fontsize=8,
-        loc="left",
-    )
+    title = f"query rows {r0}–{r1 - 1} · key columns {c0}–{c1 - 1}  ·  max |O partial - O final|: {step.max_diff:.3g}"
+    if step.sink_share is not None:
+        shares = ", ".join(f"row {r0 + r} {x:.4g}" for r, x in enumerate(step.sink_share.tolist()))
+        title += f"\nsink share so far, exp(sink − m_i) / l_i: {shares}"
+    ax.set_title(title, fontsize=8, loc="left")
 
 
 def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi: int = 130) -> Path:

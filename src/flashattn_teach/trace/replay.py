@@ -22,6 +22,12 @@ The mask contract (:mod:`flashattn_teach.masks`: causal, ``window``, ``softcap``
 the key length, hidden by the mask) are never visited, so they are not steps; they are listed in
 ``Replay.skipped``. Every step records its kind, FULL (no mask work) or PARTIAL (the tile's own mask).
 
+With an attention sink (``sinks``, GPT-OSS's learned logit of the replayed head) every row's state starts as if
+it had seen one key of score ``sink_h`` and value zero, ``m_i = sink_h, l_i = 1, acc = 0``
+(:func:`flashattn_teach.online_softmax.init_state`); each step records the sink's share of the row so far,
+``exp(sink_h - m_i) / l_i``, and :meth:`Replay.sink_share` the share at the end, ``exp(sink_h - lse_i)``: the
+weight the sink took from the keys, whose weights sum to ``1 - share``.
+
 Memory is ``O(N D)`` for any ``N`` (besides a user's own ``attn_mask``): the dense output is computed for the
 replayed rows only, from their ``(Br, N_k)`` scores, and the steps are computed when iterated, one tile at
 a time, never stored.
@@ -42,7 +48,7 @@ from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
-from .inputs import check_index, one_head, one_slope, pick_matrix
+from .inputs import check_index, one_head, one_sink, one_slope, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
@@ -68,6 +74,19 @@ class Replay:
     skipped: Skipped  # tiles of every query block never computed (SKIP under the mask contract)
     mask: MaskSpec  # the call's mask contract, as the references read it
     batch_index: int = 0
+    sink: float | None = None  # sink_h of the replayed head, or None without a sink
+
+    def sink_share(self) -> Tensor | None:
+        """``(Br,)``: each replayed row's final sink share ``exp(sink_h - lse_i)``, from the replay's own last
+        update (1 for a row block that sees no key: ``lse_i = sink_h``); None without a sink. Runs every update."""
+        if self.steps.sink is None:
+            return None
+        if len(self.steps) == 0:
+            r0, r1 = self.rows
+            return torch.ones(r1 - r0, dtype=self.steps.q_i.dtype, device=self.steps.q_i.device)
+        share = self.steps[-1].sink_share
+        assert share is not None
+        return share
 
     @property
     def diagonal_offset(self) -> int:
@@ -99,6 +118,8 @@ class Replay:
                 labels.append(f"seqlens_k {int(self.mask.seqlens_k.reshape(-1)[self.batch_index])}")
             else:
                 labels.append(name)
+        if self.sink is not None:
+            labels.append(f"sink {self.sink:g}")
         return labels
 
     @property
@@ -158,6 +179,7 @@ def replay(
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
+    sinks: float | Tensor | None = None,
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -179,6 +201,8 @@ def replay(
             axis, ``(S + 1,)`` boundaries from 0 to ``N`` (``N_q = N_k``): each query sees only the keys of its
             own sequence, causal and the window aligned per sequence (see :mod:`flashattn_teach.masks.packed`); needs
             ``B = 1``.
+        sinks: the replayed head's attention sink ``sink_h``: a number, or a ``(1,)`` tensor (slice a model's
+            ``(H_q,)`` sinks as its queries: ``sinks[h:h + 1]``); see :mod:`flashattn_teach._validate.sinks`.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
@@ -222,6 +246,8 @@ def replay(
     if cu_seqlens is not None:
         opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
     dt = compute_dtype(q.dtype)
+    sink = one_sink(sinks, q.device)
+    sink = None if sink is None else sink.to(dt)  # (1,), computed in the compute dtype as the references do
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
@@ -234,7 +260,7 @@ def replay(
     kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
     allowed, bias = opts.mask.tensors(r0, r1, 0, N_k, q2.device, **kinds, b=batch_index, h=0)  # (Br, N_k)
     rows_mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
-    O_final = dense_attention(q_i, k2, v2, scale=opts.scale, softcap=opts.mask.softcap, attn_mask=rows_mask)
+    O_final = dense_attention(q_i, k2, v2, scale=opts.scale, softcap=opts.mask.softcap, attn_mask=rows_mask, sinks=sink)
     steps = Steps(
         q_i=q_i,
         k=k2,
@@ -246,6 +272,7 @@ def replay(
         batch_index=batch_index,
         scale=opts.scale,
         schedule=order_tiles,
+        sink=sink,
     )
     return Replay(
         steps=steps,
@@ -263,6 +290,7 @@ def replay(
         skipped=order_tiles.skipped(),
         mask=opts.mask,
         batch_index=batch_index,
+        sink=None if sink is None else float(sink),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
 
+import torch
 from torch import Tensor
 
 from ..masks.causal import TileKind
@@ -26,7 +27,7 @@ from ..masks.spec import Tiling
 from ..online_softmax import init_state, normalize, score_tile, update
 from .schedule import Done, Schedule
 
-__all__ = ["Steps", "TileState", "TileStep"]
+__all__ = ["Steps", "TileState", "TileStep", "sink_share"]
 
 
 class TileState(Enum):
@@ -49,7 +50,10 @@ class TileStep:
     ``S_ij (Br, Bc)`` is scaled, capped and biased, ``-inf`` where masked; ``m_i, l_i (Br,)`` are the values
     after the update; ``O_partial = acc / l_i`` and ``O_final`` (dense attention) are ``(Br, D_v)``;
     ``max_diff = max |O_partial - O_final|``. ``position`` is this update's index in the whole schedule of
-    the chosen loop order and ``done`` the tiles (of every query block) computed before it.
+    the chosen loop order and ``done`` the tiles (of every query block) computed before it. With an attention
+    sink, ``sink_share (Br,)`` is the sink's weight in each row so far, ``exp(sink_h - m_i) / l_i`` (the state
+    started at ``m_i = sink_h, l_i = 1``): the keys seen so far hold ``1 - sink_share``, and after the last
+    update it is ``exp(sink_h - lse_i)``.
     """
 
     index: int
@@ -67,6 +71,7 @@ class TileStep:
     max_diff: float
     position: int
     done: Done
+    sink_share: Tensor | None = None
 
     @property
     def masked(self) -> bool:
@@ -94,6 +99,7 @@ class Steps:
     batch_index: int
     scale: float
     schedule: Schedule
+    sink: Tensor | None = None  # (1,): the replayed head's sink_h, in q_i's dtype
 
     def __len__(self) -> int:
         return len(self.schedule.key_blocks(self.i))
@@ -108,7 +114,8 @@ class Steps:
     def __iter__(self) -> Iterator[TileStep]:
         r0, r1 = self.rows
         b, device, softcap = self.batch_index, self.q_i.device, self.tiling.spec.softcap
-        m_i, l_i, acc = init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device)
+        # With a sink, every row starts as if it had seen one key of score sink_h and value 0.
+        m_i, l_i, acc = init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device, sink=self.sink)
         # The inner loop of query_major_forward: the key blocks the tiling visits, SKIP tiles left out.
         for n, j in enumerate(self.schedule.key_blocks(self.i)):
             c0, c1 = self.tiling.col_blocks[j]
@@ -135,4 +142,12 @@ class Steps:
                 max_diff=float((O_partial - self.O_final).abs().max()),
                 position=position,
                 done=self.schedule.before(position),
+                sink_share=None if self.sink is None else sink_share(self.sink, m_i, l_i),
             )
+
+
+def sink_share(sink: Tensor, m_i: Tensor, l_i: Tensor) -> Tensor:
+    """``(Br,)``: the sink's weight among the sink and the keys folded in so far, ``exp(sink_h - m_i) / l_i``
+    (``l_i`` is relative to ``m_i``, so ``exp(sink_h - m_i)`` is the sink's term of it). ``m_i >= sink_h`` from
+    the first update on, so the exponent is ``<= 0``; ``l_i >= 1``: no division by zero."""
+    return torch.exp(sink - m_i) / l_i

@@ -1,5 +1,8 @@
 """A replay in the terminal (rich): per tile update the tile grid, the statistics and the shrinking error.
 
+With an attention sink, each update's statistics gain a column, the sink's share of each row so far, and the
+summary ends with each row's final share ``exp(sink_h - lse_i)``.
+
 A long replay stays readable: a grid of more than ``GRID_ROWS x GRID_COLS`` tiles is drawn as a window
 of that size around the current tile, and of more than ``2 * SHOWN_AT_EACH_END`` updates only the first
 and last ``SHOWN_AT_EACH_END`` are drawn (every update is still computed; ``--format json`` lists them all).
@@ -25,6 +28,7 @@ GLYPHS = {
 }
 GRID_ROWS, GRID_COLS = 16, 48  # the largest grid drawn whole, in tiles
 SHOWN_AT_EACH_END = 10  # updates drawn at the start and at the end of a long replay
+SINK_COLUMN = "sink share"  # exp(sink_h - m_i) / l_i: the sink's weight in the row so far
 
 
 def _fmt(x: float) -> str:
@@ -68,18 +72,17 @@ def _stats(step: TileStep):
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("row", "S_ij (this tile)", "m_i", "l_i", "O partial = acc / l_i", "O final (dense)"):
-        table.add_column(column, justify="right" if column in ("row", "m_i", "l_i") else "left")
+    columns = ["row", "S_ij (this tile)", "m_i", "l_i", "O partial = acc / l_i", "O final (dense)"]
+    if step.sink_share is not None:
+        columns.insert(4, SINK_COLUMN)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
-        table.add_row(
-            str(r0 + r),
-            _row(step.S_ij[r]),
-            _fmt(float(step.m_i[r])),
-            _fmt(float(step.l_i[r])),
-            _row(step.O_partial[r]),
-            _row(step.O_final[r]),
-        )
+        cells = [str(r0 + r), _row(step.S_ij[r]), _fmt(float(step.m_i[r])), _fmt(float(step.l_i[r]))]
+        if step.sink_share is not None:
+            cells.append(_fmt(float(step.sink_share[r])))
+        table.add_row(*cells, _row(step.O_partial[r]), _row(step.O_final[r]))
     return table
 
 
@@ -119,6 +122,12 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(Panel(Group(_grid(replay, step), _stats(step), error), title=title, title_align="left"))
     console.print(summary)
+    share = replay.sink_share()
+    if share is not None:
+        rows = ", ".join(f"row {r0 + r}: {_fmt(float(x))}" for r, x in enumerate(share.tolist()))
+        console.print(
+            f"Sink share at the end, exp(sink - lse_i) with sink = {replay.sink:g} (the keys hold 1 - share): {rows}"
+        )
     if replay.skipped:
         runs = _runs(replay.schedule.skipped_key_blocks(replay.query_block))
         skipped = "key blocks j = " + ", ".join(span(a, b) for a, b in runs) if runs else "none"
