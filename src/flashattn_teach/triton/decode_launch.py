@@ -70,7 +70,7 @@ TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stage
 # stages. Every row
 # compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
 # (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.inspect.decode --rows``).
-_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 192: (64, 4), 256: (32, 8)}
+_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 192: (64, 8), 256: (32, 8)}
 _TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4), 128: (16, 4)}
 # Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
 # the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
