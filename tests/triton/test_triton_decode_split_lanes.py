@@ -212,3 +212,59 @@ def test_d192_compiles_without_spills_and_saves_mmas_over_the_padded_build(arch,
     (split, split_mma), (padded, padded_mma) = loops["split"], loops["padded"]
     assert split_mma * 6 == padded_mma * 5, loops
     assert split < padded, loops
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+
+def plain_decode(q, k_cache, v_cache, lengths):
+    """One new query at position L - 1 against ``k_cache[b, :, :L]`` in torch ops and the inputs' dtype (the
+    softmax in fp32, or the inputs' float64; P rounded back before ``P V``), one batch element at a time."""
+    G = q.shape[1] // k_cache.shape[1]
+    outputs = []
+    for b, L in enumerate(lengths):
+        k = k_cache[b, :, :L].repeat_interleave(G, dim=0)  # (H_q, L, D)
+        v = v_cache[b, :, :L].repeat_interleave(G, dim=0)  # (H_q, L, D_v)
+        S = (q[b] @ k.transpose(1, 2)) * q.shape[-1] ** -0.5  # (H_q, 1, D) @ (H_q, D, L) -> (H_q, 1, L)
+        P = torch.softmax(S.to(torch.promote_types(S.dtype, torch.float32)), dim=-1).to(v.dtype)
+        outputs.append(P @ v)  # (H_q, 1, L) @ (H_q, L, D_v) -> (H_q, 1, D_v)
+    return torch.stack(outputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+def test_deepseek_head_dims_decode_on_gpu_meets_flash_attns_rule(page_size):
+    """bf16, D = 192 and D_v = 128, H_q = 16 over H_kv = 4, one new query and key over caches of 1000, 4097,
+    0 and 8191 entries (pages in flash-attn's layout, shuffled): error against float64 at most twice plain
+    PyTorch's in bf16, plus a small floor."""
+    import flashattn_teach as fa
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths, Hq, Hkv, D, D_v, N = [1000, 4097, 0, 8191], 16, 4, 192, 128, 8192
+    Bg = len(lengths)
+    randn = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
+    q, k, v = randn(Bg, Hq, 1, D), randn(Bg, Hkv, 1, D), randn(Bg, Hkv, 1, D_v)
+    k_cache, v_cache = randn(Bg, Hkv, N, D), randn(Bg, Hkv, N, D_v)
+    seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    if page_size is None:
+        O = fa.flash_attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, num_splits=0)
+    else:
+        max_blocks = N // page_size
+        table = torch.randperm(Bg * max_blocks, device="cuda", generator=g).to(torch.int32).view(Bg, max_blocks)
+        pools = []
+        for cache in (kc, vc):  # (num_blocks, page_size, H_kv, .): page table[b, p] holds keys p * page_size...
+            pool = torch.empty(Bg * max_blocks, page_size, Hkv, cache.shape[-1], device="cuda", dtype=cache.dtype)
+            pool[table.long().flatten()] = (
+                cache.view(Bg, Hkv, max_blocks, page_size, -1).permute(0, 2, 3, 1, 4).flatten(0, 1)
+            )
+            pools.append(pool.transpose(1, 2))
+        O = fa.flash_attention_with_kvcache(q, *pools, k, v, cache_seqlens=seqlens, block_table=table, num_splits=0)
+    for b, n in enumerate(lengths):
+        kc[b, :, n], vc[b, :, n] = k[b, :, 0], v[b, :, 0]
+    O_ref = plain_decode(q.double(), kc.double(), vc.double(), [n + 1 for n in lengths])
+    O_low = plain_decode(q, kc, vc, [n + 1 for n in lengths])
+    err = (O.double() - O_ref).abs().max().item()
+    err_low = (O_low.double() - O_ref).abs().max().item()
+    assert err <= 2 * err_low + 1e-4, f"error {err:.3g} vs plain PyTorch {err_low:.3g}"
