@@ -207,8 +207,8 @@ def test_a_row_that_sees_no_key_gets_zero_and_the_sink():
 
 
 def test_unpaged_leftpad_sinks_and_d192_dv128():
-    # the dense-cache path with the two new variants, at DeepSeek's head dims: D = 192 (a 256-lane tile
-    # here), D_v = 128, in float16 (the kernel's fp32 dots stop at head dim 128)
+    # the dense-cache path with the two new variants, at DeepSeek's head dims: D = 192 (two lane groups,
+    # 128 + 64), D_v = 128, in float16 (the kernel's fp32 dots stop at head dim 128)
     problem = paged_problem(page_size=16, D=192, D_v=128, group=1)
     q, k, v, dense_k, dense_v = (t.half() for t in (problem[0], *problem[3:5], *problem[6:]))
     k_cache, v_cache = dense_k.clone(), dense_v.clone()

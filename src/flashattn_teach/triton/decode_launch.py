@@ -17,7 +17,8 @@ has already checked shapes, dtypes, devices and options (``_validate_decode``). 
   (:func:`append_to_pages`); a CUDA block table and ``cache_leftpad`` are not read on the host either,
   the kernel clamps block ids into ``[0, num_blocks)`` and ``cache_leftpad[b]`` into ``[0, L_b]``.
 - tiles: ``BLOCK_M`` query rows (the ``G x N_new`` rows of a key/value head, padded to the 16 rows a
-  tensor-core dot needs), ``BLOCK_N`` keys by head dimension (:func:`decode_config`).
+  tensor-core dot needs), ``BLOCK_N`` keys by head dimension (:func:`decode_config`); a query/key head dim
+  of 129 to 192 as two lane groups, 128 + 64 (:func:`.lanes.lane_groups`), rather than padded to 256.
 - splits: ``num_splits = 0`` asks :func:`flashattn_teach.splitkv.default_num_splits` with the cache's
   capacity ``N_max`` as the key length (as flash-attn does: the lengths are on the device); more splits
   than key blocks of ``N_max`` would all be empty, so they are capped there (the partition of every
@@ -42,6 +43,7 @@ from .._validate.decode import check_seqlens_tensor
 from ..errors import AttentionTypeError, AttentionValueError
 from ..splitkv import default_num_splits
 from .configs import arch_of, block_d, dot_precision
+from .lanes import lane_groups, table_dim
 from .launch import check_tile_offsets
 from .support import decode_unsupported_reason
 from .variants import LOG2E, UNBOUNDED
@@ -68,7 +70,7 @@ TEST_DECODE_CONFIG = DecodeConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stage
 # stages. Every row
 # compiles ahead of time for sm_90 and sm_80 without spills, also at the largest BLOCK_M
 # (tests/triton/test_triton_decode.py; ``python -m flashattn_teach.triton.inspect.decode --rows``).
-_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 256: (32, 8)}
+_TILES_16BIT = {16: (128, 8), 32: (128, 8), 64: (128, 8), 128: (64, 4), 192: (64, 8), 256: (32, 8)}
 _TILES_FP32 = {16: (32, 4), 32: (32, 4), 64: (32, 4), 128: (16, 4)}
 # Rows per program at most: a (BLOCK_M, BLOCK_DV) fp32 accumulator in registers next to the score tile and
 # the queries; 64 rows spill on sm_80 (and in fp32 on sm_90), so a step with more rows runs several blocks.
@@ -76,11 +78,14 @@ MAX_BLOCK_M_16BIT = 32
 MAX_BLOCK_M_FP32 = 16
 
 
-def decode_config(dtype: torch.dtype, head_dim: int, arch: str) -> DecodeConfig:
-    """The split kernel's tiles for a dtype, head dimension (the larger of ``D`` and ``D_v``) and GPU
-    generation ("sm90", "sm80"): three stages on sm_90, two on sm_80 (less shared memory) and for fp32."""
+def decode_config(dtype: torch.dtype, head_dim: int, arch: str, head_dim_v: int | None = None) -> DecodeConfig:
+    """The split kernel's tiles for a dtype, query/key and value head dimensions (``head_dim_v`` defaults to
+    ``head_dim``) and GPU generation ("sm90", "sm80"): three stages on sm_90, two on sm_80 (less shared
+    memory) and for fp32. The row is :func:`.lanes.table_dim`'s: the larger padded head dim, or 192 for
+    DeepSeek's 192 / 128, whose keys run as two lane groups (128 + 64) next to values of 128."""
     fp32 = dtype == torch.float32
-    block_n, warps = (_TILES_FP32 if fp32 else _TILES_16BIT)[block_d(head_dim)]
+    key = table_dim(head_dim, head_dim if head_dim_v is None else head_dim_v)
+    block_n, warps = (_TILES_FP32 if fp32 else _TILES_16BIT)[key]
     return DecodeConfig(
         BLOCK_M=MAX_BLOCK_M_FP32 if fp32 else MAX_BLOCK_M_16BIT,
         BLOCK_N=block_n,
@@ -191,7 +196,7 @@ def triton_decode(
     N_new_kv = 0 if k is None else k.shape[2]
     seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
     if config is None:
-        config = decode_config(q.dtype, max(D, D_v), arch_of(q.device)) if q.is_cuda else TEST_DECODE_CONFIG
+        config = decode_config(q.dtype, D, arch_of(q.device), D_v) if q.is_cuda else TEST_DECODE_CONFIG
     splits = num_splits or default_num_splits(q, k_cache, N_max)
     splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
     # before the write, too; paged: the kernel moves to each page in 64-bit arithmetic, within it in 32-bit
@@ -280,6 +285,7 @@ def launch_decode(
         stride_slope_b = 0 if slopes.dim() == 1 else slopes.stride(0)
         stride_slope_h = slopes.stride(-1)
     left, right = window
+    BLOCK_D, BLOCK_D2 = lane_groups(D)  # 192: 128 + 64 lanes, two MMAs a score tile (.kernels.tiles)
     decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
         q,
         k_cache,
@@ -314,7 +320,8 @@ def launch_decode(
         1.0 if softcap is None else softcap * LOG2E,
         HEAD_DIM=D,
         HEAD_DIM_V=D_v,
-        BLOCK_D=block_d(D),
+        BLOCK_D=BLOCK_D,
+        BLOCK_D2=BLOCK_D2,
         BLOCK_DV=block_d(D_v),
         BLOCK_M=BLOCK_M,
         BLOCK_N=config.BLOCK_N,

@@ -8,13 +8,15 @@ Llama's shapes (``H_q = 32``, ``H_kv = 8``, one new query, so ``G x N_new = 4`` 
 softcap and ALiBi at once (the most live values per score), in the tiles :func:`.decode_launch.decode_config`
 ships; ``--rows`` asks for as many query rows as the configuration's largest ``BLOCK_M``; ``--paged
 PAGE_SIZE`` stores the caches in pages of that many keys (a shuffled block table, flash-attn's
-``cache_leftpad`` and attention sinks too). Printed per kernel: registers per thread, spilled bytes (stack
-plus local memory), shared memory, and a check (no spills, at most 255 registers, shared memory within
-228 KB on sm_90, 164 KB on sm_80); ``--loops`` adds the split kernel's loop profile
-(:mod:`.loops`: instructions per warp per key-block iteration of its steady-state loop).
+``cache_leftpad`` and attention sinks too). A case ``bfloat16:192/128`` has query/key head dim 192 and value
+head dim 128 (DeepSeek's MLA), its keys two lane groups of 128 + 64; ``--padded`` builds it as before, one
+lane group padded to 256, on the same tiles (for comparing the two). Printed per kernel: registers per
+thread, spilled bytes (stack plus local memory), shared memory, and a check (no spills, at most 255
+registers, shared memory within 228 KB on sm_90, 164 KB on sm_80); ``--loops`` adds the split kernel's
+loop profile (:mod:`.loops`: instructions per warp per key-block iteration of its steady-state loop).
 
     python -m flashattn_teach.triton.inspect.decode --arch sm90 [--case bfloat16:128 float32:64] [--rows]
-        [--paged 256] [--loops]
+        [--paged 256] [--loops] [--padded]
 
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 """
@@ -22,14 +24,19 @@ Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are buil
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
+from .. import decode_launch
 from ..configs import ARCHS
 from ..decode_launch import decode_config, launch_decode
+from ..lanes import block_d
 from .compile import MAX_REGISTERS, SMEM_LIMIT
 from .loops import loop_profile
 from .sass import disassemble
@@ -49,6 +56,8 @@ CASES = (
     (torch.float32, 64),
     (torch.float32, 128),
 )
+# (dtype, D, D_v) of the cases whose value head dim differs: DeepSeek's MLA, D = 192 as two lane groups
+SPLIT_CASES = ((torch.bfloat16, 192, 128),)
 _ROW = "{:<18} {:<9} {:>4} {:>7} {:>7} {:>5} {:>6} {:>7}"
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -61,12 +70,32 @@ def _figure(res_usage: str, name: str) -> int:
     return int(found.group(1))
 
 
+@contextmanager
+def one_lane_group() -> Iterator[None]:
+    """Within the block the decode launcher covers every query/key head dim with one padded lane group, as it
+    did before :func:`flashattn_teach.triton.lanes.lane_groups` split 192 into 128 + 64 (tiles unchanged)."""
+    saved = decode_launch.lane_groups
+    decode_launch.lane_groups = lambda head_dim: (block_d(head_dim), 0)
+    try:
+        yield
+    finally:
+        decode_launch.lane_groups = saved
+
+
 def requests(
-    arch: str, dtype: torch.dtype, head_dim: int, *, rows: bool = False, page_size: int | None = None
+    arch: str,
+    dtype: torch.dtype,
+    head_dim: int,
+    *,
+    rows: bool = False,
+    page_size: int | None = None,
+    head_dim_v: int | None = None,
 ) -> list[CompileRequest]:
     """The compile requests of the sample decode step (module docs): the split kernel, then the combine;
-    ``page_size``: paged caches of that many keys a page, with ``cache_leftpad`` and sinks."""
-    config = decode_config(dtype, head_dim, arch)
+    ``page_size``: paged caches of that many keys a page, with ``cache_leftpad`` and sinks; ``head_dim_v``:
+    the values' head dim (default ``head_dim``)."""
+    D_v = head_dim if head_dim_v is None else head_dim_v
+    config = decode_config(dtype, head_dim, arch, D_v)
     n_new = config.BLOCK_M // (SAMPLE_HEADS // SAMPLE_KV_HEADS) if rows else 1
     q = torch.empty(SAMPLE_BATCH, SAMPLE_HEADS, n_new, head_dim, dtype=dtype)
     seqlens = torch.empty(SAMPLE_BATCH, dtype=torch.int32)
@@ -81,7 +110,7 @@ def requests(
             "cache_leftpad": torch.zeros(SAMPLE_BATCH, dtype=torch.int32),
             "sinks": torch.zeros(SAMPLE_HEADS),
         }
-    v_cache = torch.empty_like(k_cache)
+    v_cache = torch.empty(*k_cache.shape[:3], D_v, dtype=dtype)
     return requests_for(
         lambda: launch_decode(
             q,
@@ -125,22 +154,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn_teach.triton.inspect.decode", description=__doc__)
     parser.add_argument("--arch", choices=ARCHS, default="sm90")
     names = [f"{str(dt).removeprefix('torch.')}:{d}" for dt, d in CASES]
-    parser.add_argument("--case", nargs="+", choices=names, default=names, help="dtype:head_dim (default: all)")
+    names += [f"{str(dt).removeprefix('torch.')}:{d}/{d_v}" for dt, d, d_v in SPLIT_CASES]
+    parser.add_argument("--case", nargs="+", choices=names, default=names, help="dtype:D[/D_v] (default: all)")
     parser.add_argument("--rows", action="store_true", help="as many query rows as the largest BLOCK_M")
     parser.add_argument("--paged", type=int, metavar="PAGE_SIZE", help="paged caches, with leftpad and sinks")
     parser.add_argument("--loops", action="store_true", help="the split kernel's loop profile")
+    parser.add_argument("--padded", action="store_true", help="192 as one lane group padded to 256, same tiles")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
-    cases = [(_DTYPE_BY_NAME[name.split(":")[0]], int(name.split(":")[1])) for name in args.case]
+    cases = []
+    for name in args.case:
+        dtype_name, dims = name.split(":")
+        d, _, d_v = dims.partition("/")
+        cases.append((_DTYPE_BY_NAME[dtype_name], int(d), int(d_v or d)))
     limits = f"registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT[args.arch]} B"
     layout = "contiguous caches" if args.paged is None else f"pages of {args.paged} keys, leftpad, sinks"
     print(f"# {args.arch} decode kernels ({layout}): {limits}")
     columns = ("kernel", "dtype", "D", "BLOCK_M", "BLOCK_N", "regs", "spills", "smem")
     print(_ROW.format(*columns) + "  check")
     failed = 0
-    for dt, d in cases:
+    for dt, d, d_v in cases:
         profiles = []
-        for request in requests(args.arch, dt, d, rows=args.rows, page_size=args.paged):
+        with one_lane_group() if args.padded else contextlib.nullcontext():
+            built = requests(args.arch, dt, d, rows=args.rows, page_size=args.paged, head_dim_v=d_v)
+        for request in built:
             r = report(request, args.arch)
             if args.loops and request.name == "decode_split_fwd":
                 profiles.append(loop_profile(request, args.arch))
@@ -148,9 +185,9 @@ def main() -> int:
             failed += r["check"] != "ok"
             tile = (constants.get("BLOCK_M", "-"), constants.get("BLOCK_N", "-"))
             dtype = str(dt).removeprefix("torch.")
-            print(
-                _ROW.format(request.name, dtype, d, *tile, r["registers"], r["spills"], r["smem"]) + f"  {r['check']}"
-            )
+            dims = d if d == d_v else f"{d}/{d_v}"
+            figures = (r["registers"], r["spills"], r["smem"])
+            print(_ROW.format(request.name, dtype, dims, *tile, *figures) + f"  {r['check']}")
         for profile in profiles:
             print("  " + ("no loop holds a matmul" if profile is None else profile.summary()))
     return 1 if failed else 0

@@ -29,17 +29,19 @@ diagonal or the split's end cuts (masked), as :mod:`.masking` does for the prefi
 
 Paged caches (``PAGED``, flash-attn's ``block_table``): key ``j`` of batch element b lives in page
 ``block_table[b, j // PAGE_SIZE]`` at slot ``j % PAGE_SIZE`` of ``K (num_blocks, H_kv, PAGE_SIZE, D)``, so
-each key of a block gets its own row address (:func:`_page_slots`, 64-bit) from the pages' strides: any
+each key of a block gets its own row address (:func:`.pages._page_slots`, 64-bit) from the pages' strides: any
 page size, and flash-attn's ``(num_blocks, PAGE_SIZE, H_kv, D)`` storage as a transposed view. Pages of at
 least ``BLOCK_N`` keys hold a block in two pages at most: two block ids a block (``WIDE_PAGES``). The ids
-of the next block are read one iteration ahead (:func:`_block_ids`), so that the K and V loads' addresses
+of the next block are read one iteration ahead (:func:`.pages._block_ids`), so that the K and V loads' addresses
 wait for no load of the same iteration and the compiler still pipelines them (``python -m
 flashattn_teach.triton.inspect.decode --paged 256 --loops``: the shared memory of two stages in flight, as
 for contiguous caches). Block ids are clamped to ``[0, num_blocks)``: a CUDA table is never read on the
 host. ``LEFTPAD`` (flash-attn's ``cache_leftpad``): keys before ``cache_leftpad[b]`` are padding, so ``lo``
 starts there. ``SINKS``: row ``r`` of head h counts one more key, of score ``sink_h`` and value 0; split 0
 starts its rows' state from it (``m_i = sink_h log2(e), l_i = 1``), so the sink enters each row once, also
-through the combine.
+through the combine. ``BLOCK_D2`` (DeepSeek's MLA, ``D = 192``): the queries and keys as two lane groups of
+128 and 64 (:mod:`.tiles`, ``triton/lanes.py``), ``S = Q[:, :128] K_j[:, :128]^T + Q[:, 128:] K_j[:, 128:]^T``
+(two MMAs into one accumulator) rather than one padded to 256; 0 compiles none of it.
 
 Like the prefill kernels the scores are kept in log2 units: ``s2 = scale log2(e) q.k`` and
 ``lse = ln 2 (m_i + log2 l_i)``; softcap and ALiBi modify ``s2`` (:func:`~.masking._modify_scores`).
@@ -54,7 +56,8 @@ from triton import language as tl
 
 from .forward import LN2, LOG2E
 from .masking import _in_window, _modify_scores
-from .tiles import _load_block, _store_block
+from .pages import _block_ids, _page_slots
+from .tiles import _load_block, _load_block_hi, _store_block
 
 
 @triton.jit
@@ -78,49 +81,12 @@ def _split_key_runs(split_begin, split_end, p_first, p_last, LEFT, RIGHT, BLOCK_
 
 
 @triton.jit
-def _block_ids(table, start, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
-    """The pages of key block ``[start, start + BLOCK_N)``: ids from ``table`` (the batch element's row of
-    the block table) clamped into ``[0, num_blocks)``, so that no id reads outside the cache; entries of
-    keys at or past ``split_end`` are not read (they may lie past the sequence's pages).
-
-    ``WIDE`` (``PAGE_SIZE >= BLOCK_N``): the block lies in page ``start // PAGE_SIZE`` and perhaps the
-    next, so two scalar ids serve it (read by one two-entry load); otherwise ``(BLOCK_N,)`` ids, one per
-    key (returned twice, so that both variants carry the same pair through the loop)."""
-    if WIDE:
-        first = start // PAGE_SIZE + tl.arange(0, 2)  # (2,): this page and the next
-        ids = tl.load(table + first * stride_bt_n, mask=first * PAGE_SIZE < split_end, other=0)
-        ids = tl.minimum(tl.maximum(ids, 0), num_blocks - 1)
-        page0 = tl.sum(tl.where(tl.arange(0, 2) == 0, ids, 0), 0)
-        page1 = tl.sum(tl.where(tl.arange(0, 2) == 1, ids, 0), 0)
-    else:
-        cols = start + tl.arange(0, BLOCK_N)
-        page0 = tl.load(table + (cols // PAGE_SIZE) * stride_bt_n, mask=cols < split_end, other=0)
-        page0 = tl.minimum(tl.maximum(page0, 0), num_blocks - 1)
-        page1 = page0
-    return page0, page1
-
-
-@triton.jit
-def _page_slots(page0, page1, start, cols, PAGE_SIZE, WIDE: tl.constexpr):
-    """``(page, slot)`` of each key ``cols = start + [0, BLOCK_N)`` from :func:`_block_ids`'s ids: the page
-    as int64 (``page x page stride`` may pass 2^31) and the slot ``cols % PAGE_SIZE``."""
-    if WIDE:
-        t = cols - (start // PAGE_SIZE) * PAGE_SIZE  # the slot in the first page, or PAGE_SIZE more in the next
-        next_page = t >= PAGE_SIZE
-        page = tl.where(next_page, page1, page0).to(tl.int64)
-        slot = tl.where(next_page, t - PAGE_SIZE, t)
-    else:
-        page = page0.to(tl.int64)
-        slot = cols % PAGE_SIZE
-    return page, slot
-
-
-@triton.jit
 def _decode_inner(
     acc,  # (BLOCK_M, BLOCK_DV) fp32, the unnormalised output
     l_i,  # (BLOCK_M,) fp32, running denominator
     m_i,  # (BLOCK_M,) fp32, running max of the log2-unit scores
     q,  # (BLOCK_M, BLOCK_D), the rows' queries
+    q2,  # with BLOCK_D2: their second lane group (BLOCK_M, BLOCK_D2); otherwise unread
     K_head,  # key and value head (b, h_kv) of the caches; paged: head h_kv of page 0
     V_head,
     stride_kp,  # paged: the stride of a page (K's first axis)
@@ -145,6 +111,7 @@ def _decode_inner(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -156,7 +123,9 @@ def _decode_inner(
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
     ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read).
-    ``PAGED``: each key's row found through the block table (:func:`_block_ids`, :func:`_page_slots`)."""
+    ``PAGED``: each key's row found through the block table (:func:`_block_ids`, :func:`_page_slots`).
+    ``BLOCK_D2 > 0``: the query/key head dim is two lane groups (:mod:`.tiles`; 192 = 128 + 64), each
+    ``S = Q K_j^T`` two MMAs into one accumulator, the second group's keys read at the same rows."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, BLOCK_N)
@@ -168,15 +137,16 @@ def _decode_inner(
         # K_j: (BLOCK_N, BLOCK_D); S = Q K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
         if PAGED:  # the keys of a block may lie in several pages: one 64-bit row offset per key
             page, slot = _page_slots(page0, page1, start, cols, PAGE_SIZE, WIDE_PAGES)
-            k_rows = page * stride_kp + slot * stride_kn
-            k = _load_block(K_head, k_rows, offs_d, 1, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+            K_rows, k_rows, stride_kr = K_head, page * stride_kp + slot * stride_kn, 1
         else:
-            K_block = K_head + tl.cast(start, tl.int64) * stride_kn
-            k = _load_block(
-                K_block, offs_j, offs_d, stride_kn, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
-            )
+            K_rows, k_rows, stride_kr = K_head + tl.cast(start, tl.int64) * stride_kn, offs_j, stride_kn
+        k = _load_block(K_rows, k_rows, offs_d, stride_kr, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if BLOCK_D2 > 0:  # S += Q[:, BLOCK_D:] K_j[:, BLOCK_D:]^T: (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
+            k2 = _load_block_hi(K_rows, k_rows, stride_kr, stride_kd, in_split, HEAD_DIM, BLOCK_D, BLOCK_D2, not MASK)
+            s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
         # s2 = scale log2(e) q.k, scaled before the max (the scale may be negative)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = s * qk_scale
         if SOFTCAP or ALIBI:
             s, _ = _modify_scores(s, pos[:, None], cols[None, :], 0, softcap_log2, slope_log2, SOFTCAP, ALIBI)
         if MASK:
@@ -264,6 +234,7 @@ def decode_split_fwd(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_D2: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -287,7 +258,8 @@ def decode_split_fwd(
     element b's pages at ``BLOCK_TABLE + b stride_bt_b + n stride_bt_n`` (int32), ``N_max = max_blocks
     PAGE_SIZE``; ``WIDE_PAGES``: ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``LEFTPAD``:
     ``CACHE_LEFTPAD (B,)`` int32, clamped here to ``[0, L_b]``. ``SINKS``: ``SINK_LOGITS (H_q,)`` fp32,
-    contiguous."""
+    contiguous. ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the
+    values' ``BLOCK_DV`` stays one padded group."""
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -319,6 +291,9 @@ def decode_split_fwd(
     # Q rows: (BLOCK_M, BLOCK_D), loaded once; each row its own (head, query), at a 64-bit offset from Q
     q_rows = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + n.to(tl.int64) * stride_qn
     q = _load_block(Q, q_rows, tl.arange(0, BLOCK_D), 1, stride_qd, in_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    q2 = q  # with BLOCK_D2 the queries' second lane group (BLOCK_M, BLOCK_D2); otherwise unread
+    if BLOCK_D2 > 0:
+        q2 = _load_block_hi(Q, q_rows, 1, stride_qd, in_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
     if ALIBI:
         slopes = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h, mask=in_rows, other=0.0)
         slope_log2 = (slopes * LOG2E)[:, None]
@@ -344,22 +319,25 @@ def decode_split_fwd(
     begin, full_begin, full_end, end = _split_key_runs(split_begin, split_end, p_lo, p_hi, LEFT, RIGHT, BLOCK_N)
     # the blocks a left bound cuts, those every row sees whole, those a right bound or the split's end cuts
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         begin, full_begin, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
+        MASK=True,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_begin, full_end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=False,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
+        MASK=False,
     )  # fmt: skip
     acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         table, stride_bt_n, PAGE_SIZE, num_blocks,
         full_end, end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES, MASK=True,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
+        MASK=True,
     )  # fmt: skip
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of
