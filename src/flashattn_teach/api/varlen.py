@@ -39,7 +39,7 @@ from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
 from ..ops.attention import traceable
-from . import varlen_pages
+from .varlen_pages import gather_paged_keys
 
 
 @overload
@@ -197,7 +197,7 @@ def flash_attention_varlen(
         ``lse = -inf`` (``sink_h`` with sinks).
     """
     if block_table is not None:  # k, v are page pools: gather the keys into the packed layout, then as below
-        k, v = varlen_pages.gather_paged_keys(q, k, v, cu_seqlens_k, block_table)
+        k, v = gather_paged_keys(q, k, v, cu_seqlens_k, block_table)
     q, k, v = cast_inputs(q, k, v)  # after the gather: autocast casts the keys read, not the whole pools
     lse_wanted = check_bool("return_lse", return_lse)
     backend = public_backend(backend)
