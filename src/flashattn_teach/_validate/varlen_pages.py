@@ -94,13 +94,13 @@ def check_paged_keys(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_k: object, bloc
     ids = table.long()  # (B, max_blocks): index tensors are int64
     host = ids.cpu()
     used = torch.tensor([-(-n // page_size) for n in lengths], dtype=torch.int64)  # (B,): ceil(n_b / page_size)
-    cols = torch.arange(max_blocks)  # (max_blocks,)
-    bad = (cols[None, :] < used[:, None]) & ((host < 0) | (host >= num_blocks))  # (B, max_blocks)
-    if bool(bad.any()):
-        b, p = (int(i) for i in bad.nonzero()[0])
+    read = torch.arange(max_blocks)[None, :] < used[:, None]  # (B, max_blocks): the pages sequence b reads
+    bad = (read & ((host < 0) | (host >= num_blocks))).nonzero().tolist()  # [[b, p], ...], vectorised
+    if bad:
+        b, p = bad[0]
         raise AttentionValueError(
-            f"block_table[{b}, {p}] = {int(host[b, p])} is not a page of the pools: sequence {b} has "
-            f"{lengths[b]} keys on pages [0, {int(used[b])}) of its row (page_size = k.shape[2] = {page_size}), "
-            f"and their ids must lie in [0, num_blocks) = [0, {num_blocks}) (num_blocks = k.shape[0])"
+            f"block_table[{b}, {p}] = {int(host[b, p])} is not a page of the pools: sequence {b} has {lengths[b]} "
+            f"keys on pages [0, {int(used[b])}) of its row (page_size = k.shape[2] = {page_size}), and their ids "
+            f"must lie in [0, num_blocks) = [0, {num_blocks}) (num_blocks = k.shape[0])"
         )
     return PagedKeys(block_table=ids, lengths=tuple(int(n) for n in lengths), page_size=page_size)

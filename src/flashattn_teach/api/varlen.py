@@ -181,7 +181,8 @@ def flash_attention_varlen(
             ``(total_k, H_kv, D)`` copy (:mod:`flashattn_teach.api.varlen_pages`: those keys alone) and run
             as above on every backend: the Triton prefill kernel does not walk pages itself (the decode
             kernel of :func:`flashattn_teach.flash_attention_with_kvcache` does). Read-only (nothing is
-            appended), and differentiable into the pools through the gather.
+            appended), and differentiable into the pools through the gather. Under ``torch.compile`` the
+            checks and the gather break the graph (they read ``cu_seqlens_k`` and the table on the host).
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
