@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
+from flashattn_teach.dispatch import runner
 from flashattn_teach.errors import AttentionTypeError, AttentionValueError
 from varlen_paged_cases import H_KV, H_Q, LENGTHS, keys_by_hand, oracle, paged_varlen
 
@@ -145,3 +146,29 @@ def test_refusals_name_the_argument_and_leave_the_pools_alone() -> None:
     # garbage past a sequence's pages is never read: the table of the cases holds 10**6 and -1 there
     assert (p.block_table == 10**6).any() and (p.block_table == -1).any()
     assert H_KV == p.k_pages.shape[1]
+
+
+@pytest.mark.parametrize("backend", ["auto", "online", "dense"])
+def test_explain_names_the_backend_the_paged_call_runs(monkeypatch, backend: str) -> None:
+    p = paged_varlen(page_size=7, layout="bnhd")
+    seen = []
+    run = runner.run
+    monkeypatch.setattr(runner, "run", lambda plan, *a: seen.append(plan.backend) or run(plan, *a))
+    fa.flash_attention_varlen(*p.args(), block_table=p.block_table, causal=True, backend=backend)
+    q, k, v, cu_q, cu_k, max_q, max_k = p.args()
+    plan = fa.explain(
+        q,
+        k,
+        v,
+        is_causal=True,
+        causal_align="bottom_right",
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        block_table=p.block_table,
+        backend=backend,
+    )
+    assert seen == [plan.backend] and "block_table" in plan.reason
+    with pytest.raises(AttentionValueError, match="block_table is taken here with packed sequences"):
+        fa.explain(q, k, v, block_table=p.block_table)
