@@ -111,6 +111,9 @@ def test_the_paged_call_is_the_packed_call_on_the_same_keys_dropout_included() -
         torch.manual_seed(3)
         O_packed = fa.flash_attention_varlen(p.q, k, v, *p.args()[3:], causal=True, dropout_p=0.3, backend=backend)
         assert torch.equal(O, O_packed), backend
+    # an int64 table reads the same pages
+    O64 = fa.flash_attention_varlen(*p.args(), block_table=table.long(), causal=True)
+    assert torch.equal(O64, fa.flash_attention_varlen(*p.args(), block_table=table, causal=True))
 
 
 def _refusal(p, match: str, exc=AttentionValueError, **change) -> None:
@@ -143,6 +146,7 @@ def test_refusals_name_the_argument_and_leave_the_pools_alone() -> None:
     _refusal(p, "multiple of the key/value heads", q=p.q[:, :3])
     _refusal(p, "cu_seqlens_k must start at 0", cu_seqlens_k=p.cu_k + 1)
     _refusal(p, "max_seqlen_k = 3 is smaller", max_seqlen_k=3)
+    _refusal(p, "page pools .* need block_table=", block_table=None)
     # garbage past a sequence's pages is never read: the table of the cases holds 10**6 and -1 there
     assert (p.block_table == 10**6).any() and (p.block_table == -1).any()
     assert H_KV == p.k_pages.shape[1]
@@ -172,3 +176,11 @@ def test_explain_names_the_backend_the_paged_call_runs(monkeypatch, backend: str
     assert seen == [plan.backend] and "block_table" in plan.reason
     with pytest.raises(AttentionValueError, match="block_table is taken here with packed sequences"):
         fa.explain(q, k, v, block_table=p.block_table)
+
+
+def test_no_sequences_give_empty_outputs() -> None:
+    p = paged_varlen(page_size=7)
+    cu = torch.zeros(1, dtype=torch.int32)
+    table = torch.zeros(0, 3, dtype=torch.int32)
+    O, lse = fa.flash_attention_varlen(p.q[:0], p.k_pages, p.v_pages, cu, cu, 0, 0, block_table=table, return_lse=True)
+    assert O.shape == (0, H_Q, p.v_pages.shape[3]) and lse.shape == (H_Q, 0)

@@ -27,7 +27,8 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         if not isinstance(t, Tensor):
             raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
         if t.dim() != 3:
-            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}")
+            pools = "; page pools (num_blocks, H_kv, page_size, D) need block_table=" if t.dim() == 4 else ""
+            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}{pools}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
 
     def shapes() -> str:  # built when raising: while compiling, the sizes may be symbols
