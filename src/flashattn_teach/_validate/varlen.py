@@ -27,7 +27,8 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         if not isinstance(t, Tensor):
             raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
         if t.dim() != 3:
-            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}")
+            pools = "; page pools (num_blocks, H_kv, page_size, D) need block_table=" if t.dim() == 4 else ""
+            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}{pools}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
 
     def shapes() -> str:  # built when raising: while compiling, the sizes may be symbols
@@ -44,8 +45,9 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         )
 
 
-def check_cu_seqlens(name: str, cu: object, total: int, total_name: str, device: torch.device) -> Tensor:
-    """``(B + 1,)`` int32 or int64 on the inputs' device: starts at 0, non-decreasing, ends at ``total``."""
+def check_cu_seqlens(name: str, cu: object, total: int | None, total_name: str, device: torch.device) -> Tensor:
+    """``(B + 1,)`` int32 or int64 on the inputs' device: starts at 0, non-decreasing, ends at ``total``
+    (``None``: anywhere, as ``cu_seqlens_k`` with a block table, whose keys are read from pages)."""
     want = f"(B + 1,) holding 0, then each sequence's end on the packed axis, the last equal to {total_name}"
     if not isinstance(cu, Tensor):
         raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(cu).__name__}")
@@ -64,7 +66,7 @@ def check_cu_seqlens(name: str, cu: object, total: int, total_name: str, device:
                 f"{name} must be non-decreasing (sequence lengths >= 0), got {name}[{b}] = {values[b]} > "
                 f"{name}[{b + 1}] = {values[b + 1]}"
             )
-    if values[-1] != total:
+    if total is not None and values[-1] != total:
         raise AttentionValueError(f"{name} must end at {total_name} = {total}, got {name}[-1] = {values[-1]}")
     return cu
 

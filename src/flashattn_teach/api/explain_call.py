@@ -24,6 +24,7 @@ from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..masks.causal import TileKind
 from ..triton.support import forward_kernel_note
+from .varlen_pages import gather_paged_keys
 
 _DROPOUT_NOTE = (
     "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
@@ -65,6 +66,7 @@ def explain(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    block_table: Tensor | None = None,
     backend: str = "auto",
     deterministic: bool = False,
     score_mod: ScoreMod | None = None,
@@ -81,7 +83,8 @@ def explain(
 
     With ``cu_seqlens_q`` and ``cu_seqlens_k`` (and ``max_seqlen_q``, ``max_seqlen_k``) the inputs are
     packed sequences, ``(total, H, D)``, as :func:`flash_attention_varlen` takes them (its
-    ``causal_align`` default is ``"bottom_right"``: pass it as the call does). On the Triton path the
+    ``causal_align`` default is ``"bottom_right"``: pass it as the call does); with ``block_table`` too,
+    ``key`` and ``value`` are page pools, checked and gathered as the call does. On the Triton path the
     answer also says which backward runs (one kernel with dQ by atomics, or the deterministic two kernels,
     and why); ``deterministic`` as the call's. ``score_mod``, ``mask_mod`` and ``block_mask`` as
     :func:`flash_attention` takes them; with ``verbose`` and user functions on the Triton path the answer
@@ -96,8 +99,15 @@ def explain(
     >>> print(fa.explain(q[..., :8, :], q[..., :8, :], q[..., :8, :]))  # doctest: +ELLIPSIS
     parallel: cpu tensors: query-major tiles; fewer than 2^19 scores, too few for the worker threads: ...
     """
-    query, key, value = cast_inputs(query, key, value)
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if block_table is not None and not packed:
+        raise AttentionValueError(
+            "block_table is taken here with packed sequences (cu_seqlens_q, cu_seqlens_k), as "
+            "flash_attention_varlen takes it; for a decode step over a paged cache call explain_with_kvcache"
+        )
+    if block_table is not None:  # the keys the varlen call would gather from the pages
+        key, value = gather_paged_keys(query, key, value, cu_seqlens_k, block_table)  # type: ignore[arg-type]
+    query, key, value = cast_inputs(query, key, value)
     if packed and (score_mod is not None or mask_mod is not None or block_mask is not None):
         raise AttentionValueError(
             "score_mod, mask_mod and block_mask are not taken with packed sequences (cu_seqlens_q, cu_seqlens_k); "
@@ -168,7 +178,15 @@ def explain(
         p = Plan(p.backend, p.reason + _mods_note(p, opts, check_bool("verbose", verbose)))
     if opts.sinks is not None:
         p = Plan(p.backend, p.reason + _sinks_note(p))
+    if block_table is not None:
+        p = Plan(p.backend, p.reason + _PAGED_NOTE)
     return p
+
+
+_PAGED_NOTE = (
+    "; keys read through block_table: gathered from their pages into one packed (total_k, H_kv, D) copy "
+    "first, since the varlen kernels take packed keys"
+)
 
 
 def _sinks_note(p: Plan) -> str:

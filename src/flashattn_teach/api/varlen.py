@@ -39,6 +39,7 @@ from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
 from ..ops.attention import traceable
+from .varlen_pages import gather_paged_keys
 
 
 @overload
@@ -60,6 +61,7 @@ def flash_attention_varlen(
     dropout_p: float = 0.0,
     deterministic: bool = False,
     sinks: Tensor | None = None,
+    block_table: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[False] = False,
 ) -> Tensor: ...
@@ -84,6 +86,7 @@ def flash_attention_varlen(
     dropout_p: float = 0.0,
     deterministic: bool = False,
     sinks: Tensor | None = None,
+    block_table: Tensor | None = None,
     backend: str = "auto",
     return_lse: Literal[True],
 ) -> tuple[Tensor, Tensor]: ...
@@ -108,6 +111,7 @@ def flash_attention_varlen(
     dropout_p: float = 0.0,
     deterministic: bool = False,
     sinks: Tensor | None = None,
+    block_table: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]: ...
@@ -131,6 +135,7 @@ def flash_attention_varlen(
     dropout_p: float = 0.0,
     deterministic: bool = False,
     sinks: Tensor | None = None,
+    block_table: Tensor | None = None,
     backend: str = "auto",
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -164,6 +169,20 @@ def flash_attention_varlen(
             of value zero, as :func:`flashattn_teach.flash_attention`'s (``lse = sink_h`` for a row that
             sees no key). Under ``torch.compile`` a call with sinks runs the eager path (the packed op does
             not carry them).
+        block_table: int32 (or int64) ``(B, max_blocks)``, flash-attn's paged KV cache (vLLM's chunked
+            prefill): ``k (num_blocks, H_kv, page_size, D)`` and ``v (num_blocks, H_kv, page_size, D_v)``
+            are then page pools (this library's head-major layout; flash-attn's ``(num_blocks, page_size,
+            H_kv, D)`` pools are passed as ``.transpose(1, 2)``, a view; any page size from 1), and sequence
+            b's ``n_b = cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` keys are positions ``[0, n_b)`` of its pages:
+            key j at page ``block_table[b, j // page_size]``, slot ``j % page_size``. Checked first: the
+            table has a row per sequence, ``n_b <= max_blocks * page_size``, and the ids of the pages read
+            lie in ``[0, num_blocks)`` (read on the host on every device, as ``cu_seqlens_k`` is; entries
+            past a sequence's pages may hold anything). The keys are then gathered into one packed
+            ``(total_k, H_kv, D)`` copy (:mod:`flashattn_teach.api.varlen_pages`: those keys alone) and run
+            as above on every backend: the Triton prefill kernel does not walk pages itself (the decode
+            kernel of :func:`flashattn_teach.flash_attention_with_kvcache` does). Read-only (nothing is
+            appended), and differentiable into the pools through the gather. Under ``torch.compile`` the
+            checks and the gather break the graph (they read ``cu_seqlens_k`` and the table on the host).
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
@@ -174,10 +193,13 @@ def flash_attention_varlen(
 
     Returns:
         ``O`` of shape ``(total_q, H_q, D_v)`` in ``q``'s dtype and, with ``return_lse``, ``lse``.
-        Differentiable with respect to ``q, k, v`` by autograd. A query row that sees no key (a window
-        or a bottom-right causal offset can leave one) gives 0 and ``lse = -inf`` (``sink_h`` with sinks).
+        Differentiable with respect to ``q, k, v`` (the pools, with ``block_table``) by autograd. A query
+        row that sees no key (a window or a bottom-right causal offset can leave one) gives 0 and
+        ``lse = -inf`` (``sink_h`` with sinks).
     """
-    q, k, v = cast_inputs(q, k, v)
+    if block_table is not None:  # k, v are page pools: gather the keys into the packed layout, then as below
+        k, v = gather_paged_keys(q, k, v, cu_seqlens_k, block_table)
+    q, k, v = cast_inputs(q, k, v)  # after the gather: autocast casts the keys read, not the whole pools
     lse_wanted = check_bool("return_lse", return_lse)
     backend = public_backend(backend)
     if torch.compiler.is_compiling() and sinks is None and traceable(None, alibi_slopes):
