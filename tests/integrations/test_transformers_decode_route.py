@@ -70,3 +70,8 @@ def test_gpt_oss_decode_with_sinks_and_a_window_equals_eager(routed):
     assert torch.equal(got.sequences, want.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=1e-5, rtol=1e-5)
     assert len(routed) == 3 * 2  # the sliding layer's window (4 keys) is a run too
+
+
+def test_a_step_with_no_keys_takes_the_general_path():
+    mask = torch.zeros(2, 1, 1, 0, dtype=torch.bool)
+    assert transformers_decode.visible_runs(mask) is None

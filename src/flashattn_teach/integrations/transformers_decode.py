@@ -36,6 +36,8 @@ def visible_runs(mask: Tensor) -> tuple[Tensor, Tensor] | None:
     (or sees no key)."""
     rows = mask[:, 0, 0]  # (B, N_k)
     N_k = rows.shape[-1]
+    if N_k == 0:
+        return None  # no key at all: the general path gives its zeros
     seen = rows.to(torch.int8)
     first = seen.argmax(-1)  # (B,): the first True (0 for a row of no True, caught below)
     end = N_k - seen.flip(-1).argmax(-1)  # (B,): one past the last True

@@ -116,7 +116,7 @@ def device_seqlens(cache_seqlens: object, B: int, N_max: int, device: torch.devi
             f"got {type(cache_seqlens).__name__} {cache_seqlens!r}"
         )
     check_seqlens_tensor(cache_seqlens, B, device)
-    return cache_seqlens.to(torch.int32)
+    return cache_seqlens.to(torch.int32).contiguous()  # the kernel reads entry b at CACHE_SEQLENS + b
 
 
 def append_on_device(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor) -> None:
@@ -276,7 +276,8 @@ def launch_decode(
     else:
         table, (stride_bt_b, stride_bt_n), page_size = block_table, block_table.stride(), N_rows
     # placeholders (never read) where a variant is off
-    leftpad = seqlens if cache_leftpad is None else cache_leftpad
+    # the kernel reads entry b at CACHE_LEFTPAD + b: one int32 per element, back to back
+    leftpad = seqlens if cache_leftpad is None else cache_leftpad.to(torch.int32).contiguous()
     sink_logits = lse if sinks is None else sinks.detach().to(torch.float32).contiguous()  # (H_q,), fp32
     if alibi_slopes is None:
         slopes, stride_slope_b, stride_slope_h = lse, 0, 0  # a placeholder pointer, never read
