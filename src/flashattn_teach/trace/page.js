@@ -1,159 +1,91 @@
-// The tile replay page (flashattn_teach/trace/html.py): draws the embedded experiment, one case at a time.
-const data = JSON.parse(document.getElementById("replay-data").textContent);
-// The Python enums TileState and TileKind, as {NAME: value}, so no state is spelt here a second time.
-const {TileState: STATE, TileKind: KIND} = JSON.parse(document.getElementById("replay-enums").textContent);
-const KIND_NAME = Object.fromEntries(Object.entries(KIND).map(([name, value]) => [value, name]));
-const cases = data.cases, ext = data.replay || null;
-const SVG = "http://www.w3.org/2000/svg", CELL = 26;
-let index = 0;
+// The replay page's core (flashattn_teach/trace/html.py): the data, the tabs, the steppers and the keys.
+// Each view is its own script (page_<view>.js), concatenated after this one; it registers itself with
+// Page.addView (its own tab and stepper) or Page.addForwardPanel (a panel of the forward view, drawn at
+// every forward tile update). Page.start() runs last.
+const Page = (() => {
+  const json = id => JSON.parse(document.getElementById(id).textContent);
+  const data = json("replay-data");  // the experiment (manifest.py), with its extensions
+  // The Python enums TileState and TileKind, as {NAME: value}, so no state is spelt here a second time.
+  const enums = json("replay-enums");
+  const views = json("view-data");  // {key: payload}: each view's data, built by its Python builder
+  const fmt = x => x === null ? "−∞" : Number(x).toPrecision(4);
+  const registered = [], panels = [];
+  let active = null;
 
-// One scale for every bar of every case, so bars keep their meaning while stepping.
-let scale = 0;
-for (const c of cases)
-  for (const v of c.vectors) for (const x of v.values) if (x !== null) scale = Math.max(scale, Math.abs(x));
-scale = scale || 1;
-
-const fmt = x => x === null ? "−∞" : Number(x).toPrecision(4);
-
-function tileState(c, r, col) {
-  const s = c.schedule;
-  const inRows = r >= s.rowStart && r < s.rowStart + s.rowCount;
-  if (inRows && col >= s.columnStart && col < s.columnStart + s.columnCount) return STATE.CURRENT;
-  if (!ext) return inRows && col < s.completedColumns ? STATE.ACCUMULATED : STATE.PENDING;
-  const tile = [Math.floor(r / ext.blockM), Math.floor(col / ext.blockN)];
-  const has = list => list.some(t => t[0] === tile[0] && t[1] === tile[1]);
-  if (has(ext.skipped)) return STATE.SKIPPED;
-  if (has(c.tiles.done)) return tile[0] === c.tiles.i ? STATE.ACCUMULATED : STATE.DONE;
-  return STATE.PENDING;
-}
-
-function drawGrid(c) {
-  const s = c.schedule, svg = document.getElementById("grid"), pad = 22;
-  svg.setAttribute("width", pad + s.columns * CELL + 2);
-  svg.setAttribute("height", pad + s.rows * CELL + 2);
-  svg.replaceChildren();
-  const text = (x, y, t) => { const e = document.createElementNS(SVG, "text"); e.setAttribute("x", x);
-    e.setAttribute("y", y); e.setAttribute("font-size", 10); e.setAttribute("text-anchor", "middle");
-    e.textContent = t; svg.appendChild(e); };
-  for (let col = 0; col < s.columns; col++) text(pad + col * CELL + CELL / 2, 14, col);
-  for (let r = 0; r < s.rows; r++) {
-    text(10, pad + r * CELL + CELL / 2 + 4, r);
-    for (let col = 0; col < s.columns; col++) {
-      const e = document.createElementNS(SVG, "rect"), state = tileState(c, r, col);
-      // Masked cells of a partial tile are drawn pale; a skipped tile is masked everywhere and drawn grey.
-      const masked = ext && ext.visible && state !== STATE.SKIPPED && ext.visible[r][col] === "0";
-      e.setAttribute("x", pad + col * CELL); e.setAttribute("y", pad + r * CELL);
-      e.setAttribute("width", CELL); e.setAttribute("height", CELL);
-      e.setAttribute("stroke", "#888"); e.setAttribute("class", state + (masked ? " masked" : ""));
-      e.dataset.row = r; e.dataset.column = col; e.dataset.state = state;
-      svg.appendChild(e);
-      if (state === STATE.SKIPPED) text(pad + col * CELL + CELL / 2, pad + r * CELL + CELL / 2 + 4, "×");
+  // el("div", {className: "x", dataset: {row: 1}, hidden: true}, child, "text", ...)
+  function el(tag, props = {}, ...children) {
+    const e = tag === "svg" || props.svg ? document.createElementNS("http://www.w3.org/2000/svg", tag)
+      : document.createElement(tag);
+    for (const [key, value] of Object.entries(props)) {
+      if (key === "svg") continue;
+      if (key === "dataset") Object.assign(e.dataset, value);
+      else if (key === "attrs") for (const [a, v] of Object.entries(value)) e.setAttribute(a, v);
+      else e[key] = value;
     }
+    e.append(...children);
+    return e;
   }
-  if (ext) {  // tile boundaries
-    const w = s.columns * CELL, h = s.rows * CELL;
-    for (let r = 0; r <= s.rows; r += ext.blockM) line(svg, pad, pad + r * CELL, pad + w, pad + r * CELL);
-    for (let col = 0; col <= s.columns; col += ext.blockN) line(svg, pad + col * CELL, pad, pad + col * CELL, pad + h);
-    line(svg, pad, pad + h, pad + w, pad + h); line(svg, pad + w, pad, pad + w, pad + h);
+
+  // prev / counter / next in `root`; show(n) draws step n (0-based). Returns {go(n), step(delta), index()}.
+  function stepper(root, count, label, show, ids = {}) {
+    const prev = el("button", {type: "button", id: ids.prev || "", textContent: "◀ prev"});
+    const next = el("button", {type: "button", id: ids.next || "", textContent: "next ▶"});
+    const counter = el("span", {id: ids.counter || "", className: "counter"});
+    prev.setAttribute("aria-label", `previous ${label.toLowerCase()}`);
+    next.setAttribute("aria-label", `next ${label.toLowerCase()}`);
+    root.append(el("div", {className: "controls"}, prev, counter, next,
+      el("span", {className: "meta", textContent: "(or ← / → keys)"})));
+    let index = 0;
+    const go = n => {
+      if (!count) { counter.textContent = `No ${label.toLowerCase()}s`; prev.disabled = next.disabled = true; return; }
+      index = Math.max(0, Math.min(count - 1, n));
+      counter.textContent = `${label} ${index + 1} of ${count}`;
+      prev.disabled = index === 0; next.disabled = index === count - 1;
+      show(index);
+    };
+    prev.addEventListener("click", () => go(index - 1));
+    next.addEventListener("click", () => go(index + 1));
+    return {go, step: d => go(index + d), index: () => index};
   }
-}
 
-function line(svg, x1, y1, x2, y2) {
-  const e = document.createElementNS(SVG, "line");
-  Object.entries({x1, y1, x2, y2, stroke: "#222", "stroke-width": 2}).forEach(([k, v]) => e.setAttribute(k, v));
-  svg.appendChild(e);
-}
+  // A view: a tab and its section. build(section, payload) draws it and returns its stepper (or null).
+  function addView(key, title, build) {
+    if (key !== "forward" && !(key in views)) return;  // the Python side built nothing for this view
+    registered.push({key, title, build});
+  }
 
-function drawVectors(c) {
-  const root = document.getElementById("vectors");
-  root.replaceChildren();
-  c.vectors.forEach((v, vi) => {
-    const box = document.createElement("div"); box.className = "vector"; box.dataset.vector = vi;
-    const label = document.createElement("div"); label.className = "label"; label.textContent = v.label;
-    box.appendChild(label);
-    v.values.forEach((x, k) => {
-      const row = document.createElement("div"); row.className = "bar-row";
-      const track = document.createElement("div"); track.className = "track";
-      const axis = document.createElement("div"); axis.className = "axis"; track.appendChild(axis);
-      if (x !== null) {
-        const bar = document.createElement("div"), w = 50 * Math.abs(x) / scale;
-        bar.className = "bar" + (x < 0 ? " neg" : "");
-        bar.style.left = (x < 0 ? 50 - w : 50) + "%"; bar.style.width = w + "%";
-        track.appendChild(bar);
-      }
-      const value = document.createElement("span"); value.className = "value"; value.dataset.index = k;
-      value.textContent = fmt(x);
-      row.append(track, value); box.appendChild(row);
+  // A panel of the forward view: draw(body, case, index) at every forward tile update.
+  function addForwardPanel(id, title, draw) { panels.push({id, title, draw}); }
+
+  function select(view) {
+    active = view;
+    for (const v of registered) {
+      v.section.hidden = v !== view;
+      v.tab.setAttribute("aria-selected", String(v === view));
+      v.tab.tabIndex = v === view ? 0 : -1;
+    }
+    document.body.dataset.view = view.key;
+  }
+
+  function start() {
+    const tabs = document.getElementById("tabs"), root = document.getElementById("views");
+    for (const v of registered) {
+      v.tab = el("button", {type: "button", id: `tab-${v.key}`, textContent: v.title, attrs: {role: "tab"}});
+      v.section = el("section", {id: `view-${v.key}`, className: "view", attrs: {role: "tabpanel"}});
+      v.section.setAttribute("aria-labelledby", v.tab.id);
+      v.tab.addEventListener("click", () => select(v));
+      tabs.appendChild(v.tab); root.appendChild(v.section);
+      v.stepper = v.build(v.section, v.key === "forward" ? data : views[v.key]);
+    }
+    tabs.hidden = registered.length < 2;
+    document.addEventListener("keydown", e => {
+      if (!active || !active.stepper || e.altKey || e.ctrlKey || e.metaKey) return;
+      if (e.key === "ArrowRight") { active.stepper.step(1); e.preventDefault(); }
+      if (e.key === "ArrowLeft") { active.stepper.step(-1); e.preventDefault(); }
     });
-    root.appendChild(box);
-  });
-}
+    const first = registered.find(v => v.key === data.openView) || registered[0];
+    if (first) select(first);
+  }
 
-// With an attention sink: each row's share so far, exp(sink − m_i) / l_i, on a 0–1 scale, and its final
-// share exp(sink − lse_i); the keys hold the rest.
-function drawSink(c) {
-  const root = document.getElementById("sink");
-  root.hidden = !data.sink;
-  root.replaceChildren();
-  if (!data.sink) return;
-  const box = document.createElement("div"); box.className = "sink-share";
-  const label = document.createElement("div"); label.className = "label";
-  label.textContent = `Sink share so far · exp(sink − m_i) / l_i · sink = ${fmt(data.sink.value)}`;
-  box.appendChild(label);
-  c.sinkShare.forEach((x, r) => {
-    const row = document.createElement("div"); row.className = "bar-row"; row.dataset.row = data.sink.rowStart + r;
-    const name = document.createElement("span"); name.className = "row-label";
-    name.textContent = `row ${data.sink.rowStart + r}`;
-    const track = document.createElement("div"); track.className = "track share";
-    const bar = document.createElement("div"); bar.className = "bar sink"; bar.style.width = 100 * x + "%";
-    track.appendChild(bar);
-    const value = document.createElement("span"); value.className = "value share"; value.textContent = fmt(x);
-    const final = document.createElement("span"); final.className = "value final";
-    final.textContent = `final exp(sink − lse_i): ${fmt(data.sink.share[r])}`;
-    row.append(name, track, value, final); box.appendChild(row);
-  });
-  root.appendChild(box);
-}
-
-function drawMetrics(c) {
-  const table = document.getElementById("metrics");
-  table.replaceChildren();
-  c.metrics.forEach((m, mi) => {
-    const tr = table.insertRow(); tr.dataset.metric = mi;
-    tr.insertCell().textContent = m.label;
-    const td = tr.insertCell(); td.className = "value";
-    td.textContent = Number.isInteger(m.value) ? String(m.value) : fmt(m.value);
-  });
-}
-
-function show(k) {
-  if (!cases.length) { document.getElementById("counter").textContent = "No tile updates"; return; }
-  index = Math.max(0, Math.min(cases.length - 1, k));
-  const c = cases[index];
-  document.getElementById("counter").textContent = `${data.controlLabel} ${index + 1} of ${cases.length}`;
-  document.getElementById("case-label").textContent = c.label;
-  document.getElementById("position").textContent = ext && c.tiles
-    ? `tile (i=${c.tiles.i}, j=${c.tiles.j}), ${KIND_NAME[c.tiles.kind]}${c.tiles.kind === KIND.PARTIAL ? " (masked)" : ""}, ` +
-      `step ${c.tiles.position} of ${ext.scheduleLength} in the ${ext.order} schedule` : "";
-  document.getElementById("prev").disabled = index === 0;
-  document.getElementById("next").disabled = index === cases.length - 1;
-  drawGrid(c); drawVectors(c); drawSink(c); drawMetrics(c);
-  document.body.dataset.case = c.id;
-}
-
-document.getElementById("title").textContent = data.title;
-document.getElementById("meta").textContent = ext
-  ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
-    (ext.causal ? ` · causal (${ext.causalAlign})` : "") +
-    (ext.variants.includes("window") ? ` · window (${ext.window[0]}, ${ext.window[1]})` : "") +
-    ext.variants.filter(v => v !== "window").map(v => ` · ${v}`).join("") +
-    (data.sink ? ` · sink ${fmt(data.sink.value)}` : "") : "";
-document.getElementById("legend").innerHTML =
-  Object.values(STATE).map(s => `<span><i class="${s}"></i>${s}</span>`).join("");
-document.getElementById("prev").addEventListener("click", () => show(index - 1));
-document.getElementById("next").addEventListener("click", () => show(index + 1));
-document.addEventListener("keydown", e => {
-  if (e.key === "ArrowRight") show(index + 1);
-  if (e.key === "ArrowLeft") show(index - 1);
-});
-show(0);
+  return {data, enums, views, fmt, el, stepper, addView, addForwardPanel, panels, start};
+})();

@@ -35,7 +35,8 @@ a time, never stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,7 +53,7 @@ from .inputs import check_index, one_head, one_sink, one_slope, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
-__all__ = ["ORDERS", "Replay", "Steps", "Tile", "TileState", "TileStep", "replay"]
+__all__ = ["ORDERS", "Replay", "ReplayCall", "Steps", "Tile", "TileState", "TileStep", "replay"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,23 @@ class Replay:
     mask: MaskSpec  # the call's mask contract, as the references read it
     batch_index: int = 0
     sink: float | None = None  # sink_h of the replayed head, or None without a sink
+    call: ReplayCall | None = field(default=None, repr=False, compare=False)  # how replay() was called
+
+    def with_options(self, **changes: Any) -> Replay:
+        """The replay of the same inputs with some of :func:`replay`'s keyword arguments changed (e.g.
+        ``query_block=1`` or ``order="key_major"``); the page's views that need other query blocks or the
+        other order are built this way."""
+        if self.call is None:
+            raise AttentionValueError("this Replay was not made by trace.replay(), so it cannot be replayed again")
+        return self.call.run(**changes)
+
+    @property
+    def inputs(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``q, k, v`` exactly as given to :func:`replay` (every batch element); the replayed element's rows are
+        ``steps.q_i``, ``steps.k`` and ``steps.v``."""
+        if self.call is None:
+            raise AttentionValueError("this Replay was not made by trace.replay(), so it has no inputs")
+        return self.call.q, self.call.k, self.call.v
 
     def sink_share(self) -> Tensor | None:
         """``(Br,)``: each replayed row's final sink share ``exp(sink_h - lse_i)``, from the replay's own last
@@ -160,6 +178,24 @@ class Replay:
         return cells
 
 
+@dataclass(frozen=True)
+class ReplayCall:
+    """The arguments of one :func:`replay` call, kept so that a view can replay the same inputs otherwise."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    options: dict[str, Any]
+
+    def run(self, **changes: Any) -> Replay:
+        unknown = sorted(set(changes) - set(self.options))
+        if unknown:
+            raise AttentionValueError(
+                f"replay() has no keyword argument {unknown[0]!r}; it takes {sorted(self.options)}"
+            )
+        return replay(self.q, self.k, self.v, **{**self.options, **changes})
+
+
 def replay(
     q: Tensor,
     k: Tensor,
@@ -212,6 +248,7 @@ def replay(
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
+    call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
     # validate_inputs would read (B, N, D) as (H, N, D); name the batch here so a mismatch reads as one.
     sizes = {
         name: t.shape[0]
@@ -291,6 +328,7 @@ def replay(
         mask=opts.mask,
         batch_index=batch_index,
         sink=None if sink is None else float(sink),
+        call=call,
     )
 
 
