@@ -9,6 +9,9 @@
                                             updates, then the merges (decode_replay.py, decode_merges.py);
                                             block_table= a paged cache, its pages shown per key;
                                             sinks= merged in after the splits
+    replay_backward(q, k, v, dO=None, block_m=2, block_n=2)
+                                            -> BackwardReplay: the preprocess (delta), the dK/dV pass and the
+                                            dQ pass, one tile at a time (backward_replay.py)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
@@ -18,6 +21,7 @@
 matplotlib load only when their format is asked for.
 """
 
+from .backward_replay import BackwardReplay, replay_backward
 from .decode_manifest import decode_to_experiment
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
@@ -25,6 +29,7 @@ from .manifest import to_experiment, to_json, write_json
 from .replay import Replay, TileState, TileStep, replay
 
 __all__ = [
+    "BackwardReplay",
     "DecodeReplay",
     "KeyRole",
     "MergeStep",
@@ -34,6 +39,7 @@ __all__ = [
     "TileStep",
     "decode_to_experiment",
     "replay",
+    "replay_backward",
     "replay_decode",
     "to_experiment",
     "to_json",

@@ -97,8 +97,8 @@ class BackwardReplay:
         visits = self._visits()
         n = 0
         for j, (c0, c1) in enumerate(self.tiling.col_blocks):
-            dV_j = torch.zeros(c1 - c0, self.v.shape[-1], dtype=self.q.dtype)
-            dK_j = torch.zeros(c1 - c0, self.q.shape[-1], dtype=self.q.dtype)
+            dV_j = torch.zeros(c1 - c0, self.v.shape[-1], dtype=self.q.dtype, device=self.q.device)
+            dK_j = torch.zeros(c1 - c0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for i in (i for i in visits if j in visits[i]):
                 r0, r1 = self.tiling.row_blocks[i]
                 S_ij, P_ij, dP_ij, dS_ij = self._tile(i, j)
@@ -132,7 +132,7 @@ class BackwardReplay:
         n = 0
         for i, js in self._visits().items():
             r0, r1 = self.tiling.row_blocks[i]
-            dQ_i = torch.zeros(r1 - r0, self.q.shape[-1], dtype=self.q.dtype)
+            dQ_i = torch.zeros(r1 - r0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for j in js:
                 c0, c1 = self.tiling.col_blocks[j]
                 S_ij, P_ij, dP_ij, dS_ij = self._tile(i, j)
