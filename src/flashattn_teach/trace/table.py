@@ -16,6 +16,8 @@ from typing import IO
 from torch import Tensor
 
 from .manifest import span
+from .memory import memory_figure
+from .memory_table import memory_panel
 from .replay import Replay, TileState, TileStep
 
 # One character per tile state; the legend under each grid spells them out.
@@ -104,6 +106,7 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
         summary.add_column(column, justify="right")
     total = len(replay.steps)
     hidden = range(SHOWN_AT_EACH_END, total - SHOWN_AT_EACH_END)  # empty unless the replay is long
+    memory = memory_figure(replay)  # sizes and positions only: no tile update runs
     seen = 0  # key columns of the tiles visited so far (with a window, not all columns before this tile)
     for step in replay.steps:  # computed as they come, so one pass draws the panels and fills the summary
         (c0, c1) = step.cols
@@ -120,7 +123,13 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
             + (" (masked)" if step.masked else "")
         )
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
-        console.print(Panel(Group(_grid(replay, step), _stats(step), error), title=title, title_align="left"))
+        console.print(
+            Panel(
+                Group(_grid(replay, step), _stats(step), error, memory_panel(memory, step.index)),
+                title=title,
+                title_align="left",
+            )
+        )
     console.print(summary)
     share = replay.sink_share()
     if share is not None:
