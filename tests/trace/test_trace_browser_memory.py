@@ -62,3 +62,18 @@ def test_memory_panel_shows_the_figure_at_every_update(
         width = float(page["bars"]["all/read"].rstrip("%"))
         assert width == pytest.approx(100 * step.hbm.read_bytes / dense_total, rel=1e-4)  # style widths keep 6 digits
     browser.screenshot(artifacts / f"replay-memory-{order}.png")
+
+
+OVERFLOW = """(() => [...document.querySelectorAll("#memory, #memory *")]
+  .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 0.5)
+  .map(e => e.tagName + (e.id ? "#" + e.id : "") + " " + Math.round(e.getBoundingClientRect().right)))()"""
+
+
+def test_memory_panel_fits_a_phone_width(browser, tmp_path, artifacts):
+    r = replay(*(torch.randn(6, 4, dtype=torch.float64) for _ in range(3)), block_m=2, block_n=2, order="key_major")
+    path = tmp_path / "replay.html"
+    path.write_text(render_html(r), encoding="utf-8")
+    browser.open(path, width=390)
+    assert browser.evaluate("document.querySelectorAll('#memory-hbm td').length") > 0
+    assert browser.evaluate(OVERFLOW) == []
+    browser.screenshot(artifacts / "replay-memory-390.png")

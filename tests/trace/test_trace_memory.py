@@ -218,3 +218,19 @@ def test_memory_json_is_strict_json_of_the_figure():
     assert [s["hbm"]["reads"] for s in data["steps"]] == [s.hbm.reads for s in f.steps]
     assert data["total"]["read"] == f.total.read_bytes and data["closedForm"]["written"] == f.total.write_bytes
     assert data["dense"]["reads"] == f.dense.reads
+
+
+def test_table_shows_the_memory_of_every_update():
+    import io
+
+    from flashattn_teach.trace.table import render_table
+
+    r = replay(*qkv(6, 6, 4), block_m=2, block_n=2)
+    out = io.StringIO()
+    render_table(r, out, width=140)
+    text = out.getvalue()
+    assert text.count("whole schedule 1560 B (iomodel's closed form: 1560 B)") == 3
+    assert [line.split()[2] for line in text.splitlines() if line.startswith("│ total ")] == ["304"] * 3
+    all_rows = [line.split() for line in text.splitlines() if " all " in line]
+    read_so_far = [int(row[row.index("all") + 2]) for row in all_rows]  # all, bar, bytes read so far
+    assert read_so_far == [s.hbm.read_bytes for s in memory_figure(r).steps]  # 192, 320, 448

@@ -14,6 +14,9 @@
                                             dQ pass, one tile at a time (backward_replay.py)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
+    memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far
+                                            per tensor, by iomodel's rules, beside the dense path (memory.py;
+                                            memory_table.py, page_memory.js)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_png.py)
 
