@@ -135,6 +135,10 @@ def test_traffic_after_every_tile_matches_a_tile_by_tile_walk(order, case):
             assert all(got.writes[k] >= previous.writes[k] for k in got.writes)
         previous = got
     assert nonzero(traffic_through(r)) == end
+    for i in range(r.T_r):  # the figure walks once for all of a block's steps: the same counts
+        figure = memory_figure(r.with_options(query_block=i))
+        assert [nonzero(s.hbm) for s in figure.steps] == [after[s.position] for s in figure.steps]
+        assert nonzero(figure.total) == end
     tile_masks = set(r.variants) - {"softcap", "alibi_slopes"}
     assert (closed_form(r) is None) == (bool(tile_masks) or n_q != n_k)
 

@@ -122,6 +122,11 @@ class _Counter:
     def write(self, name: str, elements: int) -> None:
         self.writes[name] += self._size(name, elements)
 
+    def copy(self) -> _Counter:
+        c = _Counter.__new__(_Counter)
+        c.reads, c.writes, c.elem_bytes = dict(self.reads), dict(self.writes), self.elem_bytes
+        return c
+
     def traffic(self) -> Traffic:
         return Traffic(dict(self.reads), dict(self.writes))
 
@@ -133,54 +138,72 @@ def _extent(blocks: Sequence[tuple[int, int]], picked: Sequence[int]) -> int:
     return sum(blocks[x][1] - blocks[x][0] for x in picked)
 
 
-def traffic_through(replay: Replay, position: int | None = None, *, elem_bytes: int | None = None) -> Traffic:
-    """HBM bytes per tensor of every tile of the schedule up to and including ``position`` (0-based; None:
-    the whole schedule), by iomodel's rules for ``replay.order`` (see the module docstring). Whole blocks of the
-    outer loop count at once, so the walk takes ``O(T_r + T_c)`` blocks plus one block's tiles."""
-    eb = _elem_bytes(replay, elem_bytes)
-    schedule, tiling = replay.schedule, replay.steps.tiling
+def _outer_block(c: _Counter, replay: Replay, outer: int, seen: Sequence[int], *, complete: bool) -> None:
+    """Add to ``c`` the traffic of the tiles ``seen`` (the first ones of outer block ``outer``: query block ``i``
+    in query-major order, key block ``j`` in key-major), and the block's epilogue if it is ``complete``."""
+    tiling = replay.steps.tiling
     rows, cols = tiling.row_blocks, tiling.col_blocks
     D, D_v = replay.steps.q_i.shape[-1], replay.steps.v.shape[-1]
-    last = len(schedule) if position is None else position  # None: past the end, every block counts
-    c = _Counter(replay.order, eb)
     if replay.order == "query_major":
-        start = 0  # the position of block i's first tile (an empty block sits before the next block's)
-        for i in range(schedule.T_r):
-            js = schedule.key_blocks(i)
-            if start > last:
-                break
-            br, seen = rows[i][1] - rows[i][0], js[: last - start + 1]
-            if js:
-                c.read("Q", br * D)  # line 4: Q_i once
-                c.read("K", _extent(cols, seen) * D)  # line 6: K_j, V_j per visited tile
-                c.read("V", _extent(cols, seen) * D_v)
-            if len(seen) == len(js):  # the block's last tile is done, or it has none: lines 12-13
-                c.write("O", br * D_v)
-                c.write("lse", br)
-            start += len(js)
-        return c.traffic()
-    c.write("O", replay.N_q * D_v)  # line 2: O = 0, l = 0, m = -inf in HBM
-    c.write("l", replay.N_q)
-    c.write("m", replay.N_q)
-    for j in range(schedule.T_c):
-        is_ = schedule.query_blocks(j)
-        if not is_:
-            continue  # a key block no query block visits is never loaded
-        start = schedule.index((is_[0], j))
-        if start > last:
-            break
-        seen = is_[: last - start + 1]
-        bc, n = cols[j][1] - cols[j][0], _extent(rows, seen)
-        c.read("K", bc * D)  # line 6: K_j, V_j once
-        c.read("V", bc * D_v)
-        c.read("Q", n * D)  # line 8: Q_i, O_i, l_i, m_i per visited tile
-        c.read("O", n * D_v)
-        c.read("l", n)
-        c.read("m", n)
-        c.write("O", n * D_v)  # lines 12-13: O_i, l_i, m_i back to HBM
-        c.write("l", n)
-        c.write("m", n)
-    return c.traffic()
+        br = rows[outer][1] - rows[outer][0]
+        if seen:
+            c.read("Q", br * D)  # line 4: Q_i once
+            c.read("K", _extent(cols, seen) * D)  # line 6: K_j, V_j per visited tile
+            c.read("V", _extent(cols, seen) * D_v)
+        if complete:  # lines 12-13 (also for a block with no tile: O_i = 0 and lse_i are written)
+            c.write("O", br * D_v)
+            c.write("lse", br)
+        return
+    if not seen:
+        return  # a key block no query block visits is never loaded
+    bc, n = cols[outer][1] - cols[outer][0], _extent(rows, seen)
+    c.read("K", bc * D)  # line 6: K_j, V_j once
+    c.read("V", bc * D_v)
+    c.read("Q", n * D)  # line 8: Q_i, O_i, l_i, m_i per visited tile
+    c.read("O", n * D_v)
+    c.read("l", n)
+    c.read("m", n)
+    c.write("O", n * D_v)  # lines 12-13: O_i, l_i, m_i back to HBM
+    c.write("l", n)
+    c.write("m", n)
+
+
+def _walk(replay: Replay, elem_bytes: int, positions: Sequence[int]) -> list[Traffic]:
+    """The traffic through each of the increasing ``positions`` (``len(schedule)``: the whole schedule), in one
+    pass over the outer loop's blocks: ``O(T_r + T_c + len(positions))`` without an ``attn_mask``."""
+    schedule = replay.schedule
+    c = _Counter(replay.order, elem_bytes)
+    if replay.order == "key_major":  # line 2: O = 0, l = 0, m = -inf in HBM, before the first tile
+        N_q, D_v = replay.N_q, replay.steps.v.shape[-1]
+        c.write("O", N_q * D_v)
+        c.write("l", N_q)
+        c.write("m", N_q)
+    inner = schedule.key_blocks if replay.order == "query_major" else schedule.query_blocks
+    out: list[Traffic] = []
+    targets = iter(positions)
+    target = next(targets, None)
+    start = 0  # the position of the block's first tile; an empty block sits before the next block's first
+    for outer in range(schedule.T_r if replay.order == "query_major" else schedule.T_c):
+        tiles = inner(outer)
+        while target is not None and target < start + len(tiles):  # a target inside this block
+            partial = c.copy()
+            seen = tiles[: target - start + 1]
+            _outer_block(partial, replay, outer, seen, complete=len(seen) == len(tiles))
+            out.append(partial.traffic())
+            target = next(targets, None)
+        _outer_block(c, replay, outer, tiles, complete=True)
+        start += len(tiles)
+    while target is not None:  # the end of the schedule
+        out.append(c.traffic())
+        target = next(targets, None)
+    return out
+
+
+def traffic_through(replay: Replay, position: int | None = None, *, elem_bytes: int | None = None) -> Traffic:
+    """HBM bytes per tensor of every tile of the schedule up to and including ``position`` (0-based; None:
+    the whole schedule), by iomodel's rules for ``replay.order`` (see the module docstring)."""
+    eb = _elem_bytes(replay, elem_bytes)
+    return _walk(replay, eb, [len(replay.schedule) if position is None else position])[0]
 
 
 def _elem_bytes(replay: Replay, elem_bytes: int | None) -> int:
@@ -247,23 +270,18 @@ def memory_figure(replay: Replay, *, elem_bytes: int | None = None) -> MemoryFig
     schedule, tiling = replay.schedule, replay.steps.tiling
     D, D_v = replay.steps.q_i.shape[-1], replay.steps.v.shape[-1]
     i = replay.query_block
-    steps = []
-    for n, j in enumerate(schedule.key_blocks(i)):
-        position = schedule.index((i, j))
-        steps.append(
-            MemoryStep(
-                index=n,
-                position=position,
-                hbm=traffic_through(replay, position, elem_bytes=eb),
-                on_chip=on_chip(tiling.row_blocks[i], tiling.col_blocks[j], D, D_v, eb),
-            )
-        )
+    positions = [schedule.index((i, j)) for j in schedule.key_blocks(i)]
+    *hbm, total = _walk(replay, eb, [*positions, len(schedule)])
+    steps = tuple(
+        MemoryStep(n, p, traffic, on_chip(tiling.row_blocks[i], tiling.col_blocks[j], D, D_v, eb))
+        for n, (j, p, traffic) in enumerate(zip(schedule.key_blocks(i), positions, hbm, strict=True))
+    )
     return MemoryFigure(
         order=replay.order,
         elem_bytes=eb,
         schedule_length=len(schedule),
-        steps=tuple(steps),
-        total=traffic_through(replay, elem_bytes=eb),
+        steps=steps,
+        total=total,
         closed_form=closed_form(replay, elem_bytes=eb),
         dense=dense_traffic(replay, elem_bytes=eb),
     )
