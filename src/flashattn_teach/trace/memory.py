@@ -5,8 +5,8 @@ loop order and any mask (SKIP tiles are never loaded), this module walks the who
 block, since HBM traffic is a property of the schedule, and counts the bytes read and written per tensor by
 the rules of :mod:`flashattn_teach.iomodel.hbm` (every load reaches HBM, no cache in between):
 
-    query_major   FA2 Alg. 1: Q_i read once (line 4); K_j, V_j read for every visited tile (line 6);
-                  O_i and lse_i written once (lines 12-13). A query block that visits no key block loads
+    query_major   FA2 Alg. 1: Q_i read once (line 4); K_j, V_j read for every visited tile (line 7);
+                  O_i and lse_i written once (lines 14-15). A query block that visits no key block loads
                   nothing and writes O_i = 0 and lse_i, as FA2's kernel does when its key range is empty.
     key_major     FA1 Alg. 1: O, l, m initialised in HBM (line 2) before the first tile; K_j, V_j read
                   once per visited key block (line 6); for every visited tile Q_i, O_i, l_i, m_i read
@@ -147,17 +147,17 @@ def _outer_block(c: _Counter, replay: Replay, outer: int, seen: Sequence[int], *
     if replay.order == "query_major":
         br = rows[outer][1] - rows[outer][0]
         if seen:
-            c.read("Q", br * D)  # line 4: Q_i once
-            c.read("K", _extent(cols, seen) * D)  # line 6: K_j, V_j per visited tile
+            c.read("Q", br * D)  # FA2 Alg. 1 line 4: Q_i once
+            c.read("K", _extent(cols, seen) * D)  # line 7: K_j, V_j per visited tile
             c.read("V", _extent(cols, seen) * D_v)
-        if complete:  # lines 12-13 (also for a block with no tile: O_i = 0 and lse_i are written)
+        if complete:  # lines 14-15 (also for a block with no tile: O_i = 0 and lse_i are written)
             c.write("O", br * D_v)
             c.write("lse", br)
         return
     if not seen:
         return  # a key block no query block visits is never loaded
     bc, n = cols[outer][1] - cols[outer][0], _extent(rows, seen)
-    c.read("K", bc * D)  # line 6: K_j, V_j once
+    c.read("K", bc * D)  # FA1 Alg. 1 line 6: K_j, V_j once
     c.read("V", bc * D_v)
     c.read("Q", n * D)  # line 8: Q_i, O_i, l_i, m_i per visited tile
     c.read("O", n * D_v)
