@@ -178,7 +178,9 @@ def test_a_row_that_sees_no_key_in_the_first_tile():
     assert first[Term.M_NEW].value == NEG_INF and first[Term.ALPHA].value == 0.0
     assert first[Term.ALPHA].substituted == "exp(−∞ − 0) = 0" and first[Term.P_IJ].value == (0.0, 0.0)
     assert first[Term.L_NEW].value == 0.0 and first[Term.P_IJ].note == NO_KEY
-    assert second[Term.ALPHA].parts[1] == NEG_INF and second[Term.ALPHA].value == 0.0 and second[Term.ALPHA].note is None
+    assert (
+        second[Term.ALPHA].parts[1] == NEG_INF and second[Term.ALPHA].value == 0.0 and second[Term.ALPHA].note is None
+    )
     js = experiment["cases"][0]["equations"]["rows"][0]
     assert {x["name"]: x["value"] for x in js}["m_new"] is None  # -inf in JSON
     assert "−∞ − 0" in {x["name"]: x["substituted"] for x in js}["alpha"]

@@ -35,7 +35,18 @@ from ..online_softmax import log_sum_exp, normalize
 from .replay import Replay
 from .steps import TileStep
 
-__all__ = ["SOURCE", "Equation", "Term", "build_view", "compact", "fmt", "lines", "row_equations", "step_equations", "step_json"]
+__all__ = [
+    "SOURCE",
+    "Equation",
+    "Term",
+    "build_view",
+    "compact",
+    "fmt",
+    "lines",
+    "row_equations",
+    "step_equations",
+    "step_json",
+]
 
 SOURCE = "Dao 2023, FlashAttention-2, Algorithm 1"
 NO_KEY = "no key seen yet: m_new = −∞ is taken as 0 in the exponents, so the code never computes −∞ − (−∞)"
@@ -163,7 +174,10 @@ def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
         Equation(Term.P_IJ, "P_ij = exp(S_ij − m_new)", ("exp(", S, *shifted, ") = ", P), P, note),
         Equation(Term.ROWSUM, "rowsum(P_ij)", ("rowsum(", P, ") = ", rowsum), rowsum),
         Equation(
-            Term.L_NEW, "l_new = alpha · l_old + rowsum(P_ij)", (alpha, " · ", l_old, " + ", rowsum, " = ", l_new), l_new
+            Term.L_NEW,
+            "l_new = alpha · l_old + rowsum(P_ij)",
+            (alpha, " · ", l_old, " + ", rowsum, " = ", l_new),
+            l_new,
         ),
         Equation(Term.PV, "P_ij V_j", (P, " V_j = ", PV), PV),
         Equation(Term.ACC, "acc_new = alpha · acc_old + P_ij V_j", (alpha, " · ", acc_old, " + ", PV, " = ", acc), acc),

@@ -141,7 +141,9 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
             + (" (masked)" if step.masked else "")
         )
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
-        console.print(Panel(Group(_grid(replay, step), _stats(step), _equations(step), error), title=title, title_align="left"))
+        console.print(
+            Panel(Group(_grid(replay, step), _stats(step), _equations(step), error), title=title, title_align="left")
+        )
     console.print(summary)
     share = replay.sink_share()
     if share is not None:
