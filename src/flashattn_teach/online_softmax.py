@@ -25,6 +25,7 @@ functions, so they cannot drift apart; the Triton kernel implements the same equ
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -101,6 +102,50 @@ def bias_and_mask(
     return S_ij
 
 
+@dataclass(frozen=True)
+class UpdateTerms:
+    """Every term of one update (FA2 Alg. 1 lines 9-10), as :func:`update_terms` computes them.
+
+    Shapes: ``rowmax, m_new, alpha, rowsum, l_new (..., Br)``; ``P_ij (..., Br, Bc)``, undropped;
+    ``PV, acc_new (..., Br, D_v)``, ``PV = P_ij V_j`` with dropout applied to ``P_ij`` when there is any.
+    """
+
+    rowmax: Tensor  # rowmax(S_ij); -inf for a row whose keys in this tile are all masked
+    m_new: Tensor  # max(m_old, rowmax(S_ij))
+    alpha: Tensor  # exp(m_old - m_new), with -inf - -inf taken as exp(-inf - 0) = 0
+    P_ij: Tensor  # exp(S_ij - m_new)
+    rowsum: Tensor  # rowsum(P_ij)
+    l_new: Tensor  # alpha * l_old + rowsum(P_ij)
+    PV: Tensor  # P_ij V_j
+    acc_new: Tensor  # alpha * acc_old + P_ij V_j
+
+
+def update_terms(
+    m_i: Tensor,
+    l_i: Tensor,
+    acc: Tensor,
+    S_ij: Tensor,
+    v_j: Tensor,
+    drop: Callable[[Tensor], Tensor] | None = None,
+) -> UpdateTerms:
+    """Fold one score tile into the running state and keep every intermediate term; inputs untouched.
+
+    Shapes and ``drop`` as in :func:`update`, which returns ``(m_new, l_new, acc_new)`` of these terms.
+    """
+    rowmax = S_ij.amax(dim=-1)  # (..., Br)
+    m_new = torch.maximum(m_i, rowmax)  # FA2 Alg. 1 line 9
+    # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
+    m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
+    alpha = torch.exp(m_i - m_safe)  # (..., Br); 0 on the first visible tile since m_i = -inf
+    P_ij = (S_ij - m_safe.unsqueeze(-1)).exp_()  # (..., Br, Bc)
+    rowsum = P_ij.sum(dim=-1)  # (..., Br)
+    l_new = alpha * l_i + rowsum  # FA2 Alg. 1 line 9
+    # Dropout reaches V only; l_new summed the undropped weights.
+    PV = torch.matmul(P_ij if drop is None else drop(P_ij), v_j)  # (..., Br, Bc) @ (..., Bc, D_v)
+    acc_new = PV + acc * alpha.unsqueeze(-1)  # FA2 Alg. 1 line 10
+    return UpdateTerms(rowmax, m_new, alpha, P_ij, rowsum, l_new, PV, acc_new)
+
+
 def update(
     m_i: Tensor,
     l_i: Tensor,
@@ -114,17 +159,10 @@ def update(
     Shapes: ``m_i, l_i (..., Br)``, ``acc (..., Br, D_v)``, ``S_ij (..., Br, Bc)``, ``v_j (..., Bc, D_v)``.
     ``drop`` is dropout on the weights (``reference/tile_dropout.py``): it acts on what reaches ``V`` only,
     while ``l_i`` sums the undropped weights, so dropout applies to the normalised ``P`` (FlashAttention).
+    The terms in between are :func:`update_terms`'s.
     """
-    m_new = torch.maximum(m_i, S_ij.amax(dim=-1))  # (..., Br)
-    # A row that has seen only masked keys keeps m = -inf; subtracting 0 instead avoids (-inf) - (-inf).
-    m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
-    alpha = torch.exp(m_i - m_safe)  # (..., Br); 0 on the first visible tile since m_i = -inf
-    P_ij = (S_ij - m_safe.unsqueeze(-1)).exp_()  # (..., Br, Bc)
-    l_new = alpha * l_i + P_ij.sum(dim=-1)
-    if drop is not None:
-        P_ij = drop(P_ij)
-    acc = torch.matmul(P_ij, v_j).add_(acc * alpha.unsqueeze(-1))  # (..., Br, Bc) @ (..., Bc, D_v)
-    return m_new, l_new, acc
+    t = update_terms(m_i, l_i, acc, S_ij, v_j, drop)
+    return t.m_new, t.l_new, t.acc_new
 
 
 def update_(

@@ -12,6 +12,8 @@
     replay_backward(q, k, v, dO=None, block_m=2, block_n=2)
                                             -> BackwardReplay: the preprocess (delta), the dK/dV pass and the
                                             dQ pass, one tile at a time (backward_replay.py)
+    equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
+                                            (equations.py): in the JSON extensions, table, PNG and page
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far

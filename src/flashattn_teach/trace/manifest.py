@@ -8,7 +8,9 @@ documented JSON Schema. Two choices the seed did not have to make:
   seen no visible key yet (``-inf``) are written as ``null``.
 - Skipped (SKIP) tiles, each update's tile kind and the key-major schedule are not in the seed format. With
   ``extensions=True`` they are added under a top-level ``"replay"`` key and a per-case ``"tiles"`` key,
-  which a reader of the seed format ignores; by default the dict holds the seed's keys only.
+  which a reader of the seed format ignores; by default the dict holds the seed's keys only. The extensions
+  also give each case its ``"equations"`` (:mod:`.equations`): per replayed row, FA2 Alg. 1's lines with this
+  update's numbers.
 - An attention sink is not in the seed format either; a replay with one adds, whatever ``extensions``, a
   top-level ``"sink"`` (``sink_h`` and each row's final share ``exp(sink_h - lse_i)``) and per case
   ``"sinkShare"``, the sink's share of each row so far. Without a sink neither key is written.
@@ -29,6 +31,7 @@ from typing import IO, Any
 from torch import Tensor
 
 from ..errors import AttentionValueError
+from .equations import step_json
 from .replay import Replay, TileStep
 
 TITLE = "Finish attention without retaining every score."
@@ -86,6 +89,7 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
             "position": step.position + 1,
             "done": [list(t) for t in step.done],
         }
+        case["equations"] = step_json(step)
     return case
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .memory import build_view as build_memory
+from . import equations, memory
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -29,5 +29,7 @@ class View:
 
 
 VIEWS: tuple[View, ...] = (
-    View("memory", "Memory", "page_memory.js", "page_memory.css", build_memory),  # a forward panel
+    # forward panels, drawn in this order under the forward view at every tile update
+    View("equations", "Equations", "page_equations.js", "page_equations.css", equations.build_view),
+    View("memory", "Memory", "page_memory.js", "page_memory.css", memory.build_view),
 )

@@ -1,5 +1,8 @@
 """A replay as a picture (matplotlib): one row per tile update, the schedule grid next to the vector bars.
 
+Next to each drawn update, its equations with their numbers (FA2 Alg. 1, :func:`.equations.lines`): the
+block's first row in full, one compact line per other row.
+
 With an attention sink, each update's title gives every row's sink share so far, ``exp(sink_h - m_i) / l_i``
 (at the last update the final ``exp(sink_h - lse_i)``), and the heading names the sink.
 
@@ -15,6 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import AttentionValueError
+from .equations import lines
 from .html import LEGEND_COLOURS, check_drawable
 from .replay import Replay, TileState, TileStep
 
@@ -89,6 +93,11 @@ def _bars(ax: Any, step: TileStep, limit: float) -> None:
     ax.set_title(title, fontsize=8, loc="left")
 
 
+def _equations(ax: Any, step: TileStep) -> None:
+    ax.axis("off")
+    ax.text(0, 1, "\n".join(lines(step)), va="top", ha="left", fontsize=6, family="monospace", transform=ax.transAxes)
+
+
 def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi: int = 130) -> Path:
     """Write ``replay`` as a PNG to ``path``: every tile update, or only update ``step`` (1-based)."""
     from matplotlib.figure import Figure
@@ -107,14 +116,16 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
     n_bars = sum(v.numel() for _, v in _vectors(drawn[0]))
-    row_height = max(2.6, 0.14 * n_bars + 0.6)
-    fig = Figure(figsize=(10, row_height * len(drawn) + 0.6), layout="constrained")
-    axes = fig.subplots(len(drawn), 2, squeeze=False, width_ratios=(1, 2.4))
+    n_lines = max(len(lines(s)) for s in drawn)
+    row_height = max(2.6, 0.14 * n_bars + 0.6, 0.11 * n_lines + 0.4)
+    fig = Figure(figsize=(17, row_height * len(drawn) + 0.6), layout="constrained")
+    axes = fig.subplots(len(drawn), 3, squeeze=False, width_ratios=(1, 2.4, 3.2))
     visible = replay.visible().tolist()
-    for row, ((ax_grid, ax_bars), s) in enumerate(zip(axes, drawn, strict=True)):
+    for row, ((ax_grid, ax_bars, ax_equations), s) in enumerate(zip(axes, drawn, strict=True)):
         _grid(ax_grid, replay, s, visible, legend=row == 0)
         ax_grid.set_title(f"update {s.index + 1} of {total} · {s.kind.name} tile (j={s.j})", fontsize=8)
         _bars(ax_bars, s, limit)
+        _equations(ax_equations, s)
     fig.suptitle(
         f"Tile replay · {replay.order} · query block {replay.query_block} · BLOCK_M={replay.block_m}, "
         f"BLOCK_N={replay.block_n}" + "".join(f" · {label}" for label in replay.labels()),

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
-from ..online_softmax import init_state, normalize, score_tile, update
+from ..online_softmax import UpdateTerms, init_state, normalize, score_tile, update_terms
 from .schedule import Done, Schedule
 
 __all__ = ["Steps", "TileState", "TileStep", "sink_share"]
@@ -54,6 +54,11 @@ class TileStep:
     sink, ``sink_share (Br,)`` is the sink's weight in each row so far, ``exp(sink_h - m_i) / l_i`` (the state
     started at ``m_i = sink_h, l_i = 1``): the keys seen so far hold ``1 - sink_share``, and after the last
     update it is ``exp(sink_h - lse_i)``.
+
+    For the equations with their numbers (:mod:`.equations`), ``m_old, l_old (Br,)`` and ``acc_old (Br, D_v)``
+    are the state the update started from (key-major: ``acc`` as read back from HBM) and ``terms`` every term
+    of the update (:class:`~flashattn_teach.online_softmax.UpdateTerms`, ``terms.m_new`` is ``m_i``): all
+    ``O(Br (Bc + D_v))``, one tile's worth. ``last`` is True at the block's last update.
     """
 
     index: int
@@ -71,6 +76,11 @@ class TileStep:
     max_diff: float
     position: int
     done: Done
+    m_old: Tensor
+    l_old: Tensor
+    acc_old: Tensor
+    terms: UpdateTerms
+    last: bool
     sink_share: Tensor | None = None
 
     @property
@@ -117,13 +127,16 @@ class Steps:
         # With a sink, every row starts as if it had seen one key of score sink_h and value 0.
         m_i, l_i, acc = init_state((r1 - r0,), self.v.shape[-1], dtype=self.q_i.dtype, device=device, sink=self.sink)
         # The inner loop of query_major_forward: the key blocks the tiling visits, SKIP tiles left out.
-        for n, j in enumerate(self.schedule.key_blocks(self.i)):
+        key_blocks = self.schedule.key_blocks(self.i)
+        for n, j in enumerate(key_blocks):
             c0, c1 = self.tiling.col_blocks[j]
             if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
                 acc = normalize(l_i, acc) * l_i.unsqueeze(-1)
             allowed, bias = self.tiling.head_tile(self.i, j, (r0, r1), b=b, h=0, device=device)  # (Br, Bc) or None
             S_ij = score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
-            m_i, l_i, acc = update(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
+            m_old, l_old, acc_old = m_i, l_i, acc
+            terms = update_terms(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
+            m_i, l_i, acc = terms.m_new, terms.l_new, terms.acc_new
             O_partial = normalize(l_i, acc)  # (Br, D_v)
             position = self.schedule.index((self.i, j))
             yield TileStep(
@@ -142,6 +155,11 @@ class Steps:
                 max_diff=float((O_partial - self.O_final).abs().max()),
                 position=position,
                 done=self.schedule.before(position),
+                m_old=m_old,
+                l_old=l_old,
+                acc_old=acc_old,
+                terms=terms,
+                last=n == len(key_blocks) - 1,
                 sink_share=None if self.sink is None else sink_share(self.sink, m_i, l_i),
             )
 

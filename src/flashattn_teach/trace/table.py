@@ -1,5 +1,8 @@
 """A replay in the terminal (rich): per tile update the tile grid, the statistics and the shrinking error.
 
+Each update also lists FA2 Alg. 1's equations with their numbers (:mod:`.equations`): the block's first row in
+full, one compact line (``alpha``, ``l_new``, at the end ``lse_i``) per other row.
+
 With an attention sink, each update's statistics gain a column, the sink's share of each row so far, and the
 summary ends with each row's final share ``exp(sink_h - lse_i)``.
 
@@ -15,6 +18,7 @@ from typing import IO
 
 from torch import Tensor
 
+from .equations import compact, step_equations
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
@@ -88,6 +92,23 @@ def _stats(step: TileStep):
     return table
 
 
+def _equations(step: TileStep):
+    """Row ``r0``'s equations in full, then one compact line per other row of the block."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = step_equations(step)
+    r0 = step.rows[0]
+    table = Table(box=None, pad_edge=False, title=f"FA2 Alg. 1 with the numbers of row {r0}", title_justify="left")
+    for column in ("line", "equation", f"row {r0}"):
+        table.add_column(column, justify="right" if column == "line" else "left")
+    for e in rows[0] if rows else ():
+        table.add_row(str(e.line), Text(e.symbolic), Text(e.substituted + (f"  ({e.note})" if e.note else "")))
+    others = [Text(f"row {r0 + r}: {compact(eqs)}") for r, eqs in enumerate(rows) if r > 0]
+    return Group(table, *others)
+
+
 def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 120) -> None:
     """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary."""
     from rich.console import Console, Group
@@ -125,7 +146,7 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(
             Panel(
-                Group(_grid(replay, step), _stats(step), error, memory_panel(memory, step.index)),
+                Group(_grid(replay, step), _stats(step), _equations(step), error, memory_panel(memory, step.index)),
                 title=title,
                 title_align="left",
             )

@@ -1,0 +1,241 @@
+"""The equations of every forward update with their numbers, per query row of the replayed block.
+
+For query block ``i`` and key block ``j``, row by row, the lines of FlashAttention-2's forward pass (Dao 2023,
+Algorithm 1), each written three ways: symbolically, with this update's numbers substituted, and as its value:
+
+    line 5   m_i = -inf, l_i = 0, acc = 0                  (the first update only; with a sink m_i = sink_h, l_i = 1)
+    line 8   S_ij = scale * Q_i K_j^T                      (-inf where masked)
+    line 9   m_new = max(m_old, rowmax(S_ij)),  alpha = exp(m_old - m_new),  P_ij = exp(S_ij - m_new),
+             l_new = alpha * l_old + rowsum(P_ij)
+    line 10  acc_new = alpha * acc_old + P_ij V_j
+    line 12  O_i = acc / l_i                               (the block's last update only)
+    line 13  lse_i = m_i + log(l_i)                        (the block's last update only)
+
+The numbers are the replay's own (:class:`~flashattn_teach.trace.steps.TileStep` keeps the state before the
+update and :class:`~flashattn_teach.online_softmax.UpdateTerms`), so the equations show what the code
+computed. A row that has seen no key yet keeps ``m = -inf``; the code then takes the maximum as 0 in the
+exponents (``alpha = exp(-inf - 0) = 0``, ``P_ij = exp(-inf - 0) = 0``) rather than compute ``-inf - (-inf)``,
+and its equations say so in a note.
+
+An equation's ``parts`` are its substituted text as strings and numbers (a float, ``-inf`` included, or a
+tuple of floats for a row vector); renderers format the numbers themselves (the page with ``Page.fmt``),
+``substituted`` joins them with 4 significant digits. In JSON ``-inf`` is ``null``, as in the manifest.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..online_softmax import log_sum_exp, normalize
+from .replay import Replay
+from .steps import TileStep
+
+__all__ = [
+    "SOURCE",
+    "Equation",
+    "Term",
+    "build_view",
+    "compact",
+    "fmt",
+    "lines",
+    "row_equations",
+    "step_equations",
+    "step_json",
+]
+
+SOURCE = "Dao 2023, FlashAttention-2, Algorithm 1"
+NO_KEY = "no key seen yet: m_new = −∞ is taken as 0 in the exponents, so the code never computes −∞ − (−∞)"
+
+Number = float | tuple[float, ...]  # a scalar or one row of a tile, -inf included
+Part = str | Number
+
+
+class Term(Enum):
+    """One equation of FA2 Alg. 1, by the name of what it computes; ``LINES`` gives its line."""
+
+    M_START = "m_i"
+    L_START = "l_i"
+    S_IJ = "S_ij"
+    ROWMAX = "rowmax"
+    M_NEW = "m_new"
+    ALPHA = "alpha"
+    P_IJ = "P_ij"
+    ROWSUM = "rowsum"
+    L_NEW = "l_new"
+    PV = "P_ij V_j"
+    ACC = "acc"
+    O_I = "O_i"
+    LSE = "lse_i"
+
+
+LINES = {
+    Term.M_START: 5,
+    Term.L_START: 5,
+    Term.S_IJ: 8,
+    Term.ROWMAX: 9,
+    Term.M_NEW: 9,
+    Term.ALPHA: 9,
+    Term.P_IJ: 9,
+    Term.ROWSUM: 9,
+    Term.L_NEW: 9,
+    Term.PV: 10,
+    Term.ACC: 10,
+    Term.O_I: 12,
+    Term.LSE: 13,
+}
+
+
+def fmt(x: float) -> str:
+    """4 significant digits, ``-inf`` as ``−∞`` (as the page's ``Page.fmt``)."""
+    return "−∞" if x == -math.inf else f"{x:.4g}"
+
+
+def _text(part: Part) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, tuple):
+        return "[" + ", ".join(fmt(x) for x in part) + "]"
+    return fmt(part)
+
+
+def _json_number(x: float) -> float | None:
+    return None if x == -math.inf else x
+
+
+def _json(part: Part) -> Any:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, tuple):
+        return [_json_number(x) for x in part]
+    return _json_number(part)
+
+
+@dataclass(frozen=True)
+class Equation:
+    """One line of FA2 Alg. 1 for one row: ``symbolic``, then ``parts`` (text and numbers) ending in ``value``."""
+
+    term: Term
+    symbolic: str
+    parts: tuple[Part, ...]
+    value: Number
+    note: str | None = None
+
+    @property
+    def line(self) -> int:
+        return LINES[self.term]
+
+    @property
+    def substituted(self) -> str:
+        return "".join(_text(p) for p in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "line": self.line,
+            "name": self.term.value,
+            "symbolic": self.symbolic,
+            "substituted": self.substituted,
+            "parts": [_json(p) for p in self.parts],
+            "value": _json(self.value),
+        }
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+
+def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
+    """The equations of row ``r`` of the block (0-based within it) at ``step``, in Alg. 1's order."""
+    t = step.terms
+    m_old, l_old = float(step.m_old[r]), float(step.l_old[r])
+    m_new, alpha, rowmax = float(t.m_new[r]), float(t.alpha[r]), float(t.rowmax[r])
+    l_new, rowsum = float(t.l_new[r]), float(t.rowsum[r])
+    S, P = tuple(step.S_ij[r].tolist()), tuple(t.P_ij[r].tolist())
+    acc_old, PV, acc = tuple(step.acc_old[r].tolist()), tuple(t.PV[r].tolist()), tuple(t.acc_new[r].tolist())
+    no_key = m_new == -math.inf
+    # The code's m_safe: 0 where m_new = -inf; a negative m_new in parentheses after the minus.
+    shifted: tuple[Part, ...] = (" − 0",) if no_key else (" − (", m_new, ")") if m_new < 0 else (" − ", m_new)
+    note = NO_KEY if no_key else None
+    eqs: list[Equation] = []
+    if step.index == 0:
+        sink = step.sink_share is not None
+        eqs += [
+            Equation(Term.M_START, "m_i = sink_h" if sink else "m_i = −∞", ("m_i = ", m_old), m_old),
+            Equation(Term.L_START, "l_i = exp(sink_h − m_i) = 1" if sink else "l_i = 0", ("l_i = ", l_old), l_old),
+        ]
+    eqs += [
+        Equation(Term.S_IJ, "S_ij = scale · Q_i K_j^T  (−∞ where masked)", ("S_ij = ", S), S),
+        Equation(Term.ROWMAX, "rowmax(S_ij)", ("rowmax(", S, ") = ", rowmax), rowmax),
+        Equation(Term.M_NEW, "m_new = max(m_old, rowmax(S_ij))", ("max(", m_old, ", ", rowmax, ") = ", m_new), m_new),
+        Equation(Term.ALPHA, "alpha = exp(m_old − m_new)", ("exp(", m_old, *shifted, ") = ", alpha), alpha, note),
+        Equation(Term.P_IJ, "P_ij = exp(S_ij − m_new)", ("exp(", S, *shifted, ") = ", P), P, note),
+        Equation(Term.ROWSUM, "rowsum(P_ij)", ("rowsum(", P, ") = ", rowsum), rowsum),
+        Equation(
+            Term.L_NEW,
+            "l_new = alpha · l_old + rowsum(P_ij)",
+            (alpha, " · ", l_old, " + ", rowsum, " = ", l_new),
+            l_new,
+        ),
+        Equation(Term.PV, "P_ij V_j", (P, " V_j = ", PV), PV),
+        Equation(Term.ACC, "acc_new = alpha · acc_old + P_ij V_j", (alpha, " · ", acc_old, " + ", PV, " = ", acc), acc),
+    ]
+    if step.last:
+        eqs += _finish(t.m_new[r : r + 1], t.l_new[r : r + 1], t.acc_new[r : r + 1])
+    return tuple(eqs)
+
+
+def _finish(m_i, l_i, acc) -> list[Equation]:
+    """Lines 12-13 for one row (``m_i, l_i (1,)``, ``acc (1, D_v)``), as :func:`online_softmax.finalize`."""
+    O_i, lse = tuple(normalize(l_i, acc)[0].tolist()), float(log_sum_exp(m_i, l_i)[0])
+    m, l, a = float(m_i[0]), float(l_i[0]), tuple(acc[0].tolist())
+    if l == 0:
+        empty = "l_i = 0: the row saw no key; the code divides by 1 there, so O_i = 0, and lse_i = −∞"
+        return [
+            Equation(Term.O_I, "O_i = acc / l_i", (a, " / 1 = ", O_i), O_i, empty),
+            Equation(Term.LSE, "lse_i = m_i + log(l_i)", ("l_i = 0, so lse_i = ", lse), lse, empty),
+        ]
+    return [
+        Equation(Term.O_I, "O_i = acc / l_i", (a, " / ", l, " = ", O_i), O_i),
+        Equation(Term.LSE, "lse_i = m_i + log(l_i)", (m, " + log(", l, ") = ", lse), lse),
+    ]
+
+
+def step_equations(step: TileStep) -> tuple[tuple[Equation, ...], ...]:
+    """Every row's equations at ``step``."""
+    return tuple(row_equations(step, r) for r in range(step.rows[1] - step.rows[0]))
+
+
+def step_json(step: TileStep) -> dict[str, Any]:
+    """A case's ``"equations"``: ``rowStart`` and, per row of the block, its equations as dicts."""
+    return {"rowStart": step.rows[0], "rows": [[e.to_json() for e in row] for row in step_equations(step)]}
+
+
+def compact(eqs: tuple[Equation, ...]) -> str:
+    """One line for a row: its ``alpha``, ``l_new`` and (at the end) ``lse_i`` equations with their numbers."""
+    shown = (Term.ALPHA, Term.L_NEW, Term.LSE)
+    return ";  ".join(f"{e.term.value} = {e.substituted}" for e in eqs if e.term in shown)
+
+
+def lines(step: TileStep, width: int = 100) -> list[str]:
+    """``step``'s equations as plain text lines of at most about ``width`` characters: the block's first row
+    in full, one compact line per other row (for the PNG)."""
+    rows = step_equations(step)
+    r0 = step.rows[0]
+    out = [f"FA2 Alg. 1 ({SOURCE.split(', ')[0]}), row {r0}:"]
+    for e in rows[0] if rows else ():
+        text = f"line {e.line:>2}  {e.symbolic}:  {e.substituted}" + (f"  ({e.note})" if e.note else "")
+        out += textwrap.wrap(text, width, subsequent_indent=" " * 9)
+    for r, eqs in enumerate(rows[1:], start=1):
+        out += textwrap.wrap(f"row {r0 + r}: {compact(eqs)}", width, subsequent_indent=" " * 9)
+    return out
+
+
+def build_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The equations panel's payload (the numbers are in each case's ``"equations"``); None without updates."""
+    if len(replay.steps) == 0:
+        return None
+    r0, r1 = replay.rows
+    return {"source": SOURCE, "rowStart": r0, "rowCount": r1 - r0}

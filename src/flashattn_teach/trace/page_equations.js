@@ -1,0 +1,65 @@
+// The equations panel of the forward view (trace/equations.py): FA2 Alg. 1's lines at this tile update with
+// their numbers, one query row of the block in full; the row buttons (or a select, for many rows) show the others.
+// The numbers come from the case's "equations" (the JSON's extensions), formatted with Page.fmt (−∞ for null).
+(() => {
+  const {fmt, el} = Page;
+  const view = Page.views.equations;  // {source, rowStart, rowCount}; absent: the replay has no update
+  if (!view) return;
+  const MAX_BUTTONS = 16;  // more rows than this: a select instead of one button per row
+  let row = 0;  // the row shown in full, kept while stepping
+
+  const number = x => el("span", {className: "num", textContent: fmt(x)});
+
+  // parts: text (strings), numbers (null: −∞) and rows of numbers, in the order of the substituted text.
+  function substituted(parts) {
+    const out = [];
+    for (const p of parts) {
+      if (typeof p === "string") out.push(p);
+      else if (Array.isArray(p)) {
+        out.push("[");
+        p.forEach((x, k) => { if (k) out.push(", "); out.push(number(x)); });
+        out.push("]");
+      } else out.push(number(p));
+    }
+    return out;
+  }
+
+  function picker(eq, redraw) {
+    const label = r => `row ${eq.rowStart + r}`;
+    if (eq.rows.length > MAX_BUTTONS) {
+      const select = el("select", {id: "equation-row", attrs: {"aria-label": "query row shown in full"}},
+        ...eq.rows.map((_, r) => el("option", {value: String(r), textContent: label(r), selected: r === row})));
+      select.addEventListener("change", () => { row = Number(select.value); redraw("#equation-row"); });
+      return el("div", {className: "equation-rows"}, select);
+    }
+    const box = el("div", {className: "equation-rows", attrs: {role: "group", "aria-label": "query row shown in full"}});
+    eq.rows.forEach((_, r) => {
+      const b = el("button", {type: "button", textContent: label(r), dataset: {row: r}});
+      b.setAttribute("aria-pressed", String(r === row));
+      b.addEventListener("click", () => { row = r; redraw(`.equation-rows button[data-row="${r}"]`); });
+      box.append(b);
+    });
+    return box;
+  }
+
+  function draw(body, c) {
+    body.replaceChildren();
+    const eq = c.equations;
+    if (!eq || !eq.rows.length) return;
+    row = Math.min(row, eq.rows.length - 1);
+    const redraw = focus => { draw(body, c); body.querySelector(focus).focus(); };
+    const list = el("div", {className: "equations", dataset: {row: eq.rowStart + row}});
+    for (const e of eq.rows[row]) {
+      const box = el("div", {className: "equation", dataset: {name: e.name, line: e.line}},
+        el("span", {className: "line", textContent: `line ${e.line}`}),
+        el("code", {className: "symbolic", textContent: e.symbolic}),
+        el("div", {className: "substituted"}, ...substituted(e.parts)));
+      if (e.note) box.append(el("div", {className: "note", textContent: e.note}));
+      list.append(box);
+    }
+    body.append(el("p", {className: "meta", textContent: `${view.source}; row ${eq.rowStart + row} of the block ` +
+      `(rows ${eq.rowStart}–${eq.rowStart + eq.rows.length - 1}) with this update's numbers:`}), picker(eq, redraw), list);
+  }
+
+  Page.addForwardPanel("equations", "Equations with their numbers", draw);
+})();
