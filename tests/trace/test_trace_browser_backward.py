@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from flashattn_teach.trace.cli import main
+from flashattn_teach.trace.html import render_html
+from flashattn_teach.trace.replay import replay
 
 READ_PAGE = """(() => {
   const view = document.getElementById("view-backward");
@@ -132,3 +134,18 @@ def test_backward_view_steps_through_every_step_and_shows_the_json_numbers(
     assert_step_shows(browser.evaluate(READ_PAGE), doc, max(0, total - 3))
     requests = browser.requested_urls()
     assert requests and all(url.startswith(("file://", "data:")) for url in requests), requests
+
+
+def test_the_backward_tab_opens_by_click_from_the_forward_view(browser, tmp_path):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(3))
+    r = replay(q, k, v, block_m=2, block_n=2, causal=True)
+    page_path = tmp_path / "page.html"
+    page_path.write_text(render_html(r, backward=True), encoding="utf-8")
+    browser.open(page_path)
+    assert browser.evaluate('document.getElementById("view-backward").hidden') is True
+    browser.click("#tab-backward")
+    page = browser.evaluate(READ_PAGE)
+    assert not page["hidden"] and page["tab"] == "true" and page["counter"].startswith("Backward step 1 of ")
+    browser.press("ArrowRight")  # the keys now step the backward view
+    assert browser.evaluate(READ_PAGE)["counter"].startswith("Backward step 2 of ")

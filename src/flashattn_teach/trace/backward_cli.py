@@ -17,8 +17,12 @@ import torch
 from .backward_replay import BackwardReplay, backward_of
 from .cli_common import DTYPES, open_output
 from .replay import Replay
+from .schedule import blocks
 
 BACKWARD_FORMATS = ("table", "json", "html")
+# Every output lists every tile of both passes with its matrices and equations: a backward replay is for small
+# grids (T_r x T_c tiles).
+MAX_BACKWARD_TILES = 1024
 
 
 def add_backward_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,12 @@ def backward_option_error(args: argparse.Namespace) -> str | None:
         return f"argument --format: --backward writes {', '.join(BACKWARD_FORMATS)}, got {args.format}"
     if args.extensions:
         return "argument --extensions: adds to the forward's --format json, not used with --backward"
+    tiles = blocks(args.seq_len, args.block_m) * blocks(args.seq_len, args.block_n)
+    if tiles > MAX_BACKWARD_TILES:
+        return (
+            f"argument --backward: lists every tile of both passes, and T_r x T_c = {tiles} is more than "
+            f"{MAX_BACKWARD_TILES}: use larger --block-m/--block-n or a shorter --seq-len"
+        )
     return None
 
 
