@@ -302,7 +302,9 @@ def replay_backward(
 ) -> BackwardReplay:
     """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens`` and
     ``sinks`` as :func:`.replay.replay`, checked the same way. ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``,
-    element ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)``."""
+    element ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
+    the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
+    command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
     B = batch_size(q, k, v)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")

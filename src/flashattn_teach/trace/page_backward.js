@@ -102,7 +102,7 @@
         drawResult();
       } else if (step.pass === PASS.PREPROCESS) {
         label.textContent = "Preprocess: delta = rowsum(dO * O)";
-        position.textContent = "before either pass; delta_i replaces rowsum(P_ij * dP_ij) in dS_ij";
+        position.textContent = "before either pass: delta_i = Σ_j P_ij dP_ij over the whole row, so each dS_ij needs only its own tile";
         const x = d.inputs;
         matrices.replaceChildren(matrix("O", x.O), matrix("dO", x.dO), matrix("lse", x.lse), matrix("delta", x.delta));
         drawEquations(step.equations);
