@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from flashattn_teach.trace.backward_replay import replay_backward
+from flashattn_teach.errors import AttentionValueError
+from flashattn_teach.trace.backward_replay import backward_of, numbers, replay_backward
+from flashattn_teach.trace.replay import replay
 
 
 def _dense_grads(q, k, v, dO, mask, softcap=None):
@@ -50,3 +52,132 @@ def test_backward_replay_matches_autograd(N, D, bm, bn, causal, window, softcap)
     for s in r.dkdv_steps():
         (r0, r1), (c0, c1) = s.rows, s.cols
         torch.testing.assert_close(s.P_ij, P[r0:r1, c0:c1], atol=1e-12, rtol=0)
+
+
+def _teaching():
+    """The CLI's teaching example: manual_seed(0), then randn q, k, v of (1, 6, 4) float64; dO the 4th randn."""
+    torch.manual_seed(0)
+    q, k, v, dO = (torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(4))
+    return q, k, v, dO
+
+
+def test_teaching_example_ends_at_float64_autograd_within_1e_12():
+    q, k, v, dO = _teaching()
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2)
+    _, _, grads = _dense_grads(q[0], k[0], v[0], dO[0], torch.ones(6, 6, dtype=torch.bool))
+    for mine, ref in zip(r.grads(), grads, strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
+    assert max(r.max_error().values()) <= 1e-12
+    for name, ref in zip(("dQ", "dK", "dV"), grads, strict=True):  # the module's oracle is the test's
+        torch.testing.assert_close(r.oracle()[name], ref, atol=1e-14, rtol=0)
+    # negative control: another dO moves the gradients far from these
+    other = replay_backward(q, k, v, dO * 2 + 1, block_m=2, block_n=2)
+    assert (other.grads()[0] - grads[0]).abs().max() > 1e-3
+
+
+def test_a_row_that_sees_no_key_gets_zero_gradients_and_no_nan():
+    q, k, v, dO = _teaching()
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[3] = False  # query 3 sees no key
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2, attn_mask=mask, causal=True)
+    assert torch.isneginf(r.lse[3]) and float(r.delta[3]) == 0.0
+    dQ, dK, dV = r.grads()
+    assert not any(torch.isnan(t).any() for t in (dQ, dK, dV))
+    assert torch.equal(dQ[3], torch.zeros(4, dtype=torch.float64))
+    causal = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    _, _, grads = _dense_grads(q[0], k[0], v[0], dO[0], mask & causal)
+    for mine, ref in zip((dQ, dK, dV), grads, strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
+    for s in (*r.dkdv_steps(), *r.dq_steps()):
+        assert all(not torch.isnan(t).any() for t in (s.P_ij, s.dP_ij, s.dS_ij, *s.acc.values()))
+        if s.rows[0] <= 3 < s.rows[1]:
+            assert torch.equal(s.P_ij[3 - s.rows[0]], torch.zeros(s.cols[1] - s.cols[0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("bm", "bn", "causal"), [(2, 2, False), (2, 3, True), (4, 2, True)])
+def test_dq_pass_step_by_step(bm, bn, causal):
+    """Each dQ_i after a step is the sum over the key blocks so far of scale dS_ij K_j, computed here from the
+    test's own P and dP; after its last key block it is the oracle's rows of dQ."""
+    q, k, v, dO = _teaching()
+    r = replay_backward(q, k, v, dO, block_m=bm, block_n=bn, causal=causal)
+    mask = torch.tril(torch.ones(6, 6, dtype=torch.bool)) if causal else torch.ones(6, 6, dtype=torch.bool)
+    P, O, (dQ, _, _) = _dense_grads(q[0], k[0], v[0], dO[0], mask)
+    dP = dO[0] @ v[0].T  # (N_q, N_k)
+    dS = P * (dP - (dO[0] * O).sum(-1, keepdim=True))
+    steps = list(r.dq_steps())
+    assert steps
+    for n, s in enumerate(steps):
+        (r0, r1), (c0, c1) = s.rows, s.cols
+        seen = [t for t in steps[: n + 1] if t.i == s.i]
+        partial = sum(0.5 * dS[r0:r1, t.cols[0] : t.cols[1]] @ k[0, t.cols[0] : t.cols[1]] for t in seen)
+        torch.testing.assert_close(s.acc["dQ_i"], partial, atol=1e-12, rtol=0)
+        torch.testing.assert_close(s.dS_ij, dS[r0:r1, c0:c1], atol=1e-12, rtol=0)
+        last = n + 1 == len(steps) or steps[n + 1].i != s.i
+        if last:
+            torch.testing.assert_close(s.acc["dQ_i"], dQ[r0:r1], atol=1e-12, rtol=0)
+    assert {s.i for s in steps} == set(range(-(-6 // bm)))
+
+
+def test_sink_gradients_match_autograd():
+    q, k, v, dO = _teaching()
+    sink = torch.tensor([0.7], dtype=torch.float64, requires_grad=True)
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, sinks=sink.detach())
+    qq, kk, vv = (t[0].clone().requires_grad_(True) for t in (q, k, v))
+    S = (qq @ kk.T / 2).masked_fill(~torch.tril(torch.ones(6, 6, dtype=torch.bool)), float("-inf"))
+    P = torch.softmax(torch.cat([S, sink.expand(6, 1)], dim=-1), -1)[:, :6]  # the sink column, dropped
+    (P @ vv * dO[0]).sum().backward()
+    for mine, ref in zip(r.grads(), (qq.grad, kk.grad, vv.grad), strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(r.gradients()["dsink"], sink.grad, atol=1e-12, rtol=0)
+    assert r.preprocess()[-1].name == "dsink"
+    assert max(r.max_error().values()) <= 1e-12
+
+
+def test_packed_sequences_match_autograd_per_sequence():
+    q, k, v, dO = _teaching()
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, cu_seqlens=torch.tensor([0, 3, 6]))
+    idx = torch.arange(6)
+    mask = (idx[None, :] <= idx[:, None]) & ((idx[None, :] < 3) == (idx[:, None] < 3))
+    _, _, grads = _dense_grads(q[0], k[0], v[0], dO[0], mask)
+    for mine, ref in zip(r.grads(), grads, strict=True):
+        torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
+
+
+def test_equations_carry_their_numbers():
+    q, k, v, dO = _teaching()
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2)
+    step = next(iter(r.dkdv_steps()))
+    assert [e.line for e in step.equations] == [11, 12, 13, 14, 16]
+    for eq in step.equations:
+        result = eq.substituted.rsplit(" = ", 1)[1]
+        assert result == numbers(eq.value)
+    dV = step.equations[1]
+    assert dV.name == "dV_j" and torch.equal(dV.value, step.acc["dV_j"])
+    assert dV.substituted.startswith("[[0, 0, 0, 0], [0, 0, 0, 0]] + " + numbers(step.P_ij) + "^T ")
+    delta = r.preprocess()[0]
+    assert delta.line == 4 and delta.substituted.endswith(" = " + numbers(r.delta))
+    assert numbers(torch.tensor([float("-inf"), 1.23456])) == "[-inf, 1.235]"
+
+
+def test_inputs_are_checked_as_the_forward_replay_checks_them():
+    q, k, v, _ = _teaching()
+    with pytest.raises(AttentionValueError, match="do not broadcast"):
+        replay_backward(q.expand(2, 6, 4), k.expand(3, 6, 4), v, block_m=2, block_n=2)
+    with pytest.raises(AttentionValueError, match=r"query must have shape \(N, D\) or \(B, N, D\)"):
+        replay_backward(q[None], k, v, block_m=2, block_n=2)
+    with pytest.raises(AttentionValueError, match="batch_index"):
+        replay_backward(q, k, v, block_m=2, block_n=2, batch_index=1)
+    with pytest.raises(AttentionValueError, match="dO must have the output's shape"):
+        replay_backward(q, k, v, torch.zeros(6, 3, dtype=torch.float64), block_m=2, block_n=2)
+    with pytest.raises(AttentionValueError, match="cu_seqlens"):
+        replay_backward(q, k[:, :5], v[:, :5], block_m=2, block_n=2, cu_seqlens=torch.tensor([0, 3, 6]))
+
+
+def test_backward_of_a_forward_replay_uses_its_inputs_and_options():
+    q, k, v, dO = _teaching()
+    fwd = replay(q, k, v, block_m=2, block_n=3, query_block=1, causal=True, softcap=3.0, order="key_major")
+    mine = backward_of(fwd, dO=dO)
+    direct = replay_backward(q, k, v, dO, block_m=2, block_n=3, causal=True, softcap=3.0)
+    for a, b in zip(mine.grads(), direct.grads(), strict=True):
+        assert torch.equal(a, b)
+    assert (mine.block_m, mine.block_n, mine.softcap) == (2, 3, 3.0)

@@ -11,7 +11,10 @@
                                             sinks= merged in after the splits
     replay_backward(q, k, v, dO=None, block_m=2, block_n=2)
                                             -> BackwardReplay: the preprocess (delta), the dK/dV pass and the
-                                            dQ pass, one tile at a time (backward_replay.py)
+                                            dQ pass, one tile at a time, each step's equations with their
+                                            numbers, and the float64 autograd oracle (backward_replay.py);
+                                            render_backward_table (backward_table.py), to_backward_json
+                                            (backward_manifest.py), render_html(r, backward=True) its view
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
                                             (equations.py): in the JSON extensions, table, PNG and page
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
@@ -22,7 +25,8 @@
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_png.py)
 
-``flashattn-teach replay ...`` is the command line (cli.py; ``--decode``: decode_cli.py). rich and
+``flashattn-teach replay ...`` is the command line (cli.py; ``--decode``: decode_cli.py; ``--backward``:
+backward_cli.py). rich and
 matplotlib load only when their format is asked for.
 """
 

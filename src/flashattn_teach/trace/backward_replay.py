@@ -9,39 +9,74 @@ Split as Triton's tutorial and :mod:`flashattn_teach.reference.backward` do it:
                  dP_ij = dO_i V_j^T                                         (line 13)
                  dS_ij = P_ij * (dP_ij - delta_i)  [softcap: * (1 - T^2)]   (line 14)
                  dK_j += scale dS_ij^T Q_i                                  (line 16)
-    dQ pass:     for each query block i, each key block j it sees:
+    dQ pass:     for each query block i, each key block j it sees (P_ij, dP_ij, dS_ij recomputed):
                  dQ_i += scale dS_ij K_j                                    (line 15)
 
-``dO`` defaults to ``torch.randn`` of O's shape from a ``torch.Generator`` seeded with ``seed``. Rows with
-``lse = -inf`` (every key masked) get ``P = 0`` and zero gradients. Steps are computed when iterated.
+Every step carries its equations with their numbers (:class:`BackwardEquation`). ``dO`` defaults to
+``torch.randn`` of O's shape from a ``torch.Generator`` seeded with ``seed``. Rows with ``lse = -inf`` (every
+key masked) get ``P = 0`` and zero gradients. With an attention sink (``sinks``, one more score column of
+value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``: the formulas above are unchanged, since the
+sink's ``dP`` is 0 and ``delta_i`` already sums over the keys only, and ``dsink = -sum_i exp(sink - lse_i)
+delta_i``. :meth:`BackwardReplay.oracle` differentiates dense attention in float64 with ``torch.autograd``,
+the reference the passes end at. Steps are computed when iterated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._layout import compute_dtype
-from .._options import make_options
 from .._validate.inputs import validate_block_sizes
+from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..online_softmax import score_tile
-from .inputs import check_index, one_head, one_slope, pick_matrix
+from ..reference.dense import dense_attention
+from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
+from .replay import Replay
 from .schedule import visited_key_blocks
 
-__all__ = ["BackwardReplay", "BackwardStep", "replay_backward"]
+__all__ = ["BackwardEquation", "BackwardPass", "BackwardReplay", "BackwardStep", "backward_of", "replay_backward"]
+
+
+class BackwardPass(Enum):
+    """The three phases of Alg. 2, in the order they run."""
+
+    PREPROCESS = "preprocess"  # delta = rowsum(dO * O)
+    DKDV = "dkdv"  # outer loop over key blocks j: dK_j, dV_j on chip
+    DQ = "dq"  # outer loop over query blocks i: dQ_i on chip
+
+
+def numbers(t: Tensor | float) -> str:
+    """A scalar, vector or matrix written out to 4 significant digits, ``-inf`` as such."""
+    if isinstance(t, float) or t.dim() == 0:
+        x = float(t)
+        return "-inf" if x == float("-inf") else f"{x:.4g}"
+    return "[" + ", ".join(numbers(x) for x in t) + "]"
+
+
+@dataclass(frozen=True)
+class BackwardEquation:
+    """One equation of a step: ``name = symbolic = substituted`` (the numbers put in, then the result)."""
+
+    line: int | None  # of FA2 Alg. 2 (Dao 2023); None for what the paper has no line for (the sink)
+    name: str
+    symbolic: str
+    substituted: str
+    value: Tensor  # the result: scalar, (Br,), (Br, Bc), (Bc, D) or (Br, D)
 
 
 @dataclass(frozen=True)
 class BackwardStep:
-    """One tile of a pass: ``pass_name`` "dkdv" or "dq"; tensors are the tile's, accumulators after it."""
+    """One tile of a pass; tensors are the tile's, accumulators after it."""
 
-    pass_name: str
+    pass_name: BackwardPass
     index: int
     i: int
     j: int
@@ -53,7 +88,7 @@ class BackwardStep:
     dP_ij: Tensor  # (Br, Bc)
     dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
     acc: dict[str, Tensor]  # "dV_j", "dK_j" (Bc, D) or "dQ_i" (Br, D), after this step
-    equations: list[dict[str, Any]]
+    equations: list[BackwardEquation]
 
 
 @dataclass(frozen=True)
@@ -71,27 +106,52 @@ class BackwardReplay:
     batch_index: int
     block_m: int
     block_n: int
+    sink: Tensor | None = None  # (1,): the head's sink logit, or None
 
-    def _tile(self, i: int, j: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """S_ij, P_ij, dP_ij, dS_ij of tile (i, j)."""
+    def _tile(self, i: int, j: int) -> tuple[Tensor, Tensor, Tensor, Tensor, list[BackwardEquation]]:
+        """S_ij, P_ij, dP_ij, dS_ij of tile (i, j), and the equations of P_ij, dP_ij and dS_ij."""
         (r0, r1), (c0, c1) = self.tiling.row_blocks[i], self.tiling.col_blocks[j]
         allowed, bias = self.tiling.head_tile(i, j, (r0, r1), b=self.batch_index, h=0, device=self.q.device)
         q_i, k_j = self.q[r0:r1], self.k[c0:c1]
         S_ij = score_tile(q_i, k_j, self.scale, allowed, softcap=self.softcap, bias=bias)  # (Br, Bc)
         lse_i = self.lse[r0:r1].unsqueeze(-1)  # (Br, 1)
+        # A row that sees no key has lse_i = -inf: its P is 0, not exp(-inf - -inf) = NaN.
         P_ij = torch.where(torch.isneginf(lse_i), torch.zeros_like(S_ij), torch.exp(S_ij - lse_i))
-        dP_ij = self.dO[r0:r1] @ self.v[c0:c1].T  # (Br, D_v) @ (D_v, Bc)
-        dS_ij = P_ij * (dP_ij - self.delta[r0:r1].unsqueeze(-1))
-        if self.softcap is not None:
-            T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)
+        dP_ij = self.dO[r0:r1] @ self.v[c0:c1].T  # (Br, D_v) @ (D_v, Bc) -> (Br, Bc)
+        delta_i = self.delta[r0:r1]
+        dS_ij = P_ij * (dP_ij - delta_i.unsqueeze(-1))
+        dS_text = f"{numbers(P_ij)} * ({numbers(dP_ij)} - {numbers(delta_i)})"
+        dS_symbolic = "P_ij * (dP_ij - delta_i)"
+        if self.softcap is not None:  # d(softcap tanh(x / softcap))/dx = 1 - T^2
+            T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)  # (Br, D) @ (D, Bc) -> (Br, Bc)
             dS_ij = dS_ij * (1 - T * T)
-        return S_ij, P_ij, dP_ij, dS_ij
+            dS_text += f" * (1 - {numbers(T)}^2)"
+            dS_symbolic += " * (1 - T_ij^2)"
+        eqs = [
+            BackwardEquation(11, "P_ij", "exp(S_ij - lse_i)", f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij),
+            BackwardEquation(13, "dP_ij", "dO_i V_j^T", f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T", dP_ij),
+            BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij),
+        ]
+        return S_ij, P_ij, dP_ij, dS_ij, [with_result(e) for e in eqs]
 
     def _kind(self, i: int, j: int) -> TileKind:
         return self.tiling.kind(i, j, b=self.batch_index, h=0)
 
     def _visits(self) -> dict[int, list[int]]:
         return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
+
+    def preprocess(self) -> list[BackwardEquation]:
+        """The preprocess: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta)."""
+        eqs = [
+            BackwardEquation(
+                4, "delta", "rowsum(dO * O)", f"rowsum({numbers(self.dO)} * {numbers(self.O)})", self.delta
+            )
+        ]
+        if self.sink is not None:
+            ds = self.dsink()
+            text = f"-sum(exp({numbers(self.sink[0])} - {numbers(self.lse)}) * {numbers(self.delta)})"
+            eqs.append(BackwardEquation(None, "dsink", "-sum_i exp(sink - lse_i) delta_i", text, ds))
+        return [with_result(e) for e in eqs]
 
     def dkdv_steps(self) -> Iterator[BackwardStep]:
         visits = self._visits()
@@ -101,30 +161,33 @@ class BackwardReplay:
             dK_j = torch.zeros(c1 - c0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for i in (i for i in visits if j in visits[i]):
                 r0, r1 = self.tiling.row_blocks[i]
-                S_ij, P_ij, dP_ij, dS_ij = self._tile(i, j)
-                dV_j = dV_j + P_ij.T @ self.dO[r0:r1]
-                dK_j = dK_j + self.scale * dS_ij.T @ self.q[r0:r1]
+                S_ij, P_ij, dP_ij, dS_ij, (eq_P, eq_dP, eq_dS) = self._tile(i, j)
+                dO_i, q_i = self.dO[r0:r1], self.q[r0:r1]
+                dV_text = f"{numbers(dV_j)} + {numbers(P_ij)}^T {numbers(dO_i)}"
+                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(dS_ij)}^T {numbers(q_i)}"
+                dV_j = dV_j + P_ij.T @ dO_i  # (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
+                dK_j = dK_j + self.scale * dS_ij.T @ q_i  # (Bc, Br) @ (Br, D) -> (Bc, D)
                 eqs = [
-                    {"line": 11, "name": "P_ij", "symbolic": "exp(S_ij - lse_i)", "value": P_ij},
-                    {"line": 12, "name": "dV_j", "symbolic": "dV_j + P_ij^T dO_i", "value": dV_j},
-                    {"line": 13, "name": "dP_ij", "symbolic": "dO_i V_j^T", "value": dP_ij},
-                    {"line": 14, "name": "dS_ij", "symbolic": "P_ij * (dP_ij - delta_i)", "value": dS_ij},
-                    {"line": 16, "name": "dK_j", "symbolic": "dK_j + scale dS_ij^T Q_i", "value": dK_j},
+                    eq_P,
+                    with_result(BackwardEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j)),
+                    eq_dP,
+                    eq_dS,
+                    with_result(BackwardEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j)),
                 ]
                 yield BackwardStep(
-                    "dkdv",
-                    n,
-                    i,
-                    j,
-                    (r0, r1),
-                    (c0, c1),
-                    self._kind(i, j),
-                    S_ij,
-                    P_ij,
-                    dP_ij,
-                    dS_ij,
-                    {"dV_j": dV_j, "dK_j": dK_j},
-                    eqs,
+                    pass_name=BackwardPass.DKDV,
+                    index=n,
+                    i=i,
+                    j=j,
+                    rows=(r0, r1),
+                    cols=(c0, c1),
+                    kind=self._kind(i, j),
+                    S_ij=S_ij,
+                    P_ij=P_ij,
+                    dP_ij=dP_ij,
+                    dS_ij=dS_ij,
+                    acc={"dV_j": dV_j, "dK_j": dK_j},
+                    equations=eqs,
                 )
                 n += 1
 
@@ -135,16 +198,35 @@ class BackwardReplay:
             dQ_i = torch.zeros(r1 - r0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for j in js:
                 c0, c1 = self.tiling.col_blocks[j]
-                S_ij, P_ij, dP_ij, dS_ij = self._tile(i, j)
-                dQ_i = dQ_i + self.scale * dS_ij @ self.k[c0:c1]
-                eqs = [{"line": 15, "name": "dQ_i", "symbolic": "dQ_i + scale dS_ij K_j", "value": dQ_i}]
+                S_ij, P_ij, dP_ij, dS_ij, tile_eqs = self._tile(i, j)
+                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(dS_ij)} {numbers(self.k[c0:c1])}"
+                dQ_i = dQ_i + self.scale * dS_ij @ self.k[c0:c1]  # (Br, Bc) @ (Bc, D) -> (Br, D)
+                eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
                 yield BackwardStep(
-                    "dq", n, i, j, (r0, r1), (c0, c1), self._kind(i, j), S_ij, P_ij, dP_ij, dS_ij, {"dQ_i": dQ_i}, eqs
+                    pass_name=BackwardPass.DQ,
+                    index=n,
+                    i=i,
+                    j=j,
+                    rows=(r0, r1),
+                    cols=(c0, c1),
+                    kind=self._kind(i, j),
+                    S_ij=S_ij,
+                    P_ij=P_ij,
+                    dP_ij=dP_ij,
+                    dS_ij=dS_ij,
+                    acc={"dQ_i": dQ_i},
+                    equations=[*tile_eqs, eq],
                 )
                 n += 1
 
+    def skipped(self) -> list[tuple[int, int]]:
+        """The tiles ``(i, j)`` neither pass visits (SKIP under the mask contract)."""
+        visits = self._visits()
+        return [(i, j) for i in visits for j in range(len(self.tiling.col_blocks)) if j not in visits[i]]
+
     def grads(self) -> tuple[Tensor, Tensor, Tensor]:
-        """dQ (N_q, D), dK (N_k, D), dV (N_k, D_v), assembled from the two passes."""
+        """dQ (N_q, D), dK (N_k, D), dV (N_k, D_v), assembled from the two passes (a key block no query
+        block sees keeps zero gradients)."""
         dQ, dK, dV = torch.zeros_like(self.q), torch.zeros_like(self.k), torch.zeros_like(self.v)
         for s in self.dkdv_steps():
             dK[s.cols[0] : s.cols[1]] = s.acc["dK_j"]
@@ -152,6 +234,49 @@ class BackwardReplay:
         for s in self.dq_steps():
             dQ[s.rows[0] : s.rows[1]] = s.acc["dQ_i"]
         return dQ, dK, dV
+
+    def dsink(self) -> Tensor:
+        """``()``: the sink's gradient, ``-sum_i exp(sink - lse_i) delta_i`` (its column of dS, summed); 0 without."""
+        if self.sink is None:
+            return torch.zeros((), dtype=self.q.dtype, device=self.q.device)
+        return -(torch.exp(self.sink - self.lse) * self.delta).sum()
+
+    def gradients(self) -> dict[str, Tensor]:
+        """``{"dQ", "dK", "dV"}`` (and ``"dsink"``, shape ``(1,)``, with a sink) from the replayed passes."""
+        dQ, dK, dV = self.grads()
+        out = {"dQ": dQ, "dK": dK, "dV": dV}
+        if self.sink is not None:
+            out["dsink"] = self.dsink().reshape(1)
+        return out
+
+    def oracle(self) -> dict[str, Tensor]:
+        """The same gradients by ``torch.autograd`` through float64 dense attention
+        (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
+        N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
+        kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
+        allowed, bias = self.tiling.spec.tensors(0, N_q, 0, N_k, self.q.device, **kinds, b=self.batch_index, h=0)
+        mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
+        leaves = {name: t.detach().to(f64).requires_grad_(True) for name, t in (("dQ", self.q), ("dK", self.k))}
+        leaves["dV"] = self.v.detach().to(f64).requires_grad_(True)
+        if self.sink is not None:
+            leaves["dsink"] = self.sink.detach().to(f64).requires_grad_(True)
+        q, k, v = (leaves[n].unsqueeze(0) for n in ("dQ", "dK", "dV"))  # (1, N, D): one head
+        O = dense_attention(
+            q, k, v, scale=self.scale, softcap=self.softcap, attn_mask=mask, sinks=leaves.get("dsink")
+        )  # (1, N_q, D_v)
+        O.backward(self.dO.detach().to(f64).unsqueeze(0))
+        return {name: t.grad for name, t in leaves.items() if t.grad is not None}
+
+    def max_error(self) -> dict[str, float]:
+        """``max |grad - oracle|`` of each gradient, against :meth:`oracle`."""
+        mine, ref = self.gradients(), self.oracle()
+        return {name: float((mine[name].to(torch.float64) - ref[name]).abs().max()) for name in mine}
+
+
+def with_result(eq: BackwardEquation) -> BackwardEquation:
+    """``eq`` with its result appended to the substituted text: ``... = value``."""
+    return BackwardEquation(eq.line, eq.name, eq.symbolic, f"{eq.substituted} = {numbers(eq.value)}", eq.value)
 
 
 def replay_backward(
@@ -171,52 +296,93 @@ def replay_backward(
     alibi_slopes: float | Tensor | None = None,
     seqlens_k: Tensor | None = None,
     attn_mask: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    sinks: float | Tensor | None = None,
     seed: int = 0,
 ) -> BackwardReplay:
-    """Replay the backward of one head, shapes and mask contract as :func:`.replay.replay`."""
-    B = max((t.shape[0] for t in (q, k, v) if t.dim() == 3), default=1)
+    """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens`` and
+    ``sinks`` as :func:`.replay.replay`, checked the same way. ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``,
+    element ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
+    the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
+    command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
+    B = batch_size(q, k, v)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
-        attn_mask = attn_mask.unsqueeze(-3)
-    four_d = [one_head(t) for t in (q, k, v)]
-    opts = make_options(
-        *four_d,
+    opts = one_head_options(
+        q,
+        k,
+        v,
+        B=B,
         causal=causal,
         causal_align=causal_align,
         scale=scale,
-        attn_mask=attn_mask,
         window=window,
         softcap=softcap,
-        alibi_slopes=one_slope(alibi_slopes, B),
+        alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
+        cu_seqlens=cu_seqlens,
     )
     dt = compute_dtype(q.dtype)
+    sink = one_sink(sinks, q.device)
+    sink = None if sink is None else sink.to(dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
     allowed, bias = opts.mask.tensors(0, N_q, 0, N_k, q2.device, **kinds, b=batch_index, h=0)
     S = score_tile(q2, k2, opts.scale, allowed, softcap=opts.mask.softcap, bias=bias)  # (N_q, N_k)
     lse = torch.logsumexp(S, dim=-1)  # (N_q,), -inf for a fully masked row
+    if sink is not None:  # the sink is one more score column: lse = log(exp(sink) + sum_j exp(S_ij))
+        lse = torch.logaddexp(lse, sink)
     P = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros_like(S), torch.exp(S - lse.unsqueeze(-1)))
-    O = P @ v2  # (N_q, D_v)
+    O = P @ v2  # (N_q, N_k) @ (N_k, D_v) -> (N_q, D_v); the sink's value is zero
     if dO is None:
         gen = torch.Generator().manual_seed(seed)
-        dO = torch.randn(O.shape, generator=gen, dtype=dt)
+        dO = torch.randn(O.shape, generator=gen, dtype=dt).to(q2.device)
+    else:
+        dO = pick_matrix(dO, "dO", batch_index)
+        if dO.shape != O.shape:
+            raise AttentionValueError(f"dO must have the output's shape {tuple(O.shape)}, got {tuple(dO.shape)}")
     dO = dO.to(dt)
-    delta = (dO * O).sum(-1)  # Alg. 2 line 4
     return BackwardReplay(
-        q2,
-        k2,
-        v2,
-        O,
-        lse,
-        dO,
-        delta,
-        opts.mask.tiling(block_m, block_n),
-        opts.scale,
-        opts.mask.softcap,
-        batch_index,
-        block_m,
-        block_n,
+        q=q2,
+        k=k2,
+        v=v2,
+        O=O,
+        lse=lse,
+        dO=dO,
+        delta=(dO * O).sum(-1),  # Alg. 2 line 4
+        tiling=opts.mask.tiling(block_m, block_n),
+        scale=opts.scale,
+        softcap=opts.mask.softcap,
+        batch_index=batch_index,
+        block_m=block_m,
+        block_n=block_n,
+        sink=sink,
     )
+
+
+# The keyword arguments of replay() that the backward reads too; the others pick a query block or an order.
+SHARED_OPTIONS = (
+    "block_m",
+    "block_n",
+    "causal",
+    "causal_align",
+    "scale",
+    "batch_index",
+    "window",
+    "softcap",
+    "alibi_slopes",
+    "seqlens_k",
+    "attn_mask",
+    "cu_seqlens",
+    "sinks",
+)
+
+
+def backward_of(r: Replay, *, dO: Tensor | None = None, seed: int = 0) -> BackwardReplay:
+    """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`)."""
+    q, k, v = r.inputs
+    assert r.call is not None  # r.inputs raised otherwise
+    options: dict[str, Any] = {name: r.call.options[name] for name in SHARED_OPTIONS}
+    return replay_backward(q, k, v, dO, seed=seed, **options)

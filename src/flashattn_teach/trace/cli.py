@@ -1,7 +1,8 @@
 """``flashattn-teach replay``: replay one query block's tile updates as a table, JSON, HTML or PNG.
 
 ``--decode`` replays one decode step against a KV cache instead (split-KV ranges, then the merges;
-:mod:`.decode_cli`); the options of one mode given with the other are refused by name.
+:mod:`.decode_cli`); the options of one mode given with the other are refused by name. ``--backward``
+replays the backward of the same inputs (:mod:`.backward_cli`).
 
 Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
 ``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
@@ -36,6 +37,7 @@ from .._cli_types import (
     positive_int,
     seed,
 )
+from .backward_cli import add_backward_arguments, backward_mode_error, backward_option_error, make_dO, render_backward
 from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, sinks_error, window
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
@@ -126,6 +128,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
     add_decode_arguments(parser)
+    add_backward_arguments(parser)
 
 
 # The options of one mode only, by destination; given with the other mode they are refused, not ignored.
@@ -270,17 +273,18 @@ def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; returns the exit status."""
-    problem = _mode_error(args)
+    problem = _mode_error(args) or backward_mode_error(args)
     if problem is None:
         args = _with_mode_defaults(args)
     if problem is None and args.decode:
         return run_decode(args)
-    problem = problem or _option_error(args)
+    problem = problem or _option_error(args) or backward_option_error(args)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     try:
         q, k, v = make_inputs(args)
+        dO = make_dO(args) if args.backward else None  # the 4th randn of the stream
     except RuntimeError as error:  # torch cannot allocate (B, N, D) this large
         shape = (args.batch, args.seq_len, args.head_dim)
         print(f"{PROG}: error: cannot make q, k, v of shape {shape}: {str(error).splitlines()[0]}", file=sys.stderr)
@@ -311,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"{PROG}: error: {problem}", file=sys.stderr)
             return 2
-        _render(r, args)
+        render_backward(r, dO, args) if dO is not None else _render(r, args)
     except (TypeError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -1,18 +1,25 @@
 """The replay's arguments: one batch element and one head of the caller's tensors, and checked indices.
 
 A replay runs one head of one batch element; these helpers pick it out of the caller's inputs, and name
-the argument when an index or a slope does not fit (:mod:`flashattn_teach.errors`).
+the argument when an index or a slope does not fit (:mod:`flashattn_teach.errors`). The forward replay
+(:mod:`.replay`) and the backward replay (:mod:`.backward_replay`) build their mask contract with the same
+:func:`one_head_options`, so the two cannot read the same arguments differently.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
+from .._options import AttentionOptions, make_options
+from .._validate.inputs import check_window
 from .._validate.sinks import check_sinks
+from .._validate.varlen import check_cu_seqlens
 from ..errors import AttentionTypeError, AttentionValueError
+from ..masks.spec import MaskSpec
 
 
 def pick_matrix(t: Tensor, name: str, batch_index: int) -> Tensor:
@@ -67,3 +74,83 @@ def one_sink(sinks: float | Tensor | None, device: torch.device) -> Tensor | Non
     if not math.isfinite(sinks):
         raise AttentionValueError(f"sinks must be finite, got {sinks}")
     return torch.tensor([float(sinks)], dtype=torch.float64, device=device)
+
+
+def batch_size(q: Tensor, k: Tensor, v: Tensor) -> int:
+    """``B``, the batch size of ``(B, N, D)`` inputs (1 for ``(N, D)``), after checking that the sizes broadcast
+    and that each input is a matrix or a batch of them."""
+    # validate_inputs would read (B, N, D) as (H, N, D); name the batch here so a mismatch reads as one.
+    sizes = {
+        name: t.shape[0]
+        for t, name in ((q, "query"), (k, "key"), (v, "value"))
+        if isinstance(t, Tensor) and t.dim() == 3
+    }
+    B = max(sizes.values(), default=1)
+    if any(b not in (1, B) for b in sizes.values()):
+        raise AttentionValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
+    for t, name in ((q, "query"), (k, "key"), (v, "value")):
+        if isinstance(t, Tensor):
+            pick_matrix(t, name, 0)  # the shape check, before one_head's reshape
+    return B
+
+
+def one_head_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    B: int,
+    causal: bool,
+    causal_align: str,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: float | Tensor | None,
+    seqlens_k: Tensor | None,
+    attn_mask: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> AttentionOptions:
+    """The one mask contract of a replay, built as every CPU path builds it, for ``(B, 1, N, D)``: batch ``B``,
+    one head. A 3-D ``attn_mask (B, N_q, N_k)`` gains the head axis; ``alibi_slopes`` is one slope or one per
+    batch element (:func:`one_slope`); ``cu_seqlens`` packs sequences along the one element's sequence axis."""
+    if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(-3)  # (B, N_q, N_k) -> (B, 1, N_q, N_k): the one head
+    four_d = [one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
+    opts = make_options(
+        *four_d,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        attn_mask=attn_mask,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=one_slope(alibi_slopes, B),
+        seqlens_k=seqlens_k,
+    )
+    return opts if cu_seqlens is None else _packed(opts, q, cu_seqlens, B, causal_align, window)
+
+
+def _packed(
+    opts: AttentionOptions, q: Tensor, cu_seqlens: Tensor, B: int, causal_align: str, window: tuple[int, int] | None
+) -> AttentionOptions:
+    """``opts`` with the packed sequences of ``cu_seqlens`` in the mask contract (the same boundaries for the
+    queries and the keys, as in self-attention over a packed batch)."""
+    s = opts.shapes
+    if B != 1 or s.N_q != s.N_k:
+        raise AttentionValueError(
+            f"cu_seqlens packs sequences along one sequence axis: it needs B = 1 and N_q = N_k, got B={B}, "
+            f"N_q={s.N_q}, N_k={s.N_k}"
+        )
+    cu = check_cu_seqlens("cu_seqlens", cu_seqlens, s.N_q, "N", q.device)
+    mask = MaskSpec.build(
+        s,
+        q.dtype,
+        causal=opts.causal,
+        causal_align=causal_align,
+        window=check_window(window),
+        softcap=opts.mask.softcap,
+        alibi_slopes=opts.mask.alibi_slopes,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+    )
+    return replace(opts, mask=mask)

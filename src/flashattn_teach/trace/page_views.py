@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import equations, memory
+from .backward_manifest import build_backward_view
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -32,4 +33,6 @@ VIEWS: tuple[View, ...] = (
     # forward panels, drawn in this order under the forward view at every tile update
     View("equations", "Equations", "page_equations.js", "page_equations.css", equations.build_view),
     View("memory", "Memory", "page_memory.js", "page_memory.css", memory.build_view),
+    # tabs beside the forward view, in this order
+    View("backward", "Backward", "page_backward.js", "page_backward.css", build_backward_view, ("backward",)),
 )

@@ -35,21 +35,19 @@ a time, never stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._layout import compute_dtype
-from .._options import AttentionOptions, make_options
-from .._validate.inputs import check_window, validate_block_sizes
-from .._validate.varlen import check_cu_seqlens
+from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
-from .inputs import check_index, one_head, one_sink, one_slope, pick_matrix
+from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
@@ -249,39 +247,26 @@ def replay(
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
     call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
-    # validate_inputs would read (B, N, D) as (H, N, D); name the batch here so a mismatch reads as one.
-    sizes = {
-        name: t.shape[0]
-        for t, name in ((q, "query"), (k, "key"), (v, "value"))
-        if isinstance(t, Tensor) and t.dim() == 3
-    }
-    B = max(sizes.values(), default=1)
-    if any(b not in (1, B) for b in sizes.values()):
-        raise AttentionValueError(f"the batch sizes (dim 0) of query, key and value do not broadcast: {sizes}")
-    for t, name in ((q, "query"), (k, "key"), (v, "value")):
-        if isinstance(t, Tensor):
-            pick_matrix(t, name, 0)  # the shape check, before the reshape below
+    B = batch_size(q, k, v)
     block_m, block_n = validate_block_sizes(block_m, block_n)
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
     batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
-        attn_mask = attn_mask.unsqueeze(-3)  # (B, N_q, N_k) -> (B, 1, N_q, N_k): the one head
-    # The one mask contract, built as every CPU path builds it, for (B, 1, N, D): batch B, one head.
-    four_d = [one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
-    opts = make_options(
-        *four_d,
+    opts = one_head_options(
+        q,
+        k,
+        v,
+        B=B,
         causal=causal,
         causal_align=causal_align,
         scale=scale,
-        attn_mask=attn_mask,
         window=window,
         softcap=softcap,
-        alibi_slopes=one_slope(alibi_slopes, B),
+        alibi_slopes=alibi_slopes,
         seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
+        cu_seqlens=cu_seqlens,
     )
-    if cu_seqlens is not None:
-        opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
     dt = compute_dtype(q.dtype)
     sink = one_sink(sinks, q.device)
     sink = None if sink is None else sink.to(dt)  # (1,), computed in the compute dtype as the references do
@@ -330,29 +315,3 @@ def replay(
         sink=None if sink is None else float(sink),
         call=call,
     )
-
-
-def _packed(
-    opts: AttentionOptions, q: Tensor, cu_seqlens: Tensor, B: int, causal_align: str, window: tuple[int, int] | None
-) -> AttentionOptions:
-    """``opts`` with the packed sequences of ``cu_seqlens`` in the mask contract (the same boundaries for the
-    queries and the keys, as in self-attention over a packed batch)."""
-    s = opts.shapes
-    if B != 1 or s.N_q != s.N_k:
-        raise AttentionValueError(
-            f"cu_seqlens packs sequences along one sequence axis: it needs B = 1 and N_q = N_k, got B={B}, "
-            f"N_q={s.N_q}, N_k={s.N_k}"
-        )
-    cu = check_cu_seqlens("cu_seqlens", cu_seqlens, s.N_q, "N", q.device)
-    mask = MaskSpec.build(
-        s,
-        q.dtype,
-        causal=opts.causal,
-        causal_align=causal_align,
-        window=check_window(window),
-        softcap=opts.mask.softcap,
-        alibi_slopes=opts.mask.alibi_slopes,
-        cu_seqlens_q=cu,
-        cu_seqlens_k=cu,
-    )
-    return replace(opts, mask=mask)

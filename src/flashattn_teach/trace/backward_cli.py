@@ -1,0 +1,87 @@
+"""``flashattn-teach replay --backward``: the backward replay of the same inputs, as a table, JSON or HTML.
+
+The inputs are the replay's (``torch.manual_seed(seed)``, then ``randn`` for q, k, v) and ``dO`` is the
+fourth ``randn(B, N, D)`` of the same stream, so ``--seed`` fixes all four. Every mask option of the replay
+applies. ``--format html`` writes the replay page opened on its "Backward" view (the forward view of
+``--query-block`` beside it). Refused by name: ``--decode`` (a decode step has no backward here),
+``--order key_major`` (the backward has its own loop order: key blocks outer for dK/dV, query blocks outer
+for dQ), ``--format png`` and ``--extensions`` (forward outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .backward_replay import BackwardReplay, backward_of
+from .cli_common import DTYPES, open_output
+from .replay import Replay
+from .schedule import blocks
+
+BACKWARD_FORMATS = ("table", "json", "html")
+# Every output lists every tile of both passes with its matrices and equations: a backward replay is for small
+# grids (T_r x T_c tiles).
+MAX_BACKWARD_TILES = 1024
+
+
+def add_backward_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the backward (--backward)")
+    group.add_argument(
+        "--backward",
+        action="store_true",
+        help="replay the backward (FA2 Alg. 2: delta, the dK/dV pass, the dQ pass); dO is the 4th randn",
+    )
+
+
+def backward_mode_error(args: argparse.Namespace) -> str | None:
+    """``--backward`` with ``--decode``, named (checked before either mode runs)."""
+    if args.backward and args.decode:
+        return "argument --backward: not used with --decode (a decode step has no backward replay)"
+    return None
+
+
+def backward_option_error(args: argparse.Namespace) -> str | None:
+    """What ``--backward`` cannot take, naming the option (after the modes' defaults are filled in)."""
+    if not args.backward:
+        return None
+    if args.order != "query_major":
+        return (
+            f"argument --order: not used with --backward (the backward runs key blocks outer for dK/dV and query "
+            f"blocks outer for dQ), got --order {args.order}"
+        )
+    if args.format not in BACKWARD_FORMATS:
+        return f"argument --format: --backward writes {', '.join(BACKWARD_FORMATS)}, got {args.format}"
+    if args.extensions:
+        return "argument --extensions: adds to the forward's --format json, not used with --backward"
+    tiles = blocks(args.seq_len, args.block_m) * blocks(args.seq_len, args.block_n)
+    if tiles > MAX_BACKWARD_TILES:
+        return (
+            f"argument --backward: lists every tile of both passes, and T_r x T_c = {tiles} is more than "
+            f"{MAX_BACKWARD_TILES}: use larger --block-m/--block-n or a shorter --seq-len"
+        )
+    return None
+
+
+def make_dO(args: argparse.Namespace) -> torch.Tensor:
+    """``dO (B, N, D)``: the ``randn`` after q, k, v of :func:`~.cli.make_inputs` (call it right after)."""
+    return torch.randn((args.batch, args.seq_len, args.head_dim), dtype=DTYPES[args.dtype])
+
+
+def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> None:
+    """The backward replay of ``r``'s inputs and options with ``dO``, in ``--format``."""
+    br: BackwardReplay = backward_of(r, dO=dO)
+    with open_output(args.out) as out:
+        if args.format == "table":
+            from .backward_table import render_backward_table
+
+            render_backward_table(br, out)
+        elif args.format == "json":
+            from .backward_manifest import write_backward_json
+
+            write_backward_json(br, out)
+            out.write("\n")
+        else:
+            from .html import render_html
+
+            out.write(render_html(r, open_view="backward", backward=br))
