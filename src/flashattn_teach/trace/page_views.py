@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import gpu_schedule
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -27,4 +28,6 @@ class View:
     options: tuple[str, ...] = ()  # the keyword arguments of render_html the builder reads
 
 
-VIEWS: tuple[View, ...] = ()
+VIEWS: tuple[View, ...] = (
+    View("gpu", "GPU schedule", "page_gpu.js", "page_gpu.css", gpu_schedule.build, gpu_schedule.OPTIONS),
+)
