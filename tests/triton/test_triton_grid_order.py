@@ -1,5 +1,6 @@
-"""The kernels' grid order (``program_block``) agrees with its Python mirror (``grid_order``), and each order
-is a permutation of the grid with the properties the simulation assumes of it."""
+"""The kernels' grid order (``program_block``) agrees with its Python mirror (``masks.grid.grid_order``), with
+the same constants, and each order is a permutation of the grid with the properties the simulation assumes of
+it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,10 @@ import torch  # noqa: E402
 from _triton_cases import DEVICE  # noqa: E402
 from triton import language as tl  # noqa: E402
 
-from flashattn_teach.triton.kernels.grid import (  # noqa: E402
-    INDEX,
-    LONGEST,
-    ORDERS,
-    PER_HEAD,
-    grid_order,
-    heads_per_group,
-    program_block,
-)
+from flashattn_teach.masks import grid as mirror  # noqa: E402
+from flashattn_teach.masks.grid import ORDERS, grid_order, heads_per_group  # noqa: E402
+from flashattn_teach.triton.kernels import grid as kernel_grid  # noqa: E402
+from flashattn_teach.triton.kernels.grid import INDEX, LONGEST, PER_HEAD, program_block  # noqa: E402
 
 
 @triton.jit
@@ -47,6 +43,12 @@ def test_kernel_order_matches_python_mirror(order, longest_last, grid):
     n_blocks, n_bh, n_rows, row_bytes = grid
     expected = grid_order(n_blocks, n_bh, n_rows, order, longest_last, row_bytes)
     assert _kernel_order(n_blocks, n_bh, n_rows, order, longest_last, row_bytes) == expected
+
+
+def test_mirror_constants_are_the_kernels():
+    assert (mirror.INDEX, mirror.PER_HEAD, mirror.LONGEST) == (INDEX.value, PER_HEAD.value, LONGEST.value)
+    assert mirror.L2_GROUP_BYTES == kernel_grid.L2_GROUP_BYTES.value
+    assert sorted(ORDERS.values()) == [INDEX.value, PER_HEAD.value, LONGEST.value]
 
 
 @pytest.mark.parametrize("order", sorted(ORDERS.values()))

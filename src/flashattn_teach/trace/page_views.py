@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import equations, memory
+from . import equations, gpu_schedule, memory
 from .backward_manifest import build_backward_view
 from .replay import Replay
 
@@ -35,4 +35,5 @@ VIEWS: tuple[View, ...] = (
     View("memory", "Memory", "page_memory.js", "page_memory.css", memory.build_view),
     # tabs beside the forward view, in this order
     View("backward", "Backward", "page_backward.js", "page_backward.css", build_backward_view, ("backward",)),
+    View("gpu", "GPU schedule", "page_gpu.js", "page_gpu.css", gpu_schedule.build, gpu_schedule.OPTIONS),
 )

@@ -1,5 +1,8 @@
 """How a launch's programs fill the SMs: a simulation of the GPU's block scheduler, for each grid order of
-:mod:`flashattn_teach.triton.kernels.grid`. No GPU needed; ``flashattn-teach kernels --schedule``.
+:mod:`flashattn_teach.triton.kernels.grid`. No GPU needed; ``flashattn-teach kernels --schedule``. The
+simulation, the grid orders and the work per program are plain Python below the kernel package
+(:mod:`flashattn_teach.masks.scheduler`, :mod:`flashattn_teach.masks.grid`), which the replay page's GPU
+view reads too; this module prices the shipped kernel configurations with them and prints the table.
 
 The model. A chip has ``SMs * programs_per_sm`` slots (``programs_per_sm`` follows from a program's
 registers, shared memory and warps: :func:`programs_per_sm`). Programs start in program-id order, each on
@@ -25,114 +28,45 @@ contention; the ``LONGEST`` order's head groups exist for L2, which it does not 
 from __future__ import annotations
 
 import argparse
-import heapq
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from ...masks.causal import TileKind, tile_kind
-from ...masks.tiling import blocks
+from ...masks import grid
+from ...masks.grid import ORDERS, LaunchShape
+from ...masks.scheduler import Schedule, programs_per_sm, simulate
 from ..configs import KernelConfig, shipped_config
-from ..kernels.grid import ORDERS, grid_order
 from .loops import MODELS
 
-# registers, warps, blocks and shared memory per SM (CUDA C++ Programming Guide, compute capability 8.0, 9.0)
-_REGISTERS_PER_SM = 65536
-_REGISTER_UNIT = 256  # registers are allocated per warp, in units of this many
-_WARPS_PER_SM = 64
-_BLOCKS_PER_SM = 32
-_SMEM_PER_SM = {"sm90": 228 * 1024, "sm80": 164 * 1024}
-_SMEM_RESERVED = 1024  # per resident block, held by the system
-SCHEDULED_KERNELS = ("forward", "backward_dkdv", "backward_dq")
+__all__ = [
+    "LaunchShape",
+    "Schedule",
+    "benchmark_shapes",
+    "block_work",
+    "launch_work",
+    "print_schedule",
+    "programs_per_sm",
+    "simulate",
+]
+
+SCHEDULED_KERNELS = grid.KERNELS
 # the benchmark's grid (benchmarks/bench_attention.py): B * N = 16k tokens, H * D = 2048
 _TOKENS, _HIDDEN = 16384, 2048
 
 
-def programs_per_sm(arch: str, registers: int, smem_bytes: int, num_warps: int) -> int:
-    """Programs of one kernel resident on an SM at once: the least of what registers, shared memory, warps
-    and the block limit allow."""
-    per_warp = -(-registers * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
-    by_registers = (_REGISTERS_PER_SM // per_warp) // num_warps
-    by_smem = _SMEM_PER_SM[arch] // (smem_bytes + _SMEM_RESERVED)
-    return max(0, min(by_registers, by_smem, _WARPS_PER_SM // num_warps, _BLOCKS_PER_SM))
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One launch on ``slots`` slots, times in loop iterations."""
-
-    makespan: float
-    ideal: float  # total work / slots
-    slots: int
-    programs: int
-
-    @property
-    def idle_fraction(self) -> float:
-        return 1.0 - self.ideal / self.makespan if self.makespan else 0.0
-
-    @property
-    def waves(self) -> float:
-        return self.programs / self.slots
-
-
-def simulate(work: Sequence[float], slots: int) -> Schedule:
-    """Greedy list scheduling: each program, in order, starts on the slot that frees first (the lowest
-    slot of those free at once)."""
-    if slots < 1:
-        raise ValueError(f"slots must be at least 1, got {slots}")
-    free = [(0.0, s) for s in range(slots)]  # (time the slot frees, slot)
-    makespan = 0.0
-    for w in work:
-        t, s = heapq.heappop(free)
-        makespan = max(makespan, t + w)
-        heapq.heappush(free, (t + w, s))
-    return Schedule(makespan=makespan, ideal=sum(work) / slots, slots=slots, programs=len(work))
-
-
-@dataclass(frozen=True)
-class LaunchShape:
-    """The attention call whose kernels are simulated: ``(B, H, N, D)`` with ``H_kv = H / group``."""
-
-    batch: int
-    heads: int
-    seq_q: int
-    seq_k: int
-    head_dim: int
-    causal: bool
-    group: int = 1
-    offset: int = 0  # query row r sees key c <= r + offset (0: top-left, N_k - N_q: bottom-right)
-
-
 def block_work(kernel: str, shape: LaunchShape, c: KernelConfig, masked_weight: float = 1.0) -> list[float]:
     """Work of each program's block (index ``i`` for forward and dQ, ``j`` for dK/dV), in iterations."""
-    rows, cols = blocks(shape.seq_q, c.BLOCK_M), blocks(shape.seq_k, c.BLOCK_N)
-    causal_offset = shape.offset if shape.causal else shape.seq_k  # a bound no row reaches: all visible
-
-    def cost(r: tuple[int, int], k: tuple[int, int]) -> float:
-        kind = tile_kind(r[0], r[1], k[0], k[1], causal_offset)
-        return {TileKind.FULL: 1.0, TileKind.PARTIAL: masked_weight, TileKind.SKIP: 0.0}[kind]
-
-    if kernel == "backward_dkdv":
-        prologue = 2 * c.BLOCK_N / c.BLOCK_M
-        return [prologue + shape.group * sum(cost(r, k) for r in rows) for k in cols]
-    prologue = (1.5 if kernel == "backward_dq" else 1.0) * c.BLOCK_M / c.BLOCK_N
-    return [prologue + sum(cost(r, k) for k in cols) for r in rows]
+    return grid.block_work(kernel, shape, c.BLOCK_M, c.BLOCK_N, masked_weight)
 
 
 def launch_work(
     kernel: str, shape: LaunchShape, c: KernelConfig, order: int, masked_weight: float = 1.0
 ) -> list[float]:
     """Each program's work in program-id order under ``order`` (the kernels take ``INDEX`` when not causal)."""
-    work = block_work(kernel, shape, c, masked_weight)
-    dkdv = kernel == "backward_dkdv"
-    n_bh = shape.batch * (shape.heads // shape.group if dkdv else shape.heads)
-    n_rows = shape.seq_q * shape.group if dkdv else shape.seq_k  # the rows each head's programs all read
-    row_bytes = 2 * 2 * shape.head_dim  # a row of both operands, 16-bit, D_v = D
-    return [work[i] for i, _ in grid_order(len(work), n_bh, n_rows, order, not dkdv, row_bytes)]
+    return grid.launch_work(kernel, shape, c.BLOCK_M, c.BLOCK_N, order, masked_weight)
 
 
 def benchmark_shapes(head_dims: Sequence[int], seq_lens: Sequence[int]) -> list[LaunchShape]:

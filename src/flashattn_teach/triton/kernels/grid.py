@@ -16,9 +16,11 @@ list-scheduling rule, LPT). ``flashattn-teach kernels --schedule`` simulates the
                dK/dV, query/dO) rows of a few heads that fit in L2 rather than of every head
                (FlashAttention-3's scheduler groups its heads in the same way).
 
-``program_block`` maps a program id to ``(block, bh)``; :func:`grid_order` is its Python mirror, used by the
-simulation, and a test runs the two over the same small grids. Without a causal mask every program does the
-same work: the kernels then take ``INDEX``, which keeps one head's blocks together for L2.
+``program_block`` maps a program id to ``(block, bh)``; :func:`flashattn_teach.masks.grid.grid_order` is its
+Python mirror (with the same constants, which this package, importing nothing, keeps here as well), used by
+the simulation and the replay page's GPU view; a test runs the two over the same small grids and compares the
+constants. Without a causal mask every program does the same work: the kernels then take ``INDEX``, which
+keeps one head's blocks together for L2.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from triton import language as tl
 INDEX = tl.constexpr(0)
 PER_HEAD = tl.constexpr(1)
 LONGEST = tl.constexpr(2)
-ORDERS = {"index": INDEX.value, "per-head": PER_HEAD.value, "longest": LONGEST.value}
 # The bytes of one head's reused operand (K and V rows, or Q and dO rows) that a group of heads may fill:
 # a third of an H100/H200's 50 MiB L2, leaving room for the rows each program streams once.
 L2_GROUP_BYTES = tl.constexpr(16 * 1024 * 1024)
@@ -65,28 +66,3 @@ def program_block(
     if ORDER != INDEX and LONGEST_LAST:
         block = n_blocks - 1 - rank
     return block, bh
-
-
-def heads_per_group(n_rows: int, row_bytes: int) -> int:
-    """Python mirror of :func:`_heads_per_group`."""
-    return max(L2_GROUP_BYTES.value // (n_rows * row_bytes), 1)
-
-
-def grid_order(
-    n_blocks: int, n_bh: int, n_rows: int, order: int, longest_last: bool, row_bytes: int
-) -> list[tuple[int, int]]:
-    """Python mirror of :func:`program_block`: ``(block, bh)`` for program ids ``0 .. n_blocks * n_bh - 1``."""
-    if order not in ORDERS.values():
-        raise ValueError(f"order must be one of {sorted(ORDERS.values())} ({', '.join(ORDERS)}), got {order!r}")
-    out = []
-    group = heads_per_group(n_rows, row_bytes)
-    for pid in range(n_blocks * n_bh):
-        if order == LONGEST.value:
-            g, r = divmod(pid, group * n_blocks)
-            heads = min(group, n_bh - g * group)
-            rank, bh = r // heads, g * group + r % heads
-        else:
-            bh, rank = divmod(pid, n_blocks)
-        block = n_blocks - 1 - rank if order != INDEX.value and longest_last else rank
-        out.append((block, bh))
-    return out
