@@ -14,6 +14,7 @@
                                             dQ pass, one tile at a time (backward_replay.py)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
+    Replay._repr_html_ / notebook_html      the page in a Jupyter notebook, in an <iframe srcdoc> (notebook.py)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_png.py)
 
@@ -26,7 +27,10 @@ from .decode_manifest import decode_to_experiment
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
 from .manifest import to_experiment, to_json, write_json
+from .notebook import notebook_html
 from .replay import Replay, TileState, TileStep, replay
+
+Replay.notebook_page = notebook_html  # Replay._repr_html_: the page in a notebook
 
 __all__ = [
     "BackwardReplay",
@@ -38,6 +42,7 @@ __all__ = [
     "TileState",
     "TileStep",
     "decode_to_experiment",
+    "notebook_html",
     "replay",
     "replay_backward",
     "replay_decode",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .compare import build as build_compare
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -27,4 +28,6 @@ class View:
     options: tuple[str, ...] = ()  # the keyword arguments of render_html the builder reads
 
 
-VIEWS: tuple[View, ...] = ()
+VIEWS: tuple[View, ...] = (
+    View("compare", "Side by side", "page_compare.js", "page_compare.css", build_compare, options=("compare",)),
+)
