@@ -163,3 +163,55 @@ def test_repr_html_of_a_replay_too_large_to_draw_says_why():
     q, k, v = (torch.randn(1, 200, 2, dtype=torch.float64) for _ in range(3))
     r = replay(q, k, v, block_m=64, block_n=64)
     assert r._repr_html_().startswith("<p>No replay page: the HTML page draws every score cell")
+
+
+READ_COMPARE = """(() => Object.fromEntries([...document.querySelectorAll("#view-compare .compare-column")].map(c => [
+  c.dataset.order, {
+    rows: [...c.querySelectorAll("tbody tr")].map(tr => [...tr.cells].map(td => td.textContent)),
+    inTile: [...c.querySelectorAll("tbody tr.in-tile")].map(tr => Number(tr.dataset.row)),
+    states: Object.fromEntries([...c.querySelectorAll("rect")].map(
+      e => [e.dataset.i + "," + e.dataset.j, e.dataset.state])),
+  }])))()"""
+
+
+def shown(text: str) -> float | None:
+    return None if text in ("\u2212\u221e", "\u2014") else float(text)
+
+
+def assert_row_shows(cells: list[str], m, l, O) -> None:
+    """One table row: row, m_i, l_i, O[0..D_v), then the gap; four significant digits (Page.fmt)."""
+    assert shown(cells[1]) is None if m is None else math.isclose(shown(cells[1]), m, rel_tol=5.01e-4)
+    assert math.isclose(float(cells[2]), l, rel_tol=5.01e-4, abs_tol=1e-300)
+    for text, x in zip(cells[3:-1], O if O is not None else [None] * len(cells[3:-1]), strict=True):
+        assert shown(text) is None if x is None else math.isclose(shown(text), x, rel_tol=5.01e-4, abs_tol=1e-12)
+
+
+def test_the_page_steps_both_orders_together_and_shows_the_payloads_numbers(browser, tmp_path):
+    q, k, v = teaching_inputs()
+    r = replay(q, k, v, block_m=2, block_n=2, causal=True)
+    payload = compare_payload(r)
+    path = tmp_path / "compare.html"
+    path.write_text(render_html(r, open_view="compare"), encoding="utf-8")
+    browser.open(path, width=1200)
+    for t in range(payload["length"]):
+        page = browser.evaluate(READ_COMPARE)
+        for o in payload["orders"]:
+            shown_order = page[o["order"]]
+            now = o["updates"][t]
+            assert shown_order["inTile"] == list(range(*now["rows"])), (o["order"], t)
+            assert shown_order["states"][f"{now['i']},{now['j']}"] == "current"
+            for i, j in payload["skipped"]:
+                assert shown_order["states"][f"{i},{j}"] == "skipped"
+            m, l, O = final_rows(o["updates"][: t + 1], 6, payload["initial"])
+            for r_, cells in enumerate(shown_order["rows"]):
+                assert cells[0] == str(r_)
+                assert_row_shows(cells, m[r_], l[r_], O[r_])
+        dense = payload["dense"]
+        for r_, cells in enumerate(page["dense"]["rows"]):
+            assert_row_shows(cells, dense["m"][r_], dense["l"][r_], dense["O"][r_])
+            assert cells[-1] == "0.0e+0"  # dense against itself
+        browser.press("ArrowRight")
+    assert page["query_major"]["rows"] == page["key_major"]["rows"]  # both end at the same numbers ...
+    assert [row[:-1] for row in page["query_major"]["rows"]] == [
+        row[:-1] for row in page["dense"]["rows"]
+    ]  # ... dense's

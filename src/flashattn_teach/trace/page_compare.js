@@ -56,7 +56,7 @@
     rows.forEach((row, r) => {
       const tr = body.insertRow();
       tr.dataset.row = r;
-      if (current && r >= current[0] && r < current[1]) tr.className = "current";
+      if (current && r >= current[0] && r < current[1]) tr.className = "in-tile";
       tr.insertCell().textContent = r;
       tr.insertCell().textContent = fmt(row.m);
       tr.insertCell().textContent = fmt(row.l);
