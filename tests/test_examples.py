@@ -115,3 +115,34 @@ def test_flex_example_matches_the_oracle_and_torch_and_trains_the_bias():
     losses = [float(x) for x in re.search(r"loss while training the bias: (.*)", out).group(1).split()]
     assert losses[-1] < 0.5 * losses[0]
     assert "check: ok" in out
+
+
+# A notebook's code cells in order, as Jupyter runs them (without Jupyter): a cell's last expression is
+# displayed, by its _repr_html_ when it has one. A committed notebook carries no outputs.
+RUN_NOTEBOOK = """
+import ast, json, sys
+cells = json.load(open(sys.argv[1], encoding="utf-8"))["cells"]
+ns = {"__name__": "__main__"}
+for n, cell in enumerate(c for c in cells if c["cell_type"] == "code"):
+    assert not cell["outputs"] and cell["execution_count"] is None, f"code cell {n} has outputs: clear them"
+    tree = ast.parse("".join(cell["source"]))
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, f"<cell {n}>", "exec"), ns)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), f"<cell {n}>", "eval"), ns)
+        if hasattr(value, "_repr_html_"):
+            print(f"[cell {n} displays HTML: {value._repr_html_()[:60]}]")
+        elif value is not None:
+            print(f"[cell {n} displays {value!r:.60}]")
+"""
+
+
+def test_tile_replay_notebook_runs_and_ends_at_float64_gradients():
+    out = _run("-c", RUN_NOTEBOOK, "examples/06_tile_replay.ipynb")
+    assert len(re.findall(r"^tile \(i=0, j=\d\)  m_i=", out, flags=re.MULTILINE)) == 3  # block 0: three updates
+    assert _number(r"max \|O_online - O_dense\| over every block: (\S+)", out) < 1e-12
+    assert re.search(r"\[cell \d+ displays HTML: <iframe title=\"Tile replay\" sandbox=\"allow-scripts\"", out), out
+    assert "The error shrinks to zero at the last tile" in out  # the rich table
+    for name in ("dQ", "dK", "dV"):
+        assert _number(rf"max \|{name} - autograd\| = (\S+)", out) < 1e-12
+    assert "check: ok" in out

@@ -136,11 +136,13 @@ class Browser:
             )
 
     def press(self, key: str) -> None:
-        codes = {"ArrowLeft": 37, "ArrowRight": 39}
+        codes = {"ArrowLeft": 37, "ArrowRight": 39, "Tab": 9, "Enter": 13}
+        text = {"Enter": "\r"}  # a key with text is typed: Enter on a focused button presses it
         for kind in ("keyDown", "keyUp"):
-            self.call(
-                "Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
-            )
+            event = {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
+            if kind == "keyDown" and key in text:
+                event["text"] = text[key]
+            self.call("Input.dispatchKeyEvent", event)
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]

@@ -22,6 +22,7 @@
     memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far
                                             per tensor, by iomodel's rules, beside the dense path (memory.py;
                                             memory_table.py, page_memory.js)
+    Replay._repr_html_ / notebook_html      the page in a Jupyter notebook, in an <iframe srcdoc> (notebook.py)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_png.py)
 
@@ -35,7 +36,10 @@ from .decode_manifest import decode_to_experiment
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
 from .manifest import to_experiment, to_json, write_json
+from .notebook import notebook_html
 from .replay import Replay, TileState, TileStep, replay
+
+Replay.notebook_page = notebook_html  # Replay._repr_html_: the page in a notebook
 
 __all__ = [
     "BackwardReplay",
@@ -47,6 +51,7 @@ __all__ = [
     "TileState",
     "TileStep",
     "decode_to_experiment",
+    "notebook_html",
     "replay",
     "replay_backward",
     "replay_decode",

@@ -57,12 +57,12 @@ const Page = (() => {
   // A panel of the forward view: draw(body, case, index) at every forward tile update.
   function addForwardPanel(id, title, draw) { panels.push({id, title, draw}); }
 
+  // Every tab stays in the Tab order (Enter or Space opens it): the arrow keys step, on a tab too.
   function select(view) {
     active = view;
     for (const v of registered) {
       v.section.hidden = v !== view;
       v.tab.setAttribute("aria-selected", String(v === view));
-      v.tab.tabIndex = v === view ? 0 : -1;
     }
     document.body.dataset.view = view.key;
   }

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import equations, gpu_schedule, memory
 from .backward_manifest import build_backward_view
+from .compare import build as build_compare
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -34,6 +35,7 @@ VIEWS: tuple[View, ...] = (
     View("equations", "Equations", "page_equations.js", "page_equations.css", equations.build_view),
     View("memory", "Memory", "page_memory.js", "page_memory.css", memory.build_view),
     # tabs beside the forward view, in this order
+    View("compare", "Side by side", "page_compare.js", "page_compare.css", build_compare, ("compare",)),
     View("backward", "Backward", "page_backward.js", "page_backward.css", build_backward_view, ("backward",)),
     View("gpu", "GPU schedule", "page_gpu.js", "page_gpu.css", gpu_schedule.build, gpu_schedule.OPTIONS),
 )

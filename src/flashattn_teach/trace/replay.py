@@ -35,8 +35,9 @@ a time, never stored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -75,6 +76,15 @@ class Replay:
     batch_index: int = 0
     sink: float | None = None  # sink_h of the replayed head, or None without a sink
     call: ReplayCall | None = field(default=None, repr=False, compare=False)  # how replay() was called
+
+    # notebook.notebook_html, installed by the trace package's __init__: notebook imports this module (through
+    # html), so this module cannot import it (no import cycles).
+    notebook_page: ClassVar[Callable[[Replay], str] | None] = None
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the replay page in an ``<iframe srcdoc>`` (:mod:`.notebook`)."""
+        render = Replay.notebook_page
+        return None if render is None else render(self)
 
     def with_options(self, **changes: Any) -> Replay:
         """The replay of the same inputs with some of :func:`replay`'s keyword arguments changed (e.g.
