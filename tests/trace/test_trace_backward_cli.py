@@ -111,12 +111,33 @@ def test_html_opens_on_the_backward_view(tmp_path):
     assert views["backward"]["sink"] == 0.5 and "dsink" in views["backward"]["gradients"]
 
 
+def test_the_page_shows_the_backward_by_default_only_when_small():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 65, 4, dtype=torch.float64) for _ in range(3))
+    big = replay(q, k, v, block_m=16, block_n=16)  # 65 x 65 cells: more than DEFAULT_MAX_CELLS
+    assert build_backward_view(big, {}) is None and build_backward_view(big, {"backward": True}) is not None
+    few = replay(q[:, :8], k[:, :8], v[:, :8], block_m=2, block_n=2)
+    assert build_backward_view(few, {}) is not None
+
+
+def test_the_cli_page_carries_the_backward_with_the_fourth_randn_as_dO(tmp_path):
+    out = tmp_path / "page.html"
+    assert main(["--format", "html", "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    views = json.loads(page.split('<script type="application/json" id="view-data">')[1].split("</script>")[0])
+    torch.manual_seed(0)
+    q, k, v, dO = (torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(4))
+    assert views["backward"] == to_backward_json(replay_backward(q, k, v, dO, block_m=2, block_n=2))
+    assert '"openView"' not in page  # the forward view opens first
+
+
 def test_render_html_builds_the_backward_of_the_forward_replay():
     q, k, v, _ = _inputs()
     r = replay(q, k, v, block_m=2, block_n=2, causal=True)
-    assert build_backward_view(r, {}) is None and build_backward_view(r, {"backward": False}) is None
+    assert build_backward_view(r, {"backward": False}) is None
     payload = build_backward_view(r, {"backward": True})
     assert payload == to_backward_json(replay_backward(q, k, v, block_m=2, block_n=2, causal=True))
+    assert build_backward_view(r, {}) == payload  # a small replay shows its backward without being asked
     assert '"backward"' in render_html(r, backward=True)
     with pytest.raises(ValueError, match="BackwardReplay or True"):
         build_backward_view(r, {"backward": "yes"})

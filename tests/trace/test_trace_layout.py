@@ -54,7 +54,13 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def teaching_options(q, k, v) -> dict:
     """A value for every render_html option a view declares, so that every view gets its tab."""
-    known = {"compare": True, "backward": replay_backward(q, k, v, block_m=2, block_n=2)}
+    known = {
+        "compare": True,
+        "backward": replay_backward(q, k, v, block_m=2, block_n=2),
+        "gpu_heads": 4,
+        "gpu_sms": 2,
+        "gpu_programs_per_sm": 1,
+    }
     declared = {name for view in VIEWS for name in view.options}
     missing = declared - set(known)
     assert not missing, f"views read options this test does not know yet, {sorted(missing)}: add them here"
@@ -75,7 +81,9 @@ def test_every_tab_fits_the_width_and_has_no_empty_panel(teaching_page, browser,
     for width in WIDTHS:
         browser.open(teaching_page, width=width, height=900)
         tabs = browser.evaluate(READ)["tabs"]
-        assert tabs[0] == "tab-forward" and set(tabs) >= {f"tab-{v.key}" for v in VIEWS}  # every view has data
+        assert tabs[0] == "tab-forward" and set(tabs) >= {f"tab-{v.key}" for v in VIEWS if not v.panel}  # every tab has data
+        panels = browser.evaluate(READ)["panels"]
+        assert {v.key for v in VIEWS if v.panel} <= set(panels), panels  # every forward panel is drawn
         for tab in tabs:
             browser.click(f"#{tab}")
             assert browser.evaluate("document.body.dataset.view") == tab.removeprefix("tab-")

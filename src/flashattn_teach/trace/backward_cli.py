@@ -14,6 +14,7 @@ import argparse
 
 import torch
 
+from .backward_manifest import MAX_BACKWARD_TILES, shown_by_default
 from .backward_replay import BackwardReplay, backward_of
 from .cli_common import DTYPES, open_output
 from .replay import Replay
@@ -22,7 +23,6 @@ from .schedule import blocks
 BACKWARD_FORMATS = ("table", "json", "html")
 # Every output lists every tile of both passes with its matrices and equations: a backward replay is for small
 # grids (T_r x T_c tiles).
-MAX_BACKWARD_TILES = 1024
 
 
 def add_backward_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,12 @@ def backward_option_error(args: argparse.Namespace) -> str | None:
 def make_dO(args: argparse.Namespace) -> torch.Tensor:
     """``dO (B, N, D)``: the ``randn`` after q, k, v of :func:`~.cli.make_inputs` (call it right after)."""
     return torch.randn((args.batch, args.seq_len, args.head_dim), dtype=DTYPES[args.dtype])
+
+
+def page_backward(r: Replay, dO: torch.Tensor) -> BackwardReplay | bool:
+    """The ``backward=`` of the forward replay's page: the backward with the CLI's ``dO`` when the page shows
+    one by default (:func:`~.backward_manifest.shown_by_default`), else False."""
+    return backward_of(r, dO=dO) if shown_by_default(r) else False
 
 
 def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> None:

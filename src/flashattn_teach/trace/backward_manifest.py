@@ -24,6 +24,15 @@ from .backward_replay import BackwardEquation, BackwardPass, BackwardReplay, Bac
 from .replay import Replay
 
 TITLE = "FlashAttention-2 backward replay"
+MAX_BACKWARD_TILES = 1024  # T_r x T_c: the document lists every tile of both passes
+DEFAULT_MAX_CELLS = 64 * 64  # N_q x N_k up to which the page shows the backward without being asked
+
+
+def shown_by_default(replay: Replay) -> bool:
+    """Whether the page gets a "Backward" tab without ``backward=``: a small replay (``N_q x N_k <=
+    DEFAULT_MAX_CELLS`` and at most ``MAX_BACKWARD_TILES`` tiles) made by :func:`.replay.replay`."""
+    small = replay.N_q * replay.N_k <= DEFAULT_MAX_CELLS and replay.T_r * replay.T_c <= MAX_BACKWARD_TILES
+    return small and replay.call is not None
 
 
 def _number(x: float) -> float | None:
@@ -110,9 +119,12 @@ def write_backward_json(br: BackwardReplay, file: IO[str]) -> None:
 
 def build_backward_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
     """The page's "Backward" view: ``options["backward"]`` is a :class:`BackwardReplay`, or True for the
-    backward of ``replay``'s own inputs and options (:func:`backward_of`); absent or False: no tab."""
+    backward of ``replay``'s own inputs and options (:func:`backward_of`, ``dO`` drawn from its seed), False
+    for no tab; absent or None: as True for a small replay (:func:`shown_by_default`), else no tab."""
     backward = options.get("backward")
-    if backward is None or backward is False:
+    if backward is None:
+        backward = shown_by_default(replay)
+    if backward is False:
         return None
     if backward is True:
         backward = backward_of(replay)

@@ -37,7 +37,14 @@ from .._cli_types import (
     positive_int,
     seed,
 )
-from .backward_cli import add_backward_arguments, backward_mode_error, backward_option_error, make_dO, render_backward
+from .backward_cli import (
+    add_backward_arguments,
+    backward_mode_error,
+    backward_option_error,
+    make_dO,
+    page_backward,
+    render_backward,
+)
 from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, sinks_error, window
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
@@ -284,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         q, k, v = make_inputs(args)
-        dO = make_dO(args) if args.backward else None  # the 4th randn of the stream
+        # the 4th randn of the stream: for --backward, and for the page's Backward tab
+        dO = make_dO(args) if args.backward or args.format == "html" else None
     except RuntimeError as error:  # torch cannot allocate (B, N, D) this large
         shape = (args.batch, args.seq_len, args.head_dim)
         print(f"{PROG}: error: cannot make q, k, v of shape {shape}: {str(error).splitlines()[0]}", file=sys.stderr)
@@ -315,7 +323,11 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"{PROG}: error: {problem}", file=sys.stderr)
             return 2
-        render_backward(r, dO, args) if dO is not None else _render(r, args)
+        if args.backward:
+            assert dO is not None
+            render_backward(r, dO, args)
+        else:
+            _render(r, args, dO)
     except (TypeError, ValueError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
@@ -327,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(r: Replay, args: argparse.Namespace) -> None:
+def _render(r: Replay, args: argparse.Namespace, dO: torch.Tensor | None) -> None:
     if args.format == "png":
         from .png import render_png
 
@@ -346,7 +358,8 @@ def _render(r: Replay, args: argparse.Namespace) -> None:
         else:
             from .html import render_html
 
-            out.write(render_html(r))
+            assert dO is not None
+            out.write(render_html(r, backward=page_backward(r, dO)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,7 +104,7 @@ def render_html(replay: Replay, *, open_view: str | None = None, **options: Any)
     unknown = sorted(set(options) - known)
     if unknown:
         raise AttentionValueError(f"render_html() has no option {unknown[0]!r}; the views read {sorted(known)}")
-    keys = ["forward", *(view.key for view in VIEWS)]
+    keys = ["forward", *(view.key for view in VIEWS if not view.panel)]  # the tabs
     if open_view is not None and open_view not in keys:
         raise AttentionValueError(f"open_view must be one of {keys}, got {open_view!r}")
     payloads = {}

@@ -10,9 +10,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import equations, gpu_schedule, memory
 from .backward_manifest import build_backward_view
 from .compare import build as build_compare
+from .equations import build_view as build_equations
+from .gpu_schedule import OPTIONS as GPU_OPTIONS
+from .gpu_schedule import build as build_gpu
+from .memory import build_view as build_memory
 from .replay import Replay
 
 Builder = Callable[[Replay, Mapping[str, Any]], "dict[str, Any] | None"]
@@ -28,14 +31,15 @@ class View:
     style: str | None  # page_<key>.css, or None
     build: Builder  # (replay, options) -> the payload, or None when the view has nothing to show
     options: tuple[str, ...] = ()  # the keyword arguments of render_html the builder reads
+    panel: bool = False  # a panel of the forward view (Page.addForwardPanel), not a tab of its own
 
 
 VIEWS: tuple[View, ...] = (
     # forward panels, drawn in this order under the forward view at every tile update
-    View("equations", "Equations", "page_equations.js", "page_equations.css", equations.build_view),
-    View("memory", "Memory", "page_memory.js", "page_memory.css", memory.build_view),
+    View("equations", "Equations", "page_equations.js", "page_equations.css", build_equations, panel=True),
+    View("memory", "Memory", "page_memory.js", "page_memory.css", build_memory, panel=True),
     # tabs beside the forward view, in this order
     View("compare", "Side by side", "page_compare.js", "page_compare.css", build_compare, ("compare",)),
     View("backward", "Backward", "page_backward.js", "page_backward.css", build_backward_view, ("backward",)),
-    View("gpu", "GPU schedule", "page_gpu.js", "page_gpu.css", gpu_schedule.build, gpu_schedule.OPTIONS),
+    View("gpu", "GPU schedule", "page_gpu.js", "page_gpu.css", build_gpu, GPU_OPTIONS),
 )
