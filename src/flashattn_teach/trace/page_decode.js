@@ -150,7 +150,7 @@
         matrix("lse", e.lse), matrix("w_a", e.weightA),
         matrix("w_b", e.weightB, sink ? "w_b (the sink's share)" : "w_b"),
         matrix("O_a", e.outputA), matrix("O_b", e.outputB), matrix("O", e.output, "O after the merge"));
-      equationsTitle.textContent = `The merge (${d.source}) with its numbers, row ${row}`;
+      equationsTitle.textContent = `The merge with its numbers, row ${row} (${d.source})`;
       drawEquations(e.equations[row], () => "merge");
     }
 
@@ -172,8 +172,8 @@
       section.dataset.step = n;
       section.dataset.event = e.event;
       drawCache(n);
-      drawRows(n);
       rows.hidden = equationsTitle.hidden = e.event === EVENT.RESULT;
+      if (rows.hidden) rows.replaceChildren(); else drawRows(n);
       if (e.event === EVENT.TILE) showTile(e);
       else if (e.event === EVENT.MERGE) showMerge(e);
       else showResult(e);
