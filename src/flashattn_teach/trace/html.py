@@ -4,7 +4,8 @@ The page embeds ``to_experiment(replay, extensions=True)`` as JSON (``#replay-da
 data (``#view-data``, ``{key: payload}``), and draws them with the scripts ``page.js`` (the core: tabs,
 steppers, keys) and one ``page_<view>.js`` per view, with the styles ``page.css`` and ``page_<view>.css``
 (package data next to this file), all inlined; a Content-Security-Policy of ``default-src 'none'`` forbids
-every network fetch.
+every network fetch. :func:`fill_page` fills that template for any page: the decode step's page
+(:mod:`.decode_html`) is ``page.js`` with ``page_decode.js`` instead of the forward view.
 
 The forward view (``page_forward.js``) renders any seed-format experiment; the extensions only add the
 skipped (SKIP) tiles, each update's tile kind, which cells are masked (``visible``, added here: the page
