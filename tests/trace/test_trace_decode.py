@@ -225,7 +225,6 @@ def test_cli_table_and_png_are_written(tmp_path):
     [
         ((*DECODE, "--seq-len", "8"), "--seq-len: not used with --decode"),
         (("--cache-len", "3"), "--cache-len: needs --decode"),
-        ((*DECODE, "--format", "html"), "--decode writes table, json, png"),
         ((*DECODE, "--cache-size", "6"), "--cache-size: must hold"),
         ((*DECODE, "--merge-order", "0,1"), "--merge-order: must list every split"),
         ((*DECODE, "--cache-len", "60", "--format", "png", "--out", "x.png"), "draws every cache slot"),

@@ -24,7 +24,7 @@
                                             memory_table.py, page_memory.js)
     Replay._repr_html_ / notebook_html      the page in a Jupyter notebook, in an <iframe srcdoc> (notebook.py)
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
-                                            decode_table.py, decode_png.py)
+                                            decode_table.py, decode_html.py, decode_png.py)
 
 ``flashattn-teach replay ...`` is the command line (cli.py; ``--decode``: decode_cli.py; ``--backward``:
 backward_cli.py). rich and

@@ -1,4 +1,5 @@
-"""``flashattn-teach replay --decode``: replay one decode step (split-KV, then the merges) as a table, JSON or PNG.
+"""``flashattn-teach replay --decode``: replay one decode step (split-KV, then the merges) as a table, JSON, PNG
+or a self-contained page (``--format html``: :mod:`.decode_html`).
 
 Inputs are made in the recorded example's manner: ``torch.manual_seed(seed)``, then ``torch.randn`` for
 ``q (B, 1, N_new, D)``, ``k_cache, v_cache (B, 1, N_max, D)`` and the new ``k, v (B, 1, N_new_kv, D)``, in
@@ -19,7 +20,7 @@ from .._cli_types import nonnegative_int, positive_int
 from .cli_common import DTYPES, PROG, counts, open_output, per_batch, sinks_error
 from .decode_replay import DecodeReplay, replay_decode
 
-DECODE_FORMATS = ("table", "json", "png")
+DECODE_FORMATS = ("table", "json", "png", "html")
 EXTRA_SLOTS = 2  # unused cache slots drawn after the step's keys, by default
 
 
@@ -123,6 +124,10 @@ def _render(r: DecodeReplay, args: argparse.Namespace) -> None:
             from .decode_table import render_decode_table
 
             render_decode_table(r, out)
+        elif args.format == "html":
+            from .decode_html import render_decode_html
+
+            out.write(render_decode_html(r))
         else:
             from .decode_manifest import write_decode_json
 

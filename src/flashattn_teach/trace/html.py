@@ -4,7 +4,8 @@ The page embeds ``to_experiment(replay, extensions=True)`` as JSON (``#replay-da
 data (``#view-data``, ``{key: payload}``), and draws them with the scripts ``page.js`` (the core: tabs,
 steppers, keys) and one ``page_<view>.js`` per view, with the styles ``page.css`` and ``page_<view>.css``
 (package data next to this file), all inlined; a Content-Security-Policy of ``default-src 'none'`` forbids
-every network fetch.
+every network fetch. :func:`fill_page` fills that template for any page: the decode step's page
+(:mod:`.decode_html`) is ``page.js`` with ``page_decode.js`` instead of the forward view.
 
 The forward view (``page_forward.js``) renders any seed-format experiment; the extensions only add the
 skipped (SKIP) tiles, each update's tile kind, which cells are masked (``visible``, added here: the page
@@ -48,7 +49,7 @@ TEMPLATE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy"
       content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
-<title>Tile replay</title>
+<title>{title}</title>
 <style>{style}{legend}</style>
 </head>
 <body>
@@ -85,6 +86,30 @@ def _script_json(obj: object) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
+def fill_page(
+    *,
+    title: str,
+    data: object,
+    enums: object,
+    views: object,
+    scripts: list[str],
+    styles: list[str],
+    legend: str = "",
+) -> str:
+    """:data:`TEMPLATE` filled: ``data``, ``enums`` and ``views`` as the JSON of ``#replay-data``,
+    ``#replay-enums`` and ``#view-data``; ``scripts`` and ``styles`` the package files inlined in order
+    (``page.js`` first: the core every view's script registers with); ``legend`` extra CSS rules."""
+    return TEMPLATE.format(
+        title=title,
+        style="\n".join(_package_text(name) for name in styles),
+        legend=legend,
+        data=_script_json(data),
+        enums=_script_json(enums),
+        views=_script_json(views),
+        script="\n".join(_package_text(name) for name in scripts),
+    )
+
+
 def _experiment(replay: Replay, open_view: str | None) -> dict[str, Any]:
     """The experiment with its extensions, and the masked cells as one string of 0/1 per query row."""
     experiment = to_experiment(replay, extensions=True)
@@ -119,13 +144,12 @@ def render_html(replay: Replay, *, open_view: str | None = None, **options: Any)
         for state, colour in LEGEND_COLOURS.items()
     )
     enums = {enum.__name__: {member.name: member.value for member in enum} for enum in (TileState, TileKind)}
-    styles = [_package_text("page.css"), *(_package_text(v.style) for v in VIEWS if v.style is not None)]
-    scripts = [_package_text(name) for name in ("page.js", "page_forward.js", *(v.script for v in VIEWS))]
-    return TEMPLATE.format(
-        style="\n".join(styles),
+    return fill_page(
+        title="Tile replay",
+        data=_experiment(replay, open_view),
+        enums=enums,
+        views=payloads,
+        scripts=["page.js", "page_forward.js", *(v.script for v in VIEWS)],
+        styles=["page.css", *(v.style for v in VIEWS if v.style is not None)],
         legend=legend,
-        data=_script_json(_experiment(replay, open_view)),
-        enums=_script_json(enums),
-        views=_script_json(payloads),
-        script="\n".join(scripts),
     )
