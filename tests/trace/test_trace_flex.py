@@ -260,3 +260,14 @@ def test_refusals_name_the_argument_and_what_to_do():
     cu = torch.tensor([0, 3, N], dtype=torch.int32)
     with pytest.raises(AttentionValueError, match=r"cu_seqlens cannot be combined with score_mod or block_mask"):
         replay(q, k, v, block_m=TILE, block_n=TILE, cu_seqlens=cu, score_mod=alibi)
+
+
+def test_a_score_mod_that_returns_minus_inf_hides_its_cells_in_the_picture():
+    def causal_by_score(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, score, float("-inf"))
+
+    q, k, v = inputs()
+    r = replay(q, k, v, block_m=TILE, block_n=TILE, query_block=3, score_mod=causal_by_score)
+    assert torch.equal(r.visible(), torch.ones(N, N, dtype=torch.bool).tril())
+    assert len(r.steps) == N // TILE  # no block mask: every tile is visited, the scores are -inf above the diagonal
+    assert float((r.steps[-1].O_partial - oracle(q[0], k[0], v[0], causal, None)[6:]).abs().max()) < 1e-12

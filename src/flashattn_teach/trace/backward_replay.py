@@ -43,7 +43,7 @@ from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask, score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
+from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
 
@@ -270,7 +270,7 @@ class BackwardReplay:
         """The same gradients by ``torch.autograd`` through float64 dense attention
         (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
         N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
-        kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": TileKind.PARTIAL}
+        kinds = every_mask(self.tiling.spec)
         allowed, bias = self.tiling.spec.tensors(0, N_q, 0, N_k, self.q.device, **kinds, b=self.batch_index, h=0)
         mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
@@ -351,7 +351,7 @@ def replay_backward(
     sink = None if sink is None else sink.to(dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
-    kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": TileKind.PARTIAL}
+    kinds = every_mask(opts.mask)
     allowed, bias = opts.mask.tensors(0, N_q, 0, N_k, q2.device, **kinds, b=batch_index, h=0)
     mods = opts.mask.mods
     index = opts.mask.tile_index(0, N_q, 0, N_k, q2.device, b=batch_index, h=0)

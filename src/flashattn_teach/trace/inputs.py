@@ -20,6 +20,7 @@ from .._validate.sinks import check_sinks
 from .._validate.varlen import check_cu_seqlens
 from ..errors import AttentionTypeError, AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod, check_block_mask
+from ..masks.causal import TileKind
 from ..masks.spec import MaskSpec
 
 
@@ -140,6 +141,13 @@ def one_head_options(
         block_mask=block_mask,
     )
     return opts if cu_seqlens is None else _packed(opts, q, cu_seqlens, B, causal_align, window)
+
+
+def every_mask(mask: MaskSpec) -> dict[str, TileKind]:
+    """The tile kinds that make ``MaskSpec.tensors`` build every mask of a region (the dense oracle's): the
+    structure's, the ``attn_mask``'s, and the block mask's with ``mask_mod`` when the call has one."""
+    user = TileKind.PARTIAL if mask.mods is not None and "mask_mod" in mask.mods.names else TileKind.FULL
+    return {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": user}
 
 
 def one_head_block_mask(block_mask: object, B: int) -> BlockMask | None:

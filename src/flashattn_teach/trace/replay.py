@@ -55,10 +55,10 @@ from .._layout import compute_dtype
 from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod, UserMods
-from ..masks.causal import TileKind
 from ..masks.spec import MaskSpec
+from ..online_softmax import score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
+from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
@@ -188,16 +188,23 @@ class Replay:
 
     def visible(self) -> Tensor:
         """``(N_q, N_k)`` bool: which scores of the replayed batch element count (False where masked or
-        ``-inf``). Holds all ``N_q x N_k`` cells: for pictures, which draw every cell anyway."""
+        ``-inf``, also where a ``score_mod`` returns ``-inf``). Holds all ``N_q x N_k`` cells: for pictures, which
+        draw every cell anyway."""
         N_q, N_k = self.N_q, self.N_k
         device = self.steps.q_i.device
-        kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": TileKind.PARTIAL}
+        kinds = every_mask(self.mask)
         allowed, bias = self.mask.tensors(0, N_q, 0, N_k, device, **kinds, b=self.batch_index, h=0)
         cells = torch.ones(N_q, N_k, dtype=torch.bool, device=device)
         if allowed is not None:
             cells &= allowed
         if bias is not None:
             cells &= ~torch.isneginf(bias)
+        mods = self.mask.mods
+        if mods is not None and mods.score_mod is not None and self.call is not None:  # its -inf hides a score too
+            q = pick_matrix(self.call.q, "query", self.batch_index).to(self.steps.k.dtype)
+            index = self.mask.tile_index(0, N_q, 0, N_k, device, b=self.batch_index, h=0)
+            S = score_tile(q, self.steps.k, self.scale, softcap=self.mask.softcap, bias=bias)  # (N_q, N_k)
+            cells &= ~torch.isneginf(mods.score(S, index))
         return cells
 
 
@@ -313,7 +320,7 @@ def replay(
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
-    kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": TileKind.PARTIAL}
+    kinds = every_mask(opts.mask)
     allowed, bias = opts.mask.tensors(r0, r1, 0, N_k, q2.device, **kinds, b=batch_index, h=0)  # (Br, N_k)
     rows_mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
     O_final = dense_attention(
