@@ -3,7 +3,9 @@
     replay(q, k, v, block_m=2, block_n=2)   -> Replay of TileStep (replay.py, steps.py; schedule.py for the
                                             order); causal, window, softcap, alibi_slopes, seqlens_k and
                                             attn_mask as in flashattn_teach.masks; sinks= the head's
-                                            attention sink (each row's share: Replay.sink_share())
+                                            attention sink (each row's share: Replay.sink_share());
+                                            block_mask=, score_mod= FlexAttention's, for one head
+                                            (tiles FULL/PARTIAL/SKIP from its table; also replay_backward)
     replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, num_splits=3, block_n=2)
                                             -> DecodeReplay: one decode step's split-KV ranges, their tile
                                             updates, then the merges (decode_replay.py, decode_merges.py);

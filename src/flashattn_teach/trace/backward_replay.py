@@ -17,12 +17,16 @@ Every step carries its equations with their numbers (:class:`BackwardEquation`).
 key masked) get ``P = 0`` and zero gradients. With an attention sink (``sinks``, one more score column of
 value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``: the formulas above are unchanged, since the
 sink's ``dP`` is 0 and ``delta_i`` already sums over the keys only, and ``dsink = -sum_i exp(sink - lse_i)
-delta_i``. :meth:`BackwardReplay.oracle` differentiates dense attention in float64 with ``torch.autograd``,
-the reference the passes end at. Steps are computed when iterated.
+delta_i``. With FlexAttention's ``score_mod`` the scores are ``score_mod(S_ij)`` and ``dS_ij`` goes back through
+it, ``dS_in = dS_out * d score_mod / dS`` (autograd on the tile, :func:`flashattn_teach.flex.mods.score_backward`);
+a ``block_mask`` decides the tiles as in the forward replay (:mod:`.replay`). :meth:`BackwardReplay.oracle`
+differentiates dense attention in float64 with ``torch.autograd``, the reference the passes end at. Steps are
+computed when iterated.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -34,12 +38,13 @@ from torch import Tensor
 from .._layout import compute_dtype
 from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
+from ..flex.mods import BlockMask, ScoreMod
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
-from ..online_softmax import score_tile
+from ..online_softmax import bias_and_mask, score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
-from .replay import Replay
+from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
+from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
 
 __all__ = ["BackwardEquation", "BackwardPass", "BackwardReplay", "BackwardStep", "backward_of", "replay_backward"]
@@ -113,7 +118,14 @@ class BackwardReplay:
         (r0, r1), (c0, c1) = self.tiling.row_blocks[i], self.tiling.col_blocks[j]
         allowed, bias = self.tiling.head_tile(i, j, (r0, r1), b=self.batch_index, h=0, device=self.q.device)
         q_i, k_j = self.q[r0:r1], self.k[c0:c1]
-        S_ij = score_tile(q_i, k_j, self.scale, allowed, softcap=self.softcap, bias=bias)  # (Br, Bc)
+        mod = self.tiling.score_mod(i, j, self.q.device, (r0, r1), b=self.batch_index, h=0)
+        mod_vjp = None
+        if mod is None:
+            S_ij = score_tile(q_i, k_j, self.scale, allowed, softcap=self.softcap, bias=bias)  # (Br, Bc)
+        else:  # S = score_mod(S), and dS_in = dS_out * d score_mod / dS below, as reference.backward does
+            S_in = score_tile(q_i, k_j, self.scale, None, softcap=self.softcap, bias=bias)  # (Br, Bc), unmasked
+            S_out, mod_vjp = self.tiling.score_backward(i, j, S_in, None, (r0, r1), b=self.batch_index, h=0)
+            S_ij = bias_and_mask(S_out.detach(), allowed, None)  # -inf where masked
         lse_i = self.lse[r0:r1].unsqueeze(-1)  # (Br, 1)
         # A row that sees no key has lse_i = -inf: its P is 0, not exp(-inf - -inf) = NaN.
         P_ij = torch.where(torch.isneginf(lse_i), torch.zeros_like(S_ij), torch.exp(S_ij - lse_i))
@@ -122,6 +134,11 @@ class BackwardReplay:
         dS_ij = P_ij * (dP_ij - delta_i.unsqueeze(-1))
         dS_text = f"{numbers(P_ij)} * ({numbers(dP_ij)} - {numbers(delta_i)})"
         dS_symbolic = "P_ij * (dP_ij - delta_i)"
+        if mod_vjp is not None:  # through score_mod: its derivative, shown as the factor d score_mod / dS
+            dmod = mod_vjp(torch.ones_like(dS_ij)).detach()  # (Br, Bc): score_mod is elementwise (FlexAttention)
+            dS_ij = mod_vjp(dS_ij).detach()
+            dS_text += f" * {numbers(dmod)}"
+            dS_symbolic += " * dscore_mod/dS"
         if self.softcap is not None:  # d(softcap tanh(x / softcap))/dx = 1 - T^2
             T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)  # (Br, D) @ (D, Bc) -> (Br, Bc)
             dS_ij = dS_ij * (1 - T * T)
@@ -253,7 +270,7 @@ class BackwardReplay:
         """The same gradients by ``torch.autograd`` through float64 dense attention
         (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
         N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
-        kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
+        kinds = every_mask(self.tiling.spec)
         allowed, bias = self.tiling.spec.tensors(0, N_q, 0, N_k, self.q.device, **kinds, b=self.batch_index, h=0)
         mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
@@ -261,9 +278,10 @@ class BackwardReplay:
         leaves["dV"] = self.v.detach().to(f64).requires_grad_(True)
         if self.sink is not None:
             leaves["dsink"] = self.sink.detach().to(f64).requires_grad_(True)
+        mod = rows_score_mod(self.tiling.spec.mods, self.batch_index, 0)  # b = batch_index, h = 0
         q, k, v = (leaves[n].unsqueeze(0) for n in ("dQ", "dK", "dV"))  # (1, N, D): one head
         O = dense_attention(
-            q, k, v, scale=self.scale, softcap=self.softcap, attn_mask=mask, sinks=leaves.get("dsink")
+            q, k, v, scale=self.scale, softcap=self.softcap, attn_mask=mask, sinks=leaves.get("dsink"), score_mod=mod
         )  # (1, N_q, D_v)
         O.backward(self.dO.detach().to(f64).unsqueeze(0))
         return {name: t.grad for name, t in leaves.items() if t.grad is not None}
@@ -298,11 +316,14 @@ def replay_backward(
     attn_mask: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     sinks: float | Tensor | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
     seed: int = 0,
 ) -> BackwardReplay:
-    """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens`` and
-    ``sinks`` as :func:`.replay.replay`, checked the same way. ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``,
-    element ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
+    """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens``,
+    ``sinks``, ``block_mask`` and ``score_mod`` as :func:`.replay.replay`, checked the same way (the gradients
+    of tensors a ``score_mod`` captures are not replayed). ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``, element
+    ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
     command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
     B = batch_size(q, k, v)
@@ -322,15 +343,20 @@ def replay_backward(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         cu_seqlens=cu_seqlens,
+        score_mod=score_mod,
+        block_mask=block_mask,
     )
     dt = compute_dtype(q.dtype)
     sink = one_sink(sinks, q.device)
     sink = None if sink is None else sink.to(dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
-    kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
+    kinds = every_mask(opts.mask)
     allowed, bias = opts.mask.tensors(0, N_q, 0, N_k, q2.device, **kinds, b=batch_index, h=0)
-    S = score_tile(q2, k2, opts.scale, allowed, softcap=opts.mask.softcap, bias=bias)  # (N_q, N_k)
+    mods = opts.mask.mods
+    index = opts.mask.tile_index(0, N_q, 0, N_k, q2.device, b=batch_index, h=0)
+    mod = None if mods is None or mods.score_mod is None else functools.partial(mods.score, index=index)
+    S = score_tile(q2, k2, opts.scale, allowed, softcap=opts.mask.softcap, bias=bias, score_mod=mod)  # (N_q, N_k)
     lse = torch.logsumexp(S, dim=-1)  # (N_q,), -inf for a fully masked row
     if sink is not None:  # the sink is one more score column: lse = log(exp(sink) + sum_j exp(S_ij))
         lse = torch.logaddexp(lse, sink)
@@ -377,6 +403,8 @@ SHARED_OPTIONS = (
     "attn_mask",
     "cu_seqlens",
     "sinks",
+    "block_mask",
+    "score_mod",
 )
 
 

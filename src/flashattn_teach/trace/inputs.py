@@ -14,11 +14,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .._options import AttentionOptions, make_options
+from .._options import AttentionOptions, from_torch, make_options
 from .._validate.inputs import check_window
 from .._validate.sinks import check_sinks
 from .._validate.varlen import check_cu_seqlens
 from ..errors import AttentionTypeError, AttentionValueError
+from ..flex.mods import BlockMask, ScoreMod, check_block_mask
+from ..masks.causal import TileKind
 from ..masks.spec import MaskSpec
 
 
@@ -109,10 +111,19 @@ def one_head_options(
     seqlens_k: Tensor | None,
     attn_mask: Tensor | None,
     cu_seqlens: Tensor | None,
+    score_mod: ScoreMod | None = None,
+    block_mask: BlockMask | None = None,
 ) -> AttentionOptions:
     """The one mask contract of a replay, built as every CPU path builds it, for ``(B, 1, N, D)``: batch ``B``,
     one head. A 3-D ``attn_mask (B, N_q, N_k)`` gains the head axis; ``alibi_slopes`` is one slope or one per
-    batch element (:func:`one_slope`); ``cu_seqlens`` packs sequences along the one element's sequence axis."""
+    batch element (:func:`one_slope`); ``cu_seqlens`` packs sequences along the one element's sequence axis;
+    ``score_mod`` and ``block_mask`` are FlexAttention's (:func:`one_head_block_mask`), called with ``h = 0``."""
+    block_mask = one_head_block_mask(block_mask, B)
+    if cu_seqlens is not None and (score_mod is not None or block_mask is not None):
+        raise AttentionValueError(
+            "cu_seqlens cannot be combined with score_mod or block_mask (flash_attn_varlen_func takes no user "
+            "functions): replay one sequence with its block mask, or the packed call without them"
+        )
     if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(-3)  # (B, N_q, N_k) -> (B, 1, N_q, N_k): the one head
     four_d = [one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
@@ -126,8 +137,40 @@ def one_head_options(
         softcap=softcap,
         alibi_slopes=one_slope(alibi_slopes, B),
         seqlens_k=seqlens_k,
+        score_mod=score_mod,
+        block_mask=block_mask,
     )
     return opts if cu_seqlens is None else _packed(opts, q, cu_seqlens, B, causal_align, window)
+
+
+def every_mask(mask: MaskSpec) -> dict[str, TileKind]:
+    """The tile kinds that make ``MaskSpec.tensors`` build every mask of a region (the dense oracle's): the
+    structure's, the ``attn_mask``'s, and the block mask's with ``mask_mod`` when the call has one."""
+    user = TileKind.PARTIAL if mask.mods is not None and "mask_mod" in mask.mods.names else TileKind.FULL
+    return {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": user}
+
+
+def one_head_block_mask(block_mask: object, B: int) -> BlockMask | None:
+    """``block_mask`` (this library's, or torch's ``create_block_mask``'s) for the one replayed head: its
+    ``(B, H)`` must be ``(1 or B, 1)``. A mask built for several heads is refused rather than read at head 0:
+    which head is replayed is the caller's choice, so the caller builds the mask for it (``H=None``)."""
+    bm = check_block_mask(from_torch(block_mask))
+    if bm is None:
+        return None
+    Bm, Hm = (*(1,) * (4 - len(bm.shape)), *bm.shape)[:2]
+    if Hm != 1:
+        raise AttentionValueError(
+            f"block_mask was built for H = {Hm} heads, but the replay runs one head (its score_mod and mask_mod "
+            "see h = 0): build it for the head to replay, create_block_mask(lambda b, _, q_idx, kv_idx: "
+            f"mask_mod(b, head, q_idx, kv_idx), {Bm if Bm > 1 else None}, None, Q_LEN, KV_LEN, "
+            "BLOCK_SIZE=(block_m, block_n)), and slice q, k, v to that head"
+        )
+    if Bm not in (1, B):
+        raise AttentionValueError(
+            f"block_mask was built for B = {Bm} batch elements, but q, k, v have B = {B}: build it with B=None "
+            f"(one mask for every element) or B={B}"
+        )
+    return bm
 
 
 def _packed(

@@ -22,6 +22,14 @@ The mask contract (:mod:`flashattn_teach.masks`: causal, ``window``, ``softcap``
 the key length, hidden by the mask) are never visited, so they are not steps; they are listed in
 ``Replay.skipped``. Every step records its kind, FULL (no mask work) or PARTIAL (the tile's own mask).
 
+FlexAttention's ``block_mask`` (:func:`flashattn_teach.create_block_mask`, for the replayed head: ``H = 1``)
+decides the kinds as ``flex_attention``'s CPU path reads it: its ``block_kinds`` at ``BLOCK_SIZE = (block_m,
+block_n)``, or re-tiled to the replay's tiles conservatively (``BlockMask.tile_kinds``: SKIP only if every block
+a tile meets is SKIP, FULL only if every one is FULL); SKIP tiles are not visited, PARTIAL tiles run
+``mask_mod`` (elements of FULL blocks visible, of SKIP blocks hidden). ``score_mod`` runs on each visited
+tile after the scale, the softcap and the biases, before the masks (:mod:`flashattn_teach.flex.mods`); both
+functions see ``b = batch_index`` and ``h = 0``.
+
 With an attention sink (``sinks``, GPT-OSS's learned logit of the replayed head) every row's state starts as if
 it had seen one key of score ``sink_h`` and value zero, ``m_i = sink_h, l_i = 1, acc = 0``
 (:func:`flashattn_teach.online_softmax.init_state`); each step records the sink's share of the row so far,
@@ -35,6 +43,7 @@ a time, never stored.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -45,10 +54,11 @@ from torch import Tensor
 from .._layout import compute_dtype
 from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
-from ..masks.causal import TileKind
+from ..flex.mods import BlockMask, ScoreMod, UserMods
 from ..masks.spec import MaskSpec
+from ..online_softmax import score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, one_head_options, one_sink, pick_matrix
+from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
@@ -127,8 +137,11 @@ class Replay:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The options beyond plain (causal) attention this replay uses, by argument name."""
-        return self.mask.variants
+        """The options beyond plain (causal) attention this replay uses, by :func:`replay`'s argument names (a
+        block mask's ``mask_mod`` is named ``block_mask``, the argument that carries it)."""
+        mods = self.mask.mods
+        named = {"mask_mod": "block_mask"} if mods is not None and mods.block_mask is not None else {}
+        return tuple(named.get(name, name) for name in self.mask.variants)
 
     def labels(self) -> list[str]:
         """The masking options of this replay, one short label each (``causal (top_left)``, ``window (2, 0)``,
@@ -139,6 +152,8 @@ class Replay:
                 labels.append(f"window {self.window}")
             elif name == "softcap":
                 labels.append(f"softcap {self.mask.softcap:g}")
+            elif name in ("block_mask", "score_mod"):
+                labels.append(flex_label(name, self.mask.mods, (self.block_m, self.block_n)))
             elif name == "seqlens_k":
                 assert self.mask.seqlens_k is not None
                 labels.append(f"seqlens_k {int(self.mask.seqlens_k.reshape(-1)[self.batch_index])}")
@@ -173,16 +188,23 @@ class Replay:
 
     def visible(self) -> Tensor:
         """``(N_q, N_k)`` bool: which scores of the replayed batch element count (False where masked or
-        ``-inf``). Holds all ``N_q x N_k`` cells: for pictures, which draw every cell anyway."""
+        ``-inf``, also where a ``score_mod`` returns ``-inf``). Holds all ``N_q x N_k`` cells: for pictures, which
+        draw every cell anyway."""
         N_q, N_k = self.N_q, self.N_k
         device = self.steps.q_i.device
-        kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
+        kinds = every_mask(self.mask)
         allowed, bias = self.mask.tensors(0, N_q, 0, N_k, device, **kinds, b=self.batch_index, h=0)
         cells = torch.ones(N_q, N_k, dtype=torch.bool, device=device)
         if allowed is not None:
             cells &= allowed
         if bias is not None:
             cells &= ~torch.isneginf(bias)
+        mods = self.mask.mods
+        if mods is not None and mods.score_mod is not None and self.call is not None:  # its -inf hides a score too
+            q = pick_matrix(self.call.q, "query", self.batch_index).to(self.steps.k.dtype)
+            index = self.mask.tile_index(0, N_q, 0, N_k, device, b=self.batch_index, h=0)
+            S = score_tile(q, self.steps.k, self.scale, softcap=self.mask.softcap, bias=bias)  # (N_q, N_k)
+            cells &= ~torch.isneginf(mods.score(S, index))
         return cells
 
 
@@ -224,6 +246,8 @@ def replay(
     attn_mask: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     sinks: float | Tensor | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -247,6 +271,11 @@ def replay(
             ``B = 1``.
         sinks: the replayed head's attention sink ``sink_h``: a number, or a ``(1,)`` tensor (slice a model's
             ``(H_q,)`` sinks as its queries: ``sinks[h:h + 1]``); see :mod:`flashattn_teach._validate.sinks`.
+        block_mask: FlexAttention's block mask (:func:`flashattn_teach.create_block_mask`, or torch's), built
+            for ``(N_q, N_k)``, ``B`` None, 1 or ``B``, and ``H`` None or 1 (the replayed head; a mask of several
+            heads is refused: build it for the head you replay). Any ``BLOCK_SIZE``: the kinds are re-tiled to
+            ``block_m x block_n`` as ``flex_attention`` re-tiles them.
+        score_mod: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``, called with ``h = 0``.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
@@ -276,6 +305,8 @@ def replay(
         seqlens_k=seqlens_k,
         attn_mask=attn_mask,
         cu_seqlens=cu_seqlens,
+        score_mod=score_mod,
+        block_mask=block_mask,
     )
     dt = compute_dtype(q.dtype)
     sink = one_sink(sinks, q.device)
@@ -289,10 +320,19 @@ def replay(
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
-    kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
+    kinds = every_mask(opts.mask)
     allowed, bias = opts.mask.tensors(r0, r1, 0, N_k, q2.device, **kinds, b=batch_index, h=0)  # (Br, N_k)
     rows_mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
-    O_final = dense_attention(q_i, k2, v2, scale=opts.scale, softcap=opts.mask.softcap, attn_mask=rows_mask, sinks=sink)
+    O_final = dense_attention(
+        q_i,
+        k2,
+        v2,
+        scale=opts.scale,
+        softcap=opts.mask.softcap,
+        attn_mask=rows_mask,
+        sinks=sink,
+        score_mod=rows_score_mod(opts.mask.mods, batch_index, r0),
+    )
     steps = Steps(
         q_i=q_i,
         k=k2,
@@ -325,3 +365,30 @@ def replay(
         sink=None if sink is None else float(sink),
         call=call,
     )
+
+
+def rows_score_mod(mods: UserMods | None, b: int, r0: int) -> ScoreMod | None:
+    """The user's ``score_mod`` for a dense call on the rows ``[r0, ...)`` of batch element ``b`` alone: the
+    dense call numbers its rows from 0 and its one batch element 0, so the indices are shifted back."""
+    if mods is None or mods.score_mod is None:
+        return None
+    return functools.partial(_shifted, mods.score_mod, b, r0)
+
+
+def _shifted(
+    fn: ScoreMod, b: int, r0: int, score: Tensor, _b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor
+) -> Tensor:
+    return fn(score, torch.full_like(_b, b), h, q_idx + r0, kv_idx)
+
+
+def flex_label(name: str, mods: UserMods | None, tile: tuple[int, int]) -> str:
+    """``block_mask causal 2x2`` (its ``mask_mod``'s name and ``BLOCK_SIZE``, ``re-tiled to ...`` when it differs
+    from the replay's tiles) or ``score_mod alibi`` (the function's name)."""
+    assert mods is not None
+    if name == "score_mod":
+        return f"score_mod {getattr(mods.score_mod, '__name__', '')}".rstrip()
+    bm = mods.block_mask
+    assert bm is not None
+    fn = getattr(bm.mask_mod, "__name__", "")
+    label = f"block_mask {fn} {bm.BLOCK_SIZE[0]}x{bm.BLOCK_SIZE[1]}".replace("  ", " ")
+    return label if tuple(bm.BLOCK_SIZE) == tile else f"{label}, re-tiled to {tile[0]}x{tile[1]}"

@@ -49,7 +49,7 @@ def _is_tile(tile: object) -> TypeGuard[Tile]:
 def visited_key_blocks(tiling: Tiling, *, b: int, h: int = 0) -> list[Sequence[int]]:
     """``cols_i`` for every query block ``i`` of batch element ``b`` and head ``h``: the key blocks
     ``tiling.key_blocks(i, b=b, h=h)`` visits, as ranges computed from the bounds when there is no mask."""
-    if tiling.summary is not None:  # a user mask: ask the tiling tile by tile (the mask is N_q x N_k anyway)
+    if tiling.summary is not None or tiling.user is not None:  # attn_mask or block mask: ask tile by tile
         return [tuple(tiling.key_blocks(i, b=b, h=h)) for i in range(len(tiling.row_blocks))]
     spec, block_n = tiling.spec, tiling.block_n
     length = spec.shapes.N_k if spec.seqlens_k is None else int(spec.seqlens_k.reshape(-1)[b])

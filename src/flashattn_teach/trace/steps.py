@@ -133,7 +133,8 @@ class Steps:
             if self.schedule.order == "key_major":  # read back from HBM (Alg. 1 line 8): acc = O_i * l_i
                 acc = normalize(l_i, acc) * l_i.unsqueeze(-1)
             allowed, bias = self.tiling.head_tile(self.i, j, (r0, r1), b=b, h=0, device=device)  # (Br, Bc) or None
-            S_ij = score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias)
+            mod = self.tiling.score_mod(self.i, j, device, (r0, r1), b=b, h=0)  # FlexAttention's score_mod, or None
+            S_ij = score_tile(self.q_i, self.k[c0:c1], self.scale, allowed, softcap=softcap, bias=bias, score_mod=mod)
             m_old, l_old, acc_old = m_i, l_i, acc
             terms = update_terms(m_i, l_i, acc, S_ij, self.v[c0:c1])  # S_ij: (Br, D) @ (D, Bc) -> (Br, Bc)
             m_i, l_i, acc = terms.m_new, terms.l_new, terms.acc_new
