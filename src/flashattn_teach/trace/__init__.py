@@ -16,9 +16,12 @@
                                             dQ pass, one tile at a time, each step's equations with their
                                             numbers, and the float64 autograd oracle (backward_replay.py);
                                             render_backward_table (backward_table.py), to_backward_json
-                                            (backward_manifest.py), render_html(r, backward=True) its view
+                                            (backward_manifest.py), render_html(r, backward=True) its view,
+                                            render_backward_png (backward_png.py)
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
-                                            (equations.py): in the JSON extensions, table, PNG and page
+                                            (equations.py): in the JSON extensions, table, PNG and page;
+                                            key-major: key_major_step_equations(step, v_j), FA1 Alg. 1's
+                                            lines with their HBM loads and writes (the page's panel)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far

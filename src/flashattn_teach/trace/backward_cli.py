@@ -1,11 +1,12 @@
-"""``flashattn-teach replay --backward``: the backward replay of the same inputs, as a table, JSON or HTML.
+"""``flashattn-teach replay --backward``: the backward replay of the same inputs, as a table, JSON, HTML or PNG.
 
 The inputs are the replay's (``torch.manual_seed(seed)``, then ``randn`` for q, k, v) and ``dO`` is the
 fourth ``randn(B, N, D)`` of the same stream, so ``--seed`` fixes all four. Every mask option of the replay
 applies. ``--format html`` writes the replay page opened on its "Backward" view (the forward view of
 ``--query-block`` beside it). Refused by name: ``--decode`` (a decode step has no backward here),
 ``--order key_major`` (the backward has its own loop order: key blocks outer for dK/dV, query blocks outer
-for dQ), ``--format png`` and ``--extensions`` (forward outputs).
+for dQ), ``--extensions`` and ``--step`` (forward outputs). ``--format png`` draws every step of both passes
+(:mod:`.backward_png`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .cli_common import DTYPES, open_output
 from .replay import Replay
 from .schedule import blocks
 
-BACKWARD_FORMATS = ("table", "json", "html")
+BACKWARD_FORMATS = ("table", "json", "html", "png")
 # Every output lists every tile of both passes with its matrices and equations: a backward replay is for small
 # grids (T_r x T_c tiles).
 
@@ -54,6 +55,8 @@ def backward_option_error(args: argparse.Namespace) -> str | None:
         return f"argument --format: --backward writes {', '.join(BACKWARD_FORMATS)}, got {args.format}"
     if args.extensions:
         return "argument --extensions: adds to the forward's --format json, not used with --backward"
+    if args.step is not None:
+        return "argument --step: draws one forward tile update; --backward --format png draws every step"
     tiles = blocks(args.seq_len, args.block_m) * blocks(args.seq_len, args.block_n)
     if tiles > MAX_BACKWARD_TILES:
         return (
@@ -77,6 +80,11 @@ def page_backward(r: Replay, dO: torch.Tensor) -> BackwardReplay | bool:
 def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> None:
     """The backward replay of ``r``'s inputs and options with ``dO``, in ``--format``."""
     br: BackwardReplay = backward_of(r, dO=dO)
+    if args.format == "png":  # --out is required for png (checked with the forward's options)
+        from .backward_png import render_backward_png
+
+        render_backward_png(br, args.out)
+        return
     with open_output(args.out) as out:
         if args.format == "table":
             from .backward_table import render_backward_table

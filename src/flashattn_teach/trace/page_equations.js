@@ -1,9 +1,11 @@
 // The equations panel of the forward view (trace/equations.py): FA2 Alg. 1's lines at this tile update with
 // their numbers, one query row of the block in full; the row buttons (or a select, for many rows) show the others.
-// The numbers come from the case's "equations" (the JSON's extensions), formatted with Page.fmt (−∞ for null).
+// The numbers come from the case's "equations" (the JSON's extensions), formatted with Page.fmt (−∞ for null);
+// a key-major replay's view lists FA1 Alg. 1's lines per update in "steps", shown instead.
 (() => {
   const {fmt, el} = Page;
-  const view = Page.views.equations;  // {source, rowStart, rowCount}; absent: the replay has no update
+  // {source, rowStart, rowCount}, key-major also {note, steps}; absent: the replay has no update
+  const view = Page.views.equations;
   if (!view) return;
   const MAX_BUTTONS = 16;  // more rows than this: a select instead of one button per row
   let row = 0;  // the row shown in full, kept while stepping
@@ -42,12 +44,12 @@
     return box;
   }
 
-  function draw(body, c) {
+  function draw(body, c, index) {
     body.replaceChildren();
-    const eq = c.equations;
+    const eq = view.steps ? view.steps[index] : c.equations;
     if (!eq || !eq.rows.length) return;
     row = Math.min(row, eq.rows.length - 1);
-    const redraw = focus => { draw(body, c); body.querySelector(focus).focus(); };
+    const redraw = focus => { draw(body, c, index); body.querySelector(focus).focus(); };
     const list = el("div", {className: "equations", dataset: {row: eq.rowStart + row}});
     for (const e of eq.rows[row]) {
       const box = el("div", {className: "equation", dataset: {name: e.name, line: e.line}},
@@ -57,6 +59,7 @@
       if (e.note) box.append(el("div", {className: "note", textContent: e.note}));
       list.append(box);
     }
+    if (view.note) body.append(el("p", {className: "meta equation-order", textContent: view.note}));
     body.append(el("p", {className: "meta", textContent: `${view.source}; row ${eq.rowStart + row} of the block ` +
       `(rows ${eq.rowStart}–${eq.rowStart + eq.rows.length - 1}) with this update's numbers:`}), picker(eq, redraw), list);
   }
