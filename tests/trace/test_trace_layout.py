@@ -81,7 +81,8 @@ def test_every_tab_fits_the_width_and_has_no_empty_panel(teaching_page, browser,
     for width in WIDTHS:
         browser.open(teaching_page, width=width, height=900)
         tabs = browser.evaluate(READ)["tabs"]
-        assert tabs[0] == "tab-forward" and set(tabs) >= {f"tab-{v.key}" for v in VIEWS if not v.panel}  # every tab has data
+        # every tab has data
+        assert tabs[0] == "tab-forward" and set(tabs) >= {f"tab-{v.key}" for v in VIEWS if not v.panel}
         panels = browser.evaluate(READ)["panels"]
         assert {v.key for v in VIEWS if v.panel} <= set(panels), panels  # every forward panel is drawn
         for tab in tabs:
