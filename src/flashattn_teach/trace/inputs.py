@@ -127,7 +127,16 @@ def one_head_options(
         alibi_slopes=one_slope(alibi_slopes, B),
         seqlens_k=seqlens_k,
     )
-    return opts if cu_seqlens is None else _packed(opts, q, cu_seqlens, B, causal_align, window)
+    if cu_seqlens is None:
+        return opts
+    # The packed contract below is built from the boundaries alone, as flash_attention_varlen's, which takes
+    # neither a mask nor key lengths: refuse them rather than leave them out.
+    for name, value in (("attn_mask", attn_mask), ("seqlens_k", seqlens_k)):
+        if value is not None:
+            raise AttentionValueError(
+                f"{name} is not used with cu_seqlens (each packed sequence's keys are its own); give one or the other"
+            )
+    return _packed(opts, q, cu_seqlens, B, causal_align, window)
 
 
 def _packed(

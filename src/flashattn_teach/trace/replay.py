@@ -244,7 +244,7 @@ def replay(
         cu_seqlens: packed sequences (flash-attn's varlen layout) along the one batch element's sequence
             axis, ``(S + 1,)`` boundaries from 0 to ``N`` (``N_q = N_k``): each query sees only the keys of its
             own sequence, causal and the window aligned per sequence (see :mod:`flashattn_teach.masks.packed`); needs
-            ``B = 1``.
+            ``B = 1`` and takes no ``attn_mask`` or ``seqlens_k`` (as ``flash_attention_varlen``).
         sinks: the replayed head's attention sink ``sink_h``: a number, or a ``(1,)`` tensor (slice a model's
             ``(H_q,)`` sinks as its queries: ``sinks[h:h + 1]``); see :mod:`flashattn_teach._validate.sinks`.
 
