@@ -181,3 +181,16 @@ def test_backward_of_a_forward_replay_uses_its_inputs_and_options():
     for a, b in zip(mine.grads(), direct.grads(), strict=True):
         assert torch.equal(a, b)
     assert (mine.block_m, mine.block_n, mine.softcap) == (2, 3, 3.0)
+
+
+@pytest.mark.parametrize("sink", [1e39, -1e39])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_a_sink_beyond_the_compute_dtype_is_refused_by_name(sink, backward):
+    # 1e39 is finite in float64 but inf in float32, the replay's compute dtype for float32 inputs: it used to
+    # pass the finiteness check and give m_i = inf, NaN in every l_i, O_i and dsink, with no error.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 4, generator=g) for _ in range(3))
+    call = replay_backward if backward else replay
+    with pytest.raises(AttentionValueError, match=r"sinks .*float32"):
+        call(q, k, v, block_m=2, block_n=2, sinks=sink)
+    call(q.double(), k.double(), v.double(), block_m=2, block_n=2, sinks=sink)  # finite in float64: replayed

@@ -324,8 +324,7 @@ def replay_backward(
         cu_seqlens=cu_seqlens,
     )
     dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device)
-    sink = None if sink is None else sink.to(dt)  # (1,)
+    sink = one_sink(sinks, q.device, dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}

@@ -278,8 +278,7 @@ def replay(
         cu_seqlens=cu_seqlens,
     )
     dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device)
-    sink = None if sink is None else sink.to(dt)  # (1,), computed in the compute dtype as the references do
+    sink = one_sink(sinks, q.device, dt)  # (1,), computed in the compute dtype as the references do
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
