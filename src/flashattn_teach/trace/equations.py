@@ -4,7 +4,8 @@ For query block ``i`` and key block ``j``, row by row, the lines of FlashAttenti
 Algorithm 1), each written three ways: symbolically, with this update's numbers substituted, and as its value:
 
     line 5   m_i = -inf, l_i = 0, acc = 0                  (the first update only; with a sink m_i = sink_h, l_i = 1)
-    line 8   S_ij = scale * Q_i K_j^T                      (-inf where masked)
+    line 8   S_ij = scale * Q_i K_j^T                      (-inf where masked; capped and biased as the call asks:
+                                                            softcap * tanh(scale * Q_i K_j^T / softcap) + bias_ij)
     line 9   m_new = max(m_old, rowmax(S_ij)),  alpha = exp(m_old - m_new),  P_ij = exp(S_ij - m_new),
              l_new = alpha * l_old + rowsum(P_ij)
     line 10  acc_new = alpha * acc_old + P_ij V_j
@@ -44,11 +45,13 @@ __all__ = [
     "fmt",
     "lines",
     "row_equations",
+    "score_symbolic",
     "step_equations",
     "step_json",
 ]
 
 SOURCE = "Dao 2023, FlashAttention-2, Algorithm 1"
+BIAS = "bias_ij: the call's additive term of this score, ALiBi's and/or an additive attn_mask's"
 NO_KEY = "no key seen yet: m_new = −∞ is taken as 0 in the exponents, so the code never computes −∞ − (−∞)"
 
 Number = float | tuple[float, ...]  # a scalar or one row of a tile, -inf included
@@ -147,6 +150,17 @@ class Equation:
         return out
 
 
+def score_symbolic(step: TileStep) -> str:
+    """Line 8 as this step computed ``S_ij`` (:func:`flashattn_teach.online_softmax.score_tile`): capped, then
+    biased, then masked, so that the formula gives the numbers shown."""
+    score, where = "scale · Q_i K_j^T", "−∞ where masked"
+    if step.softcap is not None:
+        score, where = f"softcap · tanh({score} / softcap)", f"softcap = {step.softcap:g}; {where}"
+    if step.biased:
+        score += " + bias_ij"
+    return f"S_ij = {score}  ({where})"
+
+
 def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
     """The equations of row ``r`` of the block (0-based within it) at ``step``, in Alg. 1's order."""
     t = step.terms
@@ -167,7 +181,7 @@ def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
             Equation(Term.L_START, "l_i = exp(sink_h − m_i) = 1" if sink else "l_i = 0", ("l_i = ", l_old), l_old),
         ]
     eqs += [
-        Equation(Term.S_IJ, "S_ij = scale · Q_i K_j^T  (−∞ where masked)", ("S_ij = ", S), S),
+        Equation(Term.S_IJ, score_symbolic(step), ("S_ij = ", S), S, BIAS if step.biased else None),
         Equation(Term.ROWMAX, "rowmax(S_ij)", ("rowmax(", S, ") = ", rowmax), rowmax),
         Equation(Term.M_NEW, "m_new = max(m_old, rowmax(S_ij))", ("max(", m_old, ", ", rowmax, ") = ", m_new), m_new),
         Equation(Term.ALPHA, "alpha = exp(m_old − m_new)", ("exp(", m_old, *shifted, ") = ", alpha), alpha, note),
