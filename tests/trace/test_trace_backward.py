@@ -194,3 +194,18 @@ def test_a_sink_beyond_the_compute_dtype_is_refused_by_name(sink, backward):
     with pytest.raises(AttentionValueError, match=r"sinks .*float32"):
         call(q, k, v, block_m=2, block_n=2, sinks=sink)
     call(q.double(), k.double(), v.double(), block_m=2, block_n=2, sinks=sink)  # finite in float64: replayed
+
+
+def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
+    # P_ij's text for a fully masked row is exp(-inf - -inf) = 0: the equation must say the code takes it as 0
+    # (it would be NaN), as the forward's equations do; only in tiles that have such a row.
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(4, 2, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[0] = False  # row 0 sees no key
+    br = replay_backward(q, k, v, block_m=2, block_n=2, attn_mask=mask)
+    for step in [*br.dkdv_steps(), *br.dq_steps()]:
+        eq = step.equations[0]
+        assert eq.name == "P_ij"
+        assert ("lse_i = -inf" in eq.symbolic) == (step.i == 0), (step.i, eq.symbolic)
+        assert not step.P_ij.isnan().any()
