@@ -209,3 +209,16 @@ def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
         assert eq.name == "P_ij"
         assert ("lse_i = -inf" in eq.symbolic) == (step.i == 0), (step.i, eq.symbolic)
         assert not step.P_ij.isnan().any()
+
+
+def test_backward_of_carries_every_option_of_replay():
+    # backward_of passes replay()'s recorded options through SHARED_OPTIONS: one left out of that tuple would be
+    # dropped silently (a backward of other attention). Every keyword of replay() but the two that pick what the
+    # forward shows must be carried, and replay_backward must take each.
+    import inspect
+
+    from flashattn_teach.trace.backward_replay import SHARED_OPTIONS
+
+    forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
+    assert set(SHARED_OPTIONS) == forward - {"query_block", "order"}
+    assert set(SHARED_OPTIONS) <= set(inspect.signature(replay_backward).parameters)
