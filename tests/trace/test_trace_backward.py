@@ -181,3 +181,44 @@ def test_backward_of_a_forward_replay_uses_its_inputs_and_options():
     for a, b in zip(mine.grads(), direct.grads(), strict=True):
         assert torch.equal(a, b)
     assert (mine.block_m, mine.block_n, mine.softcap) == (2, 3, 3.0)
+
+
+@pytest.mark.parametrize("sink", [1e39, -1e39])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_a_sink_beyond_the_compute_dtype_is_refused_by_name(sink, backward):
+    # 1e39 is finite in float64 but inf in float32, the replay's compute dtype for float32 inputs: it used to
+    # pass the finiteness check and give m_i = inf, NaN in every l_i, O_i and dsink, with no error.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 4, generator=g) for _ in range(3))
+    call = replay_backward if backward else replay
+    with pytest.raises(AttentionValueError, match=r"sinks .*float32"):
+        call(q, k, v, block_m=2, block_n=2, sinks=sink)
+    call(q.double(), k.double(), v.double(), block_m=2, block_n=2, sinks=sink)  # finite in float64: replayed
+
+
+def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
+    # P_ij's text for a fully masked row is exp(-inf - -inf) = 0: the equation must say the code takes it as 0
+    # (it would be NaN), as the forward's equations do; only in tiles that have such a row.
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(4, 2, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[0] = False  # row 0 sees no key
+    br = replay_backward(q, k, v, block_m=2, block_n=2, attn_mask=mask)
+    for step in [*br.dkdv_steps(), *br.dq_steps()]:
+        eq = step.equations[0]
+        assert eq.name == "P_ij"
+        assert ("lse_i = -inf" in eq.symbolic) == (step.i == 0), (step.i, eq.symbolic)
+        assert not step.P_ij.isnan().any()
+
+
+def test_backward_of_carries_every_option_of_replay():
+    # backward_of passes replay()'s recorded options through SHARED_OPTIONS: one left out of that tuple would be
+    # dropped silently (a backward of other attention). Every keyword of replay() but the two that pick what the
+    # forward shows must be carried, and replay_backward must take each.
+    import inspect
+
+    from flashattn_teach.trace.backward_replay import SHARED_OPTIONS
+
+    forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
+    assert set(SHARED_OPTIONS) == forward - {"query_block", "order"}
+    assert set(SHARED_OPTIONS) <= set(inspect.signature(replay_backward).parameters)

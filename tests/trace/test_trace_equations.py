@@ -243,3 +243,41 @@ def test_png_draws_the_equations_of_the_shown_update(tmp_path, monkeypatch):
     assert (tmp_path / "step2.png").stat().st_size > 0
     e = by_term(step_equations(r.steps[1])[0])
     assert any(e[Term.ALPHA].substituted in s for s in drawn)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({}, ()),
+        ({"softcap": 1.5}, ("tanh", "softcap = 1.5")),
+        ({"alibi_slopes": 0.5}, ("+ bias_ij",)),
+        ({"attn_mask": torch.randn(6, 6, generator=torch.Generator().manual_seed(3))}, ("+ bias_ij",)),
+        ({"softcap": 2.0, "alibi_slopes": 0.25, "causal": True}, ("tanh", "+ bias_ij")),
+    ],
+    ids=["plain", "softcap", "alibi", "additive-mask", "all"],
+)
+def test_the_score_equation_gives_the_numbers_it_shows(options, words):
+    # Line 8 used to read "S_ij = scale · Q_i K_j^T" whatever the call: under softcap or a bias the numbers it
+    # showed were not scale Q_i K_j^T. The formula now names what S_ij holds, and gives it (float64 oracle).
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(6, 4, generator=g, dtype=torch.float64) * 3 for _ in range(3))
+    r = replay(q, k, v, block_m=2, block_n=2, query_block=1, **options)
+    rows, cols = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    S = (q * r.scale) @ k.T  # (N, D) @ (D, N) -> (N, N)
+    if "softcap" in options:
+        S = options["softcap"] * torch.tanh(S / options["softcap"])
+    if "alibi_slopes" in options:
+        S = S - options["alibi_slopes"] * (rows - cols).abs()  # ALiBi, top_left: -slope |i - j|
+    if "attn_mask" in options:
+        S = S + options["attn_mask"]
+    S = S.masked_fill(r.visible().logical_not(), NEG_INF)
+    for step in r.steps:
+        r0, (c0, c1) = step.rows[0], step.cols
+        for row, eqs in enumerate(step_equations(step)):
+            eq = next(e for e in eqs if e.term is Term.S_IJ)
+            assert all(w in eq.symbolic for w in words), eq.symbolic
+            assert ("tanh" in eq.symbolic) == ("softcap" in options)
+            assert ("bias_ij" in eq.symbolic) == bool({"alibi_slopes", "attn_mask"} & set(options))
+            torch.testing.assert_close(
+                torch.tensor(eq.value, dtype=torch.float64), S[r0 + row, c0:c1], atol=1e-13, rtol=0
+            )

@@ -15,14 +15,11 @@ import pytest
 import torch
 
 from flashattn_teach.trace import replay
-from flashattn_teach.trace.equations import (
+from flashattn_teach.trace.equations import NO_KEY, SOURCE, Equation, fmt
+from flashattn_teach.trace.equations_key_major import (
     KEY_MAJOR_SOURCE,
-    NO_KEY,
-    SOURCE,
-    Equation,
     KeyMajorTerm,
     build_view,
-    fmt,
     key_major_step_equations,
 )
 from flashattn_teach.trace.html import render_html

@@ -53,3 +53,33 @@ def test_cli_replays_packed_sequences(capsys):
     assert run(args) == 0
     out = capsys.readouterr().out
     assert "Skipped" in out and "key blocks j = 0" in out
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"attn_mask": torch.ones(N, N, dtype=torch.bool).index_fill_(1, torch.tensor([1]), False)},
+        {"seqlens_k": torch.tensor([6])},
+    ],
+    ids=["attn_mask", "seqlens_k"],
+)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_packed_replay_refuses_what_it_would_drop(extra, backward):
+    # The packed mask contract is built from the boundaries alone: an attn_mask or seqlens_k beside cu_seqlens
+    # was silently left out (key 1 stayed visible), so both are refused by name, as flash_attention_varlen has
+    # neither.
+    from flashattn_teach.trace.backward_replay import replay_backward
+
+    q, k, v = _qkv()
+    call = replay_backward if backward else replay
+    with pytest.raises(AttentionValueError, match=f"{next(iter(extra))}.*cu_seqlens"):
+        call(q, k, v, block_m=2, block_n=2, cu_seqlens=CU, **extra)
+
+
+@pytest.mark.parametrize("option", [["--pad-left", "2"], ["--seqlens-k", "6"]])
+def test_cli_refuses_packed_sequences_with_a_mask_by_name(option, capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--seq-len", "11", "--cu-seqlens", "0,3,3,8,11", *option])
+    assert run(args) == 2
+    assert f"argument {option[0]}: not used with --cu-seqlens" in capsys.readouterr().err

@@ -129,6 +129,9 @@ class BackwardReplay:
         lse_i = self.lse[r0:r1].unsqueeze(-1)  # (Br, 1)
         # A row that sees no key has lse_i = -inf: its P is 0, not exp(-inf - -inf) = NaN.
         P_ij = torch.where(torch.isneginf(lse_i), torch.zeros_like(S_ij), torch.exp(S_ij - lse_i))
+        P_symbolic = "exp(S_ij - lse_i)"
+        if torch.isneginf(lse_i).any():  # the text shows exp(-inf - -inf) there: say what the code does instead
+            P_symbolic += ", taken as 0 in a row with lse_i = -inf (it sees no key), not exp(-inf - -inf)"
         dP_ij = self.dO[r0:r1] @ self.v[c0:c1].T  # (Br, D_v) @ (D_v, Bc) -> (Br, Bc)
         delta_i = self.delta[r0:r1]
         dS_ij = P_ij * (dP_ij - delta_i.unsqueeze(-1))
@@ -145,7 +148,7 @@ class BackwardReplay:
             dS_text += f" * (1 - {numbers(T)}^2)"
             dS_symbolic += " * (1 - T_ij^2)"
         eqs = [
-            BackwardEquation(11, "P_ij", "exp(S_ij - lse_i)", f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij),
+            BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij),
             BackwardEquation(13, "dP_ij", "dO_i V_j^T", f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T", dP_ij),
             BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij),
         ]
@@ -347,8 +350,7 @@ def replay_backward(
         block_mask=block_mask,
     )
     dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device)
-    sink = None if sink is None else sink.to(dt)  # (1,)
+    sink = one_sink(sinks, q.device, dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     kinds = every_mask(opts.mask)

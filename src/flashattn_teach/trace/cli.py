@@ -243,6 +243,9 @@ def _option_error(args: argparse.Namespace) -> str | None:
         if values is not None and max(values) > args.seq_len:
             given = ",".join(map(str, values))
             return f"argument {option}: must be in [0, {args.seq_len}] for --seq-len {args.seq_len}, got {given}"
+    for option, value in (("--seqlens-k", args.seqlens_k), ("--pad-left", args.pad_left), ("--mask", args.mask)):
+        if args.cu_seqlens is not None and value is not None:  # replay() refuses them: name the option here
+            return f"argument {option}: not used with --cu-seqlens (each packed sequence's keys are its own)"
     problem = sinks_error(args.sinks)
     if problem is not None:
         return problem

@@ -109,7 +109,7 @@ class Launch:
 
 def launch(work: Sequence[float], heads: int, order: int, slots: int, n_rows: int, row_bytes: int) -> Launch:
     """The ``len(work) x heads`` grid (``work[i]``: query block ``i``'s) launched in ``order`` on ``slots``."""
-    ids = grid_order(len(work), heads, n_rows, order, True, row_bytes)
+    ids = grid_order(len(work), heads, n_rows, order, longest_last=True, row_bytes=row_bytes)
     costs = [work[i] for i, _ in ids]
     runs = place(costs, slots)
     programs = tuple(Program(pid, i, h, work[i], run) for pid, ((i, h), run) in enumerate(zip(ids, runs, strict=True)))

@@ -8,7 +8,6 @@ the argument when an index or a slope does not fit (:mod:`flashattn_teach.errors
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
@@ -59,23 +58,27 @@ def one_slope(alibi_slopes: float | Tensor | None, B: int) -> Tensor | None:
     return torch.tensor([float(alibi_slopes)], dtype=torch.float64)
 
 
-def one_sink(sinks: float | Tensor | None, device: torch.device) -> Tensor | None:
+def one_sink(sinks: float | Tensor | None, device: torch.device, dtype: torch.dtype) -> Tensor | None:
     """The replayed head's attention sink: a number, or a ``(1,)`` tensor (``check_sinks`` with ``H_q = 1``),
-    as a ``(1,)`` tensor on ``device``; None stays None. A model's ``(H_q,)`` sinks are sliced by the caller
-    (``sinks[h:h + 1]``), as its queries are: the replay runs one head."""
+    as a ``(1,)`` tensor of the compute dtype ``dtype`` on ``device``; None stays None. A model's ``(H_q,)`` sinks
+    are sliced by the caller (``sinks[h:h + 1]``), as its queries are: the replay runs one head. The value must
+    be finite in ``dtype`` (``1e39`` is ``inf`` in float32, which would make every ``m_i`` infinite)."""
     if sinks is None:
         return None
     if isinstance(sinks, Tensor):
         sink = check_sinks(sinks, 1, device)
         assert sink is not None
-        if not torch.isfinite(sink).all():  # the replay is on the host: the value can be read
-            raise AttentionValueError(f"sinks must be finite, got {sink.tolist()}")
-        return sink
-    if isinstance(sinks, bool) or not isinstance(sinks, (int, float)):
+    elif isinstance(sinks, bool) or not isinstance(sinks, (int, float)):
         raise AttentionTypeError(f"sinks must be a number or a tensor of shape (1,), got {type(sinks).__name__}")
-    if not math.isfinite(sinks):
-        raise AttentionValueError(f"sinks must be finite, got {sinks}")
-    return torch.tensor([float(sinks)], dtype=torch.float64, device=device)
+    else:
+        sink = torch.tensor([float(sinks)], dtype=torch.float64, device=device)
+    given = sink.tolist()  # the replay is on the host: the value can be read
+    sink = sink.to(dtype)
+    if not torch.isfinite(sink).all():
+        raise AttentionValueError(
+            f"sinks must be finite in the compute dtype {dtype}, got {given}: {sink.tolist()} there"
+        )
+    return sink
 
 
 def batch_size(q: Tensor, k: Tensor, v: Tensor) -> int:
@@ -140,7 +143,16 @@ def one_head_options(
         score_mod=score_mod,
         block_mask=block_mask,
     )
-    return opts if cu_seqlens is None else _packed(opts, q, cu_seqlens, B, causal_align, window)
+    if cu_seqlens is None:
+        return opts
+    # The packed contract below is built from the boundaries alone, as flash_attention_varlen's, which takes
+    # neither a mask nor key lengths: refuse them rather than leave them out.
+    for name, value in (("attn_mask", attn_mask), ("seqlens_k", seqlens_k)):
+        if value is not None:
+            raise AttentionValueError(
+                f"{name} is not used with cu_seqlens (each packed sequence's keys are its own); give one or the other"
+            )
+    return _packed(opts, q, cu_seqlens, B, causal_align, window)
 
 
 def every_mask(mask: MaskSpec) -> dict[str, TileKind]:

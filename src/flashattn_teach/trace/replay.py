@@ -268,7 +268,7 @@ def replay(
         cu_seqlens: packed sequences (flash-attn's varlen layout) along the one batch element's sequence
             axis, ``(S + 1,)`` boundaries from 0 to ``N`` (``N_q = N_k``): each query sees only the keys of its
             own sequence, causal and the window aligned per sequence (see :mod:`flashattn_teach.masks.packed`); needs
-            ``B = 1``.
+            ``B = 1`` and takes no ``attn_mask`` or ``seqlens_k`` (as ``flash_attention_varlen``).
         sinks: the replayed head's attention sink ``sink_h``: a number, or a ``(1,)`` tensor (slice a model's
             ``(H_q,)`` sinks as its queries: ``sinks[h:h + 1]``); see :mod:`flashattn_teach._validate.sinks`.
         block_mask: FlexAttention's block mask (:func:`flashattn_teach.create_block_mask`, or torch's), built
@@ -309,8 +309,7 @@ def replay(
         block_mask=block_mask,
     )
     dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device)
-    sink = None if sink is None else sink.to(dt)  # (1,), computed in the compute dtype as the references do
+    sink = one_sink(sinks, q.device, dt)  # (1,), computed in the compute dtype as the references do
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     N_q, N_k = q2.shape[0], k2.shape[0]
     i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")

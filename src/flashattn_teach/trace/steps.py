@@ -58,7 +58,8 @@ class TileStep:
     For the equations with their numbers (:mod:`.equations`), ``m_old, l_old (Br,)`` and ``acc_old (Br, D_v)``
     are the state the update started from (key-major: ``acc`` as read back from HBM) and ``terms`` every term
     of the update (:class:`~flashattn_teach.online_softmax.UpdateTerms`, ``terms.m_new`` is ``m_i``): all
-    ``O(Br (Bc + D_v))``, one tile's worth. ``last`` is True at the block's last update.
+    ``O(Br (Bc + D_v))``, one tile's worth. ``last`` is True at the block's last update. ``softcap`` and
+    ``biased`` say what ``S_ij`` holds besides ``scale Q_i K_j^T`` (the cap, an ALiBi or additive-mask term).
     """
 
     index: int
@@ -82,6 +83,8 @@ class TileStep:
     terms: UpdateTerms
     last: bool
     sink_share: Tensor | None = None
+    softcap: float | None = None  # S_ij was capped: softcap * tanh(scale Q_i K_j^T / softcap)
+    biased: bool = False  # S_ij holds an additive term (ALiBi or an additive attn_mask)
 
     @property
     def masked(self) -> bool:
@@ -162,6 +165,8 @@ class Steps:
                 terms=terms,
                 last=n == len(key_blocks) - 1,
                 sink_share=None if self.sink is None else sink_share(self.sink, m_i, l_i),
+                softcap=softcap,
+                biased=bias is not None,
             )
 
 
