@@ -14,7 +14,7 @@ import pytest
 from flashattn_teach.trace.cli import main
 from flashattn_teach.trace.decode_html import render_decode_html
 
-from decode_cases import paged_step, sink_step, window_step
+from decode_page_cases import paged_step, sink_step, window_step
 
 READ_PAGE = """(() => {
   const view = document.getElementById("view-decode");

@@ -16,7 +16,7 @@ from flashattn_teach.trace.decode_html import DecodeEvent, build_decode_view, re
 from flashattn_teach.trace.decode_manifest import decode_to_experiment
 from flashattn_teach.trace.equations import step_json
 
-from decode_cases import BLOCK_TABLE, PAGE_SIZE, paged_step, sink_step, window_step
+from decode_page_cases import BLOCK_TABLE, PAGE_SIZE, paged_step, sink_step, window_step
 
 DECODE = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4".split()
 
