@@ -21,7 +21,8 @@
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
                                             (equations.py): in the JSON extensions, table, PNG and page;
                                             key-major: key_major_step_equations(step, v_j), FA1 Alg. 1's
-                                            lines with their HBM loads and writes (the page's panel)
+                                            lines with their HBM loads and writes (the page's panel, and
+                                            the table and PNG: equations_key_major.replay_equations)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far
