@@ -8,6 +8,7 @@ replay computes in FA2's form through online_softmax.update_terms: the two forms
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from flashattn_teach.trace import replay
-from flashattn_teach.trace.equations import NO_KEY, SOURCE, Equation, fmt
+from flashattn_teach.trace.equations import NO_KEY, SOURCE, Equation, Term, fmt, step_equations
 from flashattn_teach.trace.equations_key_major import (
     KEY_MAJOR_SOURCE,
     KeyMajorTerm,
@@ -236,3 +237,69 @@ def test_key_major_page_shows_fa1_lines_with_the_replay_numbers(browser, tmp_pat
             # The written l_i on the page is the replay's l_i at this update.
             l_written = next(e for e in page["equations"] if e["name"] == "write l_i")["numbers"][-1]
             assert math.isclose(float(l_written), float(r.steps[n - 1].l_i[row]), rel_tol=5.01e-4)
+
+
+def one_line(text: str) -> str:
+    """Whitespace collapsed, so that text wrapped over lines still matches."""
+    return " ".join(text.split())
+
+
+def table_text(r) -> str:
+    from flashattn_teach.trace.table import render_table
+
+    out = io.StringIO()
+    render_table(r, out, width=500)
+    return out.getvalue()
+
+
+def png_text(r, tmp_path, monkeypatch) -> str:
+    """Every text the PNG draws, in drawing order."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from flashattn_teach.trace.png import render_png
+
+    drawn: list[str] = []
+    text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **kw: drawn.append(s) or text(self, x, y, s, *a, **kw))
+    render_png(r, tmp_path / "replay.png")
+    return "\n".join(drawn)
+
+
+def assert_shows_fa1(text: str, r, v) -> None:
+    """Every update's FA1 lines with their numbers: the first row in full, the others' compact terms."""
+    flat = one_line(text)
+    for step in r.steps:
+        rows = key_major_step_equations(step, v[0, step.cols[0] : step.cols[1]])
+        for e in rows[0]:
+            assert one_line(f"{e.symbolic}") in flat and one_line(e.substituted) in flat, (step.index, e.term)
+        for row in rows[1:]:
+            for term in (K.SCALE_OLD, K.SCALE_TILE, K.L_NEW):
+                assert one_line(f"{term.value} = {by_term(row)[term].substituted}") in flat, (step.index, term)
+    assert "FA1 Alg. 1" in text and "FA2 Alg. 1" not in text
+    assert "alpha = exp(m_old − m_new)" not in text and "alpha =" not in text  # FA2's line 9
+
+
+@pytest.mark.parametrize("query_block", [0, 2])
+def test_key_major_table_and_png_show_fa1_lines_with_their_numbers(query_block, tmp_path, monkeypatch):
+    q, k, v = teaching_inputs()
+    r = replay(q, k, v, block_m=2, block_n=2, query_block=query_block, order="key_major")
+    assert_shows_fa1(table_text(r), r, v)
+    assert_shows_fa1(png_text(r, tmp_path, monkeypatch), r, v)
+    # The last update's written O_i is dense attention's: the table prints it with the replay's numbers.
+    last = by_term(key_major_step_equations(r.steps[-1], v[0, 4:6])[0])[K.O_WRITE]
+    assert close(last.value, r.steps[-1].O_final[0]) and last.substituted in table_text(r)
+
+
+def test_query_major_table_and_png_keep_fa2_lines(tmp_path, monkeypatch):
+    """Negative control for the test above: the same inputs in query-major order show FA2's alpha line."""
+    q, k, v = teaching_inputs()
+    r = replay(q, k, v, block_m=2, block_n=2)
+    for text in (table_text(r), png_text(r, tmp_path, monkeypatch)):
+        assert "FA2 Alg. 1" in text and "FA1 Alg. 1" not in text and "load O_i from HBM" not in text
+        for step in r.steps:
+            rows = step_equations(step)
+            assert one_line(by_term(rows[0])[Term.ALPHA].substituted) in one_line(text)
+            assert one_line(f"alpha = {by_term(rows[1])[Term.ALPHA].substituted}") in one_line(text)
+        with pytest.raises(AssertionError):
+            assert_shows_fa1(text, replay(q, k, v, block_m=2, block_n=2, order="key_major"), v)

@@ -21,13 +21,15 @@
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
                                             (equations.py): in the JSON extensions, table, PNG and page;
                                             key-major: key_major_step_equations(step, v_j), FA1 Alg. 1's
-                                            lines with their HBM loads and writes (the page's panel)
+                                            lines with their HBM loads and writes (the page's panel, and
+                                            the table and PNG: equations_key_major.replay_equations)
     to_experiment(r) / to_json(r)           the seed manifest's "experiment" format (manifest.py;
                                             decode_to_experiment in decode_manifest.py)
     memory_figure(r) / memory_json(r)       memory step by step: the on-chip buffers and the HBM bytes moved so far
                                             per tensor, by iomodel's rules, beside the dense path (memory.py;
                                             memory_table.py, page_memory.js)
-    Replay._repr_html_ / notebook_html      the page in a Jupyter notebook, in an <iframe srcdoc> (notebook.py)
+    Replay._repr_html_ / notebook_html      the page in a Jupyter notebook, in an <iframe srcdoc> (notebook.py);
+                                            DecodeReplay._repr_html_ / decode_notebook_html the decode page
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_html.py, decode_png.py)
 
@@ -41,10 +43,11 @@ from .decode_manifest import decode_to_experiment
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
 from .manifest import to_experiment, to_json, write_json
-from .notebook import notebook_html
+from .notebook import decode_notebook_html, notebook_html
 from .replay import Replay, TileState, TileStep, replay
 
 Replay.notebook_page = notebook_html  # Replay._repr_html_: the page in a notebook
+DecodeReplay.notebook_page = decode_notebook_html  # DecodeReplay._repr_html_: the decode page
 
 __all__ = [
     "BackwardReplay",
@@ -55,6 +58,7 @@ __all__ = [
     "SplitReplay",
     "TileState",
     "TileStep",
+    "decode_notebook_html",
     "decode_to_experiment",
     "notebook_html",
     "replay",

@@ -35,9 +35,10 @@ written: the replay reads a copy with ``k, v`` in place.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -124,6 +125,14 @@ class DecodeReplay:
     page_size: int | None = None  # a paged cache: slots per page
     pages: tuple[int, ...] = ()  # the block ids of the element's pages [0, ceil(L / page_size)), in key order
     sink: float | None = None  # sink_h of the replayed head, merged in last; None without sinks
+    # notebook.decode_notebook_html, installed by the trace package's __init__: notebook imports this module
+    # (through decode_html), so this module cannot import it (no import cycles).
+    notebook_page: ClassVar[Callable[[DecodeReplay], str] | None] = None
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the decode page in an ``<iframe srcdoc>`` (:mod:`.notebook`)."""
+        render = DecodeReplay.notebook_page
+        return None if render is None else render(self)
 
     @property
     def L(self) -> int:

@@ -37,16 +37,19 @@ from ..online_softmax import log_sum_exp, normalize
 from .steps import TileStep
 
 __all__ = [
+    "COMPACT",
     "SOURCE",
     "AlgorithmLine",
     "Equation",
     "Part",
+    "ShownEquations",
     "Term",
     "compact",
     "fmt",
     "lines",
     "row_equations",
     "score_symbolic",
+    "shown_equations",
     "step_equations",
     "step_json",
 ]
@@ -243,21 +246,53 @@ def step_json(step: TileStep) -> dict[str, Any]:
     return {"rowStart": step.rows[0], "rows": [[e.to_json() for e in row] for row in step_equations(step)]}
 
 
-def compact(eqs: tuple[Equation, ...]) -> str:
-    """One line for a row: its ``alpha``, ``l_new`` and (at the end) ``lse_i`` equations with their numbers."""
-    shown = (Term.ALPHA, Term.L_NEW, Term.LSE)
+COMPACT = (Term.ALPHA, Term.L_NEW, Term.LSE)  # a compact row line: alpha, l_new and (at the end) lse_i
+
+
+def compact(eqs: tuple[Equation, ...], shown: tuple[AlgorithmLine, ...] = COMPACT) -> str:
+    """One line for a row: its ``shown`` equations (by default ``alpha``, ``l_new`` and, at the end, ``lse_i``)
+    with their numbers."""
     return ";  ".join(f"{e.term.value} = {e.substituted}" for e in eqs if e.term in shown)
 
 
+@dataclass(frozen=True)
+class ShownEquations:
+    """What the table and the PNG show of one update: the ``algorithm``'s lines (``"FA2 Alg. 1"``, from
+    ``source``) for every row of the block from ``row_start``, the first row in full and one :func:`compact`
+    line of the ``compact_terms`` per other row. FA2's: :func:`shown_equations`; key-major's (FA1 Alg. 1):
+    :func:`.equations_key_major.replay_equations`."""
+
+    algorithm: str
+    source: str
+    row_start: int
+    rows: tuple[tuple[Equation, ...], ...]
+    compact_terms: tuple[AlgorithmLine, ...] = COMPACT
+
+    @property
+    def title(self) -> str:
+        return f"{self.algorithm} ({self.source.split(', ')[0]}), row {self.row_start}"
+
+    def compact(self, r: int) -> str:
+        """Row ``r`` of the block (0-based within it) on one line."""
+        return compact(self.rows[r], self.compact_terms)
+
+    def lines(self, width: int = 100) -> list[str]:
+        """Plain text lines of at most about ``width`` characters (for the PNG)."""
+        out = [f"{self.title}:"]
+        for e in self.rows[0] if self.rows else ():
+            text = f"line {e.line:>2}  {e.symbolic}:  {e.substituted}" + (f"  ({e.note})" if e.note else "")
+            out += textwrap.wrap(text, width, subsequent_indent=" " * 9)
+        for r in range(1, len(self.rows)):
+            out += textwrap.wrap(f"row {self.row_start + r}: {self.compact(r)}", width, subsequent_indent=" " * 9)
+        return out
+
+
+def shown_equations(step: TileStep) -> ShownEquations:
+    """FA2 Alg. 1's lines of ``step``, as the table and the PNG show them."""
+    return ShownEquations("FA2 Alg. 1", SOURCE, step.rows[0], step_equations(step))
+
+
 def lines(step: TileStep, width: int = 100) -> list[str]:
-    """``step``'s equations as plain text lines of at most about ``width`` characters: the block's first row
+    """``step``'s FA2 equations as plain text lines of at most about ``width`` characters: the block's first row
     in full, one compact line per other row (for the PNG)."""
-    rows = step_equations(step)
-    r0 = step.rows[0]
-    out = [f"FA2 Alg. 1 ({SOURCE.split(', ')[0]}), row {r0}:"]
-    for e in rows[0] if rows else ():
-        text = f"line {e.line:>2}  {e.symbolic}:  {e.substituted}" + (f"  ({e.note})" if e.note else "")
-        out += textwrap.wrap(text, width, subsequent_indent=" " * 9)
-    for r, eqs in enumerate(rows[1:], start=1):
-        out += textwrap.wrap(f"row {r0 + r}: {compact(eqs)}", width, subsequent_indent=" " * 9)
-    return out
+    return shown_equations(step).lines(width)

@@ -32,11 +32,12 @@ import torch
 from torch import Tensor
 
 from ..online_softmax import normalize
-from .equations import BIAS, NO_KEY, SOURCE, Equation, Part, score_symbolic
+from .equations import BIAS, NO_KEY, SOURCE, Equation, Part, ShownEquations, score_symbolic, shown_equations
 from .replay import Replay
 from .steps import TileStep
 
 __all__ = [
+    "KEY_MAJOR_COMPACT",
     "KEY_MAJOR_LINES",
     "KEY_MAJOR_SOURCE",
     "KeyMajorTerm",
@@ -44,6 +45,7 @@ __all__ = [
     "key_major_row_equations",
     "key_major_step_equations",
     "key_major_step_json",
+    "replay_equations",
 ]
 
 KEY_MAJOR_SOURCE = "Dao et al. 2022, FlashAttention, Algorithm 1"
@@ -179,6 +181,18 @@ def key_major_step_json(step: TileStep, v_j: Tensor) -> dict[str, Any]:
     """As :func:`step_json`, with FA1 Alg. 1's lines."""
     rows = key_major_step_equations(step, v_j)
     return {"rowStart": step.rows[0], "rows": [[e.to_json() for e in row] for row in rows]}
+
+
+KEY_MAJOR_COMPACT = (KeyMajorTerm.SCALE_OLD, KeyMajorTerm.SCALE_TILE, KeyMajorTerm.L_NEW)  # a row in one line
+
+
+def replay_equations(replay: Replay, step: TileStep) -> ShownEquations:
+    """The lines the table and the PNG show for ``step`` of ``replay``: FA1 Alg. 1's for key-major order (its
+    ``V_j`` is ``replay.steps.v``'s tile), FA2 Alg. 1's otherwise."""
+    if replay.order != "key_major":
+        return shown_equations(step)
+    rows = key_major_step_equations(step, replay.steps.v[step.cols[0] : step.cols[1]])
+    return ShownEquations("FA1 Alg. 1", KEY_MAJOR_SOURCE, step.rows[0], rows, KEY_MAJOR_COMPACT)
 
 
 def build_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:

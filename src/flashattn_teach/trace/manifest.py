@@ -120,6 +120,7 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
             "diagonalOffset": replay.diagonal_offset,
             "window": list(replay.window),
             "variants": list(replay.variants),
+            "labels": replay.labels(),  # the heading's labels, as the table's and the PNG's
             "scale": replay.scale,
             "blockM": replay.block_m,
             "blockN": replay.block_n,

@@ -113,10 +113,7 @@
   document.getElementById("title").textContent = data.title;
   document.getElementById("meta").textContent = ext
     ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
-      (ext.causal ? ` · causal (${ext.causalAlign})` : "") +
-      (ext.variants.includes("window") ? ` · window (${ext.window[0]}, ${ext.window[1]})` : "") +
-      ext.variants.filter(v => v !== "window").map(v => ` · ${v}`).join("") +
-      (data.sink ? ` · sink ${fmt(data.sink.value)}` : "") : "";
+      ext.labels.map(label => ` · ${label}`).join("") : "";  // Replay.labels(), as the table's and the PNG's
 
   Page.addView("forward", "Forward", section => {
     const label = el("h2", {id: "case-label"}), position = el("p", {className: "meta", id: "position"});

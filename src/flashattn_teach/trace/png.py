@@ -1,7 +1,7 @@
 """A replay as a picture (matplotlib): one row per tile update, the schedule grid next to the vector bars.
 
-Next to each drawn update, its equations with their numbers (FA2 Alg. 1, :func:`.equations.lines`): the
-block's first row in full, one compact line per other row.
+Next to each drawn update, its equations with their numbers (FA2 Alg. 1; a key-major replay's FA1 Alg. 1,
+:func:`.equations_key_major.replay_equations`): the block's first row in full, one compact line per other row.
 
 With an attention sink, each update's title gives every row's sink share so far, ``exp(sink_h - m_i) / l_i``
 (at the last update the final ``exp(sink_h - lse_i)``), and the heading names the sink.
@@ -18,7 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from .equations import lines
+from .equations_key_major import replay_equations
 from .html import LEGEND_COLOURS, check_drawable
 from .replay import Replay, TileState, TileStep
 
@@ -93,9 +93,9 @@ def _bars(ax: Any, step: TileStep, limit: float) -> None:
     ax.set_title(title, fontsize=8, loc="left")
 
 
-def _equations(ax: Any, step: TileStep) -> None:
+def _equations(ax: Any, text: list[str]) -> None:
     ax.axis("off")
-    ax.text(0, 1, "\n".join(lines(step)), va="top", ha="left", fontsize=6, family="monospace", transform=ax.transAxes)
+    ax.text(0, 1, "\n".join(text), va="top", ha="left", fontsize=6, family="monospace", transform=ax.transAxes)
 
 
 def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi: int = 130) -> Path:
@@ -116,7 +116,8 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
     n_bars = sum(v.numel() for _, v in _vectors(drawn[0]))
-    n_lines = max(len(lines(s)) for s in drawn)
+    equations = {s.index: replay_equations(replay, s).lines() for s in drawn}
+    n_lines = max(len(text) for text in equations.values())
     row_height = max(2.6, 0.14 * n_bars + 0.6, 0.11 * n_lines + 0.4)
     fig = Figure(figsize=(17, row_height * len(drawn) + 0.6), layout="constrained")
     axes = fig.subplots(len(drawn), 3, squeeze=False, width_ratios=(1, 2.4, 3.2))
@@ -125,7 +126,7 @@ def render_png(replay: Replay, path: str | Path, *, step: int | None = None, dpi
         _grid(ax_grid, replay, s, visible, legend=row == 0)
         ax_grid.set_title(f"update {s.index + 1} of {total} · {s.kind.name} tile (j={s.j})", fontsize=8)
         _bars(ax_bars, s, limit)
-        _equations(ax_equations, s)
+        _equations(ax_equations, equations[s.index])
     fig.suptitle(
         f"Tile replay · {replay.order} · query block {replay.query_block} · BLOCK_M={replay.block_m}, "
         f"BLOCK_N={replay.block_n}" + "".join(f" · {label}" for label in replay.labels()),

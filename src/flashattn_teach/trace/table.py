@@ -1,7 +1,9 @@
 """A replay in the terminal (rich): per tile update the tile grid, the statistics and the shrinking error.
 
 Each update also lists FA2 Alg. 1's equations with their numbers (:mod:`.equations`): the block's first row in
-full, one compact line (``alpha``, ``l_new``, at the end ``lse_i``) per other row.
+full, one compact line (``alpha``, ``l_new``, at the end ``lse_i``) per other row. A key-major replay lists FA1
+Alg. 1's instead (:func:`.equations_key_major.replay_equations`: the HBM loads and writes, the two rescale
+factors and ``l_new`` in the compact lines).
 
 With an attention sink, each update's statistics gain a column, the sink's share of each row so far, and the
 summary ends with each row's final share ``exp(sink_h - lse_i)``.
@@ -18,7 +20,7 @@ from typing import IO
 
 from torch import Tensor
 
-from .equations import compact, step_equations
+from .equations_key_major import replay_equations
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
@@ -92,20 +94,21 @@ def _stats(step: TileStep):
     return table
 
 
-def _equations(step: TileStep):
+def _equations(replay: Replay, step: TileStep):
     """Row ``r0``'s equations in full, then one compact line per other row of the block."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    rows = step_equations(step)
-    r0 = step.rows[0]
-    table = Table(box=None, pad_edge=False, title=f"FA2 Alg. 1 with the numbers of row {r0}", title_justify="left")
+    shown = replay_equations(replay, step)
+    r0 = shown.row_start
+    title = f"{shown.algorithm} with the numbers of row {r0}"
+    table = Table(box=None, pad_edge=False, title=title, title_justify="left")
     for column in ("line", "equation", f"row {r0}"):
         table.add_column(column, justify="right" if column == "line" else "left")
-    for e in rows[0] if rows else ():
+    for e in shown.rows[0] if shown.rows else ():
         table.add_row(str(e.line), Text(e.symbolic), Text(e.substituted + (f"  ({e.note})" if e.note else "")))
-    others = [Text(f"row {r0 + r}: {compact(eqs)}") for r, eqs in enumerate(rows) if r > 0]
+    others = [Text(f"row {r0 + r}: {shown.compact(r)}") for r in range(1, len(shown.rows))]
     return Group(table, *others)
 
 
@@ -146,7 +149,13 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(
             Panel(
-                Group(_grid(replay, step), _stats(step), _equations(step), error, memory_panel(memory, step.index)),
+                Group(
+                    _grid(replay, step),
+                    _stats(step),
+                    _equations(replay, step),
+                    error,
+                    memory_panel(memory, step.index),
+                ),
                 title=title,
                 title_align="left",
             )
