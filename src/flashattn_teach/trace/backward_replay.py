@@ -35,15 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._layout import compute_dtype
-from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask, score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
+from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
 
@@ -273,9 +271,7 @@ class BackwardReplay:
         """The same gradients by ``torch.autograd`` through float64 dense attention
         (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
         N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
-        kinds = every_mask(self.tiling.spec)
-        allowed, bias = self.tiling.spec.tensors(0, N_q, 0, N_k, self.q.device, **kinds, b=self.batch_index, h=0)
-        mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        mask = rows_mask(self.tiling.spec, (0, N_q), N_k, self.q.device, b=self.batch_index)  # (N_q, N_k)
         mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
         leaves = {name: t.detach().to(f64).requires_grad_(True) for name, t in (("dQ", self.q), ("dK", self.k))}
         leaves["dV"] = self.v.detach().to(f64).requires_grad_(True)
@@ -329,14 +325,14 @@ def replay_backward(
     ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
     command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
-    B = batch_size(q, k, v)
-    block_m, block_n = validate_block_sizes(block_m, block_n)
-    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    opts = one_head_options(
+    head = one_head_call(
         q,
         k,
         v,
-        B=B,
+        block_m=block_m,
+        block_n=block_n,
+        batch_index=batch_index,
+        sinks=sinks,
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -349,12 +345,10 @@ def replay_backward(
         score_mod=score_mod,
         block_mask=block_mask,
     )
-    dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device, dt)  # (1,)
-    q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+    opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
+    batch_index, dt = head.batch_index, q2.dtype
     N_q, N_k = q2.shape[0], k2.shape[0]
-    kinds = every_mask(opts.mask)
-    allowed, bias = opts.mask.tensors(0, N_q, 0, N_k, q2.device, **kinds, b=batch_index, h=0)
+    allowed, bias = rows_tensors(opts.mask, (0, N_q), N_k, q2.device, b=batch_index)  # (N_q, N_k)
     mods = opts.mask.mods
     index = opts.mask.tile_index(0, N_q, 0, N_k, q2.device, b=batch_index, h=0)
     mod = None if mods is None or mods.score_mod is None else functools.partial(mods.score, index=index)
@@ -380,12 +374,12 @@ def replay_backward(
         lse=lse,
         dO=dO,
         delta=(dO * O).sum(-1),  # Alg. 2 line 4
-        tiling=opts.mask.tiling(block_m, block_n),
+        tiling=opts.mask.tiling(head.block_m, head.block_n),
         scale=opts.scale,
         softcap=opts.mask.softcap,
         batch_index=batch_index,
-        block_m=block_m,
-        block_n=block_n,
+        block_m=head.block_m,
+        block_n=head.block_n,
         sink=sink,
     )
 
