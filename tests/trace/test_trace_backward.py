@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -157,6 +158,18 @@ def test_equations_carry_their_numbers():
     delta = r.preprocess()[0]
     assert delta.line == 4 and delta.substituted.endswith(" = " + numbers(r.delta))
     assert numbers(torch.tensor([float("-inf"), 1.23456])) == "[-inf, 1.235]"
+
+
+def test_a_negative_zero_is_written_as_zero():
+    assert numbers(torch.tensor([-0.0, 0.0, -1e-20])) == "[0, 0, -1e-20]"
+    assert numbers(-0.0) == "0"
+    # A masked score has P_ij = 0, so dS_ij = 0 * (dP_ij - delta_i): -0 where dP_ij - delta_i < 0.
+    q, k, v, dO = _teaching()
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, window=(1, 0))
+    steps = [*r.dkdv_steps(), *r.dq_steps()]
+    assert any(((s.dS_ij == 0) & torch.signbit(s.dS_ij)).any() for s in steps)  # there are -0s to write
+    texts = [e.substituted for s in steps for e in s.equations]
+    assert not [t for t in texts if re.search(r"(?<![\w.])-0(?![\w.])", t)]
 
 
 def test_inputs_are_checked_as_the_forward_replay_checks_them():
