@@ -17,36 +17,13 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from .decode_replay import DecodeReplay, SplitReplay
-from .manifest import CONTROL_LABEL, TITLE, json_rows, json_values, span
+from .manifest import CONTROL_LABEL, TITLE, json_rows, json_values, tile_case
 from .steps import TileStep
 
 
 def _case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
-    (r0, r1), (c0, c1) = step.rows, step.cols
     return {
-        "id": f"tile-{number}",
-        "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
-        "schedule": {
-            "rows": r.N_new,
-            "columns": r.N_max,
-            "rowStart": r0,
-            "rowCount": r1 - r0,
-            "columnStart": c0,
-            "columnCount": c1 - c0,
-            "completedColumns": step.completed_columns,
-        },
-        "vectors": [
-            {"label": "Current score tile · row-major", "values": json_values(step.S_ij)},
-            {"label": "Running row maximum", "values": json_values(step.m_i)},
-            {"label": "Running denominator", "values": json_values(step.l_i)},
-            {"label": f"Partial output · query {r0}", "values": json_values(step.O_partial[0])},
-            {"label": f"Final dense output · query {r0}", "values": json_values(step.O_final[0])},
-        ],
-        "metrics": [
-            {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
-            {"label": "Elements in a full score matrix", "value": r.N_new * r.L},
-            {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
-        ],
+        **tile_case(step, number, (r.N_new, r.N_max), r.N_new * r.L),
         "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
     }
 

@@ -59,14 +59,17 @@ def json_rows(t: Tensor) -> list[list[float | None]]:
     return [json_values(row) for row in t]
 
 
-def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
+def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: int) -> dict[str, Any]:
+    """Case ``tile-number`` of the experiment: tile update ``step`` in the ``(rows, columns)`` score matrix of
+    ``shape`` (the replay's own ``(N_q, N_k)``, or a decode's), its vectors and metrics; ``full_cells``: the
+    size of the full score matrix a dense path would hold."""
     (r0, r1), (c0, c1) = step.rows, step.cols
-    case: dict[str, Any] = {
-        "id": f"tile-{step.index + 1}",
+    return {
+        "id": f"tile-{number}",
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
-            "rows": replay.N_q,
-            "columns": replay.N_k,
+            "rows": shape[0],
+            "columns": shape[1],
             "rowStart": r0,
             "rowCount": r1 - r0,
             "columnStart": c0,
@@ -82,10 +85,14 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
         ],
         "metrics": [
             {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
-            {"label": "Elements in a full score matrix", "value": replay.N_q * replay.N_k},
+            {"label": "Elements in a full score matrix", "value": full_cells},
             {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
         ],
     }
+
+
+def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
+    case = tile_case(step, step.index + 1, (replay.N_q, replay.N_k), replay.N_q * replay.N_k)
     if step.sink_share is not None:
         case["sinkShare"] = json_values(step.sink_share)
     if extensions:
