@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
+from teaching import teaching_inputs
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.trace.backward_replay import backward_of, numbers, replay_backward
@@ -54,15 +56,8 @@ def test_backward_replay_matches_autograd(N, D, bm, bn, causal, window, softcap)
         torch.testing.assert_close(s.P_ij, P[r0:r1, c0:c1], atol=1e-12, rtol=0)
 
 
-def _teaching():
-    """The CLI's teaching example: manual_seed(0), then randn q, k, v of (1, 6, 4) float64; dO the 4th randn."""
-    torch.manual_seed(0)
-    q, k, v, dO = (torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(4))
-    return q, k, v, dO
-
-
 def test_teaching_example_ends_at_float64_autograd_within_1e_12():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2)
     _, _, grads = _dense_grads(q[0], k[0], v[0], dO[0], torch.ones(6, 6, dtype=torch.bool))
     for mine, ref in zip(r.grads(), grads, strict=True):
@@ -76,7 +71,7 @@ def test_teaching_example_ends_at_float64_autograd_within_1e_12():
 
 
 def test_a_row_that_sees_no_key_gets_zero_gradients_and_no_nan():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[3] = False  # query 3 sees no key
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2, attn_mask=mask, causal=True)
@@ -98,7 +93,7 @@ def test_a_row_that_sees_no_key_gets_zero_gradients_and_no_nan():
 def test_dq_pass_step_by_step(bm, bn, causal):
     """Each dQ_i after a step is the sum over the key blocks so far of scale dS_ij K_j, computed here from the
     test's own P and dP; after its last key block it is the oracle's rows of dQ."""
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=bm, block_n=bn, causal=causal)
     mask = torch.tril(torch.ones(6, 6, dtype=torch.bool)) if causal else torch.ones(6, 6, dtype=torch.bool)
     P, O, (dQ, _, _) = _dense_grads(q[0], k[0], v[0], dO[0], mask)
@@ -119,7 +114,7 @@ def test_dq_pass_step_by_step(bm, bn, causal):
 
 
 def test_sink_gradients_match_autograd():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     sink = torch.tensor([0.7], dtype=torch.float64, requires_grad=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, sinks=sink.detach())
     qq, kk, vv = (t[0].clone().requires_grad_(True) for t in (q, k, v))
@@ -134,7 +129,7 @@ def test_sink_gradients_match_autograd():
 
 
 def test_packed_sequences_match_autograd_per_sequence():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, cu_seqlens=torch.tensor([0, 3, 6]))
     idx = torch.arange(6)
     mask = (idx[None, :] <= idx[:, None]) & ((idx[None, :] < 3) == (idx[:, None] < 3))
@@ -144,7 +139,7 @@ def test_packed_sequences_match_autograd_per_sequence():
 
 
 def test_equations_carry_their_numbers():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2)
     step = next(iter(r.dkdv_steps()))
     assert [e.line for e in step.equations] == [11, 12, 13, 14, 16]
@@ -159,8 +154,20 @@ def test_equations_carry_their_numbers():
     assert numbers(torch.tensor([float("-inf"), 1.23456])) == "[-inf, 1.235]"
 
 
+def test_a_negative_zero_is_written_as_zero():
+    assert numbers(torch.tensor([-0.0, 0.0, -1e-20])) == "[0, 0, -1e-20]"
+    assert numbers(-0.0) == "0"
+    # A masked score has P_ij = 0, so dS_ij = 0 * (dP_ij - delta_i): -0 where dP_ij - delta_i < 0.
+    q, k, v, dO = teaching_inputs(with_dO=True)
+    r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, window=(1, 0))
+    steps = [*r.dkdv_steps(), *r.dq_steps()]
+    assert any(((s.dS_ij == 0) & torch.signbit(s.dS_ij)).any() for s in steps)  # there are -0s to write
+    texts = [e.substituted for s in steps for e in s.equations]
+    assert not [t for t in texts if re.search(r"(?<![\w.])-0(?![\w.])", t)]
+
+
 def test_inputs_are_checked_as_the_forward_replay_checks_them():
-    q, k, v, _ = _teaching()
+    q, k, v, _ = teaching_inputs(with_dO=True)
     with pytest.raises(AttentionValueError, match="do not broadcast"):
         replay_backward(q.expand(2, 6, 4), k.expand(3, 6, 4), v, block_m=2, block_n=2)
     with pytest.raises(AttentionValueError, match=r"query must have shape \(N, D\) or \(B, N, D\)"):
@@ -174,7 +181,7 @@ def test_inputs_are_checked_as_the_forward_replay_checks_them():
 
 
 def test_backward_of_a_forward_replay_uses_its_inputs_and_options():
-    q, k, v, dO = _teaching()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     fwd = replay(q, k, v, block_m=2, block_n=3, query_block=1, causal=True, softcap=3.0, order="key_major")
     mine = backward_of(fwd, dO=dO)
     direct = replay_backward(q, k, v, dO, block_m=2, block_n=3, causal=True, softcap=3.0)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from teaching import teaching_inputs
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.trace import replay
@@ -17,11 +18,6 @@ from flashattn_teach.trace.steps import TileState
 
 pytest.importorskip("matplotlib")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def teaching_inputs():
-    torch.manual_seed(0)
-    return [torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(4)]  # q, k, v, then dO (the CLI's stream)
 
 
 def expected_cells(q, k, v, dO, causal: bool) -> list[list[float]]:
@@ -63,7 +59,7 @@ def drawn_texts(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_drawn_cell_is_the_float64_backward(causal, tmp_path, monkeypatch):
-    q, k, v, dO = teaching_inputs()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay(q, k, v, block_m=2, block_n=2, causal=causal)
     drawn = drawn_texts(monkeypatch)
     path = render_backward_png(backward_of(r, dO=dO), tmp_path / "backward.png", dpi=40)
@@ -84,7 +80,7 @@ def test_every_drawn_cell_is_the_float64_backward(causal, tmp_path, monkeypatch)
 
 
 def test_the_grid_marks_the_tiles_of_the_step_s_accumulator():
-    q, k, v, dO = teaching_inputs()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     br = backward_of(replay(q, k, v, block_m=2, block_n=2, causal=True), dO=dO)
     steps = [*br.dkdv_steps(), *br.dq_steps()]
     n = next(n for n, s in enumerate(steps) if (s.i, s.j) == (2, 1) and s.acc.keys() == {"dV_j", "dK_j"})
@@ -96,7 +92,7 @@ def test_the_grid_marks_the_tiles_of_the_step_s_accumulator():
 
 
 def test_one_step_and_the_limits(tmp_path):
-    q, k, v, dO = teaching_inputs()
+    q, k, v, dO = teaching_inputs(with_dO=True)
     br = backward_of(replay(q, k, v, block_m=2, block_n=2), dO=dO)
     assert render_backward_png(br, tmp_path / "one.png", step=18).read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(AttentionValueError, match=r"step must be in \[1, 18\]"):

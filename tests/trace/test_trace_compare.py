@@ -10,16 +10,12 @@ import re
 
 import pytest
 import torch
+from teaching import teaching_inputs
 
 from flashattn_teach.errors import AttentionTypeError
 from flashattn_teach.trace import notebook_html, replay
 from flashattn_teach.trace.compare import DEFAULT_MAX_CELLS, build, compare_payload
 from flashattn_teach.trace.html import render_html
-
-
-def teaching_inputs(n: int = 6):
-    torch.manual_seed(0)
-    return tuple(torch.randn(1, n, 4, dtype=torch.float64) for _ in range(3))
 
 
 def oracle(q, k, v, allowed=None, sink=None):
@@ -133,7 +129,7 @@ def test_halfway_the_orders_differ_from_dense_and_each_other():
 
 def test_compare_is_built_by_default_only_for_small_replays():
     small = replay(*teaching_inputs(), block_m=2, block_n=2)
-    large = replay(*teaching_inputs(80), block_m=16, block_n=16)
+    large = replay(*teaching_inputs(80, 80), block_m=16, block_n=16)
     assert large.N_q * large.N_k > DEFAULT_MAX_CELLS >= small.N_q * small.N_k
     assert build(small, {}) is not None and build(large, {}) is None
     assert build(large, {"compare": True}) is not None

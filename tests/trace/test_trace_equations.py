@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from teaching import teaching_inputs
 
 from flashattn_teach.online_softmax import update, update_terms
 from flashattn_teach.trace import replay
@@ -61,15 +62,6 @@ def test_update_is_bit_identical_to_the_update_before_update_terms(dtype, dropou
     # Negative control: the probe sees a one-ulp change of the result.
     changed = (got[0], got[1], torch.nextafter(got[2], torch.full_like(got[2], math.inf)))
     assert not all(torch.equal(a, b) for a, b in zip(changed, want, strict=True))
-
-
-def teaching_inputs(N_q=6, N_k=6):
-    """The CLI's recipe: manual_seed(0), then randn q, k, v (1, N, 4) in float64."""
-    torch.manual_seed(0)
-    q = torch.randn(1, N_q, 4, dtype=torch.float64)
-    k = torch.randn(1, N_k, 4, dtype=torch.float64)
-    v = torch.randn(1, N_k, 4, dtype=torch.float64)
-    return q, k, v
 
 
 def by_term(eqs: tuple[Equation, ...]) -> dict[Term, Equation]:

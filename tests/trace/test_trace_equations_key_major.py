@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from teaching import teaching_inputs
 
 from flashattn_teach.trace import replay
 from flashattn_teach.trace.equations import NO_KEY, SOURCE, Equation, Term, fmt, step_equations
@@ -33,12 +34,6 @@ FA1_LINE |= {"m~_ij": 10, "P~_ij": 10, "l~_ij": 10, "m_new": 11, "exp(m_i - m_ne
 FA1_LINE |= {"l_new": 11, "P~_ij V_j": 12, "write O_i": 12, "write l_i": 13, "write m_i": 13}
 ORDER = [K.M_LOAD, K.L_LOAD, K.O_LOAD, K.S_IJ, K.M_TILE, K.P_TILE, K.L_TILE, K.M_NEW, K.SCALE_OLD, K.SCALE_TILE]
 ORDER += [K.L_NEW, K.PV, K.O_WRITE, K.L_WRITE, K.M_WRITE]
-
-
-def teaching_inputs(N_q=6, N_k=6):
-    """The CLI's recipe: manual_seed(0), then randn q, k, v (1, N, 4) in float64."""
-    torch.manual_seed(0)
-    return tuple(torch.randn(1, n, 4, dtype=torch.float64) for n in (N_q, N_k, N_k))
 
 
 def close(a, b, tol=1e-12) -> bool:

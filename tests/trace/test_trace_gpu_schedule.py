@@ -20,6 +20,7 @@ from flashattn_teach.masks.grid import INDEX, LONGEST, PER_HEAD, LaunchShape, bl
 from flashattn_teach.masks.scheduler import place, simulate
 from flashattn_teach.trace import replay
 from flashattn_teach.trace.gpu_schedule import (
+    FigureShape,
     GpuOptions,
     ProgramState,
     build,
@@ -152,6 +153,8 @@ def test_states_and_times():
     payload = build(teaching(True), {})
     assert payload["times"] == [float(t) for t in range(14)]
     assert payload["states"] == {s.name: s.value for s in ProgramState}
+    assert payload["shapes"] == {s.name: s.value for s in FigureShape}  # page_gpu.js spells no shape itself
+    assert {r["shape"] for r in payload["h100"]["rows"]} == {s.value for s in FigureShape}
     assert [la["order"] for la in payload["launches"]] == ["index", "longest"]
     h100 = {(r["shape"], r["causal"], r["order"]): r for r in payload["h100"]["rows"]}
     # 12 programs on 132 SMs: one partial wave, every program starts at 0, makespan = the longest program
@@ -165,6 +168,7 @@ def test_options_reach_the_builder_and_are_checked():
     assert payload["gpu"] == {"sms": 3, "programsPerSm": 2, "slots": 6}
     assert len(payload["launches"][0]["programs"]) == 3 * 2
     assert max(p["slot"] for p in payload["launches"][0]["programs"]) == 5  # 6 programs on 6 slots
+    assert GpuOptions.of({"gpu_sms": 3, "other": 1}) == GpuOptions(heads=4, sms=3, programs_per_sm=1)
     for bad in ({"gpu_sms": 0}, {"gpu_heads": 17}, {"gpu_heads": True}, {"gpu_programs_per_sm": 1.5}):
         with pytest.raises(AttentionValueError, match="gpu_"):
             render_html(teaching(True), **bad)

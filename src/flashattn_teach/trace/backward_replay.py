@@ -35,15 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._layout import compute_dtype
-from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..online_softmax import bias_and_mask, score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
+from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
 
@@ -59,9 +57,9 @@ class BackwardPass(Enum):
 
 
 def numbers(t: Tensor | float) -> str:
-    """A scalar, vector or matrix written out to 4 significant digits, ``-inf`` as such."""
+    """A scalar, vector or matrix written out to 4 significant digits, ``-inf`` as such and ``-0`` as ``0``."""
     if isinstance(t, float) or t.dim() == 0:
-        x = float(t)
+        x = float(t) + 0.0  # -0.0 + 0.0 = 0.0: a zero gradient reads as 0, whatever its sign bit
         return "-inf" if x == float("-inf") else f"{x:.4g}"
     return "[" + ", ".join(numbers(x) for x in t) + "]"
 
@@ -97,6 +95,19 @@ class BackwardStep:
 
 
 @dataclass(frozen=True)
+class TileGrads:
+    """What both passes recompute on tile ``(i, j)``, with the equations of P_ij, dP_ij and dS_ij."""
+
+    S_ij: Tensor  # (Br, Bc)
+    P_ij: Tensor  # (Br, Bc)
+    dP_ij: Tensor  # (Br, Bc)
+    dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
+    eq_P: BackwardEquation
+    eq_dP: BackwardEquation
+    eq_dS: BackwardEquation
+
+
+@dataclass(frozen=True)
 class BackwardReplay:
     q: Tensor  # (N_q, D)
     k: Tensor  # (N_k, D)
@@ -113,7 +124,7 @@ class BackwardReplay:
     block_n: int
     sink: Tensor | None = None  # (1,): the head's sink logit, or None
 
-    def _tile(self, i: int, j: int) -> tuple[Tensor, Tensor, Tensor, Tensor, list[BackwardEquation]]:
+    def _tile(self, i: int, j: int) -> TileGrads:
         """S_ij, P_ij, dP_ij, dS_ij of tile (i, j), and the equations of P_ij, dP_ij and dS_ij."""
         (r0, r1), (c0, c1) = self.tiling.row_blocks[i], self.tiling.col_blocks[j]
         allowed, bias = self.tiling.head_tile(i, j, (r0, r1), b=self.batch_index, h=0, device=self.q.device)
@@ -147,15 +158,38 @@ class BackwardReplay:
             dS_ij = dS_ij * (1 - T * T)
             dS_text += f" * (1 - {numbers(T)}^2)"
             dS_symbolic += " * (1 - T_ij^2)"
-        eqs = [
-            BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij),
-            BackwardEquation(13, "dP_ij", "dO_i V_j^T", f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T", dP_ij),
-            BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij),
-        ]
-        return S_ij, P_ij, dP_ij, dS_ij, [with_result(e) for e in eqs]
+        eq_P = BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij)
+        dP_text = f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T"
+        eq_dP = BackwardEquation(13, "dP_ij", "dO_i V_j^T", dP_text, dP_ij)
+        eq_dS = BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij)
+        return TileGrads(S_ij, P_ij, dP_ij, dS_ij, with_result(eq_P), with_result(eq_dP), with_result(eq_dS))
 
-    def _kind(self, i: int, j: int) -> TileKind:
-        return self.tiling.kind(i, j, b=self.batch_index, h=0)
+    def _step(
+        self,
+        pass_name: BackwardPass,
+        index: int,
+        i: int,
+        j: int,
+        tile: TileGrads,
+        acc: dict[str, Tensor],
+        equations: list[BackwardEquation],
+    ) -> BackwardStep:
+        """Step ``index`` of a pass: tile ``(i, j)``'s recomputed values, its accumulators after it."""
+        return BackwardStep(
+            pass_name=pass_name,
+            index=index,
+            i=i,
+            j=j,
+            rows=self.tiling.row_blocks[i],
+            cols=self.tiling.col_blocks[j],
+            kind=self.tiling.kind(i, j, b=self.batch_index, h=0),
+            S_ij=tile.S_ij,
+            P_ij=tile.P_ij,
+            dP_ij=tile.dP_ij,
+            dS_ij=tile.dS_ij,
+            acc=acc,
+            equations=equations,
+        )
 
     def _visits(self) -> dict[int, list[int]]:
         return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
@@ -181,34 +215,20 @@ class BackwardReplay:
             dK_j = torch.zeros(c1 - c0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for i in (i for i in visits if j in visits[i]):
                 r0, r1 = self.tiling.row_blocks[i]
-                S_ij, P_ij, dP_ij, dS_ij, (eq_P, eq_dP, eq_dS) = self._tile(i, j)
+                t = self._tile(i, j)
                 dO_i, q_i = self.dO[r0:r1], self.q[r0:r1]
-                dV_text = f"{numbers(dV_j)} + {numbers(P_ij)}^T {numbers(dO_i)}"
-                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(dS_ij)}^T {numbers(q_i)}"
-                dV_j = dV_j + P_ij.T @ dO_i  # (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
-                dK_j = dK_j + self.scale * dS_ij.T @ q_i  # (Bc, Br) @ (Br, D) -> (Bc, D)
+                dV_text = f"{numbers(dV_j)} + {numbers(t.P_ij)}^T {numbers(dO_i)}"
+                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(t.dS_ij)}^T {numbers(q_i)}"
+                dV_j = dV_j + t.P_ij.T @ dO_i  # (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
+                dK_j = dK_j + self.scale * t.dS_ij.T @ q_i  # (Bc, Br) @ (Br, D) -> (Bc, D)
                 eqs = [
-                    eq_P,
+                    t.eq_P,
                     with_result(BackwardEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j)),
-                    eq_dP,
-                    eq_dS,
+                    t.eq_dP,
+                    t.eq_dS,
                     with_result(BackwardEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j)),
                 ]
-                yield BackwardStep(
-                    pass_name=BackwardPass.DKDV,
-                    index=n,
-                    i=i,
-                    j=j,
-                    rows=(r0, r1),
-                    cols=(c0, c1),
-                    kind=self._kind(i, j),
-                    S_ij=S_ij,
-                    P_ij=P_ij,
-                    dP_ij=dP_ij,
-                    dS_ij=dS_ij,
-                    acc={"dV_j": dV_j, "dK_j": dK_j},
-                    equations=eqs,
-                )
+                yield self._step(BackwardPass.DKDV, n, i, j, t, {"dV_j": dV_j, "dK_j": dK_j}, eqs)
                 n += 1
 
     def dq_steps(self) -> Iterator[BackwardStep]:
@@ -218,25 +238,11 @@ class BackwardReplay:
             dQ_i = torch.zeros(r1 - r0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
             for j in js:
                 c0, c1 = self.tiling.col_blocks[j]
-                S_ij, P_ij, dP_ij, dS_ij, tile_eqs = self._tile(i, j)
-                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(dS_ij)} {numbers(self.k[c0:c1])}"
-                dQ_i = dQ_i + self.scale * dS_ij @ self.k[c0:c1]  # (Br, Bc) @ (Bc, D) -> (Br, D)
+                t = self._tile(i, j)
+                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.dS_ij)} {numbers(self.k[c0:c1])}"
+                dQ_i = dQ_i + self.scale * t.dS_ij @ self.k[c0:c1]  # (Br, Bc) @ (Bc, D) -> (Br, D)
                 eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
-                yield BackwardStep(
-                    pass_name=BackwardPass.DQ,
-                    index=n,
-                    i=i,
-                    j=j,
-                    rows=(r0, r1),
-                    cols=(c0, c1),
-                    kind=self._kind(i, j),
-                    S_ij=S_ij,
-                    P_ij=P_ij,
-                    dP_ij=dP_ij,
-                    dS_ij=dS_ij,
-                    acc={"dQ_i": dQ_i},
-                    equations=[*tile_eqs, eq],
-                )
+                yield self._step(BackwardPass.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
                 n += 1
 
     def skipped(self) -> list[tuple[int, int]]:
@@ -273,9 +279,7 @@ class BackwardReplay:
         """The same gradients by ``torch.autograd`` through float64 dense attention
         (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
         N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
-        kinds = every_mask(self.tiling.spec)
-        allowed, bias = self.tiling.spec.tensors(0, N_q, 0, N_k, self.q.device, **kinds, b=self.batch_index, h=0)
-        mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        mask = rows_mask(self.tiling.spec, (0, N_q), N_k, self.q.device, b=self.batch_index)  # (N_q, N_k)
         mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
         leaves = {name: t.detach().to(f64).requires_grad_(True) for name, t in (("dQ", self.q), ("dK", self.k))}
         leaves["dV"] = self.v.detach().to(f64).requires_grad_(True)
@@ -329,14 +333,14 @@ def replay_backward(
     ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
     command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
-    B = batch_size(q, k, v)
-    block_m, block_n = validate_block_sizes(block_m, block_n)
-    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    opts = one_head_options(
+    head = one_head_call(
         q,
         k,
         v,
-        B=B,
+        block_m=block_m,
+        block_n=block_n,
+        batch_index=batch_index,
+        sinks=sinks,
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -349,12 +353,10 @@ def replay_backward(
         score_mod=score_mod,
         block_mask=block_mask,
     )
-    dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device, dt)  # (1,)
-    q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+    opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
+    batch_index, dt = head.batch_index, q2.dtype
     N_q, N_k = q2.shape[0], k2.shape[0]
-    kinds = every_mask(opts.mask)
-    allowed, bias = opts.mask.tensors(0, N_q, 0, N_k, q2.device, **kinds, b=batch_index, h=0)
+    allowed, bias = rows_tensors(opts.mask, (0, N_q), N_k, q2.device, b=batch_index)  # (N_q, N_k)
     mods = opts.mask.mods
     index = opts.mask.tile_index(0, N_q, 0, N_k, q2.device, b=batch_index, h=0)
     mod = None if mods is None or mods.score_mod is None else functools.partial(mods.score, index=index)
@@ -380,12 +382,12 @@ def replay_backward(
         lse=lse,
         dO=dO,
         delta=(dO * O).sum(-1),  # Alg. 2 line 4
-        tiling=opts.mask.tiling(block_m, block_n),
+        tiling=opts.mask.tiling(head.block_m, head.block_n),
         scale=opts.scale,
         softcap=opts.mask.softcap,
         batch_index=batch_index,
-        block_m=block_m,
-        block_n=block_n,
+        block_m=head.block_m,
+        block_n=head.block_n,
         sink=sink,
     )
 

@@ -20,6 +20,7 @@ bool ``(B, 1, N)``, False on each element's first ``K`` keys (``N`` and ``K`` in
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import pickle
 import sys
@@ -45,7 +46,19 @@ from .backward_cli import (
     page_backward,
     render_backward,
 )
-from .cli_common import DTYPES, FORMATS, PROG, counts, floats, open_output, per_batch, sinks_error, window
+from .cli_common import (
+    DTYPES,
+    FORMATS,
+    PROG,
+    counts,
+    error,
+    floats,
+    open_output,
+    per_batch,
+    reported,
+    sinks_error,
+    window,
+)
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
@@ -290,56 +303,52 @@ def run(args: argparse.Namespace) -> int:
         return run_decode(args)
     problem = problem or _option_error(args) or backward_option_error(args)
     if problem is not None:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
+        return error(problem)
     try:
         q, k, v = make_inputs(args)
         # the 4th randn of the stream: for --backward, and for the page's Backward tab
         dO = make_dO(args) if args.backward or args.format == "html" else None
-    except RuntimeError as error:  # torch cannot allocate (B, N, D) this large
+    except RuntimeError as problem:  # torch cannot allocate (B, N, D) this large
         shape = (args.batch, args.seq_len, args.head_dim)
-        print(f"{PROG}: error: cannot make q, k, v of shape {shape}: {str(error).splitlines()[0]}", file=sys.stderr)
-        return 2
-    try:
-        masks = make_mask_options(args)
-        r = replay(
-            q,
-            k,
-            v,
-            block_m=args.block_m,
-            block_n=args.block_n,
-            query_block=args.query_block,
-            causal=bool(args.causal),
-            causal_align=args.causal_align or "top_left",
-            scale=args.scale,
-            order=args.order,
-            batch_index=args.batch_index,
-            window=masks.window,
-            softcap=masks.softcap,
-            alibi_slopes=masks.alibi_slopes,
-            seqlens_k=masks.seqlens_k,
-            attn_mask=masks.attn_mask,
-            cu_seqlens=masks.cu_seqlens,
-            sinks=None if args.sinks is None else args.sinks[0],
-        )
-        problem = _output_error(r, args)
-        if problem is not None:
-            print(f"{PROG}: error: {problem}", file=sys.stderr)
-            return 2
-        if args.backward:
-            assert dO is not None
-            render_backward(r, dO, args)
-        else:
-            _render(r, args, dO)
-    except (TypeError, ValueError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        if isinstance(error, BrokenPipeError):  # a closed pipe is the caller's to handle
-            raise
-        print(f"{PROG}: error: cannot write {args.out}: {error.strerror}", file=sys.stderr)
-        return 2
-    return 0
+        return error(f"cannot make q, k, v of shape {shape}: {str(problem).splitlines()[0]}")
+    return reported(functools.partial(_replay_and_render, q, k, v, dO, args), args.out)
+
+
+def _replay_and_render(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dO: torch.Tensor | None, args: argparse.Namespace
+) -> str | None:
+    """The replay of ``q, k, v`` with the command's options, written in ``--format``; else what the output
+    cannot show of it."""
+    masks = make_mask_options(args)
+    r = replay(
+        q,
+        k,
+        v,
+        block_m=args.block_m,
+        block_n=args.block_n,
+        query_block=args.query_block,
+        causal=bool(args.causal),
+        causal_align=args.causal_align or "top_left",
+        scale=args.scale,
+        order=args.order,
+        batch_index=args.batch_index,
+        window=masks.window,
+        softcap=masks.softcap,
+        alibi_slopes=masks.alibi_slopes,
+        seqlens_k=masks.seqlens_k,
+        attn_mask=masks.attn_mask,
+        cu_seqlens=masks.cu_seqlens,
+        sinks=None if args.sinks is None else args.sinks[0],
+    )
+    problem = _output_error(r, args)
+    if problem is not None:
+        return problem
+    if args.backward:
+        assert dO is not None
+        render_backward(r, dO, args)
+    else:
+        _render(r, args, dO)
+    return None
 
 
 def _render(r: Replay, args: argparse.Namespace, dO: torch.Tensor | None) -> None:

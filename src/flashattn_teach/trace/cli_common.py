@@ -68,6 +68,27 @@ def sinks_error(sinks: list[float] | None) -> str | None:
     return f"argument --sinks: the replay runs one head, so it takes one sink, got {given}"
 
 
+def error(message: str) -> int:
+    """``message`` printed as ``flashattn-teach replay: error: ...`` on stderr; returns the exit status, 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def reported(work: Callable[[], str | None], out: Path | None) -> int:
+    """Run ``work``; 0, or 2 with the error printed: the problem it returns, a bad argument, which the replay's
+    checks name (``TypeError``, ``ValueError``), or an output file ``out`` that cannot be written. A closed
+    pipe is the caller's to handle."""
+    try:
+        problem = work()
+    except (TypeError, ValueError) as problem:
+        return error(str(problem))
+    except OSError as problem:
+        if isinstance(problem, BrokenPipeError):
+            raise
+        return error(f"cannot write {out}: {problem.strerror}")
+    return 0 if problem is None else error(problem)
+
+
 @contextmanager
 def open_output(path: Path | None) -> Iterator[IO[str]]:
     """``path`` opened for writing, or stdout; a file is removed again if writing it fails half-way."""

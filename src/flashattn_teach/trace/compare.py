@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ..errors import AttentionTypeError
 from ..masks.causal import TileKind
 from ..online_softmax import score_tile
+from .manifest import json_rows, json_values
 from .replay import Replay
 from .schedule import ORDERS, blocks
 
@@ -48,19 +48,6 @@ ORDER_TITLES = {
 }
 
 
-def _number(x: float) -> float | None:
-    # JSON has no infinities: the running max of a row that has seen no visible key (-inf) is written as null.
-    return None if math.isinf(x) and x < 0 else x
-
-
-def _vector(t: Tensor) -> list[float | None]:
-    return [_number(x) for x in t.tolist()]
-
-
-def _matrix(t: Tensor) -> list[list[float | None]]:
-    return [[_number(x) for x in row] for row in t.tolist()]
-
-
 def _order_updates(replay: Replay, order: str) -> dict[str, Any]:
     """Every tile update of ``order``, of every query block, in schedule order (position ``t`` at index ``t``)."""
     updates: list[dict[str, Any]] = []
@@ -72,9 +59,9 @@ def _order_updates(replay: Replay, order: str) -> dict[str, Any]:
                     "i": step.i,
                     "j": step.j,
                     "rows": list(step.rows),
-                    "m": _vector(step.m_i),  # (Br,) after the update
-                    "l": _vector(step.l_i),  # (Br,)
-                    "O": _matrix(step.O_partial),  # (Br, D_v): acc / l_i over the keys seen so far
+                    "m": json_values(step.m_i),  # (Br,) after the update
+                    "l": json_values(step.l_i),  # (Br,)
+                    "O": json_rows(step.O_partial),  # (Br, D_v): acc / l_i over the keys seen so far
                 }
             )
     updates.sort(key=lambda u: u["position"])
@@ -99,7 +86,7 @@ def _dense(replay: Replay) -> dict[str, Any]:
         l = l + torch.exp(replay.steps.sink - m_safe)
     lse = torch.where(l > 0, m_safe + torch.log(l), torch.full_like(l, -math.inf))
     O = torch.cat([r.steps.O_final for r in by_block])  # (N_q, D_v)
-    return {"m": _vector(m), "l": _vector(l), "lse": _vector(lse), "O": _matrix(O)}
+    return {"m": json_values(m), "l": json_values(l), "lse": json_values(lse), "O": json_rows(O)}
 
 
 def compare_payload(replay: Replay) -> dict[str, Any]:

@@ -12,12 +12,12 @@ unless ``--no-causal`` (as in ``flash_attention_with_kvcache``); ``--window``, `
 from __future__ import annotations
 
 import argparse
-import sys
+import functools
 
 import torch
 
 from .._cli_types import nonnegative_int, positive_int
-from .cli_common import DTYPES, PROG, counts, open_output, per_batch, sinks_error
+from .cli_common import DTYPES, counts, error, open_output, per_batch, reported, sinks_error
 from .decode_replay import DecodeReplay, replay_decode
 
 DECODE_FORMATS = ("table", "json", "png", "html")
@@ -78,39 +78,33 @@ def run_decode(args: argparse.Namespace) -> int:
     """Run ``replay --decode``; returns the exit status."""
     problem = decode_option_error(args)
     if problem is not None:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        q, k_cache, v_cache, k, v = make_decode_inputs(args)
-        slopes = per_batch("--alibi", args.alibi, args.batch)
-        r = replay_decode(
-            q,
-            k_cache,
-            v_cache,
-            k,
-            v,
-            cache_seqlens=args.cache_len,
-            block_n=args.block_n,
-            num_splits=args.num_splits,
-            batch_index=args.batch_index,
-            causal=args.causal is not False,  # on unless --no-causal, as flash_attention_with_kvcache
-            scale=args.scale,
-            window=args.window,
-            softcap=args.softcap,
-            alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64).reshape(-1, 1),
-            merge_order=args.merge_order,
-            sinks=None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64),
-        )
-        _render(r, args)
-    except (TypeError, ValueError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        if isinstance(error, BrokenPipeError):  # a closed pipe is the caller's to handle
-            raise
-        print(f"{PROG}: error: cannot write {args.out}: {error.strerror}", file=sys.stderr)
-        return 2
-    return 0
+        return error(problem)
+    return reported(functools.partial(_replay_and_render, args), args.out)
+
+
+def _replay_and_render(args: argparse.Namespace) -> None:
+    """The decode replay of the command's inputs and options, written in ``--format``."""
+    q, k_cache, v_cache, k, v = make_decode_inputs(args)
+    slopes = per_batch("--alibi", args.alibi, args.batch)
+    r = replay_decode(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens=args.cache_len,
+        block_n=args.block_n,
+        num_splits=args.num_splits,
+        batch_index=args.batch_index,
+        causal=args.causal is not False,  # on unless --no-causal, as flash_attention_with_kvcache
+        scale=args.scale,
+        window=args.window,
+        softcap=args.softcap,
+        alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64).reshape(-1, 1),
+        merge_order=args.merge_order,
+        sinks=None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64),
+    )
+    _render(r, args)
 
 
 def _render(r: DecodeReplay, args: argparse.Namespace) -> None:

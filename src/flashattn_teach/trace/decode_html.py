@@ -36,6 +36,7 @@ from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
 from .html import LEGEND_COLOURS, MAX_DRAWN_CELLS, fill_page
+from .manifest import json_number, json_rows, json_values
 from .steps import TileState, TileStep
 
 __all__ = ["DecodeEvent", "build_decode_view", "check_decode_drawable", "render_decode_html"]
@@ -51,18 +52,6 @@ class DecodeEvent(Enum):
     TILE = "tile"  # a tile update inside one split
     MERGE = "merge"  # a merge of two partial results (or of the sink)
     RESULT = "result"  # the merged output against the dense oracle
-
-
-def _number(x: float) -> float | None:
-    return None if x == -math.inf else x
-
-
-def _values(t: Tensor) -> list[float | None]:
-    return [_number(float(x)) for x in t.reshape(-1).tolist()]
-
-
-def _rows(t: Tensor) -> list[list[float | None]]:
-    return [_values(row) for row in t]
 
 
 def check_decode_drawable(r: DecodeReplay) -> None:
@@ -101,15 +90,15 @@ def _tile(split: SplitReplay, step: TileStep) -> dict[str, Any]:
         "updates": len(split),
         "tileKind": step.kind.value,
         "cols": list(step.cols),
-        "m": _values(step.m_i),
-        "l": _values(step.l_i),
-        "output": _rows(step.O_partial),
+        "m": json_values(step.m_i),
+        "l": json_values(step.l_i),
+        "output": json_rows(step.O_partial),
         "maxDiff": step.max_diff,
         "equations": step_json(step),
         "last": step.last,
     }
     if step.last:  # the split's partial result, as the merges read it
-        event["partial"] = {"output": _rows(split.O_s), "lse": _values(split.lse_s)}
+        event["partial"] = {"output": json_rows(split.O_s), "lse": json_values(split.lse_s)}
     return event
 
 
@@ -165,8 +154,8 @@ def _json_part(part: Any) -> Any:
     if isinstance(part, str):
         return part
     if isinstance(part, list):
-        return [_number(x) for x in part]
-    return _number(part)
+        return [json_number(x) for x in part]
+    return json_number(part)
 
 
 def _merge(m: MergeStep, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
@@ -177,14 +166,14 @@ def _merge(m: MergeStep, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
         "label": m.label,
         "merged": list(m.merged),
         "split": m.split,
-        "lseA": _values(m.lse_a),
-        "lseB": _values(m.lse_b),
-        "lse": _values(m.lse),
-        "weightA": _values(m.w_a),
-        "weightB": _values(m.w_b),
-        "outputA": _rows(O_a),
-        "outputB": _rows(O_b),
-        "output": _rows(m.O),
+        "lseA": json_values(m.lse_a),
+        "lseB": json_values(m.lse_b),
+        "lse": json_values(m.lse),
+        "weightA": json_values(m.w_a),
+        "weightB": json_values(m.w_b),
+        "outputA": json_rows(O_a),
+        "outputB": json_rows(O_b),
+        "output": json_rows(m.O),
         "maxDiff": m.max_diff,
         "equations": [_merge_row(m, O_a, O_b, r) for r in range(m.O.shape[0])],
     }
@@ -201,10 +190,10 @@ def _events(r: DecodeReplay) -> list[dict[str, Any]]:
     events.append(
         {
             "event": DecodeEvent.RESULT.value,
-            "output": _rows(r.O),
-            "lse": _values(r.lse),
-            "denseOutput": _rows(r.O_final),
-            "denseLse": _values(r.lse_final),
+            "output": json_rows(r.O),
+            "lse": json_values(r.lse),
+            "denseOutput": json_rows(r.O_final),
+            "denseLse": json_values(r.lse_final),
             "maxDiff": r.max_diff,
         }
     )

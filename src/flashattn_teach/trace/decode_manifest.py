@@ -16,51 +16,14 @@ import json
 from collections.abc import Iterator
 from typing import IO, Any
 
-from torch import Tensor
-
 from .decode_replay import DecodeReplay, SplitReplay
-from .manifest import CONTROL_LABEL, TITLE, span
+from .manifest import CONTROL_LABEL, TITLE, json_rows, json_values, tile_case
 from .steps import TileStep
 
 
-def _number(x: float) -> float | None:
-    return None if x == float("-inf") else x
-
-
-def _values(t: Tensor) -> list[float | None]:
-    return [_number(float(x)) for x in t.reshape(-1).tolist()]
-
-
-def _rows(t: Tensor) -> list[list[float | None]]:
-    return [_values(row) for row in t]
-
-
 def _case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
-    (r0, r1), (c0, c1) = step.rows, step.cols
     return {
-        "id": f"tile-{number}",
-        "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
-        "schedule": {
-            "rows": r.N_new,
-            "columns": r.N_max,
-            "rowStart": r0,
-            "rowCount": r1 - r0,
-            "columnStart": c0,
-            "columnCount": c1 - c0,
-            "completedColumns": step.completed_columns,
-        },
-        "vectors": [
-            {"label": "Current score tile · row-major", "values": _values(step.S_ij)},
-            {"label": "Running row maximum", "values": _values(step.m_i)},
-            {"label": "Running denominator", "values": _values(step.l_i)},
-            {"label": f"Partial output · query {r0}", "values": _values(step.O_partial[0])},
-            {"label": f"Final dense output · query {r0}", "values": _values(step.O_final[0])},
-        ],
-        "metrics": [
-            {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
-            {"label": "Elements in a full score matrix", "value": r.N_new * r.L},
-            {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
-        ],
+        **tile_case(step, number, (r.N_new, r.N_max), r.N_new * r.L),
         "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
     }
 
@@ -107,8 +70,8 @@ def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
                 "split": s.index,
                 "keys": list(s.keys),
                 "tileUpdates": len(s),
-                "lse": _values(s.lse_s),
-                "output": _rows(s.O_s),
+                "lse": json_values(s.lse_s),
+                "output": json_rows(s.O_s),
             }
             for s in r.splits
         ],
@@ -117,20 +80,20 @@ def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
                 "merge": m.index + 1,
                 "merged": list(m.merged),
                 "split": m.split,
-                "lseA": _values(m.lse_a),
-                "lseB": _values(m.lse_b),
-                "lse": _values(m.lse),
-                "weightA": _values(m.w_a),
-                "weightB": _values(m.w_b),
-                "output": _rows(m.O),
+                "lseA": json_values(m.lse_a),
+                "lseB": json_values(m.lse_b),
+                "lse": json_values(m.lse),
+                "weightA": json_values(m.w_a),
+                "weightB": json_values(m.w_b),
+                "output": json_rows(m.O),
                 "maxDiff": m.max_diff,
             }
             for m in r.merges
         ],
-        "output": _rows(r.O),
-        "lse": _values(r.lse),
-        "denseOutput": _rows(r.O_final),
-        "denseLse": _values(r.lse_final),
+        "output": json_rows(r.O),
+        "lse": json_values(r.lse),
+        "denseOutput": json_rows(r.O_final),
+        "denseLse": json_values(r.lse_final),
         "maxDiff": r.max_diff,
     }
 

@@ -41,11 +41,17 @@ ORDER_TITLES = {
     LONGEST: "longest first: every head's last block, then the next (the kernels' order under causal)",
 }
 MAX_HEADS, MAX_PER_SM = 16, 32
-OPTION_FIELDS = {"gpu_heads": "heads", "gpu_sms": "sms", "gpu_programs_per_sm": "programs_per_sm"}
-OPTIONS = tuple(OPTION_FIELDS)  # the keyword arguments of render_html this view reads
+OPTIONS = ("gpu_heads", "gpu_sms", "gpu_programs_per_sm")  # the keyword arguments of render_html this view reads
 # The benchmark's causal forward cell (benchmarks/bench_attention.py: B N = 16k tokens, H D = 2048).
 BENCHMARK = LaunchShape(batch=4, heads=32, seq_q=4096, seq_k=4096, head_dim=64, causal=True)
 BENCHMARK_TILE = (128, 128)
+
+
+class FigureShape(Enum):
+    """Whose shape a row of the H100 figures has."""
+
+    REPLAY = "replay"  # the replay's grid, T_r x heads
+    BENCHMARK = "benchmark"  # the benchmark's causal forward (BENCHMARK)
 
 
 class ProgramState(Enum):
@@ -75,7 +81,13 @@ class GpuOptions:
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> GpuOptions:
-        return cls(**{field: options[name] for name, field in OPTION_FIELDS.items() if name in options})
+        """The options of :data:`OPTIONS` that ``options`` gives, the defaults for the others."""
+        default = cls()
+        return cls(
+            heads=options.get("gpu_heads", default.heads),
+            sms=options.get("gpu_sms", default.sms),
+            programs_per_sm=options.get("gpu_programs_per_sm", default.programs_per_sm),
+        )
 
     @property
     def slots(self) -> int:
@@ -160,11 +172,11 @@ def h100_figures(replay: Replay, options: GpuOptions = GpuOptions()) -> list[dic
         work = block_work("forward", shape, replay.block_m, replay.block_n, with_prologue=False)
         for order, name in ORDER_NAMES.items():
             la = launch(work, options.heads, order, slots, replay.N_k, _row_bytes(replay))
-            rows.append({"shape": "replay", "causal": causal, "order": name, **_figures(la.schedule)})
+            rows.append({"shape": FigureShape.REPLAY.value, "causal": causal, "order": name, **_figures(la.schedule)})
     bm, bn = BENCHMARK_TILE
     for order, name in ORDER_NAMES.items():
         schedule = summarize(w := launch_work("forward", BENCHMARK, bm, bn, order), place(w, slots), slots)
-        rows.append({"shape": "benchmark", "causal": True, "order": name, **_figures(schedule)})
+        rows.append({"shape": FigureShape.BENCHMARK.value, "causal": True, "order": name, **_figures(schedule)})
     return rows
 
 
@@ -174,6 +186,7 @@ def build(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any]:
     launches = gpu_launches(replay, opts)
     return {
         "states": {s.name: s.value for s in ProgramState},
+        "shapes": {s.name: s.value for s in FigureShape},
         "shape": {
             "N_q": replay.N_q,
             "N_k": replay.N_k,

@@ -2,19 +2,21 @@
 
 A replay runs one head of one batch element; these helpers pick it out of the caller's inputs, and name
 the argument when an index or a slope does not fit (:mod:`flashattn_teach.errors`). The forward replay
-(:mod:`.replay`) and the backward replay (:mod:`.backward_replay`) build their mask contract with the same
-:func:`one_head_options`, so the two cannot read the same arguments differently.
+(:mod:`.replay`) and the backward replay (:mod:`.backward_replay`) check their arguments and build their mask
+contract with the same :func:`one_head_call`, and build their dense oracle's mask with the same
+:func:`rows_mask`, so the two cannot read the same arguments differently.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from .._layout import compute_dtype
 from .._options import AttentionOptions, from_torch, make_options
-from .._validate.inputs import check_window
+from .._validate.inputs import check_window, validate_block_sizes
 from .._validate.sinks import check_sinks
 from .._validate.varlen import check_cu_seqlens
 from ..errors import AttentionTypeError, AttentionValueError
@@ -99,12 +101,31 @@ def batch_size(q: Tensor, k: Tensor, v: Tensor) -> int:
     return B
 
 
-def one_head_options(
+@dataclass(frozen=True)
+class OneHead:
+    """The replayed head of one call, checked: batch element ``batch_index``'s matrices in the compute dtype
+    (float64 for float64 inputs, float32 otherwise, as the references compute), the call's mask contract for
+    ``(B, 1, N, D)``, the tile sizes and the head's sink."""
+
+    q: Tensor  # (N_q, D)
+    k: Tensor  # (N_k, D)
+    v: Tensor  # (N_k, D_v)
+    options: AttentionOptions  # the mask contract, batch B, one head
+    batch_index: int
+    block_m: int
+    block_n: int
+    sink: Tensor | None  # (1,), compute dtype
+
+
+def one_head_call(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
-    B: int,
+    block_m: int,
+    block_n: int,
+    batch_index: int,
+    sinks: float | Tensor | None,
     causal: bool,
     causal_align: str,
     scale: float | None,
@@ -114,13 +135,19 @@ def one_head_options(
     seqlens_k: Tensor | None,
     attn_mask: Tensor | None,
     cu_seqlens: Tensor | None,
-    score_mod: ScoreMod | None = None,
-    block_mask: BlockMask | None = None,
-) -> AttentionOptions:
-    """The one mask contract of a replay, built as every CPU path builds it, for ``(B, 1, N, D)``: batch ``B``,
-    one head. A 3-D ``attn_mask (B, N_q, N_k)`` gains the head axis; ``alibi_slopes`` is one slope or one per
-    batch element (:func:`one_slope`); ``cu_seqlens`` packs sequences along the one element's sequence axis;
-    ``score_mod`` and ``block_mask`` are FlexAttention's (:func:`one_head_block_mask`), called with ``h = 0``."""
+    score_mod: ScoreMod | None,
+    block_mask: BlockMask | None,
+) -> OneHead:
+    """The arguments of a replay (forward or backward) checked and picked, each error naming its argument.
+
+    The mask contract is built as every CPU path builds it, for ``(B, 1, N, D)``: batch ``B``, one head. A 3-D
+    ``attn_mask (B, N_q, N_k)`` gains the head axis; ``alibi_slopes`` is one slope or one per batch element
+    (:func:`one_slope`); ``cu_seqlens`` packs sequences along the one element's sequence axis; ``score_mod`` and
+    ``block_mask`` are FlexAttention's (:func:`one_head_block_mask`), called with ``h = 0``; ``sinks`` is the one
+    head's (:func:`one_sink`)."""
+    B = batch_size(q, k, v)
+    block_m, block_n = validate_block_sizes(block_m, block_n)
+    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
     block_mask = one_head_block_mask(block_mask, B)
     if cu_seqlens is not None and (score_mod is not None or block_mask is not None):
         raise AttentionValueError(
@@ -143,16 +170,20 @@ def one_head_options(
         score_mod=score_mod,
         block_mask=block_mask,
     )
-    if cu_seqlens is None:
-        return opts
-    # The packed contract below is built from the boundaries alone, as flash_attention_varlen's, which takes
-    # neither a mask nor key lengths: refuse them rather than leave them out.
-    for name, value in (("attn_mask", attn_mask), ("seqlens_k", seqlens_k)):
-        if value is not None:
-            raise AttentionValueError(
-                f"{name} is not used with cu_seqlens (each packed sequence's keys are its own); give one or the other"
-            )
-    return _packed(opts, q, cu_seqlens, B, causal_align, window)
+    if cu_seqlens is not None:
+        # The packed contract is built from the boundaries alone, as flash_attention_varlen's, which takes
+        # neither a mask nor key lengths: refuse them rather than leave them out.
+        for name, value in (("attn_mask", attn_mask), ("seqlens_k", seqlens_k)):
+            if value is not None:
+                raise AttentionValueError(
+                    f"{name} is not used with cu_seqlens (each packed sequence's keys are its own); give one or the "
+                    "other"
+                )
+        opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
+    dt = compute_dtype(q.dtype)
+    sink = one_sink(sinks, q.device, dt)  # (1,)
+    q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+    return OneHead(q2, k2, v2, opts, batch_index, block_m, block_n, sink)
 
 
 def every_mask(mask: MaskSpec) -> dict[str, TileKind]:
@@ -160,6 +191,24 @@ def every_mask(mask: MaskSpec) -> dict[str, TileKind]:
     structure's, the ``attn_mask``'s, and the block mask's with ``mask_mod`` when the call has one."""
     user = TileKind.PARTIAL if mask.mods is not None and "mask_mod" in mask.mods.names else TileKind.FULL
     return {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL, "user": user}
+
+
+def rows_tensors(
+    mask: MaskSpec, rows: tuple[int, int], N_k: int, device: torch.device, *, b: int
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(visible, bias)``, each ``(Br, N_k)`` or None: every mask of the contract (:func:`every_mask`) on query
+    rows ``[r0, r1)`` and every key, for batch element ``b`` and the one head, as the dense oracle sees them."""
+    r0, r1 = rows
+    return mask.tensors(r0, r1, 0, N_k, device, **every_mask(mask), b=b, h=0)
+
+
+def rows_mask(mask: MaskSpec, rows: tuple[int, int], N_k: int, device: torch.device, *, b: int) -> Tensor | None:
+    """The same rows' masks as dense attention's one ``attn_mask`` ``(Br, N_k)``: the bool ``visible`` when there
+    is no bias, else the bias with ``-inf`` where a score is not visible."""
+    visible, bias = rows_tensors(mask, rows, N_k, device, b=b)
+    if bias is None:
+        return visible
+    return bias if visible is None else bias.masked_fill(~visible, float("-inf"))
 
 
 def one_head_block_mask(block_mask: object, B: int) -> BlockMask | None:

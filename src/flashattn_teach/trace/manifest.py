@@ -44,22 +44,32 @@ def span(a: int, b: int) -> str:
     return f"{a}–{b - 1}"
 
 
-def _number(x: float) -> float | None:
-    return None if math.isinf(x) and x < 0 else x
+def json_number(x: float) -> float | None:
+    """``x`` for JSON, which has no infinities: ``-inf`` (a row that has seen no key yet) is written as null."""
+    return None if x == -math.inf else x
 
 
-def _values(t: Tensor) -> list[float | None]:
-    return [_number(float(x)) for x in t.reshape(-1).tolist()]
+def json_values(t: Tensor) -> list[float | None]:
+    """Any tensor's values, flattened, for JSON (:func:`json_number`)."""
+    return [json_number(float(x)) for x in t.reshape(-1).tolist()]
 
 
-def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
+def json_rows(t: Tensor) -> list[list[float | None]]:
+    """``(r, c)`` -> ``r`` lists of ``c`` values for JSON (:func:`json_number`)."""
+    return [json_values(row) for row in t]
+
+
+def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: int) -> dict[str, Any]:
+    """Case ``tile-number`` of the experiment: tile update ``step`` in the ``(rows, columns)`` score matrix of
+    ``shape`` (the replay's own ``(N_q, N_k)``, or a decode's), its vectors and metrics; ``full_cells``: the
+    size of the full score matrix a dense path would hold."""
     (r0, r1), (c0, c1) = step.rows, step.cols
-    case: dict[str, Any] = {
-        "id": f"tile-{step.index + 1}",
+    return {
+        "id": f"tile-{number}",
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
-            "rows": replay.N_q,
-            "columns": replay.N_k,
+            "rows": shape[0],
+            "columns": shape[1],
             "rowStart": r0,
             "rowCount": r1 - r0,
             "columnStart": c0,
@@ -67,20 +77,24 @@ def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
             "completedColumns": step.completed_columns,
         },
         "vectors": [
-            {"label": "Current score tile · row-major", "values": _values(step.S_ij)},
-            {"label": "Running row maximum", "values": _values(step.m_i)},
-            {"label": "Running denominator", "values": _values(step.l_i)},
-            {"label": f"Partial output · query {r0}", "values": _values(step.O_partial[0])},
-            {"label": f"Final dense output · query {r0}", "values": _values(step.O_final[0])},
+            {"label": "Current score tile · row-major", "values": json_values(step.S_ij)},
+            {"label": "Running row maximum", "values": json_values(step.m_i)},
+            {"label": "Running denominator", "values": json_values(step.l_i)},
+            {"label": f"Partial output · query {r0}", "values": json_values(step.O_partial[0])},
+            {"label": f"Final dense output · query {r0}", "values": json_values(step.O_final[0])},
         ],
         "metrics": [
             {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
-            {"label": "Elements in a full score matrix", "value": replay.N_q * replay.N_k},
+            {"label": "Elements in a full score matrix", "value": full_cells},
             {"label": f"Max difference from final output · rows {span(r0, r1)}", "value": step.max_diff},
         ],
     }
+
+
+def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
+    case = tile_case(step, step.index + 1, (replay.N_q, replay.N_k), replay.N_q * replay.N_k)
     if step.sink_share is not None:
-        case["sinkShare"] = _values(step.sink_share)
+        case["sinkShare"] = json_values(step.sink_share)
     if extensions:
         case["tiles"] = {
             "i": step.i,
@@ -130,7 +144,7 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
         }
     share = replay.sink_share()
     if share is not None:
-        experiment["sink"] = {"value": replay.sink, "rowStart": replay.rows[0], "share": _values(share)}
+        experiment["sink"] = {"value": replay.sink, "rowStart": replay.rows[0], "share": json_values(share)}
     return experiment
 
 

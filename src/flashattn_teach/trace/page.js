@@ -9,6 +9,22 @@ const Page = (() => {
   const enums = json("replay-enums");
   const views = json("view-data");  // {key: payload}: each view's data, built by its Python builder
   const fmt = x => x === null ? "−∞" : Number(x).toPrecision(4);
+  const number = x => el("span", {className: "num", textContent: fmt(x)});
+
+  // An equation's numbers put in: parts are text (strings), numbers (null: −∞) and rows of numbers, in the
+  // order of the substituted text (trace/equations.py, decode_html.py); each number a span.num.
+  function substituted(parts) {
+    const out = [];
+    for (const p of parts) {
+      if (typeof p === "string") out.push(p);
+      else if (Array.isArray(p)) {
+        out.push("[");
+        p.forEach((x, k) => { if (k) out.push(", "); out.push(number(x)); });
+        out.push("]");
+      } else out.push(number(p));
+    }
+    return out;
+  }
   const registered = [], panels = [];
   let active = null;
 
@@ -87,5 +103,5 @@ const Page = (() => {
     if (first) select(first);
   }
 
-  return {data, enums, views, fmt, el, stepper, addView, addForwardPanel, panels, start};
+  return {data, enums, views, fmt, el, substituted, stepper, addView, addForwardPanel, panels, start};
 })();

@@ -3,7 +3,7 @@
 // each slot's role (old, new, unused), split and, in a paged cache, page, block id and slot; the current
 // event's keys are highlighted. Equations come with their numbers, one query row at a time.
 (() => {
-  const {enums, fmt, el} = Page;
+  const {enums, fmt, el, substituted} = Page;
   const EVENT = enums.DecodeEvent, STATE = enums.TileState, ROLE = enums.KeyRole;
   const KIND_NAME = Object.fromEntries(Object.entries(enums.TileKind).map(([name, value]) => [value, name]));
 
@@ -88,20 +88,6 @@
           tr.insertCell().textContent = x === null ? "·" : String(x);
       }
       return el("figure", {className: "dec-matrix"}, el("figcaption", {textContent: "Keys of this tile"}), table);
-    }
-
-    // parts: text, numbers (null: −∞) and rows of numbers, as in the forward equations panel.
-    function substituted(parts) {
-      const out = [], number = x => el("span", {className: "num", textContent: fmt(x)});
-      for (const p of parts) {
-        if (typeof p === "string") out.push(p);
-        else if (Array.isArray(p)) {
-          out.push("[");
-          p.forEach((x, k) => { if (k) out.push(", "); out.push(number(x)); });
-          out.push("]");
-        } else out.push(number(p));
-      }
-      return out;
     }
 
     function drawEquations(list, lineOf) {

@@ -1,30 +1,14 @@
 // The equations panel of the forward view (trace/equations.py): FA2 Alg. 1's lines at this tile update with
 // their numbers, one query row of the block in full; the row buttons (or a select, for many rows) show the others.
-// The numbers come from the case's "equations" (the JSON's extensions), formatted with Page.fmt (−∞ for null);
-// a key-major replay's view lists FA1 Alg. 1's lines per update in "steps", shown instead.
+// The numbers come from the case's "equations" (the JSON's extensions), written by Page.substituted
+// (Page.fmt, −∞ for null); a key-major replay's view lists FA1 Alg. 1's lines per update in "steps", shown instead.
 (() => {
-  const {fmt, el} = Page;
+  const {el, substituted} = Page;
   // {source, rowStart, rowCount}, key-major also {note, steps}; absent: the replay has no update
   const view = Page.views.equations;
   if (!view) return;
   const MAX_BUTTONS = 16;  // more rows than this: a select instead of one button per row
   let row = 0;  // the row shown in full, kept while stepping
-
-  const number = x => el("span", {className: "num", textContent: fmt(x)});
-
-  // parts: text (strings), numbers (null: −∞) and rows of numbers, in the order of the substituted text.
-  function substituted(parts) {
-    const out = [];
-    for (const p of parts) {
-      if (typeof p === "string") out.push(p);
-      else if (Array.isArray(p)) {
-        out.push("[");
-        p.forEach((x, k) => { if (k) out.push(", "); out.push(number(x)); });
-        out.push("]");
-      } else out.push(number(p));
-    }
-    return out;
-  }
 
   function picker(eq, redraw) {
     const label = r => `row ${eq.rowStart + r}`;

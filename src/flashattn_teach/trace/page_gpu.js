@@ -5,7 +5,7 @@
   const {el, views} = Page;
   const d = views.gpu;
   if (!d) return;
-  const S = d.states, SVG = "http://www.w3.org/2000/svg", UNIT = 24, ROW = 22;
+  const S = d.states, SHAPE = d.shapes, SVG = "http://www.w3.org/2000/svg", UNIT = 24, ROW = 22;
   const num = x => Number.isInteger(x) ? String(x) : x.toFixed(2);
   const pct = x => (100 * x).toFixed(1) + "%";
   const state = (p, t) => p.end <= t ? S.DONE : p.start <= t ? S.RUNNING : S.WAITING;
@@ -66,7 +66,7 @@
     for (const r of d.h100.rows) {
       const tr = body.insertRow();
       tr.dataset.shape = r.shape; tr.dataset.order = r.order; tr.dataset.causal = r.causal;
-      const grid = r.shape === "replay" ? `${d.shape.T_r} x ${d.shape.heads}` : "benchmark";
+      const grid = r.shape === SHAPE.REPLAY ? `${d.shape.T_r} x ${d.shape.heads}` : r.shape;
       for (const t of [grid, r.causal ? "causal" : "none", r.order, r.waves.toFixed(2), num(r.makespan), pct(r.idle)])
         tr.insertCell().textContent = t;
     }
@@ -115,7 +115,7 @@
       el("p", {className: "meta", textContent: `The replay's grid (${d.shape.T_r} x ${d.shape.heads}, in tile-times) is ` +
         "a fraction of one wave there: every program starts at t = 0 and the order cannot matter. At the " +
         `benchmark's causal shape (${d.h100.benchmark}), ` +
-        `${d.h100.rows.find(r => r.shape === "benchmark").waves.toFixed(0)} waves, longest first fills the tail ` +
+        `${d.h100.rows.find(r => r.shape === SHAPE.BENCHMARK).waves.toFixed(0)} waves, longest first fills the tail ` +
         "(work in loop iterations with each program's loads and stores, as flashattn-teach kernels --schedule " +
         "prices them)."}), el("div", {className: "gpu-scroll"}, h100Table()));
     stepper.go(0);

@@ -51,14 +51,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from .._layout import compute_dtype
-from .._validate.inputs import validate_block_sizes
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod, UserMods
 from ..masks.spec import MaskSpec
 from ..online_softmax import score_tile
 from ..reference.dense import dense_attention
-from .inputs import batch_size, check_index, every_mask, one_head_options, one_sink, pick_matrix
+from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep
 
@@ -192,8 +190,7 @@ class Replay:
         draw every cell anyway."""
         N_q, N_k = self.N_q, self.N_k
         device = self.steps.q_i.device
-        kinds = every_mask(self.mask)
-        allowed, bias = self.mask.tensors(0, N_q, 0, N_k, device, **kinds, b=self.batch_index, h=0)
+        allowed, bias = rows_tensors(self.mask, (0, N_q), N_k, device, b=self.batch_index)  # (N_q, N_k)
         cells = torch.ones(N_q, N_k, dtype=torch.bool, device=device)
         if allowed is not None:
             cells &= allowed
@@ -286,16 +283,16 @@ def replay(
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
     call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
-    B = batch_size(q, k, v)
-    block_m, block_n = validate_block_sizes(block_m, block_n)
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
-    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    opts = one_head_options(
+    head = one_head_call(
         q,
         k,
         v,
-        B=B,
+        block_m=block_m,
+        block_n=block_n,
+        batch_index=batch_index,
+        sinks=sinks,
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -308,9 +305,8 @@ def replay(
         score_mod=score_mod,
         block_mask=block_mask,
     )
-    dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device, dt)  # (1,), computed in the compute dtype as the references do
-    q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
+    opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
+    block_m, block_n, batch_index = head.block_m, head.block_n, head.batch_index
     N_q, N_k = q2.shape[0], k2.shape[0]
     i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
@@ -319,16 +315,13 @@ def replay(
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
-    kinds = every_mask(opts.mask)
-    allowed, bias = opts.mask.tensors(r0, r1, 0, N_k, q2.device, **kinds, b=batch_index, h=0)  # (Br, N_k)
-    rows_mask = allowed if bias is None else bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
     O_final = dense_attention(
         q_i,
         k2,
         v2,
         scale=opts.scale,
         softcap=opts.mask.softcap,
-        attn_mask=rows_mask,
+        attn_mask=rows_mask(opts.mask, (r0, r1), N_k, q2.device, b=batch_index),  # (Br, N_k)
         sinks=sink,
         score_mod=rows_score_mod(opts.mask.mods, batch_index, r0),
     )
