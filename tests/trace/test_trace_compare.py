@@ -211,3 +211,30 @@ def test_the_page_steps_both_orders_together_and_shows_the_payloads_numbers(brow
     assert [row[:-1] for row in page["query_major"]["rows"]] == [
         row[:-1] for row in page["dense"]["rows"]
     ]  # ... dense's
+
+
+def test_the_dense_target_reads_the_block_mask_and_the_score_mod():
+    """The dense target's m, l and lse with FlexAttention's mask_mod and score_mod, against the scores written
+    out here; a negative control shows the block mask changes them (so the target could not ignore it)."""
+    from flashattn_teach import create_block_mask
+
+    def prefix_lm(b, h, q_idx, kv_idx):  # the first 2 keys seen by every query, causal after them
+        return (kv_idx < 2) | (kv_idx <= q_idx)
+
+    def distance(score, b, h, q_idx, kv_idx):  # a relative-position bias
+        return score - 0.25 * (q_idx - kv_idx).abs()
+
+    q, k, v = teaching_inputs(N_q=6, N_k=6)
+    bm = create_block_mask(prefix_lm, None, None, 6, 6, device="cpu", BLOCK_SIZE=2)
+    payload = compare_payload(replay(q, k, v, block_m=2, block_n=2, block_mask=bm, score_mod=distance))
+    i, j = torch.arange(6).unsqueeze(-1), torch.arange(6).unsqueeze(0)
+    S = q[0] @ k[0].T / 2 - 0.25 * (i - j).abs()  # scale 1/sqrt(4)
+    S = S.masked_fill(~prefix_lm(0, 0, i, j), -math.inf)
+    m = S.amax(dim=-1)
+    l = torch.exp(S - m.unsqueeze(-1)).sum(dim=-1)
+    dense = payload["dense"]
+    torch.testing.assert_close(as_tensor(dense["m"]), m, rtol=0, atol=1e-12)
+    torch.testing.assert_close(as_tensor(dense["l"]), l, rtol=0, atol=1e-12)
+    torch.testing.assert_close(as_tensor(dense["lse"]), m + torch.log(l), rtol=0, atol=1e-12)
+    plain = compare_payload(replay(q, k, v, block_m=2, block_n=2, score_mod=distance))["dense"]
+    assert (as_tensor(plain["l"]) - l).abs().max() > 1e-3  # without the mask the target differs

@@ -15,7 +15,7 @@ from flashattn_teach.trace.decode_html import render_decode_html
 from flashattn_teach.trace.decode_manifest import decode_to_experiment
 from flashattn_teach.trace.html import MAX_DRAWN_CELLS
 
-from decode_cases import paged_step, sink_step
+from decode_page_cases import paged_step, sink_step
 
 FRAME = r'<iframe title="Decode replay" sandbox="allow-scripts" style="[^"<>]*" srcdoc="([^"<>]*)"></iframe>'
 

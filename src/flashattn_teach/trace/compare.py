@@ -26,16 +26,17 @@ row), so the view is built by default only for small replays, ``N_q x N_k <= DEF
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..errors import AttentionTypeError
-from ..masks.causal import TileKind
 from ..online_softmax import score_tile
+from .inputs import rows_tensors
 from .manifest import json_rows, json_values
-from .replay import Replay
+from .replay import Replay, rows_score_mod
 from .schedule import ORDERS, blocks
 
 __all__ = ["DEFAULT_MAX_CELLS", "ORDER_TITLES", "build", "compare_payload"]
@@ -68,14 +69,26 @@ def _order_updates(replay: Replay, order: str) -> dict[str, Any]:
     return {"order": order, "title": ORDER_TITLES[order], "updates": updates}
 
 
+def _bound(replay: Replay) -> Callable[[Tensor], Tensor] | None:
+    """The call's ``score_mod`` on the whole ``(N_q, N_k)`` score matrix of the replayed batch element and head."""
+    mod = rows_score_mod(replay.mask.mods, replay.batch_index, 0)
+    if mod is None:
+        return None
+    zero = torch.zeros((), dtype=torch.long)
+    q_idx = torch.arange(replay.N_q).unsqueeze(-1)  # (N_q, 1)
+    kv_idx = torch.arange(replay.N_k).unsqueeze(0)  # (1, N_k)
+    return lambda S: mod(S, zero, zero, q_idx.to(S.device), kv_idx.to(S.device))
+
+
 def _dense(replay: Replay) -> dict[str, Any]:
     """The fixed target: dense attention's ``m``, ``l``, ``lse`` and ``O`` for every query row."""
     by_block = [replay.with_options(query_block=i) for i in range(blocks(replay.N_q, replay.block_m))]
     q = torch.cat([r.steps.q_i for r in by_block])  # (N_q, D), the replayed batch element, compute dtype
     k = replay.steps.k  # (N_k, D)
-    kinds = {"structure": TileKind.PARTIAL, "mask": TileKind.PARTIAL}
-    allowed, bias = replay.mask.tensors(0, replay.N_q, 0, replay.N_k, q.device, **kinds, b=replay.batch_index, h=0)
-    S = score_tile(q, k, replay.scale, allowed, softcap=replay.mask.softcap, bias=bias)  # (N_q, D) @ (D, N_k)
+    N_q, N_k = replay.N_q, replay.N_k
+    # Every mask of the contract (the block mask's mask_mod too), as the replay's own dense oracle reads them.
+    allowed, bias = rows_tensors(replay.mask, (0, N_q), N_k, q.device, b=replay.batch_index)  # (N_q, N_k) or None
+    S = score_tile(q, k, replay.scale, allowed, softcap=replay.mask.softcap, bias=bias, score_mod=_bound(replay))
     m = S.amax(dim=-1)  # (N_q,)
     if replay.steps.sink is not None:
         m = torch.maximum(m, replay.steps.sink)
