@@ -273,3 +273,7 @@ def test_the_score_equation_gives_the_numbers_it_shows(options, words):
             torch.testing.assert_close(
                 torch.tensor(eq.value, dtype=torch.float64), S[r0 + row, c0:c1], atol=1e-13, rtol=0
             )
+
+
+def test_a_negative_zero_is_written_as_zero():
+    assert fmt(-0.0) == "0" and fmt(0.0) == "0" and fmt(-1e-300) == "-1e-300"

@@ -112,8 +112,8 @@ LINES = {
 
 
 def fmt(x: float) -> str:
-    """4 significant digits, ``-inf`` as ``−∞`` (as the page's ``Page.fmt``)."""
-    return "−∞" if x == -math.inf else f"{x:.4g}"
+    """4 significant digits, ``-inf`` as ``−∞`` (as the page's ``Page.fmt``), ``-0`` as ``0``."""
+    return "−∞" if x == -math.inf else f"{x + 0.0:.4g}"  # -0.0 + 0.0 = +0.0
 
 
 def _text(part: Part) -> str:

@@ -40,7 +40,7 @@ SINK_COLUMN = "sink share"  # exp(sink_h - m_i) / l_i: the sink's weight in the 
 
 
 def _fmt(x: float) -> str:
-    return "-inf" if x == float("-inf") else f"{x:.4g}"
+    return "-inf" if x == float("-inf") else f"{x + 0.0:.4g}"  # -0.0 + 0.0 = +0.0: no "-0"
 
 
 def _row(t: Tensor) -> str:
