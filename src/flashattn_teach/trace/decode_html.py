@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..masks.causal import TileKind
-from .decode_manifest import decode_to_experiment
+from .decode_manifest import decode_to_experiment, merge_json
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
@@ -162,19 +162,10 @@ def _merge(m: MergeStep, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
     """Merge ``m`` of ``(O_a, lse_a)`` with ``(O_b, lse_b)`` (``O_b = 0`` for the sink), per row."""
     return {
         "event": DecodeEvent.MERGE.value,
-        "merge": m.index + 1,
+        **merge_json(m),
         "label": m.label,
-        "merged": list(m.merged),
-        "split": m.split,
-        "lseA": json_values(m.lse_a),
-        "lseB": json_values(m.lse_b),
-        "lse": json_values(m.lse),
-        "weightA": json_values(m.w_a),
-        "weightB": json_values(m.w_b),
         "outputA": json_rows(O_a),
         "outputB": json_rows(O_b),
-        "output": json_rows(m.O),
-        "maxDiff": m.max_diff,
         "equations": [_merge_row(m, O_a, O_b, r) for r in range(m.O.shape[0])],
     }
 

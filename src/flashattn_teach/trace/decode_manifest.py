@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, SplitReplay
 from .manifest import CONTROL_LABEL, TITLE, json_rows, json_values, tile_case
 from .steps import TileStep
@@ -75,26 +76,28 @@ def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
             }
             for s in r.splits
         ],
-        "merges": [
-            {
-                "merge": m.index + 1,
-                "merged": list(m.merged),
-                "split": m.split,
-                "lseA": json_values(m.lse_a),
-                "lseB": json_values(m.lse_b),
-                "lse": json_values(m.lse),
-                "weightA": json_values(m.w_a),
-                "weightB": json_values(m.w_b),
-                "output": json_rows(m.O),
-                "maxDiff": m.max_diff,
-            }
-            for m in r.merges
-        ],
+        "merges": [merge_json(m) for m in r.merges],
         "output": json_rows(r.O),
         "lse": json_values(r.lse),
         "denseOutput": json_rows(r.O_final),
         "denseLse": json_values(r.lse_final),
         "maxDiff": r.max_diff,
+    }
+
+
+def merge_json(m: MergeStep) -> dict[str, Any]:
+    """One merge of the decode step: the partials it combined, their weights and the result, per row."""
+    return {
+        "merge": m.index + 1,
+        "merged": list(m.merged),
+        "split": m.split,
+        "lseA": json_values(m.lse_a),
+        "lseB": json_values(m.lse_b),
+        "lse": json_values(m.lse),
+        "weightA": json_values(m.w_a),
+        "weightB": json_values(m.w_b),
+        "output": json_rows(m.O),
+        "maxDiff": m.max_diff,
     }
 
 
