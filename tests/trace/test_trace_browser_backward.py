@@ -13,6 +13,8 @@ from flashattn_teach.trace.cli import main
 from flashattn_teach.trace.html import render_html
 from flashattn_teach.trace.replay import replay
 
+from page_numbers import assert_numbers
+
 READ_PAGE = """(() => {
   const view = document.getElementById("view-backward");
   return {
@@ -34,24 +36,6 @@ READ_PAGE = """(() => {
     next: document.getElementById("bwd-next").disabled,
   };
 })()"""
-
-
-def shown(text: str) -> float | None:
-    return None if text == "\u2212\u221e" else float(text)
-
-
-def assert_numbers(cells: list[list[str]], values) -> None:
-    """The page's cells are the JSON's numbers to 4 significant digits (a vector is one row)."""
-    rows = values if isinstance(values[0], list) else [values]
-    assert len(cells) == len(rows)
-    for texts, row in zip(cells, rows, strict=True):
-        assert len(texts) == len(row)
-        for text, x in zip(texts, row, strict=True):
-            if x is None:
-                assert shown(text) is None
-            else:
-                assert len(text.lstrip("-").replace(".", "").split("e")[0].lstrip("0")) <= 4, text
-                assert math.isclose(shown(text), x, rel_tol=5.01e-4, abs_tol=1e-300), (text, x)
 
 
 def assert_step_shows(page: dict, doc: dict, n: int) -> None:

@@ -6,7 +6,6 @@ width (390 px) nothing makes the page scroll sideways."""
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
@@ -15,6 +14,7 @@ from flashattn_teach.trace.cli import main
 from flashattn_teach.trace.decode_html import render_decode_html
 
 from decode_page_cases import paged_step, sink_step, window_step
+from page_numbers import assert_numbers, assert_shown, part_numbers
 
 READ_PAGE = """(() => {
   const view = document.getElementById("view-decode");
@@ -47,45 +47,13 @@ READ_PAGE = """(() => {
 SINK_ARGS = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4"
 
 
-def shown(text: str) -> float | None:
-    return None if text == "\u2212\u221e" else float(text)
-
-
-def assert_number(text: str, x: float | None) -> None:
-    """The page's text is the payload's number to 4 significant digits (None: −∞)."""
-    if x is None:
-        assert shown(text) is None, text
-        return
-    assert len(text.lstrip("-").replace(".", "").split("e")[0].lstrip("0")) <= 4, text
-    assert math.isclose(shown(text), x, rel_tol=5.01e-4, abs_tol=1e-300), (text, x)
-
-
-def assert_numbers(cells: list[list[str]], values) -> None:
-    rows = values if isinstance(values[0], list) else [values]
-    assert len(cells) == len(rows)
-    for texts, row in zip(cells, rows, strict=True):
-        assert len(texts) == len(row)
-        for text, x in zip(texts, row, strict=True):
-            assert_number(text, x)
-
-
-def part_numbers(parts: list) -> list[float | None]:
-    out: list = []
-    for p in parts:
-        if isinstance(p, list):
-            out += p
-        elif not isinstance(p, str):
-            out.append(p)
-    return out
-
-
 def assert_equations(page: dict, equations: list[dict]) -> None:
     assert [(e["name"], e["symbolic"]) for e in page["equations"]] == [(e["name"], e["symbolic"]) for e in equations]
     for shown_eq, eq in zip(page["equations"], equations, strict=True):
         expected = part_numbers(eq["parts"])
         assert len(shown_eq["numbers"]) == len(expected), eq["name"]
         for text, x in zip(shown_eq["numbers"], expected, strict=True):
-            assert_number(text, x)
+            assert_shown(text, x)
 
 
 def expected_state(d: dict, e: dict, key: int) -> str:

@@ -12,6 +12,8 @@ from flashattn_teach.trace import replay
 from flashattn_teach.trace.cli import main
 from flashattn_teach.trace.html import render_html
 
+from page_numbers import part_numbers
+
 READ_EQUATIONS = """(() => ({
   counter: document.getElementById("counter").textContent,
   shownRow: Number(document.querySelector("#equations .equations").dataset.row),
@@ -37,22 +39,7 @@ def click(browser, selector: str) -> None:
 def press_enter_on(browser, selector: str) -> None:
     """Focus ``selector`` and press Enter, as a keyboard user does after tabbing to it."""
     browser.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
-    for kind, extra in (("keyDown", {"text": "\r"}), ("keyUp", {})):
-        browser.call(
-            "Input.dispatchKeyEvent",
-            {"type": kind, "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, **extra},
-        )
-
-
-def numbers(parts: list) -> list[float | None]:
-    """The numbers of an equation's JSON parts, in order (rows flattened; None is -inf)."""
-    out: list[float | None] = []
-    for p in parts:
-        if isinstance(p, list):
-            out.extend(p)
-        elif not isinstance(p, str):
-            out.append(p)
-    return out
+    browser.press("Enter")
 
 
 def assert_row_shown(page: dict, equations: list[dict]) -> None:
@@ -60,7 +47,7 @@ def assert_row_shown(page: dict, equations: list[dict]) -> None:
         (e["name"], e["line"], e["symbolic"]) for e in equations
     ]
     for on_page, e in zip(page["equations"], equations, strict=True):
-        want = numbers(e["parts"])
+        want = part_numbers(e["parts"])
         assert len(on_page["numbers"]) == len(want), (on_page, e)
         for text, x in zip(on_page["numbers"], want, strict=True):
             if x is None:

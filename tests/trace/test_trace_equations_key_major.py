@@ -26,6 +26,8 @@ from flashattn_teach.trace.equations_key_major import (
 )
 from flashattn_teach.trace.html import render_html
 
+from page_numbers import part_numbers
+
 NEG_INF = -math.inf
 K = KeyMajorTerm
 # FA1 Alg. 1's line of each equation, written out again here (the module's table is what is under test).
@@ -191,16 +193,6 @@ READ_PANEL = """(() => ({
 }))()"""
 
 
-def numbers(parts: list) -> list[float | None]:
-    out: list[float | None] = []
-    for p in parts:
-        if isinstance(p, list):
-            out.extend(p)
-        elif not isinstance(p, str):
-            out.append(p)
-    return out
-
-
 def test_key_major_page_shows_fa1_lines_with_the_replay_numbers(browser, tmp_path):
     q, k, v = teaching_inputs()
     r = replay(q, k, v, block_m=2, block_n=2, query_block=1, order="key_major")
@@ -225,7 +217,7 @@ def test_key_major_page_shows_fa1_lines_with_the_replay_numbers(browser, tmp_pat
             ]
             assert {e["line"] for e in page["equations"]} >= {8, 9, 10, 11, 12, 13}
             for shown, e in zip(page["equations"], eqs, strict=True):
-                want = numbers(e["parts"])
+                want = part_numbers(e["parts"])
                 assert len(shown["numbers"]) == len(want)
                 for text, x in zip(shown["numbers"], want, strict=True):
                     assert text == "−∞" if x is None else math.isclose(float(text), x, rel_tol=5.01e-4, abs_tol=1e-300)
