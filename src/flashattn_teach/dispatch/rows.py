@@ -89,8 +89,9 @@ FOLD_MASK: Carries = {
     "softcap": always,
     "alibi_slopes": unset("alibi_slopes"),  # a slope per query head
     "seqlens_k": always,  # per batch element, which the rows keep
-    "attn_mask": lambda spec: _folded_mask(spec.attn_mask, spec.shapes.H_q, spec.shapes.H_kv, spec.shapes.group)
-    is not False,
+    "attn_mask": lambda spec: (
+        _folded_mask(spec.attn_mask, spec.shapes.H_q, spec.shapes.H_kv, spec.shapes.group) is not False
+    ),
     "packed": unset("packed"),
     "dtype": always,
     "mods": unset("mods"),  # score_mod, mask_mod and block_mask see (b, h, q_idx, kv_idx): h and q_idx would change
