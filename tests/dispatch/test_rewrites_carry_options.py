@@ -123,7 +123,7 @@ def test_decode_refuses_a_step_field_it_does_not_carry():
     assert carry.uncarried(extended, ranges.ROWS_CARRIES) == ["new_option"]  # decode_one's rows decline it
     q = torch.randn(1, 8, 1, 16)
     cache = torch.randn(1, 2, 10, 16)
-    with pytest.raises(NotImplementedError, match="DecodeStep.new_option is not carried"):
+    with pytest.raises(NotImplementedError, match=r"DecodeStep\.new_option is not carried"):
         ranges.range_plan(q, cache, cache, extended, alibi_slopes=None)
 
 
@@ -143,7 +143,9 @@ def test_the_attention_op_refuses_what_it_does_not_carry_by_name():
     lengths = torch.tensor([40, 17])
     with_lengths = _options.make_options(q, k, v, enable_gqa=True, seqlens_k=lengths)
     with pytest.raises(ValueError, match="does not carry seqlens_k"):  # the lengths not passed to the op
-        ops_attention.AttentionArgs.of_call(with_lengths, "online", scale_given=False, alibi_slopes=None, seqlens_k=None)
+        ops_attention.AttentionArgs.of_call(
+            with_lengths, "online", scale_given=False, alibi_slopes=None, seqlens_k=None
+        )
 
 
 def test_the_varlen_op_declines_what_it_does_not_carry():
