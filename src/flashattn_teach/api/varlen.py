@@ -202,10 +202,10 @@ def flash_attention_varlen(
     q, k, v = cast_inputs(q, k, v)  # after the gather: autocast casts the keys read, not the whole pools
     lse_wanted = check_bool("return_lse", return_lse)
     backend = public_backend(backend)
-    if torch.compiler.is_compiling() and sinks is None and traceable(None, alibi_slopes):
+    if torch.compiler.is_compiling() and traceable(None, alibi_slopes):
         # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
         # arguments that need no look into the bounds are checked here, as in eager mode; the op checks the
-        # rest when it runs.
+        # rest when it runs. What the op does not carry (sinks) runs eagerly, below.
         check_packed_qkv(q, k, v)
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
             check_max_seqlen_type(name, value)
@@ -222,11 +222,13 @@ def flash_attention_varlen(
             softcap=softcap,
             dropout_p=dropout_p,
             deterministic=deterministic,
+            sinks=sinks,
         )
         bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=scale is not None)
-        O, lse = ops_varlen.call(q, k, v, args)
-        return (O, lse) if lse_wanted else O
+        if args is not None:
+            O, lse = ops_varlen.call(q, k, v, args)
+            return (O, lse) if lse_wanted else O
     qh, kh, vh, opts = make_packed_options(
         q,
         k,

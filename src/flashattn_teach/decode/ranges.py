@@ -22,6 +22,7 @@ from .._layout import compute_dtype
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
 from ..dispatch import Plan, planner, runner
+from ..dispatch.carry import Carries, always, uncarried
 from ..masks.spec import MaskSpec
 from ..merge import merge_attention_states
 from ..splitkv import split_ranges
@@ -43,6 +44,41 @@ class DecodeStep:
     softcap: float | None
     num_splits: int
     backend: str
+
+
+# What a key range's options carry of the step (dispatch/carry.py): range_options puts the first four in
+# the mask contract, the ranges are num_splits', the plan is the backend's. A field on neither list is
+# refused by name (check_carried) rather than dropped.
+RANGE_CARRIES: Carries = {
+    "causal": always,
+    "scale": always,
+    "window": always,
+    "softcap": always,
+    "num_splits": always,
+    "backend": always,
+}
+# What decode_one's rows carry when the G query heads of one new query run as G rows of their key/value
+# head (its other arguments: no ALiBi, a slope per head; the padding cuts the keys; sinks join after).
+ROWS_CARRIES: Carries = {
+    "causal": always,  # the one query sits at L - 1, after every cached key: causal hides none of [lo, L)
+    "scale": always,
+    "window": always,  # the right side hides nothing before L - 1; visible_keys cuts the left side
+    "softcap": always,
+    "num_splits": always,
+    "backend": always,
+}
+
+
+def check_carried(step: DecodeStep) -> None:
+    """Refuse a step with a field that the key ranges' options do not carry (:data:`RANGE_CARRIES`); called
+    by :func:`range_plan`, before the call writes into the caches."""
+    names = uncarried(step, RANGE_CARRIES)
+    if names:
+        fields = ", ".join(f"DecodeStep.{name}" for name in names)
+        raise NotImplementedError(
+            f"{fields} is not carried into a key range's options: add it to RANGE_CARRIES in "
+            "flashattn_teach/decode/ranges.py with how range_options carries it"
+        )
 
 
 def range_options(
@@ -83,6 +119,7 @@ def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *,
     caches, so a call that raises writes nothing."""
     # The planner reads the devices, the dtypes' kind, what requires grad and the mask's variants, not the
     # sizes: the whole caches stand for every range.
+    check_carried(step)
     slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[0]
     opts = range_options(
         q,
@@ -175,7 +212,7 @@ def decode_one(
     H_kv = cache.H_kv
     G = H_q // H_kv
     keys = visible_keys(L, N_new, step.window, leftpad)
-    if N_new == 1 and G > 1 and alibi_slopes is None:
+    if N_new == 1 and G > 1 and alibi_slopes is None and not uncarried(step, ROWS_CARRIES):
         rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
         O, lse = _merged_ranges(
             q.reshape(1, H_kv, G, D), cache, rows, plan=plan, keys=keys, first=L - 1, alibi_slopes=None

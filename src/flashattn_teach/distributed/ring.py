@@ -32,6 +32,7 @@ from torch import Tensor
 from .._layout import compute_dtype
 from .._validate.inputs import check_bool, shape_str, validate_block_sizes, validate_inputs
 from ..api.explain_call import explain
+from ..dispatch.carry import Carries, always, uncarried
 from ..errors import AttentionTypeError, AttentionValueError
 from ..merge import merge_attention_states
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
@@ -41,6 +42,19 @@ from .layout import BlockCall, call_tiles, check_layout, chunk_ids, ring_schedul
 
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, since the first call of a Triton kernel compiles it
 KV_TAG, DKV_TAG = 0, 1  # gloo matches point-to-point messages by tag: key/value shards, dK/dV accumulators
+
+
+# What the ring carries of its call into the blocks (dispatch/carry.py): a field on no list is refused by
+# name (ring_attention) rather than dropped on the way to the blocks' options.
+RING_CARRIES: Carries = {
+    "causal": always,  # each block's from the schedule (layout.ring_schedule: full, diagonal or skipped)
+    "return_lse": always,  # the ring's own output
+    "layout": always,  # the schedule
+    "backend": always,  # LocalBackend.name, every block's
+    "scale": always,  # LocalBackend.scale, every block's
+    "block_m": always,  # LocalBackend's tiles (the online reference)
+    "block_n": always,
+}
 
 
 @dataclass
@@ -211,6 +225,12 @@ def ring_attention(
             raise AttentionTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     ring = Ring.of(group, timeout)
     options = CallOptions(causal, return_lse, layout, backend, scale, block_m, block_n)
+    dropped = uncarried(options, RING_CARRIES)
+    if dropped:
+        raise NotImplementedError(
+            f"ring_attention does not carry {', '.join(dropped)} into its blocks: add it to RING_CARRIES in "
+            "flashattn_teach/distributed/ring.py with how each block gets it"
+        )
     check_same_call(ring, signature(q, k, v, options), q.device)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:

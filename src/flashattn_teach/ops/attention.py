@@ -37,11 +37,43 @@ from .._layout import compute_dtype
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_dropout, validate_inputs
 from ..dispatch import planner, runner
+from ..dispatch.carry import Carries, always, uncarried, unset
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..online_softmax import sink_grad
 from .grads import recomputed_grads, unaliased
 from .schema import op_args, op_schema, unused
+
+# What the op carries of a call's options (dispatch/carry.py); its body rebuilds them with make_options
+# (AttentionArgs.options). AttentionArgs.of_call refuses anything else by name: its callers run such calls
+# eagerly (user functions, FP8) before they get here.
+OP_OPTIONS: Carries = {
+    "shapes": always,  # rebuilt from q, k, v; the scale is an argument
+    "mask": always,  # OP_MASK
+    "causal_align": always,
+    "enable_gqa": always,
+    "dropout_p": always,
+    "dropout_key": unset("dropout_key"),  # the op draws its own seed (of_call); a key drawn before would be lost
+    "deterministic": always,
+    "descale": unset("descale"),  # the schema has no descales
+    "sinks": always,
+}
+OP_MASK: Carries = {
+    "shapes": always,
+    "offset": always,  # causal_align's and seqlens_k's (make_options without an offset), which the op carries
+    "causal": always,
+    "left": always,  # window
+    "right": always,
+    "softcap": always,
+    "alibi_slopes": always,  # as the caller's alibi_slopes argument (of_call checks it is given)
+    "seqlens_k": always,  # as the caller's seqlens_k argument (likewise)
+    "attn_mask": always,
+    "packed": unset("packed"),  # the varlen op's (ops/varlen.py)
+    "per_element": always,  # causal_align's with seqlens_k
+    "dtype": always,  # the compute dtype of q's, which the op gets
+    "mods": unset("mods"),  # a function is no argument of an op
+    "_tilings": always,  # a cache
+}
 
 
 @dataclass(frozen=True)
@@ -78,8 +110,19 @@ class AttentionArgs:
     ) -> AttentionArgs:
         """The op's arguments for a call's checked options. Without ``scale_given`` the scale is None and
         the op takes ``1 / sqrt(D)`` itself, so a graph with a symbolic ``D`` holds no square root; the
-        dropout seed is drawn here (:func:`dropout_seed`)."""
+        dropout seed is drawn here (:func:`dropout_seed`). Options the op does not carry (:data:`OP_OPTIONS`,
+        :data:`OP_MASK`; ``alibi_slopes`` and ``seqlens_k`` when the caller does not pass them) are refused by
+        name."""
         spec = opts.mask
+        dropped = [*uncarried(opts, OP_OPTIONS), *uncarried(spec, OP_MASK)]
+        for name, given in (("alibi_slopes", alibi_slopes), ("seqlens_k", seqlens_k)):
+            if (getattr(spec, name) is None) != (given is None):
+                dropped.append(name)
+        if dropped:
+            raise AttentionValueError(
+                f"the compiled op flashattn_teach::attention does not carry {', '.join(dropped)}: run the call "
+                "eagerly (runner.run), as flash_attention does for user functions and FP8"
+            )
         return AttentionArgs(
             attn_mask=opts.attn_mask,
             alibi_slopes=alibi_slopes,

@@ -29,6 +29,7 @@ from .._layout import compute_dtype
 from .._options import AttentionOptions, make_packed_options
 from .._validate.varlen import check_packed_qkv
 from ..dispatch import planner, runner
+from ..dispatch.carry import Carries, always, uncarried, unset
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
 from .attention import dropout_seed
@@ -58,6 +59,37 @@ class VarlenArgs:
     deterministic: bool = False
 
 
+# What the op carries of the options of the (H, total, D) views (dispatch/carry.py); the op's body
+# rebuilds them with make_packed_options. of_call declines anything else: the call then runs eagerly.
+OP_OPTIONS: Carries = {
+    "shapes": always,  # rebuilt from q, k, v; the scale below
+    "mask": always,  # OP_MASK
+    "causal_align": always,
+    "enable_gqa": lambda o: o.enable_gqa,  # make_packed_options sets it
+    "dropout_p": always,
+    "dropout_key": unset("dropout_key"),  # the op draws its own seed (of_call); a key drawn before would be lost
+    "deterministic": always,
+    "descale": unset("descale"),  # the schema has no descales
+    "sinks": unset("sinks"),  # nor sinks
+}
+OP_MASK: Carries = {
+    "shapes": always,
+    "offset": always,  # causal_align's (make_options without an offset), which the op carries
+    "causal": always,
+    "left": always,  # window
+    "right": always,
+    "softcap": always,
+    "alibi_slopes": unset("alibi_slopes"),  # the op takes the caller's slopes, per sequence, as its own argument
+    "seqlens_k": unset("seqlens_k"),
+    "attn_mask": unset("attn_mask"),
+    "packed": unset("packed"),  # the op packs from its bounds
+    "per_element": lambda spec: not spec.per_element,
+    "dtype": always,  # the compute dtype of q's, which the op gets
+    "mods": unset("mods"),
+    "_tilings": always,  # a cache
+}
+
+
 def of_call(
     bounds: tuple[Tensor, Tensor, int, int],
     alibi_slopes: Tensor | None,
@@ -65,10 +97,13 @@ def of_call(
     backend: str,
     *,
     scale_given: bool,
-) -> VarlenArgs:
+) -> VarlenArgs | None:
     """The op's arguments for a call's ``bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    max_seqlen_k)`` and checked scalar options (of the ``(H, total, D)`` views); the seed is drawn here."""
+    max_seqlen_k)`` and checked scalar options (of the ``(H, total, D)`` views); the seed is drawn here.
+    None when the options hold something the op does not carry (:data:`OP_OPTIONS`, :data:`OP_MASK`)."""
     spec = opts.mask
+    if uncarried(opts, OP_OPTIONS) or uncarried(spec, OP_MASK):
+        return None
     return VarlenArgs(
         *bounds,
         alibi_slopes=alibi_slopes,

@@ -19,6 +19,7 @@ from .._options import AttentionOptions, from_torch, make_options
 from .._validate.inputs import check_window, validate_block_sizes
 from .._validate.sinks import check_sinks
 from .._validate.varlen import check_cu_seqlens
+from ..dispatch.carry import Carries, always, uncarried, unset
 from ..errors import AttentionTypeError, AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod, check_block_mask
 from ..masks.causal import TileKind
@@ -234,6 +235,26 @@ def one_head_block_mask(block_mask: object, B: int) -> BlockMask | None:
     return bm
 
 
+# What a replay with cu_seqlens carries of the one head's mask contract into the packed one
+# (dispatch/carry.py); _packed refuses anything else by name.
+PACKED_MASK: Carries = {
+    "shapes": always,
+    "offset": always,  # unused when packed: each sequence has its own
+    "causal": always,
+    "left": always,  # the window, as given
+    "right": always,
+    "softcap": always,
+    "alibi_slopes": always,  # per sequence
+    "seqlens_k": unset("seqlens_k"),  # a packed sequence's keys are its own
+    "attn_mask": unset("attn_mask"),
+    "packed": unset("packed"),  # built here
+    "per_element": lambda spec: not spec.per_element,
+    "dtype": always,
+    "mods": unset("mods"),  # flash_attn_varlen_func takes no user functions
+    "_tilings": always,  # a cache
+}
+
+
 def _packed(
     opts: AttentionOptions, q: Tensor, cu_seqlens: Tensor, B: int, causal_align: str, window: tuple[int, int] | None
 ) -> AttentionOptions:
@@ -246,6 +267,11 @@ def _packed(
             f"N_q={s.N_q}, N_k={s.N_k}"
         )
     cu = check_cu_seqlens("cu_seqlens", cu_seqlens, s.N_q, "N", q.device)
+    dropped = uncarried(opts.mask, PACKED_MASK)
+    if dropped:
+        raise AttentionValueError(
+            f"a replay with cu_seqlens does not carry the mask's {', '.join(dropped)}: replay without cu_seqlens"
+        )
     mask = MaskSpec.build(
         s,
         q.dtype,
