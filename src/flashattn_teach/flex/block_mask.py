@@ -74,7 +74,7 @@ def block_size(BLOCK_SIZE: int | tuple[int, int]) -> tuple[int, int]:
 
 
 # what torch's BlockMask exposes and this one derives from block_kinds: assigning them would change nothing
-READ_ONLY = (*INDEX_LISTS, "BLOCK_SIZE", "shape", "block_kinds", "batch_shape", "has_full")
+READ_ONLY = (*INDEX_LISTS, "BLOCK_SIZE", "shape", "batch_shape", "has_full")
 DQ_METADATA = ("dq_write_order", "dq_write_order_full", "dq_kv_order")
 
 
@@ -106,6 +106,13 @@ class BlockMask:
     full_kv_num_blocks=..., full_kv_indices=..., q_num_blocks=..., ..., BLOCK_SIZE=..., mask_mod=...)``;
     the lists given are kept as the mask's attributes (the ``q_*`` ones as given, None if not, as torch).
     """
+
+    BLOCK_SIZE: tuple[int, int]
+    seq_lengths: tuple[int, int]
+    batch_shape: tuple[int, ...]
+    has_full: bool
+    _kinds: Tensor  # int8 (B|1, H|1, rows, cols): the blocks as built or listed, whatever the lengths
+    _tile_kinds: dict[tuple[int, int], Tensor]
 
     # torch's deterministic-backward metadata: never built here (refused where torch takes it)
     dq_write_order: Tensor | None = None
@@ -192,11 +199,7 @@ class BlockMask:
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in READ_ONLY:
-            raise AttributeError(
-                f"BlockMask.{name} is read only: the attention reads the block kinds the mask was built with, so "
-                "setting it would change nothing; build a new mask with BlockMask.from_kv_blocks(...) from the "
-                "lists you want, or with create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)"
-            )
+            raise _read_only(name)
         if name in DQ_METADATA:
             _refuse_dq_metadata("BlockMask", *(value if n == name else None for n in DQ_METADATA))
         if name == "seq_lengths":
@@ -220,6 +223,10 @@ class BlockMask:
                 "(rows, KV_LEN)), or build the mask for these lengths with create_block_mask"
             )
         return kinds if need == have else kinds[:, :, : need[0], : need[1]]
+
+    @block_kinds.setter
+    def block_kinds(self, value: Tensor) -> None:
+        raise _read_only("block_kinds")
 
     def _expanded(self, kind: int, *, transpose: bool = False) -> Tensor:
         """0/1 int32 table of blocks of one kind, at ``batch_shape`` (query blocks last if ``transpose``)."""
@@ -397,15 +404,17 @@ class BlockMask:
         ``ceil(new_q_len / BLOCK_SIZE[0]) x ceil(new_kv_len / BLOCK_SIZE[1])`` blocks (never extended: a
         longer length than the lists cover is refused when the attention reads them)."""
         rows, cols = _cdiv(new_q_len, self.BLOCK_SIZE[0]), _cdiv(new_kv_len, self.BLOCK_SIZE[1])
-        kv = _cut(self.kv_num_blocks, self.kv_indices, rows, cols)
-        full = (
+        kv_num_blocks, kv_indices = _cut(self.kv_num_blocks, self.kv_indices, rows, cols)
+        full_num_blocks, full_indices = (
             (None, None)
             if self.full_kv_num_blocks is None or self.full_kv_indices is None
             else _cut(self.full_kv_num_blocks, self.full_kv_indices, rows, cols)
         )
         return BlockMask.from_kv_blocks(
-            *kv,
-            *full,
+            kv_num_blocks,
+            kv_indices,
+            full_num_blocks,
+            full_indices,
             BLOCK_SIZE=self.BLOCK_SIZE,
             mask_mod=self.mask_mod,
             seq_lengths=(new_q_len, new_kv_len),
@@ -484,6 +493,14 @@ class BlockMask:
     def full_blocks(self, r0: int, r1: int, c0: int, c1: int) -> Tensor:
         """bool ``(B|1, H|1, r1 - r0, c1 - c0)``: True where the element's block is FULL."""
         return self._element_kinds(r0, r1, c0, c1) == KIND_FULL
+
+
+def _read_only(name: str) -> AttributeError:
+    return AttributeError(
+        f"BlockMask.{name} is read only: the attention reads the block kinds the mask was built with, so "
+        "setting it would change nothing; build a new mask with BlockMask.from_kv_blocks(...) from the "
+        "lists you want, or with create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)"
+    )
 
 
 def _refuse_dq_metadata(where: str, *values: object) -> None:
