@@ -14,8 +14,9 @@ sorted index lists, per query block the key blocks to visit:
 
 Here the source of truth is :attr:`BlockMask.block_kinds`, int8 ``(B|1, H|1, T_r, T_c)`` with the codes
 ``KIND_SKIP, KIND_PARTIAL, KIND_FULL = 0, 1, 2``; torch's lists are derived from it on first use, exactly as
-torch orders them. A dim of size 1 in ``block_kinds`` is a broadcast: the mask is the same for every batch
-element (head), and torch's attributes are expanded to the requested ``B`` (``H``).
+torch orders them (:mod:`flashattn_teach.flex.index_lists` writes and reads them). A dim of size 1 in
+``block_kinds`` is a broadcast: the mask is the same for every batch element (head), and torch's attributes
+are expanded to the requested ``B`` (``H``).
 
 :func:`create_block_mask` never builds the ``N_q x N_k`` mask: it evaluates ``mask_mod`` chunk by chunk of
 tiles (:mod:`flashattn_teach.flex.classify`; on CUDA, a Triton kernel running the translated function,
@@ -45,6 +46,7 @@ from torch import Tensor
 from ..errors import AttentionTypeError, AttentionValueError
 from .classify import MaskMod, Pool, retile, tile_visibility
 from .combinators import noop_mask
+from .index_lists import cut, keep_dim, kinds_of_lists, ordered
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
 # torch's index-list attributes of a block mask, in its order
@@ -53,15 +55,6 @@ INDEX_LISTS = tuple(
     "full_q_indices".split()
 )
 DEFAULT_BLOCK_SIZE = 128  # torch's _DEFAULT_SPARSE_BLOCK_SIZE
-
-
-def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
-    """``(num_blocks, indices)`` of a 0/1 table ``(..., rows, cols)``, torch's index lists: per row the
-    count of ones, and the columns holding them in ascending order followed by the others (a stable sort)."""
-    dense = dense.to(torch.int32)
-    num_blocks = dense.sum(dim=-1, dtype=torch.int32)
-    indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
-    return num_blocks.contiguous(), indices.contiguous()
 
 
 def block_size(BLOCK_SIZE: int | tuple[int, int]) -> tuple[int, int]:
@@ -156,7 +149,7 @@ class BlockMask:
                     "BlockMask: give block_kinds, or torch's seq_lengths=, kv_num_blocks= and kv_indices= "
                     "(with full_kv_num_blocks=, full_kv_indices= for FULL blocks), not a mix"
                 )
-            block_kinds, batch_shape = _kinds_of_lists(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
+            block_kinds, batch_shape = kinds_of_lists(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
             has_full = full_kv_num_blocks is not None
             given = {
                 "kv_num_blocks": kv_num_blocks,
@@ -238,19 +231,19 @@ class BlockMask:
 
     @cached_property
     def _kv_lists(self) -> tuple[Tensor, Tensor]:
-        return _ordered(self._expanded(KIND_PARTIAL))
+        return ordered(self._expanded(KIND_PARTIAL))
 
     @cached_property
     def _full_kv_lists(self) -> tuple[Tensor, Tensor] | None:
-        return _ordered(self._expanded(KIND_FULL)) if self.has_full else None
+        return ordered(self._expanded(KIND_FULL)) if self.has_full else None
 
     @cached_property
     def _q_lists(self) -> tuple[Tensor, Tensor]:
-        return _ordered(self._expanded(KIND_PARTIAL, transpose=True))
+        return ordered(self._expanded(KIND_PARTIAL, transpose=True))
 
     @cached_property
     def _full_q_lists(self) -> tuple[Tensor, Tensor] | None:
-        return _ordered(self._expanded(KIND_FULL, transpose=True)) if self.has_full else None
+        return ordered(self._expanded(KIND_FULL, transpose=True)) if self.has_full else None
 
     @cached_property
     def kv_num_blocks(self) -> Tensor:
@@ -384,7 +377,7 @@ class BlockMask:
             )
         padded = (*index, slice(None), slice(None), slice(None))[:3]
         picks = tuple(
-            _keep_dim(i, n, dim) if isinstance(i, int) else i
+            keep_dim(i, n, dim) if isinstance(i, int) else i
             for dim, (i, n) in enumerate(zip(padded, sizes, strict=True))
         )
         full = self.full_kv_num_blocks, self.full_kv_indices
@@ -404,11 +397,11 @@ class BlockMask:
         ``ceil(new_q_len / BLOCK_SIZE[0]) x ceil(new_kv_len / BLOCK_SIZE[1])`` blocks (never extended: a
         longer length than the lists cover is refused when the attention reads them)."""
         rows, cols = _cdiv(new_q_len, self.BLOCK_SIZE[0]), _cdiv(new_kv_len, self.BLOCK_SIZE[1])
-        kv_num_blocks, kv_indices = _cut(self.kv_num_blocks, self.kv_indices, rows, cols)
+        kv_num_blocks, kv_indices = cut(self.kv_num_blocks, self.kv_indices, rows, cols)
         full_num_blocks, full_indices = (
             (None, None)
             if self.full_kv_num_blocks is None or self.full_kv_indices is None
-            else _cut(self.full_kv_num_blocks, self.full_kv_indices, rows, cols)
+            else cut(self.full_kv_num_blocks, self.full_kv_indices, rows, cols)
         )
         return BlockMask.from_kv_blocks(
             kv_num_blocks,
@@ -521,71 +514,10 @@ def _seq_lengths(value: object) -> tuple[int, int]:
     return (int(value[0]), int(value[1]))
 
 
-def _keep_dim(i: int, n: int, dim: int) -> slice:
-    """An int index as torch's BlockMask reads it: the slice ``i:i+1`` (negative from the end); one past the
-    dim is refused here (torch would return an empty mask)."""
-    if not -n <= i < n:
-        raise IndexError(f"block_mask index {i} is out of range for dim {dim} of size {n}")
-    i = i + n if i < 0 else i
-    return slice(i, i + 1)
-
-
-def _cut(num_blocks: Tensor, indices: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor]:
-    """torch's cut of index lists to the first ``rows x cols`` blocks: the first ``rows`` rows and the first
-    ``cols`` entries of each, counted again as the entries below ``min(count, cols)`` (torch's rule, kept so
-    the lists equal torch's; it can keep an entry past the cut, which reading the kinds drops)."""
-    indices = indices[..., :rows, :cols]
-    limit = num_blocks[..., :rows].clamp(max=cols)
-    return (indices < limit.unsqueeze(-1)).sum(dim=-1, dtype=torch.int32), indices
-
-
 def _cell(section: Tensor) -> str:
     """One cell of torch's drawing: its share of computed blocks as full, empty or shaded."""
     share = float(section.to(torch.float32).mean())
     return "██" if share == 1 else "  " if share == 0 else "░░"
-
-
-def _kinds_of_lists(
-    kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Tensor | None, full_kv_indices: Tensor | None
-) -> tuple[Tensor, tuple[int, ...]]:
-    """int8 kinds ``(B|1, H|1, T_r, T_c)`` and the batch shape of torch's index lists, checked."""
-    if (full_kv_num_blocks is None) != (full_kv_indices is None):
-        raise AttentionValueError("BlockMask: give both full_kv_num_blocks and full_kv_indices, or neither")
-    if not 2 <= kv_indices.dim() <= 4 or tuple(kv_num_blocks.shape) != tuple(kv_indices.shape[:-1]):
-        raise AttentionValueError(
-            f"BlockMask: kv_indices must be (*batch, T_r, T_c) with at most two batch dims and kv_num_blocks "
-            f"(*batch, T_r); got kv_indices {tuple(kv_indices.shape)}, kv_num_blocks {tuple(kv_num_blocks.shape)}"
-        )
-    *batch, T_r, T_c = kv_indices.shape
-    partial = _listed(kv_num_blocks, kv_indices)
-    kinds = partial.to(torch.int8) * KIND_PARTIAL
-    if full_kv_num_blocks is not None and full_kv_indices is not None:
-        if tuple(full_kv_indices.shape) != tuple(kv_indices.shape) or full_kv_num_blocks.shape != kv_num_blocks.shape:
-            raise AttentionValueError(
-                f"BlockMask: full_kv_indices {tuple(full_kv_indices.shape)} and full_kv_num_blocks "
-                f"{tuple(full_kv_num_blocks.shape)} must have the shapes of kv_indices {tuple(kv_indices.shape)} "
-                f"and kv_num_blocks {tuple(kv_num_blocks.shape)}"
-            )
-        full = _listed(full_kv_num_blocks, full_kv_indices)
-        if bool((full & partial).any()):
-            raise AttentionValueError(
-                "BlockMask: a block is listed both in kv_indices and in full_kv_indices; "
-                "list each block once (FULL blocks only in full_kv_indices)"
-            )
-        kinds = torch.where(full, KIND_FULL, kinds).to(torch.int8)
-    return kinds.reshape((1,) * (2 - len(batch)) + (*batch, T_r, T_c)), tuple(batch)
-
-
-def _listed(num_blocks: Tensor, indices: Tensor) -> Tensor:
-    """bool ``(*batch, T_r, T_c)``: True at the first ``num_blocks`` column indices listed per row."""
-    T_c = indices.shape[-1]
-    valid = torch.arange(T_c, device=indices.device) < num_blocks.unsqueeze(-1)  # (*batch, T_r, T_c)
-    # an index past its row's count, or past the table (torch's cut lists can hold one), is written to a
-    # spare column T_c, then dropped
-    valid &= (indices >= 0) & (indices < T_c)
-    target = torch.where(valid, indices.to(torch.int64), T_c)
-    table = torch.zeros(*indices.shape[:-1], T_c + 1, dtype=torch.bool, device=indices.device)
-    return table.scatter(-1, target, True)[..., :T_c]
 
 
 def classified_block_mask(
