@@ -25,3 +25,9 @@ class BackendUnavailableError(AttentionValueError, NotImplementedError):
     """A backend named explicitly cannot run the call; the message says why and what to use instead. It is
     a ``NotImplementedError``, as torch raises for a case a kernel does not support, and an
     :class:`AttentionValueError`, since the ``backend`` argument is what cannot be honoured."""
+
+
+class AttentionDtypeError(AttentionTypeError, AttentionValueError):
+    """Tensors whose dtypes cannot be combined (query, key and value of different dtypes). Both a
+    ``TypeError`` (a dtype is a type) and a ``ValueError``, which torch's FlexAttention raises for it, so
+    code written for either catches it."""

@@ -93,8 +93,8 @@ def test_bad_user_functions_are_refused_by_name(kwargs, error, words):
 
 def test_flex_attention_refuses_what_it_cannot_honour():
     q, k, v = _inputs(grad=False)
-    with pytest.raises(BackendUnavailableError, match="kernel_options"):
-        fa.flex_attention(q, k, v, kernel_options={"BLOCK_M": 64})
+    with pytest.raises(BackendUnavailableError, match="PRESCALE_QK"):  # tuning options are accepted
+        fa.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + 1, kernel_options={"PRESCALE_QK": True})
     from torch.nn.attention.flex_attention import AuxRequest
 
     with pytest.raises(BackendUnavailableError, match="max_scores"):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import AttentionTypeError, AttentionValueError
+from ..errors import AttentionDtypeError, AttentionTypeError, AttentionValueError
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -197,7 +197,7 @@ def validate_inputs(
     k = _check_tensor("key", k)
     v = _check_tensor("value", v)
     if not (q.dtype == k.dtype == v.dtype):
-        raise AttentionTypeError(
+        raise AttentionDtypeError(
             f"query, key and value must share one dtype, got query {q.dtype}, key {k.dtype}, value {v.dtype}"
         )
     if not (q.device == k.device == v.device):

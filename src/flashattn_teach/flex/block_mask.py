@@ -14,30 +14,39 @@ sorted index lists, per query block the key blocks to visit:
 
 Here the source of truth is :attr:`BlockMask.block_kinds`, int8 ``(B|1, H|1, T_r, T_c)`` with the codes
 ``KIND_SKIP, KIND_PARTIAL, KIND_FULL = 0, 1, 2``; torch's lists are derived from it on first use, exactly as
-torch orders them. A dim of size 1 in ``block_kinds`` is a broadcast: the mask is the same for every batch
-element (head), and torch's attributes are expanded to the requested ``B`` (``H``).
+torch orders them (:mod:`flashattn_teach.flex.index_lists` writes and reads them). A dim of size 1 in
+``block_kinds`` is a broadcast: the mask is the same for every batch element (head), and torch's attributes
+are expanded to the requested ``B`` (``H``).
 
 :func:`create_block_mask` never builds the ``N_q x N_k`` mask: it evaluates ``mask_mod`` chunk by chunk of
 tiles (:mod:`flashattn_teach.flex.classify`; on CUDA, a Triton kernel running the translated function,
 :mod:`flashattn_teach.triton.block_mask`).
 
-Differences from torch: the constructor takes ``block_kinds`` (use :meth:`BlockMask.from_kv_blocks` for
-torch's index lists); indexing (``block_mask[b, h]``), ``_adjust`` and the deterministic-backward
-``dq_write_order`` metadata are not provided; ``to_string`` draws FULL, PARTIAL and SKIP blocks apart.
+torch's API is kept: ``BlockMask(seq_lengths=..., kv_num_blocks=..., kv_indices=..., ...)`` and
+:meth:`BlockMask.from_kv_blocks` (the given lists stay the mask's attributes), indexing (``block_mask[b]``,
+``[:, h]``, ``[b, h, q_blocks]``: every int keeps its dim, as torch's), :meth:`BlockMask._adjust`, ``str``,
+``repr`` and :meth:`BlockMask.to_string` drawn as torch draws them. The index lists are read only (the
+attention reads ``block_kinds``); ``mask_mod`` and ``seq_lengths`` may be assigned, as torch's decoding does
+after indexing query blocks. Lists that cover more blocks than ``seq_lengths`` needs are read cropped (as
+torch's kernel reads them); fewer are refused when the attention reads them. Not provided: the
+deterministic-backward ``dq_write_order`` metadata, and more than two batch dims.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import AttentionValueError
+from ..errors import AttentionTypeError, AttentionValueError
 from .classify import MaskMod, Pool, retile, tile_visibility
 from .combinators import noop_mask
+from .index_lists import cut, keep_dim, kinds_of_lists, ordered
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
 # torch's index-list attributes of a block mask, in its order
@@ -46,15 +55,6 @@ INDEX_LISTS = tuple(
     "full_q_indices".split()
 )
 DEFAULT_BLOCK_SIZE = 128  # torch's _DEFAULT_SPARSE_BLOCK_SIZE
-
-
-def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
-    """``(num_blocks, indices)`` of a 0/1 table ``(..., rows, cols)``, torch's index lists: per row the
-    count of ones, and the columns holding them in ascending order followed by the others (a stable sort)."""
-    dense = dense.to(torch.int32)
-    num_blocks = dense.sum(dim=-1, dtype=torch.int32)
-    indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
-    return num_blocks.contiguous(), indices.contiguous()
 
 
 def block_size(BLOCK_SIZE: int | tuple[int, int]) -> tuple[int, int]:
@@ -66,6 +66,25 @@ def block_size(BLOCK_SIZE: int | tuple[int, int]) -> tuple[int, int]:
     return size[0], size[1]
 
 
+# what torch's BlockMask exposes and this one derives from block_kinds: assigning them would change nothing
+READ_ONLY = (*INDEX_LISTS, "BLOCK_SIZE", "shape", "batch_shape", "has_full")
+DQ_METADATA = ("dq_write_order", "dq_write_order_full", "dq_kv_order")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _sliced_mask_mod_error(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """The ``mask_mod`` of an indexed mask (torch's name): the indices it would see are the sliced mask's,
+    not the original's, so it refuses to run until the caller says which function to use."""
+    raise AttentionValueError(
+        "this BlockMask was indexed (block_mask[...]), which resets its mask_mod, as torch's does: assign one "
+        "from the original mask, sliced.mask_mod = original.mask_mod (offset by the indices the slice "
+        "starts at when the function reads b, h or q_idx)"
+    )
+
+
 class BlockMask:
     """The tile kinds of one mask, ``block_kinds`` int8 ``(B|1, H|1, T_r, T_c)``, and torch's index lists
     derived from them.
@@ -75,25 +94,81 @@ class BlockMask:
     attributes (``(B, H)`` from :func:`create_block_mask`), each equal to the kinds' dim or the kinds' dim
     being 1 (a broadcast); ``has_full``: whether FULL blocks are kept apart (torch's
     ``separate_full_blocks``); without them ``full_kv_*`` and ``full_q_*`` are None.
+
+    torch's constructor is taken by keyword: ``BlockMask(seq_lengths=..., kv_num_blocks=..., kv_indices=...,
+    full_kv_num_blocks=..., full_kv_indices=..., q_num_blocks=..., ..., BLOCK_SIZE=..., mask_mod=...)``;
+    the lists given are kept as the mask's attributes (the ``q_*`` ones as given, None if not, as torch).
     """
+
+    BLOCK_SIZE: tuple[int, int]
+    seq_lengths: tuple[int, int]
+    batch_shape: tuple[int, ...]
+    has_full: bool
+    _kinds: Tensor  # int8 (B|1, H|1, rows, cols): the blocks as built or listed, whatever the lengths
+    _tile_kinds: dict[tuple[int, int], Tensor]
+
+    # torch's deterministic-backward metadata: never built here (refused where torch takes it)
+    dq_write_order: Tensor | None = None
+    dq_write_order_full: Tensor | None = None
+    dq_kv_order: Tensor | None = None
 
     def __init__(
         self,
-        block_kinds: Tensor,
-        seq_lengths: tuple[int, int],
+        block_kinds: Tensor | None = None,
+        seq_lengths: tuple[int, int] | None = None,
         BLOCK_SIZE: int | tuple[int, int] = DEFAULT_BLOCK_SIZE,
         mask_mod: MaskMod | None = None,
         *,
         batch_shape: tuple[int, ...] | None = None,
         has_full: bool = True,
+        kv_num_blocks: Tensor | None = None,
+        kv_indices: Tensor | None = None,
+        full_kv_num_blocks: Tensor | None = None,
+        full_kv_indices: Tensor | None = None,
+        q_num_blocks: Tensor | None = None,
+        q_indices: Tensor | None = None,
+        full_q_num_blocks: Tensor | None = None,
+        full_q_indices: Tensor | None = None,
+        dq_write_order: Tensor | None = None,
+        dq_write_order_full: Tensor | None = None,
+        dq_kv_order: Tensor | None = None,
+        dq_kv_order_spt: bool | None = None,
     ) -> None:
-        self.BLOCK_SIZE = block_size(BLOCK_SIZE)
-        self.seq_lengths = (int(seq_lengths[0]), int(seq_lengths[1]))
-        T_r, T_c = (-(-n // s) for n, s in zip(self.seq_lengths, self.BLOCK_SIZE, strict=True))
-        if block_kinds.dim() != 4 or block_kinds.dtype != torch.int8 or tuple(block_kinds.shape[2:]) != (T_r, T_c):
+        _refuse_dq_metadata("BlockMask", dq_write_order, dq_write_order_full, dq_kv_order)
+        if isinstance(block_kinds, (tuple, list)):
+            raise AttentionTypeError(
+                "BlockMask: the first positional argument is block_kinds (an int8 tensor); torch's form "
+                "BlockMask(seq_lengths, kv_num_blocks, kv_indices, ...) is taken by keyword here: "
+                "BlockMask(seq_lengths=..., kv_num_blocks=..., kv_indices=..., ...) or BlockMask.from_kv_blocks(...)"
+            )
+        object.__setattr__(self, "_tile_kinds", {})
+        given: dict[str, Tensor | None] = {}
+        if kv_num_blocks is not None or kv_indices is not None:  # torch's form: the index lists
+            if block_kinds is not None or kv_num_blocks is None or kv_indices is None or seq_lengths is None:
+                raise AttentionValueError(
+                    "BlockMask: give block_kinds, or torch's seq_lengths=, kv_num_blocks= and kv_indices= "
+                    "(with full_kv_num_blocks=, full_kv_indices= for FULL blocks), not a mix"
+                )
+            block_kinds, batch_shape = kinds_of_lists(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
+            has_full = full_kv_num_blocks is not None
+            given = {
+                "kv_num_blocks": kv_num_blocks,
+                "kv_indices": kv_indices,
+                "full_kv_num_blocks": full_kv_num_blocks,
+                "full_kv_indices": full_kv_indices,
+                "q_num_blocks": q_num_blocks,
+                "q_indices": q_indices,
+                "full_q_num_blocks": full_q_num_blocks,
+                "full_q_indices": full_q_indices,
+            }
+        elif block_kinds is None or seq_lengths is None:
+            raise AttentionTypeError(
+                "BlockMask needs block_kinds and seq_lengths, or torch's seq_lengths=, kv_num_blocks= and "
+                "kv_indices=; create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN) builds one from a function"
+            )
+        if block_kinds.dim() != 4 or block_kinds.dtype != torch.int8:
             raise AttentionValueError(
-                f"block_kinds must be int8 (B|1, H|1, {T_r}, {T_c}) for seq_lengths {self.seq_lengths} and "
-                f"BLOCK_SIZE {self.BLOCK_SIZE}, got {block_kinds.dtype} {tuple(block_kinds.shape)}"
+                f"block_kinds must be int8 (B|1, H|1, T_r, T_c), got {block_kinds.dtype} {tuple(block_kinds.shape)}"
             )
         batch_shape = tuple(block_kinds.shape[:2]) if batch_shape is None else tuple(batch_shape)
         padded = (1,) * (2 - len(batch_shape)) + batch_shape
@@ -104,25 +179,51 @@ class BlockMask:
             )
         if not has_full and bool((block_kinds == KIND_FULL).any()):
             raise AttentionValueError("block_kinds holds FULL blocks but has_full=False: mark them PARTIAL")
-        self.block_kinds = block_kinds
-        self.batch_shape = batch_shape
-        self.has_full = has_full
+        object.__setattr__(self, "BLOCK_SIZE", block_size(BLOCK_SIZE))
+        object.__setattr__(self, "_kinds", block_kinds)
+        object.__setattr__(self, "batch_shape", batch_shape)
+        object.__setattr__(self, "has_full", has_full)
+        self.seq_lengths = seq_lengths  # type: ignore[assignment]  # checked and made a pair of ints
         self.mask_mod: MaskMod = mask_mod if mask_mod is not None else noop_mask
-        self._tile_kinds: dict[tuple[int, int], Tensor] = {}
+        vars(self).update(given)
 
-    # torch's index lists, derived on first use; read only, since the attention reads block_kinds
+    # torch's index lists, derived on first use (or kept as given); read only, since the attention reads
+    # block_kinds. seq_lengths and mask_mod may be assigned, as in torch.
 
     def __setattr__(self, name: str, value: object) -> None:
-        if name in INDEX_LISTS:
-            raise AttributeError(
-                f"BlockMask.{name} is derived from block_kinds, which the attention reads, so setting it would "
-                "change nothing: build a new mask with BlockMask.from_kv_blocks(...) from the lists you want"
-            )
+        if name in READ_ONLY:
+            raise _read_only(name)
+        if name in DQ_METADATA:
+            _refuse_dq_metadata("BlockMask", *(value if n == name else None for n in DQ_METADATA))
+        if name == "seq_lengths":
+            value = _seq_lengths(value)
+            self._tile_kinds.clear()  # the tilings are of the lengths
         super().__setattr__(name, value)
+
+    @property
+    def block_kinds(self) -> Tensor:
+        """int8 ``(B|1, H|1, ceil(N_q / BLOCK_SIZE[0]), ceil(N_k / BLOCK_SIZE[1]))``: the kinds the attention
+        reads. Lists that cover more blocks (a mask given shorter ``seq_lengths``) are read cropped to the
+        upper left, as torch's kernel reads only the blocks its lengths reach; fewer are refused."""
+        kinds = self._kinds
+        need = (_cdiv(self.seq_lengths[0], self.BLOCK_SIZE[0]), _cdiv(self.seq_lengths[1], self.BLOCK_SIZE[1]))
+        have = tuple(kinds.shape[2:])
+        if need[0] > have[0] or need[1] > have[1]:
+            raise AttentionValueError(
+                f"block_mask holds {have[0]} x {have[1]} blocks of {self.BLOCK_SIZE}, but its seq_lengths "
+                f"{self.seq_lengths} need {need[0]} x {need[1]}: set block_mask.seq_lengths to the lengths the "
+                "blocks cover (after indexing query blocks, block_mask[:, :, i], as torch's decoding does: "
+                "(rows, KV_LEN)), or build the mask for these lengths with create_block_mask"
+            )
+        return kinds if need == have else kinds[:, :, : need[0], : need[1]]
+
+    @block_kinds.setter
+    def block_kinds(self, value: Tensor) -> None:
+        raise _read_only("block_kinds")
 
     def _expanded(self, kind: int, *, transpose: bool = False) -> Tensor:
         """0/1 int32 table of blocks of one kind, at ``batch_shape`` (query blocks last if ``transpose``)."""
-        table = (self.block_kinds == kind).to(torch.int32)
+        table = (self._kinds == kind).to(torch.int32)
         if transpose:
             table = table.transpose(-2, -1)
         padded = (1,) * (2 - len(self.batch_shape)) + self.batch_shape
@@ -130,19 +231,19 @@ class BlockMask:
 
     @cached_property
     def _kv_lists(self) -> tuple[Tensor, Tensor]:
-        return _ordered(self._expanded(KIND_PARTIAL))
+        return ordered(self._expanded(KIND_PARTIAL))
 
     @cached_property
     def _full_kv_lists(self) -> tuple[Tensor, Tensor] | None:
-        return _ordered(self._expanded(KIND_FULL)) if self.has_full else None
+        return ordered(self._expanded(KIND_FULL)) if self.has_full else None
 
     @cached_property
     def _q_lists(self) -> tuple[Tensor, Tensor]:
-        return _ordered(self._expanded(KIND_PARTIAL, transpose=True))
+        return ordered(self._expanded(KIND_PARTIAL, transpose=True))
 
     @cached_property
     def _full_q_lists(self) -> tuple[Tensor, Tensor] | None:
-        return _ordered(self._expanded(KIND_FULL, transpose=True)) if self.has_full else None
+        return ordered(self._expanded(KIND_FULL, transpose=True)) if self.has_full else None
 
     @cached_property
     def kv_num_blocks(self) -> Tensor:
@@ -202,62 +303,29 @@ class BlockMask:
     ) -> BlockMask:
         """torch's constructor from index lists: ``kv_indices`` ``(*batch, T_r, T_c)`` (at most two batch dims)
         whose first ``kv_num_blocks`` ``(*batch, T_r)`` entries per row are its PARTIAL key blocks, and
-        likewise ``full_kv_*`` for FULL ones. The given tensors are kept as the mask's attributes."""
-        for name, value in (
-            ("dq_write_order", dq_write_order),
-            ("dq_write_order_full", dq_write_order_full),
-            ("dq_kv_order", dq_kv_order),
-        ):
-            if value is not None:
-                raise AttentionValueError(
-                    f"BlockMask.from_kv_blocks: {name} (deterministic dQ write order) is not supported here; "
-                    f"leave {name}=None"
-                )
-        if (full_kv_num_blocks is None) != (full_kv_indices is None):
-            raise AttentionValueError(
-                "BlockMask.from_kv_blocks: give both full_kv_num_blocks and full_kv_indices, or neither"
-            )
-        if not 2 <= kv_indices.dim() <= 4 or tuple(kv_num_blocks.shape) != tuple(kv_indices.shape[:-1]):
-            raise AttentionValueError(
-                f"BlockMask.from_kv_blocks: kv_indices must be (*batch, T_r, T_c) with at most two batch dims and "
-                f"kv_num_blocks (*batch, T_r); got kv_indices {tuple(kv_indices.shape)}, kv_num_blocks "
-                f"{tuple(kv_num_blocks.shape)}"
-            )
-        size = block_size(BLOCK_SIZE)
-        *batch, T_r, T_c = kv_indices.shape
-        if seq_lengths is None:
-            seq_lengths = (T_r * size[0], T_c * size[1])
-        if (-(-seq_lengths[0] // size[0]), -(-seq_lengths[1] // size[1])) != (T_r, T_c):
-            raise AttentionValueError(
-                f"BlockMask.from_kv_blocks: seq_lengths {tuple(seq_lengths)} at BLOCK_SIZE {size} make "
-                f"{-(-seq_lengths[0] // size[0])} x {-(-seq_lengths[1] // size[1])} blocks, but kv_indices has "
-                f"{T_r} x {T_c}: pass the seq_lengths the lists were made for"
-            )
-        partial = _listed(kv_num_blocks, kv_indices)
-        kinds = partial.to(torch.int8) * KIND_PARTIAL
-        if full_kv_num_blocks is not None and full_kv_indices is not None:
-            if tuple(full_kv_indices.shape) != tuple(kv_indices.shape):
-                raise AttentionValueError(
-                    f"BlockMask.from_kv_blocks: full_kv_indices {tuple(full_kv_indices.shape)} must have "
-                    f"kv_indices' shape {tuple(kv_indices.shape)}"
-                )
-            full = _listed(full_kv_num_blocks, full_kv_indices)
-            if bool((full & partial).any()):
-                raise AttentionValueError(
-                    "BlockMask.from_kv_blocks: a block is listed both in kv_indices and in full_kv_indices; "
-                    "list each block once (FULL blocks only in full_kv_indices)"
-                )
-            kinds = torch.where(full, KIND_FULL, kinds).to(torch.int8)
-        kinds = kinds.reshape((1,) * (2 - len(batch)) + (*batch, T_r, T_c))
-        mask = cls(
-            kinds, seq_lengths, size, mask_mod, batch_shape=tuple(batch), has_full=full_kv_num_blocks is not None
+        likewise ``full_kv_*`` for FULL ones. The given tensors are kept as the mask's attributes; the
+        transposed ``q_*`` lists are derived (None with ``compute_q_blocks=False``, as torch)."""
+        _refuse_dq_metadata(
+            "BlockMask.from_kv_blocks",
+            dq_write_order,
+            dq_write_order_full,
+            None if dq_kv_order is True else dq_kv_order,
         )
-        # the given lists are the mask's attributes (torch's); block_kinds says the same
-        given: dict[str, Tensor | None] = {"kv_num_blocks": kv_num_blocks, "kv_indices": kv_indices}
-        given |= {"full_kv_num_blocks": full_kv_num_blocks, "full_kv_indices": full_kv_indices}
-        if not compute_q_blocks:
-            given |= dict.fromkeys(("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"))
-        vars(mask).update(given)
+        size = block_size(BLOCK_SIZE)
+        if seq_lengths is None:  # torch's default: whole blocks
+            seq_lengths = (kv_indices.shape[-2] * size[0], kv_indices.shape[-1] * size[1])
+        mask = cls(
+            seq_lengths=seq_lengths,
+            BLOCK_SIZE=size,
+            mask_mod=mask_mod,
+            kv_num_blocks=kv_num_blocks,
+            kv_indices=kv_indices,
+            full_kv_num_blocks=full_kv_num_blocks,
+            full_kv_indices=full_kv_indices,
+        )
+        if compute_q_blocks:  # derived from the kinds on first use, as torch transposes the lists
+            for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+                del vars(mask)[name]
         return mask
 
     # torch's views of the mask
@@ -270,14 +338,12 @@ class BlockMask:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def _batch_copies(self) -> int:
-        """How many (b, h) of ``batch_shape`` each (b, h) of ``block_kinds`` stands for."""
-        return math.prod(self.batch_shape) // math.prod(self.block_kinds.shape[:2])
-
     def sparsity(self) -> float:
-        """torch's figure: 100 (1 - computed / numel), computed = non-SKIP blocks x the block's area (so a
+        """torch's figure: 100 (1 - computed / numel), computed = the listed blocks x the block's area (so a
         ragged last block counts whole and the figure can go below 0)."""
-        computed = int((self.block_kinds != KIND_SKIP).sum()) * self._batch_copies()
+        computed = int(self.kv_num_blocks.sum())
+        if self.full_kv_num_blocks is not None:
+            computed += int(self.full_kv_num_blocks.sum())
         return 100 * (1 - computed * self.BLOCK_SIZE[0] * self.BLOCK_SIZE[1] / self.numel())
 
     def to_dense(self) -> Tensor:
@@ -285,53 +351,106 @@ class BlockMask:
         return self._expanded(KIND_PARTIAL) | self._expanded(KIND_FULL)
 
     def to(self, device: torch.device | str) -> BlockMask:
-        """The same mask with its kinds on ``device``."""
-        return BlockMask(
-            self.block_kinds.to(device),
+        """The same mask with its kinds and lists on ``device``."""
+        moved = BlockMask(
+            self._kinds.to(device),
             self.seq_lengths,
             self.BLOCK_SIZE,
             self.mask_mod,
             batch_shape=self.batch_shape,
             has_full=self.has_full,
         )
+        lists = {name: value for name, value in vars(self).items() if name in INDEX_LISTS}
+        vars(moved).update({name: None if t is None else t.to(device) for name, t in lists.items()})
+        return moved
+
+    def __getitem__(self, index: int | slice | Tensor | tuple[Any, ...]) -> BlockMask:
+        """torch's indexing: ``index`` picks from the lists' first three dims (batch, head, query block);
+        an int ``i`` keeps its dim (it reads as ``i:i+1``), as torch's does. The result has the same
+        ``seq_lengths`` and a ``mask_mod`` that refuses to run until one is assigned, as torch's."""
+        index = index if isinstance(index, tuple) else (index,)
+        sizes = tuple(self.kv_num_blocks.shape)
+        if len(sizes) != 3:
+            raise AttentionValueError(
+                f"block_mask[...] indexes (batch, head, query block) of lists (B, H, T_r), but this mask's "
+                f"kv_num_blocks is {sizes}: index the mask it was taken from, or build it with B and H"
+            )
+        padded = (*index, slice(None), slice(None), slice(None))[:3]
+        picks = tuple(
+            keep_dim(i, n, dim) if isinstance(i, int) else i
+            for dim, (i, n) in enumerate(zip(padded, sizes, strict=True))
+        )
+        full = self.full_kv_num_blocks, self.full_kv_indices
+        return BlockMask.from_kv_blocks(
+            self.kv_num_blocks[picks],
+            self.kv_indices[picks],
+            None if full[0] is None else full[0][picks],
+            None if full[1] is None else full[1][picks],
+            BLOCK_SIZE=self.BLOCK_SIZE,
+            mask_mod=_sliced_mask_mod_error,
+            seq_lengths=self.seq_lengths,
+            compute_q_blocks=self.q_indices is not None,
+        )
+
+    def _adjust(self, new_q_len: int, new_kv_len: int) -> BlockMask:
+        """torch's ``_adjust``: the mask for ``(new_q_len, new_kv_len)``, its lists cut to the upper left
+        ``ceil(new_q_len / BLOCK_SIZE[0]) x ceil(new_kv_len / BLOCK_SIZE[1])`` blocks (never extended: a
+        longer length than the lists cover is refused when the attention reads them)."""
+        rows, cols = _cdiv(new_q_len, self.BLOCK_SIZE[0]), _cdiv(new_kv_len, self.BLOCK_SIZE[1])
+        kv_num_blocks, kv_indices = cut(self.kv_num_blocks, self.kv_indices, rows, cols)
+        full_num_blocks, full_indices = (
+            (None, None)
+            if self.full_kv_num_blocks is None or self.full_kv_indices is None
+            else cut(self.full_kv_num_blocks, self.full_kv_indices, rows, cols)
+        )
+        return BlockMask.from_kv_blocks(
+            kv_num_blocks,
+            kv_indices,
+            full_num_blocks,
+            full_indices,
+            BLOCK_SIZE=self.BLOCK_SIZE,
+            mask_mod=self.mask_mod,
+            seq_lengths=(new_q_len, new_kv_len),
+            compute_q_blocks=self.q_indices is not None,
+        )
 
     def to_string(self, grid_size: int | tuple[int, int] = (20, 20), limit: int = 4) -> str:
-        """A drawing of the first ``limit`` (b, h) of ``block_kinds``, at most ``grid_size`` cells (-1: one
-        cell per block): '██' every block of the cell FULL, '  ' every one SKIP, '░░' otherwise."""
-        kinds = self.block_kinds.cpu()
-        T_r, T_c = kinds.shape[2:]
-        rows, cols = (
-            (T_r, T_c) if grid_size == -1 else (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
-        )
-        step_r, step_c = max(1, -(-T_r // rows)), max(1, -(-T_c // cols))
+        """torch's drawing of the first ``limit`` (b, h) of :meth:`to_dense`, each headed by its index tuple:
+        at most ``grid_size`` cells a side (-1: one cell per block), each two characters, '██' if every block
+        it covers is computed, '  ' if none is, '░░' otherwise."""
+        dense = self.to_dense().cpu()
+        *batch, T_r, T_c = dense.shape
+        rows, cols = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
+        step_r, step_c = max(1, _cdiv(T_r, rows)), max(1, _cdiv(T_c, cols))  # a size <= 0 gives steps of 1
         pictures = []
-        for n, (b, h) in enumerate(itertools.product(range(kinds.shape[0]), range(kinds.shape[1]))):
+        for n, where in enumerate(itertools.product(*(range(d) for d in batch))):
             if n == limit:
-                pictures.append(f"... (to_string(limit=N) draws more; {kinds.shape[0] * kinds.shape[1]} in all)")
+                pictures += [
+                    "...",
+                    "To print out more, set BlockMask.to_string(limit=N)",
+                    "You can also index (BlockMask[batch, head]) to choose a specific batch or head",
+                ]
                 break
-            # a size-1 dim of the kinds stands for every batch element (head): "b=*"
-            lines = [f"(b={'*' if kinds.shape[0] == 1 else b}, h={'*' if kinds.shape[1] == 1 else h})"]
+            table = dense[where]
+            lines = [str(where)]
             for r in range(0, T_r, step_r):
-                line = ""
-                for c in range(0, T_c, step_c):
-                    cell = kinds[b, h, r : r + step_r, c : c + step_c]
-                    line += (
-                        "██" if bool((cell == KIND_FULL).all()) else "  " if bool((cell == KIND_SKIP).all()) else "░░"
-                    )
-                lines.append(line)
-            pictures.append("\n".join(lines))
+                lines.append("".join(_cell(table[r : r + step_r, c : c + step_c]) for c in range(0, T_c, step_c)))
+            pictures.append("\n".join(lines) + "\n")
         return "\n".join(pictures)
 
     def __str__(self) -> str:
-        return f"BlockMask(shape={self.shape}, sparsity={self.sparsity():.2f}%,\n{self.to_string()}\n)"
+        return f"BlockMask(shape={self.shape}, sparsity={self.sparsity():.2f}%, \n{self.to_string().strip()}\n)"
 
     def __repr__(self) -> str:
-        counts = torch.bincount(self.block_kinds.flatten().to(torch.int64), minlength=3).tolist()
-        name = getattr(self.mask_mod, "__name__", repr(self.mask_mod))
+        def size(name: str) -> object:
+            value = getattr(self, name)
+            return None if value is None else value.shape
+
+        lists = "".join(f"    {name}={size(name)},\n" for name in INDEX_LISTS)
+        name = getattr(self.mask_mod, "__name__", self.mask_mod)
         return (
-            f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, block_kinds="
-            f"{tuple(self.block_kinds.shape)} [skip {counts[KIND_SKIP]}, partial {counts[KIND_PARTIAL]}, "
-            f"full {counts[KIND_FULL]}], sparsity={self.sparsity():.2f}%, mask_mod={name})"
+            f"BlockMask(\n{lists}    BLOCK_SIZE={self.BLOCK_SIZE},\n    shape={self.shape},\n"
+            f"    sparsity={self.sparsity():.2f}%,\n    mask_mod={name}\n)"
         )
 
     # ours: the kinds at another tiling, and the element-level visibility of a tile region
@@ -369,14 +488,36 @@ class BlockMask:
         return self._element_kinds(r0, r1, c0, c1) == KIND_FULL
 
 
-def _listed(num_blocks: Tensor, indices: Tensor) -> Tensor:
-    """bool ``(*batch, T_r, T_c)``: True at the first ``num_blocks`` column indices listed per row."""
-    T_c = indices.shape[-1]
-    valid = torch.arange(T_c, device=indices.device) < num_blocks.unsqueeze(-1)  # (*batch, T_r, T_c)
-    # an index past its row's count is written to a spare column T_c, then dropped
-    target = torch.where(valid, indices.to(torch.int64), T_c)
-    table = torch.zeros(*indices.shape[:-1], T_c + 1, dtype=torch.bool, device=indices.device)
-    return table.scatter(-1, target, True)[..., :T_c]
+def _read_only(name: str) -> AttributeError:
+    return AttributeError(
+        f"BlockMask.{name} is read only: the attention reads the block kinds the mask was built with, so "
+        "setting it would change nothing; build a new mask with BlockMask.from_kv_blocks(...) from the "
+        "lists you want, or with create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)"
+    )
+
+
+def _refuse_dq_metadata(where: str, *values: object) -> None:
+    for name, value in zip(DQ_METADATA, values, strict=True):
+        if value is not None:
+            raise AttentionValueError(
+                f"{where}: {name} (torch's deterministic dQ write order) is not supported here; leave {name}=None"
+            )
+
+
+def _seq_lengths(value: object) -> tuple[int, int]:
+    if (
+        not isinstance(value, Sequence)
+        or len(value) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+    ):
+        raise AttentionValueError(f"BlockMask.seq_lengths must be a pair (Q_LEN, KV_LEN) of ints >= 0, got {value!r}")
+    return (int(value[0]), int(value[1]))
+
+
+def _cell(section: Tensor) -> str:
+    """One cell of torch's drawing: its share of computed blocks as full, empty or shaded."""
+    share = float(section.to(torch.float32).mean())
+    return "██" if share == 1 else "  " if share == 0 else "░░"
 
 
 def classified_block_mask(
