@@ -241,5 +241,7 @@ def sink_grad(sinks: Tensor, lse: Tensor, O: Tensor, dO: Tensor | None, dlse: Te
         g = g - p * (dO.to(lse.dtype) * O.to(lse.dtype)).sum(dim=-1)  # - p_i delta_i
     if dlse is not None:
         g = g + p * dlse.to(lse.dtype)
-    dsink = g.reshape(-1, *g.shape[-2:]).sum(dim=(0, 2)) if per_head else g.sum().reshape(1)
+    # a sum over every dim but the head's, not a reshape to (-1, H_q, N_q): that one is ambiguous (an error)
+    # when there are no rows (N_q = 0, an empty chunk of a chunked prefill), which give dsink = 0
+    dsink = g.sum(dim=[*range(g.dim() - 2), g.dim() - 1]) if per_head else g.sum().reshape(1)
     return dsink.to(sinks.dtype)

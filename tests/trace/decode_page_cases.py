@@ -17,10 +17,10 @@ def _inputs(seed: int, *, B: int, N_new: int, N_max: int, new_kv: int, D: int = 
 
 
 def sink_step() -> DecodeReplay:
-    """5 cached + 2 new keys, 2 queries, 3 splits of BLOCK_N=2, the head's sink 0.5 merged in last."""
+    """5 cached + 2 new keys, 2 causal queries, 3 splits of BLOCK_N=2, the head's sink 0.5 merged in last."""
     q, k_cache, v_cache, k, v = _inputs(0, B=1, N_new=2, N_max=9, new_kv=2)
     sinks = torch.tensor([0.5], dtype=torch.float64)
-    return replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3, sinks=sinks)
+    return replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3, causal=True, sinks=sinks)
 
 
 PAGE_SIZE = 3
@@ -28,7 +28,8 @@ BLOCK_TABLE = torch.tensor([[6, 2, 7, 0], [1, 5, 3, 4]], dtype=torch.int32)  # (
 
 
 def paged_step() -> DecodeReplay:
-    """Element 1 of a paged cache (pages of 3 slots, block ids 1, 5, 3 for its keys 0-8), 7 cached + 2 new keys."""
+    """Element 1 of a paged cache (pages of 3 slots, block ids 1, 5, 3 for its keys 0-8), 7 cached + 2 new
+    keys, causal."""
     B, max_blocks = BLOCK_TABLE.shape
     N_max = PAGE_SIZE * max_blocks
     q, k_cache, v_cache, k, v = _inputs(4, B=B, N_new=2, N_max=N_max, new_kv=2)
@@ -40,7 +41,17 @@ def paged_step() -> DecodeReplay:
             v_pool[BLOCK_TABLE[b, p]] = v_cache[b, :, p * PAGE_SIZE : (p + 1) * PAGE_SIZE]
     lengths = torch.tensor([4, 7])
     return replay_decode(
-        q, k_pool, v_pool, k, v, cache_seqlens=lengths, block_n=2, num_splits=2, batch_index=1, block_table=BLOCK_TABLE
+        q,
+        k_pool,
+        v_pool,
+        k,
+        v,
+        cache_seqlens=lengths,
+        block_n=2,
+        num_splits=2,
+        batch_index=1,
+        causal=True,
+        block_table=BLOCK_TABLE,
     )
 
 

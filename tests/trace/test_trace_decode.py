@@ -94,7 +94,7 @@ def test_merged_output_matches_the_dense_oracle_and_the_decode(cache_len, new_kv
 
 def test_a_row_that_sees_no_key_of_a_split_gets_lse_minus_inf_and_weight_zero_without_nan():
     q, k_cache, v_cache, k, v = make(5, 2, 2)
-    r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3)
+    r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3, causal=True)
     assert r.ranges == ((0, 3), (3, 6), (6, 7))
     last = r.splits[2]
     assert last.lse_s[0] == NEG_INF and math.isfinite(last.lse_s[1])  # key 6 is after row 0's position 5
@@ -200,7 +200,7 @@ def test_cli_json_is_the_replay_of_the_recorded_recipe_and_validates(tmp_path):
     torch.manual_seed(0)  # the recipe: q, k_cache, v_cache, k, v in this order
     shapes = [(1, 1, 2, 4), (1, 1, 9, 4), (1, 1, 9, 4), (1, 1, 2, 4), (1, 1, 2, 4)]
     q, k_cache, v_cache, k, v = (torch.randn(s, dtype=torch.float64) for s in shapes)
-    r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3)
+    r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=5, block_n=2, num_splits=3, causal=True)  # the CLI's
     assert experiment == json.loads(json.dumps(decode_to_experiment(r)))
     assert [c["split"]["index"] for c in experiment["cases"]] == [0, 0, 1, 1, 2]
     assert experiment["decode"]["keyRoles"] == ["old"] * 5 + ["new"] * 2 + ["unused"] * 2

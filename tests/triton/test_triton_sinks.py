@@ -122,3 +122,13 @@ def test_triton_varlen_sinks_match_the_oracle_per_sequence() -> None:
     O_ref = torch.cat([o for o, _ in parts], dim=0)  # (total_q, H_q, D)
     lse_ref = torch.cat([x for _, x in parts], dim=1)  # (H_q, total_q)
     _check(O, lse, leaves, O_ref, lse_ref, torch.float32, "varlen")
+
+
+def test_triton_sinks_with_no_query_row_give_zero_gradients() -> None:
+    """``N_q = 0`` (an empty chunk of a chunked prefill): empty outputs, and the gradients are sums over no
+    row, zeros; the backward used to fail reshaping its 0 rows."""
+    leaves = _leaves(0, 13)
+    O, lse = fa.flash_attention(*leaves[:3], sinks=leaves[3], backend="triton", return_lse=True)
+    assert O.shape == (B, H_Q, 0, D) and lse.shape == (B, H_Q, 0)
+    for t, g in zip(leaves, torch.autograd.grad((O.sum(), lse.sum()), leaves), strict=True):
+        assert torch.equal(g, torch.zeros_like(t))

@@ -85,7 +85,7 @@ def check_fp8(
                 f"FP8 inputs must be 4-D (B, H, N, D) (the descales are per (batch, kv head)), got {name} "
                 f"{shape_str(t)}"
             )
-    B, H_kv = q.shape[0], k.shape[1]
+    B, H_kv = _broadcast_sizes(q, k, v)
     checked = [_check_descale(n, d, B, H_kv, q.device) for n, d in zip(DESCALE_NAMES, descales, strict=True)]
     for option, used in refused.items():
         if used:
@@ -102,6 +102,19 @@ def check_fp8(
     return Fp8Descale(*checked)
 
 
+def _broadcast_sizes(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
+    """``(B, H_kv)`` of the call after torch's broadcasting (a batch or key/value head count of 1 expands to
+    the others', as in the bf16 call): the descales are per batch element and key/value head of the call,
+    the factor of an input of batch 1 applying to each element it is broadcast to. Sizes that do not
+    broadcast give ``q``'s batch and ``k``'s heads here and are refused by the shape checks that follow."""
+    sizes = [(q.shape[0], k.shape[0], v.shape[0]), (k.shape[1], v.shape[1])]
+    try:
+        B, H_kv = (torch.broadcast_shapes(*((n,) for n in ns))[0] for ns in sizes)
+    except RuntimeError:
+        return q.shape[0], k.shape[1]
+    return B, H_kv
+
+
 def _check_descale(name: str, d: object, B: int, H_kv: int, device: torch.device) -> Tensor:
     """One descale: None (ones) or a float32 ``(B, H_kv)`` tensor on the inputs' device."""
     if d is None:
@@ -115,7 +128,7 @@ def _check_descale(name: str, d: object, B: int, H_kv: int, device: torch.device
     if tuple(d.shape) != (B, H_kv):
         raise AttentionValueError(
             f"{name} must have shape (B, H_kv) = ({B}, {H_kv}) (one factor per batch element and key/value "
-            f"head), got {shape_str(d)}"
+            f"head of the call, after q, k and v broadcast), got {shape_str(d)}"
         )
     if d.device != device:
         raise AttentionValueError(f"{name} is on {d.device} but the inputs are on {device}")

@@ -32,7 +32,7 @@ from .._validate.sinks import check_sinks
 from ..dispatch import check_backend, planner, runner
 from ..splitkv import default_num_splits
 from .pages import append_to_pages, element_caches
-from .ranges import DecodeStep, cpu_decode, range_plan
+from .ranges import DecodeStep, cpu_decode, range_plan, visible_keys
 
 
 def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
@@ -42,6 +42,49 @@ def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cach
         for b, n in enumerate(cache_seqlens):
             k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
             v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
+
+
+class _NothingVisible(torch.autograd.Function):
+    """``(O, lse)`` of a step in which no row of any batch element sees a key, unchanged, but attached to the
+    inputs it was computed from: ``O = 0`` (or the sinks' merge, ``O = 0``) and ``lse = -inf`` (or ``sink_h``)
+    whatever ``q``, ``k_cache`` and ``v_cache`` hold, so their gradients are zeros, as ``flash_attention``
+    with ``N_k = 0``, varlen and torch's SDPA give. Without this no range runs and ``O`` would not reach
+    ``q`` at all (backward would raise). Gradients into ``O`` and ``lse`` themselves (the sinks') pass on."""
+
+    @staticmethod
+    def forward(ctx, O: Tensor, lse: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        ctx.like = [(t.shape, t.dtype, t.device) for t in inputs]
+        return O.clone(), lse.clone()
+
+    @staticmethod
+    def backward(ctx, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        zeros = [
+            torch.zeros(shape, dtype=dtype, device=device) if wanted else None
+            for (shape, dtype, device), wanted in zip(ctx.like, ctx.needs_input_grad[2:], strict=True)
+        ]
+        return (dO, dlse, *zeros)
+
+
+def attach_when_nothing_visible(
+    O: Tensor,
+    lse: Tensor,
+    inputs: tuple[Tensor, ...],
+    *,
+    L: list[int],
+    pads: list[int] | None,
+    step: DecodeStep,
+    N_new: int,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)``, through :class:`_NothingVisible` when a gradient is wanted from ``inputs`` and no batch
+    element has a key in reach of its rows (:func:`~.ranges.visible_keys`: ``cache_seqlens = 0`` and no new
+    keys, ``cache_leftpad == cache_seqlens``, ...); with any key in reach the ranges' calls attach ``O``
+    themselves (an element that sees none gets its zero gradient through ``torch.cat``)."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
+        return O, lse
+    pad = pads or [0] * len(L)
+    if any(lo < hi for lo, hi in (visible_keys(L_b, N_new, step.window, p) for L_b, p in zip(L, pad, strict=True))):
+        return O, lse
+    return _NothingVisible.apply(O, lse, *inputs)
 
 
 def check_host_values(
@@ -193,4 +236,6 @@ def decode_step(
     caches = element_caches(k_cache, v_cache, block_table)
     with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
         O, lse = cpu_decode(q, caches, step, plan=plan, L=L, alibi_slopes=slopes, leftpad=pads, sinks=sinks)
+    read = (q,) if k is not None else (q, k_cache, v_cache)  # the caches are differentiable without a write
+    O, lse = attach_when_nothing_visible(O, lse, read, L=L, pads=pads, step=step, N_new=q.shape[2])
     return (O, lse) if lse_wanted else O

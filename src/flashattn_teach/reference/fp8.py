@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._layout import to_grouped
 from .._options import AttentionOptions
 from .._validate.fp8 import FP8_DTYPE
 from ..online_softmax import bias_and_mask, finalize, init_state, soft_cap, update
@@ -41,17 +42,17 @@ def round_e4m3(P_ij: Tensor) -> Tensor:
 def fp8_forward(
     q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N
 ) -> tuple[Tensor, Tensor]:
-    """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` in e4m3, with
-    ``opts.descale`` -> ``O (B, H_q, N_q, D_v)`` bfloat16 and ``lse (B, H_q, N_q)`` float32 (natural log,
-    of the descaled scores; ``-inf`` and ``O = 0`` for a row that sees no key)."""
+    """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` in e4m3 (or sizes 1 that
+    broadcast to those, as torch's), with ``opts.descale`` -> ``O (B, H_q, N_q, D_v)`` bfloat16 and
+    ``lse (B, H_q, N_q)`` float32 (natural log, of the descaled scores; ``-inf`` and ``O = 0`` for a row that
+    sees no key)."""
     s, d = opts.shapes, opts.descale
     if d is None:
         raise ValueError("fp8_forward needs an FP8 call's options (opts.descale is None)")
-    B, H_kv, G = q.shape[0], s.H_kv, s.group
-    # (B, H_q, N_q, D) -> (B, H_kv, G, N_q, D): the query heads of key/value head h_kv share its factors
-    qg = q.to(torch.float32).reshape(B, H_kv, G, s.N_q, s.D)
-    kg = k.to(torch.float32).reshape(B, H_kv, 1, s.N_k, s.D)
-    vg = v.to(torch.float32).reshape(B, H_kv, 1, s.N_k, s.D_v)
+    B, H_kv, G = s.batch[0], s.H_kv, s.group
+    # (B, H_q, N_q, D) -> (B, H_kv, G, N_q, D): the query heads of key/value head h_kv share its factors;
+    # inputs of batch 1 or one head are expanded to the call's sizes first, as torch broadcasts them
+    qg, kg, vg = to_grouped(q, k, v, s)  # e4m3 -> float32, exact
     # scale * qd * kd and vd, one per (b, h_kv): (B, H_kv) -> (B, H_kv, 1, 1, 1)
     score_scale = (s.scale * d.q * d.k).reshape(B, H_kv, 1, 1, 1)
     vd = d.v.reshape(B, H_kv, 1, 1, 1)

@@ -3,9 +3,10 @@
 The inputs are the replay's (``torch.manual_seed(seed)``, then ``randn`` for q, k, v) and ``dO`` is the
 fourth ``randn(B, N, D)`` of the same stream, so ``--seed`` fixes all four. Every mask option of the replay
 applies. ``--format html`` writes the replay page opened on its "Backward" view (the forward view of
-``--query-block`` beside it). Refused by name: ``--decode`` (a decode step has no backward here),
-``--order key_major`` (the backward has its own loop order: key blocks outer for dK/dV, query blocks outer
-for dQ), ``--extensions`` and ``--step`` (forward outputs). ``--format png`` draws every step of both passes
+``--query-block`` beside it). Refused by name (:mod:`.cli_modes`): ``--decode`` (a decode step has no
+backward here), ``--order`` (the backward has its own loop order: key blocks outer for dK/dV, query blocks
+outer for dQ), ``--extensions`` and ``--step`` (forward outputs), ``--query-block`` but with ``--format
+html`` (the other formats show every query block). ``--format png`` draws every step of both passes
 (:mod:`.backward_png`).
 """
 
@@ -42,21 +43,13 @@ def backward_mode_error(args: argparse.Namespace) -> str | None:
     return None
 
 
-def backward_option_error(args: argparse.Namespace) -> str | None:
-    """What ``--backward`` cannot take, naming the option (after the modes' defaults are filled in)."""
+def backward_tiles_error(args: argparse.Namespace) -> str | None:
+    """A ``--backward`` grid too large to list, naming the options (after the defaults are filled in; the
+    options ``--backward`` does not read are refused before, :mod:`.cli_modes`)."""
     if not args.backward:
         return None
-    if args.order != "query_major":
-        return (
-            f"argument --order: not used with --backward (the backward runs key blocks outer for dK/dV and query "
-            f"blocks outer for dQ), got --order {args.order}"
-        )
     if args.format not in BACKWARD_FORMATS:
         return f"argument --format: --backward writes {', '.join(BACKWARD_FORMATS)}, got {args.format}"
-    if args.extensions:
-        return "argument --extensions: adds to the forward's --format json, not used with --backward"
-    if args.step is not None:
-        return "argument --step: draws one forward tile update; --backward --format png draws every step"
     tiles = blocks(args.seq_len, args.block_m) * blocks(args.seq_len, args.block_n)
     if tiles > MAX_BACKWARD_TILES:
         return (

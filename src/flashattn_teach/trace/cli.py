@@ -1,8 +1,9 @@
 """``flashattn-teach replay``: replay one query block's tile updates as a table, JSON, HTML or PNG.
 
 ``--decode`` replays one decode step against a KV cache instead (split-KV ranges, then the merges;
-:mod:`.decode_cli`); the options of one mode given with the other are refused by name. ``--backward``
-replays the backward of the same inputs (:mod:`.backward_cli`).
+:mod:`.decode_cli`). ``--backward`` replays the backward of the same inputs (:mod:`.backward_cli`). Each
+mode lists the options it reads per ``--format`` (:mod:`.cli_modes`); any other option given is refused
+by name, never ignored.
 
 Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
 ``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
@@ -41,7 +42,7 @@ from .._cli_types import (
 from .backward_cli import (
     add_backward_arguments,
     backward_mode_error,
-    backward_option_error,
+    backward_tiles_error,
     make_dO,
     page_backward,
     render_backward,
@@ -59,6 +60,7 @@ from .cli_common import (
     sinks_error,
     window,
 )
+from .cli_modes import SELECTORS, refused_option
 from .decode_cli import add_decode_arguments, run_decode
 from .html import MAX_DRAWN_CELLS
 from .manifest import MAX_EXTENSION_TILES, extension_tiles
@@ -67,10 +69,11 @@ from .schedule import blocks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the ``replay`` subcommand; those of one mode only stay None until given (``run`` fills
-    in their defaults), so that one given with the other mode is refused even at its default value."""
+    """The options of the ``replay`` subcommand; every one but the mode selectors stays None until given
+    (``run`` fills in the defaults), so that one given to a mode that does not read it is refused even at
+    its default value."""
     _add_options(parser)
-    parser.set_defaults(**dict.fromkeys((*REPLAY_ONLY, *DECODE_ONLY)))
+    parser.set_defaults(**dict.fromkeys(option_dests()))
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -151,38 +154,22 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     add_backward_arguments(parser)
 
 
-# The options of one mode only, by destination; given with the other mode they are refused, not ignored.
-REPLAY_ONLY = (
-    "seq_len",
-    "block_m",
-    "query_block",
-    "causal_align",
-    "order",
-    "seqlens_k",
-    "cu_seqlens",
-    "pad_left",
-    "mask",
-    "extensions",
-    "step",
-)
-DECODE_ONLY = ("cache_len", "new_kv", "new_queries", "num_splits", "cache_size", "merge_order")
-
-
-def _mode_error(args: argparse.Namespace) -> str | None:
-    """An option of the other mode that was given, named."""
-    for dest in REPLAY_ONLY if args.decode else DECODE_ONLY:
-        if getattr(args, dest) is not None:
-            option = "--" + dest.replace("_", "-")
-            return f"argument {option}: not used with --decode" if args.decode else f"argument {option}: needs --decode"
-    return None
-
-
-def _with_mode_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with each mode's options not given set to their defaults."""
+@functools.cache
+def _defaults() -> dict[str, object]:
     parser = argparse.ArgumentParser()
     _add_options(parser)
-    defaults = vars(parser.parse_args([]))
-    missing = {dest: defaults[dest] for dest in (*REPLAY_ONLY, *DECODE_ONLY) if getattr(args, dest) is None}
+    return vars(parser.parse_args([]))
+
+
+def option_dests() -> list[str]:
+    """The destinations of the subcommand's options, the mode selectors ``--decode`` and ``--backward``
+    left out, in the parser's order."""
+    return [dest for dest in _defaults() if dest not in SELECTORS]
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each option not given set to its default."""
+    missing = {dest: _defaults()[dest] for dest in option_dests() if getattr(args, dest) is None}
     return argparse.Namespace(**{**vars(args), **missing})
 
 
@@ -270,10 +257,6 @@ def _option_error(args: argparse.Namespace) -> str | None:
         )
     if args.format == "png" and args.out is None:
         return "argument --format: png needs --out FILE"
-    if args.step is not None and args.format != "png":
-        return f"argument --step: draws one tile update of --format png, not --format {args.format}"
-    if args.extensions and args.format != "json":
-        return f"argument --extensions: adds to --format json, not --format {args.format}"
     if args.format in ("html", "png") and args.seq_len**2 > MAX_DRAWN_CELLS:
         return (
             f"argument --format: {args.format} draws every one of the N x N = {args.seq_len**2} score cells, at "
@@ -296,12 +279,13 @@ def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``replay`` subcommand; returns the exit status."""
-    problem = _mode_error(args) or backward_mode_error(args)
-    if problem is None:
-        args = _with_mode_defaults(args)
-    if problem is None and args.decode:
+    problem = backward_mode_error(args) or refused_option(args, option_dests())
+    if problem is not None:
+        return error(problem)
+    args = _with_defaults(args)
+    if args.decode:
         return run_decode(args)
-    problem = problem or _option_error(args) or backward_option_error(args)
+    problem = _option_error(args) or backward_tiles_error(args)
     if problem is not None:
         return error(problem)
     try:

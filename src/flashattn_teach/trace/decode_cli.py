@@ -5,7 +5,8 @@ Inputs are made in the recorded example's manner: ``torch.manual_seed(seed)``, t
 ``q (B, 1, N_new, D)``, ``k_cache, v_cache (B, 1, N_max, D)`` and the new ``k, v (B, 1, N_new_kv, D)``, in
 that order (one head; the cache slots past ``--cache-len`` hold random values that the step overwrites or
 never reads). With ``--batch`` above 1, batch element ``--batch-index`` is replayed. Causal masking is on
-unless ``--no-causal`` (as in ``flash_attention_with_kvcache``); ``--window``, ``--softcap``, ``--alibi`` and
+unless ``--no-causal`` (the command's default, passed to the replay by name: ``flash_attention_with_kvcache``
+and ``replay_decode`` default to off); ``--window``, ``--softcap``, ``--alibi`` and
 ``--scale`` are those of the replay; ``--sinks X`` gives the head a sink, merged in after the splits.
 """
 
@@ -96,7 +97,7 @@ def _replay_and_render(args: argparse.Namespace) -> None:
         block_n=args.block_n,
         num_splits=args.num_splits,
         batch_index=args.batch_index,
-        causal=args.causal is not False,  # on unless --no-causal, as flash_attention_with_kvcache
+        causal=args.causal is not False,  # on unless --no-causal (the call's default is off)
         scale=args.scale,
         window=args.window,
         softcap=args.softcap,

@@ -249,7 +249,7 @@ def replay_decode(
     num_splits: int = 0,
     batch_index: int = 0,
     head: int = 0,
-    causal: bool = True,
+    causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
@@ -263,9 +263,9 @@ def replay_decode(
 
     Args:
         q, k_cache, v_cache, k, v, cache_seqlens, causal, scale, window, softcap, alibi_slopes, num_splits:
-            as for :func:`flashattn_teach.flash_attention_with_kvcache` (layout ``(B, H, N, D)``); the
-            caches are NOT written (the replay reads a copy with ``k, v`` in place). ``num_splits=0``
-            chooses as the decode does (1 on the CPU).
+            as for :func:`flashattn_teach.flash_attention_with_kvcache`, with its defaults (``causal=False``;
+            layout ``(B, H, N, D)``); the caches are NOT written (the replay reads a copy with ``k, v`` in
+            place). ``num_splits=0`` chooses as the decode does (1 on the CPU).
         block_n: ``BLOCK_N``, keys per tile inside a range (tiles start at the range's first key).
         batch_index, head: the batch element and the query head replayed (key/value head ``head // G``).
         merge_order: the order the ranges' partials are merged in, a permutation of ``range(num_splits)``
