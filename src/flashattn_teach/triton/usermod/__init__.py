@@ -17,9 +17,11 @@ relu``, ``maximum``, ``minimum`` (and two-tensor ``max`` / ``min``), ``clamp``, 
 methods, ``detach``, ``full_like / zeros_like / ones_like`` and ``new_full / new_zeros / new_ones`` of
 size ``()``, Python numbers, and lookups ``cap[i, j, ...]`` into captured tensors with integer expressions
 of ``b, h, q_idx, kv_idx`` (results of lookups included; ``cap[i][j]`` too). Not translated, refused by
-name and line: reductions, Python control flow on tensors, slices, shapes. Caveats: integers are int32
-(int64 where a capture or ``.long()`` makes them so), floats fp32 (``.double()`` included); a number read
-from a captured tensor at trace time (``.item()``) would be baked into the source, so do not.
+name and line: reductions, Python control flow on tensors, slices, shapes, integers torch cannot convert
+(outside ``[-2^63, 2^64)``). Integers hold torch's values: int64 where torch's are int64 and a value may
+leave int32 (``integers.py``; index comparisons stay int32), a capture's width where torch keeps it.
+Caveats: floats are fp32 (``.double()`` included); a number read from a captured tensor at trace time
+(``.item()``) would be baked into the source, so do not.
 """
 
 from __future__ import annotations
