@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 triton = pytest.importorskip("triton")
 
@@ -97,6 +99,9 @@ MASKS = {
     # int8 and uint8 results wrap at 8 bits in torch
     "int8_capture_wraps": lambda b, h, q, kv: CAP8[h] * 3 > kv - q,
     "uint8_capture_wraps": lambda b, h, q, kv: CAPU8[h] + 100 > kv % 128,
+    # Python numbers past int32 on both sides of torch.where: int64 in torch, typed so in the source
+    "where_of_wide_numbers": lambda b, h, q, kv: torch.where(q > kv, 2**31, -(2**31)) + kv * KNUTH > 0,
+    "clamp_with_one_bound": lambda b, h, q, kv: torch.clamp(q - kv, min=-3) * 2**30 < 5 * 2**30,
 }
 CAPTURES = {"int32_capture_wraps": (CAP32,), "int32_capture_with_index": (CAP32,), "int8_capture_wraps": (CAP8,),
             "uint8_capture_wraps": (CAPU8,)}  # fmt: skip
@@ -111,6 +116,72 @@ def test_translated_integer_mask_mods_equal_torchs_int64_evaluation(name, positi
     want = fn(*_grids(*position)).expand(BLOCK_M, BLOCK_N)
     got = _translated_mask(fn, captures, *position)
     assert torch.equal(got, want), f"{name} at {position}: {(got != want).sum().item()} of the tile differ"
+
+
+# constants around the int32 and int64 edges, Knuth's hash among them
+_CONSTANTS = [1, 3, -7, 2**16, 2**31 - 1, 2**31, KNUTH, -(2**31), 2**32 + 5, 2**40, 2**62, 2**63, 2**64 - 1]
+
+
+def _integer_trees(depth: int):
+    names = st.sampled_from([("q",), ("kv",), ("h",), ("cap32",), ("cap8",), ("capu8",)])
+    leaves = st.one_of(names, st.tuples(st.just("c"), st.sampled_from(_CONSTANTS)))
+    if depth == 0:
+        return leaves
+    sub = _integer_trees(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(st.sampled_from(["+", "-", "*", "max", "min", "&", "|", "^"]), sub, sub),
+        st.tuples(st.sampled_from(["//", "%"]), sub, st.sampled_from([3, -5, 2**20, KNUTH, 2**33])),
+        st.tuples(st.sampled_from(["neg", "abs", "~", "**2", "**3"]), sub),
+        st.tuples(st.just("where"), sub, sub, sub),
+    )
+
+
+def _pairwise(function, bound: str, x, y):
+    """``torch.maximum`` (``minimum``) of two tensors; with a Python number, ``clamp`` with it as the bound."""
+    if isinstance(x, int) and isinstance(y, int):
+        return max(x, y) if bound == "min" else min(x, y)
+    if isinstance(x, int) or isinstance(y, int):
+        tensor, number = (y, x) if isinstance(x, int) else (x, y)
+        return torch.clamp(tensor, **{bound: number})
+    return function(x, y)
+
+
+def _integer_expression(tree, h, q, kv):
+    op, *args = tree
+    if op in ("q", "kv", "h", "cap32", "cap8", "capu8"):  # the captures' own dtypes, as torch keeps them
+        return {"q": q, "kv": kv, "h": h, "cap32": CAP32[h], "cap8": CAP8[h], "capu8": CAPU8[h]}[op]
+    if op == "c":
+        return args[0]
+    e = [_integer_expression(a, h, q, kv) if isinstance(a, tuple) else a for a in args]
+    table = {
+        "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "//": lambda x, c: x // c,
+        "%": lambda x, c: x % c, "&": lambda x, y: x & y, "|": lambda x, y: x | y, "^": lambda x, y: x ^ y,
+        "max": lambda x, y: _pairwise(torch.maximum, "min", x, y),
+        "min": lambda x, y: _pairwise(torch.minimum, "max", x, y),
+        "neg": lambda x: -x, "abs": lambda x: abs(x), "~": lambda x: ~x, "**2": lambda x: x**2, "**3": lambda x: x**3,
+        "where": lambda c, x, y: torch.where(c % 2 == 0, x, y),
+    }  # fmt: skip
+    return table[op](*e)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=_integer_trees(3), position=st.sampled_from(POSITIONS))
+def test_random_integer_expressions_equal_torchs(tree, position) -> None:
+    def random_mask(b, h, q_idx, kv_idx):
+        value = _integer_expression(tree, h, q_idx, kv_idx) + q_idx * 0  # a tensor even for a constant tree
+        return value % 65521 < 32760  # a prime modulus: any difference in the value shows with odds 1/2
+
+    captures = (CAP32, CAP8, CAPU8)
+    try:
+        want = random_mask(*_grids(*position)).expand(BLOCK_M, BLOCK_N)
+    except (RuntimeError, OverflowError, TypeError):  # torch refuses it (a constant past its dtype)
+        return
+    reason = unsupported_reason(random_mask, captures, "mask_mod")
+    if reason is not None:  # a number past the dtype in where / clamp: refused by name, run on the CPU
+        assert "a number outside" in reason, reason
+        return
+    assert torch.equal(_translated_mask(random_mask, captures, *position), want)
 
 
 def test_a_score_mod_adding_a_product_past_2_31_equals_torchs() -> None:
@@ -128,6 +199,16 @@ def test_index_comparisons_stay_int32_and_products_become_int64() -> None:
     cheap = generated_source(lambda b, h, q, kv: (q >= kv) & (q - kv <= 128) & (q // 64 == kv // 64))
     assert "tl.int64" not in cheap  # no overflow is possible: the inner loop keeps its int32 compares
     assert "q_idx.to(tl.int64) + 1" in generated_source(MASKS["product_past_2^31"])
+
+
+def test_a_number_outside_a_captures_dtype_in_clamp_is_refused_by_name() -> None:
+    def clamped(b, h, q_idx, kv_idx):
+        return torch.clamp(CAP32[h], max=2**40) > kv_idx
+
+    with pytest.raises(RuntimeError, match="overflow"):  # torch's own evaluation raises for it
+        clamped(*_grids(0, 0, 0, 0))
+    reason = unsupported_reason(clamped, (CAP32,), "mask_mod")
+    assert reason is not None and str(2**40) in reason and "outside int32" in reason and "CPU reference" in reason
 
 
 def test_an_integer_torch_cannot_convert_is_refused_by_name() -> None:
@@ -183,7 +264,8 @@ def mask_fn(b, h, q, kv):
     return product & ((q * 2654435761 + h) % 64 < (kv * 2654435761) % 64) & (cap8[h] * 3 > kv - q)
 
 def score_fn(s, b, h, q, kv):
-    return s + (((q + 1) * 2**16 * (kv + 1) * 2**16 + 2654435761 * h) % 1000).float()
+    hashed = ((q + 1) * 2**16 * (kv + 1) * 2**16 + 2654435761 * h) % 1000
+    return s + torch.where(q > kv, hashed, torch.where(q < kv, 2**31, -(2**40))).float()
 
 mask_mod = compile_mask_mod(mask_fn, (cap8,))
 score_mod = compile_score_mod(score_fn, ())

@@ -113,10 +113,15 @@ class _Function:
     def operand(self, n: Node, x: Node) -> str:
         """How ``n`` refers to its operand ``x``: an integer widened to int64 where ``n`` is computed in
         int64, a Python integer wrapped to the dtype torch computes ``n`` in (:mod:`.integers`)."""
-        if x.kind != "i" or x.is_none or not self.ints.on_integers(n):
+        if x.is_none:  # clamp's missing bound, which clamp's rule leaves out
+            return "None"
+        if x.kind != "i" or not self.ints.on_integers(n):
             return self.ref(x)
         if x.op == "const":
-            return literal(self.ints.constant(n, x), "i")
+            value = self.ints.constant(n, x)
+            if self.ints[n].wide and not -(2**31) <= value < 2**31:  # typed: triton would make 2^31 a uint32
+                return f"tl.full((), {value}, tl.int64)"
+            return literal(value, "i")
         return f"{self.ref(x)}.to(tl.int64)" if self.ints[n].wide and not self.ints[x].wide else self.ref(x)
 
     def expression(self, n: Node) -> str:

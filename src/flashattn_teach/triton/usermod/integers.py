@@ -14,7 +14,8 @@ in the inner loop, so each integer node gets what torch would hold and a bound o
 A node that is wide casts its int32 operands to int64 first; so ``(q_idx + 1) * 2**16 * (kv_idx + 1) * 2**16``
 is an int64 product, as in torch, while ``q_idx >= kv_idx`` or ``(q_idx - kv_idx) % 2`` stay int32. A Python
 number enters an operation wrapped to the operation's dtype, as torch converts it (``int32_tensor * 2**32``
-is ``int32_tensor * 0``); one outside ``[-2^63, 2^64)`` is refused, since torch raises for it. An int8, int16
+is ``int32_tensor * 0``); one outside ``[-2^63, 2^64)`` is refused, since torch raises for it, and so is one
+outside the dtype in ``torch.where`` or ``clamp`` (torch raises, or treats it in its own way). An int8, int16
 or uint8 result wraps to its width as torch's does.
 """
 
@@ -189,11 +190,11 @@ class Integers:
         for x in operands:
             if x.op == "const":
                 value = wrap(x.value, dtype)
-                if n.op in ("where", "clamp") and value != x.value:  # torch converts these without wrapping
+                if n.op in ("where", "clamp") and value != x.value:  # torch raises, or converts in its own way
                     raise UnsupportedUserFunction(
-                        f"{self.graph.kind} passes {x.value} to torch.{n.op} with a {dtype} tensor ({n.site}), "
-                        "which torch refuses (value cannot be converted without overflow); the call runs on the "
-                        "CPU reference"
+                        f"{self.graph.kind} passes {x.value} to torch.{n.op} with a {dtype} tensor ({n.site}), a "
+                        f"number outside {dtype}, which the Triton translator does not support; the call runs on "
+                        "the CPU reference"
                     )
                 intervals.append((value, value))
             else:
