@@ -8,15 +8,17 @@
 positions), ``score`` is fp32 in natural units. ``Ck`` points at the k-th captured tensor the function
 reads; its sizes and strides are literals here, and every lookup is ``tl.load(Ck + i0*s0 + ...)`` masked by
 the sizes (a negative index counts from the end, as in torch; one out of range reads 0), so a ragged tile
-reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int32 (ints;
-values of an int64 capture and ``.long()`` results stay int64, so large ids compare exactly) and int1
-(bools). Integer ``//`` and ``%`` follow Python (floor), not C (truncation), as torch does; a
-division by a constant multiplies by its reciprocal (within an ulp; the built-in softcap does the same).
+reads nothing out of bounds. Values are computed in fp32 (floats, gathered ones included), int1 (bools)
+and int32 or int64 (ints: int64 wherever torch's int64 value may leave int32, :mod:`.integers`, so that
+every integer equals torch's; int8 / int16 / uint8 results wrap as torch's). Integer ``//`` and ``%``
+follow Python (floor), not C (truncation), as torch does; a division by a constant multiplies by its
+reciprocal (within an ulp; the built-in softcap does the same).
 """
 
 from __future__ import annotations
 
 from .graph import CaptureLayout, Graph, Node
+from .integers import Integers
 from .standin import UnsupportedUserFunction
 from .tangent import tangent
 
@@ -68,19 +70,6 @@ def literal(value: bool | int | float, kind: str) -> str:
     return repr(value)
 
 
-def nonnegative(node: Node) -> bool:
-    """Is an integer node provably >= 0 (then a lookup needs neither the wrap nor the ``>= 0`` check)?"""
-    if node.op == "input":
-        return True  # b, h, q_idx, kv_idx are positions
-    if node.op == "const":
-        return isinstance(node.value, (bool, int)) and node.value >= 0
-    if node.op in ("add", "mul", "maximum"):
-        return all(nonnegative(a) for a in node.args) or (node.op == "maximum" and any(map(nonnegative, node.args)))
-    if node.op in ("floordiv", "mod", "minimum"):
-        return all(nonnegative(a) for a in node.args) and not node.args[1].is_const(0)
-    return node.op == "abs" or (node.op == "cast" and node.args[0].kind == "b")
-
-
 def _scalar(node: Node) -> bool:
     """Is ``node`` a scalar tensor (a function of b and h only; not a Python constant)?"""
     return not node.dims and node.op != "const"
@@ -94,6 +83,7 @@ class _Function:
         self.helpers = helpers
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
+        self.ints = Integers(graph)
 
     def ref(self, node: Node) -> str:
         """How the body refers to a node: an input's name, a constant's literal, a temporary."""
@@ -113,8 +103,34 @@ class _Function:
                 self.names[node.index] = name
         return self.ref(root)
 
+    def nonnegative(self, n: Node, x: Node) -> bool:
+        """Is the integer operand ``x`` of ``n`` provably >= 0 (then ``//`` and ``%`` need no rounding fix and
+        a lookup neither the wrap nor the ``>= 0`` check)? Its interval says, wrapping in int64 included."""
+        if x.op == "const":
+            return self.ints.constant(n, x) >= 0
+        return self.ints[x].interval[0] >= 0
+
+    def operand(self, n: Node, x: Node) -> str:
+        """How ``n`` refers to its operand ``x``: an integer widened to int64 where ``n`` is computed in
+        int64, a Python integer wrapped to the dtype torch computes ``n`` in (:mod:`.integers`)."""
+        if x.is_none:  # clamp's missing bound, which clamp's rule leaves out
+            return "None"
+        if x.kind != "i" or not self.ints.on_integers(n):
+            return self.ref(x)
+        if x.op == "const":
+            value = self.ints.constant(n, x)
+            if self.ints[n].wide and not -(2**31) <= value < 2**31:  # typed: triton would make 2^31 a uint32
+                return f"tl.full((), {value}, tl.int64)"
+            return literal(value, "i")
+        return f"{self.ref(x)}.to(tl.int64)" if self.ints[n].wide and not self.ints[x].wide else self.ref(x)
+
     def expression(self, n: Node) -> str:
-        a = [self.ref(x) for x in n.args]
+        narrow = self.ints[n].wraps_to
+        out = self._expression(n)
+        return f"({out}).to(tl.{narrow}).to(tl.int32)" if narrow else out  # wraps as torch's narrow ints do
+
+    def _expression(self, n: Node) -> str:
+        a = [self.operand(n, x) for x in n.args]
         float_op = n.args[0].kind == "f"
         if n.op == "truediv" and n.args[1].op == "const" and _FP32_NORMAL < abs(n.args[1].value) < 1 / _FP32_NORMAL:
             # x / c as x * (1 / c), as the built-in softcap scales: a multiply, within an ulp of the quotient
@@ -126,12 +142,12 @@ class _Function:
         if n.op == "floordiv":
             if float_op:
                 return f"tl.floor({a[0]} / {a[1]})"
-            if all(nonnegative(x) for x in n.args):
+            if all(self.nonnegative(n, x) for x in n.args):
                 return f"{a[0]} // {a[1]}"
             self.helpers.add("_floordiv")
             return f"_floordiv({a[0]}, {a[1]})"
         if n.op == "mod":
-            if not float_op and all(nonnegative(x) for x in n.args):
+            if not float_op and all(self.nonnegative(n, x) for x in n.args):
                 return f"{a[0]} % {a[1]}"
             self.helpers.add("_mod")
             return f"_mod({a[0]}, {a[1]})"
@@ -223,7 +239,7 @@ class _Function:
                     checks.append("False")
                 ref = literal(value, "i")
             else:
-                if not nonnegative(index):
+                if not self.nonnegative(n, index):
                     # torch counts a negative index from the end
                     wrapped = f"{name}_i{axis}"
                     self.lines.append(f"{wrapped} = tl.where({ref} < 0, {ref} + {size}, {ref})")

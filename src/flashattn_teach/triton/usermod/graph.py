@@ -4,7 +4,7 @@ A ``score_mod(score, b, h, q_idx, kv_idx)`` or ``mask_mod(b, h, q_idx, kv_idx)``
 stand-ins (``trace.py``); every operation it performs becomes a :class:`Node`. Nodes are interned (the
 same operation on the same operands is one node), created in topological order, and carry:
 
-    kind   "f" (computed in fp32), "i" (int32; int64 from an int64 capture or ``.long()``) or "b" (int1),
+    kind   "f" (computed in fp32), "i" (an integer; int32 or int64 as ``integers.py`` decides) or "b" (int1),
            with torch's type promotion, b < i < f
     dims   which of the tile's axes the value varies along: "m" (query rows, from q_idx or score),
            "n" (key columns, from kv_idx or score); b and h are scalars, so {} is a scalar
