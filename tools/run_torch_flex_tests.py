@@ -18,7 +18,8 @@ are, and three things change while they run:
 2. ``torch.compile`` called from a test module returns :class:`LibraryCall`: the function run eagerly, its
    ``flex_attention`` calls going to this library. So each case is judged by torch's own rule: the
    tests compare the "compiled" output (this library's) with torch's eager output and float64 golden one.
-3. The device is the CPU (``CUDA_VISIBLE_DEVICES`` is emptied before torch is imported).
+3. The device is the CPU: ``CUDA_VISIBLE_DEVICES`` is emptied before torch is imported, and
+   ``instantiate_device_type_tests`` instantiates every class for the CPU (TestBlockMask names only the GPU).
 
 Each case counts as passed, failed (an assertion of the test), refused (this library raised
 ``BackendUnavailableError``: a feature it refuses by name), errors (any other exception) or skipped (the
@@ -178,17 +179,34 @@ def substitution() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _torch_names_replaced() -> Iterator[None]:
-    """torch's FlexAttention names replaced while a test module is executed, so its ``from ... import``
-    binds the substitutes (module-level tables such as ``{_identity: noop_mask}`` included)."""
-    saved = {name: getattr(torch_flex, name) for name in SUBSTITUTES}
-    for name, substitute in SUBSTITUTES.items():
-        setattr(torch_flex, name, substitute)
+def _replaced(module: ModuleType, values: dict[str, Any]) -> Iterator[None]:
+    """``module``'s attributes ``values`` in place while a test module is executed, so its ``from ... import``
+    binds them (module-level tables such as ``{_identity: noop_mask}`` included)."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
         for name, original in saved.items():
-            setattr(torch_flex, name, original)
+            setattr(module, name, original)
+
+
+def _on_cpu() -> contextlib.AbstractContextManager[None]:
+    """torch's ``instantiate_device_type_tests`` made to instantiate every class for the CPU, whatever devices
+    the test file names (it names only the GPU for TestBlockMask on a machine without one)."""
+    try:
+        import torch.testing._internal.common_device_type as device_type
+    except ImportError:  # without expecttest; a test file that needs it fails to import, and says so
+        return contextlib.nullcontext()
+    instantiate = device_type.instantiate_device_type_tests
+
+    def on_cpu(
+        generic_test_class: type, scope: dict[str, Any], except_for: Any = None, only_for: Any = None, **options: Any
+    ) -> Any:
+        return instantiate(generic_test_class, scope, only_for=("cpu",), **options)
+
+    return _replaced(device_type, {"instantiate_device_type_tests": on_cpu})
 
 
 def load_test_module(path: Path, name: str) -> ModuleType:
@@ -200,7 +218,7 @@ def load_test_module(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     _TEST_MODULES.add(name)
     sys.path.insert(0, str(path.parent))
-    with _torch_names_replaced(), substitution():
+    with _replaced(torch_flex, SUBSTITUTES), _on_cpu(), substitution():
         spec.loader.exec_module(module)
     for name_, substitute in SUBSTITUTES.items():
         if hasattr(module, name_):

@@ -217,3 +217,37 @@ def test_mask_conversions_keep_the_lists(script):
         assert torch.equal(getattr(back, name), getattr(ours, name)), name
     assert tuple(theirs.seq_lengths) == (200, 260) and tuple(back.seq_lengths) == (200, 260)
     assert torch.equal(theirs.to_dense(), ours.to_dense())
+
+
+def test_device_classes_are_instantiated_for_the_cpu(script, tmp_path, monkeypatch):
+    """torch's test file instantiates TestBlockMask for the GPU only on a machine without one; the script
+    makes every instantiation the CPU's (a stand-in for torch's helper records what it was asked)."""
+    import sys
+    import types
+
+    import torch.testing._internal
+
+    asked: list[object] = []
+
+    def instantiate(generic_test_class, scope, except_for=None, only_for=None, **options):
+        asked.append(only_for)
+        del scope[generic_test_class.__name__]
+        if "cpu" in only_for:
+            scope[generic_test_class.__name__ + "CPU"] = generic_test_class
+
+    stand_in = types.ModuleType("torch.testing._internal.common_device_type")
+    stand_in.instantiate_device_type_tests = instantiate
+    monkeypatch.setitem(sys.modules, stand_in.__name__, stand_in)
+    monkeypatch.setattr(torch.testing._internal, "common_device_type", stand_in, raising=False)
+    module = tmp_path / "test_flex_attention.py"
+    module.write_text(
+        "import unittest\n"
+        "from torch.testing._internal.common_device_type import instantiate_device_type_tests\n\n"
+        "class TestBlockMask(unittest.TestCase):\n    def test_runs(self):\n        pass\n\n"
+        'instantiate_device_type_tests(TestBlockMask, globals(), only_for=("cuda",))\n'
+    )
+    out = tmp_path / "out.json"
+    assert script.main(["--test-file", str(module), "--classes", "TestBlockMask", "--out", str(out)]) == 0
+    assert asked == [("cpu",)]
+    assert json.loads(out.read_text())["counts"]["TestBlockMask"]["passed"] == 1
+    assert stand_in.instantiate_device_type_tests is instantiate
