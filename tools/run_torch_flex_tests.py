@@ -23,9 +23,14 @@ are, and three things change while they run:
 
 Each case counts as passed, failed (an assertion of the test), refused (this library raised
 ``BackendUnavailableError``: a feature it refuses by name), errors (any other exception) or skipped (the
-test skipped itself, as those that need CUDA do; torch's expected failures count as passed, as torch's own
-runner reports them). ``-k`` selects cases by substring, ``--classes`` by class; ``--resume`` skips the cases
-already in the ``.cases.jsonl`` file written beside ``--out`` as the run goes.
+test skipped itself, as those that need CUDA do, or raised an error that says it needs CUDA or that torch's
+eager reference cannot run it on the CPU: :data:`CANNOT_RUN_HERE`). torch's expected failures count as
+passed, as torch's own runner reports them. ``-k`` selects cases by substring, ``--classes`` by class;
+``--resume`` skips the cases already in the ``.cases.jsonl`` file written beside ``--out`` as the run goes.
+
+A test that calls ``flex_attention`` outside ``torch.compile`` and compares with nothing (an error it expects,
+say) tests torch's eager function, not this library; torch's tests judge this library through their
+compiled calls.
 
 Mode ``gym`` takes a checkout of attention-gym and runs each function of ``attn_gym.masks`` and
 ``attn_gym.mods`` that makes a ``mask_mod`` or ``score_mod`` through ``flashattn_teach.flex_attention``
@@ -250,6 +255,23 @@ def _raise_timeout(signum: int, frame: Any) -> None:
     raise CaseTimeout("ran past --case-timeout")
 
 
+# Errors that say the case cannot run on this machine at all, whatever library answers: it calls CUDA's
+# own API, or torch's eager reference (which the case compares against) refuses the CPU. Counted as skipped.
+CANNOT_RUN_HERE = {
+    "needs CUDA": ("Torch not compiled with CUDA enabled", "dummy base class CUDAGraph", "Found no NVIDIA driver"),
+    "torch's eager reference cannot run on the CPU": ("FlexAttention does not support backward on CPU",),
+}
+
+
+def cannot_run_here(error: BaseException) -> str | None:
+    """Why a case that raised ``error`` cannot run on this machine, or None."""
+    text = str(error)
+    for reason, phrases in CANNOT_RUN_HERE.items():
+        if any(phrase in text for phrase in phrases):
+            return reason
+    return None
+
+
 def _refused(error: BaseException | None) -> bool:
     """Whether this library refused the call by name (anywhere in the exception's chain)."""
     seen = 0
@@ -278,9 +300,14 @@ class _OneCase(unittest.TestResult):
         self.line = ""
 
     def _bad(self, err: ExcInfo, outcome: str) -> None:
-        if self.outcome == "passed":
-            self.outcome = "refused" if _refused(err[1]) else outcome
-            self.line = first_line(err[1])
+        if self.outcome != "passed":
+            return
+        reason = cannot_run_here(err[1])
+        if reason is not None:
+            self.outcome, self.line = "skipped", f"{reason}: {first_line(err[1])}"[:300]
+            return
+        self.outcome = "refused" if _refused(err[1]) else outcome
+        self.line = first_line(err[1])
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # unittest names these hooks
         self._bad(err, "failed")

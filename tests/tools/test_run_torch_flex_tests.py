@@ -63,6 +63,9 @@ class TestFlexAttentionCPU(unittest.TestCase):
     def test_needs_cuda(self):
         self.skipTest("needs CUDA")
 
+    def test_calls_cuda(self):
+        raise RuntimeError("Torch not compiled with CUDA enabled")
+
     @unittest.expectedFailure
     def test_torch_expects_failure(self):
         self.assertTrue(False)
@@ -117,17 +120,21 @@ def _run(script, test_files, out: Path, *extra: str) -> dict:
 def test_counts_each_outcome_per_class(script, test_files, tmp_path):
     summary = _run(script, test_files, tmp_path / "out.json")
     counts = summary["counts"]
-    assert counts["TestFlexAttention"] == {"passed": 3, "failed": 1, "refused": 1, "errors": 1, "skipped": 1}
+    assert counts["TestFlexAttention"] == {"passed": 3, "failed": 1, "refused": 1, "errors": 1, "skipped": 2}
     assert counts["TestBlockMask"] == {"passed": 1, "failed": 0, "refused": 0, "errors": 0, "skipped": 0}
     assert counts["TestFlexDecoding"] == {"passed": 2, "failed": 0, "refused": 0, "errors": 0, "skipped": 0}
     assert counts["TestLearnableBiases"] == dict.fromkeys(script.OUTCOMES, 0)
-    assert summary["total"] == {"passed": 6, "failed": 1, "refused": 1, "errors": 1, "skipped": 1}
+    assert summary["total"] == {"passed": 6, "failed": 1, "refused": 1, "errors": 1, "skipped": 2}
     lines = {case["id"]: (case["outcome"], case["first_line"]) for case in summary["not_passed"]}
     assert lines == {
         "TestFlexAttentionCPU.test_fails": ("failed", "AssertionError: 1 != 2 : one is not two"),
         "TestFlexAttentionCPU.test_raises": ("errors", "KeyError: 'no such key'"),
         "TestFlexAttentionCPU.test_refused": ("refused", "BackendUnavailableError: feature X is refused: use Y"),
         "TestFlexAttentionCPU.test_needs_cuda": ("skipped", "needs CUDA"),
+        "TestFlexAttentionCPU.test_calls_cuda": (
+            "skipped",
+            "needs CUDA: RuntimeError: Torch not compiled with CUDA enabled",
+        ),
     }
 
 
