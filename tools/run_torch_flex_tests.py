@@ -646,6 +646,9 @@ def gym_case(recipe: Recipe, masks: ModuleType, mods: ModuleType, n: int) -> tup
     B, D = 2, 16
     try:
         mask_mod, score_mod, n_q, n_k, h_q, h_kv = recipe(masks, mods, n)
+    except AttributeError as error:  # an older or newer attention-gym without this function
+        return "skipped", "not in this attention-gym: " + first_line(error)
+    try:
         g = torch.Generator().manual_seed(n)
         q = torch.randn(B, h_q, n_q, D, generator=g, dtype=torch.float64)
         k, v = (torch.randn(B, h_kv, n_k, D, generator=g, dtype=torch.float64) for _ in range(2))

@@ -258,3 +258,29 @@ def test_device_classes_are_instantiated_for_the_cpu(script, tmp_path, monkeypat
     assert asked == [("cpu",)]
     assert json.loads(out.read_text())["counts"]["TestBlockMask"]["passed"] == 1
     assert stand_in.instantiate_device_type_tests is instantiate
+
+
+def test_gym_mode_runs_each_function_at_both_sizes(script, tmp_path):
+    """A stand-in attention-gym with two of its functions, written here from their definitions: each runs at
+    both sizes against torch's eager flex_attention; the functions it lacks are skipped, not failed."""
+    package = tmp_path / "gym" / "attn_gym"
+    (package / "masks").mkdir(parents=True)
+    (package / "mods").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "masks" / "__init__.py").write_text(
+        "def causal_mask(b, h, q_idx, kv_idx):\n    return q_idx >= kv_idx\n"
+    )
+    (package / "mods" / "__init__.py").write_text(
+        "def generate_alibi_bias(H):\n"
+        "    def alibi(score, b, h, q_idx, kv_idx):\n"
+        "        return score + (kv_idx - q_idx) * 2.0 ** (-8.0 * (h + 1) / H)\n"
+        "    return alibi\n"
+    )
+    out = tmp_path / "gym.json"
+    assert script.main(["--mode", "gym", "--gym-repo", str(tmp_path / "gym"), "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    ran = {case["id"] for case in summary["not_passed"] if case["outcome"] != "skipped"}
+    assert ran == set()
+    assert summary["total"]["passed"] == 2 * len(script.GYM_SIZES)
+    assert summary["total"]["skipped"] == 2 * (len(script._gym_recipes()) - 2)
+    assert all(c["first_line"].startswith("not in this attention-gym") for c in summary["not_passed"])
