@@ -7,8 +7,8 @@ against this library; these are the shapes of its failures, each judged against 
 - grouped-query attention with one query row (every GQA decode step), with a ``score_mod``, a ``mask_mod``
   and a ``block_mask``, at the head ratios torch's decoding tests use;
 - the index idioms torch's tests and attention-gym write in their functions (``bias[b][q_idx]``,
-  ``bias[q_idx][kv_idx]``, a latent-attention dot product), at a size under and a size over the 2^19
-  scores where the CPU path changes how it calls the functions;
+  ``bias[q_idx][kv_idx]``, a latent-attention dot product, a gathered row indexed again), at a size under
+  and a size over the 2^19 scores where the CPU path changes how it calls the functions;
 - BlockMask's indexing, ``_adjust``, ``to_string`` and torch's keyword constructor.
 
 Cases that fail until another branch of issue 35 lands are marked ``xfail(strict=True)`` with that branch's
@@ -143,6 +143,23 @@ def test_latent_attention_dot_product_as_torch(N):
 
     q, k, v = _qkv(2, 4, 1, N, N)
     torch.testing.assert_close(_ours(q, k, v, score_mod), _torch_eager(q, k, v, score_mod))
+
+
+@pytest.mark.parametrize("N", [pytest.param(SMALL, marks=USERMODS), pytest.param(LARGE, marks=USERMODS)])
+def test_row_gathered_then_indexed_as_torch(N):
+    """attention-gym's vision cross-attention mask: ``interval = intervals[image_of[kv_idx]]``, then
+    ``interval[0]`` and ``interval[1]``, the start and end of one image's interval."""
+    images, per_image = 3, N // 4
+    intervals = torch.tensor([[0, N // 2], [N // 4, N], [N // 2, N]])
+    image_of = torch.arange(images).repeat_interleave(per_image)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        interval = intervals[image_of[kv_idx]]
+        return (q_idx >= interval[0]) & (q_idx < interval[1])
+
+    q, k, v = _qkv(2, 4, 4, N, images * per_image)
+    expected = _torch_eager(q, k, v, mask_mod=mask_mod, mask_shape=(2, 4))
+    torch.testing.assert_close(_ours(q, k, v, mask_mod=mask_mod, mask_shape=(2, 4)), expected)
 
 
 # ---------------------------------------------------------------- BlockMask's API
