@@ -11,8 +11,7 @@ against this library; these are the shapes of its failures, each judged against 
   and a size over the 2^19 scores where the CPU path changes how it calls the functions;
 - BlockMask's indexing, ``_adjust``, ``to_string`` and torch's keyword constructor.
 
-Cases that fail until another branch of issue 35 lands are marked ``xfail(strict=True)`` with that branch's
-name, so each mark must be removed when its fix is merged.
+Each case failed before its fix (issue 35) and passes now.
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ import torch.nn.attention.flex_attention as torch_flex
 
 import flashattn_teach as fa
 
-FOLD = pytest.mark.xfail(strict=True, reason="fixed on branch h_fold (GQA one-row fold drops the user functions)")
 USERMODS = pytest.mark.xfail(strict=True, reason="fixed on branch h_usermods (one calling convention at every size)")
-BLOCKMASK = pytest.mark.xfail(strict=True, reason="fixed on branch h_blockmask (BlockMask's API as torch's)")
 
 F64 = torch.float64
 
@@ -59,9 +56,9 @@ def _ours(q, k, v, score_mod=None, mask_mod=None, mask_shape=(None, None)):
 
 # (H_q, H_kv) from torch's test_flex_decoding (test_Hq_Hkv and its default (16, 8)); (4, 4) is the control.
 GQA_HEADS = [
-    pytest.param(16, 1, marks=FOLD),
-    pytest.param(8, 2, marks=FOLD),
-    pytest.param(16, 8, marks=FOLD),
+    (16, 1),
+    (8, 2),
+    (16, 8),
     pytest.param(4, 4, id="no-gqa-control"),
 ]
 
@@ -194,7 +191,6 @@ def test_block_masks_built_alike_agree():
     _assert_same_mask(*_both_masks())
 
 
-@BLOCKMASK
 @pytest.mark.parametrize(
     "index",
     [1, (slice(None), 1), slice(0, 2), (slice(1, 3), slice(None)), (1, 0)],
@@ -205,21 +201,18 @@ def test_indexing_as_torch(index):
     _assert_same_mask(ours[index], theirs[index])
 
 
-@BLOCKMASK
 def test_adjust_as_torch():
     """``_adjust(new_q_len, new_kv_len)``: torch's decoding tests cut a prefill mask to one query row."""
     ours, theirs = _both_masks(B=2, H=1, N_q=512, N_k=512)
     _assert_same_mask(ours._adjust(1, 200), theirs._adjust(1, 200))
 
 
-@BLOCKMASK
 def test_to_string_as_torch():
     ours, theirs = _both_masks(B=1, H=1, N_q=1024, N_k=1024)
     assert str(ours) == str(theirs)
     assert ours.to_string(grid_size=(4, 4)) == theirs.to_string(grid_size=(4, 4))
 
 
-@BLOCKMASK
 def test_keyword_constructor_as_torch():
     """torch's ``BlockMask(seq_lengths=..., kv_num_blocks=..., ...)`` form, from torch's own mask's lists."""
     _, theirs = _both_masks()
