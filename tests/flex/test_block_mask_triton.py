@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashattn_teach.errors import AttentionValueError
-from flashattn_teach.flex.block_mask import kinds_from_visibility
+from flashattn_teach.flex.block_mask_build import kinds_from_visibility
 from flashattn_teach.flex.classify import tile_visibility
 
 triton = pytest.importorskip("triton")

@@ -15,7 +15,9 @@ from collections.abc import Callable
 import torch
 
 from ..errors import AttentionTypeError, AttentionValueError
-from ..flex.block_mask import DEFAULT_BLOCK_SIZE, BlockMask, block_size, classified_block_mask
+from ..flex.block_mask import BlockMask
+from ..flex.block_mask_args import DEFAULT_BLOCK_SIZE, block_size
+from ..flex.block_mask_build import classified_block_mask
 from ..flex.classify import MaskMod
 from ..reference.workers import chunk_pool
 

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from .._options import AttentionOptions
-from ..flex.block_mask import DEFAULT_BLOCK_SIZE, classified_block_mask
+from ..flex.block_mask_args import DEFAULT_BLOCK_SIZE
+from ..flex.block_mask_build import classified_block_mask
 from ..reference.dense import dense_forward
 from ..reference.online import tiled_attention
 from ..reference.workers import chunk_pool

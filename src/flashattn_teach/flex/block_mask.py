@@ -30,13 +30,16 @@ attention reads ``block_kinds``); ``mask_mod`` and ``seq_lengths`` may be assign
 after indexing query blocks. Lists that cover more blocks than ``seq_lengths`` needs are read cropped (as
 torch's kernel reads them); fewer are refused when the attention reads them. Not provided: the
 deterministic-backward ``dq_write_order`` metadata, and more than two batch dims.
+
+This file holds the mask (the kinds, torch's lists derived from them, and the tilings the attention reads);
+beside it, one concept each: ``block_mask_args.py`` torch's argument names and checks, ``index_lists.py``
+the lists written and read, ``block_mask_views.py`` indexing and ``_adjust``, ``block_mask_draw.py``
+``to_string``, ``str`` and ``repr``, ``block_mask_build.py`` a mask classified from a ``mask_mod``.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -44,45 +47,22 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
-from .classify import MaskMod, Pool, retile, tile_visibility
-from .combinators import noop_mask
-from .index_lists import cut, keep_dim, kinds_of_lists, ordered
-from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
-
-# torch's index-list attributes of a block mask, in its order
-INDEX_LISTS = tuple(
-    "kv_num_blocks kv_indices full_kv_num_blocks full_kv_indices q_num_blocks q_indices full_q_num_blocks "
-    "full_q_indices".split()
+from .block_mask_args import (
+    DEFAULT_BLOCK_SIZE,
+    DQ_METADATA,
+    INDEX_LISTS,
+    READ_ONLY,
+    block_size,
+    read_only_error,
+    refuse_dq_metadata,
+    seq_lengths_pair,
 )
-DEFAULT_BLOCK_SIZE = 128  # torch's _DEFAULT_SPARSE_BLOCK_SIZE
-
-
-def block_size(BLOCK_SIZE: int | tuple[int, int]) -> tuple[int, int]:
-    size = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
-        raise AttentionValueError(
-            f"BLOCK_SIZE must be a positive int or a pair (Q_BLOCK_SIZE, KV_BLOCK_SIZE) of them, got {BLOCK_SIZE!r}"
-        )
-    return size[0], size[1]
-
-
-# what torch's BlockMask exposes and this one derives from block_kinds: assigning them would change nothing
-READ_ONLY = (*INDEX_LISTS, "BLOCK_SIZE", "shape", "batch_shape", "has_full")
-DQ_METADATA = ("dq_write_order", "dq_write_order_full", "dq_kv_order")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def _sliced_mask_mod_error(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-    """The ``mask_mod`` of an indexed mask (torch's name): the indices it would see are the sliced mask's,
-    not the original's, so it refuses to run until the caller says which function to use."""
-    raise AttentionValueError(
-        "this BlockMask was indexed (block_mask[...]), which resets its mask_mod, as torch's does: assign one "
-        "from the original mask, sliced.mask_mod = original.mask_mod (offset by the indices the slice "
-        "starts at when the function reads b, h or q_idx)"
-    )
+from .block_mask_draw import drawing, listing, summary
+from .block_mask_views import adjusted, indexed
+from .classify import MaskMod, retile
+from .combinators import noop_mask
+from .index_lists import kinds_of_lists, ordered
+from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
 
 class BlockMask:
@@ -134,7 +114,7 @@ class BlockMask:
         dq_kv_order: Tensor | None = None,
         dq_kv_order_spt: bool | None = None,
     ) -> None:
-        _refuse_dq_metadata("BlockMask", dq_write_order, dq_write_order_full, dq_kv_order)
+        refuse_dq_metadata("BlockMask", dq_write_order, dq_write_order_full, dq_kv_order)
         if isinstance(block_kinds, (tuple, list)):
             raise AttentionTypeError(
                 "BlockMask: the first positional argument is block_kinds (an int8 tensor); torch's form "
@@ -192,11 +172,11 @@ class BlockMask:
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in READ_ONLY:
-            raise _read_only(name)
+            raise read_only_error(name)
         if name in DQ_METADATA:
-            _refuse_dq_metadata("BlockMask", *(value if n == name else None for n in DQ_METADATA))
+            refuse_dq_metadata("BlockMask", *(value if n == name else None for n in DQ_METADATA))
         if name == "seq_lengths":
-            value = _seq_lengths(value)
+            value = seq_lengths_pair(value)
             self._tile_kinds.clear()  # the tilings are of the lengths
         super().__setattr__(name, value)
 
@@ -206,7 +186,7 @@ class BlockMask:
         reads. Lists that cover more blocks (a mask given shorter ``seq_lengths``) are read cropped to the
         upper left, as torch's kernel reads only the blocks its lengths reach; fewer are refused."""
         kinds = self._kinds
-        need = (_cdiv(self.seq_lengths[0], self.BLOCK_SIZE[0]), _cdiv(self.seq_lengths[1], self.BLOCK_SIZE[1]))
+        need = (-(-self.seq_lengths[0] // self.BLOCK_SIZE[0]), -(-self.seq_lengths[1] // self.BLOCK_SIZE[1]))
         have = tuple(kinds.shape[2:])
         if need[0] > have[0] or need[1] > have[1]:
             raise AttentionValueError(
@@ -219,7 +199,7 @@ class BlockMask:
 
     @block_kinds.setter
     def block_kinds(self, value: Tensor) -> None:
-        raise _read_only("block_kinds")
+        raise read_only_error("block_kinds")
 
     def _expanded(self, kind: int, *, transpose: bool = False) -> Tensor:
         """0/1 int32 table of blocks of one kind, at ``batch_shape`` (query blocks last if ``transpose``)."""
@@ -305,7 +285,7 @@ class BlockMask:
         whose first ``kv_num_blocks`` ``(*batch, T_r)`` entries per row are its PARTIAL key blocks, and
         likewise ``full_kv_*`` for FULL ones. The given tensors are kept as the mask's attributes; the
         transposed ``q_*`` lists are derived (None with ``compute_q_blocks=False``, as torch)."""
-        _refuse_dq_metadata(
+        refuse_dq_metadata(
             "BlockMask.from_kv_blocks",
             dq_write_order,
             dq_write_order_full,
@@ -365,93 +345,23 @@ class BlockMask:
         return moved
 
     def __getitem__(self, index: int | slice | Tensor | tuple[Any, ...]) -> BlockMask:
-        """torch's indexing: ``index`` picks from the lists' first three dims (batch, head, query block);
-        an int ``i`` keeps its dim (it reads as ``i:i+1``), as torch's does. The result has the same
-        ``seq_lengths`` and a ``mask_mod`` that refuses to run until one is assigned, as torch's."""
-        index = index if isinstance(index, tuple) else (index,)
-        sizes = tuple(self.kv_num_blocks.shape)
-        if len(sizes) != 3:
-            raise AttentionValueError(
-                f"block_mask[...] indexes (batch, head, query block) of lists (B, H, T_r), but this mask's "
-                f"kv_num_blocks is {sizes}: index the mask it was taken from, or build it with B and H"
-            )
-        padded = (*index, slice(None), slice(None), slice(None))[:3]
-        picks = tuple(
-            keep_dim(i, n, dim) if isinstance(i, int) else i
-            for dim, (i, n) in enumerate(zip(padded, sizes, strict=True))
-        )
-        full = self.full_kv_num_blocks, self.full_kv_indices
-        return BlockMask.from_kv_blocks(
-            self.kv_num_blocks[picks],
-            self.kv_indices[picks],
-            None if full[0] is None else full[0][picks],
-            None if full[1] is None else full[1][picks],
-            BLOCK_SIZE=self.BLOCK_SIZE,
-            mask_mod=_sliced_mask_mod_error,
-            seq_lengths=self.seq_lengths,
-            compute_q_blocks=self.q_indices is not None,
-        )
+        """torch's indexing of (batch, head, query block); an int keeps its dim (:func:`.block_mask_views.indexed`)."""
+        return indexed(self, index)
 
     def _adjust(self, new_q_len: int, new_kv_len: int) -> BlockMask:
-        """torch's ``_adjust``: the mask for ``(new_q_len, new_kv_len)``, its lists cut to the upper left
-        ``ceil(new_q_len / BLOCK_SIZE[0]) x ceil(new_kv_len / BLOCK_SIZE[1])`` blocks (never extended: a
-        longer length than the lists cover is refused when the attention reads them)."""
-        rows, cols = _cdiv(new_q_len, self.BLOCK_SIZE[0]), _cdiv(new_kv_len, self.BLOCK_SIZE[1])
-        kv_num_blocks, kv_indices = cut(self.kv_num_blocks, self.kv_indices, rows, cols)
-        full_num_blocks, full_indices = (
-            (None, None)
-            if self.full_kv_num_blocks is None or self.full_kv_indices is None
-            else cut(self.full_kv_num_blocks, self.full_kv_indices, rows, cols)
-        )
-        return BlockMask.from_kv_blocks(
-            kv_num_blocks,
-            kv_indices,
-            full_num_blocks,
-            full_indices,
-            BLOCK_SIZE=self.BLOCK_SIZE,
-            mask_mod=self.mask_mod,
-            seq_lengths=(new_q_len, new_kv_len),
-            compute_q_blocks=self.q_indices is not None,
-        )
+        """torch's ``_adjust``: the lists cut to the new lengths (:func:`.block_mask_views.adjusted`)."""
+        return adjusted(self, new_q_len, new_kv_len)
 
     def to_string(self, grid_size: int | tuple[int, int] = (20, 20), limit: int = 4) -> str:
-        """torch's drawing of the first ``limit`` (b, h) of :meth:`to_dense`, each headed by its index tuple:
-        at most ``grid_size`` cells a side (-1: one cell per block), each two characters, '██' if every block
-        it covers is computed, '  ' if none is, '░░' otherwise."""
-        dense = self.to_dense().cpu()
-        *batch, T_r, T_c = dense.shape
-        rows, cols = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
-        step_r, step_c = max(1, _cdiv(T_r, rows)), max(1, _cdiv(T_c, cols))  # a size <= 0 gives steps of 1
-        pictures = []
-        for n, where in enumerate(itertools.product(*(range(d) for d in batch))):
-            if n == limit:
-                pictures += [
-                    "...",
-                    "To print out more, set BlockMask.to_string(limit=N)",
-                    "You can also index (BlockMask[batch, head]) to choose a specific batch or head",
-                ]
-                break
-            table = dense[where]
-            lines = [str(where)]
-            for r in range(0, T_r, step_r):
-                lines.append("".join(_cell(table[r : r + step_r, c : c + step_c]) for c in range(0, T_c, step_c)))
-            pictures.append("\n".join(lines) + "\n")
-        return "\n".join(pictures)
+        """torch's drawing of :meth:`to_dense` (:func:`.block_mask_draw.drawing`)."""
+        return drawing(self.to_dense(), grid_size, limit)
 
     def __str__(self) -> str:
-        return f"BlockMask(shape={self.shape}, sparsity={self.sparsity():.2f}%, \n{self.to_string().strip()}\n)"
+        return summary(self.shape, self.sparsity(), self.to_string())
 
     def __repr__(self) -> str:
-        def size(name: str) -> object:
-            value = getattr(self, name)
-            return None if value is None else value.shape
-
-        lists = "".join(f"    {name}={size(name)},\n" for name in INDEX_LISTS)
-        name = getattr(self.mask_mod, "__name__", self.mask_mod)
-        return (
-            f"BlockMask(\n{lists}    BLOCK_SIZE={self.BLOCK_SIZE},\n    shape={self.shape},\n"
-            f"    sparsity={self.sparsity():.2f}%,\n    mask_mod={name}\n)"
-        )
+        lists = {name: getattr(self, name) for name in INDEX_LISTS}
+        return listing(lists, self.BLOCK_SIZE, self.shape, self.sparsity(), self.mask_mod)
 
     # ours: the kinds at another tiling, and the element-level visibility of a tile region
 
@@ -488,73 +398,9 @@ class BlockMask:
         return self._element_kinds(r0, r1, c0, c1) == KIND_FULL
 
 
-def _read_only(name: str) -> AttributeError:
-    return AttributeError(
-        f"BlockMask.{name} is read only: the attention reads the block kinds the mask was built with, so "
-        "setting it would change nothing; build a new mask with BlockMask.from_kv_blocks(...) from the "
-        "lists you want, or with create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)"
-    )
-
-
-def _refuse_dq_metadata(where: str, *values: object) -> None:
-    for name, value in zip(DQ_METADATA, values, strict=True):
-        if value is not None:
-            raise AttentionValueError(
-                f"{where}: {name} (torch's deterministic dQ write order) is not supported here; leave {name}=None"
-            )
-
-
-def _seq_lengths(value: object) -> tuple[int, int]:
-    if (
-        not isinstance(value, Sequence)
-        or len(value) != 2
-        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
-    ):
-        raise AttentionValueError(f"BlockMask.seq_lengths must be a pair (Q_LEN, KV_LEN) of ints >= 0, got {value!r}")
-    return (int(value[0]), int(value[1]))
-
-
-def _cell(section: Tensor) -> str:
-    """One cell of torch's drawing: its share of computed blocks as full, empty or shaded."""
-    share = float(section.to(torch.float32).mean())
-    return "██" if share == 1 else "  " if share == 0 else "░░"
-
-
-def classified_block_mask(
-    mask_mod: MaskMod,
-    B: int,
-    H: int,
-    Q_LEN: int,
-    KV_LEN: int,
-    block: tuple[int, int],
-    device: torch.device,
-    *,
-    kinds: Tensor | None = None,
-    separate_full_blocks: bool = True,
-    pool: Pool | None = None,
-) -> BlockMask:
-    """The block mask of checked arguments: ``kinds`` if already classified (the CUDA kernel's), else
-    classified here with torch ops, chunk by chunk of tiles (:func:`~flashattn_teach.flex.classify.tile_visibility`)."""
-    if kinds is None:
-        some, every = tile_visibility(mask_mod, B, H, Q_LEN, KV_LEN, block[0], block[1], device, pool=pool)
-        kinds = kinds_from_visibility(some, every)
-    if not separate_full_blocks:
-        kinds = torch.where(kinds == KIND_FULL, KIND_PARTIAL, kinds).to(torch.int8)
-    return BlockMask(kinds, (Q_LEN, KV_LEN), block, mask_mod, batch_shape=(B, H), has_full=separate_full_blocks)
-
-
-def kinds_from_visibility(some: Tensor, every: Tensor) -> Tensor:
-    """int8 kinds from :func:`~flashattn_teach.flex.classify.tile_visibility`'s ``(some, every)``."""
-    kinds = torch.where(every, KIND_FULL, torch.where(some, KIND_PARTIAL, KIND_SKIP))
-    return kinds.to(torch.int8)
-
-
 __all__ = [
     "KIND_FULL",
     "KIND_PARTIAL",
     "KIND_SKIP",
     "BlockMask",
-    "block_size",
-    "classified_block_mask",
-    "kinds_from_visibility",
 ]
