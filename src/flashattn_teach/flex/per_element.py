@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._C._functorch import _add_batch_dim, _remove_batch_dim, _vmap_decrement_nesting, _vmap_increment_nesting
+from torch._functorch.vmap import lazy_load_decompositions
 from torch.overrides import TorchFunctionMode
 
 from ..errors import AttentionTypeError, AttentionValueError
@@ -70,20 +72,42 @@ def describe(fn: object) -> str:
     return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else name
 
 
-def _levels(fn: Fn, score: bool) -> Fn:
-    """``fn`` of one element mapped over ``(b, h, q_idx, kv_idx)`` vectors (and a ``(B, H, Br, Bc)`` score):
-    kv_idx innermost, b outermost, as torch nests them."""
-    lead = (0,) if score else ()
-    for level in (3, 2, 1, 0):  # kv_idx, q_idx, h, b
-        dims = tuple(0 if n == level else None for n in range(4))
-        fn = torch.vmap(fn, in_dims=lead + dims)
-    return fn
+def _per_element(fn: Fn, score: Tensor | None, index: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
+    """``fn`` of one element, mapped over the index vectors ``(b, h, q_idx, kv_idx)`` (and ``score``, mapped
+    along its leading dim at every level): b outermost, kv_idx innermost, as torch nests them.
+
+    Each level is what ``torch.vmap`` does for one call (``torch/_functorch/vmap.py``, ``_flat_vmap``):
+    enter a vmap level, wrap the mapped arguments as batched along dim 0, call, unwrap the result along dim 0
+    (an unbatched result is expanded, with stride 0), leave the level. ``torch.vmap`` itself would also
+    walk and check arbitrary argument trees at every level of every call, some 40 us a level, more than a
+    small tile's arithmetic; the arguments here are always these tensors, mapped along dim 0."""
+    lazy_load_decompositions()  # the batching rules torch.vmap loads on its first call
+    args = [*(() if score is None else (score,)), *index]
+    first = len(args) - 4  # where the index vectors start
+    levels: list[tuple[int, int]] = []  # (vmap level, its size), outermost first
+    try:
+        for n, vector in enumerate(index):
+            level = _vmap_increment_nesting(len(vector), "error")  # random ops refused, torch.vmap's default
+            levels.append((level, len(vector)))
+            if score is not None:
+                args[0] = _add_batch_dim(args[0], 0, level)
+            args[first + n] = _add_batch_dim(args[first + n], 0, level)
+        out: Tensor = fn(*args)
+        while levels:
+            level, size = levels[-1]
+            out = _remove_batch_dim(out, level, size, 0)
+            levels.pop()
+            _vmap_decrement_nesting()
+    finally:
+        for _ in levels:  # an error inside: leave every level still entered
+            _vmap_decrement_nesting()
+    return out
 
 
-def _run(kind: str, fn: object, mapped: Fn, args: tuple[Tensor, ...]) -> Tensor:
+def _run(kind: str, fn: object, one: Fn, score: Tensor | None, index: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
     try:
         with IndexByTensors():
-            out: Tensor = mapped(*args)
+            return _per_element(one, score, index)
     except RuntimeError as err:
         message = str(err)
         if not message.startswith("vmap"):
@@ -98,10 +122,9 @@ def _run(kind: str, fn: object, mapped: Fn, args: tuple[Tensor, ...]) -> Tensor:
         )
         raise AttentionValueError(
             f"{kind} {describe(fn)} cannot be called per element: {message.splitlines()[0]} As in torch's "
-            f"flex_attention, it is called through torch.vmap, once per element {args_named}, each a 0-d "
+            f"flex_attention, it is called as by torch.vmap, once per element {args_named}, each a 0-d "
             f"tensor.{hint}"
         ) from err
-    return out
 
 
 def scores(score_mod: Fn, S: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -118,7 +141,7 @@ def scores(score_mod: Fn, S: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx
         _check_one("score_mod", score_mod, out)
         return out
 
-    return _run("score_mod", score_mod, _levels(one, score=True), (S, b, h, q_idx, kv_idx))
+    return _run("score_mod", score_mod, one, S, (b, h, q_idx, kv_idx))
 
 
 def visible(mask_mod: Fn, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -139,7 +162,7 @@ def visible(mask_mod: Fn, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -
         _check_one("mask_mod", mask_mod, out)
         return out
 
-    return compact(_run("mask_mod", mask_mod, _levels(one, score=False), (b, h, q_idx, kv_idx)))
+    return compact(_run("mask_mod", mask_mod, one, None, (b, h, q_idx, kv_idx)))
 
 
 def _check_one(kind: str, fn: object, out: Tensor) -> None:
