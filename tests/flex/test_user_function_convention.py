@@ -254,3 +254,40 @@ def test_a_mask_that_ignores_b_and_h_is_still_one_tile_for_every_head():
         5,
         6,
     )
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_h_is_the_query_head_under_grouped_query_attention_as_in_torch(size):
+    N = SIZES[size]
+    q = _randn(B, H, N, D, seed=20, grad=False)
+    k, v = (_randn(B, H // G, N, D, seed=21 + n, grad=False) for n in range(2))
+    bias = _randn(H, N, seed=23, grad=False)
+
+    def head_row_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h][q_idx]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = flex.flex_attention(q, k, v, score_mod=head_row_bias, enable_gqa=True)
+    for backend in BACKENDS:
+        got = fa.flash_attention(q, k, v, score_mod=head_row_bias, enable_gqa=True, backend=backend)
+        torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("N_q", "N_k"), [(0, 5), (5, 0)])
+def test_a_call_without_scores_calls_no_function_and_differentiates(backend, N_q, N_k):
+    """vmap cannot map a dim of size 0: an empty tile calls nothing, as there is no element to call it on."""
+    q = _randn(1, 2, N_q, D, seed=30)
+    k, v = (_randn(1, 2, N_k, D, seed=31 + n) for n in range(2))
+    O = fa.flash_attention(
+        q,
+        k,
+        v,
+        score_mod=lambda score, b, h, q_idx, kv_idx: score * 2,
+        mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= kv_idx,
+        backend=backend,
+    )
+    assert O.shape == (1, 2, N_q, D) and not O.any()  # no key: zeros, as flash_attention gives without functions
+    O.sum().backward()
+    assert q.grad is not None and not q.grad.any()

@@ -141,6 +141,8 @@ def scores(score_mod: Fn, S: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx
         _check_one("score_mod", score_mod, out)
         return out
 
+    if S.numel() == 0:  # no element to call it on (vmap cannot map a dim of size 0)
+        return S.clone()
     return _run("score_mod", score_mod, one, S, (b, h, q_idx, kv_idx))
 
 
@@ -162,6 +164,9 @@ def visible(mask_mod: Fn, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -
         _check_one("mask_mod", mask_mod, out)
         return out
 
+    shape = (len(b), len(h), len(q_idx), len(kv_idx))
+    if 0 in shape:  # no element to call it on (vmap cannot map a dim of size 0)
+        return torch.ones(shape, dtype=torch.bool, device=q_idx.device)
     return compact(_run("mask_mod", mask_mod, one, None, (b, h, q_idx, kv_idx)))
 
 
