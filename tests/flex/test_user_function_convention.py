@@ -291,3 +291,26 @@ def test_a_call_without_scores_calls_no_function_and_differentiates(backend, N_q
     assert O.shape == (1, 2, N_q, D) and not O.any()  # no key: zeros, as flash_attention gives without functions
     O.sum().backward()
     assert q.grad is not None and not q.grad.any()
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=lambda f: f.__name__)
+def test_the_index_mode_for_a_torch_without_batched_tensor_indexing_gives_the_same_values_and_gradients(
+    idiom, monkeypatch
+):
+    """The installed torch indexes by batched 0-d tensors itself; a torch that does not gets
+    IndexByTensors (aten.index, as torch's eager flex_attention does). Both forms, one call each."""
+    from flashattn_teach.flex import per_element
+
+    assert per_element.native_indexing()  # the control: this torch takes the native path in the tests above
+    N = SIZES["batched"]
+    case = idiom(N)
+    q, k, v = _qkv(N)
+    wrt = (q, k, v) if case.captured is None else (q, k, v, case.captured)
+    kw = {"score_mod": case.score_mod, "mask_mod": case.mask_mod, "backend": "online"}
+    O = fa.flash_attention(q, k, v, **kw)
+    grads = torch.autograd.grad(O.sum(), wrt)
+    monkeypatch.setattr(per_element, "native_indexing", lambda: False)
+    O_mode = fa.flash_attention(q, k, v, **kw)
+    torch.testing.assert_close(O_mode, O, atol=0, rtol=0)
+    for got, want in zip(torch.autograd.grad(O_mode.sum(), wrt), grads, strict=True):
+        torch.testing.assert_close(got, want, atol=TOL, rtol=0)

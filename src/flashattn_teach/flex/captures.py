@@ -4,10 +4,10 @@ FlexAttention's functions are plain Python, ``lambda score, b, h, q_idx, kv_idx:
 learned bias is a tensor the function closes over, not an argument. torch finds such tensors by tracing the
 function with dynamo; here they are found two ways, and the union is kept:
 
-- a probe: the function is called once, on one element's 0-d arguments (as torch calls it, with 0-d index
-  tensors indexing by ``aten.index``: :class:`~.per_element.IndexByTensors`), under a ``TorchFunctionMode``
-  that records every tensor a torch operation receives that is neither an argument nor made inside the
-  call. This sees what the function really reads, however it reaches it (``ns.bias``, ``self.table``, ``module.BIAS``);
+- a probe: the function is called once, on one element's 0-d arguments (as torch calls it), under a
+  ``TorchFunctionMode`` that records every tensor a torch operation receives that is neither an argument
+  nor made inside the call. This sees what the function really reads, however it reaches it (``ns.bias``,
+  ``self.table``, ``module.BIAS``);
 - a walk of what the function can reach without running it, for what a branch of the probe did not take:
 
     closure cells             def outer(): bias = ...; def score_mod(...): ... bias[h] ...
@@ -36,8 +36,6 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .per_element import IndexByTensors
-
 # Deep enough for combinators of combinators; a cycle is cut by the set of objects already seen.
 MAX_DEPTH = 16
 
@@ -57,8 +55,7 @@ def tensors_read(fn: Callable[..., object], args: tuple[Tensor, ...]) -> tuple[T
     call, in the order first read; None if the call raised (the real call will say why)."""
     mode = _Reads(args)
     try:
-        # _Reads entered last, so it sees ``bias[q_idx]`` before IndexByTensors turns it into aten.index
-        with torch.no_grad(), IndexByTensors(), mode:
+        with torch.no_grad(), mode:
             fn(*args)
     except Exception:
         return None

@@ -18,10 +18,12 @@ here, at every size, so a function means the same on the tile of every head at o
 
 Two details make per-element indexing work, as in torch:
 
-- ``t[i]`` with a 0-d index tensor ``i`` is, for Python, an integer index: it would call ``i.item()``,
-  which vmap cannot do for a batched ``i``. :class:`IndexByTensors` turns such a ``__getitem__`` into
-  advanced indexing (``aten.index``), which vmap batches and autograd differentiates (repeated indices add
-  up in the backward).
+- ``t[i]`` with a 0-d index tensor ``i`` must be advanced indexing (``aten.index``), which vmap batches and
+  autograd differentiates (repeated indices add up in the backward). The installed torch's own ``t[i]``
+  does that for a batched ``i``; a torch whose ``t[i]`` calls ``i.item()`` instead (which vmap cannot do)
+  gets :class:`IndexByTensors` around the call, as torch's eager flex_attention puts its own. Which one a
+  torch needs is found once, by a probe (:func:`native_indexing`): the mode costs tens of microseconds on
+  every operation of the function.
 - A function's result that does not depend on ``b`` (or ``h``) comes out of vmap expanded along it, with
   stride 0; :func:`compact` keeps size 1 there, so a causal ``mask_mod`` is still one ``(Br, Bc)`` tile
   for every head, and block-mask classification (:mod:`.classify`) classifies it once.
@@ -32,6 +34,8 @@ fails on it too. Here it is refused by the function's name with the way to write
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -104,9 +108,23 @@ def _per_element(fn: Fn, score: Tensor | None, index: tuple[Tensor, Tensor, Tens
     return out
 
 
+@functools.cache
+def native_indexing() -> bool:
+    """Whether this torch's ``t[i]``, ``t[i, j]`` with batched 0-d index tensors inside vmap index as
+    ``aten.index`` does (else :class:`IndexByTensors` is needed): checked once on a small table."""
+    table = torch.arange(12).view(3, 4)
+    index = tuple(torch.arange(n) for n in (3, 4, 3, 4))
+    want = table[:, :, None, None] + table[None, None]  # (3, 4, 3, 4): table[b, h] + table[q_idx][kv_idx]
+    try:
+        got = _per_element(lambda b, h, q_idx, kv_idx: table[b, h] + table[q_idx][kv_idx], None, index)
+    except RuntimeError:
+        return False
+    return torch.equal(got, want)
+
+
 def _run(kind: str, fn: object, one: Fn, score: Tensor | None, index: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
     try:
-        with IndexByTensors():
+        with contextlib.nullcontext() if native_indexing() else IndexByTensors():
             return _per_element(one, score, index)
     except RuntimeError as err:
         message = str(err)
