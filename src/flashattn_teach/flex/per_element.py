@@ -113,10 +113,10 @@ def native_indexing() -> bool:
     """Whether this torch's ``t[i]``, ``t[i, j]`` with batched 0-d index tensors inside vmap index as
     ``aten.index`` does (else :class:`IndexByTensors` is needed): checked once on a small table."""
     table = torch.arange(12).view(3, 4)
-    index = tuple(torch.arange(n) for n in (3, 4, 3, 4))
+    b, h, q_idx, kv_idx = (torch.arange(n) for n in (3, 4, 3, 4))
     want = table[:, :, None, None] + table[None, None]  # (3, 4, 3, 4): table[b, h] + table[q_idx][kv_idx]
     try:
-        got = _per_element(lambda b, h, q_idx, kv_idx: table[b, h] + table[q_idx][kv_idx], None, index)
+        got = _per_element(lambda b, h, q_idx, kv_idx: table[b, h] + table[q_idx][kv_idx], None, (b, h, q_idx, kv_idx))
     except RuntimeError:
         return False
     return torch.equal(got, want)
