@@ -311,7 +311,7 @@ def test_refusals_name_the_argument():
         create_block_mask(lambda score, b, h, q, kv: score, 1, 1, 64, 64, device="cpu")
     with pytest.raises(AttentionTypeError, match="bool tensor"):
         create_block_mask(lambda b, h, q, kv: (q - kv).float(), 1, 1, 64, 64, device="cpu")
-    with pytest.raises(AttentionValueError, match="elementwise"):
+    with pytest.raises(AttentionValueError, match="for one element"):
         create_block_mask(lambda b, h, q, kv: (q >= kv).flatten(), 1, 1, 64, 64, device="cpu")
     with pytest.raises(AttentionValueError, match="BLOCK_SIZE"):
         create_block_mask(causal, 1, 1, 64, 64, device="cpu", BLOCK_SIZE=(64, 0))

@@ -81,7 +81,7 @@ def test_captured_tensors_follows_combinators_and_counts_each_tensor_once():
         ({"mask_mod": "causal"}, AttentionTypeError, "mask_mod must be a function"),
         ({"score_mod": lambda s, b, h, q, kv: q >= kv}, AttentionTypeError, "floating-point"),
         ({"mask_mod": lambda b, h, q, kv: (q - kv).float()}, AttentionTypeError, "bool tensor"),
-        ({"score_mod": lambda s, b, h, q, kv: s[..., :1, :1].repeat(1, 1, 2, 2)}, AttentionValueError, "broadcast"),
+        ({"score_mod": lambda s, b, h, q, kv: s.repeat(2)}, AttentionValueError, "for one element"),
         ({"block_mask": torch.ones(3, 3, dtype=torch.bool)}, AttentionTypeError, "create_block_mask"),
     ],
 )

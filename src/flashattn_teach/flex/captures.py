@@ -4,9 +4,10 @@ FlexAttention's functions are plain Python, ``lambda score, b, h, q_idx, kv_idx:
 learned bias is a tensor the function closes over, not an argument. torch finds such tensors by tracing the
 function with dynamo; here they are found two ways, and the union is kept:
 
-- a probe: the function is called once on a 1 x 1 tile under a ``TorchFunctionMode`` that records every
-  tensor a torch operation receives that is neither an argument nor made inside the call. This sees what
-  the function really reads, however it reaches it (``ns.bias``, ``self.table``, ``module.BIAS``);
+- a probe: the function is called once, on one element's 0-d arguments (as torch calls it), under a
+  ``TorchFunctionMode`` that records every tensor a torch operation receives that is neither an argument
+  nor made inside the call. This sees what the function really reads, however it reaches it (``ns.bias``,
+  ``self.table``, ``module.BIAS``);
 - a walk of what the function can reach without running it, for what a branch of the probe did not take:
 
     closure cells             def outer(): bias = ...; def score_mod(...): ... bias[h] ...

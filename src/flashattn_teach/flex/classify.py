@@ -5,23 +5,23 @@ FlexAttention's block mask (Dong et al. 2024, "Flex Attention: A Programming Mod
 Attention Kernels", sec. 3.3) sorts every ``BLOCK_M x BLOCK_N`` tile of a mask into three kinds: no
 element visible (skipped), every element visible (run without ``mask_mod``), and the rest (run with it).
 torch's ``create_block_mask`` evaluates ``mask_mod`` over the whole ``B x H x N_q x N_k`` grid first and
-sums it block by block. Here the grid is cut into chunks of whole tiles, each evaluated with broadcast
-index tensors, as the CPU attention paths do:
+sums it block by block. Here the grid is cut into chunks of whole tiles, and ``mask_mod`` is called on each
+as torch calls it, per element through nested vmaps (:mod:`.per_element`), over the chunk's index vectors:
 
-    b       (bs, 1, 1, 1)     int64, batch elements b0 .. b0 + bs - 1
-    h       (1, hs, 1, 1)     int64, heads h0 .. h0 + hs - 1
-    q_idx   (R, 1)            int64, the chunk's query rows (absolute positions)
-    kv_idx  (1, C)            int64, the chunk's key columns
-    mask_mod(b, h, q_idx, kv_idx) -> bool, broadcastable to (bs, hs, R, C)
+    b       (bs,)     int64, batch elements b0 .. b0 + bs - 1
+    h       (hs,)     int64, heads h0 .. h0 + hs - 1
+    q_idx   (R,)      int64, the chunk's query rows (absolute positions)
+    kv_idx  (C,)      int64, the chunk's key columns
+    mask_mod(b, h, q_idx, kv_idx) -> bool, each argument 0-d inside the call; (bs, hs, R, C) out
 
 and reduced to the chunk's tiles, so the peak memory is one chunk (:data:`CHUNK_ELEMENTS`) per worker plus
 the two ``O(B H T_r T_c)`` tile tables. On the CPU the chunks run on the ``parallel`` path's worker threads,
 each with single-threaded torch ops (:mod:`flashattn_teach.reference.workers`), which keeps a busy core from
 stalling every op; a small call, or another device, runs them in the calling thread.
 
-Broadcasting does the rest: a ``mask_mod`` that never reads ``b`` (or ``h``) returns a result of size 1
-along it, and then one classification serves every batch element (head). :func:`result_dims` finds that
-out from a single element per (b, h) before the chunks run; the tables then keep a size-1 dim there.
+A ``mask_mod`` that never reads ``b`` (or ``h``) comes out of vmap expanded along it, and then one
+classification serves every batch element (head). :func:`result_dims` finds that out from a single element
+per (b, h) before the chunks run; the tables then keep a size-1 dim there.
 
 Padding follows torch: rows ``>= N_q`` and columns ``>= N_k`` of a ragged last block count as invisible,
 so a ragged block is never "every element visible" (it is run with ``mask_mod``, which also bounds it).
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import AttentionTypeError, AttentionValueError
+from . import per_element
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -50,47 +50,21 @@ CHUNK_ELEMENTS = 1 << 20
 MIN_PARALLEL_ELEMENTS = 1 << 22
 
 
-def _bool_result(out: object, device: torch.device) -> Tensor:
-    """``mask_mod``'s result as a tensor, refused unless bool."""
-    if not isinstance(out, Tensor):
-        out = torch.as_tensor(out, device=device)
-    if out.dtype != torch.bool:
-        raise AttentionTypeError(
-            f"mask_mod must return a bool tensor (True where query q_idx may see key kv_idx), got {out.dtype}: "
-            "return a comparison such as q_idx >= kv_idx; a function of (score, b, h, q_idx, kv_idx) is a "
-            "score_mod, which flex_attention takes as score_mod="
-        )
-    return out
-
-
 def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-    """``mask_mod(b, h, q_idx, kv_idx)`` broadcast to ``(b.shape[0], h.shape[1], R, C)``, checked to be bool."""
-    shape = (b.shape[0], h.shape[1], q_idx.shape[0], kv_idx.shape[1])
-    out = _bool_result(mask_mod(b, h, q_idx, kv_idx), q_idx.device)
-    try:
-        return out.broadcast_to(shape)
-    except RuntimeError:
-        raise AttentionValueError(
-            f"mask_mod returned shape {tuple(out.shape)}, which does not broadcast to {shape}: with b of shape "
-            f"{tuple(b.shape)}, h {tuple(h.shape)}, q_idx {tuple(q_idx.shape)} and kv_idx {tuple(kv_idx.shape)} it "
-            "must combine them elementwise (no reductions, no reshapes)"
-        ) from None
+    """``mask_mod`` at every element of the index vectors ``b (bs,)``, ``h (hs,)``, ``q_idx (R,)``,
+    ``kv_idx (C,)``, called per element: bool ``(bs, hs, R, C)``."""
+    return per_element.visible(mask_mod, b, h, q_idx, kv_idx).expand(len(b), len(h), len(q_idx), len(kv_idx))
 
 
 def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tuple[int, int]:
     """``(B or 1, H or 1)``: the sizes of ``mask_mod``'s result along b and h, from one (q_idx, kv_idx) = (0, 0)
-    element per (b, h). A size of 1 means the function does not read that argument."""
-    b = torch.arange(B, device=device).view(B, 1, 1, 1)
-    h = torch.arange(H, device=device).view(1, H, 1, 1)
-    zero = torch.zeros(1, 1, dtype=torch.int64, device=device)
-    out = _bool_result(mask_mod(b, h, zero, zero), device)
-    shape = torch.broadcast_shapes(out.shape, (1, 1, 1, 1))
-    if len(shape) != 4 or shape[0] not in (1, B) or shape[1] not in (1, H) or shape[2:] != (1, 1):
-        raise AttentionValueError(
-            f"mask_mod returned shape {tuple(out.shape)} for b of shape {tuple(b.shape)}, h {tuple(h.shape)} and "
-            "q_idx, kv_idx of shape (1, 1); it must combine its arguments elementwise (no reductions, no reshapes)"
-        )
-    return shape[0], shape[1]
+    element per (b, h). A size of 1 means the function does not read that argument: vmap expands a result that
+    does not depend on a mapped argument, and :func:`.per_element.compact` keeps size 1 there. (Without
+    Python control flow, which vmap refuses, what a result depends on is the same at every element.)"""
+    b, h = torch.arange(B, device=device), torch.arange(H, device=device)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    out = per_element.visible(mask_mod, b, h, zero, zero)  # (B|1, H|1, 1, 1)
+    return out.shape[0], out.shape[1]
 
 
 def tile_visibility(
@@ -119,16 +93,16 @@ def tile_visibility(
     tr = min(T_r, max(1, tiles // tc))
     hs = min(H_o, max(1, tiles // (tc * tr)))
     bs = min(B_o, max(1, tiles // (tc * tr * hs)))
-    rows = torch.arange(N_q, device=device).view(N_q, 1)
-    cols = torch.arange(N_k, device=device).view(1, N_k)
+    rows = torch.arange(N_q, device=device)
+    cols = torch.arange(N_k, device=device)
 
     def classify_chunk(b0: int, b1: int, h0: int, h1: int, i0: int, i1: int, j0: int, j1: int) -> None:
-        b = torch.arange(b0, b1, device=device).view(-1, 1, 1, 1)
-        h = torch.arange(h0, h1, device=device).view(1, -1, 1, 1)
-        q_idx, kv_idx = rows[i0 * block_m : i1 * block_m], cols[:, j0 * block_n : j1 * block_n]
+        b = torch.arange(b0, b1, device=device)
+        h = torch.arange(h0, h1, device=device)
+        q_idx, kv_idx = rows[i0 * block_m : i1 * block_m], cols[j0 * block_n : j1 * block_n]
         visible = evaluate(mask_mod, b, h, q_idx, kv_idx)  # (bs, hs, R, C)
         # a ragged last block: pad with invisible elements, as torch does
-        pad_r, pad_c = (i1 - i0) * block_m - q_idx.shape[0], (j1 - j0) * block_n - kv_idx.shape[1]
+        pad_r, pad_c = (i1 - i0) * block_m - q_idx.shape[0], (j1 - j0) * block_n - kv_idx.shape[0]
         if pad_r or pad_c:
             visible = F.pad(visible, (0, pad_c, 0, pad_r))
         # (bs, hs, R, C) -> (bs, hs, i1 - i0, block_m, j1 - j0, block_n)

@@ -11,18 +11,21 @@ the score (:mod:`flashattn_teach.masks`)::
 Blocks are the block mask's (:class:`flashattn_teach.flex.BlockMask`): a SKIP block is invisible whatever
 ``mask_mod`` says, so a mask built by hand (``BlockMask.from_kv_blocks``) means what it says, as in torch.
 
-The functions are never called per element: each call gets one tile's broadcast index tensors in the
-*flat* layout ``(B, H_q, Br, Bc)`` (``B`` the flat batch index over the call's batch dims, ``h`` the query
-head)::
+The functions are called as torch calls them, per element (:mod:`.per_element`): inside the function
+``b``, ``h`` (the query head), ``q_idx``, ``kv_idx`` and ``score`` are 0-d tensors, and nested ``torch.vmap``
+levels batch it over a tile's index vectors, one tensor operation per tile. The tiles hand over their
+indices in the *flat* layout (``B`` the flat batch index over the call's batch dims)::
 
-    b       (B, 1, 1, 1)  int64        or shape () for one head
-    h       (1, H_q, 1, 1)  int64      or shape () for one head
+    b       (B, 1, 1, 1)  int64        or shape () for one (b, h): then a vector of length 1 is mapped
+    h       (1, H_q, 1, 1)  int64      or shape ()
     q_idx   (Br, 1)  int64             absolute query rows of the tile
     kv_idx  (1, Bc)  int64             absolute key columns
 
-so ``bias[h]``, ``doc[b, q_idx] == doc[b, kv_idx]`` and ``torch.where(q_idx >= kv_idx, score, -inf)`` are
-ordinary broadcast indexing and a function that ignores ``b`` or ``h`` returns size-1 dims there. Nothing
-of size ``N_q x N_k`` is made unless a tile is that big (the dense oracle's one tile).
+and get back ``(B, H_q, Br, Bc)`` (``mask_mod``'s with size 1 along ``b`` or ``h`` where it does not read
+them). So ``bias[b][q_idx]``, ``bias[q_idx][kv_idx]``, ``doc[b][q_idx] == doc[b][kv_idx]`` and
+``torch.dot(q_rope[b, h, q_idx], k_rope[b, h // G, kv_idx])`` mean the same at every size and on every
+path, tiles of every head at once or of one head. Nothing of size ``N_q x N_k`` is made unless a tile is
+that big (the dense oracle's one tile).
 
 Gradients: the backward differentiates through ``score_mod`` tile by tile (``dS_in = dS_out * d
 score_mod / dS``, by autograd on the tile) and collects the gradients of the captured tensors that require
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
+from . import per_element
 from .captures import captured_tensors
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -85,6 +89,16 @@ class TileIndex:
             kv_idx=torch.arange(*cols, device=device)[None, :],  # (1, Bc)
         )
 
+    def vectors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``b (B,)``, ``h (H,)``, ``q_idx (Br,)``, ``kv_idx (Bc,)``: the vectors the per-element call maps over
+        (length 1 for the ``b`` and ``h`` of one head)."""
+        return self.b.reshape(-1), self.h.reshape(-1), self.q_idx.reshape(-1), self.kv_idx.reshape(-1)
+
+    @property
+    def one_head(self) -> bool:
+        """Whether the tile is of one ``(b, h)`` (scores ``(Br, Bc)``), not of every head (flat layout)."""
+        return self.b.dim() == 0
+
     @staticmethod
     def head(b: int, h: int, rows: tuple[int, int], cols: tuple[int, int], device: torch.device) -> TileIndex:
         """One batch element ``b`` and query head ``h``: both of shape ``()``."""
@@ -123,16 +137,14 @@ class UserMods:
             return None
         if block_mask is not None:
             mask_mod = block_mask.mask_mod
-        index = TileIndex.flat(1, 1, (0, 1), (0, 1), device)
-        at = (index.b, index.h, index.q_idx, index.kv_idx)
-        score = torch.zeros(1, 1, 1, 1, dtype=dtype, device=device)
+        score, *at = per_element.probe_args(dtype, device)
         captures = () if score_mod is None else captured_tensors(score_mod, (score, *at))  # type: ignore[arg-type]
         return UserMods(
             score_mod=score_mod,  # type: ignore[arg-type]  # callable, checked above
             mask_mod=mask_mod,  # type: ignore[arg-type]
             block_mask=block_mask,
             captures=captures,
-            mask_captures=() if mask_mod is None else captured_tensors(mask_mod, at),  # type: ignore[arg-type]
+            mask_captures=() if mask_mod is None else captured_tensors(mask_mod, tuple(at)),  # type: ignore[arg-type]
             versions=tuple(t._version for t in captures),
         )
 
@@ -171,14 +183,13 @@ class UserMods:
 
     def score(self, S: Tensor, index: TileIndex) -> Tensor:
         """``score_mod(S, b, h, q_idx, kv_idx)`` of a flat-layout tile ``S`` (``(B, H_q, Br, Bc)``, or
-        ``(Br, Bc)`` for one head), broadcast back to ``S``'s shape and dtype."""
+        ``(Br, Bc)`` for one head), called per element (:func:`.per_element.scores`), in ``S``'s shape and
+        dtype."""
         assert self.score_mod is not None
-        out = self.score_mod(S, index.b, index.h, index.q_idx, index.kv_idx)
-        if not isinstance(out, Tensor) or not out.is_floating_point():
-            what = f"a {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__
-            raise AttentionTypeError(f"score_mod must return a floating-point tensor (the new scores), got {what}")
+        S4 = S.reshape(1, 1, *S.shape) if index.one_head else S  # (B, H_q, Br, Bc)
+        out = per_element.scores(self.score_mod, S4, *index.vectors())
         # a fresh tensor of S's shape: the loops mask it in place
-        return _broadcast("score_mod", out, S.shape).to(S.dtype).contiguous()
+        return out.reshape(S.shape).to(S.dtype).contiguous()
 
     # ------------------------------------------------------------------------ mask_mod and the blocks
 
@@ -196,14 +207,8 @@ class UserMods:
 
     def _mask(self, index: TileIndex, shape: Sequence[int]) -> Tensor:
         assert self.mask_mod is not None
-        out = self.mask_mod(index.b, index.h, index.q_idx, index.kv_idx)
-        if isinstance(out, bool):
-            out = torch.tensor(out, device=index.q_idx.device)
-        if not isinstance(out, Tensor) or out.dtype != torch.bool:
-            what = f"a {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__
-            raise AttentionTypeError(f"mask_mod must return a bool tensor (True: visible), got {what}")
-        _broadcast("mask_mod", out, shape)  # only checks: a bool mask broadcasts where it is used
-        return out
+        out = per_element.visible(self.mask_mod, *index.vectors())  # (B|1, H|1, Br, Bc)
+        return out.reshape(shape[-2:]) if index.one_head else out
 
     def _element_kinds(self, index: TileIndex) -> Tensor:
         """The block kind of every element of the tile, gathered from the block mask's table."""
@@ -281,16 +286,6 @@ def check_block_mask(block_mask: object) -> BlockMask | None:
 def to_flat(t: Tensor) -> Tensor:
     """A tile broadcastable to the flat layout, with its leading dims made explicit: ``(B|1, H|1, Br, Bc)``."""
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
-
-
-def _broadcast(name: str, out: Tensor, shape: Sequence[int]) -> Tensor:
-    try:
-        return out.expand(*shape)
-    except RuntimeError:
-        raise AttentionValueError(
-            f"{name} returned shape {tuple(out.shape)}, which does not broadcast to the tile {tuple(shape)}; "
-            "a function of (b, h, q_idx, kv_idx) broadcast indices must broadcast to their shapes"
-        ) from None
 
 
 class CaptureGrads:
