@@ -22,8 +22,6 @@ import torch.nn.attention.flex_attention as torch_flex
 
 import flashattn_teach as fa
 
-USERMODS = pytest.mark.xfail(strict=True, reason="fixed on branch h_usermods (one calling convention at every size)")
-
 F64 = torch.float64
 
 
@@ -104,7 +102,7 @@ def test_one_row_gqa_applies_a_per_head_block_mask_as_torch(H_q, H_kv):
 SMALL, LARGE = 64, 256
 
 
-@pytest.mark.parametrize("N", [pytest.param(SMALL, marks=USERMODS), LARGE])
+@pytest.mark.parametrize("N", [SMALL, LARGE])
 def test_chained_batch_then_query_index_as_torch(N):
     """``bias[b][q_idx]``: torch calls the function per element, so ``bias[b]`` is one row of ``bias``."""
     bias = torch.randn(2, N, generator=torch.Generator().manual_seed(1), dtype=F64)
@@ -116,7 +114,7 @@ def test_chained_batch_then_query_index_as_torch(N):
     torch.testing.assert_close(_ours(q, k, v, score_mod), _torch_eager(q, k, v, score_mod))
 
 
-@pytest.mark.parametrize("N", [pytest.param(SMALL, marks=USERMODS), pytest.param(LARGE, marks=USERMODS)])
+@pytest.mark.parametrize("N", [SMALL, LARGE])
 def test_chained_query_then_key_index_as_torch(N):
     """``bias[q_idx][kv_idx]``, as torch's ``rel_pos_2d_index_multiple`` writes it."""
     bias = torch.randn(N, N, generator=torch.Generator().manual_seed(2), dtype=F64)
@@ -128,7 +126,7 @@ def test_chained_query_then_key_index_as_torch(N):
     torch.testing.assert_close(_ours(q, k, v, score_mod), _torch_eager(q, k, v, score_mod))
 
 
-@pytest.mark.parametrize("N", [pytest.param(SMALL, marks=USERMODS), pytest.param(LARGE, marks=USERMODS)])
+@pytest.mark.parametrize("N", [SMALL, LARGE])
 def test_latent_attention_dot_product_as_torch(N):
     """attention-gym's MLA score_mod: ``torch.dot`` of one query's and one key's rotary parts."""
     g = torch.Generator().manual_seed(3)
@@ -142,7 +140,7 @@ def test_latent_attention_dot_product_as_torch(N):
     torch.testing.assert_close(_ours(q, k, v, score_mod), _torch_eager(q, k, v, score_mod))
 
 
-@pytest.mark.parametrize("N", [pytest.param(SMALL, marks=USERMODS), pytest.param(LARGE, marks=USERMODS)])
+@pytest.mark.parametrize("N", [SMALL, LARGE])
 def test_row_gathered_then_indexed_as_torch(N):
     """attention-gym's vision cross-attention mask: ``interval = intervals[image_of[kv_idx]]``, then
     ``interval[0]`` and ``interval[1]``, the start and end of one image's interval."""

@@ -201,7 +201,7 @@ def test_explain_says_where_the_user_functions_run():
         return s + bias[h]
 
     tiled = str(fa.explain(q, k, v, score_mod=score_mod, backend="online"))
-    assert "each tile's index tensors" in tiled and "captured tensors that require grad" in tiled
+    assert "each tile's index vectors" in tiled and "captured tensors that require grad" in tiled
     assert "whole N_q x N_k grid" in str(fa.explain(q, k, v, score_mod=score_mod, backend="dense"))
     assert "user functions" not in str(fa.explain(q, k, v, backend="online"))  # the control
 

@@ -255,7 +255,7 @@ def test_refusals_name_the_argument_and_what_to_do():
     with pytest.raises(AttentionValueError, match=r"block_mask was built for B = 2"):
         replay(q, k, v, block_m=TILE, block_n=TILE, block_mask=two_batch)
     short = create_block_mask(causal, None, None, N - 2, N - 2, device="cpu", BLOCK_SIZE=TILE)
-    with pytest.raises(AttentionValueError, match=r"block_mask was built for \(Q_LEN, KV_LEN\)"):
+    with pytest.raises(AttentionValueError, match=r"block_mask was created for \(Q_LEN, KV_LEN\)"):
         replay(q, k, v, block_m=TILE, block_n=TILE, block_mask=short)
     cu = torch.tensor([0, 3, N], dtype=torch.int32)
     with pytest.raises(AttentionValueError, match=r"cu_seqlens cannot be combined with score_mod or block_mask"):

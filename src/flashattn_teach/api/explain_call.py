@@ -208,8 +208,8 @@ def _mods_note(p: Plan, opts: AttentionOptions, verbose: bool) -> str:
     if p.backend == "triton":
         note = "; user functions translated into @triton.jit functions inlined into the kernels"
     else:
-        where = "on the whole N_q x N_k grid" if p.backend == "dense" else "on each tile's index tensors"
-        note = f"; user functions run as Python {where} (b, h, q_idx, kv_idx broadcast)"
+        where = "the whole N_q x N_k grid" if p.backend == "dense" else "each tile's index vectors"
+        note = f"; user functions run as Python per element, mapped by vmap over {where} as torch calls them"
         if p.backend != "dense" and mods.score_mod is not None:
             captured = ", and into the captured tensors that require grad" if mods.grad_captures else ""
             note += f"; the backward differentiates through score_mod tile by tile{captured}"

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import per_element
 from .mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
+from .per_element import visible
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 # Runs a task on every chunk's arguments (the CPU worker pool of flashattn_teach.reference.workers, which
@@ -53,7 +53,7 @@ MIN_PARALLEL_ELEMENTS = 1 << 22
 def evaluate(mask_mod: MaskMod, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     """``mask_mod`` at every element of the index vectors ``b (bs,)``, ``h (hs,)``, ``q_idx (R,)``,
     ``kv_idx (C,)``, called per element: bool ``(bs, hs, R, C)``."""
-    return per_element.visible(mask_mod, b, h, q_idx, kv_idx).expand(len(b), len(h), len(q_idx), len(kv_idx))
+    return visible(mask_mod, b, h, q_idx, kv_idx).expand(len(b), len(h), len(q_idx), len(kv_idx))
 
 
 def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tuple[int, int]:
@@ -63,7 +63,7 @@ def result_dims(mask_mod: MaskMod, B: int, H: int, device: torch.device) -> tupl
     Python control flow, which vmap refuses, what a result depends on is the same at every element.)"""
     b, h = torch.arange(B, device=device), torch.arange(H, device=device)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
-    out = per_element.visible(mask_mod, b, h, zero, zero)  # (B|1, H|1, 1, 1)
+    out = visible(mask_mod, b, h, zero, zero)  # (B|1, H|1, 1, 1)
     return out.shape[0], out.shape[1]
 
 

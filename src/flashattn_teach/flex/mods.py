@@ -45,8 +45,10 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
-from . import per_element
 from .captures import captured_tensors
+from .per_element import probe_args
+from .per_element import scores as per_element_scores
+from .per_element import visible as per_element_visible
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -137,7 +139,7 @@ class UserMods:
             return None
         if block_mask is not None:
             mask_mod = block_mask.mask_mod
-        score, *at = per_element.probe_args(dtype, device)
+        score, *at = probe_args(dtype, device)
         captures = () if score_mod is None else captured_tensors(score_mod, (score, *at))  # type: ignore[arg-type]
         return UserMods(
             score_mod=score_mod,  # type: ignore[arg-type]  # callable, checked above
@@ -187,7 +189,7 @@ class UserMods:
         dtype."""
         assert self.score_mod is not None
         S4 = S.reshape(1, 1, *S.shape) if index.one_head else S  # (B, H_q, Br, Bc)
-        out = per_element.scores(self.score_mod, S4, *index.vectors())
+        out = per_element_scores(self.score_mod, S4, *index.vectors())
         # a fresh tensor of S's shape: the loops mask it in place
         return out.reshape(S.shape).to(S.dtype).contiguous()
 
@@ -207,7 +209,7 @@ class UserMods:
 
     def _mask(self, index: TileIndex, shape: Sequence[int]) -> Tensor:
         assert self.mask_mod is not None
-        out = per_element.visible(self.mask_mod, *index.vectors())  # (B|1, H|1, Br, Bc)
+        out = per_element_visible(self.mask_mod, *index.vectors())  # (B|1, H|1, Br, Bc)
         return out.reshape(shape[-2:]) if index.one_head else out
 
     def _element_kinds(self, index: TileIndex) -> Tensor:
@@ -233,7 +235,7 @@ class UserMods:
             return
         if tuple(bm.seq_lengths) != (N_q, N_k):
             raise AttentionValueError(
-                f"block_mask was built for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)}, but the call has "
+                f"block_mask was created for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)}, but the call has "
                 f"N_q = {N_q} queries and N_k = {N_k} keys; build it with create_block_mask(mask_mod, B, H, "
                 f"{N_q}, {N_k})"
             )
