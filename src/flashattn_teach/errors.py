@@ -31,3 +31,9 @@ class AttentionDtypeError(AttentionTypeError, AttentionValueError):
     """Tensors whose dtypes cannot be combined (query, key and value of different dtypes). Both a
     ``TypeError`` (a dtype is a type) and a ``ValueError``, which torch's FlexAttention raises for it, so
     code written for either catches it."""
+
+
+class BlockMaskListsError(AttentionValueError, AssertionError):
+    """Index lists given to :class:`~flashattn_teach.BlockMask` that do not pair up (a ``full_*`` count
+    without its indices, or the reverse). torch's ``BlockMask`` asserts on them, so this is also an
+    ``AssertionError``, and code written for either catches it."""

@@ -228,3 +228,38 @@ def test_keyword_constructor_as_torch():
         mask_mod=_document,
     )
     _assert_same_mask(ours, theirs)
+
+
+@pytest.mark.parametrize("unpaired", ["full_kv_indices", "full_q_indices"])
+def test_unpaired_index_lists_refused_as_torch(unpaired):
+    """A count list without its indices: torch's ``BlockMask`` asserts, and so does this one (an error that
+    is both an ``AssertionError`` and a ``ValueError``), rather than build a mask from half the lists."""
+    _, theirs = _both_masks()
+    lists = {
+        name: getattr(theirs, name)
+        for name in (
+            "kv_num_blocks",
+            "kv_indices",
+            "full_kv_num_blocks",
+            "full_kv_indices",
+            "q_num_blocks",
+            "q_indices",
+            "full_q_num_blocks",
+            "full_q_indices",
+        )
+    }
+    lists[unpaired] = None
+    common = {"seq_lengths": theirs.seq_lengths, "BLOCK_SIZE": theirs.BLOCK_SIZE, "mask_mod": _document}
+    with pytest.raises(AssertionError):
+        torch_flex.BlockMask(**common, **lists)
+    with pytest.raises(AssertionError, match=unpaired.replace("indices", "")) as caught:
+        fa.BlockMask(**common, **lists)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_sliced_mask_mod_refused_with_torchs_words():
+    """An indexed mask's ``mask_mod`` is reset; using it is refused in torch's words (its tests match them)."""
+    ours = fa.create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, 1, 256, 256, device="cpu")
+    q, k, v = _qkv(1, 1, 1, 1, 256)
+    with pytest.raises(RuntimeError, match="Cannot use mask_mod from a sliced BlockMask"):
+        fa.flex_attention(q, k, v, block_mask=ours[:, :, 0])

@@ -117,7 +117,8 @@ def _refuse_sliced_mask_mod(block_mask: object) -> None:
     mask_mod = getattr(block_mask, "mask_mod", None)
     if getattr(mask_mod, "__name__", None) == "_sliced_mask_mod_error":
         raise AttentionValueError(
-            "block_mask was indexed (block_mask[...]), which resets its mask_mod, as torch's does: assign one "
+            "Cannot use mask_mod from a sliced BlockMask: block_mask was indexed (block_mask[...]), which "
+            "resets its mask_mod, as torch's does: assign one "
             "from the original mask before the call, sliced.mask_mod = original.mask_mod (offset by the "
             "indices the slice starts at when the function reads b, h or q_idx)"
         )

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import AttentionTypeError, AttentionValueError
+from ..errors import AttentionTypeError, AttentionValueError, BlockMaskListsError
 from .block_mask_args import (
     DEFAULT_BLOCK_SIZE,
     DQ_METADATA,
@@ -129,6 +129,8 @@ class BlockMask:
                     "BlockMask: give block_kinds, or torch's seq_lengths=, kv_num_blocks= and kv_indices= "
                     "(with full_kv_num_blocks=, full_kv_indices= for FULL blocks), not a mix"
                 )
+            if (full_q_num_blocks is None) != (full_q_indices is None):  # torch asserts on this pair too
+                raise BlockMaskListsError("BlockMask: give both full_q_num_blocks and full_q_indices, or neither")
             block_kinds, batch_shape = kinds_of_lists(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
             has_full = full_kv_num_blocks is not None
             given = {

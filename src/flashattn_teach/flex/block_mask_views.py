@@ -57,7 +57,8 @@ def _sliced_mask_mod_error(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) 
     """The ``mask_mod`` of an indexed mask (torch's name): the indices it would see are the sliced mask's,
     not the original's, so it refuses to run until the caller says which function to use."""
     raise AttentionValueError(
-        "this BlockMask was indexed (block_mask[...]), which resets its mask_mod, as torch's does: assign one "
+        "Cannot use mask_mod from a sliced BlockMask: this BlockMask was indexed (block_mask[...]), which "
+        "resets its mask_mod, as torch's does: assign one "
         "from the original mask, sliced.mask_mod = original.mask_mod (offset by the indices the slice "
         "starts at when the function reads b, h or q_idx)"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import AttentionValueError
+from ..errors import AttentionValueError, BlockMaskListsError
 from .mods import KIND_FULL, KIND_PARTIAL
 
 
@@ -41,7 +41,7 @@ def kinds_of_lists(
 ) -> tuple[Tensor, tuple[int, ...]]:
     """int8 kinds ``(B|1, H|1, T_r, T_c)`` and the batch shape of torch's index lists, checked."""
     if (full_kv_num_blocks is None) != (full_kv_indices is None):
-        raise AttentionValueError("BlockMask: give both full_kv_num_blocks and full_kv_indices, or neither")
+        raise BlockMaskListsError("BlockMask: give both full_kv_num_blocks and full_kv_indices, or neither")
     if not 2 <= kv_indices.dim() <= 4 or tuple(kv_num_blocks.shape) != tuple(kv_indices.shape[:-1]):
         raise AttentionValueError(
             f"BlockMask: kv_indices must be (*batch, T_r, T_c) with at most two batch dims and kv_num_blocks "
