@@ -195,12 +195,34 @@ def check_mods(
             "pass mask_mod or block_mask, not both: a block mask carries its own mask_mod "
             "(create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN))"
         )
-    bm = check_block_mask(from_torch(block_mask))
+    bm = any_length(check_block_mask(from_torch(block_mask)), shapes.N_q, shapes.N_k)
     B, H = math.prod(shapes.batch), shapes.H_q if len(shapes.score_shape) > 2 else 1
     mods = UserMods.build(score_mod, mask_mod, bm, q.device, compute_dtype(q.dtype))
     if mods is not None:
         mods.check(B, H, shapes.N_q, shapes.N_k)
     return mods
+
+
+# torch's _LARGE_SPARSE_BLOCK_SIZE: a block mask of one block per row and column whatever the lengths (torch's
+# flex_attention builds its no-mask default this way and skips its length check for it).
+ANY_LENGTH_BLOCK = 2**30
+
+
+def any_length(block_mask: Any, N_q: int, N_k: int) -> Any:
+    """A block mask with ``BLOCK_SIZE = (2^30, 2^30)`` holds one block that covers any ``(N_q, N_k)``: torch
+    takes it for a call of any lengths, so it is read here with the call's lengths (the same lists)."""
+    bm = block_mask
+    if bm is None or tuple(bm.BLOCK_SIZE) != (ANY_LENGTH_BLOCK,) * 2 or tuple(bm.seq_lengths) == (N_q, N_k):
+        return bm
+    return BlockMask.from_kv_blocks(
+        bm.kv_num_blocks,
+        bm.kv_indices,
+        bm.full_kv_num_blocks,
+        bm.full_kv_indices,
+        BLOCK_SIZE=tuple(bm.BLOCK_SIZE),
+        mask_mod=bm.mask_mod,
+        seq_lengths=(N_q, N_k),
+    )
 
 
 def from_torch(block_mask: object) -> object:

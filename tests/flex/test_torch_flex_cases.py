@@ -263,3 +263,17 @@ def test_sliced_mask_mod_refused_with_torchs_words():
     q, k, v = _qkv(1, 1, 1, 1, 256)
     with pytest.raises(RuntimeError, match="Cannot use mask_mod from a sliced BlockMask"):
         fa.flex_attention(q, k, v, block_mask=ours[:, :, 0])
+
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "online", "key_major", "parallel"])
+def test_torchs_any_length_block_mask_taken_for_any_lengths(backend):
+    """torch's strided-input tests pass its no-mask default, one block of (2^30, 2^30) built with
+    ``seq_lengths = (1, 1)``, to calls of other lengths; torch skips its length check for such a mask."""
+    q, k, v = _qkv(2, 4, 4, 128, 256)
+    default = torch_flex._create_empty_block_mask(q, k)
+    ours = fa.BlockMask.from_kv_blocks(
+        default.kv_num_blocks, default.kv_indices, BLOCK_SIZE=default.BLOCK_SIZE, seq_lengths=(1, 1)
+    )
+    expected = _torch_eager(q, k, v)
+    for mask in (ours, default):
+        torch.testing.assert_close(fa.flash_attention(q, k, v, block_mask=mask, backend=backend), expected)
