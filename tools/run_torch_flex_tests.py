@@ -39,7 +39,9 @@ which the CPU path changes how it calls the functions::
 
     python tools/run_torch_flex_tests.py --mode gym --gym-repo ~/src/attention-gym --out gym_cases.json
 
-torch's test modules import ``torch.testing._internal``, which needs the ``expecttest`` package.
+torch's test modules import ``torch.testing._internal``, which needs the ``expecttest`` package, and its
+``largeTensorTest`` (on TestFlexAttention and TestLearnableBiases) needs ``psutil``: without it every case of
+those classes skips ("Need psutil to determine if memory is sufficient").
 """
 
 from __future__ import annotations
