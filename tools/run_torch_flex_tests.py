@@ -738,6 +738,12 @@ def main(argv: list[str] | None = None) -> int:
         missing = sorted({CLASS_FILES[c] for c in classes} - {s for s, p in files.items() if p.exists()})
         if missing:
             parser.error(f"no test file for {missing}: give --torch-repo or --test-file")
+        needs_psutil = {"TestFlexAttention", "TestLearnableBiases"} & set(classes)
+        if needs_psutil and importlib.util.find_spec("psutil") is None:
+            print(
+                f"warning: {sorted(needs_psutil)} need psutil: torch's largeTensorTest skips every case without it",
+                file=sys.stderr,
+            )
         meta["test_files"] = {s: {"path": str(p), "sha256": _sha256(p)} for s, p in files.items() if p.exists()}
         results = run_torch_tests(files, classes, args.keywords, jsonl, args.resume, args.case_timeout)
     summary = {**meta, **summarise(results, classes), "seconds": round(time.perf_counter() - start, 1)}
