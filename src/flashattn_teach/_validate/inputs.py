@@ -17,16 +17,21 @@ fix the call without reading this file.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -260,7 +265,7 @@ def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
     if attn_mask.dtype not in (torch.bool, q.dtype, torch.float32):
         raise AttentionTypeError(
             f"attn_mask must be bool, float32 or query's dtype {q.dtype}, got {attn_mask.dtype} with shape "
-            f"{shape_str(attn_mask)}"
+            f"{shape_str(attn_mask)}{_padding_mask_hint(attn_mask, s)}"
         )
     if attn_mask.device != q.device:
         raise AttentionValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
@@ -272,8 +277,40 @@ def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
     if not fits:
         raise AttentionValueError(
             f"attn_mask of shape {shape_str(attn_mask)} does not broadcast to the score shape "
-            f"({', '.join(map(str, scores))})"
+            f"({', '.join(map(str, scores))}){_padding_mask_hint(attn_mask, s)}"
         )
+
+
+def _padding_mask_hint(attn_mask: Tensor, s: AttentionShapes) -> str:
+    """How to pass a transformers-style ``attention_mask (B, N_k)`` of 0/1, when the mask looks like one; only
+    for a mask already refused: a 2-D ``attn_mask`` is ``(N_q, N_k)`` in torch's rules, and a ``(B, N_k)`` one
+    that broadcasts as such is legal."""
+    if attn_mask.dim() != 2 or len(s.batch) != 1 or tuple(attn_mask.shape) != (s.batch[0], s.N_k):
+        return ""
+    fix = "mask[:, None, None, :]" if attn_mask.dtype == torch.bool else "mask.bool()[:, None, None, :]"
+    return (
+        f". A 2-D attn_mask is (N_q, N_k); this one looks like a transformers-style padding mask (B, N_k) "
+        f"(1: a token, 0: padding): pass attn_mask={fix}, a boolean (B, 1, 1, N_k) mask"
+    )
+
+
+def spelling_hint(wrong: str, right: str, *, whose: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A function that answers the keyword ``wrong=`` (``whose`` spelling) with a TypeError naming its own
+    spelling ``right=``, where Python's would only say "unexpected keyword argument"."""
+
+    def wrap(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            if wrong in kwargs:
+                raise AttentionTypeError(
+                    f"{function.__name__}() got an unexpected keyword argument '{wrong}': "
+                    f"{function.__name__} spells it {right}= ({wrong}= is {whose})"
+                )
+            return function(*args, **kwargs)
+
+        return call
+
+    return wrap
 
 
 def check_window(window: object) -> tuple[int, int]:
