@@ -9,6 +9,7 @@ repository) with these lines changed, each of which must be found:
 
     from flash_attn import (...)                      -> from flashattn_teach.flash_attn_interface import (...)
     from flash_attn.flash_attn_interface import ...   -> from flashattn_teach.flash_attn_interface import ...
+                                                         (also those inside test functions)
     device = "cuda", device="cuda"                     -> "cpu"
     torch.cuda.get_device_capability("cuda")           -> (8, 0), so the file's sm80 checks all run
     torch.cuda.get_device_properties("cuda").total_memory   -> 80 GiB, so no case is skipped for memory
@@ -48,7 +49,7 @@ TEST_FILE = Path("tests") / "test_flash_attn.py"
 # (what flash-attn's file says, what the run says instead); each must occur at least once.
 REWRITES = (
     (r"^from flash_attn import \(", "from flashattn_teach.flash_attn_interface import ("),
-    (r"^from flash_attn\.flash_attn_interface import ", "from flashattn_teach.flash_attn_interface import "),
+    (r"^(\s*)from flash_attn\.flash_attn_interface import ", r"\1from flashattn_teach.flash_attn_interface import "),
     (r'device = "cuda"', 'device = "cpu"'),
     (r'device="cuda"', 'device="cpu"'),
     (r'torch\.cuda\.get_device_capability\("cuda"\)', "(8, 0)"),
@@ -114,14 +115,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
-    config.stash[_COUNTS]["(all)"]["deselected"] += len(deselected)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:  # by -k, -m or the options above
+        items[0].config.stash[_COUNTS]["(all)"]["deselected"] += len(items)
 
 
 def unavailable(error: BaseException) -> str | None:
     """Why a failure is a missing feature rather than a wrong result: flash-attn's CUDA internals or CUDA."""
     text = str(error)
     if isinstance(error, ImportError) and "flashattn_teach.flash_attn_interface" in text:
-        return f"needs flash-attn's CUDA extension internals ({error.name or text})"
+        name = re.search(r"cannot import name '(\w+)'", text)
+        return f"needs flash-attn's CUDA extension internals ({name.group(1) if name else text})"
     if "CUDA" in text and ("not compiled" in text or "NVIDIA driver" in text):
         return "needs CUDA"
     return None
