@@ -510,9 +510,9 @@ def flash_attn_with_kvcache(
     pools = "(num_blocks, page_block_size, nheads_k, headdim)" if block_table is not None else layout
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_rank(name, t, pools)
-    for name, t in (("k", k), ("v", v)):
-        if t is not None:
-            _check_rank(name, t, layout)
+    for name, new in (("k", k), ("v", v)):
+        if new is not None:
+            _check_rank(name, new, layout)
     window = _window(window_size)
     B, N_q = q.shape[0], q.shape[1]
     if cache_seqlens is None:

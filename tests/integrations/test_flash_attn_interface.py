@@ -27,7 +27,7 @@ def _randn(*shape, seed=0, dtype=F64, requires_grad=False):
 
 def _reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None):
     """float64 ``(out (B, N_q, H, D_v), lse (B, H, N_q))`` by flash-attn's documented rules."""
-    B, N_q, H, D = q.shape
+    _, N_q, H, D = q.shape
     N_k, H_kv = k.shape[1], k.shape[2]
     k, v = (t.double().repeat_interleave(H // H_kv, dim=2) for t in (k, v))
     S = torch.einsum("bihd,bjhd->bhij", q.double(), k) * (scale if scale is not None else D**-0.5)
@@ -103,7 +103,7 @@ def test_packed_forms_equal_the_unpacked_call_and_their_gradients_reach_the_pack
 
 def _keep_and_weights(S_dmask, lse, q, k, *, causal):
     """What flash-attn's tests read from S_dmask: the keep mask (sign) and the softmax weights."""
-    B, N_q, H, D = q.shape
+    _, N_q, H, D = q.shape
     scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double().repeat_interleave(H // k.shape[2], dim=2))
     scores = scores * D**-0.5
     if causal:
@@ -154,7 +154,9 @@ def test_varlen_functions_match_each_sequence_alone():
 
     kv = torch.stack([k, v], dim=1)  # (total_k, 2, H_kv, D)
     packed = fi.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 6, 6, causal=True, window_size=(2, -1))
-    torch.testing.assert_close(packed, fi.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 6, causal=True, window_size=(2, -1)))
+    torch.testing.assert_close(
+        packed, fi.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 6, causal=True, window_size=(2, -1))
+    )
 
     qkv = _randn(11, 3, 2, 8, seed=5)
     cu = _packing([4, 7])
@@ -307,3 +309,8 @@ def test_what_cannot_be_done_is_refused_by_name():
 def test_flash_attns_test_helpers_read_s_dmask_as_one_block():
     assert fi._get_block_size_n(torch.device("cpu"), 64, True, False) >= 2**31
     assert fi.USE_TRITON_ROCM is False
+
+
+def test_flash_attentions_docstring_says_its_layout_and_where_flash_attns_lives():
+    opening = fa.flash_attention.__doc__.split("Args:")[0]
+    assert "(B, H, N, D)" in opening and "flashattn_teach.flash_attn_interface" in opening

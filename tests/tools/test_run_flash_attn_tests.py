@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "run_flash_attn_tests.py"
 
-TEST_FILE = '''
+TEST_FILE = """
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ def test_private_extension():
     from flash_attn.flash_attn_interface import flash_attn_gpu
 
     flash_attn_gpu.fwd()
-'''
+"""
 
 
 @pytest.fixture
