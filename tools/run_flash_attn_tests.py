@@ -17,17 +17,19 @@ repository) with these lines changed, each of which must be found:
 and run by pytest with this file as a plugin (``-p run_flash_attn_tests``), which serves the file's other
 imports, flash-attn's test helpers ``flash_attn.bert_padding`` and ``flash_attn.layers.rotary``, from the
 checkout's ``flash_attn/`` folder without its ``__init__`` (that one loads the CUDA extension), the rotary
-kernel under ``TRITON_INTERPRET=1``. A case that fails only because it reaches for flash-attn's CUDA
-extension (an ``ImportError`` of a private name such as ``flash_attn_gpu``) or for CUDA itself is counted as
-skipped, with that reason. ``--sample N`` keeps N cases of each test function, drawn with ``--seed``;
-``--max-seqlen L`` keeps the cases whose sequence lengths are all at most L (the full grid holds hundreds of
-thousands of cases, too many for a CPU). Needs einops and pytest. Prints the counts per test function and
+kernel under ``TRITON_INTERPRET=1`` (with ``torch.cuda.device``, which that helper enters with a CPU tensor's
+device index None, made a no-op on a machine without CUDA). A case that fails only because it reaches for
+flash-attn's CUDA extension (an ``ImportError`` of a private name such as ``flash_attn_gpu``) or for CUDA
+itself is counted as skipped, with that reason. ``--sample N`` keeps N cases of each test function, drawn
+with ``--seed``; ``--max-seqlen L`` keeps the cases whose sequence lengths are all at most L (the full grid
+holds about 509,000 cases, too many for a CPU). Needs einops and pytest. Prints the counts per test function and
 exits 1 if a case failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -40,6 +42,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent  # this repository: its src/ is the flashattn_teach the tests import
@@ -89,7 +92,15 @@ def pytest_configure(config: pytest.Config) -> None:
         package = types.ModuleType("flash_attn")
         package.__path__ = [str(Path(repo) / "flash_attn")]
         sys.modules.setdefault("flash_attn", package)
+    if not torch.cuda.is_available():
+        # flash-attn's Triton rotary helper (the kvcache test's reference) enters torch.cuda.device(x.device.index);
+        # a CPU tensor's index is None, which this torch cannot switch to: there is no device to switch
+        torch.cuda.device = _no_device_switch
     config.stash[_COUNTS] = defaultdict(Counter)
+
+
+def _no_device_switch(device: object) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 _COUNTS = pytest.StashKey[defaultdict]()

@@ -24,6 +24,11 @@ attention by fewer key/value heads. ``return_attn_probs=True`` returns ``(out, s
 ``S_dmask``, with ``dropout_p > 0``, the weights and the dropout pattern as flash-attn's tests read them
 (:mod:`flashattn_teach.integrations.flash_attn_probs`), an empty tensor without dropout, as in flash-attn.
 
+Where the values differ from flash-attn's, by design: a query row that sees no key has ``softmax_lse = -inf``
+(the log of an empty sum, which :func:`flashattn_teach.merge_attention_states` reads; flash-attn's kernel
+writes ``+inf`` there) and ``out = 0`` as in flash-attn; dropout draws from this library's counter-based
+generator (:mod:`flashattn_teach.dropout`), so a seed gives another pattern than flash-attn's CUDA generator.
+
 Beyond flash-attn: every backend (the CPU included), float32 and float64, any head dimension, a value head
 dimension of its own, and gradients of ``q`` in ``flash_attn_with_kvcache``. Refused, by name with what to do:
 what flash-attn refuses too (new keys without ``cache_seqlens``, ``cache_batch_idx`` with a paged cache, rotary
