@@ -46,6 +46,12 @@ def test_wrong_on_purpose():
     assert flash_attn_qkvpacked_func(qkv).shape == (1, 5, 3, 8)  # the shape is (1, 5, 2, 8): fails
 
 
+def test_helper_enters_the_tensors_device():
+    x = torch.ones(3)
+    with torch.cuda.device(x.device.index):  # flash-attn's Triton rotary helper does this; index None on a CPU
+        assert x.sum() == 3
+
+
 def test_skips_itself():
     pytest.skip("flash-attn skips this one itself")
 
@@ -76,7 +82,7 @@ def _run(checkout, work, *args):
 
 def test_the_script_counts_what_the_tests_did(checkout, tmp_path):
     done = _run(checkout, tmp_path / "work")
-    assert "passed 4, failed 1, skipped 2, deselected 0" in done.stdout, done.stdout + done.stderr
+    assert "passed 5, failed 1, skipped 2, deselected 0" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 1  # a case failed
     assert re.search(r"1 skipped: needs flash-attn's CUDA extension internals \(.*flash_attn_gpu", done.stdout)
     assert "1 skipped: flash-attn skips this one itself" in done.stdout
@@ -89,7 +95,7 @@ def test_the_script_counts_what_the_tests_did(checkout, tmp_path):
 
 def test_max_seqlen_and_selection_deselect_and_count(checkout, tmp_path):
     done = _run(checkout, tmp_path / "work", "--max-seqlen", "100", "--", "-k", "layout")
-    assert "passed 2, failed 0, skipped 0, deselected 5" in done.stdout, done.stdout + done.stderr
+    assert "passed 2, failed 0, skipped 0, deselected 6" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 0
 
 
