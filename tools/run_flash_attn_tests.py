@@ -155,8 +155,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         counts = item.config.stash[_COUNTS][getattr(item, "originalname", item.name)]
         counts[report.outcome] += 1
         if report.outcome == "skipped":
-            skip_reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else "skipped"
-            counts[f"skipped: {skip_reason.removeprefix('Skipped: ') or '(no reason)'}"] += 1
+            skip_reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else "Skipped"
+            skip_reason = skip_reason.removeprefix("Skipped: ")
+            counts[
+                f"skipped: {'(the test skips itself, without a reason)' if skip_reason == 'Skipped' else skip_reason}"
+            ] += 1
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -17,21 +17,16 @@ fix the call without reading this file.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -292,25 +287,6 @@ def _padding_mask_hint(attn_mask: Tensor, s: AttentionShapes) -> str:
         f". A 2-D attn_mask is (N_q, N_k); this one looks like a transformers-style padding mask (B, N_k) "
         f"(1: a token, 0: padding): pass attn_mask={fix}, a boolean (B, 1, 1, N_k) mask"
     )
-
-
-def spelling_hint(wrong: str, right: str, *, whose: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """A function that answers the keyword ``wrong=`` (``whose`` spelling) with a TypeError naming its own
-    spelling ``right=``, where Python's would only say "unexpected keyword argument"."""
-
-    def wrap(function: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(function)
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            if wrong in kwargs:
-                raise AttentionTypeError(
-                    f"{function.__name__}() got an unexpected keyword argument '{wrong}': "
-                    f"{function.__name__} spells it {right}= ({wrong}= is {whose})"
-                )
-            return function(*args, **kwargs)
-
-        return call
-
-    return wrap
 
 
 def check_window(window: object) -> tuple[int, int]:

@@ -20,7 +20,8 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.fp8 import check_fp8
-from .._validate.inputs import check_bool, spelling_hint
+from .._validate.inputs import check_bool
+from .._validate.spelling import spelling_hint
 from ..dispatch import fp8, planner, runner
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..ops import attention as ops

@@ -10,9 +10,9 @@ zeroed it, and only when ``dropout_p > 0`` (an empty tensor otherwise). Here, fo
     S_dmask_ij  = exp(S_ij - m_i)   if kept,   -exp(S_ij - m_i)   if dropped,   0 if not visible
 
 so ``|S_dmask_ij| * exp(m_i - lse_i)`` is the softmax weight ``P_ij``: the convention of a kernel whose one
-key block spans the whole row (:func:`flashattn_teach.flash_attn_interface._get_block_size_n` says so to
+key block spans the whole row (``flashattn_teach.flash_attn_interface._get_block_size_n`` says so to
 flash-attn's test helpers). The keep mask is :mod:`flashattn_teach.dropout`'s, at the counters the call drew
-(:func:`replayed_key` rebuilds its key from the generator state before the call), so the signs are exactly
+(rebuilt from torch's generator state before the call), so the signs are exactly
 the weights the call dropped. It holds all ``N_q x N_k`` weights: for tests, as flash-attn says of its own.
 """
 
@@ -27,7 +27,7 @@ from ..dropout import DropoutKey, counters, draw, keep_mask
 from ..online_softmax import soft_cap
 
 
-def replayed_key(state: Tensor, dropout_p: float) -> DropoutKey:
+def _replayed_key(state: Tensor, dropout_p: float) -> DropoutKey:
     """The dropout key a call drew first thing from torch's default generator, whose state before the call
     was ``state`` (:func:`flashattn_teach.dropout.draw`)."""
     generator = torch.Generator()
@@ -44,7 +44,8 @@ def signed_weights(
     window: tuple[int, int],
     softcap: float | None,
     alibi_slopes: Tensor | None,
-    key: DropoutKey,
+    dropout_p: float,
+    rng_state: Tensor,
     bh: Tensor,
     rows: Tensor,
     cols: Tensor,
@@ -54,7 +55,8 @@ def signed_weights(
 
     ``qh (..., H_q, N_q, D)``, ``kh (..., H_kv, N_k, D)``, masks aligned bottom-right as flash-attn's;
     ``bh``, ``rows``, ``cols`` the dropout counters' coordinates of these weights (broadcastable to the
-    scores) and ``counter_shape`` the ``(N_q, N_k)`` they count in (a packed call's ``(total_q, total_k)``).
+    scores) and ``counter_shape`` the ``(N_q, N_k)`` they count in (a packed call's ``(total_q, total_k)``);
+    ``rng_state``: ``torch.get_rng_state()`` just before the call, whose dropout key is drawn again from it.
     """
     opts = make_options(
         qh,
@@ -84,5 +86,6 @@ def signed_weights(
     m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
     m = m.masked_fill(torch.isneginf(m), 0.0)  # a row that sees nothing: exp(-inf - 0) = 0, not NaN
     weights = torch.exp(S - m)  # (..., N_q, N_k), 0 where not visible
+    key = _replayed_key(rng_state, dropout_p)
     kept = keep_mask(key, counters(key, bh, rows, cols, *counter_shape))
     return torch.where(kept, weights, -weights).to(qh.dtype)
