@@ -6,6 +6,7 @@ Public API:
     flash_attention_varlen        packed variable-length sequences, flash-attn's varlen layout
     flash_attention_with_kvcache  a decode step against a KV cache, split-KV (Flash-Decoding)
     flex_attention                FlexAttention's function (score_mod, block masks) without torch.compile
+    flash_attn_interface          flash-attn 2's functions (flash_attn_func, ...) in flash-attn's (B, N, H, D) layout
     create_block_mask, BlockMask  FlexAttention's block masks, classified tile by tile (never N_q x N_k),
     and_masks, or_masks, noop_mask  and its mask combinators
     explain                       which backend would run for given inputs, and why
@@ -20,7 +21,7 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 (arXiv:2307.08691); Milakov & Gimelshein 2018, "Online normalizer calculation for softmax".
 """
 
-from . import reference
+from . import flash_attn_interface, reference
 from .api import (
     create_block_mask,
     explain,
@@ -54,6 +55,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
+    "flash_attn_interface",
     "flash_backward",
     "flex_attention",
     "key_major_attention",

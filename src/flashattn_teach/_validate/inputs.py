@@ -260,7 +260,7 @@ def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
     if attn_mask.dtype not in (torch.bool, q.dtype, torch.float32):
         raise AttentionTypeError(
             f"attn_mask must be bool, float32 or query's dtype {q.dtype}, got {attn_mask.dtype} with shape "
-            f"{shape_str(attn_mask)}"
+            f"{shape_str(attn_mask)}{_padding_mask_hint(attn_mask, s)}"
         )
     if attn_mask.device != q.device:
         raise AttentionValueError(f"attn_mask is on {attn_mask.device} but query is on {q.device}")
@@ -272,8 +272,21 @@ def validate_mask(attn_mask: object, q: Tensor, s: AttentionShapes) -> None:
     if not fits:
         raise AttentionValueError(
             f"attn_mask of shape {shape_str(attn_mask)} does not broadcast to the score shape "
-            f"({', '.join(map(str, scores))})"
+            f"({', '.join(map(str, scores))}){_padding_mask_hint(attn_mask, s)}"
         )
+
+
+def _padding_mask_hint(attn_mask: Tensor, s: AttentionShapes) -> str:
+    """How to pass a transformers-style ``attention_mask (B, N_k)`` of 0/1, when the mask looks like one; only
+    for a mask already refused: a 2-D ``attn_mask`` is ``(N_q, N_k)`` in torch's rules, and a ``(B, N_k)`` one
+    that broadcasts as such is legal."""
+    if attn_mask.dim() != 2 or len(s.batch) != 1 or tuple(attn_mask.shape) != (s.batch[0], s.N_k):
+        return ""
+    fix = "mask[:, None, None, :]" if attn_mask.dtype == torch.bool else "mask.bool()[:, None, None, :]"
+    return (
+        f". A 2-D attn_mask is (N_q, N_k); this one looks like a transformers-style padding mask (B, N_k) "
+        f"(1: a token, 0: padding): pass attn_mask={fix}, a boolean (B, 1, 1, N_k) mask"
+    )
 
 
 def check_window(window: object) -> tuple[int, int]:

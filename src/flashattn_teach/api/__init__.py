@@ -10,6 +10,8 @@ to the dispatcher (:mod:`flashattn_teach.dispatch`), or, while compiled, to its 
     explain_decode.py  explain_with_kvcache: the same for a decode step
     flex.py            flex_attention (FlexAttention's function: score_mod and a block mask)
     block_mask.py      create_block_mask (FlexAttention's: mask_mod classified tile by tile)
+    flash_attn_layout.py  flash-attn's (B, N, H, D) layout and options onto the functions above, for
+                       flashattn_teach.flash_attn_interface (flash-attn's function names)
 """
 
 from .attention import flash_attention, scaled_dot_product_attention

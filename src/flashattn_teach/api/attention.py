@@ -21,6 +21,7 @@ from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.fp8 import check_fp8
 from .._validate.inputs import check_bool
+from .._validate.spelling import spelling_hint
 from ..dispatch import fp8, planner, runner
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..ops import attention as ops
@@ -113,6 +114,7 @@ def flash_attention(
 ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
+@spelling_hint("is_causal", "causal", whose="torch's scaled_dot_product_attention's spelling")
 def flash_attention(
     q: Tensor,
     k: Tensor,
@@ -139,7 +141,11 @@ def flash_attention(
     k_descale: Tensor | None = None,
     v_descale: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Exact attention without storing the ``N_q x N_k`` score matrix.
+    """Exact attention without storing the ``N_q x N_k`` score matrix, in torch's layout: ``q`` is
+    ``(B, H, N, D)`` (heads before tokens), as torch's SDPA, though the name and the keywords are flash-attn's.
+    flash-attn's ``(B, N, H, D)`` layout, with its functions' names, arguments and return values, is
+    :mod:`flashattn_teach.flash_attn_interface` (``flash_attn_func`` and the rest); a ``(B, N, H, D)`` tensor
+    passed here is read as N heads of H tokens, a result of the right shape and the wrong values.
 
     Args:
         q: ``(..., H_q, N_q, D)``; k: ``(..., H_kv, N_k, D)``; v: ``(..., H_kv, N_k, D_v)``.
@@ -259,6 +265,7 @@ def _run_fp8(backend: str, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptio
     return fp8.run_fp8(fp8.plan_fp8(q, opts, backend), q, k, v, opts)
 
 
+@spelling_hint("causal", "is_causal", whose="flash-attn's and flashattn_teach.flash_attention's spelling")
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
