@@ -26,7 +26,7 @@ from torch.nn.attention import flex_attention as torch_flex  # noqa: E402
 import flashattn_teach as fa  # noqa: E402
 from flashattn_teach._options import make_options  # noqa: E402
 from flashattn_teach.errors import BackendUnavailableError  # noqa: E402
-from flashattn_teach.flex.block_mask import kinds_from_visibility  # noqa: E402
+from flashattn_teach.flex.block_mask_build import kinds_from_visibility  # noqa: E402
 from flashattn_teach.flex.classify import tile_visibility  # noqa: E402
 from flashattn_teach.triton.block_mask import triton_block_kinds  # noqa: E402
 from flashattn_teach.triton.support import call_unsupported_reason  # noqa: E402
