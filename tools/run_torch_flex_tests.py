@@ -72,6 +72,7 @@ import torch
 import torch.nn.attention.flex_attention as torch_flex
 
 import flashattn_teach as fa
+from flashattn_teach._options import from_torch
 from flashattn_teach.errors import BackendUnavailableError
 
 TEST_FILES = {
@@ -113,18 +114,8 @@ def to_torch_mask(block_mask: Any) -> Any:
 
 def to_library_mask(block_mask: Any) -> Any:
     """torch's BlockMask (from a torch helper the tests call, such as ``_create_empty_block_mask``) as this
-    library's, for the library's call."""
-    if not isinstance(block_mask, torch_flex.BlockMask):
-        return block_mask
-    return fa.BlockMask.from_kv_blocks(
-        block_mask.kv_num_blocks,
-        block_mask.kv_indices,
-        block_mask.full_kv_num_blocks,
-        block_mask.full_kv_indices,
-        BLOCK_SIZE=block_mask.BLOCK_SIZE,
-        mask_mod=block_mask.mask_mod,
-        seq_lengths=block_mask.seq_lengths,
-    )
+    library's, for the library's call: the library's own conversion, which its public functions apply too."""
+    return from_torch(block_mask)
 
 
 def flex_attention(

@@ -214,15 +214,7 @@ def any_length(block_mask: Any, N_q: int, N_k: int) -> Any:
     bm = block_mask
     if bm is None or tuple(bm.BLOCK_SIZE) != (ANY_LENGTH_BLOCK,) * 2 or tuple(bm.seq_lengths) == (N_q, N_k):
         return bm
-    return BlockMask.from_kv_blocks(
-        bm.kv_num_blocks,
-        bm.kv_indices,
-        bm.full_kv_num_blocks,
-        bm.full_kv_indices,
-        BLOCK_SIZE=tuple(bm.BLOCK_SIZE),
-        mask_mod=bm.mask_mod,
-        seq_lengths=(N_q, N_k),
-    )
+    return listed_again(bm, (N_q, N_k))
 
 
 def from_torch(block_mask: object) -> object:
@@ -231,14 +223,20 @@ def from_torch(block_mask: object) -> object:
     if type(block_mask).__name__ != "BlockMask" or not type(block_mask).__module__.startswith("torch."):
         return block_mask
     t: Any = block_mask
+    return listed_again(t, tuple(t.seq_lengths))
+
+
+def listed_again(mask: Any, seq_lengths: tuple[int, int]) -> BlockMask:
+    """This library's block mask from another mask's kv index lists, ``BLOCK_SIZE`` and ``mask_mod`` (torch's
+    or this library's), read for ``seq_lengths``."""
     return BlockMask.from_kv_blocks(
-        t.kv_num_blocks,
-        t.kv_indices,
-        t.full_kv_num_blocks,
-        t.full_kv_indices,
-        BLOCK_SIZE=tuple(t.BLOCK_SIZE),
-        mask_mod=t.mask_mod,
-        seq_lengths=tuple(t.seq_lengths),
+        mask.kv_num_blocks,
+        mask.kv_indices,
+        mask.full_kv_num_blocks,
+        mask.full_kv_indices,
+        BLOCK_SIZE=tuple(mask.BLOCK_SIZE),
+        mask_mod=mask.mask_mod,
+        seq_lengths=seq_lengths,
     )
 
 
