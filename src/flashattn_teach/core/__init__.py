@@ -1,0 +1,1 @@
+"""The read-first FlashAttention (being written)."""
