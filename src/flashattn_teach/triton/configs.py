@@ -115,13 +115,16 @@ class AttentionConfig:
     """The configurations of the kernels of one attention call (forward and backward). ``backward_fused``:
     the one-kernel backward's tile (the dK/dV kernel adding dQ by atomics), the default backward where it
     is set; None where no tile compiles cleanly, and then the two-kernel backward (``backward_dkdv`` and
-    ``backward_dq``, also the ``deterministic`` one) is the default."""
+    ``backward_dq``, also the ``deterministic`` one) is the default. ``longest_first``: under causal the
+    programs start all heads' longest blocks first (:mod:`.kernels.grid`'s ``LONGEST``), else each head's
+    blocks longest first (``PER_HEAD``). :mod:`.provenance` says which of these ran on a GPU."""
 
     forward: KernelConfig
     backward_dkdv: KernelConfig | None
     backward_dq: KernelConfig | None
     backward_preprocess: KernelConfig = KernelConfig(32, 0, 4, 1)
     backward_fused: KernelConfig | None = None
+    longest_first: bool = True
 
     @classmethod
     def uniform(cls, block_m: int, block_n: int, num_warps: int = 4, num_stages: int = 1) -> AttentionConfig:
@@ -294,8 +297,9 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 # The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
 # without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
 # tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
-# triton 3.6 and 3.9, causal and not; at hd128 on sm_90 32 x 128 with two stages spills 16 bytes in 3.9's
-# causal build and with one stage 16 to 48 in 3.6's, so the stages follow the compiler. No entry, and so the
+# triton 3.9, causal and not, and with 3.6 but one: at hd128 on sm_90 32 x 128 spills 8 bytes in 3.6's causal
+# build (as the JIT specialises it for the GPU tests, issue 37's review; with one stage 16 to 48, and with two
+# 16 in 3.9's causal build, so the stages follow the compiler). Off by default (.provenance). No entry, so the
 # two-kernel backward (deterministic) by default: hd256 (every tile tried spills 80 to 184 bytes), fp32 above
 # hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against 0.5 to 2
 # in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
