@@ -236,3 +236,14 @@ def test_explain_claims_no_switch_where_the_row_has_no_specialised_forward(monke
     assert "not warp-specialised: the configuration does not ask for it (ws=False)" in text, text
     assert "FLASHATTN_TEACH_WARP_SPECIALIZE" not in text, text
     assert "forward through pointers: ran on an H200 on 2026-11-30" in text, text
+
+
+def test_explain_says_the_fp8_forward_has_not_run_on_a_gpu(monkeypatch) -> None:
+    from flashattn_teach.triton import fp8
+
+    monkeypatch.setattr(fp8, "INTERPRETER_ROUNDS_AS_GPU", True)  # plan it on the kernel, as on an sm_90 GPU
+    g = torch.Generator().manual_seed(0)
+    q8, k8, v8 = (torch.randn(1, 2, 16, 64, generator=g).to(torch.float8_e4m3fn) for _ in range(3))
+    qd, kd, vd = (torch.ones(1, 2) for _ in range(3))
+    p = fa.explain(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, backend="triton")
+    assert p.backend == "triton" and "FP8 forward: never run on a GPU" in p.reason, p
