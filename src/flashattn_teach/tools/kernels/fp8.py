@@ -7,7 +7,7 @@ descales, run through the real launcher (:func:`flashattn_teach.triton.launch.fo
 causal, and with a window, softcap and ALiBi at once (``--variants``). Printed per case: registers,
 spilled bytes, shared memory, the tensor-core instruction of the loop (``QGMMA...E4M3.E4M3``: the warpgroup
 MMA on e4m3 operands, for both products), the loop profile's estimate (:mod:`.loops`) and a check (no spills,
-at most 255 registers, shared memory within 228 KB, both products on QGMMA E4M3).
+at most 255 registers, shared memory within the 227 KB a block may use, both products on QGMMA E4M3).
 
     flashattn-teach kernels-fp8 [--head-dim 64 128 256] [--variants]
 
