@@ -53,5 +53,6 @@ def test_estimates_stand_labelled_beside_the_measured_rows(tmp_path, capsys, mon
         ["forward", "bfloat16", "64", "triton-nows", "-", "-", "not", "measured:", "error:", "TypeError:", "boom"],
     ]
     footer = [line for line in out if line.startswith("# ")]
-    assert any(line.startswith("# uncalibrated, as the loop profile printed it: uncalibrated: warp-") for line in footer), footer
+    uncalibrated = "# uncalibrated, as the loop profile printed it: uncalibrated: warp-specialised"
+    assert any(line.startswith(uncalibrated) for line in footer), footer
     assert any("one kernel (dQ by atomics, their cost assumed)" in line for line in footer), footer
