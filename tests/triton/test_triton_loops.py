@@ -259,6 +259,9 @@ def test_hmma_runs_once_per_warp_and_hgmma_once_per_warpgroup() -> None:
     # on sm_80 every HMMA runs per warp too (there it is the only tensor-core instruction)
     ampere = loops.profile_sass(FUSED.replace("HGMMA.64x128x16", "HMMA.16816"), num_warps=8, arch="sm80")
     assert ampere is not None and ampere.mma_fmas == 8 * 3 * hmma
+    # and no A100 has been measured: its estimate says so, the H100-class one does not
+    assert not ampere.calibrated and ampere.basis.startswith("uncalibrated: no A100")
+    assert p.calibrated and p.basis.startswith("calibrated on the H200")
 
 
 def test_atomics_are_counted_apart_and_priced_per_warp() -> None:

@@ -96,6 +96,7 @@ class SMModel:
     mufu_per_clock: int  # special-function results a cycle per SM
     smem_bytes_per_clock: int  # shared-memory bandwidth per SM
     lsu_bytes_per_clock: int  # global-memory data a cycle through the SM's L1 path (atomics; an assumption)
+    measured: bool  # whether CALIBRATION was fitted on this GPU's measurements
 
     def tflops(self, flops: float, cycles: float) -> float:
         """Chip-wide TFLOP/s when every SM does ``flops`` in ``cycles``."""
@@ -111,6 +112,7 @@ H100 = SMModel(
     mufu_per_clock=16,
     smem_bytes_per_clock=128,
     lsu_bytes_per_clock=128,
+    measured=True,
 )
 A100 = SMModel(  # not calibrated: no A100 measurements yet
     name="A100 SXM (sm_80)",
@@ -121,6 +123,7 @@ A100 = SMModel(  # not calibrated: no A100 measurements yet
     mufu_per_clock=16,
     smem_bytes_per_clock=128,
     lsu_bytes_per_clock=128,
+    measured=False,
 )
 MODELS = {"sm90": H100, "sm80": A100}
 _BYTES = {"F16": 2, "BF16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}
@@ -249,8 +252,8 @@ class LoopProfile:
 
     @property
     def calibrated(self) -> bool:
-        """Whether the factor applied was fitted on kernels of this kind (not warp-specialised)."""
-        return not self.partitions
+        """Whether the factor applied was fitted on kernels of this kind (not warp-specialised) on this GPU."""
+        return not self.partitions and self.model.measured
 
     @property
     def calibration(self) -> float:
@@ -259,7 +262,12 @@ class LoopProfile:
     @property
     def basis(self) -> str:
         """What the estimate rests on, to print beside it: ``calibrated on ...`` or ``uncalibrated: ...``."""
-        return f"calibrated on the {CALIBRATED_ON}" if self.calibrated else UNCALIBRATED
+        if self.partitions:
+            return UNCALIBRATED
+        if not self.model.measured:
+            borrowed = f"factor {CALIBRATION} borrowed from the {CALIBRATED_ON}"
+            return f"uncalibrated: no {self.model.name} measured, {borrowed}"
+        return f"calibrated on the {CALIBRATED_ON}"
 
     @property
     def bound(self) -> str:

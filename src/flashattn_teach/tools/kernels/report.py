@@ -164,7 +164,7 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
         f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar'] - c['bar_named']:>3} "
         f"{c['bar_named']:>4} {c['sync']:>4} {c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} "
         f"{r.smem_bytes:>6} {p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} "
-        f"{p.estimate_tflops():>5.0f}  {mma}" + ("" if p.calibrated else "  (TF/s uncalibrated: warp-specialised)")
+        f"{p.estimate_tflops():>5.0f}  {mma}" + ("" if p.calibrated else f"  (TF/s {p.basis.split(',')[0]})")
     )
 
 
@@ -190,8 +190,8 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
             cycles = sum(p.cycles / p.calibration / n for (_, p), n in zip(parts, pairs, strict=True))
             model = parts[0][1].model
             head = f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {model.tflops(flops, cycles):5.0f}"
-            if all(p.calibrated for _, p in parts):
-                lines.append(f"{head} TFLOP/s estimated, calibrated on the {CALIBRATED_ON}{note}")
+            if all(p.calibrated for _, p in parts) or not any(p.specialized for _, p in parts):
+                lines.append(f"{head} TFLOP/s estimated, {parts[0][1].basis}{note}")
                 continue
             serial = sum(p.serial_cycles / p.calibration / n for (_, p), n in zip(parts, pairs, strict=True))
             lines.append(
@@ -292,10 +292,11 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     print(
         f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
         f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
-        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu) + atomic), calibrated on the "
-        f"{CALIBRATED_ON}; warp-specialised kernels (a line per partition below the row): the same factor x "
-        f"FLOPs / max(tensor, issue, mufu, each consumer's tensor + softmax), UNCALIBRATED (the factor is "
-        f"borrowed); HMMA counted per warp, HGMMA per warpgroup; atomics' cost assumed; docs/loop-profile.md"
+        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu) + atomic), "
+        + (f"calibrated on the {CALIBRATED_ON}" if model.measured else f"UNCALIBRATED (no {model.name} measured)")
+        + "; warp-specialised kernels (a line per partition below the row): the same factor x "
+        "FLOPs / max(tensor, issue, mufu, each consumer's tensor + softmax), UNCALIBRATED (the factor is "
+        "borrowed); HMMA counted per warp, HGMMA per warpgroup; atomics' cost assumed; docs/loop-profile.md"
     )
     print(_LOOP_HEADER)
     profiled = []
