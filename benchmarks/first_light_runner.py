@@ -68,12 +68,14 @@ class Skip(Exception):
 @dataclass(frozen=True)
 class Case:
     """One check: ``run()`` judged as the module docstring says; ``timeout_s`` after it starts, a HANG.
-    ``warm``: what the precompile runs to compile the case's kernels (None: ``run`` itself)."""
+    ``warm``: what the precompile runs to compile the case's kernels (None: ``run`` itself); ``precompile``:
+    whether it has any (torch's own kernels have none)."""
 
     name: str
     run: Callable[[], object]
     timeout_s: float = 30.0
     warm: Callable[[], object] | None = None
+    precompile: bool = True
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ def run_groups(
     With ``warm``, each case runs in a process of its own and its ``warm`` is run instead of ``run``."""
     runner = Runner(cases_module, jobs=jobs, warm=warm)
     if warm:
-        batches = [(g, [c]) for g in groups for c in g.cases]
+        batches = [(g, [c]) for g in groups for c in g.cases if c.precompile]
     else:
         batches = [(g, list(g.cases)) for g in groups]
     return runner.run(batches, budget_s)

@@ -60,3 +60,5 @@ GROUPS = [
     Group("second", (Case("right", right, timeout_s=20),), budget_s=10, covers="a group after a faulty one"),
     Group("timings", (Case("row", timed, timeout_s=20),), budget_s=10, part="timings", covers="a timing row"),
 ]
+PRECOMPILE_BUDGET_S = 20.0
+REPORT_BUDGET_S = 1.0
