@@ -188,8 +188,8 @@ def head_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor
 # -------------------------------------------------------------------------------------------- decode
 
 
-def decode(paged: bool, D: int = 128, page: int = 64) -> list[Error]:
-    """One decode step (a new token per sequence, GQA 4:1, lengths 0, 300 and 1000) through
+def decode(paged: bool, D: int = 128, page: int = 64, dtype: torch.dtype = torch.bfloat16) -> list[Error]:
+    """One decode step (a new token per sequence, GQA 4:1, lengths 0, 300 and 1000, bf16) through
     ``flash_attention_with_kvcache(backend="triton")`` on a contiguous or a paged cache (shuffled pages);
     the new keys must land at ``cache_seqlens[b]`` and O, lse match float64 attention over each sequence."""
     B, H_q, H_kv, N_max = 3, 8, 2, 1024
@@ -197,7 +197,7 @@ def decode(paged: bool, D: int = 128, page: int = 64) -> list[Error]:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
 
     def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen, device=DEVICE).to(torch.bfloat16)
+        return torch.randn(*shape, generator=gen, device=DEVICE).to(dtype)
 
     k_cache, v_cache = randn(B, H_kv, N_max, D), randn(B, H_kv, N_max, D)
     q, k_new, v_new = randn(B, H_q, 1, D), randn(B, H_kv, 1, D), randn(B, H_kv, 1, D)

@@ -278,7 +278,7 @@ class Runner:
             if now > deadline:
                 self._kill(job)
                 self._record(job, outcomes, "SKIP", now, "cut: the part's budget ran out while it ran")
-                return []
+                return job.cases[job.seen :]  # left in the queue, and reported as not run
             return None
         # the process ended before answering its current case: it died
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"

@@ -83,7 +83,6 @@ def warm(row: Row) -> None:
 def measure(row: Row) -> dict[str, float]:
     """Milliseconds and TFLOP/s (FlashAttention's count: 4 B H N^2 D forward, halved if causal; backward
     2.5x) of each of the row's passes. SDPA's "No available kernel" is a SKIP."""
-    import torch
     from triton.testing import do_bench
 
     from first_light_runner import Skip
@@ -96,11 +95,8 @@ def measure(row: Row) -> dict[str, float]:
         raise Skip(f"{row.provider} does not take this call: {str(e).splitlines()[0][:160]}") from e
     result: dict[str, float] = {}
     for pass_ in row.passes:
-        if pass_ == "fwd":
-            with torch.no_grad():
-                ms = do_bench(
-                    lambda: provider.fn(q, k, v, row.causal), warmup=WARMUP_MS, rep=REP_MS, return_mode="median"
-                )
+        if pass_ == "fwd":  # with inputs that require grad, as bench_attention.py times it
+            ms = do_bench(lambda: provider.fn(q, k, v, row.causal), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
         else:
             ms = do_bench(
                 lambda: out.backward(dO, retain_graph=True),

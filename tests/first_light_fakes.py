@@ -4,15 +4,24 @@ right one and a skip, as the GPU cases would fail, without a GPU (NEEDS_CUDA is 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
+from pathlib import Path
 
 from first_light_runner import Case, Error, Group, Skip
 
 NEEDS_CUDA = False
+PRECOMPILE_BUDGET_S = 20.0
+REPORT_BUDGET_S = 1.0
 HANG_TIMEOUT_S = 1.5  # the sleeping case's timeout; it sleeps far longer
+PIDFILE = "FIRST_LIGHT_FAKE_PIDFILE"  # where the hanging case writes its child's pid, when set
 
 
 def sleeps() -> None:
+    """Hangs, with a child process of its own (as a kernel compile's ptxas would be)."""
+    child = subprocess.Popen(["sleep", "600"])
+    if os.environ.get(PIDFILE):
+        Path(os.environ[PIDFILE]).write_text(str(child.pid))
     time.sleep(600)
 
 
@@ -37,8 +46,12 @@ def no_fp8() -> None:
     raise Skip("no FP8 on this card (simulated sm_80)")
 
 
+def pid() -> dict[str, float]:
+    return {"pid": float(os.getpid())}
+
+
 def timed() -> dict[str, float]:
-    return {"fwd_ms": 1.25}
+    return {"fwd_ms": 1.25, "fwd_tflops": 500.0}
 
 
 GROUPS = [
@@ -58,7 +71,13 @@ GROUPS = [
         covers="every status",
     ),
     Group("second", (Case("right", right, timeout_s=20),), budget_s=10, covers="a group after a faulty one"),
+    Group("pids", (Case("one", pid), Case("two", pid)), budget_s=10, part="pids", covers="which process ran a case"),
+    Group(
+        "slow",
+        (Case("sleeps-long", sleeps, timeout_s=100), Case("never", right)),
+        budget_s=10,
+        part="slow",
+        covers="a part whose budget runs out",
+    ),
     Group("timings", (Case("row", timed, timeout_s=20),), budget_s=10, part="timings", covers="a timing row"),
 ]
-PRECOMPILE_BUDGET_S = 20.0
-REPORT_BUDGET_S = 1.0
