@@ -200,6 +200,7 @@ class Runner:
         self.python = python
         self.tmp = Path(tempfile.mkdtemp(prefix="first-light-"))
         self.count = 0
+        self.warm_timeout_s = float("inf")  # set by run() to its budget
 
     def _start(self, group: Group, cases: list[Case]) -> _Job:
         self.count += 1
@@ -215,6 +216,7 @@ class Runner:
     def run(self, batches: Sequence[tuple[Group, list[Case]]], budget_s: float) -> list[Outcome]:
         """Every batch's cases, each batch in its own process (restarted after a fault), within ``budget_s``."""
         deadline = time.monotonic() + budget_s
+        self.warm_timeout_s = budget_s
         queue = [(g, list(cs)) for g, cs in batches if cs]
         running: list[_Job] = []
         outcomes: dict[tuple[str, str], Outcome] = {}
@@ -265,12 +267,13 @@ class Runner:
         if code is None:
             if current is None:
                 return None
-            if job.case_started is not None and now - job.case_started > current.timeout_s:
+            timeout = self._timeout(current)
+            if job.case_started is not None and now - job.case_started > timeout:
                 self._kill(job)
-                detail = f"no answer within its {current.timeout_s:g} s timeout: the process group was killed"
+                detail = f"no answer within its {timeout:g} s timeout: the process group was killed"
                 self._record(job, outcomes, "HANG", now, detail)
                 return job.cases[job.seen :]
-            wait = STARTUP_S if job.seen == 0 else current.timeout_s
+            wait = STARTUP_S if job.seen == 0 else timeout
             if job.case_started is None and now - job.idle_since > wait:
                 self._kill(job)
                 self._record(job, outcomes, "HANG", now, f"the worker did not start this case within {wait:g} s")
@@ -298,6 +301,11 @@ class Runner:
         if tail:
             outcomes[(job.group.name, case.name)].detail += "\n" + tail
         job.seen += 1
+
+    def _timeout(self, case: Case) -> float:
+        """A case's hang detector. The precompile's cases, which only compile, are each alone in their process
+        with many others compiling at once: they have the part's whole budget (a hang holds one slot)."""
+        return self.warm_timeout_s if self.warm else case.timeout_s
 
     @staticmethod
     def _kill(job: _Job) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from first_light_runner import Case, Error, Group, Skip
 
 NEEDS_CUDA = False
-PRECOMPILE_BUDGET_S = 20.0
+PRECOMPILE_BUDGET_S = 5.0
 REPORT_BUDGET_S = 1.0
 HANG_TIMEOUT_S = 1.5  # the sleeping case's timeout; it sleeps far longer
 PIDFILE = "FIRST_LIGHT_FAKE_PIDFILE"  # where the hanging case writes its child's pid, when set

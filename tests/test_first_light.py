@@ -145,3 +145,11 @@ def test_without_cuda_the_real_run_prints_one_line_and_exits_0(tmp_path) -> None
         "no CUDA: dry run only (python benchmarks/first_light.py --dry-run prints the plan)"
     ]
     assert not any(tmp_path.iterdir())
+
+
+def test_a_precompile_case_may_compile_for_the_whole_budget() -> None:
+    """Compiling alongside many others is slow, not hung: the precompile cuts at its budget, not at 1.5 s."""
+    outcomes = {o.case: o for o in run_groups(FAKES, groups("faults"), budget_s=4, jobs=8, warm=True)}
+    assert outcomes["sleeps"].status == "SKIP" and "budget ran out while it ran" in outcomes["sleeps"].detail
+    assert outcomes["sleeps"].seconds > 3
+    assert outcomes["right-before"].status == "PASS" and outcomes["off"].status == "FAIL"
