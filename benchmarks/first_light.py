@@ -24,6 +24,7 @@ FAILed, ERRORed or HUNG, else 0. Without CUDA it prints one line and exits 0 (th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -33,7 +34,9 @@ from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "src"))  # the checkout's library before an installed one
+if importlib.util.find_spec("flashattn_teach") is None:  # not installed: the checkout's, here and in the workers
+    sys.path.insert(0, str(HERE.parent / "src"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"), os.environ.get("PYTHONPATH")]))
 
 from _machine import machine_info  # noqa: E402
 from first_light_runner import Group, Outcome, load_cases, run_groups  # noqa: E402
@@ -90,7 +93,12 @@ def run_part(part: str, module: ModuleType, ref: str, budget_s: float, jobs: int
     groups = groups_of(module, part)
     if part == "precompile":
         return run_groups(ref, groups, budget_s, jobs=jobs, warm=True)
-    return run_groups(ref, groups, budget_s)
+    return run_groups(ref, groups, budget_s, progress=progress)
+
+
+def progress(o: Outcome) -> None:
+    """One line per case as it is known (the tables follow at the end of each part)."""
+    print(f"  {o.status:5} {o.seconds:6.1f} s  {o.group}/{o.case}  {first_line(o.detail)}", flush=True)
 
 
 def first_line(text: str) -> str:
@@ -131,6 +139,15 @@ def summary(part: str, outcomes: list[Outcome], seconds: float, budget_s: float)
     return [head] + (timings_table(outcomes) if part == "timings" else correctness_table(outcomes))
 
 
+def write(out: Path, machine: dict, the_plan: dict, seconds: float, results: dict, text: list[str]) -> None:
+    """``first-light.json`` (everything) and ``first-light.txt`` (the machine and the tables)."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine, "plan": the_plan, "seconds": seconds, "results": results}
+    (out / "first-light.json").write_text(json.dumps(record, indent=1) + "\n")
+    header = [f"{k}: {v}" for k, v in machine.items()]
+    (out / "first-light.txt").write_text("\n".join([*header, "", *text]) + "\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; touches no GPU")
@@ -162,19 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     for part in parts:
         t0 = time.monotonic()
+        print(f"== {part} ({budgets[part]:.0f} s)", flush=True)
         outcomes = run_part(part, module, args.cases_module, budgets[part], args.jobs)
         lines = summary(part, outcomes, time.monotonic() - t0, budgets[part])
         print("\n".join(lines), flush=True)
         text += lines
         results[part] = [vars(o) for o in outcomes]
+        write(args.out, machine, the_plan, time.monotonic() - start, results, text)  # a cut run keeps its parts
     total = time.monotonic() - start
     text.append(f"first light: {total:.0f} s (planned {the_plan['total_s']:.0f} s)")
     print(text[-1])
-    args.out.mkdir(parents=True, exist_ok=True)
-    record = {"machine": machine, "plan": the_plan, "seconds": total, "results": results}
-    (args.out / "first-light.json").write_text(json.dumps(record, indent=1) + "\n")
-    header = [f"{k}: {v}" for k, v in machine.items()]
-    (args.out / "first-light.txt").write_text("\n".join([*header, "", *text]) + "\n")
+    write(args.out, machine, the_plan, total, results, text)
     print(f"wrote {args.out / 'first-light.json'} and {args.out / 'first-light.txt'}")
     bad = [o for o in results.get("correctness", []) if o["status"] in BAD]
     return 1 if bad else 0

@@ -30,6 +30,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,9 +134,9 @@ def judge(case: Case, run: Callable[[], object]) -> dict[str, object]:
         out.update(status="SKIP", detail=str(e))
     except AssertionError as e:
         out.update(status="FAIL", detail=str(e) or "assertion failed")
-    except Exception:
+    except Exception as e:  # the exception first, then where it came from
         lines = traceback.format_exc().strip().splitlines()
-        out.update(status="ERROR", detail="\n".join(lines[-TAIL_LINES:]))
+        out.update(status="ERROR", detail="\n".join([f"{type(e).__name__}: {e}"[:400], *lines[-TAIL_LINES:]]))
     else:
         out["status"] = "PASS"
         if isinstance(result, dict):
@@ -158,9 +159,9 @@ def worker(cases_module: str, group_name: str, only: Sequence[str], warm: bool) 
     for case in group.cases:
         if only and case.name not in only:
             continue
-        print(START + case.name, flush=True)
+        print("\n" + START + case.name, flush=True)  # on a line of its own, whatever the last case printed
         run = case.warm if warm and case.warm is not None else case.run
-        print(RESULT + json.dumps(judge(case, run)), flush=True)
+        print("\n" + RESULT + json.dumps(judge(case, run)), flush=True)
     return 0
 
 
@@ -193,8 +194,17 @@ class _Job:
 class Runner:
     """Runs groups of one cases module, ``jobs`` processes at a time, until a deadline."""
 
-    def __init__(self, cases_module: str, *, jobs: int = 1, warm: bool = False, python: str = sys.executable):
+    def __init__(
+        self,
+        cases_module: str,
+        *,
+        jobs: int = 1,
+        warm: bool = False,
+        python: str = sys.executable,
+        progress: Callable[[Outcome], None] | None = None,
+    ):
         self.cases_module = cases_module
+        self.progress = progress
         self.jobs = jobs
         self.warm = warm
         self.python = python
@@ -247,7 +257,7 @@ class Runner:
         lines = job.lines()
         results = [json.loads(s[len(RESULT) :]) for s in lines if s.startswith(RESULT)]
         for r in results[job.seen :]:
-            outcomes[(job.group.name, r["case"])] = Outcome(
+            outcome = Outcome(
                 job.group.name,
                 r["case"],
                 r["status"],
@@ -256,6 +266,9 @@ class Runner:
                 r.get("errors", []),
                 r.get("data", {}),
             )
+            outcomes[(job.group.name, r["case"])] = outcome
+            if self.progress:
+                self.progress(outcome)
             job.case_started, job.idle_since = None, now
         job.seen = len(results)
         started = sum(s.startswith(START) for s in lines)
@@ -296,10 +309,11 @@ class Runner:
         """The current case's outcome, decided by the parent; the job moves past it."""
         case = job.cases[job.seen]
         took = now - (job.case_started or job.idle_since)
-        outcomes[(job.group.name, case.name)] = Outcome(job.group.name, case.name, status, took, detail, [], {})
         tail = job.tail()
-        if tail:
-            outcomes[(job.group.name, case.name)].detail += "\n" + tail
+        outcome = Outcome(job.group.name, case.name, status, took, detail + ("\n" + tail if tail else ""), [], {})
+        outcomes[(job.group.name, case.name)] = outcome
+        if self.progress:
+            self.progress(outcome)
         job.seen += 1
 
     def _timeout(self, case: Case) -> float:
@@ -317,16 +331,26 @@ class Runner:
 
 
 def run_groups(
-    cases_module: str, groups: Sequence[Group], budget_s: float, *, jobs: int = 1, warm: bool = False
+    cases_module: str,
+    groups: Sequence[Group],
+    budget_s: float,
+    *,
+    jobs: int = 1,
+    warm: bool = False,
+    progress: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     """Each group's cases in one process (restarted after a fault), ``jobs`` at a time, within ``budget_s``.
-    With ``warm``, each case runs in a process of its own and its ``warm`` is run instead of ``run``."""
-    runner = Runner(cases_module, jobs=jobs, warm=warm)
+    With ``warm``, each case runs in a process of its own and its ``warm`` is run instead of ``run``.
+    ``progress`` is called with each outcome as it is known."""
+    runner = Runner(cases_module, jobs=jobs, warm=warm, progress=progress)
     if warm:
         batches = [(g, [c]) for g in groups for c in g.cases if c.precompile]
     else:
         batches = [(g, list(g.cases)) for g in groups]
-    return runner.run(batches, budget_s)
+    try:
+        return runner.run(batches, budget_s)
+    finally:
+        shutil.rmtree(runner.tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
