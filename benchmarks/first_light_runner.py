@@ -16,10 +16,12 @@ The parent (:func:`run_groups`) starts ``python first_light_runner.py --cases-mo
 session, its stdout and stderr in files, and reads the stdout file as it grows: the worker prints a START
 line before each case and a RESULT line (JSON) after it. A case still running ``timeout_s`` after its START
 was seen is a HANG: the whole process group is killed (SIGKILL) and the group's remaining cases start again
-in a fresh process. A process that dies during a case (an ``os.abort()``, an illegal memory access that
-takes the CUDA context down, a segfault) makes that case an ERROR, with the last lines of its output; the
-rest again start afresh. Several groups may run at once (``jobs``: the precompile runs each case in its own
-process, many at a time). Whatever has not finished when the part's budget runs out is a SKIP that says so.
+in a fresh process. A process that dies during a case (an ``os.abort()``, a segfault) makes that case an
+ERROR, with the last lines of its output; the rest again start afresh. So does a case that raises: a CUDA
+error (an illegal memory access) leaves the context broken for every later call in that process, so the
+worker stops after an ERROR and the parent starts the rest in a fresh one. Several groups may run at once
+(``jobs``: the precompile runs each case in its own process, many at a time). Whatever has not finished when
+the part's budget runs out is a SKIP that says so.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 STATUSES = ("PASS", "FAIL", "ERROR", "HANG", "SKIP")
 START, RESULT = "FIRSTLIGHT-START ", "FIRSTLIGHT-RESULT "
 TAIL_LINES = 12  # lines of a dead or hung process's output kept in its case's report
+STOPPED_AFTER_ERROR = 3  # a worker's exit status when it stops after an ERROR for the parent to restart it
 STARTUP_S = 30.0  # seconds a fresh worker may take to import torch and the library before its first case
 
 
@@ -161,7 +164,10 @@ def worker(cases_module: str, group_name: str, only: Sequence[str], warm: bool) 
             continue
         print("\n" + START + case.name, flush=True)  # on a line of its own, whatever the last case printed
         run = case.warm if warm and case.warm is not None else case.run
-        print("\n" + RESULT + json.dumps(judge(case, run)), flush=True)
+        result = judge(case, run)
+        print("\n" + RESULT + json.dumps(result), flush=True)
+        if result["status"] == "ERROR":  # a CUDA error is sticky: the rest of the group gets a fresh process
+            return STOPPED_AFTER_ERROR
     return 0
 
 
@@ -296,7 +302,9 @@ class Runner:
                 self._record(job, outcomes, "SKIP", now, "cut: the part's budget ran out while it ran")
                 return job.cases[job.seen :]  # left in the queue, and reported as not run
             return None
-        # the process ended before answering its current case: it died
+        # the process ended before answering its current case: it stopped after an ERROR, or it died
+        if code == STOPPED_AFTER_ERROR and started == job.seen > 0:
+            return job.cases[job.seen :]
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         if started == 0 and job.seen == 0:  # before its first case (an import that fails): no use restarting
             while job.seen < len(job.cases):

@@ -73,6 +73,13 @@ GROUPS = [
     Group("second", (Case("right", right, timeout_s=20),), budget_s=10, covers="a group after a faulty one"),
     Group("pids", (Case("one", pid), Case("two", pid)), budget_s=10, part="pids", covers="which process ran a case"),
     Group(
+        "sticky",
+        (Case("before", pid), Case("raises", raises), Case("after", pid)),
+        budget_s=10,
+        part="sticky",
+        covers="a CUDA error breaks the context: the rest gets a fresh process",
+    ),
+    Group(
         "slow",
         (Case("sleeps-long", sleeps, timeout_s=100), Case("never", right)),
         budget_s=10,

@@ -98,6 +98,14 @@ def test_a_group_shares_one_process_and_the_precompile_gives_each_case_its_own()
     assert warmed[0].data["pid"] != warmed[1].data["pid"]
 
 
+def test_after_an_exception_the_rest_of_the_group_runs_in_a_fresh_process() -> None:
+    """A CUDA error (an illegal memory access) is sticky: nothing after it in that process could pass."""
+    before, raised, after = run_groups(FAKES, groups("sticky"), budget_s=30)
+    assert (before.status, raised.status, after.status) == ("PASS", "ERROR", "PASS")
+    assert raised.detail.startswith("RuntimeError: CUDA error: an illegal memory access")
+    assert before.data["pid"] != after.data["pid"]
+
+
 def test_the_command_writes_its_tables_and_fails_on_a_fault(tmp_path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, str(BENCH / "first_light.py"), "--cases-module", FAKES, "--out", str(out)]
