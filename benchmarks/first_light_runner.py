@@ -17,9 +17,9 @@ session, its stdout and stderr in files, and reads the stdout file as it grows: 
 line before each case and a RESULT line (JSON) after it. A case still running ``timeout_s`` after its START
 was seen is a HANG: the whole process group is killed (SIGKILL) and the group's remaining cases start again
 in a fresh process. A process that dies during a case (an ``os.abort()``, a segfault) makes that case an
-ERROR, with the last lines of its output; the rest again start afresh. So does a case that raises: a CUDA
-error (an illegal memory access) leaves the context broken for every later call in that process, so the
-worker stops after an ERROR and the parent starts the rest in a fresh one. Several groups may run at once
+ERROR, with the last lines of its output; the rest again start afresh. So does a case that raises a CUDA
+error (an illegal memory access, :data:`STICKY`): it leaves the context broken for every later call in that
+process, so the worker stops after it and the parent starts the rest in a fresh one. Several groups may run at once
 (``jobs``: the precompile runs each case in its own process, many at a time). Whatever has not finished when
 the part's budget runs out is a SKIP that says so.
 """
@@ -48,6 +48,8 @@ HERE = Path(__file__).resolve().parent
 STATUSES = ("PASS", "FAIL", "ERROR", "HANG", "SKIP")
 START, RESULT = "FIRSTLIGHT-START ", "FIRSTLIGHT-RESULT "
 TAIL_LINES = 12  # lines of a dead or hung process's output kept in its case's report
+# An exception whose text has one of these leaves the CUDA context broken for every later call in its process.
+STICKY = ("CUDA error", "CUDA_ERROR", "cudaError", "illegal memory access", "device-side assert", "AcceleratorError")
 STOPPED_AFTER_ERROR = 3  # a worker's exit status when it stops after an ERROR for the parent to restart it
 STARTUP_S = 30.0  # seconds a fresh worker may take to import torch and the library before its first case
 
@@ -166,8 +168,8 @@ def worker(cases_module: str, group_name: str, only: Sequence[str], warm: bool) 
         run = case.warm if warm and case.warm is not None else case.run
         result = judge(case, run)
         print("\n" + RESULT + json.dumps(result), flush=True)
-        if result["status"] == "ERROR":  # a CUDA error is sticky: the rest of the group gets a fresh process
-            return STOPPED_AFTER_ERROR
+        if result["status"] == "ERROR" and any(m in str(result["detail"]) for m in STICKY):
+            return STOPPED_AFTER_ERROR  # a CUDA error is sticky: the rest of the group gets a fresh process
     return 0
 
 

@@ -29,6 +29,10 @@ def raises() -> None:
     raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
 
 
+def refuses() -> None:
+    raise ValueError("head_dim must be between 1 and 256, got 300 (an ordinary refusal: the context is fine)")
+
+
 def aborts() -> None:
     print("about to abort", flush=True)
     os.abort()
@@ -71,7 +75,13 @@ GROUPS = [
         covers="every status",
     ),
     Group("second", (Case("right", right, timeout_s=20),), budget_s=10, covers="a group after a faulty one"),
-    Group("pids", (Case("one", pid), Case("two", pid)), budget_s=10, part="pids", covers="which process ran a case"),
+    Group(
+        "pids",
+        (Case("one", pid), Case("refuses", refuses), Case("two", pid)),
+        budget_s=10,
+        part="pids",
+        covers="which process ran a case",
+    ),
     Group(
         "sticky",
         (Case("before", pid), Case("raises", raises), Case("after", pid)),
