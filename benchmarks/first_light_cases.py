@@ -45,6 +45,7 @@ def pick(dtype: torch.dtype, dims: tuple[int, ...]) -> list[GpuCase]:
 MASKED = (
     checks.MaskedCase("padding-mask", keep=(300, 0)),  # the second element has no key at all
     checks.MaskedCase("padding-mask-hd64-causal", D=64, causal=True, keep=(250, 37)),
+    checks.MaskedCase("sdpa-drop-in-padding-mask", N_q=300, keep=(300, 111), sdpa=True),
     checks.MaskedCase("window", window=(64, 16)),
     checks.MaskedCase("softcap", softcap=30.0, causal=True),
     checks.MaskedCase("window-softcap-fp16", dtype=FP16, D=64, window=(100, 0), softcap=20.0),

@@ -31,6 +31,7 @@ import flashattn_teach as fa  # noqa: E402
 from first_light_runner import Error, Skip  # noqa: E402
 
 ATOL = 1e-4  # the rule's floor, relative to max(1, |ref|)
+YARDSTICK = 0.25  # the most plain PyTorch's error may be, relative to max(1, |ref|): rounding, not semantics
 DEVICE = "cuda"
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -43,7 +44,11 @@ def bounds(ours: dict[str, Tensor], ref: dict[str, Tensor], plain: dict[str, Ten
         if plain is None:
             errors.append(Error(name, err, FP32_TOL[name] * scale))
             continue
-        errors.append(Error(name, err, 2 * max_error(plain[name], ref[name]) + ATOL * scale))
+        err_plain = max_error(plain[name], ref[name])
+        errors.append(Error(name, err, 2 * err_plain + ATOL * scale))
+        # the yardstick itself: plain PyTorch off by a sizeable fraction computes another attention (a wrong
+        # mask in the check), and would let anything pass
+        errors.append(Error(f"{name} (plain PyTorch's own error)", err_plain, YARDSTICK * scale))
         if name == "lse":
             errors.append(Error("lse (fp32 tolerance)", err, FP32_TOL["lse"] * scale))
     return errors
@@ -108,9 +113,16 @@ class MaskedCase:
     keep: tuple[int, int] | None = None
     seqlens_k: tuple[int, int] | None = None
     score_mod: ScoreMod | None = None
+    sdpa: bool = False  # through the drop-in, scaled_dot_product_attention (its default backend; no lse)
     B: int = 2
     H_q: int = 8
     H_kv: int = 2
+
+    def padding(self) -> Tensor:
+        """``(B, 1, 1, N_k)``: the bool key-padding mask of ``keep`` (True: the key is there)."""
+        assert self.keep is not None
+        keys = torch.arange(self.N_k, device=DEVICE)
+        return (keys < torch.tensor(self.keep, device=DEVICE)[:, None]).reshape(self.B, 1, 1, self.N_k)
 
     def visible(self) -> Tensor:
         """``(B, 1, N_q, N_k)``: which keys each query row sees, written out from the definitions."""
@@ -147,14 +159,17 @@ def plain_masked(q: Tensor, k: Tensor, v: Tensor, c: MaskedCase) -> tuple[Tensor
 
 
 def masked(c: MaskedCase) -> list[Error]:
-    """``flash_attention(backend="triton")`` with the case's variants (``flex_attention`` for a score_mod),
-    forward and backward, against ``dense_attention`` in float64."""
+    """``flash_attention(backend="triton")`` with the case's variants (``flex_attention`` for a score_mod,
+    ``scaled_dot_product_attention`` if ``c.sdpa``), forward and backward, against float64 attention."""
     g = GpuCase(c.dtype, c.D, c.N_q, c.N_k, c.causal, H_kv=c.H_kv, group=c.H_q // c.H_kv, B=c.B)
     q, k, v, dO, _ = make_inputs(g, DEVICE)
-    mask = None if c.keep is None else c.visible()[:, :, :1, :]  # (B, 1, 1, N_k): a key-padding mask
+    mask = None if c.keep is None else c.padding()  # (B, 1, 1, N_k): a key-padding mask
     lengths = None if c.seqlens_k is None else torch.tensor(c.seqlens_k, device=DEVICE)
 
     def ours(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if c.sdpa:  # lse is not returned: a stand-in, left out of the comparison
+            O = fa.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=c.causal, enable_gqa=True)
+            return O, torch.zeros(O.shape[:-1], device=O.device)
         if c.score_mod is not None:
             with warnings.catch_warnings():  # return_lse's FutureWarning, as torch's
                 warnings.simplefilter("ignore", FutureWarning)
@@ -177,6 +192,8 @@ def masked(c: MaskedCase) -> list[Error]:
     empty_rows = ~c.visible().any(dim=-1)  # (B, 1, N_q)
     assert (got["O"].masked_select(empty_rows[..., None]) == 0).all(), "O: not 0 at rows that see no key"
     same = forward_backward(lambda q, k, v: plain_masked(q, k, v, c), q, k, v, dO, None)
+    if c.sdpa:
+        del got["lse"]
     return bounds(got, ref, same)
 
 
