@@ -163,15 +163,19 @@ def model_bytes(p: iomodel.Problem, pass_: str, tiled: bool) -> int:
 # --------------------------------------------------------------------------------------- providers
 
 
-# The KernelConfig field that turns the forward's warp specialisation on, under the names it may have.
-WS_FIELDS = ("ws", "warp_specialize", "warp_specialized")
+def provider_config(name: str, head_dim: int, dtype, arch: str):
+    """The configuration a ``triton-*`` provider passes as ``config=``: the shipped one with its forward
+    replaced by one the library itself runs where the shipped forward cannot: ``triton-ptr`` the forward's
+    pointer tile (:meth:`KernelConfig.by_pointers`: key/value loads without TMA), ``triton-nows`` the forward
+    without warp specialisation (:meth:`KernelConfig.unspecialised`: the fallback, which may read by TMA).
+    Replacing a field (``ws=False``) would keep a TMA fallback that ``KernelConfig`` refuses."""
+    from flashattn_teach.triton import shipped_config
 
-
-def _warp_specialised_field() -> str | None:
-    from flashattn_teach.triton.configs import KernelConfig
-
-    names = {f.name for f in dataclasses.fields(KernelConfig)}
-    return next((n for n in WS_FIELDS if n in names), None)
+    config = shipped_config(head_dim, dtype, arch)
+    forwards = {"triton-ptr": config.forward.by_pointers(), "triton-nows": config.forward.unspecialised()}
+    if name not in forwards:
+        raise ValueError(f"name must be one of {', '.join(forwards)}, got {name!r}")
+    return dataclasses.replace(config, forward=forwards[name])
 
 
 def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str, str]]:
@@ -180,35 +184,24 @@ def make_providers(selected: list[str] | None) -> tuple[list[Provider], dict[str
 
     import flashattn_teach
 
-    def triton_pointer_path(q, k, v, c):
-        """The shipped configuration with the forward's key/value loads through pointers instead of TMA."""
-        from flashattn_teach.triton import shipped_config, triton_attention
-        from flashattn_teach.triton.configs import arch_of
+    def triton_with(name: str) -> Callable:
+        """The ``triton`` provider with :func:`provider_config`'s forward for ``name``."""
 
-        config = shipped_config(q.shape[-1], q.dtype, arch_of(q.device))
-        config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, tma=False))
-        return triton_attention(q, k, v, causal=c, config=config)
+        def call(q, k, v, c):
+            from flashattn_teach.triton import triton_attention
+            from flashattn_teach.triton.configs import arch_of
+
+            config = provider_config(name, q.shape[-1], q.dtype, arch_of(q.device))
+            return triton_attention(q, k, v, causal=c, config=config)
+
+        return call
 
     providers = [
         Provider("triton", lambda q, k, v, c: flashattn_teach.flash_attention(q, k, v, causal=c, backend="triton")),
-        Provider("triton-ptr", triton_pointer_path),
+        Provider("triton-ptr", triton_with("triton-ptr")),
+        Provider("triton-nows", triton_with("triton-nows")),
     ]
     missing: dict[str, str] = {}
-    ws = _warp_specialised_field()
-    if ws is None:
-        missing["triton-nows"] = "this checkout's KernelConfig has no warp-specialisation field"
-    else:
-
-        def triton_not_specialised(q, k, v, c, field=ws):
-            """The shipped configuration with the forward's warp specialisation off: the fallback forward."""
-            from flashattn_teach.triton import shipped_config, triton_attention
-            from flashattn_teach.triton.configs import arch_of
-
-            config = shipped_config(q.shape[-1], q.dtype, arch_of(q.device))
-            config = dataclasses.replace(config, forward=dataclasses.replace(config.forward, **{field: False}))
-            return triton_attention(q, k, v, causal=c, config=config)
-
-        providers.append(Provider("triton-nows", triton_not_specialised))
     if "deterministic" in inspect.signature(flashattn_teach.flash_attention).parameters:
         providers.append(
             Provider(

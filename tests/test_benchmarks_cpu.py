@@ -107,6 +107,7 @@ def test_gpu_suite_without_cuda_says_so_and_exits_0(tmp_path):
     proc = _run(["bash", str(BENCH / "run_gpu_suite.sh")], OUT=str(tmp_path), PYTHON=sys.executable)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "CUDA is absent" in proc.stdout
+    assert "planned total:" in proc.stdout  # the first light's plan (benchmarks/first_light.py --dry-run)
     assert "standard (FA1 Alg. 0)" in (tmp_path / "iomodel.txt").read_text()
     assert (tmp_path / "bench" / "iomodel_grid.csv").exists()
 
