@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..online_softmax import finalize, init_state, log_sum_exp, normalize, update
 from ..errors import AttentionValueError
+from ..online_softmax import finalize, init_state, log_sum_exp, normalize, update
 from .dense import NEG_INF, causal_mask, check_inputs
 
 
