@@ -1,4 +1,8 @@
-"""Memory-efficient backward: recompute the probabilities tile by tile from the saved ``lse``.
+"""Changes from core/backward.py: the same ``tile_terms`` per tile, in the grouped layout (``dK, dV`` summed over
+the query heads of a group); the mask contract's tiles; softcap, bias and ``score_mod`` through the
+``scores`` hook (``reference/scores.py``), dropout through ``drop``; a gradient into ``lse`` (``dlse``).
+
+Memory-efficient backward: recompute the probabilities tile by tile from the saved ``lse``.
 
 FlashAttention-2's backward (Dao 2023, Alg. 2). Forward saved only ``q, k, v, O`` and
 ``lse = m + log l``; the ``N_q x N_k`` matrix ``P`` is never stored but rebuilt one tile at a time:

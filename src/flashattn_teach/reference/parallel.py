@@ -1,4 +1,8 @@
-"""The query-major forward and the FA2 backward on a pool of threads, each running single-threaded torch ops.
+"""Changes from core/loops.py and core/backward.py: the query-major forward and the FA2 backward with every
+feature of ``query_major.py`` and ``backward.py``, run per head on a thread pool with single-threaded torch ops
+(the forward folds tiles with ``online_softmax.update_`` in place; the backward calls ``tile_terms``).
+
+The query-major forward and the FA2 backward on a pool of threads, each running single-threaded torch ops.
 
 Same algorithms as ``query_major.py`` (Dao 2023, FlashAttention-2, Alg. 1) and ``backward.py`` (Alg. 2),
 same contracts, same results to rounding; what changes is who runs the tiles. The plain references loop
