@@ -35,12 +35,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import bias_and_mask, score_tile
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..reference.dense import dense_attention
+from ..reference.scores import bias_and_mask, score_tile
 from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
