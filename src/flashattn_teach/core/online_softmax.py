@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
+Drop = Callable[[Tensor], Tensor]  # dropout on the weights that reach V
 
 
 def init_state(
@@ -42,7 +43,7 @@ def init_state(
     dtype: torch.dtype,
     device: torch.device | str,
     sink: Tensor | float | None = None,
-):
+) -> tuple[Tensor, Tensor, Tensor]:
     """State before any key: ``m = -inf``, ``l = 0``, ``acc = 0``; shapes ``rows`` and ``(*rows, D_v)``.
 
     With an attention sink (``sink``: a number, or a tensor broadcastable to ``rows``) the state starts as if
@@ -80,12 +81,7 @@ class UpdateTerms:
 
 
 def update_terms(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
+    m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None
 ) -> UpdateTerms:
     """Fold one score tile into the running state and keep every intermediate term; inputs untouched.
 
@@ -106,12 +102,7 @@ def update_terms(
 
 
 def update(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
+    m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fold one score tile into the running state; returns new ``(m_i, l_i, acc)``, inputs untouched.
 
@@ -124,14 +115,7 @@ def update(
     return t.m_new, t.l_new, t.acc_new
 
 
-def update_(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
-) -> None:
+def update_(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None) -> None:
     """:func:`update` in place, for one head: ``m_i, l_i, acc`` are updated and ``S_ij`` becomes ``P_ij``
     (undropped; ``drop`` as in :func:`update`).
 
