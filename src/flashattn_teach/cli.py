@@ -20,6 +20,7 @@ COMMANDS = {
     "replay": ("flashattn_teach.trace.cli", "replay the tile updates of a query block or (--decode) of a decode step"),
     "kernels": ("flashattn_teach.triton.inspect", "compile the Triton kernels ahead of time and report resources"),
     "iomodel": ("flashattn_teach.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
+    "ladder": ("flashattn_teach.ladder", "dense attention to the production kernel, each rung checked"),
 }
 EXIT_SIGPIPE = 128 + 13  # what a shell reports for a writer killed by SIGPIPE (signal 13)
 
