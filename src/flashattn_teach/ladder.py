@@ -70,6 +70,7 @@ class Rung:
     tile: tuple[int, int] | None
     hbm_bytes: int
     device: torch.device  # where its inputs live: the CPU, or CUDA for a kernel on a GPU
+    triton: bool = False  # a Triton kernel: on the CPU, in the interpreter (not timed)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _tutorial(x: Inputs) -> Rung | str:
         return kernel.triton_forward(q, k, v, causal=x.causal)
 
     tile = (kernel.BLOCK_M, kernel.BLOCK_N)
-    return Rung(forward, tile, query_major_forward_io(x.problem(), *tile).total_bytes, device)
+    return Rung(forward, tile, query_major_forward_io(x.problem(), *tile).total_bytes, device, triton=True)
 
 
 def production_tile(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
@@ -189,7 +190,7 @@ def _production(x: Inputs) -> Rung | str:
         return O, lse
 
     tile = production_tile(*(t.to(device) for t in (x.q, x.k, x.v)))
-    return Rung(forward, tile, query_major_forward_io(x.problem(), *tile).total_bytes, device)
+    return Rung(forward, tile, query_major_forward_io(x.problem(), *tile).total_bytes, device, triton=True)
 
 
 # name -> how to build it; a builder returns the rung, or why it cannot run (one line)
@@ -205,20 +206,20 @@ RUNGS: dict[str, Callable[[Inputs], Rung | str]] = {
 # ----------------------------------------------------------------------------------------------- the climb
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def median_seconds(forward: Forward, q: Tensor, k: Tensor, v: Tensor, repeats: int) -> float:
     """The median of ``repeats`` timed calls: wall clock on the CPU, CUDA events on a GPU."""
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
+        if q.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            forward(q, k, v)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in milliseconds
         else:
             t0 = time.perf_counter()
-            fn()
+            forward(q, k, v)
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -242,8 +243,8 @@ def climb(x: Inputs, repeats: int = 3) -> list[Step]:
         q, k, v = (t.to(rung.device) for t in (x.q, x.k, x.v))
         with torch.no_grad():
             O, lse = rung.forward(q, k, v)
-            interpreted = rung.device.type == "cpu" and name.endswith("kernel")
-            seconds = None if interpreted else median_seconds(lambda: rung.forward(q, k, v), repeats, rung.device)
+            interpreted = rung.triton and rung.device.type == "cpu"
+            seconds = None if interpreted else median_seconds(rung.forward, q, k, v, repeats)
         steps.append(
             Step(
                 number,
