@@ -96,8 +96,9 @@ def test_every_rung_runs_on_the_cpu_and_agrees_with_float64_dense(causal, capsys
     assert all(r.held is not None for r in table), "a rung did not run:\n" + out
     assert all(r.vs_oracle < 2e-5 for r in table), out
     assert table[0].vs_previous is None and all(r.vs_previous < 4e-5 for r in table[1:]), out
-    # what each holds: dense every score, the loops the tile asked for, the production kernel its test tile
-    assert table[0].held == (77, 77) and table[1].held == table[2].held == (16, 32)
+    # what each holds: dense every score, the loops and the tutorial kernel the tile asked for, the production
+    # kernel its test tile
+    assert table[0].held == (77, 77) and table[1].held == table[2].held == table[3].held == (16, 32)
     assert table[4].held == (TEST_CONFIG.forward.BLOCK_M, TEST_CONFIG.forward.BLOCK_N)
     n_held = [r.held[0] * r.held[1] for r in table]
     assert all(n < n_held[0] for n in n_held[1:])
@@ -172,10 +173,32 @@ def test_the_command_sets_the_interpreter_itself_without_cuda():
 
 @pytest.mark.parametrize(
     ("options", "named"),
-    [("--n 0", "--n"), ("--d -1", "--d"), ("--block-m 0", "--block-m"), ("--dtype float8", "--dtype")],
+    [
+        ("--n 0", "--n"),
+        ("--d -1", "--d"),
+        ("--block-m 0", "--block-m"),
+        ("--block-n 24", "--block-n"),
+        ("--dtype float8", "--dtype"),
+    ],
 )
 def test_a_bad_value_is_one_line_naming_its_option(options, named, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["ladder", *options.split()])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and named in err, err
+
+
+def test_two_rungs_may_differ_by_the_sum_of_their_tolerances():
+    """On a GPU the tutorial kernel multiplies float32 in TF32 (float16's tolerance) and the production kernel
+    after it in tf32x3 (float32's): their difference is judged by the two tolerances together."""
+    loose, tight = ladder.TOLERANCE[torch.float16], ladder.TOLERANCE[torch.float32]
+    tutorial = ladder.Step(4, "tutorial kernel", tolerance=loose, vs_oracle=1e-3, lse_vs_oracle=1e-3)
+
+    def production(vs_previous: float) -> ladder.Step:
+        return ladder.Step(5, "production kernel", tolerance=tight, vs_previous=vs_previous, previous_tolerance=loose)
+
+    assert ladder.failures([tutorial, production(1e-3)]) == []
+    assert ladder.failures([tutorial, production(2 * loose)]) == [
+        f"rung 5 production kernel: max |O - previous rung| = {2 * loose:.1e}, beyond {loose + tight:.0e}"
+    ]
+    assert ladder.failures([ladder.Step(1, "dense", tolerance=tight, vs_oracle=math.nan)])  # NaN fails
