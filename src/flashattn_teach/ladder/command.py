@@ -185,21 +185,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive_int, default=1, help="batch size B (default 1)")
     parser.add_argument("--heads", type=positive_int, default=2, help="heads H (default 2)")
     parser.add_argument("--causal", action="store_true", help="causal attention (top-left diagonal)")
-    for name in ("BLOCK_M", "BLOCK_N"):
-        parser.add_argument(
-            f"--{name.lower().replace('_', '-')}",
-            type=tile_size,
-            default=32,
-            help=f"{name} of the loops and the tutorial kernel: a power of two >= 16 (default 32)",
-        )
+    tile = "of the loops and the tutorial kernel: a power of two >= 16 (default 32)"
+    parser.add_argument("--block-m", type=tile_size, default=32, help=f"BLOCK_M {tile}")
+    parser.add_argument("--block-n", type=tile_size, default=32, help=f"BLOCK_N {tile}")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype (default float32)")
     parser.add_argument("--seed", type=seed, default=0, help="torch.manual_seed for the inputs (default 0)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per rung (default 3)")
 
 
-def interpreter_note() -> str:
-    """Where the kernels run, set up before triton is first imported: without CUDA, ``TRITON_INTERPRET=1``
-    (which must be in the environment before a ``@triton.jit`` kernel is defined)."""
+def interpret_without_cuda() -> str:
+    """Set ``TRITON_INTERPRET=1`` when there is no CUDA device, and say where the kernels run. Called before
+    triton is imported: the variable must be in the environment before a ``@triton.jit`` kernel is defined."""
     from ..triton.devices import interpreting
 
     if torch.cuda.is_available() and not interpreting():
@@ -224,7 +220,7 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    where = interpreter_note()
+    where = interpret_without_cuda()
     x = make_inputs(args)
     B, H, N, D = x.q.shape
     mask = "causal" if x.causal else "not causal"
@@ -247,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     for line in bad:
         _say(line)
     if bad:
-        print(f"check: FAILED ({len({line.split(':')[0] for line in bad})} rung(s) beyond tolerance)")
+        print("check: FAILED, a rung disagrees beyond its tolerance (above)")
         return 1
     ran = [s for s in steps if s.why_not is None]
     tol = x.tolerance()
