@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .._cli_types import positive_int, seed
 from ..core import dense
-from ..iomodel import standard_forward_io
+from ..tools.iomodel import standard_forward_io
 from .rungs import DTYPES, RUNGS, Forward, Inputs, kernel_device
 
 WIDTH = 80

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..core import dense, loops
-from ..iomodel import Problem, key_major_forward_io, query_major_forward_io, standard_forward_io
+from ..tools.iomodel import Problem, key_major_forward_io, query_major_forward_io, standard_forward_io
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 # max |O - float64 dense| and |lse - float64 dense| a rung may show; two rungs may differ by the sum of theirs.

@@ -34,11 +34,11 @@ from torch import Tensor
 from .._layout import grad_to_input, rows_to_grouped, to_grouped
 from .._options import make_options
 from .._validate.inputs import shape_str, validate_block_sizes
+from ..core.online_softmax import bias_and_mask
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
 from ..flex.mods import CaptureGrads
 from ..masks.spec import Tiling
-from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 

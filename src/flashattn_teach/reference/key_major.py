@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core.online_softmax import init_state, log_sum_exp, normalize, score_tile, update
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
-from ..online_softmax import init_state, log_sum_exp, normalize, score_tile, update
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

@@ -44,10 +44,10 @@ import torch
 from torch import Tensor
 
 from .._validate.inputs import validate_inputs
+from ..core.online_softmax import NEG_INF, finalize, init_state, update_
 from ..dropout import DropoutKey
 from ..flex.mods import CaptureGrads
 from ..masks.spec import MaskSpec, Tiling
-from ..online_softmax import NEG_INF, finalize, init_state, update_
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 

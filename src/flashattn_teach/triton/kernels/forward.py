@@ -2,7 +2,7 @@
 
 One program owns one query block ``i`` (``BLOCK_M`` rows of one (batch, head)). It loads ``Q_i`` once,
 then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carries the online-softmax
-state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
+state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.core.online_softmax`, and finally writes ``O_i`` and
 ``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
 
 The softmax runs in base 2 with ``qk_scale = scale * log2(e)`` (passed by the launcher):

@@ -1,6 +1,6 @@
 """The key/value loop of the Triton forward: one query block's online softmax over a range of key blocks.
 
-:func:`_attn_fwd_inner` carries ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax` through the key
+:func:`_attn_fwd_inner` carries ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.core.online_softmax` through the key
 blocks ``j`` of one stage of :mod:`.forward`'s loop (masked or not, by ``tl.constexpr``), in base 2:
 
     S_ij = Q_i K_j^T,   m_new = max(m_i, rowmax(S_ij) qk_scale),   P_ij = exp2(S_ij qk_scale - m_new)
