@@ -117,6 +117,16 @@ def test_flex_example_matches_the_oracle_and_torch_and_trains_the_bias():
     assert "check: ok" in out
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the kernel rungs need the [triton] extra")
+def test_ladder_example_climbs_every_rung_within_tolerance():
+    out = _run("examples/07_ladder.py", "--n", "45", "--causal")
+    assert _number(r"max \|key-major - float64 dense\| = (\S+)", out) < 1e-5
+    rungs = re.findall(r"^(\d) [a-z -]+? +\d+x\d+=\d+ .* (\S+)$", out, flags=re.MULTILINE)
+    assert [n for n, _ in rungs] == ["1", "2", "3", "4", "5"], out
+    assert all(float(err) < 2e-5 for _, err in rungs)
+    assert "check: ok, 5 of 5 rungs" in out
+
+
 # A notebook's code cells in order, as Jupyter runs them (without Jupyter): a cell's last expression is
 # displayed, by its _repr_html_ when it has one. A committed notebook carries no outputs.
 RUN_NOTEBOOK = """

@@ -22,6 +22,7 @@ COMMANDS = {
     "kernels-decode": ("flashattn_teach.tools.kernels.decode", "the decode kernels' ahead-of-time compile report"),
     "kernels-fp8": ("flashattn_teach.tools.kernels.fp8", "the FP8 forward's ahead-of-time compile report (sm_90)"),
     "iomodel": ("flashattn_teach.tools.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
+    "ladder": ("flashattn_teach.ladder", "dense attention to the production kernel, each rung checked"),
 }
 EXIT_SIGPIPE = 128 + 13  # what a shell reports for a writer killed by SIGPIPE (signal 13)
 
