@@ -93,7 +93,7 @@ def test_table_shows_every_step_with_numbers_and_the_final_error(capsys):
     [
         (["--decode"], "argument --backward: not used with --decode"),
         (["--order", "key_major"], "argument --order: not used with --backward"),
-        (["--format", "png", "--out", "x.png", "--step", "1"], "argument --step: draws one forward tile update"),
+        (["--format", "table", "--step", "1"], "argument --step: draws one step of --backward --format png"),
         (["--format", "json", "--extensions"], "argument --extensions"),
         (["--seq-len", "100", "--block-m", "1", "--format", "json"], "T_r x T_c = 5000 is more than 1024"),
     ],

@@ -25,6 +25,9 @@ READ_PAGE = """(() => ({
   sinkHidden: document.getElementById("sink").hidden,
   prev: document.getElementById("prev").disabled,
   next: document.getElementById("next").disabled,
+  title: document.getElementById("title").textContent,
+  docTitle: document.title,
+  legendMasked: document.getElementById("legend-masked") && document.getElementById("legend-masked").textContent,
 }))()"""
 
 
@@ -70,7 +73,15 @@ def test_html_page_steps_through_updates_and_shows_the_json_numbers(
 
     browser.open(page_path)
     cases, total = experiment["cases"], len(experiment["cases"])
-    assert_page_shows(browser.evaluate(READ_PAGE), cases[0], 1, total)
+    page = browser.evaluate(READ_PAGE)
+    assert_page_shows(page, cases[0], 1, total)
+    # the title names the view, not a slogan: the query block and its rows, as the options give them
+    block_m = int(options[options.index("--block-m") + 1]) if "--block-m" in options else 2
+    i = int(options[options.index("--query-block") + 1]) if "--query-block" in options else 0
+    seq_len = int(options[options.index("--seq-len") + 1])
+    rows = f"rows {i * block_m}–{min(seq_len, (i + 1) * block_m) - 1}"
+    assert page["title"] == page["docTitle"] == f"Tile replay: forward, query block i = {i} ({rows})"
+    drawn_masked = bool(page["masked"])
     for n in range(2, total + 1):  # forward alternately by button and by key
         if n % 2:
             browser.press("ArrowRight")
@@ -78,6 +89,7 @@ def test_html_page_steps_through_updates_and_shows_the_json_numbers(
             browser.click("#next")
         page = browser.evaluate(READ_PAGE)
         assert_page_shows(page, cases[n - 1], n, total)
+        drawn_masked |= bool(page["masked"])
         tiles = cases[n - 1]["tiles"]
         s = cases[n - 1]["schedule"]
         assert page["states"][f"{s['rowStart']},{s['columnStart']}"] == "current"
@@ -87,6 +99,10 @@ def test_html_page_steps_through_updates_and_shows_the_json_numbers(
     for i, j in experiment["replay"]["skipped"]:
         assert page["states"][f"{i * experiment['replay']['blockM']},{j * experiment['replay']['blockN']}"] == "skipped"
     browser.screenshot(artifacts / f"replay-{name}.png")
+    # the pale masked cells have a legend entry, when the page draws any (no mask: none, and no entry)
+    assert drawn_masked == (name != "seed-query-major")
+    assert (page["legendMasked"] is not None) == drawn_masked
+    assert drawn_masked is False or "masked cell" in page["legendMasked"]
     if name == "window-left-pad":  # pale: the visited tiles' cells outside the band (row 6 sees keys 4-6) or padded
         assert {"6,7", "7,4"} <= set(page["masked"]) and "6,5" not in page["masked"] and "1,0" not in page["masked"]
         assert "6,4" in page["masked"] and "5,5" not in page["masked"]  # keys 0-4 of element 1 are padding

@@ -34,6 +34,8 @@ READ_PAGE = """(() => {
       tr => [tr.dataset.name, tr.cells[1].textContent])),
     prev: document.getElementById("bwd-prev").disabled,
     next: document.getElementById("bwd-next").disabled,
+    title: document.getElementById("title").textContent,
+    stepCounters: view.innerText.match(/\\bstep \\d+ of\\b/gi),
   };
 })()"""
 
@@ -42,6 +44,8 @@ def assert_step_shows(page: dict, doc: dict, n: int) -> None:
     steps, total = doc["steps"], len(doc["steps"]) + 1
     assert not page["hidden"] and page["tab"] == "true"
     assert page["counter"] == f"Backward step {n + 1} of {total}"
+    assert page["stepCounters"] == [f"step {n + 1} of"]  # one counter for one step: the stepper's
+    assert page["title"] == "Tile replay: backward (FA2 Alg. 2), every tile of both passes"
     assert (page["prev"], page["next"]) == (n == 0, n == total - 1)
     assert page["resultHidden"] == (n < len(steps))
     if n == len(steps):  # the result: the gradients and the error against the oracle
@@ -128,6 +132,7 @@ def test_the_backward_tab_opens_by_click_from_the_forward_view(browser, tmp_path
     page_path.write_text(render_html(r, backward=True), encoding="utf-8")
     browser.open(page_path)
     assert browser.evaluate('document.getElementById("view-backward").hidden') is True
+    assert browser.evaluate('document.getElementById("title").textContent').startswith("Tile replay: forward, ")
     browser.click("#tab-backward")
     page = browser.evaluate(READ_PAGE)
     assert not page["hidden"] and page["tab"] == "true" and page["counter"].startswith("Backward step 1 of ")

@@ -26,6 +26,8 @@ READ = """(() => ({
       slots: box.querySelectorAll("svg.gpu-timeline > text:not(.tick)").length,
     }])),
   payload: JSON.parse(document.getElementById("view-data").textContent).gpu,
+  orders: document.getElementById("gpu-orders").textContent,
+  title: document.getElementById("title").textContent,
 }))()"""
 
 
@@ -50,6 +52,20 @@ def test_gpu_view_states_follow_the_payload_at_every_step(causal, options, brows
         name: la.programs
         for name, la in zip(("index", "longest"), gpu_launches(r, GpuOptions.of(options)), strict=True)
     }
+    # The page says whether the two orders draw the same bars (slot, start, end): without a causal mask every
+    # program does the same work and they do, so the two panels look alike and the page says why.
+    bars = {name: sorted((p.run.slot, p.run.start, p.run.end) for p in progs) for name, progs in programs.items()}
+    same = bars["index"] == bars["longest"]
+    assert same == (not causal)
+    if same:
+        assert page["orders"].startswith("The two orders look identical here: every program visits the same number")
+        assert "--causal" in page["orders"]
+    else:
+        assert page["orders"].startswith("The two orders differ")
+        assert (
+            f"makespan {launches['longest']['makespan']:g} against {launches['index']['makespan']:g}" in page["orders"]
+        )
+    assert page["title"] == "Tile replay: GPU schedule of the forward kernel, every query block x head"
     times = payload["times"]
     assert len(times) >= 2 and times[0] == 0 and times[-1] == max(la["makespan"] for la in launches.values())
     for n, t in enumerate(times, start=1):

@@ -87,16 +87,19 @@ def test_the_page_gets_tile_states_from_the_enum_and_spells_none_itself(tmp_path
         assert f'"{value}"' not in script and f"'{value}'" not in script  # ... and no spelt-out value
 
 
-def test_table_of_a_long_replay_draws_a_window_and_both_ends(tmp_path):
+@pytest.mark.parametrize(("columns", "key_blocks"), [(120, "0–47"), (80, "0–31")])
+def test_table_of_a_long_replay_draws_a_window_and_both_ends(columns, key_blocks, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(columns))  # the table takes the terminal's width; 80: a narrower window
     out = tmp_path / "replay.txt"
     assert run(parse("--seq-len", "2000", "--causal", "--query-block", "600", "--out", str(out))) == 0
     text = out.read_text(encoding="utf-8")
     lines = text.splitlines()
-    assert max(map(len, lines)) <= 120
+    assert max(map(len, lines)) <= columns
     shown = [n for n in range(1, 602) if f"Tile update {n}/601 " in text]
     assert shown == [*range(1, 11), *range(592, 602)]
     assert "… tile updates 11–591 of 601 not drawn …" in text
-    assert "query blocks i = 592–607 of 1000, key blocks j = 0–47 of 1000" in text  # the window around (600, 0)
+    # the window around (600, 0)
+    assert f"query blocks i = 592–607 of 1000, key blocks j = {key_blocks} of 1000" in text
     assert "Skipped (SKIP) tiles of this block: key blocks j = 601–999" in text
 
 

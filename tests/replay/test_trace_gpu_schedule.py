@@ -27,6 +27,7 @@ from flashattn_teach.replay.gpu_schedule import (
     gpu_launches,
     launch,
     query_block_work,
+    same_timeline,
 )
 from flashattn_teach.replay.html import render_html
 from flashattn_teach.tools.scheduler import place, simulate
@@ -56,6 +57,17 @@ def test_teaching_example_by_hand():
     assert longest.schedule.makespan == 12 and longest.schedule.idle_fraction == 0
     # without a mask every program computes 3 tiles: both orders take 12 x 3 / 2 = 18
     assert [la.schedule.makespan for la in gpu_launches(teaching(False))] == [18, 18]
+
+
+def test_the_page_is_told_when_the_two_orders_draw_the_same_bars():
+    """Without a mask each program computes 3 tiles: both orders put 2 x 6 bars of length 3 end to end on the 2
+    slots, only the programs differ; under causal, by hand above, the makespans (13, 12) differ."""
+    dense = gpu_launches(teaching(False))
+    bars = [(s, 3 * w, 3 * w + 3) for s in range(2) for w in range(6)]
+    assert [sorted((p.run.slot, p.run.start, p.run.end) for p in la.programs) for la in dense] == [bars, bars]
+    assert [(p.i, p.head) for p in dense[0].programs] != [(p.i, p.head) for p in dense[1].programs]
+    assert same_timeline(dense) and build(teaching(False), {})["sameTimeline"] is True
+    assert not same_timeline(gpu_launches(teaching(True))) and build(teaching(True), {})["sameTimeline"] is False
 
 
 def _unit_time_schedule(work: list[int], slots: int) -> list[tuple[int, int, int]]:

@@ -17,7 +17,8 @@
                                             numbers, and the float64 autograd oracle (backward_replay.py);
                                             render_backward_table (backward_table.py), to_backward_json
                                             (backward_manifest.py), render_html(r, backward=True) its view,
-                                            render_backward_png (backward_png.py)
+                                            render_backward_png (backward_png.py: a picture per
+                                            step, one for the preprocess and the result)
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row
                                             (equations.py): in the JSON extensions, table, PNG and page;
                                             key-major: key_major_step_equations(step, v_j), FA1 Alg. 1's

@@ -5,9 +5,10 @@ fourth ``randn(B, N, D)`` of the same stream, so ``--seed`` fixes all four. Ever
 applies. ``--format html`` writes the replay page opened on its "Backward" view (the forward view of
 ``--query-block`` beside it). Refused by name (:mod:`.cli_modes`): ``--decode`` (a decode step has no
 backward here), ``--order`` (the backward has its own loop order: key blocks outer for dK/dV, query blocks
-outer for dQ), ``--extensions`` and ``--step`` (forward outputs), ``--query-block`` but with ``--format
-html`` (the other formats show every query block). ``--format png`` draws every step of both passes
-(:mod:`.backward_png`).
+outer for dQ), ``--extensions`` (a forward output), ``--step`` but with ``--format png``, ``--query-block`` but
+with ``--format html`` (the other formats show every query block). ``--format png`` draws one picture per step
+(:mod:`.backward_png`): ``--step n`` that step to ``--out``; without it every step of both passes to
+``OUT_stepNN.png`` and the preprocess and the result to ``--out``, and it prints the files it wrote.
 """
 
 from __future__ import annotations
@@ -70,14 +71,25 @@ def page_backward(r: Replay, dO: torch.Tensor) -> BackwardReplay | bool:
     return backward_of(r, dO=dO) if shown_by_default(r) else False
 
 
-def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> None:
-    """The backward replay of ``r``'s inputs and options with ``dO``, in ``--format``."""
+def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> str | None:
+    """The backward replay of ``r``'s inputs and options with ``dO``, in ``--format``; else what the output
+    cannot show of it."""
     br: BackwardReplay = backward_of(r, dO=dO)
     if args.format == "png":  # --out is required for png (checked with the forward's options)
-        from .backward_png import render_backward_png
+        from .backward_png import MAX_PNG_STEPS, render_backward_png, steps_of
 
-        render_backward_png(br, args.out)
-        return
+        total = len(steps_of(br))
+        if args.step is not None and args.step > total:
+            return f"argument --step: must be in [1, {total}] for this backward, got {args.step}"
+        if args.step is None and total > MAX_PNG_STEPS:
+            return (
+                f"argument --format: --backward --format png draws one picture per step, at most {MAX_PNG_STEPS}, "
+                f"and this backward has {total} steps: pass --step for one of them, or use --format table or json"
+            )
+        files = render_backward_png(br, args.out, step=args.step)
+        if len(files) > 1:
+            print(f"wrote {files[0]} (the preprocess and the result), {files[1].name} to {files[-1].name} (the steps)")
+        return None
     with open_output(args.out) as out:
         if args.format == "table":
             from .backward_table import render_backward_table
@@ -92,3 +104,4 @@ def render_backward(r: Replay, dO: torch.Tensor, args: argparse.Namespace) -> No
             from .html import render_html
 
             out.write(render_html(r, open_view="backward", backward=br))
+    return None

@@ -4,6 +4,9 @@ Each step is a panel: its tile ``(i, j)`` and kind, then each equation of the st
 ``name = symbolic``) with its numbers put in and its result. The last table compares each gradient with the
 float64 ``torch.autograd`` oracle (:meth:`~flashattn_teach.replay.backward_replay.BackwardReplay.oracle`).
 Every step is drawn: a backward replay is meant to be small (``--format json`` for a long one).
+
+The table takes the terminal's width (:mod:`.terminal`); below :data:`~.terminal.WIDE` columns each
+equation's numbers go under it, indented, and a step's rows and columns under its panel's title.
 """
 
 from __future__ import annotations
@@ -12,31 +15,43 @@ from typing import IO
 
 from .backward_replay import BackwardEquation, BackwardPass, BackwardReplay, BackwardStep
 from .manifest import span
+from .terminal import is_narrow, open_console
 
 PASS_TITLES = {BackwardPass.DKDV: "dK/dV pass", BackwardPass.DQ: "dQ pass"}
 
 
-def _equations(eqs: list[BackwardEquation]):
+def _equations(eqs: list[BackwardEquation], narrow: bool):
+    """One row per equation: line, ``name = symbolic``, the numbers; ``narrow``: the numbers on the next row."""
+    from rich.padding import Padding
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, show_header=True)
     table.add_column("line", justify="right", style="dim")
-    table.add_column("equation")
-    table.add_column("with the numbers", overflow="fold")
+    table.add_column("equation, then with the numbers" if narrow else "equation", overflow="fold")
+    if not narrow:
+        table.add_column("with the numbers", overflow="fold")
     for eq in eqs:
-        table.add_row("" if eq.line is None else str(eq.line), f"{eq.name} = {eq.symbolic}", eq.substituted)
+        line, equation = "" if eq.line is None else str(eq.line), f"{eq.name} = {eq.symbolic}"
+        if narrow:
+            table.add_row(line, equation)
+            table.add_row("", Padding(eq.substituted, (0, 0, 0, 2)))  # indented, wrapped lines too
+        else:
+            table.add_row(line, equation, eq.substituted)
     return table
 
 
-def _step_panel(step: BackwardStep, count: int):
+def _step_panel(step: BackwardStep, count: int, narrow: bool):
+    from rich.console import Group
     from rich.panel import Panel
 
     (r0, r1), (c0, c1) = step.rows, step.cols
-    title = (
-        f"{PASS_TITLES[step.pass_name]} · step {step.index + 1} of {count} · tile (i={step.i}, j={step.j}) · "
-        f"query rows {span(r0, r1)} · key columns {span(c0, c1)} · {step.kind.name}"
-    )
-    return Panel(_equations(step.equations), title=title, title_align="left")
+    where = f"query rows {span(r0, r1)} · key columns {span(c0, c1)}"
+    head = f"{PASS_TITLES[step.pass_name]} · step {step.index + 1} of {count} · tile (i={step.i}, j={step.j})"
+    if narrow:  # a title that fits 80 columns; the rows and columns as the panel's first line
+        body = Group(where, _equations(step.equations, narrow))
+        return Panel(body, title=f"{head} · {step.kind.name}", title_align="left")
+    title = f"{head} · {where} · {step.kind.name}"
+    return Panel(_equations(step.equations, narrow), title=title, title_align="left")
 
 
 def _errors(br: BackwardReplay):
@@ -51,12 +66,13 @@ def _errors(br: BackwardReplay):
     return table
 
 
-def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, width: int = 160) -> None:
-    """Print ``br`` to ``file`` (default stdout): preprocess, the dK/dV steps, the dQ steps, the errors."""
-    from rich.console import Console
+def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, width: int | None = None) -> None:
+    """Print ``br`` to ``file`` (default stdout): preprocess, the dK/dV steps, the dQ steps, the errors;
+    ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
     from rich.panel import Panel
 
-    console = Console(file=file, width=width, highlight=False)
+    console = open_console(file, width)
+    narrow = is_narrow(console)
     N_q, N_k = br.q.shape[0], br.k.shape[0]
     extras = [f"softcap {br.softcap:g}"] if br.softcap is not None else []
     extras += [f"sink {float(br.sink[0]):g}"] if br.sink is not None else []
@@ -68,10 +84,10 @@ def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, wi
     skipped = br.skipped()
     if skipped:
         console.print("SKIP tiles (never computed): " + ", ".join(f"({i}, {j})" for i, j in skipped))
-    console.print(Panel(_equations(br.preprocess()), title="Preprocess", title_align="left"))
+    console.print(Panel(_equations(br.preprocess(), narrow), title="Preprocess", title_align="left"))
     for steps in (list(br.dkdv_steps()), list(br.dq_steps())):
         for step in steps:
-            console.print(_step_panel(step, len(steps)))
+            console.print(_step_panel(step, len(steps), narrow))
     console.print(_errors(br))
     worst = max(br.max_error().values())
     console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")

@@ -144,9 +144,19 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         help="--format json only: add the skipped tiles and the schedule to the seed format",
     )
     parser.add_argument(
-        "--step", type=positive_int, default=None, help="--format png only: draw only this tile update (1-based)"
+        "--step",
+        type=positive_int,
+        default=None,
+        help="--format png only: draw only this tile update (1-based); with --backward, only this step (1-based, "
+        "the dK/dV pass's steps first, then the dQ pass's)",
     )
-    parser.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
+    parser.add_argument(
+        "--out",
+        type=output_path,
+        default=None,
+        help="output file (default stdout; required for png). --backward --format png without --step writes one "
+        "picture per step beside it, OUT_stepNN.png, and the preprocess and the result to OUT",
+    )
     add_decode_arguments(parser)
     add_backward_arguments(parser)
 
@@ -263,13 +273,13 @@ def _option_error(args: argparse.Namespace) -> str | None:
 
 
 def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
-    """What the chosen output cannot show of ``r``, naming the option."""
+    """What the chosen output cannot show of ``r``, naming the option (``--backward``'s steps: its own check)."""
     if args.format == "json" and args.extensions and extension_tiles(r) > MAX_EXTENSION_TILES:
         return (
             f"argument --extensions: would list up to {extension_tiles(r)} tiles, more than {MAX_EXTENSION_TILES}: "
             "use larger --block-m/--block-n or leave --extensions out"
         )
-    if args.format == "png" and args.step is not None and args.step > len(r.steps):
+    if args.format == "png" and args.step is not None and not args.backward and args.step > len(r.steps):
         return f"argument --step: must be in [1, {len(r.steps)}] for this replay, got {args.step}"
     return None
 
@@ -326,7 +336,7 @@ def _replay_and_render(
         return problem
     if args.backward:
         assert dO is not None
-        render_backward(r, dO, args)
+        return render_backward(r, dO, args)
     else:
         _render(r, args, dO)
     return None

@@ -65,7 +65,7 @@ READS: dict[Mode, dict[str, frozenset[str]]] = {
         "table": frozenset(_BACKWARD),
         "json": frozenset(_BACKWARD),
         "html": frozenset((*_BACKWARD, "query_block")),
-        "png": frozenset(_BACKWARD),
+        "png": frozenset((*_BACKWARD, "step")),
     },
     Mode.DECODE: {fmt: frozenset(_DECODE) for fmt in FORMATS},
 }
@@ -91,7 +91,7 @@ def _why_not(dest: str, mode: Mode, fmt: str, value: object) -> str:
         if dest == "extensions":
             return "adds to the forward's --format json, not used with --backward"
         if dest == "step":
-            return "draws one forward tile update; --backward --format png draws every step"
+            return f"draws one step of --backward --format png, not --format {fmt}"
         if dest == "query_block":
             return (
                 f"not used with --backward --format {fmt}, which shows every query block of both passes "

@@ -138,6 +138,13 @@ def _row_bytes(replay: Replay) -> int:
     return 2 * (replay.steps.k.shape[-1] + replay.steps.v.shape[-1])
 
 
+def same_timeline(launches: Sequence[Launch]) -> bool:
+    """Whether every launch fills the slots the same way: the same (slot, start, end) bars, whichever program
+    each bar is. So it is when every program does the same work (no causal mask), whatever the order."""
+    bars = [sorted((p.run.slot, p.run.start, p.run.end) for p in la.programs) for la in launches]
+    return all(b == bars[0] for b in bars)
+
+
 def gpu_launches(replay: Replay, options: GpuOptions = GpuOptions()) -> tuple[Launch, Launch]:
     """The replay's grid (``T_r x options.heads``) in index order and longest first, on the pretend GPU."""
     work = query_block_work(replay)
@@ -199,6 +206,7 @@ def build(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any]:
         "gpu": {"sms": opts.sms, "programsPerSm": opts.programs_per_sm, "slots": opts.slots},
         "work": query_block_work(replay),
         "times": event_times(launches),
+        "sameTimeline": same_timeline(launches),
         "launches": [
             {
                 "order": ORDER_NAMES[la.order],

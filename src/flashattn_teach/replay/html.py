@@ -143,9 +143,11 @@ def render_html(replay: Replay, *, open_view: str | None = None, **options: Any)
         f"rect.{state.value} {{ fill: {colour}; }} .legend i.{state.value} {{ background: {colour}; }}\n"
         for state, colour in LEGEND_COLOURS.items()
     )
+    # a masked cell is its tile's colour, pale (rect.masked in page.css): the legend's swatch, the current tile's
+    legend += f".legend i.masked {{ background: {LEGEND_COLOURS[TileState.CURRENT]}; opacity: .35; }}\n"
     enums = {enum.__name__: {member.name: member.value for member in enum} for enum in (TileState, TileKind)}
     return fill_page(
-        title="Tile replay",
+        title=f"Tile replay: forward, query block i = {replay.query_block}",  # page.js: the shown view's title
         data=_experiment(replay, open_view),
         enums=enums,
         views=payloads,

@@ -11,16 +11,18 @@ from typing import Any
 from .memory import MemoryFigure
 
 BAR_WIDTH = 12  # characters for the dense path's total bytes
+BAR_WIDTH_NARROW = 6  # the same in a terminal narrower than terminal.WIDE
 
 
-def _bar(value: int, scale: int) -> str:
-    filled = min(BAR_WIDTH, round(BAR_WIDTH * value / scale)) if scale else 0
-    return "█" * filled + "·" * (BAR_WIDTH - filled)
+def _bar(value: int, scale: int, width: int) -> str:
+    filled = min(width, round(width * value / scale)) if scale else 0
+    return "█" * filled + "·" * (width - filled)
 
 
-def memory_panel(figure: MemoryFigure, index: int) -> Any:
+def memory_panel(figure: MemoryFigure, index: int, *, narrow: bool = False) -> Any:
     """Step ``index``: what is on chip, and per tensor the HBM bytes read and written so far beside what
-    standard attention (Alg. 0) moves in total; bars share one scale, the dense path's total."""
+    standard attention (Alg. 0) moves in total; bars share one scale, the dense path's total. ``narrow``:
+    the HBM table under the on-chip one, with bars of ``BAR_WIDTH_NARROW`` characters (fits 80 columns)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -55,7 +57,8 @@ def memory_panel(figure: MemoryFigure, index: int) -> Any:
     ]
     rows.append(("all", step.hbm.read_bytes, step.hbm.write_bytes, figure.dense.read_bytes, figure.dense.write_bytes))
     for name, *values in rows:
-        hbm.add_row(name, *(f"{_bar(x, scale)} {x}" for x in values), style="bold" if name == "all" else None)
+        bars = (f"{_bar(x, scale, BAR_WIDTH_NARROW if narrow else BAR_WIDTH)} {x}" for x in values)
+        hbm.add_row(name, *bars, style="bold" if name == "all" else None)
     closed = (
         "iomodel has no closed form for this mask or shape"
         if figure.closed_form is None
@@ -66,6 +69,8 @@ def memory_panel(figure: MemoryFigure, index: int) -> Any:
         f"{figure.elem_bytes} B per element · whole schedule {figure.total.total_bytes} B ({closed})",
         style="dim",
     )
+    if narrow:
+        return Group(head, chip, hbm)
     side_by_side = Table.grid(padding=(0, 3))
     side_by_side.add_row(chip, hbm)
     return Group(head, side_by_side)

@@ -64,10 +64,11 @@ const Page = (() => {
     return {go, step: d => go(index + d), index: () => index};
   }
 
-  // A view: a tab and its section. build(section, payload) draws it and returns its stepper (or null).
-  function addView(key, title, build) {
+  // A view: a tab and its section. build(section, payload) draws it and returns its stepper (or null);
+  // heading, when given, becomes the page's title (h1 and document.title) while the view is shown.
+  function addView(key, title, build, heading = null) {
     if (key !== "forward" && !(key in views)) return;  // the Python side built nothing for this view
-    registered.push({key, title, build});
+    registered.push({key, title, build, heading});
   }
 
   // A panel of the forward view: draw(body, case, index) at every forward tile update.
@@ -81,6 +82,7 @@ const Page = (() => {
       v.tab.setAttribute("aria-selected", String(v === view));
     }
     document.body.dataset.view = view.key;
+    if (view.heading) document.getElementById("title").textContent = document.title = view.heading;
   }
 
   function start() {

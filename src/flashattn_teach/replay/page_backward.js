@@ -109,8 +109,8 @@
       } else {
         const [r0, r1] = step.rows, [c0, c1] = step.cols;
         label.textContent = `${passTitle[step.pass]} · tile (i=${step.i}, j=${step.j})`;
-        position.textContent = `query rows ${r0}–${r1 - 1} · key columns ${c0}–${c1 - 1} · ${KIND_NAME[step.kind]}` +
-          ` · step ${step.index + 1} of the ${passTitle[step.pass]}`;
+        // One step counter, the stepper's: the position names the tile's rows, columns and kind only.
+        position.textContent = `query rows ${r0}–${r1 - 1} · key columns ${c0}–${c1 - 1} · ${KIND_NAME[step.kind]}`;
         matrices.replaceChildren(matrix("P_ij", step.P_ij), matrix("dP_ij", step.dP_ij), matrix("dS_ij", step.dS_ij),
           ...Object.entries(step.acc).map(([name, values]) => matrix(name, values, `${name} after this step`)));
         drawEquations(step.equations);
@@ -125,5 +125,5 @@
       result, equationsTitle, equations);
     s.go(0);
     return s;
-  });
+  }, "Tile replay: backward (FA2 Alg. 2), every tile of both passes");
 })();

@@ -69,6 +69,7 @@
     });
   }
 
+  const heading = "Tile replay: query-major and key-major side by side, every query block";
   Page.addView("compare", "Side by side", (section, payload) => {
     section.append(el("p", {className: "caption", textContent:
       "Both orders compute the same tiles, each once, so step t shows each order after its t-th tile: the same " +
@@ -109,5 +110,5 @@
     section.append(el("div", {className: "compare"}, ...columns.map(c => c.box), denseBox));
     s.go(0);
     return s;
-  });
+  }, heading);
 })();

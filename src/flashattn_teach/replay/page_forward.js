@@ -110,7 +110,11 @@
     });
   }
 
-  document.getElementById("title").textContent = data.title;
+  // The title names the view: "Tile replay: forward, query block i = 1 (rows 2–3)".
+  const rows = cases.length ? cases[0].schedule : null;
+  const heading = "Tile replay: forward" + (ext ? `, query block i = ${ext.queryBlock}` : "") +
+    (ext && rows ? ` (rows ${rows.rowStart}–${rows.rowStart + rows.rowCount - 1})` : "");
+  document.getElementById("title").textContent = heading;
   document.getElementById("meta").textContent = ext
     ? `${ext.order} order · query block ${ext.queryBlock} · BLOCK_M=${ext.blockM}, BLOCK_N=${ext.blockN}` +
       ext.labels.map(label => ` · ${label}`).join("") : "";  // Replay.labels(), as the table's and the PNG's
@@ -126,6 +130,9 @@
       return {...p, box: el("div", {className: "panel", id: p.id}, el("h2", {textContent: p.title}), body), body};
     });
     legend.append(...Object.values(STATE).map(s => el("span", {}, el("i", {className: s}), s)));
+    if (ext && ext.visible && ext.visible.some(row => row.includes("0")))  // the mask hides some cells
+      legend.append(el("span", {id: "legend-masked"}, el("i", {className: "masked"}),
+        "masked cell (pale): score −∞, weight 0"));
     const s = Page.stepper(section, cases.length, data.controlLabel, k => {
       const c = cases[k];
       label.textContent = c.label;
@@ -140,5 +147,5 @@
       el("h2", {textContent: "Metrics"}), metrics, ...panels.map(p => p.box));
     s.go(0);
     return s;
-  });
+  }, heading);
 })();

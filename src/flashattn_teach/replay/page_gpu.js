@@ -83,6 +83,18 @@
       `${d.gpu.programsPerSm} program = ${d.gpu.slots} slot${d.gpu.slots > 1 ? "s" : ""}: the block scheduler starts ` +
       `the programs in program-id order (#), each on the slot that frees first. Times in tile-times; ` +
       "a bar on a slot is program (i, h)."}));
+    // Without a causal mask every program does the same work, so both orders draw the same bars: say so.
+    const [a, b] = d.launches, equalWork = new Set(d.work).size === 1;
+    section.append(el("p", {id: "gpu-orders", className: "gpu-orders", dataset: {same: d.sameTimeline},
+      textContent: d.sameTimeline
+        ? "The two orders look identical here: " + (equalWork
+          ? `every program visits the same number of tiles (${num(d.work[0])}: no causal mask), so in either order ` +
+            "the slots fill the same way (only which program runs where differs). Replay with --causal to see " +
+            "longest first fill the tail."
+          : "every program starts at once or in the same pattern, whatever the order.")
+        : `The two orders differ: the query blocks do different work (${d.work.map(num).join(", ")} tiles), and ` +
+          `longest first starts the longest programs first, makespan ${num(b.makespan)} against ` +
+          `${num(a.makespan)} in index order.`}));
     const clock = el("p", {id: "gpu-time", className: "gpu-clock"});
     const panels = d.launches.map(la => {
       const g = grid(la), tl = timeline(la, end), status = el("p", {className: "meta gpu-status"});
@@ -120,5 +132,5 @@
         "prices them)."}), el("div", {className: "gpu-scroll"}, h100Table()));
     stepper.go(0);
     return stepper;
-  });
+  }, "Tile replay: GPU schedule of the forward kernel, every query block x head");
 })();

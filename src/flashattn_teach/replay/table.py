@@ -11,6 +11,10 @@ summary ends with each row's final share ``exp(sink_h - lse_i)``.
 A long replay stays readable: a grid of more than ``GRID_ROWS x GRID_COLS`` tiles is drawn as a window
 of that size around the current tile, and of more than ``2 * SHOWN_AT_EACH_END`` updates only the first
 and last ``SHOWN_AT_EACH_END`` are drawn (every update is still computed; ``--format json`` lists them all).
+
+The table takes the terminal's width (:mod:`.terminal`); below :data:`~.terminal.WIDE` columns each update
+is stacked: the statistics over the outputs, each equation over its numbers, the memory's two tables one
+under the other, and a grid window of at most ``GRID_COLS_NARROW`` key blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
 from .replay import Replay, TileState, TileStep
+from .terminal import is_narrow, open_console
 
 # One character per tile state; the legend under each grid spells them out.
 GLYPHS = {
@@ -35,6 +40,7 @@ GLYPHS = {
     TileState.PENDING: ("·", "dim"),
 }
 GRID_ROWS, GRID_COLS = 16, 48  # the largest grid drawn whole, in tiles
+GRID_COLS_NARROW = 32  # key blocks of the grid in a narrow terminal: 2 characters each
 SHOWN_AT_EACH_END = 10  # updates drawn at the start and at the end of a long replay
 SINK_COLUMN = "sink share"  # exp(sink_h - m_i) / l_i: the sink's weight in the row so far
 
@@ -53,10 +59,11 @@ def _window(centre: int, size: int, total: int) -> range:
     return range(start, min(total, start + size))
 
 
-def _grid(replay: Replay, step: TileStep):
+def _grid(replay: Replay, step: TileStep, narrow: bool):
     from rich.text import Text
 
-    rows, cols = _window(step.i, GRID_ROWS, replay.T_r), _window(step.j, GRID_COLS, replay.T_c)
+    rows = _window(step.i, GRID_ROWS, replay.T_r)
+    cols = _window(step.j, GRID_COLS_NARROW if narrow else GRID_COLS, replay.T_c)
     text = Text()
     if len(rows) < replay.T_r or len(cols) < replay.T_c:
         text.append(
@@ -76,27 +83,37 @@ def _grid(replay: Replay, step: TileStep):
     return text
 
 
-def _stats(step: TileStep):
+def _stats(step: TileStep, narrow: bool):
+    """Per row of the block: ``S_ij``, ``m_i``, ``l_i`` (the sink's share) and the outputs; narrow, the
+    outputs as a second table under the first."""
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(box=None, pad_edge=False)
-    columns = ["row", "S_ij (this tile)", "m_i", "l_i", "O partial = acc / l_i", "O final (dense)"]
-    if step.sink_share is not None:
-        columns.insert(4, SINK_COLUMN)
-    for column in columns:
-        table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
+    stats = ["row", "S_ij (this tile)", "m_i", "l_i", *([SINK_COLUMN] if step.sink_share is not None else [])]
+    outputs = ["O partial = acc / l_i", "O final (dense)"]
+    tables = [Table(box=None, pad_edge=False)] if not narrow else [Table(box=None, pad_edge=False) for _ in "so"]
+    columns = [stats + outputs] if not narrow else [stats, ["row", *outputs]]
+    for table, names in zip(tables, columns, strict=True):
+        for column in names:
+            table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
         cells = [str(r0 + r), _row(step.S_ij[r]), _fmt(float(step.m_i[r])), _fmt(float(step.l_i[r]))]
         if step.sink_share is not None:
             cells.append(_fmt(float(step.sink_share[r])))
-        table.add_row(*cells, _row(step.O_partial[r]), _row(step.O_final[r]))
-    return table
+        out = [_row(step.O_partial[r]), _row(step.O_final[r])]
+        if narrow:
+            tables[0].add_row(*cells)
+            tables[1].add_row(str(r0 + r), *out)
+        else:
+            tables[0].add_row(*cells, *out)
+    return Group(*tables)
 
 
-def _equations(replay: Replay, step: TileStep):
-    """Row ``r0``'s equations in full, then one compact line per other row of the block."""
+def _equations(replay: Replay, step: TileStep, narrow: bool):
+    """Row ``r0``'s equations in full (narrow: each over its numbers), then one compact line per other row."""
     from rich.console import Group
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
@@ -104,21 +121,28 @@ def _equations(replay: Replay, step: TileStep):
     r0 = shown.row_start
     title = f"{shown.algorithm} with the numbers of row {r0}"
     table = Table(box=None, pad_edge=False, title=title, title_justify="left")
-    for column in ("line", "equation", f"row {r0}"):
+    for column in ("line", "equation") if narrow else ("line", "equation", f"row {r0}"):
         table.add_column(column, justify="right" if column == "line" else "left")
     for e in shown.rows[0] if shown.rows else ():
-        table.add_row(str(e.line), Text(e.symbolic), Text(e.substituted + (f"  ({e.note})" if e.note else "")))
+        numbers = Text(e.substituted + (f"  ({e.note})" if e.note else ""))
+        if narrow:
+            table.add_row(str(e.line), Text(e.symbolic))
+            table.add_row("", Padding(numbers, (0, 0, 0, 2)))  # indented, wrapped lines too
+        else:
+            table.add_row(str(e.line), Text(e.symbolic), numbers)
     others = [Text(f"row {r0 + r}: {shown.compact(r)}") for r in range(1, len(shown.rows))]
     return Group(table, *others)
 
 
-def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 120) -> None:
-    """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary."""
-    from rich.console import Console, Group
+def render_table(replay: Replay, file: IO[str] | None = None, *, width: int | None = None) -> None:
+    """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary;
+    ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
+    from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
 
-    console = Console(file=file, width=width, highlight=False)
+    console = open_console(file, width)
+    narrow = is_narrow(console)
     r0, r1 = replay.rows
     console.print(
         f"[bold]Tile replay[/bold] · {replay.order} · query block i={replay.query_block} (rows {span(r0, r1)}) · "
@@ -141,20 +165,21 @@ def render_table(replay: Replay, file: IO[str] | None = None, *, width: int = 12
                 summary.add_row("…", "…", "…", "…")
             continue
         summary.add_row(str(step.index + 1), span(c0, c1), str(seen), f"{step.max_diff:.3e}")
-        title = (
-            f"Tile update {step.index + 1}/{total} · key block j={step.j} (columns {span(c0, c1)}) · "
-            f"schedule position {step.position + 1}/{len(replay.schedule)} · {step.kind.name} tile"
-            + (" (masked)" if step.masked else "")
-        )
+        where = f"key block j={step.j} (columns {span(c0, c1)})"
+        position = f"schedule position {step.position + 1}/{len(replay.schedule)}"
+        kind = f"{step.kind.name} tile" + (" (masked)" if step.masked else "")
+        # narrow: a title that fits 80 columns, the tile's place as the panel's first line
+        title = " · ".join([f"Tile update {step.index + 1}/{total}", *([] if narrow else [where, position]), kind])
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
         console.print(
             Panel(
                 Group(
-                    _grid(replay, step),
-                    _stats(step),
-                    _equations(replay, step),
+                    *([f"{where} · {position}"] if narrow else []),
+                    _grid(replay, step, narrow),
+                    _stats(step, narrow),
+                    _equations(replay, step, narrow),
                     error,
-                    memory_panel(memory, step.index),
+                    memory_panel(memory, step.index, narrow=narrow),
                 ),
                 title=title,
                 title_align="left",
