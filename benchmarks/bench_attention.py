@@ -10,7 +10,7 @@ not. Per cell and provider: the forward output is first checked against an fp32 
 rows; then forward, backward and forward+backward are timed (median of ``triton.testing.do_bench``, inputs
 rotated across copies so the L2 cache does not flatter) and their peak memory is taken from
 ``torch.cuda.max_memory_allocated`` after a reset. FLOPs: ``4 B H N^2 D`` forward, halved if causal, backward
-2.5x (see ``flashattn_teach.iomodel``). Without CUDA the script says so, prints the IO model of the grid and
+2.5x (see ``flashattn_teach.tools.iomodel``). Without CUDA the script says so, prints the IO model of the grid and
 exits 0.
 """
 
@@ -37,7 +37,7 @@ if importlib.util.find_spec("flashattn_teach") is None:  # not installed: run fr
     sys.path.insert(0, str(HERE.parent / "src"))
 
 from _machine import machine_info  # noqa: E402
-from flashattn_teach import iomodel  # noqa: E402
+from flashattn_teach.tools import iomodel  # noqa: E402
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 IOMODEL_PASS = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward+backward"}

@@ -34,7 +34,7 @@ def worker(mode: str, backend: str, steps: int) -> dict[str, object]:
     import torch._dynamo.testing
 
     import flashattn_teach as fa
-    from flashattn_teach.ops import decode as ops_decode
+    from flashattn_teach.serving import ops as ops_decode
 
     if mode == "traced":
         ops_decode.traceable = lambda *tensors: False  # as if every call wanted a gradient

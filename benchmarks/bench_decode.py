@@ -172,7 +172,7 @@ def run_shape(s: Shape, args: argparse.Namespace, cuda: bool) -> list[dict[str, 
     """Every provider on one shape; failures become a status, never an exception."""
     import torch
 
-    from flashattn_teach import splitkv
+    from flashattn_teach.serving import splitkv
 
     dtype = torch.bfloat16 if cuda else torch.float32
     device = "cuda" if cuda else "cpu"

@@ -21,7 +21,7 @@ Papers: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135); Dao 2023, "FlashAt
 (arXiv:2307.08691); Milakov & Gimelshein 2018, "Online normalizer calculation for softmax".
 """
 
-from . import flash_attn_interface, reference
+from . import _moved, flash_attn_interface, reference
 from .api import (
     create_block_mask,
     explain,
@@ -38,6 +38,8 @@ from .flex import BlockMask, and_masks, noop_mask, or_masks
 from .merge import merge_attention_states
 from .reference import dense_attention, flash_backward, key_major_attention, keymajor_attention, online_attention
 from .schedules import AttentionSchedules
+
+_moved.install()  # the 0.1 module paths (flashattn_teach.trace, ...) import for one more release
 
 __all__ = [
     "BACKENDS",

@@ -17,9 +17,11 @@ from ._cli_types import ArgumentParser
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
-    "replay": ("flashattn_teach.trace.cli", "replay the tile updates of a query block or (--decode) of a decode step"),
-    "kernels": ("flashattn_teach.triton.inspect", "compile the Triton kernels ahead of time and report resources"),
-    "iomodel": ("flashattn_teach.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
+    "replay": ("flashattn_teach.replay.cli", "replay the tile updates of a query block or (--decode) of a decode step"),
+    "kernels": ("flashattn_teach.tools.kernels", "compile the Triton kernels ahead of time and report resources"),
+    "kernels-decode": ("flashattn_teach.tools.kernels.decode", "the decode kernels' ahead-of-time compile report"),
+    "kernels-fp8": ("flashattn_teach.tools.kernels.fp8", "the FP8 forward's ahead-of-time compile report (sm_90)"),
+    "iomodel": ("flashattn_teach.tools.iomodel", "HBM traffic and FLOPs of standard vs tiled attention"),
 }
 EXIT_SIGPIPE = 128 + 13  # what a shell reports for a writer killed by SIGPIPE (signal 13)
 

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-MODULES = ["flashattn_teach.api.explain_call", "flashattn_teach.api.explain_decode"]
+MODULES = ["flashattn_teach.api.explain_call", "flashattn_teach.serving.explain"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashattn_teach as fa
-from flashattn_teach import online_softmax
 from flashattn_teach._validate.inputs import validate_inputs
+from flashattn_teach.core import online_softmax
 from flashattn_teach.dispatch import planner
 from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.masks.packed import PackedSequences

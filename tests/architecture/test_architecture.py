@@ -3,7 +3,7 @@
     no import cycle among the package's modules
     no private name (``_x``, not ``__x__``) imported from a module in another package directory
     at most MAX_TOP_MODULES modules directly in ``src/flashattn_teach/``
-    the kernel package never imports api, ops or dispatch; dispatch, decode and ops never import api
+    the kernel package never imports api, ops or dispatch; dispatch, serving and ops never import api
     no source file over MAX_LINES lines
 
 (``test_architecture_doc.py`` checks the picture in docs/architecture.md against the same graph.) Each check
@@ -24,7 +24,7 @@ KERNEL_PACKAGE = f"{PACKAGE}.triton"
 FORBIDDEN = {
     KERNEL_PACKAGE: (f"{PACKAGE}.api", f"{PACKAGE}.ops", f"{PACKAGE}.dispatch"),
     f"{PACKAGE}.dispatch": (f"{PACKAGE}.api",),
-    f"{PACKAGE}.decode": (f"{PACKAGE}.api",),
+    f"{PACKAGE}.serving": (f"{PACKAGE}.api",),
     f"{PACKAGE}.ops": (f"{PACKAGE}.api",),
 }
 

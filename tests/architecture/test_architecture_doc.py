@@ -125,6 +125,6 @@ def test_architecture_doc_picture_matches_the_imports():
     assert not found, "docs/architecture.md does not match the source's imports:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("layer", ["api", "ops", "decode", "dispatch", "reference", "triton", "triton.kernels"])
+@pytest.mark.parametrize("layer", ["api", "ops", "serving", "dispatch", "reference", "triton", "triton.kernels"])
 def test_doc_draws_the_main_layers(layer):
     assert layer in drawn_tiers(DOC.read_text(encoding="utf-8")), layer

@@ -43,6 +43,6 @@ def test_parser_sees_the_real_trees_lazy_imports():
     the checks below would mean nothing (TYPE_CHECKING and importlib imports have synthetic controls)."""
     kinds = {(e.importer, e.target): e.kind for e in EDGES}
     assert kinds.get((f"{PACKAGE}.triton.launch", f"{PACKAGE}.triton.kernels.forward")) == "lazy"
-    assert kinds.get((f"{PACKAGE}.cli", f"{PACKAGE}.trace.cli")) == "importlib"  # named in cli.COMMANDS
+    assert kinds.get((f"{PACKAGE}.cli", f"{PACKAGE}.replay.cli")) == "importlib"  # named in cli.COMMANDS
     assert kinds.get((f"{PACKAGE}.api.attention", f"{PACKAGE}._options")) == "top"
     assert len(MODULES) > 50 and len(EDGES) > 200

@@ -21,13 +21,13 @@ import torch
 
 from flashattn_teach import _options
 from flashattn_teach._validate.inputs import AttentionShapes
-from flashattn_teach.decode import ranges
 from flashattn_teach.dispatch import carry, rows
 from flashattn_teach.distributed import comm, ring
 from flashattn_teach.masks.spec import MaskSpec
 from flashattn_teach.ops import attention as ops_attention
 from flashattn_teach.ops import varlen as ops_varlen
-from flashattn_teach.trace import inputs as trace_inputs
+from flashattn_teach.replay import inputs as trace_inputs
+from flashattn_teach.serving import ranges
 
 Options = _options.AttentionOptions
 

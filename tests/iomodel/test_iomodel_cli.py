@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from flashattn_teach import iomodel
 from flashattn_teach.cli import main
+from flashattn_teach.tools import iomodel
 
 
 def _main(argv: list[str], capsys) -> tuple[int, str, str]:

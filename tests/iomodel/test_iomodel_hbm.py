@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from flashattn_teach import iomodel
-from flashattn_teach.iomodel import Problem
+from flashattn_teach.tools import iomodel
+from flashattn_teach.tools.iomodel import Problem
 
 STATS = {"l", "m", "lse", "lse2", "delta"}
 

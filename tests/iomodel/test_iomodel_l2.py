@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from flashattn_teach import iomodel
-from flashattn_teach.iomodel import Problem
+from flashattn_teach.tools import iomodel
+from flashattn_teach.tools.iomodel import Problem
 
 H200 = iomodel.L2Cache()  # 50 MiB, 132 programs
 RIDGE = 989 / 4.8  # H200 dense bf16 FLOP/s over HBM bytes/s

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashattn_teach import iomodel
-from flashattn_teach.iomodel import Problem
+from flashattn_teach.tools import iomodel
+from flashattn_teach.tools.iomodel import Problem
 
 HW = iomodel.RingHardware()  # 450 GB/s, 989 TFLOP/s x 0.5
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn_teach import online_softmax
+from flashattn_teach.core import online_softmax
 from flashattn_teach.masks.spec import Tiling
 from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 

@@ -24,7 +24,7 @@ from flashattn_teach._options import make_options
 from flashattn_teach.dispatch import runner
 from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.reference import dense_attention, flash_backward, key_major_attention, online_attention
-from flashattn_teach.trace import replay
+from flashattn_teach.replay import replay
 
 from attention_strategies import parallel_attention
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from flashattn_teach import online_softmax
+from flashattn_teach.core import online_softmax
 from flashattn_teach.masks.causal import causal_mask
 from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 

@@ -14,9 +14,9 @@ import torch
 import flashattn_teach as fa
 from flashattn_teach._options import make_options
 from flashattn_teach.ops.attention import AttentionArgs
-from flashattn_teach.ops.decode import DecodeArgs
 from flashattn_teach.ops.schema import op_args
 from flashattn_teach.ops.varlen import VarlenArgs
+from flashattn_teach.serving.ops import DecodeArgs
 
 # As torch prints them for flashattn_teach 0.1.0 (before the records), one op per line.
 SCHEMAS = {

@@ -10,7 +10,7 @@ import torch
 import torch._dynamo.testing
 
 import flashattn_teach as ft
-from flashattn_teach.ops import decode as ops_decode
+from flashattn_teach.serving import ops as ops_decode
 
 B, H_Q, H_KV, D, N_MAX = 2, 4, 2, 8, 24
 STEPS = 6

@@ -9,7 +9,7 @@ import torch
 import torch._dynamo.testing
 
 import flashattn_teach as ft
-from flashattn_teach.ops import decode as ops_decode
+from flashattn_teach.serving import ops as ops_decode
 
 B, H_Q, H_KV, D, PAGE, MAX_BLOCKS = 2, 4, 2, 8, 5, 6
 NUM_BLOCKS = B * MAX_BLOCKS + 2

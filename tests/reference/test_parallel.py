@@ -15,8 +15,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from flashattn_teach import online_softmax as osm
 from flashattn_teach._options import make_options
+from flashattn_teach.core import online_softmax as osm
 from flashattn_teach.reference import dense_attention, parallel, workers
 from flashattn_teach.reference.backward import backward_grouped
 from flashattn_teach.reference.parallel import parallel_backward, parallel_forward

@@ -5,7 +5,7 @@ padding mask (also with dropout), and packed sequences without and with dropout.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
 process has set. Both architectures compile at once, one subprocess each. The checks live in
-``flashattn_teach.triton.inspect``: no spilled bytes, at most 255 registers, shared memory within 228 KB
+``flashattn_teach.tools.kernels``: no spilled bytes, at most 255 registers, shared memory within 228 KB
 (sm_90) or 164 KB (sm_80), and HGMMA for the forward and backward matmuls on sm_90 in fp16 and bf16.
 Each kernel is the specialisation the JIT builds for a sample launcher call (``GROUP = 1`` and unit
 strides as constants, sizes divisible by 16); tests/triton/test_triton_loops.py checks that it is.
@@ -21,8 +21,8 @@ import sys
 import pytest
 import torch
 
+from flashattn_teach.tools.kernels.report import shipped_kernels
 from flashattn_teach.triton.configs import ARCHS
-from flashattn_teach.triton.inspect.report import shipped_kernels
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -32,7 +32,7 @@ def reports() -> dict[str, subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return {
         arch: subprocess.Popen(
-            [sys.executable, "-m", "flashattn_teach.triton.inspect", "--arch", arch],
+            [sys.executable, "-m", "flashattn_teach.tools.kernels", "--arch", arch],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -77,7 +77,7 @@ VARIANT_RUNS = {
 @pytest.fixture(scope="module")
 def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "flashattn_teach.triton.inspect", "--dtype", "bfloat16", "float32"]
+    command = [sys.executable, "-m", "flashattn_teach.tools.kernels", "--dtype", "bfloat16", "float32"]
     return {
         (arch, run): subprocess.Popen(
             [*command, "--arch", arch, *flags],

@@ -3,7 +3,7 @@ both products on the warpgroup MMA with e4m3 operands (``QGMMA...F32.E4M3.E4M3``
 registers and shared memory within the limits.
 
 Compiled ahead of time (no GPU needed) in a subprocess without ``TRITON_INTERPRET``, which this test
-process has set; the checks are :mod:`flashattn_teach.triton.inspect.fp8`'s (six compiles, about 10 s).
+process has set; the checks are :mod:`flashattn_teach.tools.kernels.fp8`'s (six compiles, about 10 s).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 def test_fp8_forward_compiles_to_e4m3_warpgroup_mmas_without_spills() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "flashattn_teach.triton.inspect.fp8", "--variants"]
+    command = [sys.executable, "-m", "flashattn_teach.cli", "kernels-fp8", "--variants"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
     rows = [line.split() for line in done.stdout.splitlines()[2:]]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import flashattn_teach as fa  # noqa: E402
 from flashattn_teach import dispatch  # noqa: E402
-from flashattn_teach.triton import decode_launch  # noqa: E402
+from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
 B, H_KV, N_MAX = 3, 2, 40
@@ -167,7 +167,7 @@ def test_the_kernel_matches_the_oracle_for_any_lengths_and_splits(
 
 def test_lengths_outside_the_cache_are_clamped_by_the_kernel():
     # A CUDA cache_seqlens is not read on the host (no sync), so the kernel clamps it: 99 > N_max acts as
-    # N_max. (An int or a CPU tensor is checked before the call gets here: tests/decode/test_decode_contract.py.)
+    # N_max. (An int or a CPU tensor is checked before the call gets here: tests/serving/test_decode_contract.py.)
     q, k_cache, v_cache, _, _ = problem()
     seqlens = torch.tensor([0, 29, 99], dtype=torch.int32, device=DEVICE)
     options = {"causal": True, "scale": 0.25, "window": (-1, -1), "softcap": None, "alibi_slopes": None}
@@ -205,7 +205,7 @@ def test_default_splits_fill_the_gpu_from_the_cache_capacity():
 @pytest.fixture(scope="module")
 def compile_reports() -> dict[str, subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.inspect.decode"]
+    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.cli", "kernels-decode"]
     return {
         arch: subprocess.Popen(
             [*command, "--arch", arch, "--case", "bfloat16:128", "float32:64", "float32:128"],

@@ -25,7 +25,7 @@ triton = pytest.importorskip("triton")
 import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 
-from flashattn_teach.triton import decode_launch  # noqa: E402
+from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 from flashattn_teach.triton.kernels import decode as decode_kernels  # noqa: E402
 
@@ -166,7 +166,7 @@ def test_other_head_dims_keep_one_lane_group(monkeypatch):
 
 # ----------------------------------------------------------------------------- compiled ahead of time
 
-COMPILES = {  # name -> arguments of python -m flashattn_teach.triton.inspect.decode, each bf16 at 192 / 128
+COMPILES = {  # name -> arguments of flashattn-teach kernels-decode, each bf16 at 192 / 128
     "split": ["--loops"],
     "split, pages of 256": ["--paged", "256", "--loops"],
     "padded": ["--padded", "--loops"],
@@ -181,7 +181,8 @@ def split_compiles():
         "-W",
         "ignore",
         "-m",
-        "flashattn_teach.triton.inspect.decode",
+        "flashattn_teach.cli",
+        "kernels-decode",
         "--case",
         "bfloat16:192/128",
     ]

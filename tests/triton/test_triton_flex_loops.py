@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 PROBE = """
 import json, torch
 from dataclasses import replace
-from flashattn_teach.triton.inspect.report import compile_kernel
-from flashattn_teach.triton.inspect.score_mod import compare, softcap_variants
+from flashattn_teach.tools.kernels.report import compile_kernel
+from flashattn_teach.tools.kernels.score_mod import compare, softcap_variants
 from flashattn_teach.triton.configs import shipped_config
 rows = [
     {"kernel": c.kernel, "builtin": c.builtin, "score_mod": c.score_mod}
@@ -31,7 +31,7 @@ builtin, user = softcap_variants()
 plain = replace(user, score_mod=None)  # same sample call, no softcap at all
 c = shipped_config(128, torch.bfloat16, "sm90", variants=True).forward.unspecialised()
 bare = compile_kernel("forward", "sm90", torch.bfloat16, 128, c, causal=False, variants=plain).loop_profile()
-from flashattn_teach.triton.inspect.specialize import SAMPLE_BATCH, SAMPLE_SEQ
+from flashattn_teach.tools.kernels.specialize import SAMPLE_BATCH, SAMPLE_SEQ
 from flashattn_teach.triton.usermod import compile_mask_mod
 docs = torch.zeros(SAMPLE_BATCH, SAMPLE_SEQ, dtype=torch.int32)
 def document(b, h, q_idx, kv_idx):

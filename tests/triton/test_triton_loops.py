@@ -1,7 +1,7 @@
 """The loop profile (``flashattn-teach kernels --loops``) and the JIT specialisation it compiles.
 
 - SASS reading on a canned snippet: loops, the hot loop, counts by kind, the model's cycles.
-- The specialisation: what :mod:`flashattn_teach.triton.inspect.specialize` records equals what triton's own
+- The specialisation: what :mod:`flashattn_teach.tools.kernels.specialize` records equals what triton's own
   ``jit_cache_hook`` is handed for the same launcher call, with GROUP = 1 (a constant) and GROUP = 4
   (an argument), and divisibility attributes only where a size is divisible by 16 (negative control).
 - A deliberately worse variant of a forward loop (scale applied to every score before the row max,
@@ -27,8 +27,8 @@ import triton
 from triton import language as tl
 
 from flashattn_teach.cli import main
+from flashattn_teach.tools.kernels import loops, sass
 from flashattn_teach.triton.configs import shipped_config
-from flashattn_teach.triton.inspect import loops, sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 HERE = Path(__file__).resolve().parent
@@ -92,9 +92,9 @@ def probe() -> dict:
     from triton import knobs
 
     from flashattn_teach._validate.inputs import AttentionShapes
+    from flashattn_teach.tools.kernels import specialize
     from flashattn_teach.triton import launch
     from flashattn_teach.triton.configs import shipped_config
-    from flashattn_teach.triton.inspect import specialize
 
     def by_hook(run) -> list[dict]:
         """What triton's own jit_cache_hook is handed (and told to skip compiling) for ``run()``."""

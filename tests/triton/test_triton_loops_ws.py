@@ -22,7 +22,7 @@ import pytest
 import triton
 from triton import language as tl
 
-from flashattn_teach.triton.inspect import loops, sass
+from flashattn_teach.tools.kernels import loops, sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 HERE = Path(__file__).resolve().parent
@@ -72,7 +72,7 @@ def probe() -> dict:
     """Run in a subprocess without TRITON_INTERPRET: the profiles of the kernel with and without WS."""
     import torch
 
-    from flashattn_teach.triton.inspect import specialize
+    from flashattn_teach.tools.kernels import specialize
 
     x = torch.empty(1024, D, dtype=torch.bfloat16)
     out: dict = {"triton": triton.__version__}

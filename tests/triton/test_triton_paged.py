@@ -28,7 +28,7 @@ from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from flashattn_teach.triton import decode_launch  # noqa: E402
+from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 
 B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
@@ -305,7 +305,7 @@ def test_a_paged_step_with_padding_and_sinks_asks_the_host_nothing(monkeypatch):
 
 # ----------------------------------------------------------------------------- compiled ahead of time
 
-COMPILES = {  # name -> arguments of python -m flashattn_teach.triton.inspect.decode
+COMPILES = {  # name -> arguments of python -m flashattn_teach.tools.kernels.decode
     "contiguous": ["--case", "bfloat16:128", "--loops"],
     "pages of 256": ["--case", "bfloat16:128", "float32:128", "--paged", "256", "--loops"],
     "pages of 7": ["--case", "bfloat16:128", "--paged", "7", "--loops"],
@@ -319,7 +319,7 @@ MAX_PAGED_RATIO = 2.25
 @pytest.fixture(scope="module")
 def paged_compiles():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.triton.inspect.decode"]
+    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.tools.kernels.decode"]
     runs = {
         (arch, name): subprocess.Popen(
             [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

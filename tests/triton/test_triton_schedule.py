@@ -1,4 +1,4 @@
-"""The block-scheduler simulation (:mod:`flashattn_teach.triton.inspect.waves`): hand-computed launches, the
+"""The block-scheduler simulation (:mod:`flashattn_teach.tools.kernels.waves`): hand-computed launches, the
 work of each program against a direct count of visible tiles, occupancy from resources, and the property
 that longest-first is never worse than index order at the benchmark's causal shapes."""
 
@@ -12,8 +12,7 @@ pytest.importorskip("triton")
 
 import torch
 
-from flashattn_teach.triton.configs import KernelConfig, shipped_config
-from flashattn_teach.triton.inspect.waves import (
+from flashattn_teach.tools.kernels.waves import (
     LaunchShape,
     benchmark_shapes,
     block_work,
@@ -21,6 +20,7 @@ from flashattn_teach.triton.inspect.waves import (
     programs_per_sm,
     simulate,
 )
+from flashattn_teach.triton.configs import KernelConfig, shipped_config
 from flashattn_teach.triton.kernels.grid import INDEX, LONGEST, PER_HEAD
 
 
@@ -100,7 +100,7 @@ def test_longest_first_is_never_worse_than_index_order(shape, per_sm):
 
 def _kernels_cli(argv: list[str]) -> int:
     from flashattn_teach._cli_types import ArgumentParser
-    from flashattn_teach.triton.inspect import add_arguments, run
+    from flashattn_teach.tools.kernels import add_arguments, run
 
     parser = ArgumentParser(prog="flashattn-teach kernels")
     add_arguments(parser)

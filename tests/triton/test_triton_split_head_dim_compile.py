@@ -28,9 +28,9 @@ def probe() -> dict:
     iteration of the split and the padded build of the sm_90 tiles."""
     import torch
 
+    from flashattn_teach.tools.kernels.compile import compile_kernel
+    from flashattn_teach.tools.kernels.specialize import sample_variants
     from flashattn_teach.triton.configs import shipped_config
-    from flashattn_teach.triton.inspect.compile import compile_kernel
-    from flashattn_teach.triton.inspect.specialize import sample_variants
 
     out: dict = {"rows": {}, "fmas": {}}
     for arch in ("sm90", "sm80"):

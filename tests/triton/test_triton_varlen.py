@@ -112,8 +112,8 @@ def test_varlen_backend_triton_refuses_what_the_kernels_cannot_run() -> None:
 _AOT_SCRIPT = """
 import torch
 from flashattn_teach.triton.configs import shipped_config
-from flashattn_teach.triton.inspect.report import compile_kernel
-from flashattn_teach.triton.inspect.specialize import sample_varlen
+from flashattn_teach.tools.kernels.report import compile_kernel
+from flashattn_teach.tools.kernels.specialize import sample_varlen
 var = sample_varlen()
 for kernel in ("forward", "backward_dkdv", "backward_dq"):
     c = getattr(shipped_config(64, torch.float16, "sm90", variants=True), kernel)

@@ -220,7 +220,7 @@ _COMPILE = textwrap.dedent(
     import json, os, subprocess, sys, tempfile
     import torch, triton
     from flashattn_teach.triton.configs import shipped_config
-    from flashattn_teach.triton.inspect.specialize import kernel_request, with_kernel_config
+    from flashattn_teach.tools.kernels.specialize import kernel_request, with_kernel_config
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     out = []

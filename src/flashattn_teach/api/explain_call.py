@@ -23,8 +23,8 @@ from ..dispatch.runner import with_block_mask
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..masks.causal import TileKind
+from ..serving.varlen_pages import gather_paged_keys
 from ..triton.support import forward_kernel_note
-from .varlen_pages import gather_paged_keys
 
 _DROPOUT_NOTE = (
     "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "

@@ -18,9 +18,9 @@ from torch import Tensor
 from .._validate.inputs import check_bool, real_number, shape_str, values_on_host
 from ..errors import AttentionTypeError, AttentionValueError
 from ..reference.flash_attn_probs import signed_weights
+from ..serving.varlen_pages import gather_paged_keys
 from .attention import flash_attention
 from .varlen import flash_attention_varlen
-from .varlen_pages import gather_paged_keys
 
 
 @dataclass(frozen=True)

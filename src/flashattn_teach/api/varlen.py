@@ -39,7 +39,7 @@ from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
 from ..ops.attention import traceable
-from .varlen_pages import gather_paged_keys
+from ..serving.varlen_pages import gather_paged_keys
 
 
 @overload
@@ -178,7 +178,7 @@ def flash_attention_varlen(
             table has a row per sequence, ``n_b <= max_blocks * page_size``, and the ids of the pages read
             lie in ``[0, num_blocks)`` (read on the host on every device, as ``cu_seqlens_k`` is; entries
             past a sequence's pages may hold anything). The keys are then gathered into one packed
-            ``(total_k, H_kv, D)`` copy (:mod:`flashattn_teach.api.varlen_pages`: those keys alone) and run
+            ``(total_k, H_kv, D)`` copy (:mod:`flashattn_teach.serving.varlen_pages`: those keys alone) and run
             as above on every backend: the Triton prefill kernel does not walk pages itself (the decode
             kernel of :func:`flashattn_teach.flash_attention_with_kvcache` does). Read-only (nothing is
             appended), and differentiable into the pools through the gather. Under ``torch.compile`` the

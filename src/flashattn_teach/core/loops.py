@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from ..online_softmax import finalize, init_state, log_sum_exp, normalize, update
 from .dense import NEG_INF, causal_mask, check_inputs
+from .online_softmax import finalize, init_state, log_sum_exp, normalize, update
 
 
 def blocks(n: int, size: int) -> list[tuple[int, int]]:

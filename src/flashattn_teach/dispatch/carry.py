@@ -1,7 +1,7 @@
 """What a rewrite of a call carries: an allow-list per record it rebuilds, checked field by field.
 
 Several places run a call as another call: the query heads of a one-query call folded into rows
-(``rows.py``), a decode step's key ranges (:mod:`flashattn_teach.decode.ranges`), a ring's blocks
+(``rows.py``), a decode step's key ranges (:mod:`flashattn_teach.serving.ranges`), a ring's blocks
 (:mod:`flashattn_teach.distributed`), a call handed to a compiled op and rebuilt there
 (:mod:`flashattn_teach.ops`). Each names the fields of the records it rebuilds that it carries, each with
 the condition under which it carries that field exactly; :func:`uncarried` lists the fields that are on

@@ -15,7 +15,7 @@ window hide no key from it (bottom-right causal: the single row is the last and 
 dropout (its counters name the head and the row), and an ``attn_mask`` whose head size is 1 or ``H_q``
 (read as ``(B, H_kv, G, N_k)``). No ``score_mod``, ``mask_mod`` or block mask either: they see
 ``(b, h, q_idx, kv_idx)``, and as rows ``h`` and ``q_idx`` would change. flash-attn does the same when
-decoding; for ``flash_attention_with_kvcache`` it is :func:`flashattn_teach.decode.ranges.decode_one`.
+decoding; for ``flash_attention_with_kvcache`` it is :func:`flashattn_teach.serving.ranges.decode_one`.
 
 Which fields of the call's records fold carries, and when, is an allow-list (:data:`FOLD_SHAPES`,
 :data:`FOLD_OPTIONS`, :data:`FOLD_MASK`; :mod:`.carry`): any other field, one added later included, keeps

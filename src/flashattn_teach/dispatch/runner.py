@@ -1,7 +1,7 @@
 """The one place a backend is called: ``(O, lse)`` of checked inputs by the planned backend.
 
 Every route ends here: the public functions (:mod:`flashattn_teach.api`), the compiled ops' eager bodies
-(:mod:`flashattn_teach.ops`), each key range of a decode step on the CPU (:mod:`flashattn_teach.decode`),
+(:mod:`flashattn_teach.ops`), each key range of a decode step on the CPU (:mod:`flashattn_teach.serving`),
 and the ring's local blocks. Tests patch :func:`run` (and :func:`run_decode`) to see what a call runs.
 
     dense      flashattn_teach.reference.dense.dense_forward: all scores at once
@@ -100,8 +100,8 @@ def run_decode(
 ) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of a checked decode step by the Triton split-KV decode kernel, which also writes
     ``k, v`` into the caches, through ``block_table`` for paged ones
-    (:func:`flashattn_teach.triton.decode_launch.triton_decode`)."""
-    from ..triton.decode_launch import triton_decode
+    (:func:`flashattn_teach.serving.launch.triton_decode`)."""
+    from ..serving.launch import triton_decode
 
     return triton_decode(
         q,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..api.decode import flash_attention_with_kvcache
+from ..serving.api import flash_attention_with_kvcache
 
 # Where a decode step takes the decode path. On the CPU the general path reads a bool mask tile by tile at
 # about the decode path's cost, so it keeps that path; the tests add "cpu" to check the route there.

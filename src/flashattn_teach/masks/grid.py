@@ -5,7 +5,7 @@ Every attention kernel launches ``n_blocks * B * H`` programs, and the GPU's blo
 program-id order. The kernels map a program id to ``(block, bh)`` in ``program_block``
 (:mod:`flashattn_teach.triton.kernels.grid`, ``@triton.jit``); :func:`grid_order` here is its Python
 mirror, which the block-scheduler simulation (:mod:`.waves`, ``flashattn-teach kernels --schedule``) and the
-replay page's GPU view (:mod:`flashattn_teach.trace.gpu_schedule`) read without triton. A test runs the two
+replay page's GPU view (:mod:`flashattn_teach.replay.gpu_schedule`) read without triton. A test runs the two
 over the same small grids (tests/triton/test_triton_grid_order.py). The orders:
 
 ``INDEX``      the block fastest, in index order: head 0's blocks ``0 .. n_blocks - 1``, then head 1's.

@@ -22,7 +22,7 @@ A window is allowed without ``causal``; with it, ``right`` is 0 whatever was giv
 with ``seqlens_k`` the offset is each batch element's own, ``off_b = seqlens_k[b] - N_q``: the last query
 row sits at the element's last key, as in flash-attn's varlen and KV-cache calls (``top_left`` keeps
 ``off = 0`` for every element; the decode path passes its own ``offset`` per batch element and key range,
-:mod:`flashattn_teach.api.decode`). A row that sees no key gives ``O = 0`` and ``lse = -inf``. Two shapes of window,
+:mod:`flashattn_teach.serving.api`). A row that sees no key gives ``O = 0`` and ``lse = -inf``. Two shapes of window,
 ``N_q = N_k = 6``, ``top_left`` (x: visible)::
 
     window=(2, 0)            window=(1, 1)
@@ -119,7 +119,7 @@ class MaskSpec:
         ``offset``, when given, is the diagonal offset itself and replaces ``causal_align``'s: a caller
         that passes a slice of a longer key sequence keeps the whole sequence's geometry with it (a decode
         split of keys ``[s0, s1)`` of a cache of length ``L`` with ``N_q`` new queries: ``L - N_q - s0``;
-        see :mod:`flashattn_teach.api.decode`); it is then the same for every batch element. Without it,
+        see :mod:`flashattn_teach.serving.api`); it is then the same for every batch element. Without it,
         ``bottom_right`` with
         ``seqlens_k`` aligns each batch element to its own length (flash-attn's rule)."""
         left, right = window

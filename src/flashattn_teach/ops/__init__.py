@@ -4,10 +4,10 @@ checks; each op's eager body runs the dispatcher (:mod:`flashattn_teach.dispatch
 
     attention.py      flashattn_teach::attention and its backward
     varlen.py         flashattn_teach::attention_varlen and its backward
-    decode.py         flashattn_teach::attention_with_kvcache (no backward: decoding is inference)
-    decode_traced.py  a compiled decode step that needs a gradient, as torch ops around the attention op
+
+The decode op, ``flashattn_teach::attention_with_kvcache``, is serving's: :mod:`flashattn_teach.serving.ops`.
 """
 
-from . import attention, decode, varlen
+from . import attention, varlen
 
-__all__ = ["attention", "decode", "varlen"]
+__all__ = ["attention", "varlen"]

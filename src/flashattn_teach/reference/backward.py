@@ -1,4 +1,8 @@
-"""Memory-efficient backward: recompute the probabilities tile by tile from the saved ``lse``.
+"""Changes from core/backward.py: the same ``tile_terms`` per tile, in the grouped layout (``dK, dV`` summed over
+the query heads of a group); the mask contract's tiles; softcap, bias and ``score_mod`` through the
+``scores`` hook (``reference/scores.py``), dropout through ``drop``; a gradient into ``lse`` (``dlse``).
+
+Memory-efficient backward: recompute the probabilities tile by tile from the saved ``lse``.
 
 FlashAttention-2's backward (Dao 2023, Alg. 2). Forward saved only ``q, k, v, O`` and
 ``lse = m + log l``; the ``N_q x N_k`` matrix ``P`` is never stored but rebuilt one tile at a time:
@@ -34,12 +38,13 @@ from torch import Tensor
 from .._layout import grad_to_input, rows_to_grouped, to_grouped
 from .._options import make_options
 from .._validate.inputs import shape_str, validate_block_sizes
+from ..core.backward import tile_terms
 from ..dropout import DropoutKey
 from ..errors import AttentionTypeError, AttentionValueError
 from ..flex.mods import CaptureGrads
 from ..masks.spec import Tiling
-from ..online_softmax import bias_and_mask
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
+from .scores import score_hook
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 
@@ -68,8 +73,6 @@ def backward_grouped(
     delta = (dO * O).sum(dim=-1)  # (B, H_kv, G, N_q)
     if dlse is not None:
         delta = delta - dlse
-    # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
-    lse = torch.where(torch.isneginf(lse), float("inf"), lse)
     row_blocks = tiling.row_blocks
     # Gradients are collected per block and concatenated (no in-place writes), so that torch.func.vmap can
     # run this backward, as jacrev does.
@@ -82,28 +85,23 @@ def backward_grouped(
             r0, r1 = row_blocks[i]
             q_i, dO_i = q[..., r0:r1, :], dO[..., r0:r1, :]
             allowed, bias = tiling.tile(i, j, q.device)
-            S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (B, H_kv, G, Br, D) @ (.., D, Bc)
-            if softcap is not None:
-                T_ij = torch.tanh(S_ij / softcap)
-                S_ij = softcap * T_ij
-            mod_vjp = None
-            if bias is not None:
-                S_ij = S_ij + bias
-            if has_score_mod:  # S = score_mod(S), and later dS_in = dS_out * d score_mod / dS
-                S_ij, mod_vjp = tiling.score_backward(i, j, S_ij, grads)
-            S_ij = bias_and_mask(S_ij, allowed, None)  # (B, H_kv, G, Br, Bc)
-            P_ij = torch.exp(S_ij - lse[..., r0:r1, None])
+            mod = (lambda S, i=i, j=j: tiling.score_backward(i, j, S, grads)) if has_score_mod else None
             drop = tile_dropout(dropout, bh, (r0, r1), (c0, c1), N_q, N_k, q.device)  # the forward's mask
-            # (B, H_kv, G, Bc, Br) @ (B, H_kv, G, Br, D_v) -> (B, H_kv, G, Bc, D_v), summed over G
-            dv_j = dv_j + (drop(P_ij).transpose(-2, -1) @ dO_i).sum(dim=2, keepdim=True)
-            dP_ij = dO_i @ v_j.transpose(-2, -1)  # (B, H_kv, G, Br, D_v) @ (B, H_kv, 1, D_v, Bc)
-            dS_ij = P_ij * (drop(dP_ij) - delta[..., r0:r1, None])
-            if mod_vjp is not None:
-                dS_ij = mod_vjp(dS_ij)
-            if softcap is not None:
-                dS_ij = dS_ij * (1 - T_ij * T_ij)  # through the cap: d(softcap tanh(x / softcap)) = 1 - T^2
-            dk_j = dk_j + scale * (dS_ij.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True)  # (.., Bc, D)
-            dq_blocks[i] = dq_blocks[i] + scale * (dS_ij @ k_j)  # (.., Br, Bc) @ (.., Bc, D) -> (.., Br, D)
+            t = tile_terms(
+                q_i,
+                k_j,
+                v_j,
+                dO_i,
+                lse[..., r0:r1],
+                delta[..., r0:r1],
+                scale,
+                allowed,
+                scores=score_hook(softcap, bias, mod),
+                drop=drop,
+            )
+            dv_j = dv_j + t.dV.sum(dim=2, keepdim=True)  # (B, H_kv, G, Bc, D_v) summed over the G query heads
+            dk_j = dk_j + t.dK.sum(dim=2, keepdim=True)  # (B, H_kv, 1, Bc, D)
+            dq_blocks[i] = dq_blocks[i] + t.dQ  # (B, H_kv, G, Br, D)
         dk_blocks.append(dk_j)
         dv_blocks.append(dv_j)
     dq = torch.cat([torch.zeros_like(q[..., :0, :]), *dq_blocks], dim=-2)

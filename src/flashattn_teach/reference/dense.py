@@ -1,4 +1,9 @@
-"""Dense attention: the oracle every other path is checked against.
+"""Changes from core/dense.py: the oracle of every option the library takes, so that each full path has
+one to be checked against: 3-D inputs and grouped-query heads (``enable_gqa``), bottom-right causal alignment,
+a sliding ``window``, ``softcap``, ALiBi, ``seqlens_k``, a bool or additive ``attn_mask``, FlexAttention's
+``score_mod``/``mask_mod``/``block_mask``, attention ``sinks`` and ``dropout_p``; ``lse`` only on request.
+
+Dense attention: the oracle every other path is checked against.
 
     S = (scale * Q) K^T                  (..., N_q, N_k)   -- the matrix FlashAttention never stores
     P = softmax(S)  row-wise
@@ -25,9 +30,9 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
+from ..core.online_softmax import soft_cap
 from ..dropout import drop
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
-from ..online_softmax import soft_cap
 
 
 @overload

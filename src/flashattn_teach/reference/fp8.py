@@ -7,7 +7,7 @@ the one rounding the 16-bit kernels do not make (theirs go to bf16 or fp16). Per
 block ``j``, with ``qd, kd, vd`` the block's (batch, key/value head) factors:
 
     S_ij = (q_i k_j^T) * scale * qd * kd             fp8 values, exact in fp32; fp32 product
-    m_new, alpha, P_ij, l_i                          the online softmax (flashattn_teach.online_softmax)
+    m_new, alpha, P_ij, l_i                          the online softmax (flashattn_teach.core.online_softmax)
     acc  = alpha * acc + e4m3(P_ij) V_j             l_i sums the unrounded P_ij, as the kernel does
     O_i  = vd * acc / l_i,   lse_i = m_i + log(l_i)
 
@@ -25,7 +25,7 @@ from torch import Tensor
 from .._layout import to_grouped
 from .._options import AttentionOptions
 from .._validate.fp8 import FP8_DTYPE
-from ..online_softmax import bias_and_mask, finalize, init_state, soft_cap, update
+from ..core.online_softmax import bias_and_mask, finalize, init_state, soft_cap, update
 
 # P_ij's rounding depends on the key tiles (the running max when each is folded in): the emulation rounds as
 # a kernel launched with BLOCK_N keys does. Query rows are independent, so BLOCK_M changes no result, only

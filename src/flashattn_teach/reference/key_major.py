@@ -1,4 +1,7 @@
-"""Key-major online-softmax attention: the loop order of FlashAttention's Algorithm 1 (Dao et al. 2022).
+"""Changes from core/loops.py (``key_major_attention``): as ``query_major.py`` adds to the query-major loop,
+the grouped layout, the mask contract's tiles, the score features, dropout and sinks, in FA1's loop order.
+
+Key-major online-softmax attention: the loop order of FlashAttention's Algorithm 1 (Dao et al. 2022).
 
 The outer loop runs over key/value blocks ``j``: ``K_j, V_j`` are loaded once. The inner loop runs over
 query blocks ``i``, and because the running statistics of block ``i`` are needed again on the next ``j``,
@@ -17,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core.online_softmax import init_state, log_sum_exp, normalize, score_tile, update
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
-from ..online_softmax import init_state, log_sum_exp, normalize, score_tile, update
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

@@ -1,4 +1,8 @@
-"""The query-major forward and the FA2 backward on a pool of threads, each running single-threaded torch ops.
+"""Changes from core/loops.py and core/backward.py: the query-major forward and the FA2 backward with every
+feature of ``query_major.py`` and ``backward.py``, run per head on a thread pool with single-threaded torch ops
+(the forward folds tiles with ``online_softmax.update_`` in place; the backward calls ``tile_terms``).
+
+The query-major forward and the FA2 backward on a pool of threads, each running single-threaded torch ops.
 
 Same algorithms as ``query_major.py`` (Dao 2023, FlashAttention-2, Alg. 1) and ``backward.py`` (Alg. 2),
 same contracts, same results to rounding; what changes is who runs the tiles. The plain references loop
@@ -44,10 +48,12 @@ import torch
 from torch import Tensor
 
 from .._validate.inputs import validate_inputs
+from ..core.backward import tile_terms
+from ..core.online_softmax import NEG_INF, finalize, init_state, update_
 from ..dropout import DropoutKey
 from ..flex.mods import CaptureGrads
 from ..masks.spec import MaskSpec, Tiling
-from ..online_softmax import NEG_INF, finalize, init_state, update_
+from .scores import score_hook
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
 
@@ -277,47 +283,32 @@ def _backward_head(
 ) -> None:
     """FA2 Alg. 2 for one query head (batch element ``b``, query head ``h``, ``bh = b * H_q + h``):
     ``q, O, dO, dq (N_q, .)``, ``lse, dlse (N_q,)``, ``k, v, dk, dv (N_k, .)``; writes ``dq`` and adds this
-    head's share to ``dk, dv`` (shared by the heads of a group). With a softcap, ``T = tanh(S / softcap)``
-    and ``dS *= 1 - T^2``; with dropout, the forward's mask ``Z`` is drawn again: ``dV += (P Z s)^T dO`` and
-    ``dS = P (dP Z s - delta)``."""
+    head's share to ``dk, dv`` (shared by the heads of a group). Each tile is ``core.backward.tile_terms``, cut to
+    the rows that may see its keys, with the softcap, bias and score_mod of ``reference/scores.py`` and the
+    forward's dropout mask ``Z`` drawn again."""
     N_q, N_k = q.shape[0], k.shape[0]
     spec, softcap = tiling.spec, tiling.spec.softcap
+    has_mod = spec.mods is not None and spec.mods.score_mod is not None
     delta = (dO * O).sum(dim=-1)  # (N_q,), Alg. 2 line 4
     if dlse is not None:
         delta = delta - dlse
-    # Rows that saw no key have lse = -inf and P = 0: use +inf so exp(S - lse) is 0, not NaN.
-    lse = torch.where(torch.isneginf(lse), float("inf"), lse)
-    q = q * scale  # S_ij = (scale Q_i) K_j^T, and dK_j += scale dS_ij^T Q_i = dS_ij^T (scale Q_i)
-    S_buf = q.new_empty(min(tiling.block_m, N_q) * min(tiling.block_n, N_k))
-    dP_buf = torch.empty_like(S_buf)
-    T_buf = torch.empty_like(S_buf) if softcap is not None else S_buf
     for j, (c0, c1) in enumerate(tiling.col_blocks):  # key block j
         k_j, v_j, dk_j, dv_j = k[c0:c1], v[c0:c1], dk[c0:c1], dv[c0:c1]  # (Bc, .); dk_j, dv_j are views
         q_lo, q_hi = spec.query_range(c0, c1, b=b)  # rows outside see nothing of this block
         for i in tiling.query_blocks(j, b=b, h=h):  # query block i; tiles this head sees nothing of left out
             r0, r1 = tiling.row_blocks[i]
             rv, rh = max(r0, q_lo), min(r1, q_hi)  # P = 0 on the other rows, which would add nothing
-            q_i, dO_i = q[rv:rh], dO[rv:rh]  # (Br', D), (Br', D_v), Br' = rh - rv <= Br
-            S_ij = torch.mm(q_i, k_j.t(), out=_tile(S_buf, rh - rv, c1 - c0))  # (Br', D) @ (D, Bc)
-            if softcap is not None:
-                T_ij = torch.tanh(S_ij.div_(softcap), out=_tile(T_buf, rh - rv, c1 - c0))  # T = tanh(S / softcap)
-                S_ij = torch.mul(T_ij, softcap, out=S_ij)
             allowed, bias = tiling.head_tile(i, j, (rv, rh), b=b, h=h, device=q.device)
-            if bias is not None:
-                S_ij.add_(bias)
-            mod_vjp = None
-            if tiling.spec.mods is not None and tiling.spec.mods.score_mod is not None:
-                S_ij, mod_vjp = tiling.score_backward(i, j, S_ij, grads, (rv, rh), b=b, h=h)
-            if allowed is not None:
-                S_ij.masked_fill_(~allowed, NEG_INF)
-            P_ij = S_ij.sub_(lse[rv:rh, None]).exp_()  # exp(S_ij - lse_i)
-            drop = tile_dropout(dropout, bh, (rv, rh), (c0, c1), N_q, N_k, q.device)  # the forward's mask
-            dv_j.addmm_(drop(P_ij).t(), dO_i)  # dV_j += (P_ij Z s)^T dO_i: (Bc, Br') @ (Br', D_v)
-            dP_ij = torch.mm(dO_i, v_j.t(), out=_tile(dP_buf, rh - rv, c1 - c0))  # (Br', D_v) @ (D_v, Bc)
-            dS_ij = drop(dP_ij).sub_(delta[rv:rh, None]).mul_(P_ij)  # P_ij * (dP_ij Z s - delta_i)
-            if mod_vjp is not None:
-                dS_ij = mod_vjp(dS_ij)  # through score_mod: dS_in = dS_out * d score_mod / dS
-            if softcap is not None:
-                dS_ij.mul_(T_ij.square_().neg_().add_(1))  # through the cap: dS *= 1 - T^2
-            dk_j.addmm_(dS_ij.t(), q_i)  # dK_j += dS_ij^T (scale Q_i): (Bc, Br') @ (Br', D)
-            dq[rv:rh].addmm_(dS_ij, k_j, alpha=scale)  # dQ_i += scale dS_ij K_j: (Br', Bc) @ (Bc, D)
+            rows = (rv, rh)  # S = score_mod(S) below, and dS goes back through it
+            mod = (
+                (lambda S, i=i, j=j, rows=rows: tiling.score_backward(i, j, S, grads, rows, b=b, h=h))
+                if has_mod
+                else None
+            )
+            drop = tile_dropout(dropout, bh, rows, (c0, c1), N_q, N_k, q.device)  # the forward's mask
+            q_i, dO_i, lse_i, delta_i = q[rv:rh], dO[rv:rh], lse[rv:rh], delta[rv:rh]  # (Br', .), Br' <= Br
+            hook = score_hook(softcap, bias, mod)
+            t = tile_terms(q_i, k_j, v_j, dO_i, lse_i, delta_i, scale, allowed, scores=hook, drop=drop)
+            dv_j.add_(t.dV)  # (Bc, D_v)
+            dk_j.add_(t.dK)  # (Bc, D)
+            dq[rv:rh].add_(t.dQ)  # (Br', D), Br' = rh - rv <= Br

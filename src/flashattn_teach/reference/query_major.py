@@ -1,4 +1,9 @@
-"""Query-major online-softmax attention: the teaching example's algorithm, and FlashAttention-2's order.
+"""Changes from core/loops.py (``query_major_attention``): the grouped layout (GQA heads share ``K, V``);
+the tiles and their masks come from the mask contract (``masks.spec.Tiling``: windows, ``seqlens_k``, masks,
+block masks, so SKIP tiles are never visited), scores get softcap, bias and ``score_mod``
+(``reference/scores.py``), weights get dropout, and rows may start from an attention sink.
+
+Query-major online-softmax attention: the teaching example's algorithm, and FlashAttention-2's order.
 
 For each query block ``i`` (rows ``[r0, r1)``) the running state ``(m_i, l_i, acc)`` lives "on chip" while
 the loop streams key/value blocks ``j`` past it; ``O_i`` and ``lse_i`` are written once, at the end
@@ -18,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core.online_softmax import finalize, init_state, score_tile, update
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
-from ..online_softmax import finalize, init_state, score_tile, update
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

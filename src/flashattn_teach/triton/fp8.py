@@ -27,7 +27,7 @@ FP8_VARIANTS = ("window", "softcap", "alibi_slopes", "seqlens_k")
 # The configurations, sm_90 only, by padded head dim (as :mod:`.configs`' tables), forward only. e4m3 tiles take
 # half the shared memory of 16-bit ones; the loop's fp32 accumulator and scores are the same size. Below hd64
 # none: the e4m3 MMA's K is 32, and FA3 ships FP8 from hd64. Each compiles without spills with triton 3.9
-# (``python -m flashattn_teach.triton.inspect.fp8 --variants``); the widest such tiles by the loop profile.
+# (``python -m flashattn_teach.tools.kernels.fp8 --variants``); the widest such tiles by the loop profile.
 _FORWARD: dict[int, KernelConfig] = {
     64: KernelConfig(128, 128, 8, 3),
     128: KernelConfig(128, 128, 8, 3),

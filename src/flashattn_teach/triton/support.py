@@ -129,7 +129,7 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
 
 
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
-    """None if the decode kernels can run these inputs (checked by :mod:`flashattn_teach._validate.decode`), else
+    """None if the decode kernels can run these inputs (checked by :mod:`flashattn_teach.serving.checks`), else
     why not. Never raises."""
     reason = triton_reason() or device_reason(q)
     if reason is not None:

@@ -1,4 +1,7 @@
-"""The memory-efficient backward in Triton (Dao 2023, FlashAttention-2 Alg. 2), in two forms.
+"""Changes from core/kernel.py (the backward): a one-kernel form with atomic dQ beside the two-pass one, grouped
+heads, the mask contract's variants (softcap's ``1 - tanh^2`` on ``dS``), dropout and sinks.
+
+The memory-efficient backward in Triton (Dao 2023, FlashAttention-2 Alg. 2), in two forms.
 
 Forward saved ``q, k, v, O`` and ``lse``; the probabilities are recomputed tile by tile:
 

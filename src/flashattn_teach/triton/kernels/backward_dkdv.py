@@ -1,4 +1,7 @@
-"""dK and dV of the Triton backward (FlashAttention-2 Alg. 2, the outer loop over key blocks).
+"""Changes from core/kernel.py (``_dkdv_kernel``): the query heads of a group in one loop, the optional atomic
+dQ partials, and the mask contract's variants, dropout and ``seqlens_k``.
+
+dK and dV of the Triton backward (FlashAttention-2 Alg. 2, the outer loop over key blocks).
 
 A program owns key block ``j`` of one key/value head and walks the query blocks (and, with grouped-query
 attention, the ``GROUP`` query heads) that see it, accumulating

@@ -1,4 +1,7 @@
-"""The dK/dV kernel's loop over query blocks (and the query heads of a group): one step recomputes
+"""Changes from core/kernel.py (``_dkdv_inner``): the same ``P^T`` and ``dS^T`` step with the mask contract's
+score features and masks, dropout, the atomic dQ partial, and a split head dim.
+
+The dK/dV kernel's loop over query blocks (and the query heads of a group): one step recomputes
 ``P_ij^T`` and ``dS_ij^T`` for key block ``j`` and adds them into ``dV_j`` and ``dK_j``; in the one-kernel
 backward it also adds the step's dQ partial into the fp32 dQ buffer. :mod:`.backward_dkdv` has the kernel.
 With ``BLOCK_D2 > 0`` (a head dim of two lane groups, :mod:`.tiles`) ``S_ij^T`` is two MMAs, and ``dK_j``

@@ -1,4 +1,7 @@
-"""dQ of the Triton backward (FlashAttention-2 Alg. 2, the pass over query blocks).
+"""Changes from core/kernel.py (``_dq_kernel``): strided and grouped inputs, packed sequences, the mask
+contract's stages and variants, dropout.
+
+dQ of the Triton backward (FlashAttention-2 Alg. 2, the pass over query blocks).
 
 A program owns query block ``i`` of one query head and walks the key blocks it sees, accumulating
 ``dQ_i = scale * sum_j dS_ij K_j`` with ``dS_ij = P_ij * (dO_i V_j^T - delta_i)`` and ``P_ij`` recomputed

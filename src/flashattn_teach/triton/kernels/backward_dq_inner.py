@@ -1,4 +1,7 @@
-"""The dQ kernel's loop over key blocks: one step recomputes ``P_ij`` and ``dS_ij`` for query block ``i``
+"""Changes from core/kernel.py (``_dq_inner``): the same ``dS K`` step with the mask contract's score features
+and masks, dropout, and a split head dim.
+
+The dQ kernel's loop over key blocks: one step recomputes ``P_ij`` and ``dS_ij`` for query block ``i``
 and key block ``j`` and adds ``dS_ij K_j`` into ``dQ_i``. :mod:`.backward_dq` has the kernel. With
 ``BLOCK_D2 > 0`` (a head dim of two lane groups, :mod:`.tiles`) ``S_ij`` is two MMAs and ``dQ_i`` two
 accumulators, one a lane group.

@@ -34,7 +34,7 @@ page size, and flash-attn's ``(num_blocks, PAGE_SIZE, H_kv, D)`` storage as a tr
 least ``BLOCK_N`` keys hold a block in two pages at most: two block ids a block (``WIDE_PAGES``). The ids
 of the next block are read one iteration ahead (:func:`.pages._block_ids`), so that the K and V loads' addresses
 wait for no load of the same iteration and the compiler still pipelines them (``python -m
-flashattn_teach.triton.inspect.decode --paged 256 --loops``: the shared memory of two stages in flight, as
+flashattn_teach.tools.kernels.decode --paged 256 --loops``: the shared memory of two stages in flight, as
 for contiguous caches). Block ids are clamped to ``[0, num_blocks)``: a CUDA table is never read on the
 host. ``LEFTPAD`` (flash-attn's ``cache_leftpad``): keys before ``cache_leftpad[b]`` are padding, so ``lo``
 starts there. ``SINKS``: row ``r`` of head h counts one more key, of score ``sink_h`` and value 0; split 0

@@ -1,8 +1,13 @@
-"""The fused FlashAttention forward kernel (Dao 2023, FlashAttention-2 Alg. 1) in Triton.
+"""Changes from core/kernel.py (``_forward_kernel``): strided inputs, grouped-query heads, ``D_v != D``,
+fp8 inputs and a chosen dot precision; configs tuned per GPU and head dim (a head dim of two lane groups, TMA
+loads on Hopper, warp specialisation); the mask contract's variants as constexpr flags (window, softcap, ALiBi,
+``seqlens_k``, masks, FlexAttention mods, dropout, sinks, packed sequences); 64-bit offsets for any size.
+
+The fused FlashAttention forward kernel (Dao 2023, FlashAttention-2 Alg. 1) in Triton.
 
 One program owns one query block ``i`` (``BLOCK_M`` rows of one (batch, head)). It loads ``Q_i`` once,
 then streams key/value blocks ``j`` through :func:`_attn_fwd_inner`, which carries the online-softmax
-state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax`, and finally writes ``O_i`` and
+state ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.core.online_softmax`, and finally writes ``O_i`` and
 ``lse_i``. Nothing of size ``N_q x N_k`` ever leaves the chip.
 
 The softmax runs in base 2 with ``qk_scale = scale * log2(e)`` (passed by the launcher):

@@ -1,6 +1,9 @@
-"""The key/value loop of the Triton forward: one query block's online softmax over a range of key blocks.
+"""Changes from core/kernel.py (``_forward_inner``): the same update in base 2, with the mask contract's score
+features and masks per tile, dropout on the weights, TMA or warp-specialised loads, and a split head dim.
 
-:func:`_attn_fwd_inner` carries ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.online_softmax` through the key
+The key/value loop of the Triton forward: one query block's online softmax over a range of key blocks.
+
+:func:`_attn_fwd_inner` carries ``(acc, l_i, m_i)`` of :mod:`flashattn_teach.core.online_softmax` through the key
 blocks ``j`` of one stage of :mod:`.forward`'s loop (masked or not, by ``tl.constexpr``), in base 2:
 
     S_ij = Q_i K_j^T,   m_new = max(m_i, rowmax(S_ij) qk_scale),   P_ij = exp2(S_ij qk_scale - m_new)

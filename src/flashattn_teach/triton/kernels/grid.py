@@ -6,7 +6,7 @@ forward and dQ query block ``i`` visits about ``i + 1`` key blocks, dK/dV key bl
 ``n_blocks - j`` query blocks. Started in index order, the longest programs come last and run alone in the
 tail of the launch; started longest first, the short ones fill the gaps the long ones leave (the greedy
 list-scheduling rule, LPT). ``flashattn-teach kernels --schedule`` simulates the three orders below
-(:mod:`flashattn_teach.triton.inspect.waves`):
+(:mod:`flashattn_teach.tools.kernels.waves`):
 
 ``INDEX``      the block fastest, in index order: head 0's blocks ``0 .. n_blocks - 1``, then head 1's.
 ``PER_HEAD``   the block fastest, each head's longest block first; the heads one after another.

@@ -1,0 +1,420 @@
+"""Backward replay: the tile steps of FlashAttention-2's backward (Dao 2023, Alg. 2), for one head.
+
+Split as Triton's tutorial and :mod:`flashattn_teach.reference.backward` do it:
+
+    preprocess:  delta_i = rowsum(dO_i * O_i)                              (Alg. 2 line 4)
+    dK/dV pass:  for each key block j, each query block i that sees it (SKIP tiles left out):
+                 P_ij = exp(S_ij - lse_i)                                   (line 11, recomputed)
+                 dV_j += P_ij^T dO_i                                        (line 12)
+                 dP_ij = dO_i V_j^T                                         (line 13)
+                 dS_ij = P_ij * (dP_ij - delta_i)  [softcap: * (1 - T^2)]   (line 14)
+                 dK_j += scale dS_ij^T Q_i                                  (line 16)
+    dQ pass:     for each query block i, each key block j it sees (P_ij, dP_ij, dS_ij recomputed):
+                 dQ_i += scale dS_ij K_j                                    (line 15)
+
+Every step carries its equations with their numbers (:class:`BackwardEquation`). ``dO`` defaults to
+``torch.randn`` of O's shape from a ``torch.Generator`` seeded with ``seed``. Rows with ``lse = -inf`` (every
+key masked) get ``P = 0`` and zero gradients. With an attention sink (``sinks``, one more score column of
+value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``: the formulas above are unchanged, since the
+sink's ``dP`` is 0 and ``delta_i`` already sums over the keys only, and ``dsink = -sum_i exp(sink - lse_i)
+delta_i``. With FlexAttention's ``score_mod`` the scores are ``score_mod(S_ij)`` and ``dS_ij`` goes back through
+it, ``dS_in = dS_out * d score_mod / dS`` (autograd on the tile, :func:`flashattn_teach.flex.mods.score_backward`);
+a ``block_mask`` decides the tiles as in the forward replay (:mod:`.replay`). :meth:`BackwardReplay.oracle`
+differentiates dense attention in float64 with ``torch.autograd``, the reference the passes end at. Steps are
+computed when iterated.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.online_softmax import bias_and_mask, score_tile
+from ..errors import AttentionValueError
+from ..flex.mods import BlockMask, ScoreMod
+from ..masks.causal import TileKind
+from ..masks.spec import Tiling
+from ..reference.dense import dense_attention
+from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
+from .replay import Replay, rows_score_mod
+from .schedule import visited_key_blocks
+
+__all__ = ["BackwardEquation", "BackwardPass", "BackwardReplay", "BackwardStep", "backward_of", "replay_backward"]
+
+
+class BackwardPass(Enum):
+    """The three phases of Alg. 2, in the order they run."""
+
+    PREPROCESS = "preprocess"  # delta = rowsum(dO * O)
+    DKDV = "dkdv"  # outer loop over key blocks j: dK_j, dV_j on chip
+    DQ = "dq"  # outer loop over query blocks i: dQ_i on chip
+
+
+def numbers(t: Tensor | float) -> str:
+    """A scalar, vector or matrix written out to 4 significant digits, ``-inf`` as such and ``-0`` as ``0``."""
+    if isinstance(t, float) or t.dim() == 0:
+        x = float(t) + 0.0  # -0.0 + 0.0 = 0.0: a zero gradient reads as 0, whatever its sign bit
+        return "-inf" if x == float("-inf") else f"{x:.4g}"
+    return "[" + ", ".join(numbers(x) for x in t) + "]"
+
+
+@dataclass(frozen=True)
+class BackwardEquation:
+    """One equation of a step: ``name = symbolic = substituted`` (the numbers put in, then the result)."""
+
+    line: int | None  # of FA2 Alg. 2 (Dao 2023); None for what the paper has no line for (the sink)
+    name: str
+    symbolic: str
+    substituted: str
+    value: Tensor  # the result: scalar, (Br,), (Br, Bc), (Bc, D) or (Br, D)
+
+
+@dataclass(frozen=True)
+class BackwardStep:
+    """One tile of a pass; tensors are the tile's, accumulators after it."""
+
+    pass_name: BackwardPass
+    index: int
+    i: int
+    j: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    kind: TileKind
+    S_ij: Tensor  # (Br, Bc)
+    P_ij: Tensor  # (Br, Bc)
+    dP_ij: Tensor  # (Br, Bc)
+    dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
+    acc: dict[str, Tensor]  # "dV_j", "dK_j" (Bc, D) or "dQ_i" (Br, D), after this step
+    equations: list[BackwardEquation]
+
+
+@dataclass(frozen=True)
+class TileGrads:
+    """What both passes recompute on tile ``(i, j)``, with the equations of P_ij, dP_ij and dS_ij."""
+
+    S_ij: Tensor  # (Br, Bc)
+    P_ij: Tensor  # (Br, Bc)
+    dP_ij: Tensor  # (Br, Bc)
+    dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
+    eq_P: BackwardEquation
+    eq_dP: BackwardEquation
+    eq_dS: BackwardEquation
+
+
+@dataclass(frozen=True)
+class BackwardReplay:
+    q: Tensor  # (N_q, D)
+    k: Tensor  # (N_k, D)
+    v: Tensor  # (N_k, D_v)
+    O: Tensor  # (N_q, D_v)
+    lse: Tensor  # (N_q,)
+    dO: Tensor  # (N_q, D_v)
+    delta: Tensor  # (N_q,), Alg. 2 line 4
+    tiling: Tiling
+    scale: float
+    softcap: float | None
+    batch_index: int
+    block_m: int
+    block_n: int
+    sink: Tensor | None = None  # (1,): the head's sink logit, or None
+
+    def _tile(self, i: int, j: int) -> TileGrads:
+        """S_ij, P_ij, dP_ij, dS_ij of tile (i, j), and the equations of P_ij, dP_ij and dS_ij."""
+        (r0, r1), (c0, c1) = self.tiling.row_blocks[i], self.tiling.col_blocks[j]
+        allowed, bias = self.tiling.head_tile(i, j, (r0, r1), b=self.batch_index, h=0, device=self.q.device)
+        q_i, k_j = self.q[r0:r1], self.k[c0:c1]
+        mod = self.tiling.score_mod(i, j, self.q.device, (r0, r1), b=self.batch_index, h=0)
+        mod_vjp = None
+        if mod is None:
+            S_ij = score_tile(q_i, k_j, self.scale, allowed, softcap=self.softcap, bias=bias)  # (Br, Bc)
+        else:  # S = score_mod(S), and dS_in = dS_out * d score_mod / dS below, as reference.backward does
+            S_in = score_tile(q_i, k_j, self.scale, None, softcap=self.softcap, bias=bias)  # (Br, Bc), unmasked
+            S_out, mod_vjp = self.tiling.score_backward(i, j, S_in, None, (r0, r1), b=self.batch_index, h=0)
+            S_ij = bias_and_mask(S_out.detach(), allowed, None)  # -inf where masked
+        lse_i = self.lse[r0:r1].unsqueeze(-1)  # (Br, 1)
+        # A row that sees no key has lse_i = -inf: its P is 0, not exp(-inf - -inf) = NaN.
+        P_ij = torch.where(torch.isneginf(lse_i), torch.zeros_like(S_ij), torch.exp(S_ij - lse_i))
+        P_symbolic = "exp(S_ij - lse_i)"
+        if torch.isneginf(lse_i).any():  # the text shows exp(-inf - -inf) there: say what the code does instead
+            P_symbolic += ", taken as 0 in a row with lse_i = -inf (it sees no key), not exp(-inf - -inf)"
+        dP_ij = self.dO[r0:r1] @ self.v[c0:c1].T  # (Br, D_v) @ (D_v, Bc) -> (Br, Bc)
+        delta_i = self.delta[r0:r1]
+        dS_ij = P_ij * (dP_ij - delta_i.unsqueeze(-1))
+        dS_text = f"{numbers(P_ij)} * ({numbers(dP_ij)} - {numbers(delta_i)})"
+        dS_symbolic = "P_ij * (dP_ij - delta_i)"
+        if mod_vjp is not None:  # through score_mod: its derivative, shown as the factor d score_mod / dS
+            dmod = mod_vjp(torch.ones_like(dS_ij)).detach()  # (Br, Bc): score_mod is elementwise (FlexAttention)
+            dS_ij = mod_vjp(dS_ij).detach()
+            dS_text += f" * {numbers(dmod)}"
+            dS_symbolic += " * dscore_mod/dS"
+        if self.softcap is not None:  # d(softcap tanh(x / softcap))/dx = 1 - T^2
+            T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)  # (Br, D) @ (D, Bc) -> (Br, Bc)
+            dS_ij = dS_ij * (1 - T * T)
+            dS_text += f" * (1 - {numbers(T)}^2)"
+            dS_symbolic += " * (1 - T_ij^2)"
+        eq_P = BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij)
+        dP_text = f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T"
+        eq_dP = BackwardEquation(13, "dP_ij", "dO_i V_j^T", dP_text, dP_ij)
+        eq_dS = BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij)
+        return TileGrads(S_ij, P_ij, dP_ij, dS_ij, with_result(eq_P), with_result(eq_dP), with_result(eq_dS))
+
+    def _step(
+        self,
+        pass_name: BackwardPass,
+        index: int,
+        i: int,
+        j: int,
+        tile: TileGrads,
+        acc: dict[str, Tensor],
+        equations: list[BackwardEquation],
+    ) -> BackwardStep:
+        """Step ``index`` of a pass: tile ``(i, j)``'s recomputed values, its accumulators after it."""
+        return BackwardStep(
+            pass_name=pass_name,
+            index=index,
+            i=i,
+            j=j,
+            rows=self.tiling.row_blocks[i],
+            cols=self.tiling.col_blocks[j],
+            kind=self.tiling.kind(i, j, b=self.batch_index, h=0),
+            S_ij=tile.S_ij,
+            P_ij=tile.P_ij,
+            dP_ij=tile.dP_ij,
+            dS_ij=tile.dS_ij,
+            acc=acc,
+            equations=equations,
+        )
+
+    def _visits(self) -> dict[int, list[int]]:
+        return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
+
+    def preprocess(self) -> list[BackwardEquation]:
+        """The preprocess: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta)."""
+        eqs = [
+            BackwardEquation(
+                4, "delta", "rowsum(dO * O)", f"rowsum({numbers(self.dO)} * {numbers(self.O)})", self.delta
+            )
+        ]
+        if self.sink is not None:
+            ds = self.dsink()
+            text = f"-sum(exp({numbers(self.sink[0])} - {numbers(self.lse)}) * {numbers(self.delta)})"
+            eqs.append(BackwardEquation(None, "dsink", "-sum_i exp(sink - lse_i) delta_i", text, ds))
+        return [with_result(e) for e in eqs]
+
+    def dkdv_steps(self) -> Iterator[BackwardStep]:
+        visits = self._visits()
+        n = 0
+        for j, (c0, c1) in enumerate(self.tiling.col_blocks):
+            dV_j = torch.zeros(c1 - c0, self.v.shape[-1], dtype=self.q.dtype, device=self.q.device)
+            dK_j = torch.zeros(c1 - c0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
+            for i in (i for i in visits if j in visits[i]):
+                r0, r1 = self.tiling.row_blocks[i]
+                t = self._tile(i, j)
+                dO_i, q_i = self.dO[r0:r1], self.q[r0:r1]
+                dV_text = f"{numbers(dV_j)} + {numbers(t.P_ij)}^T {numbers(dO_i)}"
+                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(t.dS_ij)}^T {numbers(q_i)}"
+                dV_j = dV_j + t.P_ij.T @ dO_i  # (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
+                dK_j = dK_j + self.scale * t.dS_ij.T @ q_i  # (Bc, Br) @ (Br, D) -> (Bc, D)
+                eqs = [
+                    t.eq_P,
+                    with_result(BackwardEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j)),
+                    t.eq_dP,
+                    t.eq_dS,
+                    with_result(BackwardEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j)),
+                ]
+                yield self._step(BackwardPass.DKDV, n, i, j, t, {"dV_j": dV_j, "dK_j": dK_j}, eqs)
+                n += 1
+
+    def dq_steps(self) -> Iterator[BackwardStep]:
+        n = 0
+        for i, js in self._visits().items():
+            r0, r1 = self.tiling.row_blocks[i]
+            dQ_i = torch.zeros(r1 - r0, self.q.shape[-1], dtype=self.q.dtype, device=self.q.device)
+            for j in js:
+                c0, c1 = self.tiling.col_blocks[j]
+                t = self._tile(i, j)
+                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.dS_ij)} {numbers(self.k[c0:c1])}"
+                dQ_i = dQ_i + self.scale * t.dS_ij @ self.k[c0:c1]  # (Br, Bc) @ (Bc, D) -> (Br, D)
+                eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
+                yield self._step(BackwardPass.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
+                n += 1
+
+    def skipped(self) -> list[tuple[int, int]]:
+        """The tiles ``(i, j)`` neither pass visits (SKIP under the mask contract)."""
+        visits = self._visits()
+        return [(i, j) for i in visits for j in range(len(self.tiling.col_blocks)) if j not in visits[i]]
+
+    def grads(self) -> tuple[Tensor, Tensor, Tensor]:
+        """dQ (N_q, D), dK (N_k, D), dV (N_k, D_v), assembled from the two passes (a key block no query
+        block sees keeps zero gradients)."""
+        dQ, dK, dV = torch.zeros_like(self.q), torch.zeros_like(self.k), torch.zeros_like(self.v)
+        for s in self.dkdv_steps():
+            dK[s.cols[0] : s.cols[1]] = s.acc["dK_j"]
+            dV[s.cols[0] : s.cols[1]] = s.acc["dV_j"]
+        for s in self.dq_steps():
+            dQ[s.rows[0] : s.rows[1]] = s.acc["dQ_i"]
+        return dQ, dK, dV
+
+    def dsink(self) -> Tensor:
+        """``()``: the sink's gradient, ``-sum_i exp(sink - lse_i) delta_i`` (its column of dS, summed); 0 without."""
+        if self.sink is None:
+            return torch.zeros((), dtype=self.q.dtype, device=self.q.device)
+        return -(torch.exp(self.sink - self.lse) * self.delta).sum()
+
+    def gradients(self) -> dict[str, Tensor]:
+        """``{"dQ", "dK", "dV"}`` (and ``"dsink"``, shape ``(1,)``, with a sink) from the replayed passes."""
+        dQ, dK, dV = self.grads()
+        out = {"dQ": dQ, "dK": dK, "dV": dV}
+        if self.sink is not None:
+            out["dsink"] = self.dsink().reshape(1)
+        return out
+
+    def oracle(self) -> dict[str, Tensor]:
+        """The same gradients by ``torch.autograd`` through float64 dense attention
+        (:func:`flashattn_teach.reference.dense.dense_attention`), under the same mask contract."""
+        N_q, N_k, f64 = self.q.shape[0], self.k.shape[0], torch.float64
+        mask = rows_mask(self.tiling.spec, (0, N_q), N_k, self.q.device, b=self.batch_index)  # (N_q, N_k)
+        mask = mask.to(f64) if mask is not None and mask.is_floating_point() else mask
+        leaves = {name: t.detach().to(f64).requires_grad_(True) for name, t in (("dQ", self.q), ("dK", self.k))}
+        leaves["dV"] = self.v.detach().to(f64).requires_grad_(True)
+        if self.sink is not None:
+            leaves["dsink"] = self.sink.detach().to(f64).requires_grad_(True)
+        mod = rows_score_mod(self.tiling.spec.mods, self.batch_index, 0)  # b = batch_index, h = 0
+        q, k, v = (leaves[n].unsqueeze(0) for n in ("dQ", "dK", "dV"))  # (1, N, D): one head
+        O = dense_attention(
+            q, k, v, scale=self.scale, softcap=self.softcap, attn_mask=mask, sinks=leaves.get("dsink"), score_mod=mod
+        )  # (1, N_q, D_v)
+        O.backward(self.dO.detach().to(f64).unsqueeze(0))
+        return {name: t.grad for name, t in leaves.items() if t.grad is not None}
+
+    def max_error(self) -> dict[str, float]:
+        """``max |grad - oracle|`` of each gradient, against :meth:`oracle`."""
+        mine, ref = self.gradients(), self.oracle()
+        return {name: float((mine[name].to(torch.float64) - ref[name]).abs().max()) for name in mine}
+
+
+def with_result(eq: BackwardEquation) -> BackwardEquation:
+    """``eq`` with its result appended to the substituted text: ``... = value``."""
+    return BackwardEquation(eq.line, eq.name, eq.symbolic, f"{eq.substituted} = {numbers(eq.value)}", eq.value)
+
+
+def replay_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dO: Tensor | None = None,
+    *,
+    block_m: int,
+    block_n: int,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    batch_index: int = 0,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: float | Tensor | None = None,
+    seqlens_k: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    sinks: float | Tensor | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+    seed: int = 0,
+) -> BackwardReplay:
+    """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens``,
+    ``sinks``, ``block_mask`` and ``score_mod`` as :func:`.replay.replay`, checked the same way (the gradients
+    of tensors a ``score_mod`` captures are not replayed). ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``, element
+    ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
+    the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
+    command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
+    head = one_head_call(
+        q,
+        k,
+        v,
+        block_m=block_m,
+        block_n=block_n,
+        batch_index=batch_index,
+        sinks=sinks,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        seqlens_k=seqlens_k,
+        attn_mask=attn_mask,
+        cu_seqlens=cu_seqlens,
+        score_mod=score_mod,
+        block_mask=block_mask,
+    )
+    opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
+    batch_index, dt = head.batch_index, q2.dtype
+    N_q, N_k = q2.shape[0], k2.shape[0]
+    allowed, bias = rows_tensors(opts.mask, (0, N_q), N_k, q2.device, b=batch_index)  # (N_q, N_k)
+    mods = opts.mask.mods
+    index = opts.mask.tile_index(0, N_q, 0, N_k, q2.device, b=batch_index, h=0)
+    mod = None if mods is None or mods.score_mod is None else functools.partial(mods.score, index=index)
+    S = score_tile(q2, k2, opts.scale, allowed, softcap=opts.mask.softcap, bias=bias, score_mod=mod)  # (N_q, N_k)
+    lse = torch.logsumexp(S, dim=-1)  # (N_q,), -inf for a fully masked row
+    if sink is not None:  # the sink is one more score column: lse = log(exp(sink) + sum_j exp(S_ij))
+        lse = torch.logaddexp(lse, sink)
+    P = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros_like(S), torch.exp(S - lse.unsqueeze(-1)))
+    O = P @ v2  # (N_q, N_k) @ (N_k, D_v) -> (N_q, D_v); the sink's value is zero
+    if dO is None:
+        gen = torch.Generator().manual_seed(seed)
+        dO = torch.randn(O.shape, generator=gen, dtype=dt).to(q2.device)
+    else:
+        dO = pick_matrix(dO, "dO", batch_index)
+        if dO.shape != O.shape:
+            raise AttentionValueError(f"dO must have the output's shape {tuple(O.shape)}, got {tuple(dO.shape)}")
+    dO = dO.to(dt)
+    return BackwardReplay(
+        q=q2,
+        k=k2,
+        v=v2,
+        O=O,
+        lse=lse,
+        dO=dO,
+        delta=(dO * O).sum(-1),  # Alg. 2 line 4
+        tiling=opts.mask.tiling(head.block_m, head.block_n),
+        scale=opts.scale,
+        softcap=opts.mask.softcap,
+        batch_index=batch_index,
+        block_m=head.block_m,
+        block_n=head.block_n,
+        sink=sink,
+    )
+
+
+# The keyword arguments of replay() that the backward reads too; the others pick a query block or an order.
+SHARED_OPTIONS = (
+    "block_m",
+    "block_n",
+    "causal",
+    "causal_align",
+    "scale",
+    "batch_index",
+    "window",
+    "softcap",
+    "alibi_slopes",
+    "seqlens_k",
+    "attn_mask",
+    "cu_seqlens",
+    "sinks",
+    "block_mask",
+    "score_mod",
+)
+
+
+def backward_of(r: Replay, *, dO: Tensor | None = None, seed: int = 0) -> BackwardReplay:
+    """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`)."""
+    q, k, v = r.inputs
+    assert r.call is not None  # r.inputs raised otherwise
+    options: dict[str, Any] = {name: r.call.options[name] for name in SHARED_OPTIONS}
+    return replay_backward(q, k, v, dO, seed=seed, **options)

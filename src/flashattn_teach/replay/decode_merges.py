@@ -1,0 +1,102 @@
+"""The merges of a decode step's replay: the split-KV partials folded together, one merge at a time.
+
+Each merge combines the running result ``(O_a, lse_a)`` with the next split's ``(O_b, lse_b)`` by
+:func:`flashattn_teach.merge_attention_states` (``merge.py``), and records, per query row::
+
+    lse = log(exp(lse_a) + exp(lse_b)),   w_a = exp(lse_a - lse),   w_b = exp(lse_b - lse)
+
+and ``max |O - O_final|`` against the dense output of the whole step. The merge is exact, commutative and
+associative, so any ``order`` ends at the same result up to round-off.
+
+An attention sink joins once per row, after every split (as ``decode/ranges.py``'s ``merge_sinks``): one more
+merge, with the partial of one key of score ``sink_h`` and value zero, ``(O_b = 0, lse_b = sink_h)``
+(:func:`merge_sink`); its ``w_b = exp(sink_h - lse)`` is the sink's share of each row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import AttentionValueError
+from ..merge import merge_attention_states
+
+__all__ = ["MergeStep", "Partial", "check_merge_order", "fold_merges", "merge_sink"]
+
+Partial = tuple[int, Tensor, Tensor]  # (split s, O_s (N_new, D_v), lse_s (N_new,))
+
+
+@dataclass(frozen=True)
+class MergeStep:
+    """Merge ``index``: ``(O_a, lse_a)`` of the splits ``merged`` with ``(O_b, lse_b)`` of split ``split``
+    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``).
+
+    ``lse_a, lse_b, lse, w_a, w_b`` are ``(N_new,)``, ``O`` is ``(N_new, D_v)``; ``max_diff`` is
+    ``max |O - O_final|`` over every row."""
+
+    index: int
+    merged: tuple[int, ...]
+    split: int | None
+    lse_a: Tensor
+    lse_b: Tensor
+    lse: Tensor
+    w_a: Tensor
+    w_b: Tensor
+    O: Tensor
+    max_diff: float
+
+    @property
+    def label(self) -> str:
+        """``(0 1) + 2``: the splits merged so far and the one merged in (``sink`` for the sink)."""
+        return "(" + " ".join(map(str, self.merged)) + ") + " + ("sink" if self.split is None else str(self.split))
+
+
+def merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """``w_a = exp(lse_a - lse)``, ``w_b = exp(lse_b - lse)``; 0 and 0 for a row that saw no key in either
+    (``lse = -inf``: subtract 0 instead, as ``merge.py`` does, so no NaN)."""
+    lse_safe = torch.where(torch.isneginf(lse), 0.0, lse)
+    return torch.exp(lse_a - lse_safe), torch.exp(lse_b - lse_safe)
+
+
+def check_merge_order(merge_order: Sequence[int] | None, num_splits: int) -> list[int]:
+    """``merge_order`` as a permutation of ``range(num_splits)`` (default: in order), else a named error."""
+    if merge_order is None:
+        return list(range(num_splits))
+    order = list(merge_order)
+    if sorted(order) != list(range(num_splits)):
+        raise AttentionValueError(
+            f"merge_order must list every split 0..{num_splits - 1} once (num_splits={num_splits}), got {order}"
+        )
+    return order
+
+
+def fold_merges(
+    partials: Sequence[Partial], order: Sequence[int], O_final: Tensor
+) -> tuple[tuple[MergeStep, ...], Tensor, Tensor]:
+    """Fold the non-empty splits' ``partials`` in ``order`` (splits without a partial are skipped, as
+    :mod:`flashattn_teach.serving.api` skips empty ranges); returns the merges and the merged ``(O, lse)``."""
+    by_split = {s: (O_s, lse_s) for s, O_s, lse_s in partials}
+    parts = [(s, *by_split[s]) for s in order if s in by_split]
+    first, O, lse = parts[0]
+    merged: tuple[int, ...] = (first,)
+    steps = []
+    for n, (s, O_b, lse_b) in enumerate(parts[1:]):
+        O_new, lse_new = merge_attention_states(O, lse, O_b, lse_b)
+        w_a, w_b = merge_weights(lse, lse_b, lse_new)
+        max_diff = float((O_new - O_final).abs().max())
+        steps.append(MergeStep(n, merged, s, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff))
+        O, lse, merged = O_new, lse_new, (*merged, s)
+    return tuple(steps), O, lse
+
+
+def merge_sink(index: int, merged: tuple[int, ...], O: Tensor, lse: Tensor, sink: Tensor, O_final: Tensor) -> MergeStep:
+    """Merge ``index``: the merged splits' ``(O, lse)`` with the sink's partial ``(0, sink_h)`` (``sink (1,)``);
+    a row that saw no key (``lse = -inf``) ends at ``O = 0``, ``lse = sink_h``."""
+    lse_b = sink.to(lse.dtype).expand_as(lse)  # (1,) -> (N_new,)
+    O_new, lse_new = merge_attention_states(O, lse, torch.zeros_like(O), lse_b)
+    w_a, w_b = merge_weights(lse, lse_b, lse_new)
+    max_diff = float((O_new - O_final).abs().max())
+    return MergeStep(index, merged, None, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff)

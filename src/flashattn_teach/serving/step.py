@@ -1,0 +1,241 @@
+"""One decode step below :func:`flashattn_teach.flash_attention_with_kvcache`: every check, then the
+in-place write of the new keys and values, then the attention, on the Triton decode kernel or the CPU
+paths' key ranges (``ranges.py``). The eager public function and the decode op's body both run
+:func:`decode_step`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._autocast import autocast_off
+from .._layout import compute_dtype
+from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
+from .._validate.sinks import check_sinks
+from ..dispatch import check_backend, planner, runner
+from .checks import (
+    check_cache_inputs,
+    check_cache_seqlens,
+    check_decode_alibi,
+    check_no_grad_through_write,
+    check_num_splits,
+    lengths_on_host,
+)
+from .page_checks import (
+    check_block_ids,
+    check_block_table,
+    check_cache_leftpad,
+    check_leftpad_values,
+    check_page_shapes,
+    refuse_on_triton_decode,
+)
+from .pages import append_to_pages, element_caches
+from .ranges import DecodeStep, cpu_decode, range_plan, visible_keys
+from .splitkv import default_num_splits
+
+
+def append_to_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: list[int]) -> None:
+    """Write ``k, v`` into the caches in place at ``[cache_seqlens[b], cache_seqlens[b] + N_new_kv)``."""
+    N_new_kv = k.shape[2]
+    with torch.no_grad():  # an in-place write of inference state (check_no_grad_through_write)
+        for b, n in enumerate(cache_seqlens):
+            k_cache[b, :, n : n + N_new_kv] = k[b]  # (H_kv, N_new_kv, D)
+            v_cache[b, :, n : n + N_new_kv] = v[b]  # (H_kv, N_new_kv, D_v)
+
+
+class _NothingVisible(torch.autograd.Function):
+    """``(O, lse)`` of a step in which no row of any batch element sees a key, unchanged, but attached to the
+    inputs it was computed from: ``O = 0`` (or the sinks' merge, ``O = 0``) and ``lse = -inf`` (or ``sink_h``)
+    whatever ``q``, ``k_cache`` and ``v_cache`` hold, so their gradients are zeros, as ``flash_attention``
+    with ``N_k = 0``, varlen and torch's SDPA give. Without this no range runs and ``O`` would not reach
+    ``q`` at all (backward would raise). Gradients into ``O`` and ``lse`` themselves (the sinks') pass on."""
+
+    @staticmethod
+    def forward(ctx, O: Tensor, lse: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        ctx.like = [(t.shape, t.dtype, t.device) for t in inputs]
+        return O.clone(), lse.clone()
+
+    @staticmethod
+    def backward(ctx, dO: Tensor, dlse: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        zeros = [
+            torch.zeros(shape, dtype=dtype, device=device) if wanted else None
+            for (shape, dtype, device), wanted in zip(ctx.like, ctx.needs_input_grad[2:], strict=True)
+        ]
+        return (dO, dlse, *zeros)
+
+
+def attach_when_nothing_visible(
+    O: Tensor,
+    lse: Tensor,
+    inputs: tuple[Tensor, ...],
+    *,
+    L: list[int],
+    pads: list[int] | None,
+    step: DecodeStep,
+    N_new: int,
+) -> tuple[Tensor, Tensor]:
+    """``(O, lse)``, through :class:`_NothingVisible` when a gradient is wanted from ``inputs`` and no batch
+    element has a key in reach of its rows (:func:`~.ranges.visible_keys`: ``cache_seqlens = 0`` and no new
+    keys, ``cache_leftpad == cache_seqlens``, ...); with any key in reach the ranges' calls attach ``O``
+    themselves (an element that sees none gets its zero gradient through ``torch.cat``)."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in inputs):
+        return O, lse
+    pad = pads or [0] * len(L)
+    if any(lo < hi for lo, hi in (visible_keys(L_b, N_new, step.window, p) for L_b, p in zip(L, pad, strict=True))):
+        return O, lse
+    return _NothingVisible.apply(O, lse, *inputs)
+
+
+def check_host_values(
+    cache_seqlens: Tensor | int,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    *,
+    k_cache: Tensor,
+    B: int,
+    N_max: int,
+    N_new_kv: int,
+    device: torch.device,
+) -> tuple[list[int], list[int] | None]:
+    """The checks that read values, all before any write: the lengths (room for the new entries), the
+    block ids the step uses (``block_table``, pages ``[0, ceil(L_b / page_size))``) and ``0 <= cache_leftpad
+    <= cache_seqlens``; returns the lengths and the padding. The caller runs it where the values are on the
+    host (or read there anyway, as the CPU paths read the lengths)."""
+    capacity = "k_cache.shape[2]" if block_table is None else "block_table.shape[1] * page_size"
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, device, N_new_kv=N_new_kv, capacity=capacity)
+    if block_table is not None:  # k_cache is the pool (num_blocks, H_kv, page_size, D)
+        check_block_ids(block_table.cpu(), [n + N_new_kv for n in lengths], k_cache.shape[2], k_cache.shape[0])
+    pads = None if cache_leftpad is None else check_leftpad_values(cache_leftpad.cpu(), lengths)
+    return lengths, pads
+
+
+def route_extras(
+    backend: str,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    block_table: Tensor | None,
+    cache_leftpad: Tensor | None,
+    sinks: Tensor | None,
+) -> str:
+    """The backend of a call with pages, padding or sinks. The Triton decode kernel takes all three but is
+    forward only, so a call whose sinks need a gradient that would run on it goes to the CPU paths'
+    query-major reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other
+    call keeps its backend. (``block_table`` and ``cache_leftpad`` are taken for the signature the call
+    and ``explain_with_kvcache`` share.)"""
+    wants_grad = sinks is not None and sinks.requires_grad and torch.is_grad_enabled()
+    if wants_grad and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if backend == "triton":
+            refuse_on_triton_decode("is forward only, and sinks requires grad")
+        return "online"
+    return backend
+
+
+def decode_step(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    *,
+    cache_seqlens: Tensor | int,
+    causal: bool,
+    scale: float | None,
+    window: tuple[int, int] | None,
+    softcap: float | None,
+    alibi_slopes: Tensor | None,
+    num_splits: int,
+    backend: str,
+    return_lse: bool,
+    autocast: torch.dtype | None,
+    block_table: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
+    ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
+    paged = block_table is not None
+    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast, paged=paged)
+    B, H_q = q.shape[:2]
+    block_table = check_block_table(block_table, B, q.device)
+    # N_max: each batch element's capacity, max_blocks pages of page_size slots when paged
+    N_max = check_page_shapes(k_cache, block_table)[1] if block_table is not None else k_cache.shape[2]
+    N_new_kv = 0 if k is None else k.shape[2]
+    if k is not None and v is not None:
+        check_no_grad_through_write(k_cache, v_cache, k, v)
+    causal = check_bool("causal", causal)
+    resolved_scale = check_scale(scale, q.shape[3])
+    window_sizes = check_window(window)
+    cap = check_softcap(softcap)
+    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
+    splits = check_num_splits(num_splits)
+    lse_wanted = check_bool("return_lse", return_lse)
+    backend = check_backend(backend)
+    cache_leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
+    sinks = check_sinks(sinks, H_q, q.device)
+    checked = None
+    if all(lengths_on_host(t) for t in (cache_seqlens, block_table, cache_leftpad)):  # no device sync
+        checked = check_host_values(
+            cache_seqlens,
+            block_table,
+            cache_leftpad,
+            k_cache=k_cache,
+            B=B,
+            N_max=N_max,
+            N_new_kv=N_new_kv,
+            device=q.device,
+        )
+    backend = route_extras(
+        backend, q, k_cache, v_cache, block_table=block_table, cache_leftpad=cache_leftpad, sinks=sinks
+    )
+    if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
+        if checked is None and lengths_on_host(cache_seqlens):  # an int or a CPU tensor: no device sync
+            capacity = "k_cache.shape[2]" if block_table is None else "block_table.shape[1] * page_size"
+            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv, capacity=capacity)
+        O, lse = runner.run_decode(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            cache_seqlens=cache_seqlens,
+            causal=causal,
+            scale=resolved_scale,
+            window=window_sizes,
+            softcap=cap,
+            alibi_slopes=slopes,
+            num_splits=splits,
+            block_table=block_table,
+            cache_leftpad=cache_leftpad,
+            sinks=sinks,
+        )
+        return (O, lse) if lse_wanted else O
+
+    # the CPU paths read the values on the host anyway (a split per range, a slice per batch element)
+    lengths, pads = checked or check_host_values(
+        cache_seqlens, block_table, cache_leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
+    )
+    L = [n + N_new_kv for n in lengths]
+    if splits == 0:
+        splits = default_num_splits(q, k_cache, max(L) if L else 0)
+    step = DecodeStep(
+        causal=causal, scale=resolved_scale, window=window_sizes, softcap=cap, num_splits=splits, backend=backend
+    )
+    plan = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes) if B > 0 else None  # refusals before the write
+    if k is not None and v is not None:
+        if block_table is None:
+            append_to_cache(k_cache, v_cache, k, v, lengths)
+        elif B > 0:
+            append_to_pages(k_cache, v_cache, k, v, block_table, lengths)
+    if plan is None:  # no batch element: nothing to attend
+        shape = (0, H_q, q.shape[2])
+        O, lse = q.new_zeros(*shape, v_cache.shape[3]), q.new_zeros(shape, dtype=compute_dtype(q.dtype))
+        return (O, lse) if lse_wanted else O
+    caches = element_caches(k_cache, v_cache, block_table)
+    with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
+        O, lse = cpu_decode(q, caches, step, plan=plan, L=L, alibi_slopes=slopes, leftpad=pads, sinks=sinks)
+    read = (q,) if k is not None else (q, k_cache, v_cache)  # the caches are differentiable without a write
+    O, lse = attach_when_nothing_visible(O, lse, read, L=L, pads=pads, step=step, N_new=q.shape[2])
+    return (O, lse) if lse_wanted else O
