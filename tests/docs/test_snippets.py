@@ -14,6 +14,7 @@ FILE`` and ``torchrun ... FILE`` in a code block names a file or module that exi
 
 from __future__ import annotations
 
+import glob
 import importlib
 import importlib.util
 import os
@@ -152,7 +153,7 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-SPAN = re.compile(r"`(flashattn-teach[^`]*)`")
+SPAN = re.compile(r"`(flashattn-teach[^`]*)`")  # a code span may run over a line break in a list item
 
 
 def command_lines() -> list[tuple[str, str]]:
@@ -162,8 +163,10 @@ def command_lines() -> list[tuple[str, str]]:
         for n, text in _code_lines(path):
             if text.startswith("flashattn-teach"):
                 found.append((f"{name}:{n}", text))
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            found.extend((f"{name}:{n}", span) for span in SPAN.findall(line))
+        text = path.read_text(encoding="utf-8")
+        for span in SPAN.finditer(text):
+            line = text.count("\n", 0, span.start()) + 1
+            found.append((f"{name}:{line}", " ".join(span.group(1).split())))
     return found
 
 
@@ -244,6 +247,43 @@ def test_documented_scripts_and_modules_exist() -> None:
                 continue
             files = [w for w in words if w.endswith((".py", ".sh"))]
             missing += [f"{path.name}:{n}: {f}" for f in files if not (ROOT / f).is_file()]
+    assert not missing, missing
+
+
+# A path in a code span (`src/...`, `tests/...`, `reference/parallel.py` under the package, ...) or a relative link.
+PATH = re.compile(r"`([\w.-]+(?:/[\w.*-]+)+/?)`|\]\(([^)#:]+)(?:#[^)]*)?\)")
+FILE_LIKE = re.compile(r"\.(py|sh|md|json|ipynb|png|js|css|csv|toml)$|/$")
+# Paths in other projects' repositories, and the untracked folder a benchmark writes to.
+NOT_HERE = {
+    "test/inductor/test_flex_attention.py",
+    "test/inductor/test_flex_decoding.py",
+    "tests/test_flash_attn.py",
+    "benchmarks/results/local/cpu/",
+}
+
+
+def test_documented_paths_exist() -> None:
+    missing = []
+    for doc in DOCS:
+        for match in PATH.finditer(doc.read_text(encoding="utf-8")):
+            code, link = match.groups()
+            if (link and link.startswith(("http", "..."))) or code in NOT_HERE:
+                continue
+            if link:
+                candidates = [doc.parent / link]
+            elif FILE_LIKE.search(code):
+                package = ROOT / "src" / "flashattn_teach"
+                candidates = [
+                    ROOT / code,
+                    ROOT / "src" / code,
+                    package / code,
+                    package / "triton" / code,
+                    doc.parent / code,
+                ]
+            else:
+                continue
+            if not any(glob.glob(str(candidate)) for candidate in candidates):
+                missing.append(f"{doc.name}: {code or link}")
     assert not missing, missing
 
 
