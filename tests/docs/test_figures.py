@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from flashattn_teach import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLAY_DOC = ROOT / "docs" / "replay.md"
@@ -81,18 +81,7 @@ def running_statistics(sink: float | None = None) -> list[dict[str, torch.Tensor
 def printed_forward_error(tmp_path: Path) -> float:
     """The last update's ``max |acc / l_i - O|``, as ``flashattn-teach replay --format json`` prints it."""
     out = tmp_path / "replay.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "flashattn_teach.cli",
-        "replay",
-        *FORWARD.split(),
-        "--format",
-        "json",
-        "--out",
-        str(out),
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    assert cli.main(["replay", *FORWARD.split(), "--format", "json", "--out", str(out)]) == 0
     cases = json.loads(out.read_text(encoding="utf-8"))["cases"]
     printed = [m["value"] for m in cases[-1]["metrics"] if m["label"].startswith("Max difference from final")]
     assert len(printed) == 1 and printed[0] < 1e-15, printed
