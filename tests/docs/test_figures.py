@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import flashattn_teach as fa
 from flashattn_teach import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,3 +230,35 @@ def test_a_changed_figure_is_caught(right: str, wrong: str, tmp_path: Path) -> N
         + mismatches(decode_figures(changed, 5.551115123125783e-16))
     )
     assert len(found) == 1 and wrong.split()[-1].rstrip(";").split(", ")[-1] in found[0], found
+
+
+# ---- explain's lines, quoted in docs/usage.md and docs/serving.md ------------------------------------------------
+
+
+def quoted_explain(doc: str, start: str) -> str:
+    """The part after the ``...`` of the code span in ``doc`` that holds ``start``."""
+    text = flat((ROOT / "docs" / doc).read_text(encoding="utf-8"))
+    span = re.search(r"`([^`]*" + re.escape(start) + r"[^`]*)`", text)
+    assert span, f"docs/{doc} no longer quotes explain's {start!r}"
+    return re.split(r"\.\.\.;? ", span.group(1), maxsplit=1)[1]
+
+
+def test_explain_of_a_left_padded_causal_batch_is_the_quoted_line() -> None:
+    # usage.md: B=2, H=8, N=2048, D=64, a Hugging Face causal mask with 600 padded positions in element 1.
+    B, H, N, D = 2, 8, 2048, 64
+    q = k = v = torch.zeros(B, H, N, D)
+    real = torch.ones(B, N, dtype=torch.bool)
+    real[1, :600] = False
+    mask = (torch.ones(N, N, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]  # (B, 1, N, N)
+    quoted = quoted_explain("usage.md", "attn_mask read tile by tile")
+    assert quoted in str(fa.explain(q, k, v, attn_mask=mask))
+
+
+def test_explain_with_kvcache_of_the_decode_step_is_the_quoted_line() -> None:
+    # serving.md: B=2, H_q=8, H_kv=2, cache_seqlens=[37, 20], one new key and query, num_splits=3, on the CPU.
+    q, k_new = torch.zeros(2, 8, 1, 64), torch.zeros(2, 2, 1, 64)
+    k_cache, v_cache = torch.zeros(2, 2, 64, 64), torch.zeros(2, 2, 64, 64)
+    lengths = torch.tensor([37, 20], dtype=torch.int32)
+    quoted = quoted_explain("serving.md", "key ranges per batch element")
+    line = fa.explain_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=lengths, num_splits=3)
+    assert quoted in str(line)
