@@ -54,3 +54,23 @@ def test_names_that_did_not_move_are_left_alone():
     assert new_path("flashattn_teach.tracer") is None  # a prefix of the name, not of a dotted part
     assert new_path("flashattn_teach.triton.launch") is None
     assert new_path("torch.trace") is None  # another package
+
+
+def test_a_moved_top_level_module_is_an_attribute_of_the_package_with_the_warning():
+    code = (
+        "import warnings, flashattn_teach\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    trace = flashattn_teach.trace\n"
+        "import flashattn_teach.replay\n"
+        "assert trace is flashattn_teach.replay and callable(trace.replay)\n"
+        "assert any(issubclass(w.category, DeprecationWarning) for w in caught)\n"
+        "try:\n"
+        "    flashattn_teach.no_such_module\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('a made-up attribute must raise')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -41,6 +41,16 @@ from .schedules import AttentionSchedules
 
 _moved.install()  # the 0.1 module paths (flashattn_teach.trace, ...) import for one more release
 
+
+def __getattr__(name: str) -> object:
+    """``flashattn_teach.trace`` and the other moved top-level modules as attributes, with the warning."""
+    if f"{__name__}.{name}" in _moved.TOP_LEVEL:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BACKENDS",
     "AttentionError",

@@ -35,6 +35,9 @@ MOVED = {
     "api.varlen_pages": "serving.varlen_pages",
 }
 
+# the moved modules that sat directly in the package (reachable as attributes: ``flashattn_teach.trace``)
+TOP_LEVEL = frozenset(f"{PACKAGE}.{old}" for old in MOVED if "." not in old)
+
 
 def new_path(name: str) -> str | None:
     """The new dotted path of the old module ``name`` (``flashattn_teach.trace.replay`` ->

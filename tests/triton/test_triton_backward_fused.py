@@ -23,6 +23,13 @@ from flashattn_teach.triton.kernels import backward_dkdv, backward_dq
 TILE = AttentionConfig.uniform(32, 16)
 
 
+@pytest.fixture(autouse=True)
+def _one_kernel_backward_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the one-kernel backward is off by default until a GPU run passes it (triton/provenance.py);
+    these tests are of its on position (the interpreter's test configuration has it either way)."""
+    monkeypatch.setenv("FLASHATTN_TEACH_FUSED_BACKWARD", "1")
+
+
 @contextlib.contextmanager
 def launched() -> Iterator[list[str]]:
     """The backward kernels launched inside the block, in order: "fused" (dK/dV with DQ_ATOMIC), "dkdv", "dq"."""

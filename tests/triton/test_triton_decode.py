@@ -195,8 +195,8 @@ def test_auto_keeps_cpu_tensors_on_the_cpu_paths_and_triton_refuses_gradients(mo
 def test_default_splits_fill_the_gpu_from_the_cache_capacity():
     # num_splits=0 with the caches' capacity as key length: B x H_kv = 8 programs on 132 SMs
     assert decode_launch.rows_block(4, 64) == 16 and decode_launch.rows_block(100, 64) == 64
-    splits = fa.splitkv.cuda_num_splits(B=1, H_kv=8, N_q=1, group=4, N_k=16384, D=128, sm_count=132)
-    assert 8 < splits <= fa.splitkv.MAX_SPLITS
+    splits = fa.serving.splitkv.cuda_num_splits(B=1, H_kv=8, N_q=1, group=4, N_k=16384, D=128, sm_count=132)
+    assert 8 < splits <= fa.serving.splitkv.MAX_SPLITS
 
 
 # ----------------------------------------------------------------------------- compiled ahead of time

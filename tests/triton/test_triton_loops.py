@@ -1,6 +1,8 @@
 """The loop profile (``flashattn-teach kernels --loops``) and the JIT specialisation it compiles.
 
-- SASS reading on a canned snippet: loops, the hot loop, counts by kind, the model's cycles.
+- SASS reading on a canned snippet: loops, the hot loop, counts by kind, the model's cycles; HMMA counted
+  once per warp and HGMMA once per warpgroup, atomics counted apart and priced (a one-kernel backward's
+  loop in miniature).
 - The specialisation: what :mod:`flashattn_teach.tools.kernels.specialize` records equals what triton's own
   ``jit_cache_hook`` is handed for the same launcher call, with GROUP = 1 (a constant) and GROUP = 4
   (an argument), and divisibility attributes only where a size is divisible by 16 (negative control).
@@ -228,6 +230,54 @@ def test_model_charges_issue_slots_exponentials_and_tensor_cores_per_program() -
     thin = "/*0000*/ HGMMA.64x16x16.F32 R1, gdesc[UR4], R1 ;\n/*0010*/ @P0 BRA 0x0 ;"
     thin_profile = loops.profile_sass(thin, num_warps=4)
     assert thin_profile is not None and thin_profile.tensor_cycles == (64 * 16 + 16 * 16) * 2 / 128  # not 8
+
+
+# the one-kernel backward's loop in miniature (hd128 32 x 128 tile, 8 warps, as triton builds it for sm_90):
+# warpgroup MMAs for the products with M = 64, an HMMA per warp for the dQ partial (M = 32 < 64, too small for
+# a warpgroup MMA), and the float32 reduction of that partial into dQ
+FUSED = """
+        /*0000*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   HMMA.16816.F32.BF16 R40, R4, R8, R40 ;
+        /*0040*/                   HMMA.16816.F32.BF16 R44, R4, R10, R44 ;
+        /*0050*/                   REDG.E.ADD.F32x4.FTZ.RN.STRONG.GPU desc[UR50][R164.64], R152 ;
+        /*0060*/                   RED.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR50][R20.64], R16 ;
+        /*0070*/               @P0 BRA 0x0 ;
+"""
+
+
+def test_hmma_runs_once_per_warp_and_hgmma_once_per_warpgroup() -> None:
+    p = loops.profile_sass(FUSED, num_warps=8, arch="sm90")
+    assert p is not None
+    hgmma, hmma = 64 * 128 * 16, 16 * 8 * 16
+    # 2 warpgroups run the HGMMA once each; each of the 8 warps runs its own 2 HMMAs
+    assert p.mma_fmas == 2 * hgmma + 8 * 2 * hmma
+    # HGMMA: max(64 math cycles, (128 x 16 + 64 x 16) x 2 B / 128 = 48); HMMA: 2048 FMAs = 1 cycle each
+    assert p.tensor_cycles == 2 * 64 + 8 * 2 * 1
+    assert sass.mma_issuers(sass.parse(FUSED)[1]) == 4 and sass.mma_issuers(sass.parse(FUSED)[3]) == 1
+    # on sm_80 every HMMA runs per warp too (there it is the only tensor-core instruction)
+    ampere = loops.profile_sass(FUSED.replace("HGMMA.64x128x16", "HMMA.16816"), num_warps=8, arch="sm80")
+    assert ampere is not None and ampere.mma_fmas == 8 * 3 * hmma
+    # and no A100 has been measured: its estimate says so, the H100-class one does not
+    assert not ampere.calibrated and ampere.basis.startswith("uncalibrated: no A100")
+    assert p.calibrated and p.basis.startswith("calibrated on the H200")
+
+
+def test_atomics_are_counted_apart_and_priced_per_warp() -> None:
+    body = sass.parse(FUSED)
+    counts = sass.count_kinds(body)
+    assert counts["atomic"] == 2 and counts["stg"] == 0 and counts["other"] == 0
+    assert [sass.atomic_bytes(i) for i in body if i.kind == "atomic"] == [16, 4]
+    p = loops.profile_sass(FUSED, num_warps=8, arch="sm90")
+    assert p is not None
+    # each warp's REDG.F32x4 moves 32 x 16 B, its RED.F32 32 x 4 B, at 128 B a cycle (the assumption)
+    assert p.atomic_cycles == 8 * (32 * 16 + 32 * 4) / 128
+    assert p.cycles == p.tensor_cycles + max(p.issue_cycles, p.mufu_cycles) + p.atomic_cycles
+    assert p.calibrated and "calibrated on the H200" in p.basis and "atomic 40" in p.summary()
+    # without the atomics the same loop is cheaper by exactly their cycles
+    plain = loops.profile_sass(FUSED.replace("REDG.E.ADD.F32x4", "NOP").replace("RED.E.ADD.F32", "NOP"), 8)
+    assert plain is not None and plain.atomic_cycles == 0 and plain.cycles == p.cycles - p.atomic_cycles
 
 
 @pytest.mark.parametrize("call", ["group=1 N=8192", "group=4 N=8192"])

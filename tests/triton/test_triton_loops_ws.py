@@ -2,7 +2,8 @@
 
 - SASS reading on a canned snippet: a producer region and a consumer region, each opened by a
   ``USETMAXREG``, their loops, registers, named barriers, and the mbarrier retry stub (a jump back from
-  after an ``EXIT``) that is no loop; the model's cycles worked out by hand.
+  after an ``EXIT``) that is no loop; the model's cycles worked out by hand; its estimate labelled
+  uncalibrated in every line that prints it (the plain reading of the same SASS as the control).
 - A small warp-specialised forward defined here, compiled for sm_90 ahead of time (in a subprocess without
   TRITON_INTERPRET, about 10 s): its partitions are found, they cover the tile's matmuls exactly once, and
   the estimate lies between the no-overlap formula and the perfect-overlap ceiling. The same kernel
@@ -17,12 +18,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import triton
 from triton import language as tl
 
-from flashattn_teach.tools.kernels import loops, sass
+from flashattn_teach.tools.kernels import loops, report, sass
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 HERE = Path(__file__).resolve().parent
@@ -165,6 +167,30 @@ def test_model_of_a_canned_warp_specialised_kernel() -> None:
     plain = loops.profile_sass(CANNED_WS.replace("USETMAXREG", "NOP"), num_warps=4)
     assert plain is not None and not plain.specialized and plain.partition_lines() == []
     assert plain.cycles == plain.serial_cycles == 32 + max(4 * 7 / 4, 4 * 32 / 16)
+
+
+def test_warp_specialised_estimates_say_uncalibrated_wherever_printed() -> None:
+    ws = loops.profile_sass(CANNED_WS, num_warps=4)
+    plain = loops.profile_sass(CANNED_WS.replace("USETMAXREG", "NOP"), num_warps=4)
+    assert ws is not None and plain is not None
+    assert not ws.calibrated and ws.basis.startswith("uncalibrated") and "borrowed" in ws.basis
+    assert plain.calibrated and ws.basis != plain.basis and "uncalibrated" not in plain.basis  # control
+    assert "uncalibrated" in ws.partition_lines()[-1] and "uncalibrated" in ws.summary()
+    assert "uncalibrated" not in plain.summary()
+    # the no-overlap figure stands beside it: the consumers' work serialised
+    assert ws.serial_tflops() < ws.estimate_tflops()
+    # the kernels command's per-pass lines, one forward specialised and one not
+    tile = SimpleNamespace(BLOCK_M=128, BLOCK_N=64)
+    lines = {
+        d: report.pass_estimates([(SimpleNamespace(kernel="forward", dtype="bf16", head_dim=d, config=tile), p)])[0]
+        for d, p in ((64, ws), (128, plain))
+    }
+    assert "TFLOP/s estimated, uncalibrated" in lines[64] and "no overlap of its consumers" in lines[64]
+    assert "TFLOP/s estimated, calibrated on the H200" in lines[128] and "uncalibrated" not in lines[128]
+    row = report._loop_row(
+        SimpleNamespace(kernel="forward", dtype="bf16", head_dim=64, config="128x64", registers=232, smem_bytes=0), ws
+    )
+    assert row.endswith("(TF/s uncalibrated: warp-specialised)")
 
 
 def test_warp_specialised_kernel_is_read_by_partition(compiled) -> None:

@@ -182,8 +182,11 @@ def test_the_scratch_allocator_is_installed_only_where_none_is_set() -> None:
 
 def test_explain_names_the_forward_that_runs_and_whether_it_is_specialised(monkeypatch) -> None:
     q, k, v = _inputs(1, 2, 1, 64, 64, 128, torch.float16)
-    # the interpreter's default is the small test tile; ask as an sm_90 GPU would
-    monkeypatch.setattr(support, "default_config", lambda q, s, variants: shipped_config(128, q.dtype, "sm90"))
+    # the interpreter's default is the small test tile; ask for the sm_90 table's row, warp specialisation
+    # included as if switched on (the default leaves it out: test_triton_provenance.py)
+    monkeypatch.setattr(
+        support, "default_config", lambda q, s, variants, tried=True: shipped_config(128, q.dtype, "sm90")
+    )
     text = str(fa.explain(q, k, v, is_causal=True, backend="triton"))
     assert "forward 128x128 w4 s2 tma ws: warp-specialised" in text, text
     text = str(fa.explain(q, k, v, dropout_p=0.1, backend="triton"))
@@ -194,8 +197,9 @@ SM90 = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-def test_shipped_forward_runs_specialised_and_replays_in_a_cuda_graph() -> None:
+def test_shipped_forward_runs_specialised_and_replays_in_a_cuda_graph(monkeypatch) -> None:
     # the scratch memory of the kernel's descriptors comes from torch's caching allocator, which serves capture
+    monkeypatch.setenv("FLASHATTN_TEACH_WARP_SPECIALIZE", "1")  # off by default until a GPU run passes it
     q, k, v = _inputs(2, 4, 2, 1000, 1000, 128, torch.bfloat16, seed=4)
     with _forward_tiles() as seen:
         first = triton_attention(q, k, v, causal=True, enable_gqa=True)  # compiles outside the capture

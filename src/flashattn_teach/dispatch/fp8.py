@@ -17,6 +17,7 @@ from .._options import AttentionOptions
 from ..errors import BackendUnavailableError
 from ..reference.fp8 import fp8_forward
 from ..triton.fp8 import fp8_unsupported_reason, triton_fp8_forward
+from ..triton.provenance import ran_note
 from .planner import Plan, check_backend
 
 EMULATION = "the FP8 emulation (reference/fp8.py: e4m3 products in fp32, P rounded to e4m3)"
@@ -30,7 +31,7 @@ def plan_fp8(q: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
         why_not = fp8_unsupported_reason(q, opts)
         if why_not is not None:
             raise BackendUnavailableError(f"backend={backend!r} cannot run this FP8 call: {why_not}")
-        return Plan("triton", "FP8 inputs: the fused kernel's e4m3 build (sm_90)")
+        return Plan("triton", f"FP8 inputs: the fused kernel's e4m3 build (sm_90); {ran_note('FP8 forward')}")
     if q.is_cuda:
         return Plan(backend, f"requested explicitly: {EMULATION}, on {q.device}")
     return Plan("online" if backend == "auto" else backend, f"{q.device.type} tensors: {EMULATION}")

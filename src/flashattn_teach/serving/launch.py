@@ -26,6 +26,8 @@ has already checked shapes, dtypes, devices and options (``_validate_decode``). 
 - the partials are merged by :func:`~.decode.decode_combine`, one launch, rather than by
   ``merge_attention_states`` in torch: ``num_splits - 1`` merges of about eight torch kernels each would
   cost more launches than the decode step itself takes on a GPU.
+- both kernels launch on the caches' GPU, whichever is current
+  (:func:`flashattn_teach.triton.devices.launches_on_device`).
 
 Like the rest of the package this file does not import triton at import time.
 """
@@ -41,6 +43,7 @@ from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
 from ..triton.configs import arch_of, block_d, dot_precision
+from ..triton.devices import launches_on_device
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
 from ..triton.support import decode_unsupported_reason
@@ -230,6 +233,7 @@ def triton_decode(
     )
 
 
+@launches_on_device
 def launch_decode(
     q: Tensor,
     k_cache: Tensor,

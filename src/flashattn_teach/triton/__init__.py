@@ -12,6 +12,7 @@ Layers, each in its own file:
     backward_dkdv_inner.py  its loop over query blocks
     backward_dq.py    the dQ kernel of the deterministic backward (a program owns a query block)
     configs.py    block sizes, warps and stages per (head dim, dtype, GPU generation)
+    provenance.py which paths have run on a GPU, and when; those that have not stay off by default
     masking.py    the mask contract in the kernels: window ranges, softcap, ALiBi
     usermods.py   score_mod, mask_mod and a block mask's tile kinds inside the kernels
     variants.py   a call's variants as the kernels' flags and arguments
@@ -84,9 +85,14 @@ def triton_attention(
         causal, causal_align: see :mod:`flashattn_teach.masks.causal` (``"top_left"`` or ``"bottom_right"``).
         scale: softmax scale, default ``1 / sqrt(D)``.
         return_lse: also return ``lse`` (float32, shape ``(..., H_q, N_q)``).
-        config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA and
-            :data:`TEST_CONFIG` in the interpreter; ``"autotune"`` times the candidates of
-            :func:`~flashattn_teach.triton.autotune.autotune` once per shape class and uses the fastest.
+        config: block sizes, warps and stages; default from :func:`shipped_config` on CUDA without the
+            paths no GPU has run yet (the warp-specialised forward, the one-kernel backward, the
+            longest-first causal grid), each switched on by its environment variable
+            (:mod:`flashattn_teach.triton.provenance`), and :data:`TEST_CONFIG` in the interpreter. For one
+            call, pass the configuration to run: ``shipped_config(D, q.dtype, "sm90")`` has all three, and
+            ``provenance.as_tried(config, warp_specialize=True)`` only the ones asked for.
+            ``"autotune"`` times the candidates of :func:`~flashattn_teach.triton.autotune.autotune` once
+            per shape class and uses the fastest.
         window, softcap, alibi_slopes, seqlens_k, attn_mask: the variants of
             :func:`flashattn_teach.flash_attention` (see :mod:`flashattn_teach.masks`), honoured in the
             forward and backward kernels (a mask read tile by tile); ALiBi slopes and the mask get no

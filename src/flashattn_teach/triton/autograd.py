@@ -25,6 +25,7 @@ from .configs import AttentionConfig
 from .launch import backward as launch_backward
 from .launch import default_config, to_4d
 from .launch import forward as launch_forward
+from .provenance import off_note, ran_note
 from .variants import PLAIN, KernelVariants
 
 
@@ -50,19 +51,26 @@ def explain_backward(q: Tensor, opts: AttentionOptions) -> str:
     if packed is not None:  # packed sequences take the variant rows, as triton_varlen_forward's call does
         variants = replace(variants, cu_seqlens_q=packed.cu_q_t, cu_seqlens_k=packed.cu_k_t)
     config = default_config(q, opts.shapes, variants)
-    if config.backward_dkdv is None:
+    if config.backward_dkdv is None or config.backward_dq is None:
         return "; no backward ships for this head dimension and dtype"
     deterministic, why = deterministic_backward(opts.deterministic)
-    two = "; backward: two kernels (dK/dV, then dQ), bitwise reproducible"
+    row = default_config(q, opts.shapes, variants, tried=False)  # the table's, before the switches
+    tma = config.backward_dkdv.tma or config.backward_dq.tma
+    ran = ran_note("two-kernel backward by TMA" if tma else "two-kernel backward through pointers")
+    if not tma and row.backward_dkdv is not None and row.backward_dq is not None:
+        ran += f"; {off_note('backward_tma')}" if row.backward_dkdv.tma or row.backward_dq.tma else ""
+    two = f"; backward: two kernels (dK/dV, then dQ), bitwise reproducible ({ran})"
     if deterministic:
         return f"{two}, as {why} asks"
     if config.backward_fused is None:
+        if row.backward_fused is not None:
+            return f"{two}: {off_note('fused_backward')}"
         kind = "calls with variants, dropout or packed sequences" if variants.used else "this head dimension"
         return f"{two}: no one-kernel tile is compile-checked for {kind} on this GPU and dtype"
     how = "deterministic=True or torch.use_deterministic_algorithms(True) runs the two-kernel backward"
     return (
         "; backward: one kernel per key block, dQ added in fp32 by atomics, not bitwise reproducible "
-        f"({how if why == 'deterministic=False' else why})"
+        f"({how if why == 'deterministic=False' else why}; {ran_note('one-kernel backward')})"
     )
 
 

@@ -22,6 +22,7 @@ from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
 from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, check_backward_config, shipped_config
 from .devices import device_reason, shape_reason
+from .provenance import as_tried
 
 Timer = Callable[[Callable[[], object]], float]
 
@@ -29,11 +30,12 @@ _CACHE: dict[tuple[object, ...], AttentionConfig] = {}
 
 
 def candidate_configs(q: Tensor, head_dim: int, needs_backward: bool) -> list[AttentionConfig]:
-    """Compile-checked configurations for these inputs, the current GPU generation's row first."""
+    """Compile-checked configurations for these inputs, the current GPU generation's row first, without the
+    paths no GPU has run unless they are switched on (:func:`.provenance.as_tried`)."""
     if q.device.type != "cuda":
         return [TEST_CONFIG, AttentionConfig.uniform(16, 32), AttentionConfig.uniform(32, 32)]
     own = arch_of(q.device)
-    rows = [shipped_config(head_dim, q.dtype, a) for a in (own, *(a for a in ARCHS if a != own))]
+    rows = [as_tried(shipped_config(head_dim, q.dtype, a)) for a in (own, *(a for a in ARCHS if a != own))]
     rows = [c for c in rows if not needs_backward or c.backward_dkdv is not None]
     return list(dict.fromkeys(rows))
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from ..errors import AttentionValueError
 from ..flex.classify import MaskMod, result_dims
 from ..flex.mods import KIND_FULL, KIND_PARTIAL, KIND_SKIP
+from . import devices
 from .support import triton_reason
 from .usermod import UnsupportedUserFunction, compile_mask_mod
 
@@ -58,21 +59,22 @@ def launch_block_kinds(
     C = [*captures, *[kinds] * (MAX_CAPTURE_SLOTS - len(captures))]
     # about 64 tile elements per thread (32 threads a warp): a 128 x 128 tile on 4 warps ran out of registers
     num_warps = min(8, max(1, block_m * block_n // (64 * 32)))
-    block_kinds_kernel[(B_o, H_o, T_r)](
-        kinds,
-        *kinds.stride(),
-        N_q,
-        N_k,
-        T_c,
-        *C,
-        MASK_MOD=mask_jit,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        KIND_SKIP=KIND_SKIP,
-        KIND_PARTIAL=KIND_PARTIAL,
-        KIND_FULL=KIND_FULL,
-        num_warps=num_warps,
-    )
+    with devices.device_guard(device):  # the launch goes to the current GPU: make it the tensors' one
+        block_kinds_kernel[(B_o, H_o, T_r)](
+            kinds,
+            *kinds.stride(),
+            N_q,
+            N_k,
+            T_c,
+            *C,
+            MASK_MOD=mask_jit,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            KIND_SKIP=KIND_SKIP,
+            KIND_PARTIAL=KIND_PARTIAL,
+            KIND_FULL=KIND_FULL,
+            num_warps=num_warps,
+        )
     return kinds
 
 

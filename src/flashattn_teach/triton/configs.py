@@ -113,15 +113,18 @@ class KernelConfig:
 @dataclass(frozen=True)
 class AttentionConfig:
     """The configurations of the kernels of one attention call (forward and backward). ``backward_fused``:
-    the one-kernel backward's tile (the dK/dV kernel adding dQ by atomics), the default backward where it
-    is set; None where no tile compiles cleanly, and then the two-kernel backward (``backward_dkdv`` and
-    ``backward_dq``, also the ``deterministic`` one) is the default."""
+    the one-kernel backward's tile (the dK/dV kernel adding dQ by atomics), the backward where it is set;
+    None where no tile compiles cleanly (or, by default on a GPU, where it is not switched on:
+    :mod:`.provenance`), and then the two-kernel backward (``backward_dkdv`` and ``backward_dq``, also the
+    ``deterministic`` one). ``longest_first``: under causal the programs start all heads' longest blocks
+    first (:mod:`.kernels.grid`'s ``LONGEST``), else each head's blocks longest first (``PER_HEAD``)."""
 
     forward: KernelConfig
     backward_dkdv: KernelConfig | None
     backward_dq: KernelConfig | None
     backward_preprocess: KernelConfig = KernelConfig(32, 0, 4, 1)
     backward_fused: KernelConfig | None = None
+    longest_first: bool = True
 
     @classmethod
     def uniform(cls, block_m: int, block_n: int, num_warps: int = 4, num_stages: int = 1) -> AttentionConfig:
@@ -175,10 +178,10 @@ def _ws(block_m: int, block_n: int, num_stages: int, fallback: KernelConfig) -> 
 # accumulators do not fit in registers together.
 #
 # The forward rows are warp-specialised (``ws``: 4 warps become 12) with the previous row as their fallback,
-# for calls the pass takes (:func:`.tma.ws_reason`). Their tiles are the largest that compile without
-# spills with triton 3.6 and 3.9 in shared memory within the 232,448 bytes a block may use: 128 x 128 with
-# three stages up to hd64 (131,648 bytes at hd64), with two at hd128 (180,608; three ask for 246,336),
-# 128 x 64 with two at hd256 (229,760). They are not yet timed on a GPU.
+# for calls the pass takes (:func:`.tma.ws_reason`), where switched on (off by default: .provenance). Their
+# tiles are the largest that compile without spills with triton 3.6 and 3.9 in shared memory within the
+# 232,448 bytes a block may use: 128 x 128 with three stages up to hd64 (131,648 bytes at hd64), with two
+# at hd128 (180,608; three ask for 246,336), 128 x 64 with two at hd256 (229,760). Not yet run on a GPU.
 #
 # The 192 rows (D = 192, D_v <= 128, as two lane groups: :mod:`.lanes`) are the loop profile's best that
 # compile without spills, causal and not, with triton 3.6 and 3.9 (``flashattn-teach kernels
@@ -294,11 +297,12 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 # The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
 # without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
 # tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
-# triton 3.6 and 3.9, causal and not; at hd128 on sm_90 32 x 128 with two stages spills 16 bytes in 3.9's
-# causal build and with one stage 16 to 48 in 3.6's, so the stages follow the compiler. No entry, and so the
-# two-kernel backward (deterministic) by default: hd256 (every tile tried spills 80 to 184 bytes), fp32 above
-# hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against 0.5 to 2
-# in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
+# triton 3.9, causal and not; with 3.6 every entry but the sm_90 hd128 one (32 x 128, two stages), whose causal
+# build spills 8 bytes as the JIT specialises it for the GPU tests (issue 37's review). Its stages follow the
+# compiler: two spill 16 bytes in 3.9's causal build, one 16 to 48 in 3.6's. Off by default (.provenance).
+# No entry, so the two-kernel backward (deterministic): hd256 (every tile tried spills 80 to 184 bytes),
+# fp32 above hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against
+# 0.5 to 2 in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
     ("sm90", "16-bit", 32): K(64, 128, 8, 3),

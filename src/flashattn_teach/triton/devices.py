@@ -1,10 +1,16 @@
 """Whether the Triton kernels can run a call at all: the device (CUDA, or the CPU under ``TRITON_INTERPRET=1``),
 the dtype and head dimension the shipped kernels take, and whether autograd will want the backward. The
-launchers, :mod:`.support` and :mod:`.autotune` ask these before anything is launched."""
+launchers, :mod:`.support` and :mod:`.autotune` ask these before anything is launched; and every launcher
+launches on its tensors' device (:func:`launches_on_device`, :func:`device_guard`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
@@ -60,3 +66,28 @@ def shape_reason(q: Tensor, s: AttentionShapes, needs_grad: bool) -> str | None:
 def needs_grad(*tensors: Tensor) -> bool:
     """Whether autograd will ask for the backward of a call on these tensors."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """``torch.cuda.device(device)`` for a CUDA device, else nothing to enter. A Triton launch goes to the
+    *current* CUDA device (its stream, and the scratch memory of in-kernel descriptors, are the current
+    device's), so tensors on another GPU would be read from the wrong one: an illegal memory access."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def launches_on_device(
+    launcher: Callable[Concatenate[torch.Tensor, P], R],
+) -> Callable[Concatenate[torch.Tensor, P], R]:
+    """``launcher(q, ...)`` run inside :func:`device_guard` of ``q``'s device: every kernel it launches (and
+    every scratch buffer Triton asks for) goes to that GPU, whichever is current."""
+
+    @functools.wraps(launcher)
+    def on_device(q: torch.Tensor, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with device_guard(q.device):
+            return launcher(q, *args, **kwargs)
+
+    return on_device

@@ -17,6 +17,7 @@ from ..errors import AttentionValueError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, block_d
 from .devices import device_reason
 from .launch import to_4d
+from .provenance import as_tried
 from .support import triton_reason
 from .variants import NO_DROPOUT, KernelVariants
 
@@ -105,8 +106,8 @@ def triton_fp8_forward(
         raise AttentionValueError(f"backend='triton' cannot run this FP8 call: {reason}")
     s = opts.shapes
     variants = KernelVariants.from_spec(opts.mask, NO_DROPOUT)
-    if config is None and q.device.type == "cuda":
-        config = fp8_forward_config(max(s.D, s.D_v), variants=variants.used)
+    if config is None and q.device.type == "cuda":  # without the paths no GPU has run (.provenance)
+        config = as_tried(fp8_forward_config(max(s.D, s.D_v), variants=variants.used))
     elif config is None:
         config = TEST_CONFIG
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)

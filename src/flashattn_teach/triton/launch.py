@@ -15,6 +15,7 @@ from .._validate.fp8 import Fp8Descale
 from .._validate.inputs import AttentionShapes
 from ..errors import AttentionValueError
 from ..masks.causal import diagonal_offset
+from ..masks.grid import LONGEST, PER_HEAD
 from .configs import (
     TEST_CONFIG,
     AttentionConfig,
@@ -26,18 +27,35 @@ from .configs import (
     lane_groups,
     shipped_config,
 )
+from .devices import launches_on_device
+from .provenance import as_tried
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .variants import PLAIN, KernelVariants
 
 
-def default_config(q: Tensor, s: AttentionShapes, variants: KernelVariants = PLAIN) -> AttentionConfig:
-    """The shipped configuration for these inputs (and variants); the fixed test configuration in the
-    interpreter."""
+def default_config(
+    q: Tensor, s: AttentionShapes, variants: KernelVariants = PLAIN, *, tried: bool = True
+) -> AttentionConfig:
+    """The shipped configuration for these inputs (and variants), without the paths no GPU has run unless
+    they are switched on (:func:`.provenance.as_tried`; ``tried=False``: the table's row, all of them); the
+    fixed test configuration in the interpreter."""
     if q.device.type != "cuda":
         return TEST_CONFIG
-    return shipped_config(
-        s.D, q.dtype, arch_of(q.device), variants=variants.used, dropout=variants.has_dropout, head_dim_v=s.D_v
-    )
+    return arch_config(arch_of(q.device), q.dtype, s, variants, tried=tried)
+
+
+def arch_config(
+    arch: str, dtype: torch.dtype, s: AttentionShapes, variants: KernelVariants = PLAIN, *, tried: bool = True
+) -> AttentionConfig:
+    """:func:`default_config` for a GPU generation (``"sm90"`` or ``"sm80"``) and dtype, asked of no device."""
+    row = shipped_config(s.D, dtype, arch, variants=variants.used, dropout=variants.has_dropout, head_dim_v=s.D_v)
+    return as_tried(row) if tried else row
+
+
+def grid_order(config: AttentionConfig) -> int:
+    """The kernels' ``GRID_ORDER`` under causal (:mod:`.kernels.grid`): all heads' longest blocks first where
+    ``config.longest_first``, else each head's blocks longest first (the order that ran on a GPU)."""
+    return LONGEST if config.longest_first else PER_HEAD
 
 
 def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
@@ -88,6 +106,7 @@ def check_tile_offsets(kernel: str, block_rows: int, **tensors: Tensor) -> None:
             )
 
 
+@launches_on_device
 def forward(
     q: Tensor,
     k: Tensor,
@@ -177,6 +196,7 @@ def forward(
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
         WS=ws,
+        GRID_ORDER=grid_order(config),
         # the specialised build's one loop needs no mask when every row sees every key of every block
         EVEN_N=ws and N_k % c.BLOCK_N == 0 and not (causal or variants.window or variants.has_seqlens),
         SCORE_MOD=variants.score_mod_fn,
@@ -191,6 +211,7 @@ def forward(
     return o, lse
 
 
+@launches_on_device
 def backward(
     q: Tensor,
     k: Tensor,
@@ -322,6 +343,7 @@ def backward(
             VARLEN=var,
             TMA=tma,
             DQ_ATOMIC=fused,
+            GRID_ORDER=grid_order(config),
             SCORE_MOD=variants.score_mod_fn,
             SCORE_GRAD=variants.score_grad_fn,
             MASK_MOD=variants.mask_mod_fn,
@@ -381,6 +403,7 @@ def backward(
         ADD_MASK=variants.additive_mask,
         VARLEN=var,
         TMA=tma,
+        GRID_ORDER=grid_order(config),
         SCORE_MOD=variants.score_mod_fn,
         SCORE_GRAD=variants.score_grad_fn,
         MASK_MOD=variants.mask_mod_fn,

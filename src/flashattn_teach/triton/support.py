@@ -16,9 +16,10 @@ from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
 from ..errors import AttentionError
-from .configs import DTYPES, _triton_version, max_head_dim
+from .configs import DTYPES, _triton_version, lane_groups, max_head_dim
 from .devices import device_reason, interpreter_dtype_reason, needs_grad, shape_reason
 from .launch import default_config, to_4d
+from .provenance import grid_note, off_note, ran_note, untried_note
 from .tma import forward_tile, launch_tile, ws_reason
 from .variants import CAPTURE_SLOTS, NO_DROPOUT, SUPPORTED, KernelVariants
 
@@ -154,24 +155,34 @@ def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:
 
 def forward_kernel_note(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> str:
     """For ``explain``: the forward configuration the kernels launch for this checked call (the shipped
-    one), and whether its loop is warp-specialised, or why not. Imports triton."""
+    one), whether its loop is warp-specialised, or why not, and whether a GPU has run that path, its grid
+    order and the call's options (:mod:`.provenance`). Imports triton."""
     s = opts.shapes
+    untried = [*opts.mask.variants] + ["dropout"] * (opts.dropout_p > 0.0) + ["sinks"] * (opts.sinks is not None)
+    untried += ["a split head dim (two lane groups)"] * (lane_groups(s.D)[1] > 0)
     if opts.mask.packed is not None:
-        return "; forward not warp-specialised: packed sequences (a program may end early)"
+        return "; forward not warp-specialised: packed sequences (a program may end early)" + untried_note(untried)
     dropout = DropoutKey(p=opts.dropout_p) if opts.dropout_p > 0.0 else NO_DROPOUT  # a stand-in: nothing drawn
     variants = KernelVariants.from_spec(opts.mask, dropout)
     q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
-    asked = default_config(q4, s, variants).forward
-    tile, ws = forward_tile(asked, q4, k4, v4, variants)
+    config = default_config(q4, s, variants)
+    grid = f"; {grid_note(config)}" if opts.causal else ""
+    tile, ws = forward_tile(config.forward, q4, k4, v4, variants)
     compiled = _compiled_note(variants)
     if ws:
         return (
             f"; forward {tile}: warp-specialised (a producer warpgroup issues the TMA copies, two consumer "
-            "warpgroups of 64 query rows compute)"
+            f"warpgroups of 64 query rows compute), {ran_note('warp-specialised forward')}{grid}"
+            + untried_note(untried)
         )
-    tile, _ = launch_tile(tile, k4, v4, varlen=False)
-    why = ws_reason(asked, q4, k4, v4, variants)
-    return f"; forward {tile}{compiled}: not warp-specialised: {why}"
+    tile, tma = launch_tile(tile, k4, v4, varlen=False)
+    row = default_config(q4, s, variants, tried=False).forward  # the table's, before the switches
+    if row.ws and ws_reason(row, q4, k4, v4, variants) is None:
+        why = off_note("warp_specialize")
+    else:
+        why = f"not warp-specialised: {ws_reason(config.forward, q4, k4, v4, variants)}"
+    path = ran_note("forward by TMA" if tma else "forward through pointers")
+    return f"; forward {tile}{compiled}: {why}; {path}{grid}" + untried_note(untried)
 
 
 def _compiled_note(variants: KernelVariants) -> str:

@@ -123,8 +123,9 @@ def forward_tile(
 def ensure_scratch_allocator() -> None:
     """Give triton an allocator for kernel scratch memory (the in-kernel descriptors, 128 bytes each per
     program) unless one is set already: the caller's own ``triton.set_allocator`` is never replaced. Ours takes
-    ``torch.empty(size, dtype=torch.int8)`` on the current CUDA device, from torch's caching allocator,
-    which also serves CUDA-graph capture. Triton keeps the allocator in a context variable, so a new
+    ``torch.empty(size, dtype=torch.int8)`` on the current CUDA device, which the launcher has made the
+    tensors' (:func:`.devices.launches_on_device`), from torch's caching allocator, which also serves
+    CUDA-graph capture. Triton keeps the allocator in a context variable, so a new
     thread starts without one and gets it on its first warp-specialised launch."""
     import triton
     from triton.runtime import _allocation
@@ -137,4 +138,4 @@ def ensure_scratch_allocator() -> None:
 def _torch_scratch(size: int, alignment: int, stream: int | None) -> Tensor:
     """Scratch memory for a kernel launch, from torch's caching allocator (whose blocks are aligned to at
     least 512 bytes, above any alignment triton asks for)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the current device: the launch's (above)

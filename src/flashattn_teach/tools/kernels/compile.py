@@ -18,7 +18,10 @@ from .loops import LoopProfile, profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, kernel_request, one_lane_group, with_kernel_config
 
-SMEM_LIMIT = {"sm90": 228 * 1024, "sm80": 164 * 1024}
+# The most shared memory one block may use (the CUDA C++ Programming Guide's table of compute capabilities,
+# "maximum amount of shared memory per thread block": 227 KB on 9.0, 163 KB on 8.0), 1 KB less than an SM
+# holds (228 and 164 KB): the system keeps 1 KB per resident block (tools/scheduler.py's SMEM_RESERVED).
+SMEM_LIMIT = {"sm90": 227 * 1024, "sm80": 163 * 1024}  # 232,448 and 166,912 bytes
 MAX_REGISTERS = 255
 _SHORT_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 

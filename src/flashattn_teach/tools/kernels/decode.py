@@ -12,8 +12,9 @@ PAGE_SIZE`` stores the caches in pages of that many keys (a shuffled block table
 head dim 128 (DeepSeek's MLA), its keys two lane groups of 128 + 64; ``--padded`` builds it as before, one
 lane group padded to 256, on the same tiles (for comparing the two). Printed per kernel: registers per
 thread, spilled bytes (stack plus local memory), shared memory, and a check (no spills, at most 255
-registers, shared memory within 228 KB on sm_90, 164 KB on sm_80); ``--loops`` adds the split kernel's
-loop profile (:mod:`.loops`: instructions per warp per key-block iteration of its steady-state loop).
+registers, shared memory within the 227 KB a block may use on sm_90, 163 KB on sm_80); ``--loops`` adds the
+split kernel's loop profile (:mod:`.loops`: instructions per warp per key-block iteration of its steady-state
+loop).
 
     flashattn-teach kernels-decode --arch sm90 [--case bfloat16:128 float32:64] [--rows]
         [--paged 256] [--loops] [--padded]

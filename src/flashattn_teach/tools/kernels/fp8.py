@@ -6,8 +6,9 @@ descales, run through the real launcher (:func:`flashattn_teach.triton.launch.fo
 :func:`.specialize.capture`, at the tile :func:`flashattn_teach.triton.fp8.fp8_forward_config` ships:
 causal, and with a window, softcap and ALiBi at once (``--variants``). Printed per case: registers,
 spilled bytes, shared memory, the tensor-core instruction of the loop (``QGMMA...E4M3.E4M3``: the warpgroup
-MMA on e4m3 operands, for both products), the loop profile's estimate (:mod:`.loops`) and a check (no spills,
-at most 255 registers, shared memory within 228 KB, both products on QGMMA E4M3).
+MMA on e4m3 operands, for both products), the loop profile's estimate (:mod:`.loops`;
+uncalibrated: no FP8 kernel has been timed, the factor is the bf16 kernels') and a check (no spills,
+at most 255 registers, shared memory within the 227 KB a block may use, both products on QGMMA E4M3).
 
     flashattn-teach kernels-fp8 [--head-dim 64 128 256] [--variants]
 
@@ -29,7 +30,7 @@ from .loops import profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, requests_for, sample_shapes, sample_variants
 
-_ROW = "{:<4} {:<9} {:<16} {:>5} {:>7} {:>7}  {:<34} {:>9}"
+_ROW = "{:<4} {:<9} {:<16} {:>5} {:>7} {:>7}  {:<34} {:>16}"
 _QGMMA_E4M3 = re.compile(r"\bQGMMA\.(\d+x\d+x\d+)\.F32\.E4M3\.E4M3\b")
 
 
@@ -89,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
     print(f"# sm90 FP8 forward: registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT['sm90']} B")
-    columns = ("D", "variants", "tile", "regs", "spills", "smem", "e4m3 MMA in the SASS", "est TF/s")
+    columns = ("D", "variants", "tile", "regs", "spills", "smem", "e4m3 MMA in the SASS", "TF/s uncalibrated")
     print(_ROW.format(*columns) + "  check")
     failed = 0
     for d in args.head_dim:

@@ -24,10 +24,11 @@ in the variant rows and through pointers, since TMA does not serve packed sequen
 dropout, alone or to any of these runs, and uses the dropout rows.
 
 ``--loops`` adds the loop profile of :mod:`flashattn_teach.tools.kernels.loops` (instructions per warp and
-iteration of each kernel's steady-state loop, and a calibrated TFLOP/s estimate), compiled non-causal as
-in the benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
+iteration of each kernel's steady-state loop, and a TFLOP/s estimate), compiled non-causal as in the
+benchmark it is calibrated against; under a warp-specialised kernel's row, a line per partition
 (producer, consumers: warps, registers set by ``setmaxnreg``, named and CTA-wide barriers in its loop)
-and one with its model. ``--score-mod`` adds :mod:`flashattn_teach.tools.kernels.score_mod`'s table: a softcap
+and one with its model. A warp-specialised kernel's estimate is uncalibrated, and every row and line
+that prints one says so. ``--score-mod`` adds :mod:`flashattn_teach.tools.kernels.score_mod`'s table: a softcap
 written as a score_mod against the built-in softcap, loop by loop. ``--dump DIR`` writes each compiled
 kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
@@ -48,7 +49,7 @@ from ..._cli_types import positive_int
 from ...triton.configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_configs
 from ...triton.variants import PLAIN
 from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel
-from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile
+from .loops import CALIBRATED_ON, CALIBRATION, MODELS, UNCALIBRATED, LoopProfile
 from .specialize import sample_variants, sample_varlen
 from .waves import add_arguments as add_schedule_arguments
 from .waves import print_schedule
@@ -163,34 +164,39 @@ def _loop_row(r: CompileReport, p: LoopProfile) -> str:
         f"{c['ldg']:>3} {c['ldgsts']:>5} {c['tma']:>3} {c['lds']:>3} {c['ldsm']:>4} {c['bar'] - c['bar_named']:>3} "
         f"{c['bar_named']:>4} {c['sync']:>4} {c['wgmma_wait']:>5} {c['int']:>4} {c['local']:>7} {r.registers:>4} "
         f"{r.smem_bytes:>6} {p.tensor_cycles:>6.0f} {p.issue_cycles:>6.0f} {p.mufu_cycles:>6.0f} "
-        f"{p.estimate_tflops():>5.0f}  {mma}"
+        f"{p.estimate_tflops():>5.0f}  {mma}" + ("" if p.calibrated else f"  (TF/s {p.basis.split(',')[0]})")
     )
 
 
 def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[str]:
-    """Calibrated TFLOP/s of the forward and of the backward (dK/dV plus dQ loops; and the one-kernel
-    backward's loop where it ships) per dtype and head dim, in the benchmark's FLOPs: ``4 N_q N_k D`` forward
-    and 2.5 times that backward (FA2's convention)."""
+    """TFLOP/s of the forward and of the backward (dK/dV plus dQ loops; and the one-kernel backward's loop
+    where it ships) per dtype and head dim, in the benchmark's FLOPs: ``4 N_q N_k D`` forward and 2.5 times
+    that backward (FA2's convention). Each line says what it rests on: ``calibrated on ...``, or
+    ``uncalibrated`` with the no-overlap figure beside it where a warp-specialised kernel takes part."""
     by_key = {(r.kernel, r.dtype, r.head_dim): (r, p) for r, p in profiled}
     lines = []
     for dtype, d in dict.fromkeys((r.dtype, r.head_dim) for r, _ in profiled):
         for name, kernels, flops, note in (
             ("forward", ("forward",), 4 * d, ""),
-            ("backward", ("backward_dkdv", "backward_dq"), 10 * d, ""),
-            ("backward", ("backward_fused",), 10 * d, ", one kernel (dQ by atomics)"),
+            ("backward", ("backward_dkdv", "backward_dq"), 10 * d, ", two kernels"),
+            ("backward", ("backward_fused",), 10 * d, ", one kernel (dQ by atomics, their cost assumed)"),
         ):
             parts = [by_key[(k, dtype, d)] for k in kernels if (k, dtype, d) in by_key]
             if len(parts) < len(kernels):
                 continue
             # SM cycles per (query, key) pair: each kernel's iteration covers BLOCK_M x BLOCK_N pairs
             # (a kernel's calibrated cycles are its cycles / its calibration factor)
-            cycles = sum(p.cycles / p.calibration / (r.config.BLOCK_M * r.config.BLOCK_N) for r, p in parts)
-            tflops = parts[0][1].model.tflops(flops, cycles)
-            specialized = " (warp-specialised: uncalibrated)" if any(p.specialized for _, p in parts) else ""
+            pairs = [r.config.BLOCK_M * r.config.BLOCK_N for r, _ in parts]
+            cycles = sum(p.cycles / p.calibration / n for (_, p), n in zip(parts, pairs, strict=True))
+            model = parts[0][1].model
+            head = f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {model.tflops(flops, cycles):5.0f}"
+            if all(p.calibrated for _, p in parts) or not any(p.specialized for _, p in parts):
+                lines.append(f"{head} TFLOP/s estimated, {parts[0][1].basis}{note}")
+                continue
+            serial = sum(p.serial_cycles / p.calibration / n for (_, p), n in zip(parts, pairs, strict=True))
             lines.append(
-                f"# {name:<8} {str(dtype).removeprefix('torch.'):<9} D={d:<4} {tflops:5.0f} TFLOP/s estimated"
-                + note
-                + specialized
+                f"{head} TFLOP/s estimated, {UNCALIBRATED}{note} (no overlap of its consumers: "
+                f"{model.tflops(flops, serial):.0f})"
             )
     return lines
 
@@ -286,9 +292,11 @@ def print_loop_profiles(args: argparse.Namespace, selected: list[tuple[str, torc
     print(
         f"# loop profile, {args.arch}, non-causal: steady-state loop, counts per warp per iteration; "
         f"cycles per program-iteration on one SM ({model.name}: {model.sms} SMs at {model.clock_ghz} GHz); "
-        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu)); warp-specialised kernels "
-        f"(a line per partition below the row): {SPECIALIZED_CALIBRATION} (not fitted) x FLOPs / max(tensor, "
-        f"issue, mufu, each consumer's tensor + softmax); docs/loop-profile.md"
+        f"TF/s = {CALIBRATION} x tensor-core FLOPs / (tensor + max(issue, mufu) + atomic), "
+        + (f"calibrated on the {CALIBRATED_ON}" if model.measured else f"UNCALIBRATED (no {model.name} measured)")
+        + "; warp-specialised kernels (a line per partition below the row): the same factor x "
+        "FLOPs / max(tensor, issue, mufu, each consumer's tensor + softmax), UNCALIBRATED (the factor is "
+        "borrowed); HMMA counted per warp, HGMMA per warpgroup; atomics' cost assumed; docs/loop-profile.md"
     )
     print(_LOOP_HEADER)
     profiled = []

@@ -47,7 +47,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "lds": ("LDS",),
     "ldsm": ("LDSM",),  # ldmatrix
     "sts": ("STS", "STSM"),
-    "stg": ("STG", "UTMASTG", "RED", "ATOM", "ATOMG"),
+    "stg": ("STG", "UTMASTG"),
+    "atomic": ("RED", "REDG", "ATOM", "ATOMG"),  # reductions and atomics to global memory (dQ's float32 adds)
     "local": ("LDL", "STL"),  # spills
     "bar": ("BAR",),  # CTA-wide barrier (__syncthreads)
     "sync": ("SYNCS",),  # mbarrier arrive / wait (sm_90)
@@ -98,6 +99,7 @@ _NAMED_BARRIER = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s*,\s*(0x[0-9a-f]+|\d+)\b", 
 _LAST_NUMBER = re.compile(r"(0x[0-9a-f]+|\d+)\s*$", re.IGNORECASE)
 WARPGROUP_MMA = ("HGMMA", "QGMMA")  # sm_90's warpgroup MMA: 16-bit and TF32 inputs, fp8 inputs
 _HMMA_SHAPE = re.compile(r"^HMMA\.(16)(8)(\d+)")  # HMMA.16816 is m16 n8 k16, HMMA.1688 m16 n8 k8
+_VECTOR = re.compile(r"\.(?:F32|S32|U32)x(\d)\b")  # REDG.E.ADD.F32x4: four float32 a lane
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,25 @@ def mma_shape(ins: Instruction) -> tuple[int, int, int]:
         if m is not None:
             return int(m.group(1)), int(m.group(2)), int(m.group(3))
     raise ValueError(f"not a tensor-core instruction with a shape: {ins.mnemonic}")
+
+
+def mma_issuers(ins: Instruction) -> int:
+    """How many warps issue one execution of a tensor-core instruction: 4 for a warpgroup MMA (HGMMA,
+    QGMMA: one execution for the warpgroup, whichever of its warps issue it), 1 for HMMA, which each warp
+    runs on its own (``mma.sync``; Triton emits it where a product is too small for a warpgroup MMA,
+    M < 64, also on sm_90)."""
+    return 4 if ins.opcode in WARPGROUP_MMA else 1
+
+
+def atomic_bytes(ins: Instruction) -> int:
+    """Bytes one lane of an atomic or reduction instruction adds: 16 for ``REDG.E.ADD.F32x4``, 8 for a
+    ``.64`` operation, 4 otherwise (``RED.E.ADD.F32``)."""
+    m = _VECTOR.search(ins.mnemonic)
+    if m is not None:
+        return 4 * int(m.group(1))
+    if ".128" in ins.mnemonic:
+        return 16
+    return 8 if ".64" in ins.mnemonic or ".F64" in ins.mnemonic else 4
 
 
 def mma_shapes(body: tuple[Instruction, ...] | list[Instruction]) -> Counter[str]:

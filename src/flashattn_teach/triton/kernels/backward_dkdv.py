@@ -21,7 +21,7 @@ from triton import language as tl
 from .backward import _causal_query_range
 from .backward_dkdv_inner import _attn_bwd_dkdv_inner
 from .dropout import _packed_dropout
-from .grid import INDEX, LONGEST, program_block
+from .grid import INDEX, program_block
 from .masking import _sequence, _window_query_range
 from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
@@ -129,6 +129,7 @@ def attn_bwd_dkdv(
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
+    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
     SCORE_MOD: tl.constexpr = None,
     SCORE_GRAD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
@@ -153,11 +154,11 @@ def attn_bwd_dkdv(
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
-    # causal: the first key blocks are seen by the most queries; all heads' start first (.grid). A program
-    # reads the query and dO rows of GROUP query heads.
+    # causal: the first key blocks are seen by the most queries; they start first (all heads' or each head's:
+    # GRID_ORDER, .grid). A program reads the query and dO rows of GROUP query heads.
     j, bh = program_block(
         tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_q * GROUP,
-        ORDER=LONGEST if CAUSAL else INDEX, LONGEST_LAST=False, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=False, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )  # fmt: skip
     start_n = j * BLOCK_N
     b = (bh // H_kv).to(tl.int64)

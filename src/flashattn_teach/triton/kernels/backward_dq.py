@@ -16,7 +16,7 @@ from triton import language as tl
 from .backward_dq_inner import _attn_bwd_dq_inner
 from .dropout import _packed_dropout
 from .forward import LOG2E, _causal_key_range
-from .grid import INDEX, LONGEST, program_block
+from .grid import INDEX, program_block
 from .masking import _sequence, _window_key_range
 from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
@@ -110,6 +110,7 @@ def attn_bwd_dq(
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     TMA: tl.constexpr = False,
+    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
     SCORE_MOD: tl.constexpr = None,
     SCORE_GRAD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
@@ -124,10 +125,10 @@ def attn_bwd_dq(
     launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
-    # causal: the last query blocks see the most keys; all heads' start first (.grid)
+    # causal: the last query blocks see the most keys; they start first (all heads' or each head's: GRID_ORDER)
     blk, bh = program_block(
         tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
-        ORDER=LONGEST if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )  # fmt: skip
     start_m = blk * BLOCK_M
     b = (bh // H_q).to(tl.int64)

@@ -51,7 +51,7 @@ from triton import language as tl
 
 from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
-from .grid import INDEX, LONGEST, program_block
+from .grid import INDEX, program_block
 from .masking import _sequence, _window_key_range
 from .tiles import _load_block, _load_block_hi, _store_block
 
@@ -163,6 +163,7 @@ def attn_fwd(
     ADD_MASK: tl.constexpr = False,
     VARLEN: tl.constexpr = False,
     WS: tl.constexpr = False,
+    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
     EVEN_N: tl.constexpr = False,
     SCORE_MOD: tl.constexpr = None,
     MASK_MOD: tl.constexpr = None,
@@ -218,10 +219,10 @@ def attn_fwd(
     the second through pointers or, with ``WS``, by its own in-kernel descriptors (not with ``TMA``).
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
-    # causal: all heads' longest key ranges start first, the short ones fill the tail (.grid)
+    # causal: the longest key ranges start first (all heads' or each head's: GRID_ORDER), the short ones fill the tail
     i, pid_bh = program_block(
         tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
-        ORDER=LONGEST if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )  # fmt: skip
     start_m = i * BLOCK_M
     b = pid_bh // H_q

@@ -20,7 +20,8 @@ list-scheduling rule, LPT). ``flashattn-teach kernels --schedule`` simulates the
 Python mirror (with the same constants, which this package, importing nothing, keeps here as well), used by
 the simulation and the replay page's GPU view; a test runs the two over the same small grids and compares the
 constants. Without a causal mask every program does the same work: the kernels then take ``INDEX``, which
-keeps one head's blocks together for L2.
+keeps one head's blocks together for L2. Under causal they take the launcher's ``GRID_ORDER``: ``PER_HEAD``
+(the order a GPU ran on 2026-11-30) unless ``LONGEST`` is switched on (:mod:`flashattn_teach.triton.provenance`).
 """
 
 from __future__ import annotations
