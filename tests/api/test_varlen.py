@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 
 import flashattn_teach as fa
 from flashattn_teach._validate.inputs import validate_inputs
-from flashattn_teach.core import online_softmax
 from flashattn_teach.dispatch import planner
 from flashattn_teach.masks.causal import TileKind
 from flashattn_teach.masks.packed import PackedSequences
 from flashattn_teach.masks.spec import MaskSpec
-from flashattn_teach.reference import dense_attention, parallel
+from flashattn_teach.reference import dense_attention, parallel, scores
 
 from probes import patch_everywhere
 
@@ -250,7 +249,7 @@ def test_many_short_sequences_visit_only_the_block_diagonal(monkeypatch):
     """64 sequences of 8 at 8 x 8 tiles: exactly the 64 diagonal tiles run, and the loops ask for the
     kind of O(T_r + T_c) tiles, not all T_r x T_c = 4096."""
     visited, asked = [], []
-    score_tile, kind = online_softmax.score_tile, PackedSequences.kind
+    score_tile, kind = scores.score_tile, PackedSequences.kind
 
     def counting_score_tile(q_i, k_j, scale, allowed=None, **variants):
         visited.append((q_i.shape[-2], k_j.shape[-2]))
@@ -260,7 +259,7 @@ def test_many_short_sequences_visit_only_the_block_diagonal(monkeypatch):
         asked.append(args)
         return kind(self, *args)
 
-    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting_score_tile)
+    patch_everywhere(monkeypatch, scores, "score_tile", counting_score_tile)
     monkeypatch.setattr(PackedSequences, "kind", counting_kind)
     lengths = [8] * 64
     q, k, v = (torch.randn(512, 2, 4) for _ in range(3))
@@ -276,13 +275,13 @@ def test_many_short_sequences_visit_only_the_block_diagonal(monkeypatch):
 def test_ragged_sequences_visit_only_the_tiles_they_see(monkeypatch):
     """Lengths that cut tiles: the tiles run are exactly those holding a visible (row, key) pair."""
     visited = []
-    score_tile = online_softmax.score_tile
+    score_tile = scores.score_tile
 
     def counting_score_tile(q_i, k_j, scale, allowed=None, **variants):
         visited.append(1)
         return score_tile(q_i, k_j, scale, allowed, **variants)
 
-    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting_score_tile)
+    patch_everywhere(monkeypatch, scores, "score_tile", counting_score_tile)
     lens_q, lens_k = [5, 0, 13, 1, 7, 9, 2], [3, 4, 13, 6, 0, 11, 2]
     q, k, v = torch.randn(sum(lens_q), 1, 4), torch.randn(sum(lens_k), 1, 4), torch.randn(sum(lens_k), 1, 4)
     M = block_diagonal(lens_q, lens_k, causal=True, causal_align="bottom_right", window=(3, -1))

@@ -16,7 +16,10 @@ F64 = torch.float64
 def leaves(N_q: int, N_k: int, seed: int, gain: float = 1.0, D: int = 16, D_v: int = 8):
     g = torch.Generator().manual_seed(seed)
     shapes = ((2, 2, N_q, D), (2, 2, N_k, D), (2, 2, N_k, D_v))
-    q, k, v = ((torch.randn(s, generator=g, dtype=F64) * w).requires_grad_() for s, w in zip(shapes, (gain, gain, 1)))
+    q, k, v = (
+        (torch.randn(s, generator=g, dtype=F64) * w).requires_grad_()
+        for s, w in zip(shapes, (gain, gain, 1), strict=True)
+    )
     return q, k, v, torch.randn(2, 2, N_q, D_v, generator=g, dtype=F64)
 
 
@@ -33,10 +36,10 @@ def test_flash_backward_matches_autograd_for_any_tiling(N_q, N_k, block_m, block
     grads = torch.autograd.grad(O, (q, k, v), dO)
     with torch.no_grad():
         mine = flash_backward(q, k, v, O, dO, lse, causal=causal, block_m=block_m, block_n=block_n)
-    for name, a, b in zip("qkv", mine, grads):
+    for name, a, b in zip("qkv", mine, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"d{name}")
     sdpa = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dO)
-    for name, a, b in zip("qkv", mine, sdpa):
+    for name, a, b in zip("qkv", mine, sdpa, strict=True):
         torch.testing.assert_close(a, b, msg=f"d{name} vs SDPA")
 
 
@@ -47,7 +50,7 @@ def test_flash_backward_with_logits_near_1e3_has_no_nan(causal: bool) -> None:
     assert (lse - O.new_tensor(0)).abs().max() > 500  # logits this large are the case
     grads = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dO)
     mine = flash_backward(q.detach(), k.detach(), v.detach(), O.detach(), dO, lse.detach(), causal, block_m=16)
-    for a, b in zip(mine, grads):
+    for a, b in zip(mine, grads, strict=True):
         assert not a.isnan().any()
         torch.testing.assert_close(a, b)
 
@@ -73,7 +76,9 @@ def test_tile_terms_hooks_give_the_chain_rule_of_softcap_and_dropout() -> None:
         T = torch.tanh(S / cap)
         return cap * T, lambda dS: dS * (1 - T * T)
 
-    t = tile_terms(q.detach(), k.detach(), v.detach(), dO, lse, delta, scale, mask, scores=softcap, drop=lambda x: x * keep / 0.7)
-    for a, b in zip((t.dQ, t.dK, t.dV), grads):
+    t = tile_terms(
+        q.detach(), k.detach(), v.detach(), dO, lse, delta, scale, mask, scores=softcap, drop=lambda x: x * keep / 0.7
+    )
+    for a, b in zip((t.dQ, t.dK, t.dV), grads, strict=True):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(t.P, P.detach())

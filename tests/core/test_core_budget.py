@@ -28,6 +28,8 @@ def test_importing_core_does_not_import_triton() -> None:
 def test_the_docstring_gives_the_reading_order_of_every_file() -> None:
     doc = flashattn_teach.core.__doc__ or ""
     names = [f.name for f in sorted(CORE.glob("*.py")) if f.name != "__init__.py"]
-    positions = [doc.find(f"``{name}``") for name in ("dense.py", "online_softmax.py", "loops.py", "backward.py", "kernel.py")]
+    positions = [
+        doc.find(f"``{name}``") for name in ("dense.py", "online_softmax.py", "loops.py", "backward.py", "kernel.py")
+    ]
     assert all(p >= 0 for p in positions) and positions == sorted(positions)
     assert all(f"``{n}``" in doc for n in names)

@@ -15,8 +15,11 @@ triton = pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from flashattn_teach.core import dense_attention, flash_backward  # noqa: E402
-from flashattn_teach.core import kernel  # noqa: E402
+from flashattn_teach.core import (  # noqa: E402
+    dense_attention,
+    flash_backward,
+    kernel,
+)
 from flashattn_teach.errors import AttentionValueError  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -47,7 +50,7 @@ def test_kernel_forward_and_backward_match_float64_in_float32(causal, N_q, N_k, 
     assert max_err(O, O_ref) < tol and max_err(lse, lse_ref) < tol
     grads = kernel.triton_backward(q, k, v, O, dO, lse, causal, block_m=block_m, block_n=block_n)
     refs = flash_backward(*f64[:3], O_ref, f64[3], lse_ref, causal)
-    for name, a, b in zip("qkv", grads, refs):
+    for name, a, b in zip("qkv", grads, refs, strict=True):
         assert a.dtype == torch.float32 and max_err(a, b) < 5 * tol, f"d{name}"
 
 
@@ -65,7 +68,7 @@ def test_kernel_error_is_at_most_twice_plain_pytorch_in_low_precision(dtype, cau
     O = kernel.attention(*mine, causal=causal)
     grads = torch.autograd.grad(O, mine, dO)
     assert O.dtype == dtype
-    for name, a, pt, ref in zip(("O", "dq", "dk", "dv"), (O, *grads), (O_pt, *pts), (O_ref, *refs)):
+    for name, a, pt, ref in zip(("O", "dq", "dk", "dv"), (O, *grads), (O_pt, *pts), (O_ref, *refs), strict=True):
         assert max_err(a, ref) <= 2 * max_err(pt, ref) + 1e-4, name
 
 

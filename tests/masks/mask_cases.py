@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn_teach.core import online_softmax
 from flashattn_teach.masks.spec import Tiling
-from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
+from flashattn_teach.reference import dense_attention, key_major_attention, online_attention, scores
 
 from attention_strategies import parallel_attention
 from probes import patch_everywhere
@@ -78,7 +77,7 @@ def count_score_tiles(monkeypatch):
     """Patch the references to record ``(Br, Bc, masked)`` of every score tile they compute: ``score_tile``
     for the query-major and key-major loops, ``Tiling.head_tile`` for the parallel path's per-head loops."""
     visited: list[tuple[int, int, bool]] = []
-    original = online_softmax.score_tile
+    original = scores.score_tile
 
     def counting(q_i, k_j, scale, allowed=None, **variants):
         visited.append((q_i.shape[-2], k_j.shape[-2], allowed is not None))
@@ -92,6 +91,6 @@ def count_score_tiles(monkeypatch):
         visited.append((rows[1] - rows[0], c1 - c0, allowed is not None))
         return allowed, bias
 
-    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting)
+    patch_everywhere(monkeypatch, scores, "score_tile", counting)
     monkeypatch.setattr(Tiling, "head_tile", counting_head_tile)
     return visited

@@ -6,9 +6,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from flashattn_teach.core import online_softmax
 from flashattn_teach.masks.causal import causal_mask
-from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
+from flashattn_teach.reference import dense_attention, key_major_attention, online_attention, scores
 
 from probes import patch_everywhere
 
@@ -53,13 +52,13 @@ def test_causal_tiles_above_the_diagonal_are_never_computed(
     attention, N_q, N_k, causal_align, block_m, block_n, monkeypatch
 ):
     visited = []
-    original = online_softmax.score_tile
+    original = scores.score_tile
 
     def counting_score_tile(q_i, k_j, scale, allowed=None, **variants):
         visited.append((q_i.shape[-2], k_j.shape[-2]))
         return original(q_i, k_j, scale, allowed, **variants)
 
-    patch_everywhere(monkeypatch, online_softmax, "score_tile", counting_score_tile)
+    patch_everywhere(monkeypatch, scores, "score_tile", counting_score_tile)
     q, k, v = (torch.randn(1, 1, n, 4) for n in (N_q, N_k, N_k))
     attention(q, k, v, causal=True, causal_align=causal_align, block_m=block_m, block_n=block_n)
 

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..errors import AttentionValueError
 from .dense import NEG_INF, check_inputs
 from .loops import blocks, tile_mask, visible
+from .online_softmax import Drop
 
 # S -> (the scores the softmax sees, dS w.r.t. those -> dS w.r.t. S)
 ScoreHook = Callable[[Tensor], tuple[Tensor, Callable[[Tensor], Tensor]]]
@@ -50,18 +51,9 @@ class BackwardTerms:
 
 
 def tile_terms(
-    q_i: Tensor,
-    k_j: Tensor,
-    v_j: Tensor,
-    do_i: Tensor,
-    lse_i: Tensor,
-    delta_i: Tensor,
-    scale: float,
-    mask: Tensor | None = None,
-    *,
-    scores: ScoreHook | None = None,
-    drop: Callable[[Tensor], Tensor] | None = None,
-) -> BackwardTerms:
+    q_i: Tensor, k_j: Tensor, v_j: Tensor, do_i: Tensor, lse_i: Tensor, delta_i: Tensor, scale: float,
+    mask: Tensor | None = None, *, scores: ScoreHook | None = None, drop: Drop | None = None,
+) -> BackwardTerms:  # fmt: skip
     """FA2 Alg. 2 lines 11-16 for tile ``(i, j)``: ``q_i (..., Br, D)``, ``k_j (..., Bc, D)``, ``v_j (..., Bc,
     D_v)``, ``do_i (..., Br, D_v)``, ``lse_i, delta_i (..., Br)``; ``mask (Br, Bc)`` bool, True = may see (applied
     after ``scores``). A row with ``lse_i = -inf`` saw no key: its ``P`` is 0, not ``exp(-inf - -inf)``."""
@@ -85,17 +77,9 @@ def tile_terms(
 
 
 def flash_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    O: Tensor,
-    dO: Tensor,
-    lse: Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-) -> tuple[Tensor, Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, O: Tensor, dO: Tensor, lse: Tensor,
+    causal: bool = False, scale: float | None = None, block_m: int = 64, block_n: int = 64,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """``(dq, dk, dv)`` of :func:`~flashattn_teach.core.dense.dense_attention` from its ``O (B, H, N_q, D_v)``
     and ``lse (B, H, N_q)`` and ``dO = dL/dO``: key blocks outside (``dK_j, dV_j`` on chip), query blocks inside."""
     scale = check_inputs(q, k, v, scale)

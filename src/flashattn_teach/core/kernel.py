@@ -1,20 +1,17 @@
-"""The forward and backward of ``loops.py`` and ``backward.py`` as Triton kernels, one query or key block per
-program. Import it as ``from flashattn_teach.core import kernel`` (``core`` itself never imports triton); on
-a CPU it runs in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before triton is imported.
+"""The forward and backward of ``loops.py`` and ``backward.py`` as Triton kernels, one block per program.
+``core`` never imports this file (nor triton): ``from flashattn_teach.core import kernel``. On a CPU it runs in
+Triton's interpreter when ``TRITON_INTERPRET=1`` is set before triton is imported.
 
-Forward (FA2 Alg. 1), program ``(i, b h)``: ``Q_i`` loaded once, the key blocks streamed through
-:func:`_forward_inner` in two stages, a ``MASK=False`` one over the key blocks every row of the block sees
-whole, then a ``MASK=True`` one over the rest (the causal diagonal, the short last key block). Scores live
-in base 2: ``exp(x) = exp2(x * LOG2E)``, so the scale is folded into ``qk_scale = scale * LOG2E`` and
-``m_i`` is in log2 units; ``lse`` goes back to natural log at the end. Accumulation is float32.
+Forward (FA2 Alg. 1), a program per query block ``i``: ``Q_i`` loaded once, key blocks streamed through
+:func:`_forward_inner` in two stages, ``MASK=False`` over the blocks every row sees whole, then ``MASK=True``
+over the rest (the causal diagonal, the short last block). Scores live in base 2, ``exp(x) = exp2(x LOG2E)``,
+with the scale folded into ``qk_scale = scale * LOG2E``; accumulation is float32; ``lse`` is stored in base e.
 
 Backward (FA2 Alg. 2), three launches: :func:`_delta_kernel` (``delta_i = rowsum(dO_i * O_i)``), then
-:func:`_dkdv_kernel` (a program per key block ``j``, ``dK_j, dV_j`` on chip, query blocks streamed) and
-:func:`_dq_kernel` (a program per query block, key blocks streamed), which recompute ``P_ij`` and ``dS_ij``
-with the same :func:`_probs_and_ds`. Two passes instead of atomics on ``dQ``: each output has one writer.
-
-Any ``N`` (loads past the end are masked and read as zeros), ``D`` up to the next power of two, ``D_v = D``.
-``lse`` is float32. On a GPU float32 inputs multiply in TF32 (Triton's default for ``tl.dot``).
+:func:`_dkdv_kernel` (a program per key block, ``dK_j, dV_j`` on chip) and :func:`_dq_kernel` (a program per
+query block), both recomputing ``P_ij`` and ``dS_ij`` with :func:`_probs_and_ds`: each output has one writer,
+no atomics. Any ``N`` (loads past the end read zeros), ``D <= 2^k`` lanes, ``D_v = D``. On a GPU float32 inputs
+multiply in TF32 (``tl.dot``'s default).
 """
 
 from __future__ import annotations
@@ -32,19 +29,29 @@ LN2 = tl.constexpr(0.69314718)  # ln 2: log(x) = log2(x) * LN2
 
 
 @triton.jit
+def _rows(start, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Offsets of rows ``[start, start + BLOCK)`` of a contiguous ``(n_rows, HEAD_DIM)`` matrix, and where they
+    fall inside it: ``(BLOCK, BLOCK_D)`` each."""
+    rows, lanes = start + tl.arange(0, BLOCK), tl.arange(0, BLOCK_D)
+    return rows[:, None] * HEAD_DIM + lanes[None, :], (rows[:, None] < n_rows) & (lanes[None, :] < HEAD_DIM)
+
+
+@triton.jit
 def _load_rows(base, start, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows ``[start, start + BLOCK)`` of a contiguous ``(n_rows, HEAD_DIM)`` matrix, zeros past either end."""
-    rows = start + tl.arange(0, BLOCK)
-    lanes = tl.arange(0, BLOCK_D)
-    ok = (rows[:, None] < n_rows) & (lanes[None, :] < HEAD_DIM)
-    return tl.load(base + rows[:, None] * HEAD_DIM + lanes[None, :], mask=ok, other=0.0)
+    at, ok = _rows(start, n_rows, HEAD_DIM, BLOCK, BLOCK_D)
+    return tl.load(base + at, mask=ok, other=0.0)  # zeros past either end
+
+
+@triton.jit
+def _store_rows(base, x, start, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    at, ok = _rows(start, n_rows, HEAD_DIM, BLOCK, BLOCK_D)
+    tl.store(base + at, x.to(base.dtype.element_ty), mask=ok)  # float32 rounded to the output's dtype
 
 
 @triton.jit
 def _visible(offs_m, offs_n, N_K, CAUSAL: tl.constexpr):
-    """``(BLOCK_M, BLOCK_N)`` True where query row ``offs_m`` may see key ``offs_n``: a real key, at or before
-    the row when causal (top-left)."""
-    ok = (offs_n[None, :] < N_K) & (offs_m[:, None] >= 0)
+    """True where query row ``offs_m`` may see key ``offs_n``: a real key, at or before the row if causal."""
+    ok = offs_n[None, :] < N_K
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= offs_m[:, None])
     return ok
@@ -92,27 +99,20 @@ def _forward_kernel(
     r0 = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)  # (b, h) flattened; int64: B H N D may pass 2^31
     Q_head, O_head = Q + bh * N_Q * HEAD_DIM, O + bh * N_Q * HEAD_DIM
-    K_head, V_head = K + bh * N_K * HEAD_DIM, V + bh * N_K * HEAD_DIM
+    kv = (K + bh * N_K * HEAD_DIM, V + bh * N_K * HEAD_DIM)
     offs_m = r0 + tl.arange(0, BLOCK_M)
     q = _load_rows(Q_head, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)  # (BLOCK_M, BLOCK_D), loaded once
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    args = (K_head, V_head)
-    acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *args, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
-    )
-    acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *args, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
-    )
+    sizes = (HEAD_DIM, BLOCK_D, BLOCK_N)
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale, *sizes, False, CAUSAL)
+    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale, *sizes, True, CAUSAL)
     empty = l_i == 0.0  # a row that saw no key: O = 0, lse = -inf
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)  # m + log l, back to base e
-    lanes = tl.arange(0, BLOCK_D)
-    ok = (offs_m[:, None] < N_Q) & (lanes[None, :] < HEAD_DIM)
-    out = (acc / l_safe[:, None]).to(O.dtype.element_ty)
-    tl.store(O_head + offs_m[:, None] * HEAD_DIM + lanes[None, :], out, mask=ok)
+    _store_rows(O_head, acc / l_safe[:, None], r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)
     tl.store(LSE + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -180,22 +180,16 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     heads = (Q + bh * N_Q * HEAD_DIM, DO + bh * N_Q * HEAD_DIM, LSE + bh * N_Q, DELTA + bh * N_Q)
+    sizes = (HEAD_DIM, BLOCK_D, BLOCK_M)
     start = 0
     if CAUSAL:  # rows before key c0 see none of this block; blocks from row c0 + BLOCK_N - 1 on see all of it
         start = c0 // BLOCK_M * BLOCK_M
         diag_end = tl.minimum((c0 + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M, N_Q)
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, True
-        )
+        dk, dv = _dkdv_inner(dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale, *sizes, True, True)
         start = tl.maximum(start, diag_end)
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL
-    )
-    lanes = tl.arange(0, BLOCK_D)
-    ok = (offs_n[:, None] < N_K) & (lanes[None, :] < HEAD_DIM)
-    at = bh * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + lanes[None, :]
-    tl.store(DK + at, (dk * scale).to(DK.dtype.element_ty), mask=ok)  # dK_j = scale sum_i dS_ij^T Q_i
-    tl.store(DV + at, dv.to(DV.dtype.element_ty), mask=ok)
+    dk, dv = _dkdv_inner(dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale, *sizes, False, CAUSAL)
+    _store_rows(DK + bh * N_K * HEAD_DIM, dk * scale, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)  # scale sum dS^T Q
+    _store_rows(DV + bh * N_K * HEAD_DIM, dv, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
@@ -228,19 +222,10 @@ def _dq_kernel(
     kv = (K + bh * N_K * HEAD_DIM, V + bh * N_K * HEAD_DIM)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_inner(
-        dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
-    )
-    dq = _dq_inner(
-        dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
-    )
-    lanes = tl.arange(0, BLOCK_D)
-    ok = (offs_m[:, None] < N_Q) & (lanes[None, :] < HEAD_DIM)
-    tl.store(
-        DQ + bh * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + lanes[None, :],
-        (dq * scale).to(DQ.dtype.element_ty),
-        mask=ok,
-    )
+    sizes = (HEAD_DIM, BLOCK_D, BLOCK_N)
+    dq = _dq_inner(dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale, *sizes, False, CAUSAL)
+    dq = _dq_inner(dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale, *sizes, True, CAUSAL)
+    _store_rows(DQ + bh * N_Q * HEAD_DIM, dq * scale, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)  # scale sum_j dS K
 
 
 def _launch_sizes(q: Tensor, v: Tensor, block_m: int, block_n: int) -> dict[str, int]:

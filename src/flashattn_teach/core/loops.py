@@ -50,14 +50,9 @@ def visible(rows: tuple[int, int], cols: tuple[int, int], causal: bool) -> bool:
 
 
 def query_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-) -> tuple[Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor,
+    causal: bool = False, scale: float | None = None, block_m: int = 64, block_n: int = 64,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """FA2 Alg. 1: ``(O, lse)`` as :func:`~flashattn_teach.core.dense.dense_attention`, tile by tile."""
     scale = check_inputs(q, k, v, scale)
     B, H, N_q, _ = q.shape
@@ -77,14 +72,9 @@ def query_major_attention(
 
 
 def key_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-) -> tuple[Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor,
+    causal: bool = False, scale: float | None = None, block_m: int = 64, block_n: int = 64,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """FA1 Alg. 1: the same ``(O, lse)``, key blocks outside, per-row statistics for every row in "HBM"."""
     scale = check_inputs(q, k, v, scale)
     B, H, N_q, _ = q.shape

@@ -18,8 +18,10 @@ and folding in the score tile ``S_ij`` of key block ``j`` is (FA2 Alg. 1 lines 8
 
 and at the end ``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13).
 
-The query-major and key-major CPU references, the parallel CPU path and the tile replay all call these
-functions, so they cannot drift apart; the Triton kernel implements the same equations in exp2 space.
+``core/loops.py`` calls these functions, and so do the full CPU paths (``reference/``) and the tile replay
+(``replay/``), so none of them can drift; ``core/kernel.py`` and the Triton kernels implement the same equations
+in exp2 space. The two hooks the full paths need are here as arguments: ``sink`` (``init_state``) and ``drop``
+(dropout on what reaches ``V``); the score features (softcap, bias, masks) are ``reference/scores.py``'s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
+Drop = Callable[[Tensor], Tensor]  # dropout on the weights that reach V
 
 
 def init_state(
@@ -40,7 +43,7 @@ def init_state(
     dtype: torch.dtype,
     device: torch.device | str,
     sink: Tensor | float | None = None,
-):
+) -> tuple[Tensor, Tensor, Tensor]:
     """State before any key: ``m = -inf``, ``l = 0``, ``acc = 0``; shapes ``rows`` and ``(*rows, D_v)``.
 
     With an attention sink (``sink``: a number, or a tensor broadcastable to ``rows``) the state starts as if
@@ -57,49 +60,6 @@ def init_state(
     else:
         m_i = torch.full(rows, sink, dtype=dtype, device=device)
     return m_i, torch.ones(rows, dtype=dtype, device=device), acc
-
-
-def score_tile(
-    q_i: Tensor,
-    k_j: Tensor,
-    scale: float,
-    allowed: Tensor | None = None,
-    *,
-    softcap: float | None = None,
-    bias: Tensor | None = None,
-    score_mod: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
-    """``S_ij = scale * Q_i K_j^T``, capped, biased, modified and masked in the order of
-    :mod:`flashattn_teach.masks`: ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then the user's
-    ``score_mod`` (bound to the tile's indices), then ``-inf`` where ``allowed`` (bool) is False.
-    ``allowed`` and ``bias`` broadcast against the tile."""
-    # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.
-    S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
-    if softcap is not None:
-        S_ij = soft_cap(S_ij, softcap)
-    return bias_and_mask(S_ij, allowed, bias, score_mod)
-
-
-def soft_cap(S_ij: Tensor, softcap: float) -> Tensor:
-    """``softcap * tanh(S_ij / softcap)``: scores squashed into ``(-softcap, softcap)`` (Gemma 2)."""
-    return torch.tanh(S_ij / softcap) * softcap
-
-
-def bias_and_mask(
-    S_ij: Tensor,
-    allowed: Tensor | None,
-    bias: Tensor | None,
-    score_mod: Callable[[Tensor], Tensor] | None = None,
-) -> Tensor:
-    """``S_ij + bias``, then ``score_mod(S_ij)``, then ``-inf`` where ``allowed`` is False (a masked score
-    stays masked whatever the bias or the user's function). Masks in place: callers pass a tile they own."""
-    if bias is not None:
-        S_ij = S_ij + bias
-    if score_mod is not None:
-        S_ij = score_mod(S_ij)
-    if allowed is not None:
-        S_ij.masked_fill_(~allowed, NEG_INF)
-    return S_ij
 
 
 @dataclass(frozen=True)
@@ -121,12 +81,7 @@ class UpdateTerms:
 
 
 def update_terms(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
+    m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None
 ) -> UpdateTerms:
     """Fold one score tile into the running state and keep every intermediate term; inputs untouched.
 
@@ -147,12 +102,7 @@ def update_terms(
 
 
 def update(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
+    m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fold one score tile into the running state; returns new ``(m_i, l_i, acc)``, inputs untouched.
 
@@ -165,14 +115,7 @@ def update(
     return t.m_new, t.l_new, t.acc_new
 
 
-def update_(
-    m_i: Tensor,
-    l_i: Tensor,
-    acc: Tensor,
-    S_ij: Tensor,
-    v_j: Tensor,
-    drop: Callable[[Tensor], Tensor] | None = None,
-) -> None:
+def update_(m_i: Tensor, l_i: Tensor, acc: Tensor, S_ij: Tensor, v_j: Tensor, drop: Drop | None = None) -> None:
     """:func:`update` in place, for one head: ``m_i, l_i, acc`` are updated and ``S_ij`` becomes ``P_ij``
     (undropped; ``drop`` as in :func:`update`).
 
@@ -191,19 +134,6 @@ def update_(
     m_i.copy_(m_new)
 
 
-def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
-    key (no mask, no bias): the loop's one step, :func:`update` from :func:`init_state` (``alpha = 0``),
-    then :func:`finalize` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
-    and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do.
-    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s)."""
-    m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
-    P = S.sub_(m).exp_()  # (..., N_q, N_k), in place: S is the caller's fresh tile, consumed here
-    l = P.sum(dim=-1, keepdim=True)  # (..., N_q, 1)
-    O = torch.matmul(P, v).div_(l)  # (..., N_q, N_k) @ (..., N_k, D_v), then / l
-    return O, l.log_().add_(m).squeeze(-1)  # lse = m + log(l)
-
-
 def normalize(l_i: Tensor, acc: Tensor) -> Tensor:
     """``acc / l_i``: the attention output over the keys seen so far (0 for a row that saw none)."""
     return acc / torch.where(l_i == 0, 1.0, l_i).unsqueeze(-1)  # acc is 0 wherever l_i is 0
@@ -218,30 +148,3 @@ def log_sum_exp(m_i: Tensor, l_i: Tensor) -> Tensor:
 def finalize(m_i: Tensor, l_i: Tensor, acc: Tensor) -> tuple[Tensor, Tensor]:
     """``O_i = acc / l_i`` and ``lse_i = m_i + log(l_i)`` (FA2 Alg. 1 lines 12-13)."""
     return normalize(l_i, acc), log_sum_exp(m_i, l_i)
-
-
-def sink_grad(sinks: Tensor, lse: Tensor, O: Tensor, dO: Tensor | None, dlse: Tensor | None) -> Tensor:
-    """``dsink_h`` of attention sinks ``(H_q,)`` from a forward's ``O (..., H_q, N_q, D_v)`` and ``lse (...,
-    H_q, N_q)`` (sink included) and the gradients ``dO``, ``dlse`` of those (None: zero); in ``sinks``' dtype.
-
-    The sink's weight in row ``i`` is ``p_i = exp(sink_h - lse_i)``. ``lse_i`` depends on the sink through
-    ``d lse_i / d sink_h = p_i``, and ``O_i = sum_j exp(S_ij - lse_i) V_j`` through ``lse_i`` alone, so
-    ``d O_i / d sink_h = -p_i O_i`` and, with ``delta_i = rowsum(dO_i * O_i)`` (FA2's ``D_i``),
-
-        dsink_h = sum_{b, i} p_i (dlse_i - delta_i)
-
-    O(B H N) work from what the backward holds anyway; nothing of size ``N_q x N_k``. Dropout changes
-    nothing here: the dropped ``O`` still depends on the sink through ``lse`` alone."""
-    per_head = lse.dim() >= 2  # (..., H_q, N_q); a 2-D call's lse is (N_q,), its one sink (1,)
-    s = sinks.to(lse.dtype).reshape(-1, 1) if per_head else sinks.to(lse.dtype)
-    # p = exp(sink - lse) <= 1; lse = -inf only where sink = -inf too (p = 0 there, not exp(-inf + inf))
-    p = torch.where(torch.isneginf(lse), 0.0, torch.exp(s - lse))  # (..., H_q, N_q)
-    g = torch.zeros_like(p)
-    if dO is not None:
-        g = g - p * (dO.to(lse.dtype) * O.to(lse.dtype)).sum(dim=-1)  # - p_i delta_i
-    if dlse is not None:
-        g = g + p * dlse.to(lse.dtype)
-    # a sum over every dim but the head's, not a reshape to (-1, H_q, N_q): that one is ambiguous (an error)
-    # when there are no rows (N_q = 0, an empty chunk of a chunked prefill), which give dsink = 0
-    dsink = g.sum(dim=[*range(g.dim() - 2), g.dim() - 1]) if per_head else g.sum().reshape(1)
-    return dsink.to(sinks.dtype)

@@ -36,11 +36,11 @@ from torch import Tensor
 from .._layout import compute_dtype
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_dropout, validate_inputs
-from ..core.online_softmax import sink_grad
 from ..dispatch import planner, runner
 from ..dispatch.carry import Carries, always, uncarried, unset
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
+from ..sinks import sink_grad
 from .grads import recomputed_grads, unaliased
 from .schema import op_args, op_schema, unused
 

@@ -18,14 +18,15 @@ from torch import Tensor
 from .._autocast import autocast_dtype, autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
-from ..core.online_softmax import score_tile, sink_grad, whole_row
 from ..errors import BackendUnavailableError
 from ..flex.mods import CaptureGrads
+from ..sinks import sink_grad
 from .backward import backward_grouped
 from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
 from .parallel import parallel_backward, parallel_forward
 from .query_major import query_major_forward
+from .scores import score_tile, whole_row
 from .workers import default_workers
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}

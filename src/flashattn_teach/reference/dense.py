@@ -30,9 +30,9 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
-from ..core.online_softmax import soft_cap
 from ..dropout import drop
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
+from .scores import soft_cap
 
 
 @overload

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from .._layout import compute_dtype
 from .._options import make_options
-from ..core.online_softmax import soft_cap
 from ..dropout import DropoutKey, counters, draw, keep_mask
+from .scores import soft_cap
 
 
 def _replayed_key(state: Tensor, dropout_p: float) -> DropoutKey:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import bias_and_mask
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
+from .scores import bias_and_mask
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

@@ -25,7 +25,8 @@ from torch import Tensor
 from .._layout import to_grouped
 from .._options import AttentionOptions
 from .._validate.fp8 import FP8_DTYPE
-from ..core.online_softmax import bias_and_mask, finalize, init_state, soft_cap, update
+from ..core.online_softmax import finalize, init_state, update
+from .scores import bias_and_mask, soft_cap
 
 # P_ij's rounding depends on the key tiles (the running max when each is folded in): the emulation rounds as
 # a kernel launched with BLOCK_N keys does. Query rows are independent, so BLOCK_M changes no result, only

@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import init_state, log_sum_exp, normalize, score_tile, update
+from ..core.online_softmax import init_state, log_sum_exp, normalize, update
 from ..dropout import DropoutKey
 from ..masks.spec import Tiling
+from .scores import score_tile
 from .tile_dropout import NO_DROPOUT, grouped_heads, tile_dropout
 
 

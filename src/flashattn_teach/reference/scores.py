@@ -1,9 +1,11 @@
-"""The score features of the full paths, around ``core/``'s plain ``S_ij = scale * Q_i K_j^T``.
+"""Changes from core/loops.py (``score_tile``): the score features of the full paths, around ``core/``'s
+plain ``S_ij = scale * Q_i K_j^T``; moved here from ``core/online_softmax.py``, which keeps the update alone.
 
 In the order of :mod:`flashattn_teach.masks`: a softcap ``softcap * tanh(S / softcap)`` (Gemma 2), then an
 additive bias (ALiBi, a float mask), then the user's ``score_mod`` (FlexAttention), then ``-inf`` where the
-mask says no. :func:`score_hook` packs the first three, and their chain rule, into the ``scores`` hook of
-:func:`flashattn_teach.core.backward.tile_terms`, so every backward runs the core tile terms with them:
+mask says no (:func:`score_tile`). :func:`score_hook` packs the first three, and their chain rule, into the
+``scores`` hook of :func:`flashattn_teach.core.backward.tile_terms`, so every backward runs the core tile terms
+with them:
 
     dS w.r.t. S = dS w.r.t. score_mod(S')  * d score_mod / dS'  * (1 - T^2),   T = tanh(S / softcap)
 """
@@ -16,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..core.backward import ScoreHook
+from ..core.online_softmax import NEG_INF
 
 # S -> (score_mod(S), dS_out -> dS_in): masks.spec.Tiling.score_backward bound to a tile
 ModBackward = Callable[[Tensor], tuple[Tensor, Callable[[Tensor], Tensor]]]
@@ -47,3 +50,59 @@ def score_hook(softcap: float | None, bias: Tensor | None, mod: ModBackward | No
         return S, back
 
     return scores
+
+
+def score_tile(
+    q_i: Tensor,
+    k_j: Tensor,
+    scale: float,
+    allowed: Tensor | None = None,
+    *,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
+    score_mod: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """``S_ij = scale * Q_i K_j^T``, capped, biased, modified and masked in the order of
+    :mod:`flashattn_teach.masks`: ``softcap * tanh(S_ij / softcap)``, then ``+ bias``, then the user's
+    ``score_mod`` (bound to the tile's indices), then ``-inf`` where ``allowed`` (bool) is False.
+    ``allowed`` and ``bias`` broadcast against the tile."""
+    # Scaling Q_i (Br x D) costs less than scaling S_ij (Br x Bc) whenever D < Bc.
+    S_ij = torch.matmul(q_i * scale, k_j.transpose(-2, -1))  # (..., Br, D) @ (..., D, Bc) -> (..., Br, Bc)
+    if softcap is not None:
+        S_ij = soft_cap(S_ij, softcap)
+    return bias_and_mask(S_ij, allowed, bias, score_mod)
+
+
+def soft_cap(S_ij: Tensor, softcap: float) -> Tensor:
+    """``softcap * tanh(S_ij / softcap)``: scores squashed into ``(-softcap, softcap)`` (Gemma 2)."""
+    return torch.tanh(S_ij / softcap) * softcap
+
+
+def bias_and_mask(
+    S_ij: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    score_mod: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """``S_ij + bias``, then ``score_mod(S_ij)``, then ``-inf`` where ``allowed`` is False (a masked score
+    stays masked whatever the bias or the user's function). Masks in place: callers pass a tile they own."""
+    if bias is not None:
+        S_ij = S_ij + bias
+    if score_mod is not None:
+        S_ij = score_mod(S_ij)
+    if allowed is not None:
+        S_ij.masked_fill_(~allowed, NEG_INF)
+    return S_ij
+
+
+def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
+    key (no mask, no bias): the loop's one step, ``core.online_softmax.update`` from ``init_state`` (``alpha = 0``),
+    then ``finalize`` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
+    and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do.
+    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s)."""
+    m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
+    P = S.sub_(m).exp_()  # (..., N_q, N_k), in place: S is the caller's fresh tile, consumed here
+    l = P.sum(dim=-1, keepdim=True)  # (..., N_q, 1)
+    O = torch.matmul(P, v).div_(l)  # (..., N_q, N_k) @ (..., N_k, D_v), then / l
+    return O, l.log_().add_(m).squeeze(-1)  # lse = m + log(l)

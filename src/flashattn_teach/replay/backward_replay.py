@@ -12,22 +12,23 @@ Split as Triton's tutorial and :mod:`flashattn_teach.reference.backward` do it:
     dQ pass:     for each query block i, each key block j it sees (P_ij, dP_ij, dS_ij recomputed):
                  dQ_i += scale dS_ij K_j                                    (line 15)
 
-Every step carries its equations with their numbers (:class:`BackwardEquation`). ``dO`` defaults to
-``torch.randn`` of O's shape from a ``torch.Generator`` seeded with ``seed``. Rows with ``lse = -inf`` (every
-key masked) get ``P = 0`` and zero gradients. With an attention sink (``sinks``, one more score column of
-value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``: the formulas above are unchanged, since the
-sink's ``dP`` is 0 and ``delta_i`` already sums over the keys only, and ``dsink = -sum_i exp(sink - lse_i)
-delta_i``. With FlexAttention's ``score_mod`` the scores are ``score_mod(S_ij)`` and ``dS_ij`` goes back through
-it, ``dS_in = dS_out * d score_mod / dS`` (autograd on the tile, :func:`flashattn_teach.flex.mods.score_backward`);
-a ``block_mask`` decides the tiles as in the forward replay (:mod:`.replay`). :meth:`BackwardReplay.oracle`
-differentiates dense attention in float64 with ``torch.autograd``, the reference the passes end at. Steps are
-computed when iterated.
+Each tile's terms are :func:`flashattn_teach.core.backward.tile_terms`, the function every CPU backward calls,
+so the replay cannot drift from them. Every step carries its equations with their numbers
+(:class:`BackwardEquation`). ``dO`` defaults to ``torch.randn`` of O's shape from a ``torch.Generator`` seeded
+with ``seed``. Rows with ``lse = -inf`` (every key masked) get ``P = 0`` and zero gradients. With an attention
+sink (``sinks``, one more score column of value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``:
+the formulas above are unchanged, since the sink's ``dP`` is 0 and ``delta_i`` already sums over the keys
+only, and ``dsink = -sum_i exp(sink - lse_i) delta_i``. With FlexAttention's ``score_mod`` the scores are
+``score_mod(S_ij)`` and ``dS_ij`` goes back through it, ``dS_in = dS_out * d score_mod / dS`` (autograd on the
+tile, :func:`flashattn_teach.flex.mods.score_backward`); a ``block_mask`` decides the tiles as in the forward
+replay (:mod:`.replay`). :meth:`BackwardReplay.oracle` differentiates dense attention in float64 with
+``torch.autograd``, the reference the passes end at. Steps are computed when iterated.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -35,12 +36,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import bias_and_mask, score_tile
+from ..core.backward import BackwardTerms, tile_terms
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..reference.dense import dense_attention
+from ..reference.scores import score_hook, score_tile
 from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
@@ -96,12 +98,11 @@ class BackwardStep:
 
 @dataclass(frozen=True)
 class TileGrads:
-    """What both passes recompute on tile ``(i, j)``, with the equations of P_ij, dP_ij and dS_ij."""
+    """What both passes recompute on tile ``(i, j)`` (:func:`flashattn_teach.core.backward.tile_terms`: ``S, P,
+    dP, dS (Br, Bc)``, ``dS`` w.r.t. the uncapped scores, and the contributions), with the equations of P_ij,
+    dP_ij and dS_ij."""
 
-    S_ij: Tensor  # (Br, Bc)
-    P_ij: Tensor  # (Br, Bc)
-    dP_ij: Tensor  # (Br, Bc)
-    dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
+    t: BackwardTerms
     eq_P: BackwardEquation
     eq_dP: BackwardEquation
     eq_dS: BackwardEquation
@@ -125,44 +126,40 @@ class BackwardReplay:
     sink: Tensor | None = None  # (1,): the head's sink logit, or None
 
     def _tile(self, i: int, j: int) -> TileGrads:
-        """S_ij, P_ij, dP_ij, dS_ij of tile (i, j), and the equations of P_ij, dP_ij and dS_ij."""
+        """Tile (i, j) by ``core.backward.tile_terms``, with the mask contract's features around it, and the
+        equations of P_ij, dP_ij and dS_ij."""
         (r0, r1), (c0, c1) = self.tiling.row_blocks[i], self.tiling.col_blocks[j]
         allowed, bias = self.tiling.head_tile(i, j, (r0, r1), b=self.batch_index, h=0, device=self.q.device)
         q_i, k_j = self.q[r0:r1], self.k[c0:c1]
-        mod = self.tiling.score_mod(i, j, self.q.device, (r0, r1), b=self.batch_index, h=0)
-        mod_vjp = None
-        if mod is None:
-            S_ij = score_tile(q_i, k_j, self.scale, allowed, softcap=self.softcap, bias=bias)  # (Br, Bc)
-        else:  # S = score_mod(S), and dS_in = dS_out * d score_mod / dS below, as reference.backward does
-            S_in = score_tile(q_i, k_j, self.scale, None, softcap=self.softcap, bias=bias)  # (Br, Bc), unmasked
-            S_out, mod_vjp = self.tiling.score_backward(i, j, S_in, None, (r0, r1), b=self.batch_index, h=0)
-            S_ij = bias_and_mask(S_out.detach(), allowed, None)  # -inf where masked
-        lse_i = self.lse[r0:r1].unsqueeze(-1)  # (Br, 1)
-        # A row that sees no key has lse_i = -inf: its P is 0, not exp(-inf - -inf) = NaN.
-        P_ij = torch.where(torch.isneginf(lse_i), torch.zeros_like(S_ij), torch.exp(S_ij - lse_i))
+        mod, dmod = None, []
+        if self.tiling.score_mod(i, j, self.q.device, (r0, r1), b=self.batch_index, h=0) is not None:
+
+            def mod(S: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:  # S = score_mod(S), with its vjp
+                S_out, vjp = self.tiling.score_backward(i, j, S, None, (r0, r1), b=self.batch_index, h=0)
+                dmod.append(vjp(torch.ones_like(S_out)))  # d score_mod / dS: score_mod is elementwise (FlexAttention)
+                return S_out, lambda dS: dS * dmod[0]
+
+        lse_i, delta_i = self.lse[r0:r1], self.delta[r0:r1]  # (Br,)
+        with torch.no_grad():  # the terms as numbers, with no autograd graph
+            t = tile_terms(q_i, k_j, self.v[c0:c1], self.dO[r0:r1], lse_i, delta_i, self.scale, allowed,
+                           scores=score_hook(self.softcap, bias, mod))  # fmt: skip
         P_symbolic = "exp(S_ij - lse_i)"
         if torch.isneginf(lse_i).any():  # the text shows exp(-inf - -inf) there: say what the code does instead
             P_symbolic += ", taken as 0 in a row with lse_i = -inf (it sees no key), not exp(-inf - -inf)"
-        dP_ij = self.dO[r0:r1] @ self.v[c0:c1].T  # (Br, D_v) @ (D_v, Bc) -> (Br, Bc)
-        delta_i = self.delta[r0:r1]
-        dS_ij = P_ij * (dP_ij - delta_i.unsqueeze(-1))
-        dS_text = f"{numbers(P_ij)} * ({numbers(dP_ij)} - {numbers(delta_i)})"
+        dS_text = f"{numbers(t.P)} * ({numbers(t.dP)} - {numbers(delta_i)})"
         dS_symbolic = "P_ij * (dP_ij - delta_i)"
-        if mod_vjp is not None:  # through score_mod: its derivative, shown as the factor d score_mod / dS
-            dmod = mod_vjp(torch.ones_like(dS_ij)).detach()  # (Br, Bc): score_mod is elementwise (FlexAttention)
-            dS_ij = mod_vjp(dS_ij).detach()
-            dS_text += f" * {numbers(dmod)}"
+        if dmod:  # through score_mod: its derivative, shown as the factor d score_mod / dS
+            dS_text += f" * {numbers(dmod[0])}"
             dS_symbolic += " * dscore_mod/dS"
         if self.softcap is not None:  # d(softcap tanh(x / softcap))/dx = 1 - T^2
             T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)  # (Br, D) @ (D, Bc) -> (Br, Bc)
-            dS_ij = dS_ij * (1 - T * T)
             dS_text += f" * (1 - {numbers(T)}^2)"
             dS_symbolic += " * (1 - T_ij^2)"
-        eq_P = BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(S_ij)} - {numbers(lse_i[:, 0])})", P_ij)
+        eq_P = BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(t.S)} - {numbers(lse_i)})", t.P)
         dP_text = f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T"
-        eq_dP = BackwardEquation(13, "dP_ij", "dO_i V_j^T", dP_text, dP_ij)
-        eq_dS = BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, dS_ij)
-        return TileGrads(S_ij, P_ij, dP_ij, dS_ij, with_result(eq_P), with_result(eq_dP), with_result(eq_dS))
+        eq_dP = BackwardEquation(13, "dP_ij", "dO_i V_j^T", dP_text, t.dP)
+        eq_dS = BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, t.dS)
+        return TileGrads(t, with_result(eq_P), with_result(eq_dP), with_result(eq_dS))
 
     def _step(
         self,
@@ -183,10 +180,10 @@ class BackwardReplay:
             rows=self.tiling.row_blocks[i],
             cols=self.tiling.col_blocks[j],
             kind=self.tiling.kind(i, j, b=self.batch_index, h=0),
-            S_ij=tile.S_ij,
-            P_ij=tile.P_ij,
-            dP_ij=tile.dP_ij,
-            dS_ij=tile.dS_ij,
+            S_ij=tile.t.S,
+            P_ij=tile.t.P,
+            dP_ij=tile.t.dP,
+            dS_ij=tile.t.dS,
             acc=acc,
             equations=equations,
         )
@@ -217,10 +214,10 @@ class BackwardReplay:
                 r0, r1 = self.tiling.row_blocks[i]
                 t = self._tile(i, j)
                 dO_i, q_i = self.dO[r0:r1], self.q[r0:r1]
-                dV_text = f"{numbers(dV_j)} + {numbers(t.P_ij)}^T {numbers(dO_i)}"
-                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(t.dS_ij)}^T {numbers(q_i)}"
-                dV_j = dV_j + t.P_ij.T @ dO_i  # (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
-                dK_j = dK_j + self.scale * t.dS_ij.T @ q_i  # (Bc, Br) @ (Br, D) -> (Bc, D)
+                dV_text = f"{numbers(dV_j)} + {numbers(t.t.P)}^T {numbers(dO_i)}"
+                dK_text = f"{numbers(dK_j)} + {self.scale:.4g} {numbers(t.t.dS)}^T {numbers(q_i)}"
+                dV_j = dV_j + t.t.dV  # P_ij^T dO_i: (Bc, Br) @ (Br, D_v) -> (Bc, D_v)
+                dK_j = dK_j + t.t.dK  # scale dS_ij^T Q_i: (Bc, Br) @ (Br, D) -> (Bc, D)
                 eqs = [
                     t.eq_P,
                     with_result(BackwardEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j)),
@@ -239,8 +236,8 @@ class BackwardReplay:
             for j in js:
                 c0, c1 = self.tiling.col_blocks[j]
                 t = self._tile(i, j)
-                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.dS_ij)} {numbers(self.k[c0:c1])}"
-                dQ_i = dQ_i + self.scale * t.dS_ij @ self.k[c0:c1]  # (Br, Bc) @ (Bc, D) -> (Br, D)
+                text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.t.dS)} {numbers(self.k[c0:c1])}"
+                dQ_i = dQ_i + t.t.dQ  # scale dS_ij K_j: (Br, Bc) @ (Bc, D) -> (Br, D)
                 eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
                 yield self._step(BackwardPass.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
                 n += 1

@@ -16,7 +16,7 @@ marked); the target, fixed, is dense attention over all keys at once:
 the online softmax starts from). The numbers are the replays' own: every query block of
 ``replay.with_options(order=..., query_block=i)``; the dense ``O`` is each replay's ``O_final``
 (:func:`flashattn_teach.reference.dense.dense_attention` of its rows), ``m`` and ``l`` come from the
-``(N_q, N_k)`` scores of :func:`flashattn_teach.core.online_softmax.score_tile` under the call's mask contract.
+``(N_q, N_k)`` scores of :func:`flashattn_teach.reference.scores.score_tile` under the call's mask contract.
 
 The payload holds every tile update of both orders (``2 L`` updates of ``BLOCK_M`` rows, ``D_v + 2`` numbers a
 row), so the view is built by default only for small replays, ``N_q x N_k <= DEFAULT_MAX_CELLS``;
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import score_tile
 from ..errors import AttentionTypeError
+from ..reference.scores import score_tile
 from .inputs import rows_tensors
 from .manifest import json_rows, json_values
 from .replay import Replay, rows_score_mod

@@ -170,7 +170,7 @@ class Equation:
 
 
 def score_symbolic(step: TileStep) -> str:
-    """Line 8 as this step computed ``S_ij`` (:func:`flashattn_teach.core.online_softmax.score_tile`): capped, then
+    """Line 8 as this step computed ``S_ij`` (:func:`flashattn_teach.reference.scores.score_tile`): capped, then
     biased, then masked, so that the formula gives the numbers shown."""
     score, where = "scale · Q_i K_j^T", "−∞ where masked"
     if step.softcap is not None:

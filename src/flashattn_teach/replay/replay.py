@@ -51,11 +51,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import score_tile
 from ..errors import AttentionValueError
 from ..flex.mods import BlockMask, ScoreMod, UserMods
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
+from ..reference.scores import score_tile
 from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .steps import Steps, TileState, TileStep

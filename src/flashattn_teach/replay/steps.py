@@ -22,9 +22,10 @@ from itertools import islice
 import torch
 from torch import Tensor
 
-from ..core.online_softmax import UpdateTerms, init_state, normalize, score_tile, update_terms
+from ..core.online_softmax import UpdateTerms, init_state, normalize, update_terms
 from ..masks.causal import TileKind
 from ..masks.spec import Tiling
+from ..reference.scores import score_tile
 from .schedule import Done, Schedule
 
 __all__ = ["Steps", "TileState", "TileStep", "sink_share"]

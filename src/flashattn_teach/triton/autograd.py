@@ -18,9 +18,9 @@ from torch import Tensor
 from .._layout import grad_to_input
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
-from ..core.online_softmax import sink_grad
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
+from ..sinks import sink_grad
 from .configs import AttentionConfig
 from .launch import backward as launch_backward
 from .launch import default_config, to_4d
