@@ -341,7 +341,7 @@ def test_documented_paths_exist() -> None:
                 ]
             else:
                 continue
-            if not any(glob.glob(str(candidate)) for candidate in candidates):
+            if not any(glob.glob(str(candidate), recursive=True) for candidate in candidates):
                 missing.append(f"{doc.name}: {code or link}")
     assert not missing, missing
 
