@@ -106,9 +106,12 @@ def _forward_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    sizes = (HEAD_DIM, BLOCK_D, BLOCK_N)
-    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale, *sizes, False, CAUSAL)
-    acc, l_i, m_i = _forward_inner(acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale, *sizes, True, CAUSAL)
+    acc, l_i, m_i = _forward_inner(
+        acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
+    )
+    acc, l_i, m_i = _forward_inner(
+        acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
+    )
     empty = l_i == 0.0  # a row that saw no key: O = 0, lse = -inf
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)  # m + log l, back to base e
@@ -180,14 +183,17 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     heads = (Q + bh * N_Q * HEAD_DIM, DO + bh * N_Q * HEAD_DIM, LSE + bh * N_Q, DELTA + bh * N_Q)
-    sizes = (HEAD_DIM, BLOCK_D, BLOCK_M)
     start = 0
     if CAUSAL:  # rows before key c0 see none of this block; blocks from row c0 + BLOCK_N - 1 on see all of it
         start = c0 // BLOCK_M * BLOCK_M
         diag_end = tl.minimum((c0 + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M, N_Q)
-        dk, dv = _dkdv_inner(dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale, *sizes, True, True)
+        dk, dv = _dkdv_inner(
+            dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, True
+        )
         start = tl.maximum(start, diag_end)
-    dk, dv = _dkdv_inner(dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale, *sizes, False, CAUSAL)
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL
+    )
     _store_rows(DK + bh * N_K * HEAD_DIM, dk * scale, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)  # scale sum dS^T Q
     _store_rows(DV + bh * N_K * HEAD_DIM, dv, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)
 
@@ -222,9 +228,12 @@ def _dq_kernel(
     kv = (K + bh * N_K * HEAD_DIM, V + bh * N_K * HEAD_DIM)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    sizes = (HEAD_DIM, BLOCK_D, BLOCK_N)
-    dq = _dq_inner(dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale, *sizes, False, CAUSAL)
-    dq = _dq_inner(dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale, *sizes, True, CAUSAL)
+    dq = _dq_inner(
+        dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
+    )
+    dq = _dq_inner(
+        dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
+    )
     _store_rows(DQ + bh * N_Q * HEAD_DIM, dq * scale, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)  # scale sum_j dS K
 
 

@@ -59,15 +59,15 @@ def query_major_attention(
     N_k, D_v = v.shape[-2], v.shape[-1]
     O, lse = q.new_empty((B, H, N_q, D_v)), q.new_empty((B, H, N_q))
     for r0, r1 in blocks(N_q, block_m):  # query block i (FA2 Alg. 1 line 3)
-        q_i = q[:, :, r0:r1]  # (B, H, Br, D), loaded once
-        m_i, l_i, acc = init_state((B, H, r1 - r0), D_v, dtype=q.dtype, device=q.device)  # line 4
-        for c0, c1 in blocks(N_k, block_n):  # key block j (line 6)
+        q_i = q[:, :, r0:r1]  # (B, H, Br, D), loaded once (line 4)
+        m_i, l_i, acc = init_state((B, H, r1 - r0), D_v, dtype=q.dtype, device=q.device)  # line 5
+        for c0, c1 in blocks(N_k, block_n):  # key block j (lines 6-7)
             if not visible((r0, r1), (c0, c1), causal):
                 break  # every later key block is further right, above the diagonal too
             mask = tile_mask((r0, r1), (c0, c1), causal, q.device)
             S_ij = score_tile(q_i, k[:, :, c0:c1], scale, mask)  # line 8
             m_i, l_i, acc = update(m_i, l_i, acc, S_ij, v[:, :, c0:c1])  # lines 9-10
-        O[:, :, r0:r1], lse[:, :, r0:r1] = finalize(m_i, l_i, acc)  # lines 12-13, written once
+        O[:, :, r0:r1], lse[:, :, r0:r1] = finalize(m_i, l_i, acc)  # lines 12-15, written once
     return O, lse
 
 
