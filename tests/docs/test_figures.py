@@ -262,3 +262,57 @@ def test_explain_with_kvcache_of_the_decode_step_is_the_quoted_line() -> None:
     quoted = quoted_explain("serving.md", "key ranges per batch element")
     line = fa.explain_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=lengths, num_splits=3)
     assert quoted in str(line)
+
+
+# ---- memory, step by step (docs/replay.md) ----------------------------------------------------------------------
+
+
+def schedule_bytes() -> dict[str, list[int]]:
+    """Bytes by the rules docs/replay.md states (every load reaches HBM): N = 6, D = 4, float64 matrices (8 B),
+    statistics ``m, l, lse`` in float32 (4 B), 2 x 2 tiles, so 3 query blocks and 3 key blocks."""
+    N, D, e, s, Br, Bc = 6, 4, 8, 4, 2, 2
+    T_r, T_c = N // Br, N // Bc
+    matrix, block_q, block_k = N * D * e, Br * D * e, Bc * D * e  # a whole Q (or O), Q_i (or O_i), K_j
+    stats = Br * D * e + 2 * Br * s  # O_i, l_i, m_i
+    scores = N * N * e
+    return {
+        "on chip": [block_q + 2 * block_k + Br * D * e + Br * Bc * e + 2 * Br * s],  # Q_i K_j V_j acc S_ij m_i l_i
+        "block 0 reads": [block_q + t * 2 * block_k for t in (1, 2, 3)],  # Q_0 once, then K_j and V_j per update
+        "block 0 writes": [block_q + Br * s],  # O_0 and lse_0
+        "query-major": [matrix + 2 * T_r * matrix + matrix + N * s],  # Q once, K and V per query block, O, lse
+        "key-major": [(matrix + 2 * N * s) + 2 * matrix + T_r * T_c * (block_q + 2 * stats)],  # init, K, V, tiles
+        "standard": [3 * matrix + 4 * scores + matrix, 4 * scores],  # Q, K, V read; S, P written and read; O
+    }
+
+
+def test_the_memory_figures_are_the_byte_counts_of_the_schedules() -> None:
+    section = flat(doc_text().split("## Memory, step by step", 1)[1].split("\n## ", 1)[0])
+    patterns = {
+        "on chip": r"one tile update holds (\d+) bytes on chip",
+        "block 0 reads": r"three updates have read (\d+), (\d+) and (\d+) B",
+        "block 0 writes": r"`lse_0` \((\d+) B\)",
+        "query-major": r"query-major schedule moves (\d+) B",
+        "key-major": r"key-major order moves (\d+) B",
+        "standard": r"standard attention (\d+) B, (\d+) of them",
+    }
+    computed = schedule_bytes()
+    for what, pattern in patterns.items():
+        match = re.search(pattern, section)
+        assert match, f"docs/replay.md no longer quotes the {what} bytes"
+        assert [int(g) for g in match.groups()] == computed[what], what
+
+
+def test_the_memory_rules_are_the_replays() -> None:
+    # The rules above are the replay's: its Memory panel's totals at the end of each schedule.
+    from flashattn_teach.replay import replay
+    from flashattn_teach.replay.memory import closed_form, dense_traffic
+
+    q, k, v = (t[None] for t in teaching_example())
+    r = replay(q, k, v, block_m=2, block_n=2)
+    forms = {
+        order: closed_form(replay(q, k, v, block_m=2, block_n=2, order=order)) for order in ("query_major", "key_major")
+    }
+    totals = {order: t.total_bytes for order, t in forms.items() if t is not None}
+    computed = schedule_bytes()
+    assert totals == {"query_major": computed["query-major"][0], "key_major": computed["key-major"][0]}
+    assert dense_traffic(r).total_bytes == computed["standard"][0]
