@@ -71,7 +71,7 @@ def test_picture_fits_80_columns_and_shows_the_balance():
     )
 
 
-def test_readme_shows_the_picture_the_code_draws():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_show_the_picture_the_code_draws():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "ring-attention.md").read_text()
     assert picture(4, "zigzag") in readme
     assert "the same work per rank is `" + picture(4, "contiguous").splitlines()[-1] + "`" in readme
