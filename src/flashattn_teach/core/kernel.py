@@ -107,11 +107,13 @@ def _forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
-    )
+        acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=False, CAUSAL=CAUSAL,
+    )  # fmt: skip
     acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
-    )
+        acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=True, CAUSAL=CAUSAL,
+    )  # fmt: skip
     empty = l_i == 0.0  # a row that saw no key: O = 0, lse = -inf
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)  # m + log l, back to base e
@@ -161,7 +163,7 @@ def _dkdv_inner(
         q = _load_rows(Q_head, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)
         do = _load_rows(DO_head, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)
         lse, delta = _load_stats(LSE_head, DELTA_head, offs_m, N_Q)
-        p, ds = _probs_and_ds(q, k, v, do, lse, delta, offs_m, offs_n, N_K, qk_scale, MASK, CAUSAL)
+        p, ds = _probs_and_ds(q, k, v, do, lse, delta, offs_m, offs_n, N_K, qk_scale, MASK=MASK, CAUSAL=CAUSAL)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)  # dV_j += P_ij^T dO_i
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q)  # dK_j += dS_ij^T Q_i (times scale at the end)
     return dk, dv
@@ -188,12 +190,14 @@ def _dkdv_kernel(
         start = c0 // BLOCK_M * BLOCK_M
         diag_end = tl.minimum((c0 + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M * BLOCK_M, N_Q)
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, True
-        )
+            dk, dv, k, v, *heads, start, diag_end, offs_n, N_Q, N_K, qk_scale,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASK=True, CAUSAL=True,
+        )  # fmt: skip
         start = tl.maximum(start, diag_end)
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL
-    )
+        dk, dv, k, v, *heads, start, N_Q, offs_n, N_Q, N_K, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, MASK=False, CAUSAL=CAUSAL,
+    )  # fmt: skip
     _store_rows(DK + bh * N_K * HEAD_DIM, dk * scale, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)  # scale sum dS^T Q
     _store_rows(DV + bh * N_K * HEAD_DIM, dv, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)
 
@@ -207,7 +211,7 @@ def _dq_inner(
         k = _load_rows(K_head, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)
         v = _load_rows(V_head, c0, N_K, HEAD_DIM, BLOCK_N, BLOCK_D)
         offs_n = c0 + tl.arange(0, BLOCK_N)
-        _, ds = _probs_and_ds(q, k, v, do, lse, delta, offs_m, offs_n, N_K, qk_scale, MASK, CAUSAL)
+        _, ds = _probs_and_ds(q, k, v, do, lse, delta, offs_m, offs_n, N_K, qk_scale, MASK=MASK, CAUSAL=CAUSAL)
         dq += tl.dot(ds.to(k.dtype), k)  # dQ_i += dS_ij K_j (times scale at the end)
     return dq
 
@@ -229,11 +233,13 @@ def _dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_inner(
-        dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL
-    )
+        dq, q, do, lse, delta, *kv, 0, full, offs_m, N_K, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=False, CAUSAL=CAUSAL,
+    )  # fmt: skip
     dq = _dq_inner(
-        dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL
-    )
+        dq, q, do, lse, delta, *kv, full, end, offs_m, N_K, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=True, CAUSAL=CAUSAL,
+    )  # fmt: skip
     _store_rows(DQ + bh * N_Q * HEAD_DIM, dq * scale, r0, N_Q, HEAD_DIM, BLOCK_M, BLOCK_D)  # scale sum_j dS K
 
 
