@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="P",
-        help="with --schedule: programs resident per SM (default: from each compiled kernel's resources)",
+        help="with --schedule: programs resident per SM (default: from each compiled kernel's resources, or 1 "
+        "without triton)",
     )
     parser.add_argument(
         "--seq-len", nargs="+", type=int, default=None, help="with --schedule: sequence lengths (default: 2048 8192)"
