@@ -2,8 +2,8 @@
 installed prints one line on stderr naming it and the extra that brings it, no traceback, exit status 1; and
 ``kernels --schedule``, a pure simulation, runs without triton.
 
-A missing library is simulated in a fresh interpreter: a ``sys.meta_path`` finder, installed before the
-package is imported, raises ``ModuleNotFoundError`` for it (and its submodules) as an absent package would.
+A missing library is simulated in a fresh interpreter: each ``sys.meta_path`` finder, wrapped before the package
+is imported, finds nothing for it (nor its submodules), as for a package that is not installed.
 Each such test has its control: the same command with the library present succeeds.
 """
 
@@ -25,18 +25,24 @@ BLOCKED_MAIN = textwrap.dedent(
     """
     import sys
 
+    # one of the interpreter's finders, blind to the blocked packages: `import` then raises ModuleNotFoundError
+    # and importlib.util.find_spec returns None, as for a package that is not installed
     class Absent:
-        def __init__(self, names):
-            self.names = names
+        def __init__(self, finder, names):
+            self.finder, self.names = finder, names
 
         def find_spec(self, name, path=None, target=None):
             if name.partition(".")[0] in self.names:
-                raise ModuleNotFoundError(f"No module named {name.partition('.')[0]!r}", name=name.partition(".")[0])
-            return None
+                return None
+            find = getattr(self.finder, "find_spec", None)
+            return None if find is None else find(name, path, target)
+
+        def __getattr__(self, attr):
+            return getattr(self.finder, attr)
 
     blocked = {n for n in sys.argv[1].split(",") if n}
     assert not blocked & set(sys.modules), "already imported: cannot be blocked"
-    sys.meta_path.insert(0, Absent(blocked))
+    sys.meta_path[:] = [Absent(finder, blocked) for finder in sys.meta_path]
     argv = sys.argv[2:]
     if argv[0] == "--no-require":
         argv = argv[1:]
@@ -77,10 +83,12 @@ def test_the_blocker_blocks():
     for blocked, expect in ((["matplotlib"], "blocked"), ([], "imported")):
         script = BLOCKED_MAIN.split("argv = sys.argv[2:]")[0] + textwrap.dedent(
             """
+            import importlib.util
             try:
                 import matplotlib.figure
                 print("imported")
             except ModuleNotFoundError as e:
+                assert importlib.util.find_spec("matplotlib") is None
                 print("blocked", e.name)
             """
         )
