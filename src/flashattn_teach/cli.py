@@ -3,7 +3,9 @@
 Each subcommand lives in the module that owns its concept and provides ``add_arguments(parser)`` and
 ``run(args) -> int``; modules are imported only when their subcommand runs, so ``--help`` stays fast and
 never imports Triton. Every parser comes from :mod:`flashattn_teach._cli_types`: a bad option or value is
-one line on stderr and exit status 2.
+one line on stderr and exit status 2. A library the command needs that is not installed (matplotlib for
+``--format png``, triton for the kernels' compile: :mod:`flashattn_teach._optional`) is one line naming the
+extra to install, exit status 1.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 
 from . import __version__
 from ._cli_types import ArgumentParser
+from ._optional import EXTRAS, MissingLibrary, missing
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
@@ -25,6 +28,7 @@ COMMANDS = {
     "ladder": ("flashattn_teach.ladder", "dense attention to the production kernel, each rung checked"),
 }
 EXIT_SIGPIPE = 128 + 13  # what a shell reports for a writer killed by SIGPIPE (signal 13)
+EXIT_MISSING_LIBRARY = 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,11 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         parser.print_help()
         return 0
+    try:
+        return _run(command, argv[split:])
+    except MissingLibrary as problem:
+        print(f"flashattn-teach {command}: {problem}", file=sys.stderr)
+        return EXIT_MISSING_LIBRARY
+    except ModuleNotFoundError as problem:
+        # one the command did not require() up front: still one line, if it is an optional library
+        if problem.name not in EXTRAS:
+            raise
+        print(f"flashattn-teach {command}: {missing(problem.name, 'this command', problem)}", file=sys.stderr)
+        return EXIT_MISSING_LIBRARY
+
+
+def _run(command: str, argv: list[str]) -> int:
+    """Parse ``argv`` with ``command``'s own parser and run it; its exit status."""
     module_name, description = COMMANDS[command]
     module = importlib.import_module(module_name)
     cmd_parser = ArgumentParser(prog=f"flashattn-teach {command}", description=description)
     module.add_arguments(cmd_parser)
-    args = cmd_parser.parse_args(argv[split:])
+    args = cmd_parser.parse_args(argv)
     try:
         status = module.run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, rather than at exit

@@ -54,6 +54,7 @@ from .cli_common import (
     open_output,
     per_batch,
     reported,
+    require_format,
     sinks_error,
     window,
 )
@@ -295,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     problem = _option_error(args) or backward_tiles_error(args)
     if problem is not None:
         return error(problem)
+    require_format(args.format)
     try:
         q, k, v = make_inputs(args)
         # the 4th randn of the stream: for --backward, and for the page's Backward tab

@@ -12,9 +12,11 @@ from typing import IO, TypeVar
 import torch
 
 from .._cli_types import finite_float, nonnegative_int
+from .._optional import require
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FORMATS = ("table", "json", "html", "png")
+DRAWN_BY = {"table": "rich", "png": "matplotlib"}  # the library each format needs beyond torch (json, html: none)
 PROG = "flashattn-teach replay"
 T = TypeVar("T")
 
@@ -72,6 +74,14 @@ def error(message: str) -> int:
     """``message`` printed as ``flashattn-teach replay: error: ...`` on stderr; returns the exit status, 2."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
+
+
+def require_format(fmt: str) -> None:
+    """Before any work: raise :class:`flashattn_teach._optional.MissingLibrary` (one line naming the extra, from
+    the top-level command) if the library that draws ``--format fmt`` is not installed."""
+    library = DRAWN_BY.get(fmt)
+    if library is not None:
+        require(library, f"--format {fmt}")
 
 
 def reported(work: Callable[[], str | None], out: Path | None) -> int:

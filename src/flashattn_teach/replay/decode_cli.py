@@ -18,7 +18,7 @@ import functools
 import torch
 
 from .._cli_types import nonnegative_int, positive_int
-from .cli_common import DTYPES, counts, error, open_output, per_batch, reported, sinks_error
+from .cli_common import DTYPES, counts, error, open_output, per_batch, reported, require_format, sinks_error
 from .decode_replay import DecodeReplay, replay_decode
 
 DECODE_FORMATS = ("table", "json", "png", "html")
@@ -80,6 +80,7 @@ def run_decode(args: argparse.Namespace) -> int:
     problem = decode_option_error(args)
     if problem is not None:
         return error(problem)
+    require_format(args.format)
     return reported(functools.partial(_replay_and_render, args), args.out)
 
 

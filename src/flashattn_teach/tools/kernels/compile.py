@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..._optional import require
 from ...triton.configs import KernelConfig, shipped_config
 from ...triton.variants import PLAIN, KernelVariants
 from .loops import LoopProfile, profile_sass
@@ -24,6 +25,12 @@ from .specialize import CompileRequest, kernel_request, one_lane_group, with_ker
 SMEM_LIMIT = {"sm90": 227 * 1024, "sm80": 163 * 1024}  # 232,448 and 166,912 bytes
 MAX_REGISTERS = 255
 _SHORT_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+COMPILE = "the ahead-of-time compile (which needs no GPU)"  # what the kernels commands need triton for
+
+
+def require_triton() -> None:
+    """Before the first compile: one line naming ``[triton]`` (from :mod:`flashattn_teach.cli`) without it."""
+    require("triton", COMPILE)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from ...serving import launch as decode_launch
 from ...serving.launch import decode_config, launch_decode
 from ...triton.configs import ARCHS
 from ...triton.lanes import block_d
-from .compile import MAX_REGISTERS, SMEM_LIMIT
+from .compile import MAX_REGISTERS, SMEM_LIMIT, require_triton
 from .loops import loop_profile
 from .sass import disassemble
 from .specialize import CompileRequest, requests_for
@@ -162,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_triton()
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
     cases = []
     for name in args.case:

@@ -25,7 +25,7 @@ import torch
 
 from ..._validate.fp8 import FP8_DTYPE, Fp8Descale
 from ...triton.fp8 import fp8_forward_config, fp8_head_dims
-from .compile import MAX_REGISTERS, SMEM_LIMIT
+from .compile import MAX_REGISTERS, SMEM_LIMIT, require_triton
 from .loops import profile_sass
 from .sass import disassemble
 from .specialize import CompileRequest, requests_for, sample_shapes, sample_variants
@@ -88,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_triton()
     os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset in this process
     print(f"# sm90 FP8 forward: registers <= {MAX_REGISTERS}, no spills, shared memory <= {SMEM_LIMIT['sm90']} B")
     columns = ("D", "variants", "tile", "regs", "spills", "smem", "e4m3 MMA in the SASS", "TF/s uncalibrated")

@@ -48,7 +48,7 @@ import torch
 from ..._cli_types import positive_int
 from ...triton.configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, shipped_configs
 from ...triton.variants import PLAIN
-from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel
+from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel, require_triton
 from .loops import CALIBRATED_ON, CALIBRATION, MODELS, UNCALIBRATED, LoopProfile
 from .specialize import sample_variants, sample_varlen
 from .waves import add_arguments as add_schedule_arguments
@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
     if args.schedule or args.programs_per_sm is not None or args.seq_len is not None:
         return print_schedule(args, compile_kernel)
+    require_triton()
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
     head_dims = args.head_dim or HEAD_DIMS
     kernels = args.kernel or KERNELS

@@ -35,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from ..._optional import import_error, install_hint
 from ...masks import grid
 from ...masks.grid import ORDERS, LaunchShape
 from ...triton.configs import KernelConfig, shipped_config
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 SCHEDULED_KERNELS = grid.KERNELS
+# P without triton to compile the kernels: what triton 3.9 builds every shipped causal tile to, sm_90 and sm_80
+# (docs/loop-profile.md's table); --programs-per-sm sets another
+UNCOMPILED_PROGRAMS_PER_SM = 1
 # the benchmark's grid (benchmarks/bench_attention.py): B * N = 16k tokens, H * D = 2048
 _TOKENS, _HIDDEN = 16384, 2048
 
@@ -90,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="P",
-        help="with --schedule: programs resident per SM (default: from each compiled kernel's resources)",
+        help="with --schedule: programs resident per SM (default: from each compiled kernel's resources, or 1 "
+        "without triton)",
     )
     parser.add_argument(
         "--seq-len", nargs="+", type=int, default=None, help="with --schedule: sequence lengths (default: 2048 8192)"
@@ -138,6 +143,13 @@ def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
         f"# {args.arch}: {sms} SMs, greedy block scheduler; work in loop iterations (docs/loop-profile.md); "
         f"idle = 1 - ideal / makespan"
     )
+    fixed_per_sm = args.programs_per_sm
+    if fixed_per_sm is None and import_error("triton") is not None:  # a pure simulation: P is its one compiled input
+        fixed_per_sm = UNCOMPILED_PROGRAMS_PER_SM
+        print(
+            f"# P/SM {fixed_per_sm} assumed (triton 3.9's builds of these tiles), triton is not installed; to compile "
+            f"them: {install_hint('triton')}, or set --programs-per-sm P"
+        )
     print(
         f"{'kernel':<14} {'D':>4} {'N':>6} {'B':>3} {'H':>3} {'tile':<16} {'P/SM':>4} {'waves':>6} {'ideal':>8}  "
         + "  ".join(f"{name + ' (idle)':>19}" for name in ORDERS)
@@ -148,7 +160,7 @@ def print_schedule(args: argparse.Namespace, compile_kernel: CompileFn) -> int:
             c = config.kernel(name)
             if c is None:
                 continue
-            per_sm = args.programs_per_sm
+            per_sm = fixed_per_sm
             if per_sm is None:
                 os.environ.pop("TRITON_INTERPRET", None)  # compiling ahead of time needs it unset
                 r = compile_kernel(name, args.arch, dtype, shape.head_dim, c)
