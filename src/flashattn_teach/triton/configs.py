@@ -410,7 +410,9 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
     return config.backward_dkdv, config.backward_dq
 
 
-def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
-    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
-    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
-    return not deterministic and config.backward_fused is not None
+def fused_backward(config: AttentionConfig, deterministic: bool, N_q: int) -> bool:
+    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): not ``deterministic``, a
+    ``backward_fused`` tile, and ``N_q`` queries filling one (fewer: every program would add into one partial
+    query tile, and triton 3.6's ptxas crashes on the hd64 tile at N_q = 1 with GQA: the two kernels run)."""
+    fused = config.backward_fused
+    return not deterministic and fused is not None and N_q >= fused.BLOCK_M

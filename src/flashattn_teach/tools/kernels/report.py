@@ -49,6 +49,7 @@ from ...triton.configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, s
 from ...triton.variants import PLAIN
 from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel
 from .loops import CALIBRATION, MODELS, SPECIALIZED_CALIBRATION, LoopProfile
+from .specializations import add_arguments as add_specialization_arguments
 from .specialize import sample_variants, sample_varlen
 from .waves import add_arguments as add_schedule_arguments
 from .waves import print_schedule
@@ -86,7 +87,13 @@ def fallbacks(c: KernelConfig) -> list[KernelConfig]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashattn-teach kernels``."""
-    parser.add_argument("--arch", choices=ARCHS, default="sm90", help="GPU generation to compile for")
+    parser.add_argument(
+        "--arch",
+        nargs="+",
+        choices=ARCHS,
+        default=["sm90"],
+        help="GPU generation to compile for (several: only with --specializations)",
+    )
     parser.add_argument(
         "--dtype", nargs="+", choices=sorted(_DTYPE_BY_NAME), default=None, help="input dtypes (default: all shipped)"
     )
@@ -137,6 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
     )
     add_schedule_arguments(parser)
+    add_specialization_arguments(parser)
 
 
 def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
@@ -197,6 +205,14 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
+    if args.specializations:
+        from .specializations import run as run_specializations
+
+        return run_specializations(args)
+    if len(args.arch) > 1:
+        print("flashattn-teach kernels: error: several --arch need --specializations", file=sys.stderr)
+        return 2
+    args.arch = args.arch[0]
     if args.schedule or args.programs_per_sm is not None or args.seq_len is not None:
         return print_schedule(args, compile_kernel)
     dtypes = [_DTYPE_BY_NAME[n] for n in args.dtype] if args.dtype else DTYPES
