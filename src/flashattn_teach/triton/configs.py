@@ -195,7 +195,7 @@ _SM90_16BIT: dict[int, _Row] = {
         K(128, 128, 8, 3, tma=True),
     ),
     128: (
-        _ws(128, 128, 2, K(128, 128, 8, 3, tma=True, fallback=K(128, 64, 8, 3))),
+        _ws(128, 128, 2, K(128, 128, 8, 3, tma=True, fallback=K(128, 32, 8, 3))),  # 128 x 64: 376 B (D = 100)
         K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
@@ -302,7 +302,7 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
     ("sm90", "16-bit", 32): K(64, 128, 8, 3),
-    ("sm90", "16-bit", 64): K(64, 128, 8, 3, tma=True, fallback=K(64, 128, 8, 3)),
+    ("sm90", "16-bit", 64): K(64, 128, 8, 2, tma=True, fallback=K(64, 128, 8, 2)),  # 3 stages: 64 B (GQA)
     ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
     ("sm90", "fp32", 16): K(32, 64, 4, 2),
     ("sm90", "fp32", 32): K(16, 64, 4, 2),

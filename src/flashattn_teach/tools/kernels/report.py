@@ -6,7 +6,7 @@ No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTa
     registers   per thread (at most 255)
     spills      stack plus local memory per thread in bytes (where ptxas puts registers that do not
                 fit; the SASS then holds STL/LDL); nonzero means registers ran out
-    smem        shared memory per program (228 KB limit on sm_90, 164 KB on sm_80)
+    smem        shared memory per program (a block may use 227 KB on sm_90, 163 KB on sm_80)
     mma         the tensor-core instruction in the SASS: HGMMA (warpgroup MMA, sm_90), HMMA (sm_80),
                 or none (fp32 "ieee" dots run on CUDA cores)
 

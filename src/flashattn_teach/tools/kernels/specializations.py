@@ -35,8 +35,8 @@ from typing import Any
 
 from .capture_calls import Captured, capture_calls
 from .cases import suite_calls
+from .compile import SMEM_LIMIT as SMEM_OPT_IN
 
-SMEM_OPT_IN = {"sm90": 227 * 1024, "sm80": 163 * 1024}  # bytes a block may use (CUDA guide, compute caps)
 KERNEL_NAMES = {
     "attn_fwd": "forward",
     "attn_bwd_preprocess": "backward_preprocess",
@@ -88,6 +88,7 @@ def compile_one(c: Captured, arch: str) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"registers": None, "spill_bytes": None, "smem_bytes": None, "loop_local": None}
+    out["loop_instructions"] = None  # per warp and iteration of the steady-state loop
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # triton prints a failed build's whole PTX
             compiled = c.request.compile()
@@ -99,7 +100,8 @@ def compile_one(c: Captured, arch: str) -> dict[str, Any]:
         local = -1  # local-memory traffic of unknown size
     try:
         profile = profile_sass(text, c.request.options.num_warps, arch, kernel=kernel_label(c))
-        out["loop_local"] = None if profile is None else profile.counts["local"]
+        if profile is not None:
+            out["loop_local"], out["loop_instructions"] = profile.counts["local"], profile.instructions
     except Exception as e:  # the loop reader's failure is not the compiler's
         out["loop_error"] = _last_line(e)
     return {
