@@ -2,7 +2,9 @@
 
 Each ``check_*`` function raises AssertionError on a wrong answer and nothing here imports pytest, so
 ``tests/triton/test_triton_gpu.py`` (under pytest) and ``benchmarks/gpu_checks.py`` (a bare GPU machine,
-without it) run the same cases. Nothing touches CUDA at import time.
+without it) run the same cases. Nothing touches CUDA at import time. The cases themselves (``CASES``, the
+determinism and peak-memory calls) live in ``flashattn_teach/tools/kernels/cases.py``, where
+``flashattn-teach kernels --specializations`` reads them to compile every kernel they launch ahead of time.
 
 Every case calls ``triton_attention(...)`` without ``config``, so on CUDA it runs the configuration users
 get (``configs.shipped_config`` of its head dim, dtype and GPU generation). The cases cover:
