@@ -291,19 +291,21 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "fp32", 64): (K(64, 16, 4, 2), K(16, 16, 4, 2), K(16, 32, 4, 2)),
     ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 4, 2)),
 }
-# The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
-# without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
-# tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
-# triton 3.6 and 3.9, causal and not; at hd128 on sm_90 32 x 128 with two stages spills 16 bytes in 3.9's
-# causal build and with one stage 16 to 48 in 3.6's, so the stages follow the compiler. No entry, and so the
-# two-kernel backward (deterministic) by default: hd256 (every tile tried spills 80 to 184 bytes), fp32 above
-# hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against 0.5 to 2
-# in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
+# The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics) for calls
+# without variants, dropout or packed sequences, with N_q >= its BLOCK_M (:func:`fused_backward`). Its loop
+# holds the dK/dV tiles and the dQ partial (BLOCK_M x BLOCK_D fp32). Stages and TMA follow the compiler (hd128:
+# 3.9 spills 16 B causal at two stages, 3.6 16 to 48 at one; hd64: 3.6 spills 32 to 64 B in the loop by TMA,
+# 8 to 40 B outside it through pointers). None (the two-kernel backward): hd256 (every tile tried spills 80 to
+# 184 B), fp32 above hd32 (clean tiles are 16 keys wide: D / 16 atomics per (query, key) pair), variants.
+# Spills that remain (benchmarks/results/specializations/): D = 40 of 64 lanes and 100 of 128 spill in the loop
+# in every tile tried short of 12 to 45% more instructions per pair (sm_90 one-kernel and fp32 dQ, sm_80
+# forward; and sm_80's hd128 forward at N_q = 1, 32 B); elsewhere 8 to 48 B, outside the loops.
+_V39 = _triton_version() >= (3, 9)
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
     ("sm90", "16-bit", 32): K(64, 128, 8, 3),
-    ("sm90", "16-bit", 64): K(64, 128, 8, 2, tma=True, fallback=K(64, 128, 8, 2)),  # 3 stages: 64 B (GQA)
-    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
+    ("sm90", "16-bit", 64): K(64, 128, 8, 2, tma=True, fallback=K(64, 128, 8, 2)) if _V39 else K(64, 128, 8, 2),
+    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _V39 else K(32, 128, 8, 2),
     ("sm90", "fp32", 16): K(32, 64, 4, 2),
     ("sm90", "fp32", 32): K(16, 64, 4, 2),
     ("sm80", "16-bit", 16): K(32, 128, 4, 3),
@@ -414,5 +416,4 @@ def fused_backward(config: AttentionConfig, deterministic: bool, N_q: int) -> bo
     """Whether the backward runs as one kernel (dQ by fp32 atomic adds): not ``deterministic``, a
     ``backward_fused`` tile, and ``N_q`` queries filling one (fewer: every program would add into one partial
     query tile, and triton 3.6's ptxas crashes on the hd64 tile at N_q = 1 with GQA: the two kernels run)."""
-    fused = config.backward_fused
-    return not deterministic and fused is not None and N_q >= fused.BLOCK_M
+    return not deterministic and config.backward_fused is not None and N_q >= config.backward_fused.BLOCK_M
