@@ -66,11 +66,24 @@ def test_every_captured_specialisation_is_in_the_committed_table(tmp_path: Path)
     assert " of " in done.stdout
 
 
-def test_the_committed_table_has_no_compile_failure_nor_spill_in_a_loop() -> None:
-    doc = json.loads(_committed().read_text())
-    assert {r["arch"] for r in doc["rows"]} == {"sm90", "sm80"}
-    bad = [(r["kernel"], r["arch"], r["check"], r["calls"][0]) for r in doc["rows"] if r["error"] or r["loop_local"]]
-    assert not bad
+def documented_loop_spill(r: dict) -> bool:
+    """The spills in a loop triton/configs.py names as remaining: head dims that fill their padded lanes only in
+    part (40 of 64, 100 of 128), and sm_80's hd128 forward at N_q = 1."""
+    if r["head_dim"] in (40, 100):
+        return True
+    return (r["arch"], r["kernel"], r["head_dim"], r["constants"].get("N_q")) == ("sm80", "forward", 128, "1")
+
+
+@pytest.mark.parametrize("version", ["3.6.0", "3.9.0"])
+def test_the_committed_tables_have_no_compile_failure_and_no_undocumented_spill_in_a_loop(version: str) -> None:
+    path = RESULTS / f"triton-{version}.json"
+    doc = json.loads(path.read_text())
+    assert doc["triton"] == version and {r["arch"] for r in doc["rows"]} == {"sm90", "sm80"}
+    failed = [(r["kernel"], r["arch"], r["check"], r["calls"][0]) for r in doc["rows"] if r["error"]]
+    assert not failed
+    rows = [r for r in doc["rows"] if r["loop_local"] and not documented_loop_spill(r)]
+    assert [(r["kernel"], r["arch"], r["check"], r["calls"][0]) for r in rows] == []
+    assert all(r["smem_bytes"] <= spec.SMEM_OPT_IN[r["arch"]] for r in doc["rows"])
 
 
 def test_a_ptxas_crash_is_reported_by_its_signal_not_its_repro_command() -> None:

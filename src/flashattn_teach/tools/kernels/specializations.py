@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -65,12 +66,16 @@ def kernel_label(c: Captured) -> str:
 
 def specialisation_id(c: Captured) -> str:
     """What names a specialisation across kernel edits (no source hash): kernel, signature, constants,
-    divisibility attributes, warps and stages, as one string (the committed JSON's ``id``)."""
+    divisibility attributes, warps and stages, hashed (the committed JSON's ``id``)."""
     r = c.request
     consts = ",".join(f"{k}={v!r}" for k, v in sorted(r.constants().items()))
     sig = ",".join(f"{k}:{v}" for k, v in r.signature.items() if v != "constexpr")
     div = ",".join(sorted(r.divisible_by_16()))
-    return f"{r.name}|{sig}|{consts}|div16:{div}|w{r.options.num_warps}s{r.options.num_stages}"
+    return short_id(f"{r.name}|{sig}|{consts}|div16:{div}|w{r.options.num_warps}s{r.options.num_stages}")
+
+
+def short_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _last_line(e: BaseException) -> str:
@@ -251,8 +256,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"# refused on {arch}: {name}: {why[:200]}")
     if args.json is not None:
         doc = {"triton": _triton_version(), "date": when, "arch": args.arch, "calls": len(calls)}
-        args.json.write_text(json.dumps({**doc, "refused": refused, "rows": rows}, indent=1) + "\n")
+        args.json.write_text(to_json({**doc, "refused": refused}, rows))
     return 1 if any(r.get("error") or r.get("loop_local") for r in rows) else 0
+
+
+def to_json(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """``doc`` with its ``rows``, one row a line (a rerun's diff shows the specialisations that changed)."""
+    head = json.dumps({**doc, "rows": []})[: -len("[]}")]
+    return head + "[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n]}\n"
 
 
 def check(path: Path, captured: dict[str, tuple[list[Captured], dict[str, str]]]) -> int:
