@@ -35,18 +35,19 @@ def as_if_on_gpu(arch: str) -> Iterator[None]:
         used, dropout = variants.used, variants.has_dropout
         return shipped_config(s.D, q.dtype, arch, variants=used, dropout=dropout, head_dim_v=s.D_v)
 
+    def ws_reason(*args):
+        return saved[3](*args) or "the GPU is not sm_90 (the pass that specialises it is Hopper's)"
+
     saved = (support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason)
-    use_tma, ws_reason = tma.use_tma, tma.ws_reason
     support.device_reason = lambda t: None
     launch.default_config = default_config
-    if arch != "sm90":
+    if arch != "sm90":  # as tma.use_tma and tma.ws_reason answer for a CUDA device of capability 8
         tma.use_tma = lambda c, *tensors: False
-        tma.ws_reason = lambda *a: "the GPU is not sm_90" if ws_reason(*a) is None else ws_reason(*a)
+        tma.ws_reason = ws_reason
     try:
         yield
     finally:
         support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason = saved
-        del use_tma
 
 
 def _inputs(call: Call) -> tuple[Tensor, Tensor, Tensor, Tensor]:

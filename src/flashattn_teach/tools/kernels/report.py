@@ -33,6 +33,7 @@ kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
+    flashattn-teach kernels --specializations --arch sm90 sm80 [--json FILE] [--check FILE]  (specializations.py)
 """
 
 from __future__ import annotations
