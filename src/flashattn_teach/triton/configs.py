@@ -298,8 +298,8 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 # 8 to 40 B outside it through pointers). None (the two-kernel backward): hd256 (every tile tried spills 80 to
 # 184 B), fp32 above hd32 (clean tiles are 16 keys wide: D / 16 atomics per (query, key) pair), variants.
 # Spills that remain (benchmarks/results/specializations/): D = 40 of 64 lanes and 100 of 128 spill in the loop
-# in every tile tried short of 12 to 45% more instructions per pair (sm_90 one-kernel and fp32 dQ, sm_80
-# forward; and sm_80's hd128 forward at N_q = 1, 32 B); elsewhere 8 to 48 B, outside the loops.
+# in every tile tried short of 12 to 45% more instructions per pair (sm_90 one-kernel and fp32 dQ, sm_80 forward,
+# and one-kernel with 3.9; and with 3.6 sm_80's hd128 forward at N_q = 1, 32 B); other D: 8-48 B outside loops.
 _V39 = _triton_version() >= (3, 9)
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
