@@ -2,7 +2,9 @@
 
 Each ``check_*`` function raises AssertionError on a wrong answer and nothing here imports pytest, so
 ``tests/triton/test_triton_gpu.py`` (under pytest) and ``benchmarks/gpu_checks.py`` (a bare GPU machine,
-without it) run the same cases. Nothing touches CUDA at import time.
+without it) run the same cases. Nothing touches CUDA at import time. The cases themselves (``CASES``, the
+determinism and peak-memory calls) live in ``flashattn_teach/tools/kernels/cases.py``, where
+``flashattn-teach kernels --specializations`` reads them to compile every kernel they launch ahead of time.
 
 Every case calls ``triton_attention(...)`` without ``config``, so on CUDA it runs the configuration users
 get (``configs.shipped_config`` of its head dim, dtype and GPU generation). The cases cover:
@@ -45,7 +47,6 @@ cache (``benchmarks/gpu_checks.py`` prints the count a run compiled).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -53,128 +54,21 @@ from torch import Tensor
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.masks.causal import causal_mask
 from flashattn_teach.reference import dense_attention
+from flashattn_teach.tools.kernels.cases import (  # the cases as data, which the specialisation capture reads too
+    CASES,
+    DETERMINISM_DTYPES,
+    DTYPE_NAMES,
+    PEAK_MEMORY_SEQS,
+    GpuCase,
+    determinism_case,
+    peak_memory_case,
+)
 from flashattn_teach.triton import triton_attention
 from flashattn_teach.triton.configs import max_head_dim
 
 OUTPUTS = ("O", "lse", "dq", "dk", "dv")
 # Largest error allowed for fp32 inputs, relative to max(1, max |ref|); see the module docstring.
 FP32_TOL = {"O": 1e-4, "lse": 1e-4, "dq": 3e-4, "dk": 3e-4, "dv": 3e-4}
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-@dataclass(frozen=True)
-class GpuCase:
-    """One call of ``triton_attention`` and its backward, judged against float64 attention."""
-
-    dtype: torch.dtype
-    D: int
-    N_q: int
-    N_k: int
-    causal: bool = False
-    causal_align: str = "top_left"
-    H_kv: int = 2
-    group: int = 1  # query heads per key/value head
-    B: int = 1
-    bnhd: bool = False  # inputs stored (B, N, H, D) and passed as their transpose(1, 2) views
-    dlse: bool = False  # the loss also depends on lse
-
-    @property
-    def H_q(self) -> int:
-        return self.H_kv * self.group
-
-    @property
-    def name(self) -> str:
-        mask = f"causal_{'tl' if self.causal_align == 'top_left' else 'br'}" if self.causal else "full"
-        parts = [DTYPE_NAMES[self.dtype], f"d{self.D}", mask, f"q{self.N_q}k{self.N_k}", f"h{self.H_q}:{self.H_kv}"]
-        return "-".join(parts + ["bnhd"] * self.bnhd + ["dlse"] * self.dlse)
-
-
-BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-TL, BR = "top_left", "bottom_right"
-C = GpuCase
-# Within a block (dtype, head dim), cases with the same causal flag, GQA or not, and offset class (a
-# multiple of 16 or not) share one JIT specialisation (see the module docstring). Shapes: 129/33
-# bottom-right leaves 96 query rows without a key (offset -96, a multiple of 16), 300/44 leaves 256;
-# 100/37 bottom-right leaves 63 (offset -63); 37/100 top-left leaves keys 37..99 unseen by any query.
-CASES: list[GpuCase] = [
-    # bf16, head dim 64
-    C(BF16, 64, 129, 129),
-    C(BF16, 64, 100, 37, bnhd=True, dlse=True),
-    C(BF16, 64, 17, 17, causal=True),
-    C(BF16, 64, 100, 37, causal=True),
-    C(BF16, 64, 37, 100, causal=True, bnhd=True),
-    C(BF16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 64, 33, 129, causal=True, causal_align=BR),
-    C(BF16, 64, 129, 129, causal=True, group=4),
-    C(BF16, 64, 129, 33, causal=True, causal_align=BR, group=4, bnhd=True),
-    C(BF16, 64, 129, 129, causal=True, H_kv=1, group=4),  # MQA: one more dK/dV specialisation (H_kv = 1)
-    # bf16, head dim 128
-    C(BF16, 128, 129, 129),
-    C(BF16, 128, 100, 37, bnhd=True, dlse=True),
-    C(BF16, 128, 17, 17, causal=True),
-    C(BF16, 128, 100, 37, causal=True),
-    C(BF16, 128, 37, 100, causal=True, bnhd=True),
-    C(BF16, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 128, 300, 44, causal=True, causal_align=BR),  # the first two query blocks of 128 see nothing
-    C(BF16, 128, 100, 37, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 128, 37, 100, causal=True, causal_align=BR),
-    C(BF16, 128, 129, 129, causal=True, group=4),
-    C(BF16, 128, 129, 33, causal=True, causal_align=BR, group=4),
-    C(BF16, 128, 129, 129, causal=True, H_kv=1, group=4),
-    # bf16, the other head dims: causal bottom-right with empty rows
-    C(BF16, 40, 100, 37, causal=True, causal_align=BR),
-    C(BF16, 80, 100, 37, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 80, 37, 100, causal=True, causal_align=BR, bnhd=True),
-    C(BF16, 96, 100, 37, causal=True, causal_align=BR, bnhd=True),
-    C(BF16, 96, 37, 100, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 256, 100, 37, causal=True, causal_align=BR, dlse=True),
-    C(BF16, 256, 37, 100, causal=True, causal_align=BR, bnhd=True),
-    C(BF16, 100, 100, 37, causal=True, causal_align=BR, dlse=True),  # 200-byte rows: no TMA, the fallback tiles
-    # bf16, long and single-query (a decode step against a key/value cache, in both alignments)
-    C(BF16, 128, 4096, 4096, causal=True, dlse=True),
-    C(BF16, 128, 1, 129, causal=True, causal_align=BR),
-    C(BF16, 128, 1, 129, causal=True),
-    C(BF16, 128, 129, 1, causal=True, causal_align=BR, H_kv=1),  # N_k = 1 and H_q = H_kv = 1: constants
-    C(BF16, 64, 1, 300, causal=True, causal_align=BR, B=2, group=4),  # a batched GQA decode step
-    # fp16, head dim 64
-    C(FP16, 64, 129, 129, causal=True),
-    C(FP16, 64, 37, 100, causal=True, bnhd=True),
-    C(FP16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
-    C(FP16, 64, 300, 44, causal=True, causal_align=BR, bnhd=True),
-    C(FP16, 64, 129, 129, causal=True, group=4),
-    C(FP16, 64, 129, 33, causal=True, causal_align=BR, group=4),
-    C(FP16, 64, 17, 17, causal=True, H_kv=1, group=4),
-    # fp16, head dim 128
-    C(FP16, 128, 17, 17, causal=True),
-    C(FP16, 128, 100, 37, causal=True),
-    C(FP16, 128, 129, 33, causal=True, causal_align=BR, bnhd=True, dlse=True),
-    C(FP16, 128, 100, 37, causal=True, causal_align=BR, dlse=True),
-    C(FP16, 128, 37, 100, causal=True, causal_align=BR),
-    C(FP16, 128, 129, 129, group=4),
-    C(FP16, 128, 100, 37, group=4, bnhd=True),
-    # fp16, the other head dims: not causal
-    C(FP16, 40, 100, 37),
-    C(FP16, 80, 129, 129),
-    C(FP16, 80, 100, 37, bnhd=True, dlse=True),
-    C(FP16, 96, 129, 129, dlse=True),
-    C(FP16, 96, 100, 37, bnhd=True),
-    C(FP16, 256, 129, 129),
-    C(FP16, 256, 100, 37, bnhd=True, dlse=True),
-    # fp16, long and single-query
-    C(FP16, 64, 4096, 4096, causal=True),
-    C(FP16, 64, 1, 1),
-    # fp32
-    C(FP32, 64, 129, 129, causal=True, group=4),
-    C(FP32, 64, 129, 33, causal=True, causal_align=BR, group=4, dlse=True),
-    C(FP32, 40, 100, 37, causal=True, causal_align=BR),
-    C(FP32, 80, 100, 37, bnhd=True, dlse=True),
-    C(FP32, 80, 17, 17),
-    C(FP32, 128, 17, 17, causal=True),
-    C(FP32, 128, 129, 33, causal=True, causal_align=BR, dlse=True),
-    C(FP32, 128, 37, 100, causal=True, bnhd=True),
-    C(FP32, 160, 17, 17),  # refused by name
-]
-del C
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, causal_align: str) -> tuple[Tensor, Tensor]:
@@ -336,7 +230,7 @@ def _gqa_causal(deterministic: bool) -> Attention:
 def check_backward_is_bitwise_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
     """Two ``deterministic=True`` backward passes of the same GQA causal call give identical bits (the
     two-kernel backward, no atomics)."""
-    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
+    c = determinism_case(dtype)
     q, k, v, dO, _ = make_inputs(c, device)
     first, second = (forward_backward(_gqa_causal(True), q, k, v, dO, None) for _ in range(2))
     for name in OUTPUTS:
@@ -346,7 +240,7 @@ def check_backward_is_bitwise_deterministic(dtype: torch.dtype, device: str = "c
 def check_default_backward_matches_deterministic(dtype: torch.dtype, device: str = "cuda") -> None:
     """The default backward (one kernel, dQ by fp32 atomics where the tile ships) and the deterministic one
     are both within flash-attn's rule of float64 (fp32: its tolerance), and within it of each other."""
-    c = GpuCase(dtype, 64, 1000, 1000, causal=True, H_kv=2, group=4, B=2)
+    c = determinism_case(dtype)
     q, k, v, dO, _ = make_inputs(c, device)
     fused, det = (forward_backward(_gqa_causal(d), q, k, v, dO, None) for d in (False, True))
     opts = {"causal": True, "enable_gqa": True, "return_lse": True}
@@ -370,8 +264,9 @@ def check_default_backward_matches_deterministic(dtype: torch.dtype, device: str
 def check_peak_memory_grows_linearly(device: str = "cuda") -> None:
     """Doubling N at most about doubles the peak memory of a forward and backward (quadratic would be 4x)."""
     peaks = []
-    for N in (2048, 4096, 8192):
-        q, k, v, dO = (torch.randn(1, 8, N, 64, device=device, dtype=torch.float16) for _ in range(4))
+    for N in PEAK_MEMORY_SEQS:
+        c = peak_memory_case(N)
+        q, k, v, dO = (torch.randn(c.B, c.H_q, N, c.D, device=device, dtype=c.dtype) for _ in range(4))
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
@@ -381,9 +276,6 @@ def check_peak_memory_grows_linearly(device: str = "cuda") -> None:
         peaks.append(torch.cuda.max_memory_allocated(device) - base)
         del q, k, v, dO
     assert peaks[2] / peaks[1] < 2.5 and peaks[1] / peaks[0] < 2.5, f"peak bytes for N = 2k, 4k, 8k: {peaks}"
-
-
-DETERMINISM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def all_checks(device: str = "cuda") -> list[tuple[str, Callable[[], None]]]:

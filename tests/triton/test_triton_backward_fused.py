@@ -159,7 +159,7 @@ def test_two_deterministic_backwards_are_bitwise_equal() -> None:
 
 
 def _backward_kernels(deterministic: bool = False) -> list[str]:
-    q, k, v = Case(1, 1, 1, 20, 20, 16, 16, True, "top_left", torch.float32, TILE).tensors()
+    q, k, v = Case(1, 1, 1, 40, 40, 16, 16, True, "top_left", torch.float32, TILE).tensors()
     q.requires_grad_()
     out = fa.flash_attention(q, k, v, causal=True, backend="triton", deterministic=deterministic)
     with launched() as names:
@@ -184,7 +184,7 @@ def test_warn_only_selects_the_two_kernels_too_since_this_backward_has_a_determi
 
 
 def test_explain_says_which_backward_runs_and_why() -> None:
-    q = torch.randn(1, 2, 20, 16, device=DEVICE)
+    q = torch.randn(1, 2, 40, 16, device=DEVICE)  # 40 queries fill the interpreter's 32-row tile
     fused = str(fa.explain(q, q, q, backend="triton"))
     assert "one kernel per key block, dQ added in fp32 by atomics" in fused
     assert "two kernels" in str(fa.explain(q, q, q, backend="triton", deterministic=True))
@@ -193,8 +193,28 @@ def test_explain_says_which_backward_runs_and_why() -> None:
     assert "deterministic already" in str(fa.explain(q, q, q, backend="online", deterministic=True))
 
 
+@pytest.mark.parametrize("N_q", [1, 31])
+def test_fewer_queries_than_the_one_kernel_tile_run_the_two_kernels(N_q: int) -> None:
+    # below BLOCK_M = 32 rows every key block would add dQ into one partial query tile (and triton 3.6's
+    # ptxas crashes on the hd64 GQA build at N_q = 1): the two kernels run, and explain says so and why
+    c = Case(1, 1, 4, N_q, 70, 32, 32, True, "bottom_right", torch.float16, TILE)
+    q, k, v = c.tensors()
+    g = torch.Generator().manual_seed(5)
+    dO = torch.randn(c.B, c.H_q, N_q, c.D_v, generator=g).to(DEVICE, c.dtype)
+    kw = dict(causal=True, causal_align="bottom_right", enable_gqa=True, return_lse=True)
+    with launched() as names:
+        got = grads(lambda q, k, v: triton_attention(q, k, v, config=TILE, **kw), q, k, v, dO, None)
+    assert names == ["dkdv", "dq"]
+    want = grads(lambda q, k, v: fa.dense_attention(q, k, v, **kw), *(t.double() for t in (q, k, v)), dO.double(), None)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert_close_scaled(a, b, 2 * REL_TOL[c.dtype], name)
+    told = str(fa.explain(q, k, v, is_causal=True, backend="triton", causal_align="bottom_right", enable_gqa=True))
+    assert f"two kernels (dK/dV, then dQ), bitwise reproducible: N_q = {N_q} queries do not fill" in told
+    assert "32 rows" in told
+
+
 def test_the_op_carries_deterministic_to_the_backward() -> None:
-    q, k, v = Case(1, 1, 1, 20, 20, 16, 16, True, "top_left", torch.float32, TILE).tensors()
+    q, k, v = Case(1, 1, 1, 40, 40, 16, 16, True, "top_left", torch.float32, TILE).tensors()
     q.requires_grad_()
     qd = q.detach().double().requires_grad_()
     (want_dq,) = torch.autograd.grad(fa.dense_attention(qd, k.double(), v.double(), causal=True).sum(), (qd,))
@@ -229,7 +249,7 @@ def test_a_split_one_kernel_tile_is_refused_by_name() -> None:
 def test_the_transformers_integration_passes_deterministic_through() -> None:
     from flashattn_teach.integrations import transformers as integration
 
-    q = torch.randn(1, 2, 20, 16, device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 40, 16, device=DEVICE, requires_grad=True)
     module = torch.nn.Module()
     for deterministic, want in ((True, ["dkdv", "dq"]), (None, ["fused"])):  # None: transformers' default
         with pytest.MonkeyPatch.context() as mp:

@@ -21,7 +21,7 @@ from .._validate.inputs import AttentionShapes
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..sinks import sink_grad
-from .configs import AttentionConfig
+from .configs import AttentionConfig, fused_backward
 from .launch import backward as launch_backward
 from .launch import default_config, to_4d
 from .launch import forward as launch_forward
@@ -67,6 +67,11 @@ def explain_backward(q: Tensor, opts: AttentionOptions) -> str:
             return f"{two}: {off_note('fused_backward')}"
         kind = "calls with variants, dropout or packed sequences" if variants.used else "this head dimension"
         return f"{two}: no one-kernel tile is compile-checked for {kind} on this GPU and dtype"
+    if not fused_backward(config, deterministic, opts.shapes.N_q):
+        return (
+            f"{two}: N_q = {opts.shapes.N_q} queries do not fill the one-kernel tile's {config.backward_fused.BLOCK_M} "
+            "rows (every key block would add dQ into one partial tile; triton 3.6's ptxas crashes on such a build)"
+        )
     how = "deterministic=True or torch.use_deterministic_algorithms(True) runs the two-kernel backward"
     return (
         "; backward: one kernel per key block, dQ added in fp32 by atomics, not bitwise reproducible "

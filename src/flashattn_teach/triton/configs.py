@@ -3,17 +3,16 @@
 A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
 D = 40 uses the 64 row, D = 80 and 96 the 128 row; :mod:`.lanes`: D = 129 to 192 with D_v <= 128 runs as
 two lane groups, 128 + 64, on a 192 row of its own), by the element size of the inputs, and by the GPU
-generation ("sm90" Hopper, "sm80" Ampere and anything older). Every entry here is compiled ahead of time by
-``flashattn-teach kernels`` and by the compile-check tests, which require no register spills and shared
-memory within the architecture's limit, with triton 3.6 (the GPU machine's) and 3.9 alike; a row may
-depend on the installed triton where the two allocate registers differently.
+generation ("sm90" Hopper, "sm80" Ampere and anything older). Every specialisation the GPU tests and suite
+launch is compiled ahead of time with triton 3.6 and 3.9 (``flashattn-teach kernels --specializations``); the
+spills that remain are listed at the one-kernel backward's table. A row may depend on the installed triton.
 
 Kernels and the tiles each one owns:
 
     forward        program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
     backward_dkdv  program = key block j (BLOCK_N keys), loops over query blocks i (BLOCK_M rows)
     backward_dq    program = query block i (BLOCK_M rows), loops over key blocks j (BLOCK_N keys)
-    backward_fused program = key block j, as backward_dkdv, also adding dQ_i by atomics (the default backward)
+    backward_fused program = key block j, as backward_dkdv, also adding dQ_i by atomics (opt-in: .provenance)
     preprocess     program = BLOCK_M rows of delta = rowsum(dO * O); BLOCK_N is unused
 """
 
@@ -198,7 +197,7 @@ _SM90_16BIT: dict[int, _Row] = {
         K(128, 128, 8, 3, tma=True),
     ),
     128: (
-        _ws(128, 128, 2, K(128, 128, 8, 3, tma=True, fallback=K(128, 64, 8, 3))),
+        _ws(128, 128, 2, K(128, 128, 8, 3, tma=True, fallback=K(128, 32, 8, 3))),  # 128 x 64: 376 B (D = 100)
         K(64, 128, 8, 4, tma=True, fallback=K(32, 128, 8, 2)) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
         K(128, 64, 8, 3, tma=True),
     ),
@@ -294,20 +293,20 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
     ("sm80", "fp32", 64): (K(64, 16, 4, 2), K(16, 16, 4, 2), K(16, 32, 4, 2)),
     ("sm80", "fp32", 128): (K(16, 32, 8, 2), K(16, 16, 8, 1), K(16, 16, 4, 2)),
 }
-# The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics), for calls
-# without variants, dropout or packed sequences; keyed as the variant rows. Its loop holds the dK/dV loop's
-# tiles and the dQ partial (BLOCK_M x BLOCK_D fp32) besides. Every entry compiles without spills with
-# triton 3.9, causal and not; with 3.6 every entry but the sm_90 hd128 one (32 x 128, two stages), whose causal
-# build spills 8 bytes as the JIT specialises it for the GPU tests (issue 37's review). Its stages follow the
-# compiler: two spill 16 bytes in 3.9's causal build, one 16 to 48 in 3.6's. Off by default (.provenance).
-# No entry, so the two-kernel backward (deterministic): hd256 (every tile tried spills 80 to 184 bytes),
-# fp32 above hd32 (the clean tiles are 16 keys wide: D / 16 atomic adds a (query, key) pair, 4 to 8, against
-# 0.5 to 2 in the rows here; not measured), and calls with variants, dropout or packed sequences (not yet compiled).
+# The one-kernel backward (``backward_fused``: the dK/dV program also adds dQ by fp32 atomics; opt-in until a GPU
+# passes it, .provenance) for calls without variants, dropout or packed sequences, with N_q >= its BLOCK_M
+# (:func:`fused_backward`). Its loop holds the dK/dV tiles and the dQ partial (BLOCK_M x BLOCK_D fp32). Stages and
+# TMA follow the compiler (hd128: 3.9 spills 16 B causal at two stages, 3.6 16 to 48 at one; hd64: 3.6 spills 32
+# to 64 B in the loop by TMA, 8 to 40 B outside it through pointers). None (the two-kernel backward): hd256 (every
+# tile tried spills 80 to 184 B), fp32 above hd32 (16-key tiles: D / 16 atomics per (query, key) pair), variants.
+# Spills that remain (benchmarks/results/specializations/ lists each): D = 40 and 100 in the loop in every tile
+# tried short of 12-45% more instructions per pair (sm_90 one-kernel, fp32 dQ, sm_80 forward); else outside loops.
+_V39 = _triton_version() >= (3, 9)
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
     ("sm90", "16-bit", 32): K(64, 128, 8, 3),
-    ("sm90", "16-bit", 64): K(64, 128, 8, 3, tma=True, fallback=K(64, 128, 8, 3)),
-    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _triton_version() >= (3, 9) else K(32, 128, 8, 2),
+    ("sm90", "16-bit", 64): K(64, 128, 8, 2, tma=True, fallback=K(64, 128, 8, 2)) if _V39 else K(64, 128, 8, 2),
+    ("sm90", "16-bit", 128): K(32, 128, 8, 1) if _V39 else K(32, 128, 8, 2),
     ("sm90", "fp32", 16): K(32, 64, 4, 2),
     ("sm90", "fp32", 32): K(16, 64, 4, 2),
     ("sm80", "16-bit", 16): K(32, 128, 4, 3),
@@ -414,7 +413,8 @@ def check_backward_config(config: AttentionConfig, q: Tensor, s: AttentionShapes
     return config.backward_dkdv, config.backward_dq
 
 
-def fused_backward(config: AttentionConfig, deterministic: bool) -> bool:
-    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): asked for by not passing
-    ``deterministic`` and possible where ``config`` has a ``backward_fused`` tile."""
-    return not deterministic and config.backward_fused is not None
+def fused_backward(config: AttentionConfig, deterministic: bool, N_q: int) -> bool:
+    """Whether the backward runs as one kernel (dQ by fp32 atomic adds): not ``deterministic``, a
+    ``backward_fused`` tile, and ``N_q`` queries filling one (fewer: every program would add into one partial
+    query tile, and triton 3.6's ptxas crashes on the hd64 tile at N_q = 1 with GQA: the two kernels run)."""
+    return not deterministic and config.backward_fused is not None and N_q >= config.backward_fused.BLOCK_M

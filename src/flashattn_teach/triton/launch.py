@@ -232,9 +232,9 @@ def backward(
     its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group.
     ``variants`` as the forward's.
 
-    The one-kernel backward (``config.backward_fused``) runs unless ``deterministic`` or the config has no
-    such tile (:func:`fused_backward`); otherwise the dK/dV and dQ kernels. Each kernel runs on a
-    one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
+    The one-kernel backward (``config.backward_fused``) runs unless ``deterministic``, the config has no
+    such tile or ``N_q`` is below its ``BLOCK_M`` (:func:`fused_backward`); otherwise the dK/dV and dQ
+    kernels. Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
     import triton
 
     from .kernels.backward import attn_bwd_preprocess
@@ -279,7 +279,7 @@ def backward(
 
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
-    fused = fused_backward(config, deterministic)
+    fused = fused_backward(config, deterministic, s.N_q)
     # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path
     # passes dk in its place, unread
     dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else dk

@@ -6,7 +6,7 @@ No GPU is needed: ``triton.compile`` builds a cubin for a target such as ``GPUTa
     registers   per thread (at most 255)
     spills      stack plus local memory per thread in bytes (where ptxas puts registers that do not
                 fit; the SASS then holds STL/LDL); nonzero means registers ran out
-    smem        shared memory per program (228 KB limit on sm_90, 164 KB on sm_80)
+    smem        shared memory per program (a block may use 227 KB on sm_90, 163 KB on sm_80)
     mma         the tensor-core instruction in the SASS: HGMMA (warpgroup MMA, sm_90), HMMA (sm_80),
                 or none (fp32 "ieee" dots run on CUDA cores)
 
@@ -34,6 +34,7 @@ kernel's PTX and SASS.
 Must run without ``TRITON_INTERPRET`` (the variable decides how kernels are built for the whole process).
 
     flashattn-teach kernels --arch sm90 [--dtype float16 bfloat16] [--head-dim 64 128] [--loops] [--dump DIR]
+    flashattn-teach kernels --specializations --arch sm90 sm80 [--json FILE] [--check FILE]  (specializations.py)
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ...triton.configs import ARCHS, DTYPES, HEAD_DIMS, KERNELS, KernelConfig, s
 from ...triton.variants import PLAIN
 from .compile import MAX_REGISTERS, SMEM_LIMIT, CompileReport, compile_kernel, require_triton
 from .loops import CALIBRATED_ON, CALIBRATION, MODELS, UNCALIBRATED, LoopProfile
+from .specializations import add_arguments as add_specialization_arguments
 from .specialize import sample_variants, sample_varlen
 from .waves import add_arguments as add_schedule_arguments
 from .waves import print_schedule
@@ -87,7 +89,13 @@ def fallbacks(c: KernelConfig) -> list[KernelConfig]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``flashattn-teach kernels``."""
-    parser.add_argument("--arch", choices=ARCHS, default="sm90", help="GPU generation to compile for")
+    parser.add_argument(
+        "--arch",
+        nargs="+",
+        choices=ARCHS,
+        default=["sm90"],
+        help="GPU generation to compile for (several: only with --specializations)",
+    )
     parser.add_argument(
         "--dtype", nargs="+", choices=sorted(_DTYPE_BY_NAME), default=None, help="input dtypes (default: all shipped)"
     )
@@ -138,6 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dump", type=Path, default=None, metavar="DIR", help="write each compiled kernel's PTX and SASS into DIR"
     )
     add_schedule_arguments(parser)
+    add_specialization_arguments(parser)
 
 
 def _dump(report: CompileReport, directory: Path, suffix: str = "") -> None:
@@ -203,6 +212,14 @@ def pass_estimates(profiled: list[tuple[CompileReport, LoopProfile]]) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     """Compile and print one row per kernel and configuration; exit status 1 if any check fails."""
+    if args.specializations:
+        from .specializations import run as run_specializations
+
+        return run_specializations(args)
+    if len(args.arch) > 1:
+        print("flashattn-teach kernels: error: several --arch need --specializations", file=sys.stderr)
+        return 2
+    args.arch = args.arch[0]
     if args.schedule or args.programs_per_sm is not None or args.seq_len is not None:
         return print_schedule(args, compile_kernel)
     require_triton()
