@@ -124,7 +124,7 @@ def test_demo_and_example_print_the_seed_shape():
     demo = subprocess.run(
         [sys.executable, "-m", "flashattn_teach.cli", "demo"], capture_output=True, text=True, check=True
     )
-    assert "output shape: [2, 1, 6, 4]" in demo.stdout
+    assert "AttentionSchedules output [dense, tiled]: shape [2, 1, 6, 4]" in demo.stdout
     example = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "01_seed_example.py")], capture_output=True, text=True, check=True
     )

@@ -32,7 +32,7 @@ def reports() -> dict[str, subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return {
         arch: subprocess.Popen(
-            [sys.executable, "-m", "flashattn_teach.tools.kernels", "--arch", arch],
+            [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--arch", arch],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -77,7 +77,7 @@ VARIANT_RUNS = {
 @pytest.fixture(scope="module")
 def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "flashattn_teach.tools.kernels", "--dtype", "bfloat16", "float32"]
+    command = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--dtype", "bfloat16", "float32"]
     return {
         (arch, run): subprocess.Popen(
             [*command, "--arch", arch, *flags],

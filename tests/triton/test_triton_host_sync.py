@@ -53,7 +53,7 @@ def test_the_probe_sees_the_reads_host_tensors_get(monkeypatch: pytest.MonkeyPat
         torch.ones(2).sum().item()
     where = {(s.op, s.where.split(":")[0]) for s in found}
     assert ("aten._local_scalar_dense.default", "flashattn_teach/_validate/inputs.py") in where, report(found)
-    assert ("Tensor.tolist", "flashattn_teach/_validate/decode.py") in where, report(found)
+    assert ("Tensor.tolist", "flashattn_teach/serving/checks.py") in where, report(found)
     assert all(s.where.startswith("flashattn_teach/") for s in found), report(found)
 
 

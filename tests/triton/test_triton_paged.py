@@ -319,7 +319,7 @@ MAX_PAGED_RATIO = 2.25
 @pytest.fixture(scope="module")
 def paged_compiles():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.tools.kernels.decode"]
+    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.cli", "kernels-decode"]
     runs = {
         (arch, name): subprocess.Popen(
             [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -77,7 +77,7 @@ def check_carried(step: DecodeStep) -> None:
         fields = ", ".join(f"DecodeStep.{name}" for name in names)
         raise NotImplementedError(
             f"{fields} is not carried into a key range's options: add it to RANGE_CARRIES in "
-            "flashattn_teach/decode/ranges.py with how range_options carries it"
+            "flashattn_teach/serving/ranges.py with how range_options carries it"
         )
 
 

@@ -68,8 +68,8 @@ def _config(call: Call, arch: str):
     if call.forward == "default":
         return None
     config = shipped_config(call.case.D, call.case.dtype, arch)
-    f = config.forward  # as bench_attention.py's triton-ptr and triton-nows providers replace it
-    forward = dataclasses.replace(f, tma=False) if call.forward == "pointers" else dataclasses.replace(f, ws=False)
+    f = config.forward  # as bench_attention.py's provider_config builds triton-ptr's and triton-nows' forward
+    forward = f.by_pointers() if call.forward == "pointers" else f.unspecialised()
     return dataclasses.replace(config, forward=forward)
 
 
