@@ -8,7 +8,8 @@ specialisation a GPU run would build, without a GPU and without importing ``test
     peak_memory_case   its peak-memory check (fp16, D = 64, causal, N = 2k, 4k, 8k)
     BENCH_TRIMMED      bench_attention.py --trimmed: bf16, D = 64 and 128, causal and not, N = 2k and 8k,
                        B N = 16k tokens, H = 2048 / D; providers triton, triton-ptr, triton-nows, triton-det
-    VARIANT_ROWS       bench_gpu_variants.py's rows through triton_attention (window, softcap, seqlens_k)
+    VARIANT_ROWS       bench_gpu_variants.py's Triton rows: window, softcap, seqlens_k through triton_attention;
+                       varlen, fp8 (forward only) and sinks through the public API with backend="triton"
 
 :func:`suite_calls` lists them all as :class:`Call` values, each named, for the capture.
 """
@@ -181,6 +182,9 @@ class Call:
     window: tuple[int, int] | None = None
     softcap: float | None = None
     seqlens_k: tuple[int, ...] | None = None
+    packed: tuple[int, ...] | None = None  # varlen: sequences of these lengths packed (T, H, D), N ignored
+    fp8: bool = False  # q, k, v in e4m3 with descales per (batch, kv head): the FP8 forward (no backward)
+    sinks: bool = False  # a sink logit per query head
 
 
 def _bench_calls(grid: BenchGrid) -> list[Call]:
@@ -203,10 +207,14 @@ def _bench_calls(grid: BenchGrid) -> list[Call]:
 
 # bench_gpu_variants.py's rows that go through triton_attention: bf16, B = 4, H = 16, N = 4096, D = 128
 _VARIANT_CASE = GpuCase(BF16, 128, 4096, 4096, H_kv=16, B=4)
+_CAUSAL_VARIANT_CASE = GpuCase(BF16, 128, 4096, 4096, causal=True, H_kv=16, B=4)
 VARIANT_ROWS: list[Call] = [
     Call("variants-window", _VARIANT_CASE, window=(256, 0)),
     Call("variants-softcap", GpuCase(BF16, 128, 4096, 4096, causal=True, H_kv=16, B=4), softcap=30.0),
     Call("variants-seqlens_k", _VARIANT_CASE, seqlens_k=(4096, 3000, 2000, 1000)),
+    Call("variants-varlen", _CAUSAL_VARIANT_CASE, packed=(4096, 3000, 2000, 1000, 4096, 2192)),
+    Call("variants-fp8", _CAUSAL_VARIANT_CASE, backward=False, fp8=True),
+    Call("variants-sinks", _CAUSAL_VARIANT_CASE, window=(128, 0), sinks=True),  # GPT-OSS's sliding layers
 ]
 
 
