@@ -88,6 +88,31 @@ def test_the_committed_tables_have_no_compile_failure_and_no_spill_in_a_loop(ver
     assert all(r["smem_bytes"] <= spec.SMEM_OPT_IN[r["arch"]] for r in doc["rows"] if r["smem_bytes"] is not None)
 
 
+# The calls beyond the GPU tests' own cases, each with the constant that says its kernel variant was built
+WIDENED = {
+    "variants-varlen": ("sm90", "forward", "VARLEN"),
+    "variants-fp8": ("sm90", "forward", "FP8"),
+    "variants-sinks": ("sm90", "forward", "SINKS"),
+    "first-light-padding-mask": ("sm90", "backward_dq", "BOOL_MASK"),
+    "first-light-window": ("sm80", "backward_dkdv", "WINDOW"),
+    "first-light-seqlens-k-zero": ("sm90", "forward", "SEQLENS"),
+}
+
+
+@pytest.mark.parametrize("call", list(WIDENED))
+def test_the_committed_36_table_holds_the_widened_calls_variant_kernels(call: str) -> None:
+    assert call in [c.name for c in suite_calls()]
+    arch, kernel, constant = WIDENED[call]
+    rows = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"]
+    mine = [r for r in rows if call in r["calls"] and r["arch"] == arch and r["kernel"] == kernel]
+    assert mine and all(r["constants"].get(constant) == "True" for r in mine), [r["constants"] for r in mine]
+
+
+def test_the_fp8_row_is_refused_on_sm80_as_a_gpu_of_capability_8_refuses_it() -> None:
+    doc = json.loads((RESULTS / "triton-3.6.0.json").read_text())
+    assert "sm_90" in doc["refused"]["sm80"]["variants-fp8"] and "variants-fp8" not in doc["refused"]["sm90"]
+
+
 def test_the_table_check_sees_a_loop_spill_and_a_compile_failure() -> None:
     # negative control: a clean row of the committed 3.6 table, then as the D = 40 dQ row read before the fix
     # (triton 3.6: 520 B, 190 local loads and stores a loop iteration) and as a ptxas crash
@@ -146,3 +171,22 @@ def test_a_compile_that_killed_its_process_is_recorded_on_the_rerun(tmp_path: Pa
     result = spec.cached_compile(Stub(), "sm90", tmp_path)  # type: ignore[arg-type]
     assert result["error"] == "the compiling process died (no exception)"
     assert json.loads(path.read_text())["pending"] is False
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_mask_forward_tile_matches_float64_attention(D: int) -> None:
+    # the sm_90 16-bit forward a call with an attn_mask gets (unaligned.MASK_FORWARD_TILES), run in the
+    # interpreter on fp16 with a padding mask that leaves one batch element without keys
+    config = shipped_config(D, torch.float16, "sm90", variants=True, attn_mask=True)
+    assert config.forward != shipped_config(D, torch.float16, "sm90", variants=True).forward
+    assert (config.forward.BLOCK_M, config.forward.BLOCK_N) == (128, 32) and not config.forward.ws
+    g = torch.Generator().manual_seed(D)
+    B, H, N_q, N_k = 2, 2, 150, 77
+    q = torch.randn(B, H, N_q, D, generator=g)
+    k, v = (torch.randn(B, H, N_k, D, generator=g) for _ in range(2))
+    mask = (torch.arange(N_k) < torch.tensor([40, 0])[:, None]).reshape(B, 1, 1, N_k)
+    low = [t.to(DEVICE, torch.float16) for t in (q, k, v)]
+    O = triton_attention(*low, attn_mask=mask.to(DEVICE), config=config)
+    ref = dense_attention(*(t.double().cpu() for t in low), attn_mask=mask)
+    assert_close_scaled(O[0], ref[0], REL_TOL[torch.float16], "O")
+    assert (O[1] == 0).all()  # no key: O = 0

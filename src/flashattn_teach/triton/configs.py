@@ -29,7 +29,7 @@ from ..errors import AttentionTypeError, AttentionValueError
 from .lanes import SPLIT_DIM, table_dim
 from .lanes import block_d as block_d  # re-exported: callers look for it here
 from .lanes import lane_groups as lane_groups
-from .unaligned import narrow_row, unaligned
+from .unaligned import mask_forward, narrow_row, unaligned
 
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq", "backward_fused")
 ARCHS = ("sm90", "sm80")
@@ -360,12 +360,11 @@ def shipped_config(
     variants: bool = False,
     dropout: bool = False,
     head_dim_v: int | None = None,
+    attn_mask: bool = False,
 ) -> AttentionConfig:
-    """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
-    None where the backward does not ship (see :func:`max_head_dim`). ``variants``: for a call with a
-    window, softcap, ALiBi or ``seqlens_k``, ``dropout``: with dropout (the variant or dropout row where
-    there is one). ``head_dim_v``: the values' head dim where it differs from ``head_dim`` (the row is
-    :func:`table_dim`'s; ``head_dim`` is then the queries' and keys')."""
+    """The table's row for a head dim, dtype and GPU generation (backward None where it does not ship:
+    :func:`max_head_dim`); ``variants``, ``dropout``, ``attn_mask``: the call has a window, softcap, ALiBi,
+    seqlens_k or mask, dropout, an attn_mask. ``head_dim_v``: the values' where it differs (:func:`table_dim`)."""
     rows = _table(arch, dtype)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     for name, dim in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
@@ -384,6 +383,7 @@ def shipped_config(
         fwd, dkdv, dq = table[key]
     elif unaligned(head_dim, head_dim_v):  # rows the JIT cannot prove aligned: thinner pointer tiles (.unaligned)
         fwd, dkdv, dq = narrow_row(key, fwd, dkdv, dq, _V39)
+    fwd = mask_forward(key, fwd) if attn_mask and variants and not dropout else fwd  # byte loads: .unaligned
     fused = None if variants or dropout else _FUSED_ROWS.get(key)
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq, backward_fused=fused)
 

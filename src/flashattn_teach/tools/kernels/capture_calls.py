@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,8 +52,9 @@ def as_if_on_gpu(arch: str) -> Iterator[None]:
         config = config or as_tried(fp8.fp8_forward_config(max(s.D, s.D_v), variants=used))
         return saved[7](q, k, v, opts, config=config)
 
-    saved = (support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason, fp8.device_reason)
-    saved += (fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU, dispatch_fp8.triton_fp8_forward)
+    saved: tuple[Any, ...] = (support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason)
+    saved += (fp8.device_reason, fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU)
+    saved += (dispatch_fp8.triton_fp8_forward,)
     support.device_reason = fp8.device_reason = lambda t: None
     fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU = fp8_reason, True
     dispatch_fp8.triton_fp8_forward = fp8_forward
@@ -97,7 +99,7 @@ def run_call(call: Call, arch: str) -> None:
     from ...triton.configs import max_head_dim
 
     c = call.case
-    if call.packed or call.fp8 or call.sinks:
+    if call.packed or call.fp8 or call.sinks or call.api:
         return _run_api_call(call)
     q, k, v, dO = _inputs(call)
     backward = call.backward and c.D <= max_head_dim(c.dtype, backward=True)
@@ -113,7 +115,8 @@ def run_call(call: Call, arch: str) -> None:
 
 
 def _run_api_call(call: Call) -> None:
-    """A varlen, FP8 or sinks row of bench_gpu_variants.py, through the public API as it calls it."""
+    """A varlen, FP8 or sinks row of bench_gpu_variants.py or a first-light masked case, through the public API
+    as they call it."""
     import flashattn_teach as fa
 
     c = call.case
@@ -134,8 +137,14 @@ def _run_api_call(call: Call) -> None:
     else:
         q, k, v, _ = _inputs(call)
         q, k, v = (t.requires_grad_(call.backward) for t in (q, k, v))
-        sinks = torch.linspace(-1.0, 2.0, c.H_q)
-        O = fa.flash_attention(q, k, v, causal=c.causal, window=call.window, sinks=sinks, backend="triton")
+        sinks = torch.linspace(-1.0, 2.0, c.H_q) if call.sinks else None
+        mask = None if call.padding is None else torch.arange(c.N_k) < torch.tensor(call.padding)[:, None]
+        lengths = None if call.seqlens_k is None else torch.tensor(call.seqlens_k, dtype=torch.int32)
+        O = fa.flash_attention(
+            q, k, v, causal=c.causal, causal_align=c.causal_align, window=call.window, softcap=call.softcap,
+            attn_mask=None if mask is None else mask.reshape(c.B, 1, 1, c.N_k), seqlens_k=lengths, sinks=sinks,
+            backend="triton",
+        )  # fmt: skip
     if call.backward:
         assert isinstance(O, Tensor)
         O.backward(torch.zeros_like(O))
