@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -178,15 +179,16 @@ def test_the_mask_forward_tile_matches_float64_attention(D: int) -> None:
     # the sm_90 16-bit forward a call with an attn_mask gets (unaligned.MASK_FORWARD_TILES), run in the
     # interpreter on fp16 with a padding mask that leaves one batch element without keys
     config = shipped_config(D, torch.float16, "sm90", variants=True, attn_mask=True)
-    assert config.forward != shipped_config(D, torch.float16, "sm90", variants=True).forward
-    assert (config.forward.BLOCK_M, config.forward.BLOCK_N) == (128, 32) and not config.forward.ws
+    forward = config.forward.unspecialised()  # a mask is never warp-specialised (tma.ws_reason)
+    assert forward != shipped_config(D, torch.float16, "sm90", variants=True).forward.unspecialised()
+    assert (forward.BLOCK_M, forward.BLOCK_N, forward.num_warps) == (128, 32, 8) and not forward.ws
     g = torch.Generator().manual_seed(D)
     B, H, N_q, N_k = 2, 2, 150, 77
     q = torch.randn(B, H, N_q, D, generator=g)
     k, v = (torch.randn(B, H, N_k, D, generator=g) for _ in range(2))
     mask = (torch.arange(N_k) < torch.tensor([40, 0])[:, None]).reshape(B, 1, 1, N_k)
     low = [t.to(DEVICE, torch.float16) for t in (q, k, v)]
-    O = triton_attention(*low, attn_mask=mask.to(DEVICE), config=config)
+    O = triton_attention(*low, attn_mask=mask.to(DEVICE), config=replace(config, forward=forward))
     ref = dense_attention(*(t.double().cpu() for t in low), attn_mask=mask)
     assert_close_scaled(O[0], ref[0], REL_TOL[torch.float16], "O")
     assert (O[1] == 0).all()  # no key: O = 0

@@ -60,13 +60,14 @@ MASK_FORWARD_TILES: dict[tuple[str, str, int], Tile] = {
 
 
 def mask_forward(key: tuple[str, str, int], forward: Any) -> Any:
-    """The forward a call with an attn_mask runs: :data:`MASK_FORWARD_TILES`' tile for ``key`` in place of
-    ``forward``'s unspecialised one (a mask is never warp-specialised), else ``forward``."""
+    """The forward a call with an attn_mask runs: :data:`MASK_FORWARD_TILES`' tile for ``key`` as ``forward``'s
+    unspecialised one (its ``fallback`` where it is warp-specialised, which a mask never is), else ``forward``."""
     tile = MASK_FORWARD_TILES.get(key)
     if tile is None:
         return forward
     m, n, w, s = tile
-    return replace(forward.unspecialised(), BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, fallback=None)
+    plain = replace(forward.unspecialised(), BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, fallback=None)
+    return replace(forward, fallback=plain) if forward.ws else plain
 
 
 def unaligned(head_dim: int, head_dim_v: int) -> bool:
