@@ -10,13 +10,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from _triton_cases import DEVICE, DTYPES, REL_TOL, assert_close_scaled
 
+from flashattn_teach.reference import dense_attention
 from flashattn_teach.tools.kernels import specializations as spec
 from flashattn_teach.tools.kernels.cases import CASES, GpuCase, suite_calls
+from flashattn_teach.triton import shipped_config, triton_attention
+from flashattn_teach.triton.unaligned import UNALIGNED_TILES
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,24 +71,88 @@ def test_every_captured_specialisation_is_in_the_committed_table(tmp_path: Path)
     assert " of " in done.stdout
 
 
-def documented_loop_spill(r: dict) -> bool:
-    """The spills in a loop triton/configs.py names as remaining: head dims that fill their padded lanes only in
-    part (40 of 64, 100 of 128), and sm_80's hd128 forward at N_q = 1."""
-    if r["head_dim"] in (40, 100):
-        return True
-    return (r["arch"], r["kernel"], r["head_dim"], r["constants"].get("N_q")) == ("sm80", "forward", 128, "1")
+def loop_problems(rows: list[dict]) -> list[tuple[str, str, object, str, str]]:
+    """The rows that failed to compile or spill in their steady-state loop, named (kernel, arch, D, check, call)."""
+    return [
+        (r["kernel"], r["arch"], r["head_dim"], r["check"], r["calls"][0])
+        for r in rows
+        if r["error"] or r["loop_local"]
+    ]
 
 
 @pytest.mark.parametrize("version", ["3.6.0", "3.9.0"])
-def test_the_committed_tables_have_no_compile_failure_and_no_undocumented_spill_in_a_loop(version: str) -> None:
+def test_the_committed_tables_have_no_compile_failure_and_no_spill_in_a_loop(version: str) -> None:
     path = RESULTS / f"triton-{version}.json"
     doc = json.loads(path.read_text())
     assert doc["triton"] == version and {r["arch"] for r in doc["rows"]} == {"sm90", "sm80"}
-    failed = [(r["kernel"], r["arch"], r["check"], r["calls"][0]) for r in doc["rows"] if r["error"]]
-    assert not failed
-    rows = [r for r in doc["rows"] if r["loop_local"] and not documented_loop_spill(r)]
-    assert [(r["kernel"], r["arch"], r["check"], r["calls"][0]) for r in rows] == []
-    assert all(r["smem_bytes"] <= spec.SMEM_OPT_IN[r["arch"]] for r in doc["rows"])
+    assert loop_problems(doc["rows"]) == []
+    assert all(r["smem_bytes"] <= spec.SMEM_OPT_IN[r["arch"]] for r in doc["rows"] if r["smem_bytes"] is not None)
+
+
+# The calls beyond the GPU tests' own cases, each with the constant that says its kernel variant was built
+WIDENED = {
+    "variants-varlen": ("sm90", "forward", "VARLEN"),
+    "variants-fp8": ("sm90", "forward", "FP8"),
+    "variants-sinks": ("sm90", "forward", "SINKS"),
+    "first-light-padding-mask": ("sm90", "backward_dq", "BOOL_MASK"),
+    "first-light-window": ("sm80", "backward_dkdv", "WINDOW"),
+    "first-light-seqlens-k-zero": ("sm90", "forward", "SEQLENS"),
+}
+
+
+@pytest.mark.parametrize("call", list(WIDENED))
+def test_the_committed_36_table_holds_the_widened_calls_variant_kernels(call: str) -> None:
+    assert call in [c.name for c in suite_calls()]
+    arch, kernel, constant = WIDENED[call]
+    rows = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"]
+    mine = [r for r in rows if call in r["calls"] and r["arch"] == arch and r["kernel"] == kernel]
+    assert mine and all(r["constants"].get(constant) == "True" for r in mine), [r["constants"] for r in mine]
+
+
+def test_the_fp8_row_is_refused_on_sm80_as_a_gpu_of_capability_8_refuses_it() -> None:
+    doc = json.loads((RESULTS / "triton-3.6.0.json").read_text())
+    assert "sm_90" in doc["refused"]["sm80"]["variants-fp8"] and "variants-fp8" not in doc["refused"]["sm90"]
+
+
+def test_the_table_check_sees_a_loop_spill_and_a_compile_failure() -> None:
+    # negative control: a clean row of the committed 3.6 table, then as the D = 40 dQ row read before the fix
+    # (triton 3.6: 520 B, 190 local loads and stores a loop iteration) and as a ptxas crash
+    clean = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"][0]
+    assert loop_problems([clean]) == []
+    spilled = {**clean, "spill_bytes": 520, "loop_local": 190, "check": "spills 520 B in the loop"}
+    crashed = {**clean, "error": "PTXASError: ptxas failed with error code -11", "check": "crash"}
+    assert [p[3] for p in loop_problems([clean, spilled, crashed])] == ["spills 520 B in the loop", "crash"]
+
+
+# Head dims whose rows the JIT cannot prove 16-element aligned take unaligned.py's thinner tiles; the
+# interpreter runs those configurations (bf16 only on a GPU) against float64 attention, causal bottom-right
+# with rows that see no key and a ragged last key block.
+def _key(arch: str, dtype: torch.dtype, D: int) -> tuple[str, str, int]:
+    return (arch, "fp32" if dtype == torch.float32 else "16-bit", 64 if D == 40 else 128)
+
+
+UNALIGNED = [(a, t, d) for a in ("sm90", "sm80") for t in DTYPES for d in (40, 100) if _key(a, t, d) in UNALIGNED_TILES]
+
+
+@pytest.mark.parametrize(("arch", "dtype", "D"), UNALIGNED, ids=[f"{a}-{str(t)[6:]}-d{d}" for a, t, d in UNALIGNED])
+def test_the_unaligned_head_dim_tiles_match_float64_attention(arch: str, dtype: torch.dtype, D: int) -> None:
+    config = shipped_config(D, dtype, arch)
+    assert config != shipped_config(_key(arch, dtype, D)[2], dtype, arch), "not the padded row's tiles"
+    g = torch.Generator().manual_seed(D)
+    H, N_q, N_k = 2, 100, 37  # offset -63: 63 rows see no key
+    q = torch.randn(1, H, N_q, D, generator=g)
+    k, v = (torch.randn(1, H, N_k, D, generator=g) for _ in range(2))
+    dO = torch.randn(1, H, N_q, D, generator=g)
+    low = [t.to(DEVICE, dtype).requires_grad_(True) for t in (q, k, v)]
+    O = triton_attention(*low, causal=True, causal_align="bottom_right", config=config)
+    O.backward(dO.to(DEVICE, dtype))
+    ref = [t.detach().double().cpu().requires_grad_(True) for t in low]
+    ref_O = dense_attention(*ref, causal=True, causal_align="bottom_right")
+    ref_O.backward(dO.double())
+    assert_close_scaled(O, ref_O, REL_TOL[dtype], "O")
+    for name, a, b in zip(("dq", "dk", "dv"), (t.grad for t in low), (t.grad for t in ref), strict=True):
+        assert a is not None and b is not None
+        assert_close_scaled(a, b, 2 * REL_TOL[dtype], name)
 
 
 def test_a_ptxas_crash_is_reported_by_its_signal_not_its_repro_command() -> None:
@@ -103,3 +172,23 @@ def test_a_compile_that_killed_its_process_is_recorded_on_the_rerun(tmp_path: Pa
     result = spec.cached_compile(Stub(), "sm90", tmp_path)  # type: ignore[arg-type]
     assert result["error"] == "the compiling process died (no exception)"
     assert json.loads(path.read_text())["pending"] is False
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_mask_forward_tile_matches_float64_attention(D: int) -> None:
+    # the sm_90 16-bit forward a call with an attn_mask gets (unaligned.MASK_FORWARD_TILES), run in the
+    # interpreter on fp16 with a padding mask that leaves one batch element without keys
+    config = shipped_config(D, torch.float16, "sm90", variants=True, attn_mask=True)
+    forward = config.forward.unspecialised()  # a mask is never warp-specialised (tma.ws_reason)
+    assert forward != shipped_config(D, torch.float16, "sm90", variants=True).forward.unspecialised()
+    assert (forward.BLOCK_M, forward.BLOCK_N, forward.num_warps) == (128, 32, 8) and not forward.ws
+    g = torch.Generator().manual_seed(D)
+    B, H, N_q, N_k = 2, 2, 150, 77
+    q = torch.randn(B, H, N_q, D, generator=g)
+    k, v = (torch.randn(B, H, N_k, D, generator=g) for _ in range(2))
+    mask = (torch.arange(N_k) < torch.tensor([40, 0])[:, None]).reshape(B, 1, 1, N_k)
+    low = [t.to(DEVICE, torch.float16) for t in (q, k, v)]
+    O = triton_attention(*low, attn_mask=mask.to(DEVICE), config=replace(config, forward=forward))
+    ref = dense_attention(*(t.double().cpu() for t in low), attn_mask=mask)
+    assert_close_scaled(O[0], ref[0], REL_TOL[torch.float16], "O")
+    assert (O[1] == 0).all()  # no key: O = 0

@@ -3,9 +3,8 @@
 A configuration is chosen by the *padded* head dimension ``BLOCK_D`` (the next power of two >= 16, so
 D = 40 uses the 64 row, D = 80 and 96 the 128 row; :mod:`.lanes`: D = 129 to 192 with D_v <= 128 runs as
 two lane groups, 128 + 64, on a 192 row of its own), by the element size of the inputs, and by the GPU
-generation ("sm90" Hopper, "sm80" Ampere and anything older). Every specialisation the GPU tests and suite
-launch is compiled ahead of time with triton 3.6 and 3.9 (``flashattn-teach kernels --specializations``); the
-spills that remain are listed at the one-kernel backward's table. A row may depend on the installed triton.
+generation ("sm90" Hopper, "sm80" Ampere and older); D % 16 != 0 takes thinner tiles (:mod:`.unaligned`). The
+GPU tests' and suite's specialisations compile with triton 3.6 and 3.9 (``kernels --specializations``).
 
 Kernels and the tiles each one owns:
 
@@ -30,6 +29,7 @@ from ..errors import AttentionTypeError, AttentionValueError
 from .lanes import SPLIT_DIM, table_dim
 from .lanes import block_d as block_d  # re-exported: callers look for it here
 from .lanes import lane_groups as lane_groups
+from .unaligned import mask_forward, narrow_row, unaligned
 
 KERNELS = ("forward", "backward_preprocess", "backward_dkdv", "backward_dq", "backward_fused")
 ARCHS = ("sm90", "sm80")
@@ -147,8 +147,7 @@ class AttentionConfig:
         return config
 
 
-# Fixed configuration for the interpreter tests: small tiles keep the CPU run short, and two tiles of
-# different sizes make sure no code path assumes BLOCK_M == BLOCK_N.
+# The interpreter tests' configuration: small (a short CPU run), BLOCK_M != BLOCK_N (no code assumes them equal).
 TEST_CONFIG = AttentionConfig.uniform(32, 16)
 
 # (forward, backward_dkdv, backward_dq) of one padded head dim
@@ -299,8 +298,7 @@ _DROPOUT_ROWS: dict[tuple[str, str, int], _Row] = {
 # TMA follow the compiler (hd128: 3.9 spills 16 B causal at two stages, 3.6 16 to 48 at one; hd64: 3.6 spills 32
 # to 64 B in the loop by TMA, 8 to 40 B outside it through pointers). None (the two-kernel backward): hd256 (every
 # tile tried spills 80 to 184 B), fp32 above hd32 (16-key tiles: D / 16 atomics per (query, key) pair), variants.
-# Spills that remain (benchmarks/results/specializations/ lists each): D = 40 and 100 in the loop in every tile
-# tried short of 12-45% more instructions per pair (sm_90 one-kernel, fp32 dQ, sm_80 forward); else outside loops.
+# Spills that remain are outside loops (benchmarks/results/specializations/; D % 16 != 0: .unaligned).
 _V39 = _triton_version() >= (3, 9)
 _FUSED_ROWS: dict[tuple[str, str, int], KernelConfig] = {
     ("sm90", "16-bit", 16): K(64, 128, 8, 3),
@@ -362,12 +360,11 @@ def shipped_config(
     variants: bool = False,
     dropout: bool = False,
     head_dim_v: int | None = None,
+    attn_mask: bool = False,
 ) -> AttentionConfig:
-    """The table's configuration for a head dimension, dtype and GPU generation; the backward entries are
-    None where the backward does not ship (see :func:`max_head_dim`). ``variants``: for a call with a
-    window, softcap, ALiBi or ``seqlens_k``, ``dropout``: with dropout (the variant or dropout row where
-    there is one). ``head_dim_v``: the values' head dim where it differs from ``head_dim`` (the row is
-    :func:`table_dim`'s; ``head_dim`` is then the queries' and keys')."""
+    """The table's row for a head dim, dtype and GPU generation (backward None where it does not ship:
+    :func:`max_head_dim`); ``variants``, ``dropout``, ``attn_mask``: the call has a window, softcap, ALiBi,
+    seqlens_k or mask, dropout, an attn_mask. ``head_dim_v``: the values' where it differs (:func:`table_dim`)."""
     rows = _table(arch, dtype)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     for name, dim in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
@@ -384,6 +381,9 @@ def shipped_config(
         key = (arch, key[1], block_d(SPLIT_DIM))
     if key in table:
         fwd, dkdv, dq = table[key]
+    elif unaligned(head_dim, head_dim_v):  # rows the JIT cannot prove aligned: thinner pointer tiles (.unaligned)
+        fwd, dkdv, dq = narrow_row(key, fwd, dkdv, dq, _V39)
+    fwd = mask_forward(key, fwd) if attn_mask and variants and not dropout else fwd  # byte loads: .unaligned
     fused = None if variants or dropout else _FUSED_ROWS.get(key)
     return AttentionConfig(forward=fwd, backward_dkdv=dkdv, backward_dq=dq, backward_fused=fused)
 

@@ -48,7 +48,10 @@ def arch_config(
     arch: str, dtype: torch.dtype, s: AttentionShapes, variants: KernelVariants = PLAIN, *, tried: bool = True
 ) -> AttentionConfig:
     """:func:`default_config` for a GPU generation (``"sm90"`` or ``"sm80"``) and dtype, asked of no device."""
-    row = shipped_config(s.D, dtype, arch, variants=variants.used, dropout=variants.has_dropout, head_dim_v=s.D_v)
+    row = shipped_config(
+        s.D, dtype, arch, variants=variants.used, dropout=variants.has_dropout, head_dim_v=s.D_v,
+        attn_mask=variants.attn_mask is not None,
+    )  # fmt: skip
     return as_tried(row) if tried else row
 
 

@@ -2,8 +2,9 @@
 the real ``triton_attention`` (and its backward, through autograd) as if its CPU tensors were on a GPU of
 generation ``arch``, with :func:`.specialize.capture` recording what the JIT is asked to compile.
 
-"As if on a GPU" (:func:`as_if_on_gpu`) changes three answers and nothing else: the device check lets CPU
-tensors through, the default configuration is what a plain call runs on ``arch``
+"As if on a GPU" (:func:`as_if_on_gpu`) changes these answers and nothing else: the device checks let CPU
+tensors through (the FP8 forward's on sm_90 only, as a GPU of capability 8 refuses it, with the FP8 tile
+a CUDA call gets rather than the interpreter's), the default configuration is what a plain call runs on ``arch``
 (:func:`~flashattn_teach.triton.launch.arch_config`: the shipped row without the paths no GPU has run,
 unless switched on), and on sm_80 no tile reads by TMA nor is warp-specialised (as
 :mod:`flashattn_teach.triton.tma` decides for a CUDA device of capability 8). Every other decision (the
@@ -18,6 +19,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,8 +39,25 @@ def as_if_on_gpu(arch: str) -> Iterator[None]:
     def ws_reason(*args):
         return saved[3](*args) or "the GPU is not sm_90 (the pass that specialises it is Hopper's)"
 
-    saved = (support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason)
-    support.device_reason = lambda t: None
+    from ...dispatch import fp8 as dispatch_fp8
+    from ...triton import fp8
+    from ...triton.provenance import as_tried
+    from ...triton.variants import NO_DROPOUT, KernelVariants
+
+    def fp8_reason(q, opts):  # as for a CUDA device of capability 9 (sm_90) or 8
+        return saved[5](q, opts) or (None if arch == "sm90" else "the FP8 forward runs on sm_90 (Hopper) only")
+
+    def fp8_forward(q, k, v, opts, *, config=None):  # the tile triton_fp8_forward takes for a CUDA tensor
+        s, used = opts.shapes, KernelVariants.from_spec(opts.mask, NO_DROPOUT).used
+        config = config or as_tried(fp8.fp8_forward_config(max(s.D, s.D_v), variants=used))
+        return saved[7](q, k, v, opts, config=config)
+
+    saved: tuple[Any, ...] = (support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason)
+    saved += (fp8.device_reason, fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU)
+    saved += (dispatch_fp8.triton_fp8_forward,)
+    support.device_reason = fp8.device_reason = lambda t: None
+    fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU = fp8_reason, True
+    dispatch_fp8.triton_fp8_forward = fp8_forward
     launch.default_config = default_config
     if arch != "sm90":  # as tma.use_tma and tma.ws_reason answer for a CUDA device of capability 8
         tma.use_tma = lambda c, *tensors: False
@@ -46,7 +65,8 @@ def as_if_on_gpu(arch: str) -> Iterator[None]:
     try:
         yield
     finally:
-        support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason = saved
+        support.device_reason, launch.default_config, tma.use_tma, tma.ws_reason, fp8.device_reason = saved[:5]
+        fp8.fp8_unsupported_reason, fp8.INTERPRETER_ROUNDS_AS_GPU, dispatch_fp8.triton_fp8_forward = saved[5:]
 
 
 def _inputs(call: Call) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -79,6 +99,8 @@ def run_call(call: Call, arch: str) -> None:
     from ...triton.configs import max_head_dim
 
     c = call.case
+    if call.packed or call.fp8 or call.sinks or call.api:
+        return _run_api_call(call)
     q, k, v, dO = _inputs(call)
     backward = call.backward and c.D <= max_head_dim(c.dtype, backward=True)
     q, k, v = (t.requires_grad_(backward) for t in (q, k, v))
@@ -90,6 +112,42 @@ def run_call(call: Call, arch: str) -> None:
     if backward:
         assert isinstance(O, Tensor)
         O.backward(dO)
+
+
+def _run_api_call(call: Call) -> None:
+    """A varlen, FP8 or sinks row of bench_gpu_variants.py or a first-light masked case, through the public API
+    as they call it."""
+    import flashattn_teach as fa
+
+    c = call.case
+    if call.packed is not None:
+        T = sum(call.packed)
+        q, k, v = (torch.zeros(T, c.H_q if i == 0 else c.H_kv, c.D, dtype=c.dtype) for i in range(3))
+        q, k, v = (t.requires_grad_(call.backward) for t in (q, k, v))
+        cu = torch.tensor([0, *torch.tensor(call.packed).cumsum(0).tolist()], dtype=torch.int32)
+        longest = max(call.packed)
+        O = fa.flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=c.causal, backend="triton")
+    elif call.fp8:
+        q, k, v, _ = _inputs(call)
+        descale = torch.ones(c.B, c.H_kv)
+        q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+        O = fa.flash_attention(
+            q8, k8, v8, causal=c.causal, q_descale=descale, k_descale=descale, v_descale=descale, backend="triton"
+        )
+    else:
+        q, k, v, _ = _inputs(call)
+        q, k, v = (t.requires_grad_(call.backward) for t in (q, k, v))
+        sinks = torch.linspace(-1.0, 2.0, c.H_q) if call.sinks else None
+        mask = None if call.padding is None else torch.arange(c.N_k) < torch.tensor(call.padding)[:, None]
+        lengths = None if call.seqlens_k is None else torch.tensor(call.seqlens_k, dtype=torch.int32)
+        O = fa.flash_attention(
+            q, k, v, causal=c.causal, causal_align=c.causal_align, window=call.window, softcap=call.softcap,
+            attn_mask=None if mask is None else mask.reshape(c.B, 1, 1, c.N_k), seqlens_k=lengths, sinks=sinks,
+            backend="triton",
+        )  # fmt: skip
+    if call.backward:
+        assert isinstance(O, Tensor)
+        O.backward(torch.zeros_like(O))
 
 
 @dataclass

@@ -8,7 +8,9 @@ specialisation a GPU run would build, without a GPU and without importing ``test
     peak_memory_case   its peak-memory check (fp16, D = 64, causal, N = 2k, 4k, 8k)
     BENCH_TRIMMED      bench_attention.py --trimmed: bf16, D = 64 and 128, causal and not, N = 2k and 8k,
                        B N = 16k tokens, H = 2048 / D; providers triton, triton-ptr, triton-nows, triton-det
-    VARIANT_ROWS       bench_gpu_variants.py's rows through triton_attention (window, softcap, seqlens_k)
+    VARIANT_ROWS       bench_gpu_variants.py's Triton rows: window, softcap, seqlens_k through triton_attention;
+                       varlen, fp8 (forward only) and sinks through the public API with backend="triton"
+    FIRST_LIGHT_MASKED benchmarks/first_light_cases.py's padding-mask, window, softcap and seqlens_k cases
 
 :func:`suite_calls` lists them all as :class:`Call` values, each named, for the capture.
 """
@@ -181,6 +183,11 @@ class Call:
     window: tuple[int, int] | None = None
     softcap: float | None = None
     seqlens_k: tuple[int, ...] | None = None
+    packed: tuple[int, ...] | None = None  # varlen: sequences of these lengths packed (T, H, D), N ignored
+    fp8: bool = False  # q, k, v in e4m3 with descales per (batch, kv head): the FP8 forward (no backward)
+    sinks: bool = False  # a sink logit per query head
+    padding: tuple[int, ...] | None = None  # keys kept per batch element by a bool attn_mask (B, 1, 1, N_k)
+    api: bool = False  # through flash_attention(backend="triton") rather than triton_attention
 
 
 def _bench_calls(grid: BenchGrid) -> list[Call]:
@@ -203,10 +210,41 @@ def _bench_calls(grid: BenchGrid) -> list[Call]:
 
 # bench_gpu_variants.py's rows that go through triton_attention: bf16, B = 4, H = 16, N = 4096, D = 128
 _VARIANT_CASE = GpuCase(BF16, 128, 4096, 4096, H_kv=16, B=4)
+_CAUSAL_VARIANT_CASE = GpuCase(BF16, 128, 4096, 4096, causal=True, H_kv=16, B=4)
 VARIANT_ROWS: list[Call] = [
     Call("variants-window", _VARIANT_CASE, window=(256, 0)),
     Call("variants-softcap", GpuCase(BF16, 128, 4096, 4096, causal=True, H_kv=16, B=4), softcap=30.0),
     Call("variants-seqlens_k", _VARIANT_CASE, seqlens_k=(4096, 3000, 2000, 1000)),
+    Call("variants-varlen", _CAUSAL_VARIANT_CASE, packed=(4096, 3000, 2000, 1000, 4096, 2192)),
+    Call("variants-fp8", _CAUSAL_VARIANT_CASE, backward=False, fp8=True),
+    Call("variants-sinks", _CAUSAL_VARIANT_CASE, window=(128, 0), sinks=True),  # GPT-OSS's sliding layers
+]
+
+
+# benchmarks/first_light_cases.py's masked cases (first_light_checks.MaskedCase: B = 2, H_q = 8, H_kv = 2,
+# N_q = 200, N_k = 300, D = 128 bf16 unless named), through flash_attention(backend="triton"), forward and backward
+_FL = GpuCase(BF16, 128, 200, 300, H_kv=2, group=4, B=2)
+FIRST_LIGHT_MASKED: list[Call] = [
+    Call("first-light-padding-mask", _FL, padding=(300, 0), api=True),
+    Call(
+        "first-light-padding-mask-hd64-causal",
+        GpuCase(BF16, 64, 200, 300, causal=True, H_kv=2, group=4, B=2),
+        padding=(250, 37),
+        api=True,
+    ),
+    Call("first-light-window", _FL, window=(64, 16), api=True),
+    Call(
+        "first-light-softcap", GpuCase(BF16, 128, 200, 300, causal=True, H_kv=2, group=4, B=2), softcap=30.0, api=True
+    ),
+    Call(
+        "first-light-window-softcap-fp16",
+        GpuCase(FP16, 64, 200, 300, H_kv=2, group=4, B=2),
+        window=(100, 0),
+        softcap=20.0,
+        api=True,
+    ),
+    Call("first-light-seqlens-k", _FL, seqlens_k=(300, 41), api=True),
+    Call("first-light-seqlens-k-zero", _FL, seqlens_k=(0, 300), api=True),
 ]
 
 
@@ -217,4 +255,4 @@ def suite_calls() -> list[Call]:
         c = determinism_case(dt)
         calls += [Call(f"tests-deterministic-{c.name}", c, deterministic=True), Call(f"tests-default-{c.name}", c)]
     calls += [Call(f"tests-peak-memory-{peak_memory_case(n).name}", peak_memory_case(n)) for n in PEAK_MEMORY_SEQS]
-    return calls + _bench_calls(BENCH_TRIMMED) + VARIANT_ROWS
+    return calls + _bench_calls(BENCH_TRIMMED) + VARIANT_ROWS + FIRST_LIGHT_MASKED

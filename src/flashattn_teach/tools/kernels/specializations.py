@@ -127,7 +127,8 @@ def cached_compile(c: Captured, arch: str, cache: Path) -> dict[str, Any]:
     if path.exists():
         found = json.loads(path.read_text())
         if found.get("pending"):
-            found = {**found, "pending": False, "error": "the compiling process died (no exception)"}
+            empty = {"registers": None, "spill_bytes": None, "smem_bytes": None, "loop_local": None}
+            found = {**empty, **found, "pending": False, "error": "the compiling process died (no exception)"}
             path.write_text(json.dumps(found))
         return dict(found)
     path.parent.mkdir(parents=True, exist_ok=True)
