@@ -98,6 +98,7 @@ def _parallel_attention():
     """
     import torch
 
+    from flashattn_teach._options import make_options
     from flashattn_teach.reference.defaults import PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
     from flashattn_teach.reference.parallel import parallel_backward, parallel_forward
     from flashattn_teach.reference.workers import default_workers
@@ -105,37 +106,22 @@ def _parallel_attention():
     class ParallelAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
-            O, lse = parallel_forward(
-                q[:, :, None],
-                k[:, :, None],
-                v[:, :, None],
-                scale=q.shape[-1] ** -0.5,
-                causal=False,
-                causal_align="top_left",
-                block_m=PARALLEL_BLOCK_M,
-                block_n=PARALLEL_BLOCK_N,
-                workers=default_workers(),
-            )
+            qg, kg, vg = q[:, :, None], k[:, :, None], v[:, :, None]  # (B, H, 1, N, D): grouped, G = 1
+            # the call's mask contract at the parallel path's tiles (grouped tensors are valid 5-D inputs)
+            tiling = make_options(qg, kg, vg).mask.tiling(PARALLEL_BLOCK_M, PARALLEL_BLOCK_N)
+            scale = q.shape[-1] ** -0.5
+            O, lse = parallel_forward(qg, kg, vg, scale=scale, tiling=tiling, workers=default_workers())
             ctx.save_for_backward(q, k, v, O, lse)
+            ctx.tiling = tiling
             return O[:, :, 0]
 
         @staticmethod
         def backward(ctx, dO):
             q, k, v, O, lse = ctx.saved_tensors
+            qg, kg, vg, dOg = q[:, :, None], k[:, :, None], v[:, :, None], dO[:, :, None]
+            scale = q.shape[-1] ** -0.5
             dq, dk, dv = parallel_backward(
-                q[:, :, None],
-                k[:, :, None],
-                v[:, :, None],
-                O,
-                lse,
-                dO[:, :, None],
-                None,
-                scale=q.shape[-1] ** -0.5,
-                causal=False,
-                causal_align="top_left",
-                block_m=PARALLEL_BLOCK_M,
-                block_n=PARALLEL_BLOCK_N,
-                workers=default_workers(),
+                qg, kg, vg, O, lse, dOg, None, scale=scale, tiling=ctx.tiling, workers=default_workers()
             )
             return dq[:, :, 0], dk[:, :, 0], dv[:, :, 0]
 
@@ -633,7 +619,7 @@ SMALL_CALLS = (
     ("flash_attention", "flash_attention / sdpa, (1, 8, 16, 64)", 3.0, "x"),
     ("scaled_dot_product_attention", "scaled_dot_product_attention / sdpa, (1, 8, 16, 64)", 3.0, "x"),
     ("kvcache_decode", "flash_attention_with_kvcache / sdpa, decode q (1, 8, 1, 64), 512 cached keys", 3.0, "x"),
-    ("flash_attention_128", "flash_attention / sdpa, (B, H, N_q, N_k, D) = (2, 8, 128, 128, 64)", 2.0, "x"),
+    ("flash_attention_128", "flash_attention / sdpa, (B, H, N_q, N_k, D) = (2, 8, 128, 128, 64)", 1.5, "x"),
     ("host_overhead", "make_options + dispatch.plan, (1, 8, 16, 64)", 30.0, "us"),
 )
 
@@ -812,9 +798,11 @@ def run_small_calls(opts: argparse.Namespace, machine: dict[str, object]) -> lis
         f"commit {machine['flashattn_teach_commit']}; {machine['date']}. float32, medians of {opts.calls} "
         f"calls after {opts.warmup} warm-up calls, ours and sdpa in alternating blocks of {opts.block}."
     )
-    (opts.out / "small_calls.md").write_text("\n".join([head, "", *lines, "", *small]) + "\n")
+    command = "python benchmarks/bench_cpu.py " + " ".join(opts.argv)  # to rerun these rows
+    rerun = f"Rerun: `{command}`"
+    (opts.out / "small_calls.md").write_text("\n".join([head, "", rerun, "", *lines, "", *small]) + "\n")
     (opts.out / "cpu_small_calls.json").write_text(
-        json.dumps({"machine": machine, "targets": results, "small_calls": rows}, indent=1) + "\n"
+        json.dumps({"machine": machine, "command": command, "targets": results, "small_calls": rows}, indent=1) + "\n"
     )
     print(f"wrote {opts.out / 'cpu_small_calls.json'} and {opts.out / 'small_calls.md'}")
     return results
@@ -885,6 +873,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--against", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.heads is None:
         args.heads = 2 if args.quick else 4
     if args.min_time is None:

@@ -99,12 +99,12 @@ def tiles(backend: str, N_q: int, *, block_mask: bool = False) -> TileLoop:
     at least ``FEW_ROWS_BLOCK_N``; with a block mask (a ``mask_mod``) the parallel path takes
     ``USER_MASK_TILES``, so that its tiles can be skipped (its own ``1024``-row tiles would span eight of
     the mask's blocks, and be skipped only where all eight are)."""
-    loop = TileLoop(*TILED[backend])  # tests set plain (order, block_m, block_n) tuples
+    order, block_m, block_n = TILED[backend]  # tests set plain (order, block_m, block_n) tuples
     if N_q <= FEW_ROWS:
-        return loop._replace(block_n=max(loop.block_n, FEW_ROWS_BLOCK_N))
+        return TileLoop(order, block_m, max(block_n, FEW_ROWS_BLOCK_N))
     if block_mask and backend == "parallel":
-        return TileLoop(loop.order, *USER_MASK_TILES)
-    return loop
+        return TileLoop(order, *USER_MASK_TILES)
+    return TileLoop(order, block_m, block_n)
 
 
 def batched(backend: str, opts: AttentionOptions) -> bool:

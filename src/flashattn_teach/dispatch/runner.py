@@ -36,8 +36,10 @@ def _loop(p: Plan, opts: AttentionOptions) -> TileLoop:
     the pool's tasks would cost more than the call's arithmetic (``benchmarks/README.md`` has the
     crossover, idle and with the second core busy)."""
     mods = opts.mask.mods
-    loop = tiles(p.backend, opts.shapes.N_q, block_mask=mods is not None and "mask_mod" in mods.names)
-    return loop._replace(order="query_major") if batched(p.backend, opts) else loop
+    order, block_m, block_n = tiles(
+        p.backend, opts.shapes.N_q, block_mask=mods is not None and "mask_mod" in mods.names
+    )
+    return TileLoop("query_major" if batched(p.backend, opts) else order, block_m, block_n)
 
 
 def with_block_mask(opts: AttentionOptions, device: torch.device) -> AttentionOptions:

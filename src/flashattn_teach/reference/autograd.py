@@ -26,7 +26,7 @@ from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
 from .parallel import parallel_backward, parallel_forward
 from .query_major import query_major_forward
-from .scores import score_tile, whole_row
+from .scores import soft_cap, whole_row
 from .workers import default_workers
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
@@ -89,14 +89,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLo
 
 def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop) -> bool:
     """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
-    dropout) on inputs whose heads broadcast as they stand (``H_kv`` is ``H_q`` or 1, one batch shape)."""
+    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on inputs whose heads broadcast as they stand
+    (``H_kv`` is ``H_q`` or 1, one batch shape). The cheap questions first: a small call asks on every step."""
     s, spec = opts.shapes, opts.mask
-    if loop.order != "query_major" or not (0 < s.N_k <= loop.block_n and s.N_q <= loop.block_m):
+    if loop.order != "query_major" or s.N_q > loop.block_m or not 0 < s.N_k <= loop.block_n:
         return False
-    if spec.causal or opts.dropout_p > 0.0 or opts.sinks is not None:  # whole_row starts from m = -inf
+    if spec.causal or opts.dropout_p > 0.0 or opts.sinks is not None or spec.mods is not None:
         return False
-    if spec.variants and spec.variants != ("softcap",):
+    if spec.left >= 0 or spec.right >= 0 or spec.alibi_slopes is not None or spec.seqlens_k is not None:
         return False
+    if spec.attn_mask is not None or spec.packed is not None:
+        return False  # what is left of MaskSpec.variants is the softcap, which the tile takes
     same = q.dim() == k.dim() == v.dim() and q.shape[:-3] == k.shape[:-3] and k.shape[:-2] == v.shape[:-2]
     return same and (q.dim() == 2 or k.shape[-3] in (q.shape[-3], 1))
 
@@ -118,12 +121,15 @@ class TiledAttentionFunction(torch.autograd.Function):
             opts = opts.with_sinks(sinks)
         s = opts.shapes
         if _one_open_tile(q, k, v, opts, loop):
-            # the loop's one step on the user layout (a small call's layout work and tile plan cost more than
-            # its arithmetic): S (..., H_q, N_q, N_k), then (O, lse) of it
+            # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
+            # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
-            with autocast_off(q.device.type) if autocast_dtype(q.device.type) is not None else nullcontext():
-                qc, kc, vc = (t if t.dtype == dt else t.to(dt) for t in (q, k, v))
-                O, lse = whole_row(score_tile(qc, kc, s.scale, softcap=opts.mask.softcap), vc)
+            qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
+            with nullcontext() if autocast_dtype(q.device.type) is None else autocast_off(q.device.type):
+                # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
+                S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+                softcap = opts.mask.softcap
+                O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
             return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
         qg, kg, vg = to_grouped(q, k, v, s)
         tiling = opts.mask.tiling(loop.block_m, loop.block_n)
