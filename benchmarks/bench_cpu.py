@@ -668,11 +668,17 @@ def _small_cases():
     return cases
 
 
-def _time_calls(fn, n: int, times: list[float]) -> None:
+# The small calls' clocks: "wall" (time.perf_counter), or "thread" (time.thread_time: the CPU time of the
+# calling thread, which a descheduled thread does not accrue; with --threads 1 that is all of a call's CPU
+# time, so the ratio stays readable on a machine other processes load).
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def _time_calls(fn, n: int, times: list[float], clock=time.perf_counter) -> None:
     for _ in range(n):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
 
 
 def small_worker(args: argparse.Namespace) -> dict[str, object]:
@@ -695,15 +701,16 @@ def small_worker(args: argparse.Namespace) -> dict[str, object]:
                 outs = {name: fn() for name, fn in fns.items()}
                 if "sdpa" in outs:  # both compute the same attention
                     row["max_err"] = float((outs["ours"] - outs["sdpa"]).abs().max())
+                clock = CLOCKS[args.clock]
                 for fn in fns.values():
-                    _time_calls(fn, args.warmup, [])
+                    _time_calls(fn, args.warmup, [], clock)
                 times: dict[str, list[float]] = {name: [] for name in fns}
                 (busy, niced), own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
                 order = list(fns)
                 for b in range(math.ceil(args.calls / args.block)):
                     n = min(args.block, args.calls - b * args.block)
                     for name in order if b % 4 < 2 else order[::-1]:  # ours, sdpa, ours, sdpa; sdpa, ours, ...
-                        _time_calls(fns[name], n, times[name])
+                        _time_calls(fns[name], n, times[name], clock)
                 wall = time.perf_counter() - wall
                 busy_end, niced_end = _busy_seconds()
                 others = (busy_end - busy - (time.process_time() - own)) / wall
@@ -732,7 +739,7 @@ def measure_small_calls(opts: argparse.Namespace) -> tuple[list[tuple[str, float
             str(Path(__file__).resolve()),
             "--small-worker",
             *("--calls", str(opts.calls), "--warmup", str(opts.warmup), "--block", str(opts.block)),
-            *("--threads", str(opts.threads)),
+            *("--threads", str(opts.threads), "--clock", opts.clock),
         ]
         with _spinner(condition == "loaded"):
             result = _run_worker(cmd, opts)
@@ -796,7 +803,8 @@ def run_small_calls(opts: argparse.Namespace, machine: dict[str, object]) -> lis
     head = (
         f"{machine['cpu']}, {machine['cpu_count']} cores; torch {machine['torch']}, Python {machine['python']}; "
         f"commit {machine['flashattn_teach_commit']}; {machine['date']}. float32, medians of {opts.calls} "
-        f"calls after {opts.warmup} warm-up calls, ours and sdpa in alternating blocks of {opts.block}."
+        f"calls after {opts.warmup} warm-up calls, ours and sdpa in alternating blocks of {opts.block}; "
+        f"clock: {opts.clock}, torch threads: {opts.threads or 'default'}."
     )
     command = "python benchmarks/bench_cpu.py " + " ".join(opts.argv)  # to rerun these rows
     rerun = f"Rerun: `{command}`"
@@ -821,6 +829,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only the small-call target rows (idle and loaded, about a minute): small_calls.md, cpu_small_calls.json",
     )
     p.add_argument("--calls", type=int, default=200, help="small calls: timed calls of each (default 200)")
+    p.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="small calls: wall time, or the calling thread's CPU time (with --threads 1: robust to load)",
+    )
     p.add_argument("--warmup", type=int, default=20, help="small calls: warm-up calls of each (default 20)")
     p.add_argument("--block", type=int, default=10, help="small calls: calls per alternating block (default 10)")
     p.add_argument(
