@@ -118,7 +118,9 @@ def test_every_cpu_backend_runs_the_one_emulation_with_masks() -> None:
         causal=True, causal_align="bottom_right", window=(20, 0), softcap=5.0, seqlens_k=seqlens,
         alibi_slopes=torch.tensor([0.1, 0.3]), q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
     )  # fmt: skip
-    results = {b: fa.flash_attention(q8, k8, v8, backend=b, **kwargs) for b in ("auto", "query_major", "dense", "parallel")}
+    results = {
+        b: fa.flash_attention(q8, k8, v8, backend=b, **kwargs) for b in ("auto", "query_major", "dense", "parallel")
+    }
     O, lse = results["auto"]
     for b, (O_b, lse_b) in results.items():
         assert torch.equal(O_b, O) and torch.equal(lse_b, lse), b

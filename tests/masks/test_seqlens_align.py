@@ -322,7 +322,9 @@ def test_one_query_per_head_folds_and_aligns_each_element(monkeypatch):
     O = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", seqlens_k=lengths, backend="query_major")
     assert seen == [(2, 2, 2, 8)]  # folded: G = 2 rows per key/value head
     torch.testing.assert_close(O, rule(q, k, v, lengths)[0], atol=1e-12, rtol=0)
-    O = fa.flash_attention(q, k, v, window=(2, 0), causal_align="bottom_right", seqlens_k=lengths, backend="query_major")
+    O = fa.flash_attention(
+        q, k, v, window=(2, 0), causal_align="bottom_right", seqlens_k=lengths, backend="query_major"
+    )
     torch.testing.assert_close(O, rule(q, k, v, lengths, causal=False, window=(2, 0))[0], atol=1e-12, rtol=0)
 
 

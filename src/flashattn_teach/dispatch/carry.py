@@ -13,7 +13,6 @@ holds every list against the records' ``dataclasses.fields``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
@@ -32,10 +31,15 @@ def unset(name: str) -> Condition:
     return lambda record: getattr(record, name) is None
 
 
-@functools.cache
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
     """The field names of the dataclass ``cls``, read once per class (a call asks on every step)."""
-    return tuple(f.name for f in fields(cls))
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def uncarried(record: Any, carries: Carries) -> list[str]:
