@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_under_load.py        # about 30 s on 2 cores
 
-Times torch's CPU SDPA, ``backend="online"`` (the query-major loop, each op over all cores) and
+Times torch's CPU SDPA, ``backend="query_major"`` (the query-major loop, each op over all cores) and
 ``backend="parallel"`` (single-threaded ops on worker threads) on the forward at B=1, H=8, N=4096, D=64,
 float32: the median of three calls after a warm-up, all in this process, first on an otherwise idle
 machine, then while a child process spins (``while True: pass``). Prints one line per condition with each
@@ -40,7 +40,7 @@ def main() -> int:
         try:
             time.sleep(0.5)
             sdpa = median_ms(lambda: F.scaled_dot_product_attention(q, k, v))
-            online = median_ms(lambda: fa.flash_attention(q, k, v, backend="online"))
+            online = median_ms(lambda: fa.flash_attention(q, k, v, backend="query_major"))
             parallel = median_ms(lambda: fa.flash_attention(q, k, v, backend="parallel"))
         finally:
             if spinner is not None:

@@ -207,10 +207,14 @@ def test_bench_decode_without_cuda_says_so_and_exits_0(tmp_path):
 def test_bench_cpu_small_calls_writes_its_rows(tmp_path):
     """``--small-calls`` in a tiny mode: every case runs, idle and loaded, ours agrees with SDPA, and the
     targets table has one row per case and condition (no timing is looked at)."""
-    argv = ["--small-calls", "--calls", "2", "--warmup", "1", "--block", "1", "--threads", "1"]
+    argv = ["--small-calls", "--calls", "2", "--warmup", "1", "--block", "1", "--threads", "1", "--clock", "thread"]
     proc = _run([sys.executable, str(BENCH / "bench_cpu.py"), *argv, "--out", str(tmp_path)], timeout=300)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "cpu_small_calls.json").read_text())
+    # the command that reruns these rows is written with them
+    assert record["command"] == " ".join(["python benchmarks/bench_cpu.py", *argv, "--out", str(tmp_path)])
+    assert f"Rerun: `{record['command']}`" in (tmp_path / "small_calls.md").read_text()
+    assert "clock: thread" in (tmp_path / "small_calls.md").read_text()
     cases = ["flash_attention", "scaled_dot_product_attention", "kvcache_decode", "flash_attention_128",
              "host_overhead"]  # fmt: skip
     rows = record["small_calls"]

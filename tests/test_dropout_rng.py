@@ -80,9 +80,9 @@ def test_dropout_is_refused_while_a_cuda_graph_is_captured(monkeypatch):
     import flashattn_teach as fa
 
     q = torch.randn(1, 2, 8, 16)
-    fa.flash_attention(q, q, q, dropout_p=0.1, backend="online")  # the control: not capturing
+    fa.flash_attention(q, q, q, dropout_p=0.1, backend="query_major")  # the control: not capturing
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    fa.flash_attention(q, q, q, backend="online")  # no dropout, nothing drawn: allowed
+    fa.flash_attention(q, q, q, backend="query_major")  # no dropout, nothing drawn: allowed
     with pytest.raises(fa.AttentionValueError, match=r"dropout_p=0\.1 while a CUDA graph is being captured"):
-        fa.flash_attention(q, q, q, dropout_p=0.1, backend="online")
+        fa.flash_attention(q, q, q, dropout_p=0.1, backend="query_major")

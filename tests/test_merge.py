@@ -95,7 +95,7 @@ def test_rows_that_see_nothing_on_either_side_give_zero_and_minus_inf_without_na
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-@pytest.mark.parametrize("backend", ["parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["parallel", "query_major", "key_major", "dense"])
 def test_split_kv_from_two_calls_gives_the_one_calls_gradients_with_empty_rows(backend):
     """Split-KV by hand: two ``flash_attention(return_lse=True)`` calls over the two halves of the keys,
     merged. Rows 0-1 see no key on either side (bottom-right causal, N_q = 6 > N_k = 4); their gradients are

@@ -90,14 +90,14 @@ def test_named_backends_refuse_what_they_cannot_do():
     with pytest.raises(NotImplementedError, match="float16, bfloat16 and float32"):
         fa.explain(q, q, q, attn_mask=mask, backend="triton")
     with pytest.raises(NotImplementedError, match="requires grad"):
-        fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True).double(), backend="online")
+        fa.explain(q, q, q, attn_mask=torch.zeros(5, 5, requires_grad=True).double(), backend="query_major")
     assert fa.explain(q.float(), q.float(), q.float(), dropout_p=0.1, backend="triton").backend == "triton"
     assert fa.explain(q, q, q, backend="key_major") == fa.Plan("key_major", "requested explicitly")
     with pytest.warns(DeprecationWarning, match="key_major"):
         assert fa.explain(q, q, q, backend="keymajor").backend == "key_major"
 
 
-@pytest.mark.parametrize("backend", ["online", "key_major", "parallel", "dense", "auto"])
+@pytest.mark.parametrize("backend", ["query_major", "key_major", "parallel", "dense", "auto"])
 def test_flash_attention_backends_agree_with_bottom_right_causal_and_lse(backend):
     q, k, v = r(2, 4, 5, 8, seed=1), r(2, 2, 12, 8, seed=2), r(2, 2, 12, 8, seed=3)
     O, lse = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", backend=backend, return_lse=True)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import flashattn_teach as fa
 from flashattn_teach.reference import dense_attention
 
-CPU_BACKENDS = ["auto", "parallel", "online", "key_major", "dense"]
+CPU_BACKENDS = ["auto", "parallel", "query_major", "key_major", "dense"]
 
 
 def r(*shape, seed, dtype=torch.float32):

@@ -18,7 +18,7 @@ def packed(H_q: int = 4, H_kv: int = 2, D: int = 8):
     return tuple(torch.randn(total, h, D, generator=g) for h in (H_q, H_kv, H_kv))
 
 
-@pytest.mark.parametrize("backend", ["auto", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["auto", "query_major", "key_major", "dense"])
 def test_explain_names_the_backend_the_varlen_call_runs(monkeypatch, backend):
     q, k, v = packed()
     seen = []
@@ -46,7 +46,9 @@ def test_explain_counts_the_tiles_off_the_block_diagonal_as_skipped():
     # sequences): PARTIAL x 3. Row blocks 5-9 (sequence 1): SKIP, PARTIAL (keys 600-1023), FULL.
     cu = torch.tensor([0, 600, 1200])
     q = torch.randn(1200, 2, 8)
-    text = fa.explain(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=600, max_seqlen_k=600, backend="online")
+    text = fa.explain(
+        q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=600, max_seqlen_k=600, backend="query_major"
+    )
     assert "30 tiles of 128 x 512: 9 visited whole, 12 visited with a tile mask, 9 skipped" in text.reason
 
 

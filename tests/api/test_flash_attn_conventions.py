@@ -8,7 +8,7 @@ import torch
 
 import flashattn_teach as fa
 
-BACKENDS = ["parallel", "online", "key_major", "dense"]
+BACKENDS = ["parallel", "query_major", "key_major", "dense"]
 
 
 def _qkv(seed=0, shape=(2, 4, 7, 8)):

@@ -118,7 +118,9 @@ def test_every_cpu_backend_runs_the_one_emulation_with_masks() -> None:
         causal=True, causal_align="bottom_right", window=(20, 0), softcap=5.0, seqlens_k=seqlens,
         alibi_slopes=torch.tensor([0.1, 0.3]), q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
     )  # fmt: skip
-    results = {b: fa.flash_attention(q8, k8, v8, backend=b, **kwargs) for b in ("auto", "online", "dense", "parallel")}
+    results = {
+        b: fa.flash_attention(q8, k8, v8, backend=b, **kwargs) for b in ("auto", "query_major", "dense", "parallel")
+    }
     O, lse = results["auto"]
     for b, (O_b, lse_b) in results.items():
         assert torch.equal(O_b, O) and torch.equal(lse_b, lse), b
@@ -197,6 +199,6 @@ def test_the_decode_api_refuses_float8_caches_by_name() -> None:
 def test_explain_plans_an_fp8_call_as_flash_attention_runs_it() -> None:
     q8, qd, k8, kd, v8, vd = quantised(1, 2, 1, 16, 16, 64)
     p = fa.explain(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
-    assert p.backend == "online" and "FP8 emulation" in p.reason
+    assert p.backend == "query_major" and "FP8 emulation" in p.reason
     with pytest.raises(AttentionValueError, match="dropout_p"):
         fa.explain(q8, k8, v8, dropout_p=0.1, q_descale=qd, k_descale=kd, v_descale=vd)

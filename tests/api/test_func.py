@@ -14,7 +14,7 @@ from torch.func import grad, jacrev, jvp, vjp, vmap
 import flashattn_teach as fa
 from flashattn_teach.reference import dense_attention, key_major_attention, online_attention
 
-BACKENDS = ["online", "key_major", "dense", "auto"]
+BACKENDS = ["query_major", "key_major", "dense", "auto"]
 KW = {"causal": True, "causal_align": "bottom_right"}  # rows 0-1 see no key: the -inf paths are exercised
 
 
@@ -119,7 +119,7 @@ def test_auto_runs_in_this_thread_under_a_transform():
         return fa.flash_attention(q, k, v)
 
     vmap(f)(*inputs())
-    assert plans == ["online"]
+    assert plans == ["query_major"]
     assert fa.explain(*(t[0] for t in inputs()), enable_gqa=True).backend == "parallel"
     with pytest.raises(NotImplementedError, match=r"torch\.func"):
         vmap(attention("parallel"))(*inputs())

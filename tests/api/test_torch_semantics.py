@@ -19,7 +19,7 @@ def r(*shape, dtype=torch.float64, seed=0):
     return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
 
 
-SDPA_BACKENDS = ["auto", "parallel", "online", "key_major", "dense"]
+SDPA_BACKENDS = ["auto", "parallel", "query_major", "key_major", "dense"]
 
 
 def sdpa(backend: str):
@@ -103,7 +103,7 @@ def test_scale_accepts_what_torch_accepts(scale):
     q, k, v = r(1, 2, 5, 8, seed=1), r(1, 2, 6, 8, seed=2), r(1, 2, 6, 8, seed=3)
     expected = F.scaled_dot_product_attention(q, k, v, scale=scale)
     torch.testing.assert_close(fa.scaled_dot_product_attention(q, k, v, scale=scale), expected)
-    torch.testing.assert_close(fa.flash_attention(q, k, v, scale=scale, backend="online"), expected)
+    torch.testing.assert_close(fa.flash_attention(q, k, v, scale=scale, backend="query_major"), expected)
 
 
 @pytest.mark.parametrize("dropout_p", [torch.tensor(0.0), np.float64(0.0), 0])
@@ -210,7 +210,7 @@ def test_deprecated_key_major_name_warns_and_still_works():
     torch.testing.assert_close(old, key_major_attention(q, q, q))
 
 
-@pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major"])
+@pytest.mark.parametrize("backend", ["auto", "parallel", "query_major", "key_major"])
 def test_second_derivatives_through_the_tiled_backward(backend):
     # Large enough for the parallel path's worker pool; the extra q**3 term keeps the graph alive.
     q, k = r(1, 2, 300, 16, seed=1).requires_grad_(), r(1, 2, 300, 16, seed=2)

@@ -25,7 +25,7 @@ from flashattn_teach.reference import dense_attention, parallel, scores
 from probes import patch_everywhere
 
 NEG_INF = float("-inf")
-CPU_BACKENDS = ["online", "key_major", "parallel", "dense"]
+CPU_BACKENDS = ["query_major", "key_major", "parallel", "dense"]
 LENGTHS = st.sampled_from([0, 1, 1, 2, 3, 4, 5, 7, 9])
 BLOCKS = st.sampled_from([1, 2, 3, 4, 5, 8, 16])
 
@@ -135,7 +135,7 @@ def test_varlen_matches_the_per_sequence_oracle_float64(backend, case):
         torch.testing.assert_close(got, ref, atol=1e-10, rtol=0, msg=f"d{name}")
 
 
-@pytest.mark.parametrize("backend", ["online", "parallel"])
+@pytest.mark.parametrize("backend", ["query_major", "parallel"])
 @settings(max_examples=15)
 @given(case=packed_problems(torch.float32))
 def test_varlen_float32_matches_the_float64_oracle(backend, case):
@@ -263,7 +263,7 @@ def test_many_short_sequences_visit_only_the_block_diagonal(monkeypatch):
     monkeypatch.setattr(PackedSequences, "kind", counting_kind)
     lengths = [8] * 64
     q, k, v = (torch.randn(512, 2, 4) for _ in range(3))
-    for backend in ("online", "key_major"):
+    for backend in ("query_major", "key_major"):
         visited.clear()
         asked.clear()
         with tiles(8, 8):
@@ -287,7 +287,7 @@ def test_ragged_sequences_visit_only_the_tiles_they_see(monkeypatch):
     M = block_diagonal(lens_q, lens_k, causal=True, causal_align="bottom_right", window=(3, -1))
     needed = sum(bool(M[r : r + 4, c : c + 4].any()) for r in range(0, M.shape[0], 4) for c in range(0, M.shape[1], 4))
     with tiles(4, 4):
-        call(q, k, v, lens_q, lens_k, causal=True, window=(3, -1), backend="online")
+        call(q, k, v, lens_q, lens_k, causal=True, window=(3, -1), backend="query_major")
     assert len(visited) == needed
 
 

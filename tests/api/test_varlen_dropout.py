@@ -21,7 +21,7 @@ from flashattn_teach.dispatch import planner
 from flashattn_teach.ops import varlen as ops_varlen
 from flashattn_teach.reference import parallel
 
-CPU_BACKENDS = ["online", "key_major", "parallel", "dense"]
+CPU_BACKENDS = ["query_major", "key_major", "parallel", "dense"]
 # (len_q, len_k): a sequence without queries, tiles cut by the boundaries, len_q < len_k and equal
 LENGTHS = [(3, 5), (0, 2), (9, 11), (6, 6)]
 H_Q, H_KV, D = 4, 2, 3
@@ -123,7 +123,7 @@ def test_dropout_p_one_gives_zeros_and_the_undropped_lse() -> None:
 
 def test_opcheck_passes_with_dropout() -> None:
     (q, k, v), (cu_q, cu_k, m_q, m_k) = _packed()
-    flags = (True, "bottom_right", None, None, None, "online")
+    flags = (True, "bottom_right", None, None, None, "query_major")
     seed = torch.tensor(123456789, dtype=torch.int64)
     torch.library.opcheck(ops_varlen.attention_varlen, (q, k, v, cu_q, cu_k, m_q, m_k, None, *flags, P, seed))
 

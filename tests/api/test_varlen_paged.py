@@ -17,7 +17,7 @@ from flashattn_teach.dispatch import runner
 from flashattn_teach.errors import AttentionTypeError, AttentionValueError
 from varlen_paged_cases import H_KV, H_Q, LENGTHS, keys_by_hand, oracle, paged_varlen
 
-BACKENDS = ["dense", "online", "parallel", "key_major"]
+BACKENDS = ["dense", "query_major", "parallel", "key_major"]
 CASES = {
     "plain": {},
     "causal": {"causal": True},
@@ -105,7 +105,7 @@ def test_the_paged_call_is_the_packed_call_on_the_same_keys_dropout_included() -
         torch.cat([keys_by_hand(pages, table, b, n_k) for b, (_, n_k) in enumerate(LENGTHS)])
         for pages in (p.k_pages, p.v_pages)
     )  # (total_k, H_kv, .)
-    for backend in ("parallel", "online"):
+    for backend in ("parallel", "query_major"):
         torch.manual_seed(3)
         O = fa.flash_attention_varlen(*p.args(), block_table=table, causal=True, dropout_p=0.3, backend=backend)
         torch.manual_seed(3)
@@ -152,7 +152,7 @@ def test_refusals_name_the_argument_and_leave_the_pools_alone() -> None:
     assert H_KV == p.k_pages.shape[1]
 
 
-@pytest.mark.parametrize("backend", ["auto", "online", "dense"])
+@pytest.mark.parametrize("backend", ["auto", "query_major", "dense"])
 def test_explain_names_the_backend_the_paged_call_runs(monkeypatch, backend: str) -> None:
     p = paged_varlen(page_size=7, layout="bnhd")
     seen = []

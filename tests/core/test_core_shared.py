@@ -72,7 +72,7 @@ def test_every_tiled_forward_folds_its_tiles_with_core_online_softmax(monkeypatc
     q, k, v, *_ = _inputs()
     paths = {
         backend: (lambda backend=backend: fa.flash_attention(q, k, v, causal=True, backend=backend))
-        for backend in ("online", "key_major", "parallel")
+        for backend in ("query_major", "key_major", "parallel")
     }
     right = {name: call() for name, call in paths.items()}
     original_normalize = core_update.normalize

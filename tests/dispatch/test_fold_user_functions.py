@@ -69,7 +69,7 @@ def _torch(q, k, v, case: str):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("backend", ["flex_attention", "auto", "parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["flex_attention", "auto", "parallel", "query_major", "key_major", "dense"])
 def test_gqa_one_row_with_user_functions_matches_torch(backend, case, dtype):
     q, k, v = _inputs(dtype)
     want = _torch(q, k, v, case)
@@ -86,7 +86,7 @@ def test_gqa_one_row_with_user_functions_matches_torch(backend, case, dtype):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("backend", ["parallel", "online", "key_major"])
+@pytest.mark.parametrize("backend", ["parallel", "query_major", "key_major"])
 def test_gqa_one_row_with_user_functions_has_the_dense_gradients(backend, case):
     q, k, v = (t.requires_grad_() for t in _inputs(torch.float64))
     kw = _ours(case, q.device)

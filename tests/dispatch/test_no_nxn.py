@@ -24,7 +24,7 @@ from flashattn_teach.reference import parallel
 from allocation_probe import LargestAllocation
 
 # backend -> (loop order, block_m, block_n), in the form of planner.TILED
-TILES = {"online": ("query_major", 32, 64), "key_major": ("key_major", 32, 64), "parallel": ("parallel", 64, 32)}
+TILES = {"query_major": ("query_major", 32, 64), "key_major": ("key_major", 32, 64), "parallel": ("parallel", 64, 32)}
 N_Q, N_K = 384, 384
 H, D = 2, 8
 TILED = list(TILES)

@@ -117,7 +117,9 @@ def test_fold_carries_every_field_it_does_not_rewrite():
 
 
 def test_decode_refuses_a_step_field_it_does_not_carry():
-    step = ranges.DecodeStep(causal=True, scale=0.25, window=(-1, -1), softcap=None, num_splits=1, backend="online")
+    step = ranges.DecodeStep(
+        causal=True, scale=0.25, window=(-1, -1), softcap=None, num_splits=1, backend="query_major"
+    )
     assert carry.uncarried(step, ranges.RANGE_CARRIES) == []
     extended = _extended(step)
     assert carry.uncarried(extended, ranges.ROWS_CARRIES) == ["new_option"]  # decode_one's rows decline it
@@ -135,16 +137,20 @@ def test_the_ring_names_a_call_option_it_does_not_carry():
 
 def test_the_attention_op_refuses_what_it_does_not_carry_by_name():
     q, k, v, opts = _decode_call(causal=True)
-    args = ops_attention.AttentionArgs.of_call(opts, "online", scale_given=False, alibi_slopes=None, seqlens_k=None)
+    args = ops_attention.AttentionArgs.of_call(
+        opts, "query_major", scale_given=False, alibi_slopes=None, seqlens_k=None
+    )
     assert args.options(q, k, v).causal
     for odd in (_extended(opts), dataclasses.replace(opts, mask=_extended(opts.mask))):
         with pytest.raises(ValueError, match="does not carry new_option"):
-            ops_attention.AttentionArgs.of_call(odd, "online", scale_given=False, alibi_slopes=None, seqlens_k=None)
+            ops_attention.AttentionArgs.of_call(
+                odd, "query_major", scale_given=False, alibi_slopes=None, seqlens_k=None
+            )
     lengths = torch.tensor([40, 17])
     with_lengths = _options.make_options(q, k, v, enable_gqa=True, seqlens_k=lengths)
     with pytest.raises(ValueError, match="does not carry seqlens_k"):  # the lengths not passed to the op
         ops_attention.AttentionArgs.of_call(
-            with_lengths, "online", scale_given=False, alibi_slopes=None, seqlens_k=None
+            with_lengths, "query_major", scale_given=False, alibi_slopes=None, seqlens_k=None
         )
 
 
@@ -153,7 +159,7 @@ def test_the_varlen_op_declines_what_it_does_not_carry():
     q, k, v = (torch.randn(4, 7, 8, generator=g) for _ in range(3))  # (H, total, D) views
     bounds = (torch.tensor([0, 3, 7]), torch.tensor([0, 3, 7]), 4, 4)
     opts = _options.make_options(q, k, v, causal=True, enable_gqa=True)
-    assert ops_varlen.of_call(bounds, None, opts, "online", scale_given=False) is not None
-    assert ops_varlen.of_call(bounds, None, _extended(opts), "online", scale_given=False) is None
+    assert ops_varlen.of_call(bounds, None, opts, "query_major", scale_given=False) is not None
+    assert ops_varlen.of_call(bounds, None, _extended(opts), "query_major", scale_given=False) is None
     sinks = _options.make_options(q, k, v, enable_gqa=True, sinks=torch.zeros(4))
-    assert ops_varlen.of_call(bounds, None, sinks, "online", scale_given=False) is None
+    assert ops_varlen.of_call(bounds, None, sinks, "query_major", scale_given=False) is None

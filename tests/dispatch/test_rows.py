@@ -30,13 +30,13 @@ def _padding(B, N_k, heads=1):
 
 def _recorded_query_shapes(monkeypatch):
     seen = []
-    tiled = runner.tiled_attention
+    tiled = runner.TiledAttentionFunction.forward
 
-    def recording(q, *args, **kwargs):
+    def recording(q, *args):
         seen.append(tuple(q.shape))
-        return tiled(q, *args, **kwargs)
+        return tiled(q, *args)
 
-    monkeypatch.setattr(runner, "tiled_attention", recording)
+    monkeypatch.setattr(runner.TiledAttentionFunction, "forward", staticmethod(recording))
     return seen
 
 
@@ -57,7 +57,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["parallel", "online", "key_major"])
+@pytest.mark.parametrize("backend", ["parallel", "query_major", "key_major"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_folded_rows_match_the_dense_oracle(monkeypatch, backend, case):
     q, k, v = _qkv()
@@ -100,7 +100,7 @@ def test_calls_whose_row_depends_on_its_head_or_position_are_not_folded(monkeypa
     q, k, v = _qkv()
     seen = _recorded_query_shapes(monkeypatch)
     torch.manual_seed(0)
-    O = fa.flash_attention(q, k, v, backend="online", **NOT_FOLDED[case])
+    O = fa.flash_attention(q, k, v, backend="query_major", **NOT_FOLDED[case])
     assert seen == [(2, 8, 1, 16)]
     if case != "dropout":
         torch.testing.assert_close(O, dense_attention(q, k, v, enable_gqa=True, **NOT_FOLDED[case]))
@@ -109,7 +109,7 @@ def test_calls_whose_row_depends_on_its_head_or_position_are_not_folded(monkeypa
 def test_several_query_rows_or_equal_heads_are_not_folded(monkeypatch):
     seen = _recorded_query_shapes(monkeypatch)
     q, k, v = _qkv(H_q=2)
-    fa.flash_attention(q, k, v, backend="online")
+    fa.flash_attention(q, k, v, backend="query_major")
     g = torch.Generator().manual_seed(1)
     fa.flash_attention(torch.randn(2, 8, 3, 16, generator=g), k.detach().float(), v.detach().float())
     assert seen == [(2, 2, 1, 16), (2, 8, 3, 16)]
@@ -121,7 +121,7 @@ def test_explain_counts_the_wide_tiles_of_a_decode_step():
     assert "tiles of 1024 x 2048" in plan.reason
 
 
-@pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["auto", "parallel", "query_major", "key_major", "dense"])
 @pytest.mark.parametrize("H_k, H_v", [(1, 4), (4, 1)])
 @pytest.mark.parametrize("N_q", [1, 2])
 def test_key_and_value_heads_that_broadcast_match_torch(backend, H_k, H_v, N_q):

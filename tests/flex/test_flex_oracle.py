@@ -101,7 +101,7 @@ def via_reference(order: str, block_m: int, block_n: int) -> Path:
     return run
 
 
-CPU_BACKENDS = [pytest.param(via_backend(name), id=name) for name in ("parallel", "online", "key_major", "dense")]
+CPU_BACKENDS = [pytest.param(via_backend(name), id=name) for name in ("parallel", "query_major", "key_major", "dense")]
 PATHS = [
     *CPU_BACKENDS,
     pytest.param(via_reference("query_major", 64, 96), id="online_attention_64x96"),

@@ -265,7 +265,7 @@ def test_sliced_mask_mod_refused_with_torchs_words():
         fa.flex_attention(q, k, v, block_mask=ours[:, :, 0])
 
 
-@pytest.mark.parametrize("backend", ["auto", "dense", "online", "key_major", "parallel"])
+@pytest.mark.parametrize("backend", ["auto", "dense", "query_major", "key_major", "parallel"])
 def test_torchs_any_length_block_mask_taken_for_any_lengths(backend):
     """torch's strided-input tests pass its no-mask default, one block of (2^30, 2^30) built with
     ``seq_lengths = (1, 1)``, to calls of other lengths; torch skips its length check for such a mask."""

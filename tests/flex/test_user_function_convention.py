@@ -26,7 +26,7 @@ from flashattn_teach.reference import parallel
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 
-BACKENDS = ("auto", "parallel", "online", "key_major", "dense")
+BACKENDS = ("auto", "parallel", "query_major", "key_major", "dense")
 B, H, D, G = 2, 4, 8, 2  # G: query heads per rope key head in the latent-attention case
 # batched: B H N^2 = 8192 scores; per slice: 591,872 > 2^19, so the parallel path runs one (b, h) at a time
 SIZES = {"batched": 32, "per_slice": 272}
@@ -306,7 +306,7 @@ def test_the_index_mode_for_a_torch_without_batched_tensor_indexing_gives_the_sa
     case = idiom(N)
     q, k, v = _qkv(N)
     wrt = (q, k, v) if case.captured is None else (q, k, v, case.captured)
-    kw = {"score_mod": case.score_mod, "mask_mod": case.mask_mod, "backend": "online"}
+    kw = {"score_mod": case.score_mod, "mask_mod": case.mask_mod, "backend": "query_major"}
     O = fa.flash_attention(q, k, v, **kw)
     grads = torch.autograd.grad(O.sum(), wrt)
     monkeypatch.setattr(per_element, "native_indexing", lambda: False)

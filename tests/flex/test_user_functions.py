@@ -15,7 +15,7 @@ import flashattn_teach as fa
 from flashattn_teach.errors import AttentionTypeError, AttentionValueError, BackendUnavailableError
 from flashattn_teach.flex.captures import captured_tensors
 
-CPU_BACKENDS = ("dense", "online", "key_major", "parallel")
+CPU_BACKENDS = ("dense", "query_major", "key_major", "parallel")
 GLOBAL_BIAS = torch.randn(4)
 
 
@@ -88,7 +88,7 @@ def test_captured_tensors_follows_combinators_and_counts_each_tensor_once():
 def test_bad_user_functions_are_refused_by_name(kwargs, error, words):
     q, k, v = _inputs(grad=False)
     with pytest.raises(error, match=words):
-        fa.flash_attention(q, k, v, backend="online", **kwargs)
+        fa.flash_attention(q, k, v, backend="query_major", **kwargs)
 
 
 def test_flex_attention_refuses_what_it_cannot_honour():
@@ -179,7 +179,7 @@ def test_forward_mode_ad_with_a_score_mod_runs_on_the_dense_path_and_is_refused_
         # score_mod is linear here: the tangent equals the one of attention with the scale times 1.5
         plain = forward_ad.unpack_dual(fa.flash_attention(dual, k, v, scale=1.5 * 8**-0.5, backend="dense")).tangent
         with pytest.raises(BackendUnavailableError, match="dense path"):
-            fa.flash_attention(dual, k, v, score_mod=score_mod, backend="online")
+            fa.flash_attention(dual, k, v, score_mod=score_mod, backend="query_major")
     torch.testing.assert_close(auto, plain)
 
 
@@ -188,7 +188,7 @@ def test_a_compiled_call_with_a_score_mod_runs_eagerly_and_gives_the_eager_answe
     bias = torch.randn(4, dtype=torch.float64)
 
     def attend(q, k, v):
-        return fa.flash_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + bias[h] * (i - j), backend="online")
+        return fa.flash_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + bias[h] * (i - j), backend="query_major")
 
     torch.testing.assert_close(torch.compile(attend, backend="eager")(q, k, v), attend(q, k, v))
 
@@ -200,10 +200,10 @@ def test_explain_says_where_the_user_functions_run():
     def score_mod(s, b, h, q_idx, kv_idx):
         return s + bias[h]
 
-    tiled = str(fa.explain(q, k, v, score_mod=score_mod, backend="online"))
+    tiled = str(fa.explain(q, k, v, score_mod=score_mod, backend="query_major"))
     assert "each tile's index vectors" in tiled and "captured tensors that require grad" in tiled
     assert "whole N_q x N_k grid" in str(fa.explain(q, k, v, score_mod=score_mod, backend="dense"))
-    assert "user functions" not in str(fa.explain(q, k, v, backend="online"))  # the control
+    assert "user functions" not in str(fa.explain(q, k, v, backend="query_major"))  # the control
 
 
 def test_a_block_mask_built_by_torch_is_taken_as_it_is():
@@ -242,7 +242,7 @@ def test_explain_verbose_prints_the_generated_triton_source_or_why_there_is_none
 # ------------------------------------------------------------- captured tensors: found, refused, reproducible
 
 
-@pytest.mark.parametrize("backend", ["online", "parallel"])
+@pytest.mark.parametrize("backend", ["query_major", "parallel"])
 def test_a_tensor_reached_through_an_attribute_gets_its_gradient(backend):
     import types
 
@@ -268,7 +268,7 @@ def test_parameters_the_function_does_not_read_get_no_gradient():
     def score_mod(s, b, h, q_idx, kv_idx):
         return s + model.rel[h] * (q_idx - kv_idx)
 
-    fa.flash_attention(q, k, v, score_mod=score_mod, backend="online").square().sum().backward()
+    fa.flash_attention(q, k, v, score_mod=score_mod, backend="query_major").square().sum().backward()
     assert model.rel.grad is not None and model.rel.grad.abs().sum() > 0
     assert model.head.weight.grad is None and model.head.bias.grad is None  # as autograd leaves them
 
@@ -278,14 +278,14 @@ def test_a_closure_rebound_before_the_backward_is_refused_rather_than_differenti
     biases = [torch.randn(4, 45, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     x = q
     for bias in biases:  # the lambdas read the loop variable: both see the last bias by backward time
-        x = fa.flash_attention(x, k, v, score_mod=lambda s, b, h, i, j: s + bias[h, j], backend="online")  # noqa: B023
+        x = fa.flash_attention(x, k, v, score_mod=lambda s, b, h, i, j: s + bias[h, j], backend="query_major")  # noqa: B023
     with pytest.raises(AttentionValueError, match="rebound"):
         x.sum().backward()
     # the control: one function per call, its bias bound by functools.partial, differentiates
     y = q
     for bias in biases:
         bound = functools.partial(lambda s, b, h, i, j, bias: s + bias[h, j], bias=bias)
-        y = fa.flash_attention(y, k, v, score_mod=bound, backend="online")
+        y = fa.flash_attention(y, k, v, score_mod=bound, backend="query_major")
     y.sum().backward()
     assert all(t.grad is not None for t in biases)
 
@@ -318,7 +318,7 @@ def test_a_score_mod_working_in_place_differentiates_as_its_out_of_place_twin():
     q, k, v = _inputs()
     grads = []
     for mod in (lambda s, b, h, i, j: s.mul_(2.0), lambda s, b, h, i, j: s * 2.0):
-        O = fa.flash_attention(q, k, v, score_mod=mod, backend="online")
+        O = fa.flash_attention(q, k, v, score_mod=mod, backend="query_major")
         grads.append(torch.autograd.grad(O.square().sum(), (q, k, v)))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)

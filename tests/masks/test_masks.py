@@ -187,7 +187,7 @@ def test_a_window_without_causal_is_not_mistaken_for_plain_attention():
     q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
     assert "window read tile by tile" in fa.explain(q, k, v, window=(-1, 0)).reason
     assert "window" not in fa.explain(q, k, v, window=(-1, 0), is_causal=True).reason  # this one is just causal
-    for backend in ("parallel", "online", "key_major", "dense"):
+    for backend in ("parallel", "query_major", "key_major", "dense"):
         got = fa.flash_attention(q, k, v, window=(-1, 0), backend=backend)
         torch.testing.assert_close(got, formula(q, k, v, causal=True)[0], msg=backend)
 

@@ -71,7 +71,7 @@ def rule(q, k, v, seqlens_k, *, causal=True, causal_align="bottom_right", window
 
 
 BACKENDS = [
-    pytest.param(online_attention, id="online"),
+    pytest.param(online_attention, id="query_major"),
     pytest.param(key_major_attention, id="key_major"),
     pytest.param(parallel_attention, id="parallel"),
     pytest.param(dense_attention, id="dense"),
@@ -223,7 +223,7 @@ def test_top_left_keeps_offset_zero_for_every_element(attention):
         assert torch.equal(seen[b], rule_visible(3, 6, L, causal_align="top_left"))
 
 
-@pytest.mark.parametrize("backend", ["online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["query_major", "key_major", "dense"])
 def test_forward_mode_ad_aligns_each_element_to_its_own_length(backend):
     """``torch.func.jvp`` runs the tiled forward-mode path (``reference/forward_ad.py``) on the CPU backends."""
     g = torch.Generator().manual_seed(7)
@@ -313,14 +313,18 @@ def test_one_query_per_head_folds_and_aligns_each_element(monkeypatch):
     k, v = (torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64) for _ in range(2))
     lengths = torch.tensor([30, 11])
     seen = []
-    tiled = runner.tiled_attention
+    tiled = runner.TiledAttentionFunction.forward
     monkeypatch.setattr(
-        runner, "tiled_attention", lambda q, *a, **kw: seen.append(tuple(q.shape)) or tiled(q, *a, **kw)
+        runner.TiledAttentionFunction,
+        "forward",
+        staticmethod(lambda q, *a: seen.append(tuple(q.shape)) or tiled(q, *a)),
     )
-    O = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", seqlens_k=lengths, backend="online")
+    O = fa.flash_attention(q, k, v, causal=True, causal_align="bottom_right", seqlens_k=lengths, backend="query_major")
     assert seen == [(2, 2, 2, 8)]  # folded: G = 2 rows per key/value head
     torch.testing.assert_close(O, rule(q, k, v, lengths)[0], atol=1e-12, rtol=0)
-    O = fa.flash_attention(q, k, v, window=(2, 0), causal_align="bottom_right", seqlens_k=lengths, backend="online")
+    O = fa.flash_attention(
+        q, k, v, window=(2, 0), causal_align="bottom_right", seqlens_k=lengths, backend="query_major"
+    )
     torch.testing.assert_close(O, rule(q, k, v, lengths, causal=False, window=(2, 0))[0], atol=1e-12, rtol=0)
 
 

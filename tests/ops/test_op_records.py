@@ -77,7 +77,7 @@ def test_a_call_written_for_0_1_0_still_runs_and_the_record_carries_deterministi
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
     opts = make_options(q, k, v, causal=True, deterministic=True)
-    args = AttentionArgs.of_call(opts, "online", scale_given=False, alibi_slopes=None, seqlens_k=None)
+    args = AttentionArgs.of_call(opts, "query_major", scale_given=False, alibi_slopes=None, seqlens_k=None)
     assert args.deterministic and args.options(q, k, v).deterministic
     old = op_args(args)[:-1]  # the 0.1.0 arguments: no deterministic
     O, _ = torch.ops.flashattn_teach.attention(q, k, v, *old)
@@ -90,7 +90,7 @@ def test_a_record_built_from_a_calls_options_runs_that_call():
     lengths = torch.tensor([9, 5])
     kwargs = dict(causal=True, causal_align="bottom_right", window=(3, 0), softcap=2.0, seqlens_k=lengths)
     opts = make_options(q, k, v, **kwargs)
-    args = AttentionArgs.of_call(opts, "online", scale_given=False, alibi_slopes=None, seqlens_k=lengths)
+    args = AttentionArgs.of_call(opts, "query_major", scale_given=False, alibi_slopes=None, seqlens_k=lengths)
     O, lse = torch.ops.flashattn_teach.attention(q, k, v, *op_args(args))
     want, want_lse = fa.dense_attention(q, k, v, return_lse=True, **kwargs)
     torch.testing.assert_close(O, want, atol=1e-12, rtol=0)

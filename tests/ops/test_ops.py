@@ -28,11 +28,11 @@ def _opcheck_cases():
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
     lengths = torch.tensor([11, 6])
     plain = (q, k, v, None, None, None, False, "top_left", None, None, None, True, "auto")
-    causal = (q, k, v, None, None, None, True, "bottom_right", 0.3, None, None, True, "online")
+    causal = (q, k, v, None, None, None, True, "bottom_right", 0.3, None, None, True, "query_major")
     masked = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "auto")
     variants = (q, k, v, None, slopes, lengths, False, "top_left", None, [3, 1], 2.0, True, "key_major")
     seed = torch.tensor(1234567)
-    dropout = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "online", 0.3, seed)
+    dropout = (q, k, v, pad, None, None, True, "top_left", None, None, None, True, "query_major", 0.3, seed)
     # a GPT's q, k, v: one (B, N, 3 H D) projection split and transposed, so strided views with gaps
     qkv = torch.randn(2, 9, 3 * 4 * 16, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     qs, ks, vs = (t.view(2, 9, 4, 16).transpose(1, 2).requires_grad_() for t in qkv.split(64, dim=2))

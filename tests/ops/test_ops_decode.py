@@ -36,7 +36,7 @@ def _opcheck_cases():
     lens = torch.tensor([5, 11])
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
     append = (q, kc, vc, k, v, lens, None, True, None, None, None, 0, "auto", None)
-    no_append = (q, kc, vc, None, None, lens, None, False, 0.3, None, None, 2, "online", None)
+    no_append = (q, kc, vc, None, None, lens, None, False, 0.3, None, None, 2, "query_major", None)
     variants = (q, kc, vc, k, v, lens.int(), slopes, True, None, [4, 0], 2.0, 3, "key_major", None)
     # what a call under torch.autocast hands the op: q cast to bfloat16, the caches and k, v in their own dtype
     kc32, vc32, k32, v32 = (t.float() for t in (kc, vc, k, v))

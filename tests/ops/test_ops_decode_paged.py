@@ -44,7 +44,7 @@ def test_opcheck_passes_with_pages_leftpad_and_sinks():
         window=None,
         softcap=None,
         num_splits=2,
-        backend="online",
+        backend="query_major",
         autocast=None,
         block_table=table,
         cache_leftpad=pad,

@@ -30,7 +30,7 @@ def _opcheck_cases():
     q, k, v, cu_q, cu_k, m_q, m_k = _packed([2, 0, 5], [4, 3, 6], dtype=torch.float64, grad=True)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
     plain = (q, k, v, cu_q, cu_k, m_q, m_k, None, False, "bottom_right", None, None, None, "auto")
-    variants = (q, k, v, cu_q.int(), cu_k, m_q + 3, m_k, slopes, True, "top_left", 0.3, [2, 0], 2.0, "online")
+    variants = (q, k, v, cu_q.int(), cu_k, m_q + 3, m_k, slopes, True, "top_left", 0.3, [2, 0], 2.0, "query_major")
     return {"plain": plain, "variants": variants}
 
 

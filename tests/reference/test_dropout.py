@@ -223,7 +223,7 @@ def test_auto_runs_dropout_on_the_fast_path_and_explain_says_how_it_is_drawn():
     assert "Philox" not in fa.explain(q, q, q).reason
 
 
-@pytest.mark.parametrize("backend", ["auto", "parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["auto", "parallel", "query_major", "key_major", "dense"])
 def test_a_call_draws_one_key_from_torchs_generator(backend):
     """``torch.manual_seed`` fixes the key, and every backend's output is the oracle's at ``dropout.draw``'s key."""
     g = torch.Generator().manual_seed(2)
@@ -265,7 +265,7 @@ def test_dropout_p_zero_draws_nothing():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-@pytest.mark.parametrize("backend", ["parallel", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["parallel", "query_major", "key_major", "dense"])
 def test_dropout_p_one_gives_zeros_not_nan(backend):
     q, k, v = (torch.randn(2, 2, 7, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     O = fa.flash_attention(q, k, v, causal=True, dropout_p=1.0, backend=backend)
@@ -293,7 +293,7 @@ def test_the_backward_stores_no_mask():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        O = fa.flash_attention(q, k, v, dropout_p=0.5, backend="online")
+        O = fa.flash_attention(q, k, v, dropout_p=0.5, backend="query_major")
     assert sizes and max(sizes) <= N * 4
     O.sum().backward()
 

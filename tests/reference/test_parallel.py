@@ -52,8 +52,8 @@ class Grouped:
 
 
 def single_threaded(q, k, v, *, scale, causal, causal_align, block_m, block_n) -> dict:
-    """The keyword arguments of the single-threaded loops (``query_major_forward``, ``backward_grouped``):
-    the scale and the call's tiling, built from the parallel functions' flat arguments."""
+    """The keyword arguments of the loops (``query_major_forward``, ``backward_grouped`` and their parallel
+    twins): the scale and the call's tiling, built from flat arguments as ``make_options`` builds them."""
     opts = make_options(q, k, v, causal=causal, causal_align=causal_align, scale=scale)
     return dict(scale=scale, tiling=opts.mask.tiling(block_m, block_n))
 
@@ -166,7 +166,7 @@ def test_update_inplace_matches_update(Br, Bc, D_v, first, masked, seed):
 @given(p=grouped_problems(torch.float64))
 def test_parallel_forward_matches_dense_and_query_major_for_any_split_float64(p):
     with pool_for_any_size():
-        O, lse = parallel_forward(p.q, p.k, p.v, **p.kwargs, workers=p.workers)
+        O, lse = parallel_forward(p.q, p.k, p.v, **single_threaded(p.q, p.k, p.v, **p.kwargs), workers=p.workers)
     O_ref, lse_ref = dense_grouped(p.q, p.k, p.v, **p.kwargs)
     O_qm, lse_qm = query_major_forward(p.q, p.k, p.v, **single_threaded(p.q, p.k, p.v, **p.kwargs))
     assert O.shape == O_ref.shape and lse.shape == lse_ref.shape and O.dtype == torch.float64
@@ -180,7 +180,7 @@ def test_parallel_forward_matches_dense_and_query_major_for_any_split_float64(p)
 @given(p=grouped_problems(torch.float32))
 def test_parallel_forward_matches_float64_oracle_float32(p):
     with pool_for_any_size():
-        O, lse = parallel_forward(p.q, p.k, p.v, **p.kwargs, workers=p.workers)
+        O, lse = parallel_forward(p.q, p.k, p.v, **single_threaded(p.q, p.k, p.v, **p.kwargs), workers=p.workers)
     O_ref, lse_ref = dense_grouped(p.q.double(), p.k.double(), p.v.double(), **p.kwargs)
     assert O.dtype == torch.float32 and lse.dtype == torch.float32
     torch.testing.assert_close(O.double(), O_ref, atol=2e-5, rtol=0)
@@ -195,7 +195,8 @@ def test_large_logits_stay_finite_and_exact(p, dtype):
     c = (1e4 / S.abs().max().clamp_min(1e-3)).sqrt()
     q, k = p.q * c, p.k * c
     with pool_for_any_size():
-        O, lse = parallel_forward(q.to(dtype), k.to(dtype), p.v.to(dtype), **p.kwargs, workers=p.workers)
+        qd, kd, vd = q.to(dtype), k.to(dtype), p.v.to(dtype)
+        O, lse = parallel_forward(qd, kd, vd, **single_threaded(qd, kd, vd, **p.kwargs), workers=p.workers)
     O_ref, lse_ref = dense_grouped(q, k, p.v, **p.kwargs)
     assert torch.isfinite(O).all() and not torch.isnan(lse).any()
     atol = 1e-9 if dtype == torch.float64 else 5e-2  # float32 rounds a score of 1e4 by ~1e-3
@@ -214,7 +215,9 @@ def test_parallel_backward_matches_dense_autograd_and_backward_grouped_float64(p
     dO = torch.randn(O.shape, generator=g, dtype=O.dtype)
     dlse = torch.randn(lse.shape, generator=g, dtype=lse.dtype) if with_dlse else None
     with pool_for_any_size():
-        grads = parallel_backward(p.q, p.k, p.v, O, lse, dO, dlse, **p.kwargs, workers=p.workers)
+        grads = parallel_backward(
+            p.q, p.k, p.v, O, lse, dO, dlse, **single_threaded(p.q, p.k, p.v, **p.kwargs), workers=p.workers
+        )
     refs = dense_grads_grouped(p.q, p.k, p.v, dO, torch.zeros_like(lse) if dlse is None else dlse, **p.kwargs)
     same_loops = backward_grouped(p.q, p.k, p.v, O, lse, dO, dlse, **single_threaded(p.q, p.k, p.v, **p.kwargs))
     for name, got, ref, other in zip("qkv", grads, refs, same_loops, strict=True):
@@ -226,11 +229,13 @@ def test_parallel_backward_matches_dense_autograd_and_backward_grouped_float64(p
 @settings(max_examples=15)
 @given(p=grouped_problems(torch.float32))
 def test_parallel_backward_matches_float64_autograd_float32(p):
-    O, lse = parallel_forward(p.q, p.k, p.v, **p.kwargs, workers=1)
+    O, lse = parallel_forward(p.q, p.k, p.v, **single_threaded(p.q, p.k, p.v, **p.kwargs), workers=1)
     g = torch.Generator().manual_seed(0)
     dO, dlse = torch.randn(O.shape, generator=g), torch.randn(lse.shape, generator=g)
     with pool_for_any_size():
-        grads = parallel_backward(p.q, p.k, p.v, O, lse, dO, dlse, **p.kwargs, workers=p.workers)
+        grads = parallel_backward(
+            p.q, p.k, p.v, O, lse, dO, dlse, **single_threaded(p.q, p.k, p.v, **p.kwargs), workers=p.workers
+        )
     q64, k64, v64 = (t.double() for t in (p.q, p.k, p.v))
     refs = dense_grads_grouped(q64, k64, v64, dO.double(), dlse.double(), **p.kwargs)
     for name, got, ref in zip("qkv", grads, refs, strict=True):
@@ -244,8 +249,10 @@ def test_rows_that_see_no_key_give_zero_output_and_gradients(workers):
     q, k, v = make_grouped(1, 1, 2, 9, 4, 3, 2)
     kw = dict(scale=0.5, causal=True, causal_align="bottom_right", block_m=2, block_n=3)
     with pool_for_any_size():
-        O, lse = parallel_forward(q, k, v, **kw, workers=workers)
-        dq, dk, dv = parallel_backward(q, k, v, O, lse, torch.ones_like(O), torch.ones_like(lse), **kw, workers=workers)
+        O, lse = parallel_forward(q, k, v, **single_threaded(q, k, v, **kw), workers=workers)
+        dq, dk, dv = parallel_backward(
+            q, k, v, O, lse, torch.ones_like(O), torch.ones_like(lse), **single_threaded(q, k, v, **kw), workers=workers
+        )
     blind = slice(0, 5)
     assert torch.equal(O[..., blind, :], torch.zeros_like(O[..., blind, :]))
     assert torch.isneginf(lse[..., blind]).all() and torch.isfinite(lse[..., 5:]).all()
@@ -285,10 +292,10 @@ def test_large_problems_run_on_the_pool_with_one_thread_per_worker(monkeypatch):
     monkeypatch.setattr(parallel, "_forward_rows", log)
     q, k, v = make_grouped(1, 4, 1, 512, 512, 8, 8, dtype=torch.float32)  # 4 * 512 * 512 = 2^20 scores
     assert q.shape[1] * 512 * 512 >= parallel.MIN_PARALLEL_SCORES
-    O, _ = parallel_forward(q, k, v, scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64, workers=2)
+    kw = dict(scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64)
+    O, _ = parallel_forward(q, k, v, **single_threaded(q, k, v, **kw), workers=2)
     assert len(log.threads) == 2 and all(name.startswith("flashattn_teach") for name in log.threads)
     assert {n for _, n in log.calls} == {1}  # every op inside a worker runs on that worker's core
-    kw = dict(scale=0.3, causal=True, causal_align="top_left", block_m=64, block_n=64)
     O_ref, _ = query_major_forward(q, k, v, **single_threaded(q, k, v, **kw))
     torch.testing.assert_close(O, O_ref, atol=1e-6, rtol=0)
 
@@ -299,7 +306,8 @@ def test_small_problems_run_inline_in_the_calling_thread(monkeypatch):
     q, k, v = make_grouped(1, 4, 1, 64, 64, 8, 8)
     assert q.shape[1] * 64 * 64 < parallel.MIN_PARALLEL_SCORES
     before = torch.get_num_threads()
-    parallel_forward(q, k, v, scale=0.3, causal=False, causal_align="top_left", block_m=16, block_n=16, workers=2)
+    kw = dict(scale=0.3, causal=False, causal_align="top_left", block_m=16, block_n=16)
+    parallel_forward(q, k, v, **single_threaded(q, k, v, **kw), workers=2)
     assert log.threads == {threading.current_thread().name}
     assert {n for _, n in log.calls} == {1}  # single-threaded ops here too, and the count restored after
     assert torch.get_num_threads() == before
@@ -315,7 +323,7 @@ def test_few_key_value_heads_split_the_query_heads_of_a_group(monkeypatch):
     O, lse = query_major_forward(q, k, v, **single_threaded(q, k, v, **kw))
     dO = torch.randn_like(O)
     with pool_for_any_size():
-        grads = parallel_backward(q, k, v, O, lse, dO, None, **kw, workers=2)
+        grads = parallel_backward(q, k, v, O, lse, dO, None, **single_threaded(q, k, v, **kw), workers=2)
     assert len(log.calls) == 4 and len(log.threads) == 2
     refs = backward_grouped(q, k, v, O, lse, dO, None, **single_threaded(q, k, v, **kw))
     for name, got, ref in zip("qkv", grads, refs, strict=True):
@@ -342,21 +350,20 @@ def test_starting_a_pool_leaves_other_threads_intra_op_count_alone():
 def test_a_failing_task_raises_in_the_caller():
     q, k, v = make_grouped(1, 2, 1, 8, 8, 4, 4)
     with pool_for_any_size(), pytest.raises(RuntimeError):
-        parallel_forward(
-            q, k[..., :3], v, scale=1.0, causal=False, causal_align="top_left", block_m=4, block_n=4, workers=2
-        )
+        kw = dict(scale=1.0, causal=False, causal_align="top_left", block_m=4, block_n=4)
+        parallel_forward(q, k[..., :3], v, **single_threaded(q, k, v, **kw), workers=2)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_starts_its_own_pool():
     q, k, v = make_grouped(1, 4, 1, 512, 512, 4, 4, dtype=torch.float32)
     kw = dict(scale=0.3, causal=False, causal_align="top_left", block_m=128, block_n=128)
-    O, _ = parallel_forward(q, k, v, **kw, workers=2)  # the parent's pool exists now
+    O, _ = parallel_forward(q, k, v, **single_threaded(q, k, v, **kw), workers=2)  # the parent's pool exists now
     pid = os.fork()
     if pid == 0:  # child: must not wait on the parent's threads, which it does not have
         torch.set_num_threads(1)  # nor use the parent's OpenMP threads
         signal.alarm(60)  # a child waiting on threads it does not have dies, and the test fails, not hangs
-        ok = torch.allclose(parallel_forward(q, k, v, **kw, workers=2)[0], O)
+        ok = torch.allclose(parallel_forward(q, k, v, **single_threaded(q, k, v, **kw), workers=2)[0], O)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

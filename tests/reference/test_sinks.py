@@ -22,7 +22,7 @@ from flashattn_teach.reference.online import tiled_attention
 
 from sink_oracle import grads_of, sink_oracle
 
-CPU_BACKENDS = ["parallel", "online", "key_major", "dense"]
+CPU_BACKENDS = ["parallel", "query_major", "key_major", "dense"]
 B, H_Q, H_KV, D, D_V = 2, 4, 2, 8, 6
 TOL = dict(rtol=1e-10, atol=1e-10)
 

@@ -9,7 +9,7 @@ import torch
 
 import flashattn_teach as fa
 
-BACKENDS = ["auto", "dense", "online", "key_major", "parallel"]
+BACKENDS = ["auto", "dense", "query_major", "key_major", "parallel"]
 H, N_k, D = 4, 5, 8
 
 

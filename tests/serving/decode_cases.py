@@ -17,7 +17,7 @@ from flashattn_teach.dispatch import planner
 from flashattn_teach.reference import parallel
 
 NEG_INF = float("-inf")
-CPU_BACKENDS = ["parallel", "online", "key_major", "dense"]
+CPU_BACKENDS = ["parallel", "query_major", "key_major", "dense"]
 
 
 def randn(*shape, seed, dtype=torch.float64):

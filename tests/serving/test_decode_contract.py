@@ -162,7 +162,11 @@ REFUSALS = {
     "return_lse": ({"return_lse": "yes"}, TypeError, "return_lse must be a bool"),
     "backend name": ({"backend": "fast"}, ValueError, "backend must be one of"),
     "grad through the write": ({"k": randn(B, H_KV, 1, D, seed=3).requires_grad_()}, ValueError, "k requires grad"),
-    "backend refuses": ({"alibi_slopes": _slopes_needing_grad(), "backend": "online"}, NotImplementedError, "dense"),
+    "backend refuses": (
+        {"alibi_slopes": _slopes_needing_grad(), "backend": "query_major"},
+        NotImplementedError,
+        "dense",
+    ),
 }
 
 

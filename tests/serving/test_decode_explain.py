@@ -33,7 +33,7 @@ def _ranges_run(monkeypatch, *args, **kwargs):
     return seen
 
 
-@pytest.mark.parametrize("backend", ["auto", "online", "key_major", "dense"])
+@pytest.mark.parametrize("backend", ["auto", "query_major", "key_major", "dense"])
 @pytest.mark.parametrize("num_splits", [0, 3])
 def test_the_plan_is_what_the_call_runs(monkeypatch, backend, num_splits):
     q, k_cache, v_cache, k, v = _problem()

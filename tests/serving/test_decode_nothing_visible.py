@@ -43,7 +43,7 @@ def loss_grads(O: Tensor, lse: Tensor, leaves: list[Tensor]) -> list[Tensor]:
     return list(torch.autograd.grad(loss, leaves))
 
 
-@pytest.mark.parametrize("backend", ["auto", "dense", "online", "key_major", "parallel"])
+@pytest.mark.parametrize("backend", ["auto", "dense", "query_major", "key_major", "parallel"])
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("case", ["empty_cache", "leftpad_equals_seqlens"])
 def test_step_that_sees_no_key_gives_the_gradients_of_the_definition(case: str, with_sinks: bool, backend: str) -> None:

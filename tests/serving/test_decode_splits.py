@@ -87,7 +87,7 @@ def test_a_window_cuts_only_the_keys_some_row_may_see(monkeypatch):
 def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
     # On CUDA tensors dispatch.plan may pick the prefill kernel, which knows no per-range diagonal offset.
     monkeypatch.setattr(planner, "plan", lambda *args: dispatch.Plan("triton", "CUDA tensors"))
-    assert dispatch.plan_ranges(*(None,) * 4, "auto").backend == "online"
+    assert dispatch.plan_ranges(*(None,) * 4, "auto").backend == "query_major"
 
 
 def test_cpu_default_is_one_split():

@@ -190,7 +190,7 @@ def test_explain_says_which_backward_runs_and_why() -> None:
     assert "two kernels" in str(fa.explain(q, q, q, backend="triton", deterministic=True))
     with torch_deterministic():
         assert "torch.use_deterministic_algorithms(True)" in str(fa.explain(q, q, q, backend="triton"))
-    assert "deterministic already" in str(fa.explain(q, q, q, backend="online", deterministic=True))
+    assert "deterministic already" in str(fa.explain(q, q, q, backend="query_major", deterministic=True))
 
 
 @pytest.mark.parametrize("N_q", [1, 31])

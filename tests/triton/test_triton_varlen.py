@@ -169,7 +169,7 @@ def test_varlen_dropout_draws_the_cpu_paths_mask(case: str) -> None:
     ref_leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
     torch.manual_seed(7)
     O_ref = fa.flash_attention_varlen(
-        *ref_leaves, cu_q.cpu(), cu_k.cpu(), max_q, max_k, dropout_p=0.5, backend="online", **kw
+        *ref_leaves, cu_q.cpu(), cu_k.cpu(), max_q, max_k, dropout_p=0.5, backend="query_major", **kw
     )
     (O_ref * dO.cpu().double()).sum().backward()
 

@@ -31,15 +31,28 @@ def unset(name: str) -> Condition:
     return lambda record: getattr(record, name) is None
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of the dataclass ``cls``, read once per class (a call asks on every step)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def uncarried(record: Any, carries: Carries) -> list[str]:
     """The fields of the dataclass ``record`` that ``carries`` does not carry with their values: those it
     does not name, and those whose condition fails. A condition shared by several fields is evaluated once."""
     held: dict[int, bool] = {}
     names = []
-    for f in fields(record):
-        condition = carries.get(f.name)
+    for name in _field_names(type(record)):
+        condition = carries.get(name)
+        if condition is always:
+            continue
         if condition is not None and id(condition) not in held:
             held[id(condition)] = bool(condition(record))
         if condition is None or not held[id(condition)]:
-            names.append(f.name)
+            names.append(name)
     return names

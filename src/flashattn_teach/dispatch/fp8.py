@@ -34,7 +34,7 @@ def plan_fp8(q: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
         return Plan("triton", f"FP8 inputs: the fused kernel's e4m3 build (sm_90); {ran_note('FP8 forward')}")
     if q.is_cuda:
         return Plan(backend, f"requested explicitly: {EMULATION}, on {q.device}")
-    return Plan("online" if backend == "auto" else backend, f"{q.device.type} tensors: {EMULATION}")
+    return Plan("query_major" if backend == "auto" else backend, f"{q.device.type} tensors: {EMULATION}")
 
 
 def run_fp8(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:

@@ -5,7 +5,9 @@ Backends:
     "triton"     fused Triton kernels (CUDA tensors; see :mod:`flashattn_teach.triton`), packed sequences
                  included; a decode step takes the split-KV decode kernel (:func:`plan_decode`)
     "parallel"   query-major tiles, the (batch, head) slices spread over worker threads (the fast CPU path)
-    "online"     query-major online-softmax CPU reference: the readable tile-by-tile loop
+    "query_major"  query-major online-softmax CPU reference: the readable tile-by-tile loop (``"online"``,
+                 its old name, is accepted with a ``DeprecationWarning``: "online" also names the update and
+                 the module of entry points)
     "key_major"  key-major reference, FlashAttention's Algorithm 1 loop order
     "dense"      the dense oracle: holds all N_q x N_k scores
 
@@ -29,18 +31,19 @@ from torch.autograd import forward_ad
 from .._options import AttentionOptions
 from ..errors import AttentionValueError, BackendUnavailableError
 from ..reference import parallel
+from ..reference.autograd import TileLoop
 from ..reference.defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, PARALLEL_BLOCK_M, PARALLEL_BLOCK_N
 from ..reference.workers import default_workers
 from ..triton import support
 
-BACKENDS = ("auto", "triton", "parallel", "online", "key_major", "dense")
-RENAMED = {"keymajor": "key_major"}  # deprecated spellings still accepted, with a warning
+BACKENDS = ("auto", "triton", "parallel", "query_major", "key_major", "dense")
+RENAMED = {"keymajor": "key_major", "online": "query_major"}  # deprecated names still accepted, with a warning
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # warnings skip it
 # The tiled CPU backends: their loop order and tile sizes.
 TILED = {
-    "parallel": ("parallel", PARALLEL_BLOCK_M, PARALLEL_BLOCK_N),
-    "online": ("query_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
-    "key_major": ("key_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+    "parallel": TileLoop("parallel", PARALLEL_BLOCK_M, PARALLEL_BLOCK_N),
+    "query_major": TileLoop("query_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
+    "key_major": TileLoop("key_major", DEFAULT_BLOCK_M, DEFAULT_BLOCK_N),
 }
 # A call with few query rows (a decode step, after folding query heads into rows) takes wide key tiles:
 # fewer tiles are fewer Python-level ops per row, and its score tiles stay small (benchmarks/README.md).
@@ -91,17 +94,17 @@ def public_backend(backend: object) -> str:
     return check_backend(backend)
 
 
-def tiles(backend: str, N_q: int, *, block_mask: bool = False) -> tuple[str, int, int]:
-    """``(order, block_m, block_n)`` of a tiled backend for ``N_q`` query rows: few rows take key tiles of
+def tiles(backend: str, N_q: int, *, block_mask: bool = False) -> TileLoop:
+    """``TileLoop(order, block_m, block_n)`` of a tiled backend for ``N_q`` query rows: few rows take key tiles of
     at least ``FEW_ROWS_BLOCK_N``; with a block mask (a ``mask_mod``) the parallel path takes
     ``USER_MASK_TILES``, so that its tiles can be skipped (its own ``1024``-row tiles would span eight of
     the mask's blocks, and be skipped only where all eight are)."""
-    order, block_m, block_n = TILED[backend]
+    order, block_m, block_n = TILED[backend]  # tests set plain (order, block_m, block_n) tuples
     if N_q <= FEW_ROWS:
-        return order, block_m, max(block_n, FEW_ROWS_BLOCK_N)
+        return TileLoop(order, block_m, max(block_n, FEW_ROWS_BLOCK_N))
     if block_mask and backend == "parallel":
-        return (order, *USER_MASK_TILES)
-    return order, block_m, block_n
+        return TileLoop(order, *USER_MASK_TILES)
+    return TileLoop(order, block_m, block_n)
 
 
 def batched(backend: str, opts: AttentionOptions) -> bool:
@@ -145,10 +148,10 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
             why_not = support.call_unsupported_reason(q, k, v, opts)
             if why_not is None:
                 return Plan("triton", "CUDA tensors: the fused Triton kernels")
-            return Plan("online", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
+            return Plan("query_major", f"CUDA tensors, but the Triton path cannot run them: {why_not}")
         if transforms_active():
             return Plan(
-                "online",
+                "query_major",
                 "a torch.func transform is active: the query-major reference in this thread "
                 "(the parallel path's worker threads would not see the transform)",
             )
@@ -165,13 +168,11 @@ def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str =
     if needs_dense and backend != "dense":
         raise BackendUnavailableError(f"backend={backend!r} cannot run this call: {needs_dense}; use 'dense' or 'auto'")
     if backend == "triton":
-        why_not = support.call_unsupported_reason(q, k, v, opts)
-        if why_not is not None:
-            raise BackendUnavailableError(f"backend='triton' cannot run this call: {why_not}")
+        support.refuse_unsupported(q, k, v, opts)  # asked here once; the launch trusts the plan
     if backend == "parallel" and transforms_active():
         raise BackendUnavailableError(
             "backend='parallel' cannot run under a torch.func transform (its worker threads would not see "
-            "it); use 'online' or 'auto'"
+            "it); use 'query_major' or 'auto'"
         )
     small = _BATCHED.format(parallel.MIN_PARALLEL_SCORES.bit_length() - 1) if batched(backend, opts) else ""
     return Plan(backend, "requested explicitly" + small)
@@ -211,5 +212,5 @@ def plan_ranges(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend
     diagonal offset (the decode kernel is chosen before, by :func:`plan_decode`)."""
     p = plan(q, k, v, opts, backend)
     if p.backend == "triton":
-        return Plan("online", "CUDA tensors on a CPU path: the query-major reference")
+        return Plan("query_major", "CUDA tensors on a CPU path: the query-major reference")
     return p

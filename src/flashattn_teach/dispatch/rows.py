@@ -133,6 +133,8 @@ def fold(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tenso
     """``(q (B, H_kv, G, D), options of that call)`` when every field of the call's options is one fold
     carries (:func:`declined`; module docs), else None. The rows' options are these options with the rows'
     shapes and mask, every other field as it was; nothing is checked again."""
+    if not _one_row_grouped(opts.shapes):  # the first condition of declined's, asked first: it is cheap
+        return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not q.shape[0] == k.shape[0] == v.shape[0]:
         return None
     if declined(opts):

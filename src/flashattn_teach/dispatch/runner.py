@@ -6,9 +6,9 @@ and the ring's local blocks. Tests patch :func:`run` (and :func:`run_decode`) to
 
     dense      flashattn_teach.reference.dense.dense_forward: all scores at once
     triton     flashattn_teach.triton: the fused kernels, the varlen launch for packed sequences
-    tiled      flashattn_teach.reference.online.tiled_attention, at the planner's tiles, the query heads
-               of a one-query call folded into rows of their key/value head (``rows.py``), and a call
-               too small to split run as one batched tile loop
+    tiled      flashattn_teach.reference.autograd.TiledAttentionFunction, at the planner's tiles (one
+               ``TileLoop``), the query heads of a one-query call folded into rows of their key/value head
+               (``rows.py``), and a call too small to split run as one batched tile loop
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from torch import Tensor
 from .._options import AttentionOptions
 from ..flex.block_mask_args import DEFAULT_BLOCK_SIZE
 from ..flex.block_mask_build import classified_block_mask
+from ..reference.autograd import TiledAttentionFunction, TileLoop, differentiable, tensor_inputs
 from ..reference.dense import dense_forward
-from ..reference.online import tiled_attention
 from ..reference.workers import chunk_pool
 from .planner import Plan, batched, tiles, transforms_active
 from .rows import fold, unfold
 
 
-def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
+def _loop(p: Plan, opts: AttentionOptions) -> TileLoop:
     """The tile loop and tiles of a tiled backend. A threaded call too small for the pool
     (:func:`~flashattn_teach.dispatch.planner.batched`, which the plan's reason reports) runs the
     query-major loop at the same tiles instead, each tile op over every head at once with torch's threads:
@@ -39,7 +39,7 @@ def _order(p: Plan, opts: AttentionOptions) -> tuple[str, int, int]:
     order, block_m, block_n = tiles(
         p.backend, opts.shapes.N_q, block_mask=mods is not None and "mask_mod" in mods.names
     )
-    return ("query_major", block_m, block_n) if batched(p.backend, opts) else (order, block_m, block_n)
+    return TileLoop("query_major" if batched(p.backend, opts) else order, block_m, block_n)
 
 
 def with_block_mask(opts: AttentionOptions, device: torch.device) -> AttentionOptions:
@@ -69,15 +69,18 @@ def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tup
             return triton_varlen_forward(q, k, v, opts)
         from ..triton import triton_forward
 
-        return triton_forward(q, k, v, opts, dropout=opts.dropout)
+        return triton_forward(q, k, v, opts)
     folded = None if transforms_active() else fold(q, k, v, opts)
-    if folded is not None:  # one query per head: the query heads of a key/value head as its rows (rows.py)
-        q_rows, rows = folded
-        order, block_m, block_n = _order(p, rows)
-        O, lse = tiled_attention(q_rows, k, v, rows, order=order, block_m=block_m, block_n=block_n)
-        return unfold(O, lse, q.shape[1])
-    order, block_m, block_n = _order(p, opts)
-    return tiled_attention(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+    # one query per head: the query heads of a key/value head as its rows (rows.py)
+    q_in, opts_in = (q, opts) if folded is None else folded
+    loop = _loop(p, opts_in)
+    # attend()'s choice, in place (one layer fewer): the autograd function when a derivative can reach the
+    # call, else its forward alone
+    if differentiable(q_in, k, v, opts_in):
+        O, lse = TiledAttentionFunction.apply(q_in, k, v, opts_in, loop, *tensor_inputs(opts_in))
+    else:
+        O, lse = TiledAttentionFunction.forward(q_in, k, v, opts_in, loop, opts_in.sinks)
+    return (O, lse) if folded is None else unfold(O, lse, q.shape[1])
 
 
 def run_decode(

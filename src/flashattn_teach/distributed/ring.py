@@ -211,7 +211,7 @@ def ring_attention(
         backend: the local backend of every block (see :func:`flashattn_teach.explain`): ``"auto"`` runs
             the Triton kernels on CUDA and the CPU references otherwise.
         timeout: seconds any rank waits for another before raising :class:`.comm.RingTimeoutError`.
-        block_m, block_n: tile sizes ``BLOCK_M, BLOCK_N`` of the online reference (``backend="online"``
+        block_m, block_n: tile sizes ``BLOCK_M, BLOCK_N`` of the query-major reference (``backend="query_major"``
             or ``"auto"``), forward and backward; they need not divide ``N_local``.
         stats: if given, a :class:`RingStats` that records the backend calls of the forward.
 
@@ -248,7 +248,7 @@ def ring_attention(
             f"{2 * ring.world_size})"
         )
     if block_m is not None or block_n is not None:
-        if backend not in ("auto", "online"):
+        if backend not in ("auto", "query_major", "online"):
             raise AttentionValueError(
                 f"block_m and block_n choose the online reference's tiles; got backend={backend!r}"
             )

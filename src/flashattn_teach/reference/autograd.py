@@ -8,12 +8,12 @@ transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .._autocast import autocast_dtype, autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
@@ -26,20 +26,21 @@ from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
 from .parallel import parallel_backward, parallel_forward
 from .query_major import query_major_forward
-from .scores import score_tile, whole_row
+from .scores import soft_cap, whole_row
 from .workers import default_workers
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
 ORDERS = (*FORWARDS, "parallel")
+_SINKS = 5  # the sinks' place among TiledAttentionFunction's inputs: q, k, v, opts, loop, sinks, *captures
 
 
-def _forward(order: str, opts: AttentionOptions, block_m: int, block_n: int) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The forward of one loop order, its tiling and sinks bound in: call it with ``(q, k, v, scale=...)``."""
-    sink = grouped_sink(opts)
-    if order == "parallel":
-        return functools.partial(parallel_forward, **_parallel_kwargs(opts, block_m, block_n), sink=sink)
-    tiling = opts.mask.tiling(block_m, block_n)
-    return functools.partial(FORWARDS[order], tiling=tiling, dropout=opts.dropout, sink=sink)
+class TileLoop(NamedTuple):
+    """Which tile loop runs a call and at which tiles: ``order`` in :data:`ORDERS`, ``Br = block_m`` query
+    rows by ``Bc = block_n`` keys (the dispatcher's choice, :func:`flashattn_teach.dispatch.planner.tiles`)."""
+
+    order: str
+    block_m: int
+    block_n: int
 
 
 def grouped_sink(opts: AttentionOptions) -> Tensor | None:
@@ -51,136 +52,163 @@ def grouped_sink(opts: AttentionOptions) -> Tensor | None:
     return opts.sinks.to(compute_dtype(opts.sinks.dtype)).reshape(s.H_kv, s.group, 1)
 
 
-def _backward(
-    order: str, opts: AttentionOptions, block_m: int, block_n: int, grads: CaptureGrads | None
-) -> Callable[..., tuple[Tensor, ...]]:
-    """The backward of one loop order, its tiling bound in (see :func:`_forward`); ``grads`` collects the
-    gradients of a ``score_mod``'s captured tensors."""
-    if order == "parallel":
-        return functools.partial(parallel_backward, **_parallel_kwargs(opts, block_m, block_n), grads=grads)
-    tiling = opts.mask.tiling(block_m, block_n)
-    return functools.partial(backward_grouped, tiling=tiling, dropout=opts.dropout, grads=grads)
+def differentiable(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> bool:
+    """Whether a derivative may pass through the call: an input (``q, k, v``, the sinks, a ``score_mod``'s
+    captured tensor) requires grad in grad mode, a torch.func transform is active, or forward-mode AD has a
+    dual level open (its tangents ride on the inputs). Otherwise the forward runs alone, without the
+    autograd function's bookkeeping (a few tens of microseconds, most of a small call's host time)."""
+    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return True
+    if opts.sinks is not None and opts.sinks.requires_grad:
+        return True
+    mods = opts.mask.mods
+    return mods is not None and bool(mods.grad_captures)
 
 
-def _parallel_kwargs(opts: AttentionOptions, block_m: int, block_n: int) -> dict[str, Any]:
-    return dict(
-        causal=opts.causal,
-        causal_align=opts.causal_align,
-        block_m=block_m,
-        block_n=block_n,
-        workers=default_workers(),
-        mask=opts.mask,
-        dropout=opts.dropout,
-    )
+def tensor_inputs(opts: AttentionOptions) -> tuple[Tensor | None, ...]:
+    """The options' tensors that :class:`TiledAttentionFunction` takes as inputs after ``q, k, v, opts, loop``
+    so that autograd gives them gradients: the sinks (or None), then a ``score_mod``'s captured tensors
+    that require grad."""
+    captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
+    return (opts.sinks, *captures)
 
 
-def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, block_m: int, block_n: int) -> bool:
+def attend(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of validated inputs by ``loop``, with the dropout key ``opts`` carries (drawn by
+    ``opts.with_dropout()``; the backward draws the mask again): :class:`TiledAttentionFunction` when a
+    derivative can reach the call (:func:`differentiable`), else its forward alone. ``dispatch/runner.py``
+    makes the same choice in place (one layer fewer on every call)."""
+    if differentiable(q, k, v, opts):
+        return TiledAttentionFunction.apply(q, k, v, opts, loop, *tensor_inputs(opts))
+    return TiledAttentionFunction.forward(q, k, v, opts, loop, opts.sinks)
+
+
+def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop) -> bool:
     """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
-    dropout) on inputs whose heads broadcast as they stand (``H_kv`` is ``H_q`` or 1, one batch shape)."""
+    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on inputs whose heads broadcast as they stand
+    (``H_kv`` is ``H_q`` or 1, one batch shape). The cheap questions first: a small call asks on every step."""
     s, spec = opts.shapes, opts.mask
-    if not (0 < s.N_k <= block_n and s.N_q <= block_m) or spec.causal or opts.dropout_p > 0.0:
+    if loop.order != "query_major" or s.N_q > loop.block_m or not 0 < s.N_k <= loop.block_n:
         return False
-    if opts.sinks is not None:  # whole_row starts from m = -inf; the loop starts each row at its sink
+    if spec.causal or opts.dropout_p > 0.0 or opts.sinks is not None or spec.mods is not None:
         return False
-    if spec.variants and spec.variants != ("softcap",):
+    if spec.left >= 0 or spec.right >= 0 or spec.alibi_slopes is not None or spec.seqlens_k is not None:
         return False
+    if spec.attn_mask is not None or spec.packed is not None:
+        return False  # what is left of MaskSpec.variants is the softcap, which the tile takes
     same = q.dim() == k.dim() == v.dim() and q.shape[:-3] == k.shape[:-3] and k.shape[:-2] == v.shape[:-2]
     return same and (q.dim() == 2 or k.shape[-3] in (q.shape[-3], 1))
 
 
-def _whole_call(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
-    """The loop's one step on the user layout: ``S (..., H_q, N_q, N_k)`` and ``(O, lse)`` of it."""
-    dt = compute_dtype(q.dtype)
-    qc, kc, vc = (t if t.dtype == dt else t.to(dt) for t in (q, k, v))
-    S = score_tile(qc, kc, opts.scale, softcap=opts.mask.softcap)  # (..., H_q, N_q, N_k)
-    O, lse = whole_row(S, vc)
-    return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
-
-
-def tiled_forward(
-    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
-) -> tuple[Tensor, Tensor]:
-    """User layout in, ``(O, lse)`` out: ``O`` in ``q``'s dtype, ``lse`` in the compute dtype. A call that
-    one open tile holds runs that tile alone, on the user layout (a small call's layout work and tile plan
-    cost more than its arithmetic)."""
-    s = opts.shapes
-    if order == "query_major" and _one_open_tile(q, k, v, opts, block_m, block_n):
-        if autocast_dtype(q.device.type) is None:
-            return _whole_call(q, k, v, opts)
-        with autocast_off(q.device.type):
-            return _whole_call(q, k, v, opts)
-    qg, kg, vg = to_grouped(q, k, v, s)
-    with autocast_off(q.device.type):
-        O, lse = _forward(order, opts, block_m, block_n)(qg, kg, vg, scale=s.scale)
-    return from_grouped(O, s).to(q.dtype), lse_from_grouped(lse, s)
-
-
 class TiledAttentionFunction(torch.autograd.Function):
-    """``(q, k, v) -> (O, lse)``; backward is :func:`backward_grouped`, which also accepts ``dlse``."""
+    """``(q, k, v, opts, loop, sinks, *captures) -> (O, lse)`` in the user's layout: ``O`` in ``q``'s dtype,
+    ``lse`` in the compute dtype. The options and the tile loop travel whole; ``sinks`` (``opts.sinks``) and
+    a ``score_mod``'s captured tensors that require grad are inputs too (:func:`tensor_inputs`), so that
+    autograd gives them gradients (the forward reads them from ``opts``). Backward is
+    :func:`backward_grouped` (or the parallel one), which also accepts ``dlse``."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        opts: AttentionOptions,
-        order: str,
-        block_m: int,
-        block_n: int,
-        sinks: Tensor | None,
-        *captures: Tensor,
+        q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop, sinks: Tensor | None, *captures: Tensor
     ) -> tuple[Tensor, Tensor]:
-        # sinks: the call's attention sinks (opts.sinks), an input so that autograd gives them dsink.
-        # captures: the score_mod's captured tensors that require grad, inputs here so that autograd gives
-        # them the backward's gradients; the forward reads them through the function itself
-        opts = opts if sinks is None else opts.with_sinks(sinks)
-        return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
+        if sinks is not opts.sinks:  # a torch.func transform hands its own wrapper of the sinks
+            opts = opts.with_sinks(sinks)
+        s = opts.shapes
+        if _one_open_tile(q, k, v, opts, loop):
+            # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
+            # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
+            dt = compute_dtype(q.dtype)
+            qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
+            with nullcontext() if autocast_dtype(q.device.type) is None else autocast_off(q.device.type):
+                # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
+                S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+                softcap = opts.mask.softcap
+                O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
+            return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
+        qg, kg, vg = to_grouped(q, k, v, s)
+        tiling = opts.mask.tiling(loop.block_m, loop.block_n)
+        with autocast_off(q.device.type):
+            if loop.order == "parallel":
+                O, lse = parallel_forward(
+                    qg,
+                    kg,
+                    vg,
+                    scale=s.scale,
+                    tiling=tiling,
+                    dropout=opts.dropout,
+                    sink=grouped_sink(opts),
+                    workers=default_workers(),
+                )
+            else:
+                O, lse = FORWARDS[loop.order](
+                    qg, kg, vg, scale=s.scale, tiling=tiling, dropout=opts.dropout, sink=grouped_sink(opts)
+                )
+        return from_grouped(O, s).to(q.dtype), lse_from_grouped(lse, s)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        q, k, v, opts, order, block_m, block_n, sinks, *captures = inputs
-        ctx.n_captures = len(captures)
+        q, k, v, opts, loop, sinks, *captures = inputs
         O, lse = output
         ctx.save_for_backward(q, k, v, O, lse, sinks)
         ctx.save_for_forward(q, k, v, O, lse, sinks)
-        ctx.opts, ctx.order, ctx.blocks = opts, order, (block_m, block_n)
+        ctx.opts, ctx.loop, ctx.n_captures = opts, loop, len(captures)
 
     @staticmethod
     def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, O, lse, sinks = ctx.saved_tensors
         opts: AttentionOptions = ctx.opts
+        loop: TileLoop = ctx.loop
         s = opts.shapes
         # The backward's loops need no sink: P_ij = exp(S_ij - lse_i) with the saved lse (sink included)
         # is the forward's weight, and the sink's own gradient comes from lse and delta alone.
-        dsink = sink_grad(sinks, lse, O, dO, dlse) if sinks is not None and ctx.needs_input_grad[7] else None
+        dsink = sink_grad(sinks, lse, O, dO, dlse) if sinks is not None and ctx.needs_input_grad[_SINKS] else None
         qg, kg, vg = to_grouped(q, k, v, s)
         dt = qg.dtype
         Og, lseg = rows_to_grouped(O, s, dt), rows_to_grouped(lse, s, dt)
         dOg = torch.zeros_like(Og) if dO is None else rows_to_grouped(dO, s, dt)
         dlseg = None if dlse is None else rows_to_grouped(dlse, s, dt)
-        # With create_graph=True (double backward) the backward itself must be differentiable: the
-        # query-major backward is plain torch ops in this thread; the parallel one runs in worker threads
-        # under no_grad.
-        block_m, block_n = ctx.blocks
-        order = "query_major" if torch.is_grad_enabled() else ctx.order
         mods = opts.mask.mods
         if mods is not None:
             mods.check_unchanged(q.device, qg.dtype)  # the backward calls score_mod again
         grads = CaptureGrads(mods.grad_captures) if mods is not None and ctx.n_captures else None
+        tiling = opts.mask.tiling(loop.block_m, loop.block_n)
         with autocast_off(q.device.type):
-            dq, dk, dv = _backward(order, opts, block_m, block_n, grads)(
-                qg, kg, vg, Og, lseg, dOg, dlseg, scale=s.scale
-            )
+            # With create_graph=True (double backward) the backward itself must be differentiable: the
+            # query-major backward is plain torch ops in this thread; the parallel one runs in worker threads
+            # under no_grad.
+            if loop.order == "parallel" and not torch.is_grad_enabled():
+                dq, dk, dv = parallel_backward(
+                    qg,
+                    kg,
+                    vg,
+                    Og,
+                    lseg,
+                    dOg,
+                    dlseg,
+                    scale=s.scale,
+                    tiling=tiling,
+                    dropout=opts.dropout,
+                    grads=grads,
+                    workers=default_workers(),
+                )
+            else:
+                dq, dk, dv = backward_grouped(
+                    qg, kg, vg, Og, lseg, dOg, dlseg, scale=s.scale, tiling=tiling, dropout=opts.dropout, grads=grads
+                )
         captured = () if grads is None else grads.values()
         dqkv = grad_to_input(dq, q, s), grad_to_input(dk, k, s), grad_to_input(dv, v, s)
-        return (*dqkv, None, None, None, None, dsink, *captured)
+        return (*dqkv, None, None, dsink, *captured)  # no gradient for opts and loop
 
     @staticmethod
     def jvp(ctx: Any, tq: Tensor | None, tk: Tensor | None, tv: Tensor | None, *rest: Any) -> tuple[Tensor, Tensor]:
         q, k, v, O, lse, sinks = ctx.saved_tensors
-        tsink = rest[4] if len(rest) > 4 else None  # after opts, order, block_m, block_n
+        tsink = rest[_SINKS - 3] if len(rest) > _SINKS - 3 else None  # rest: the tangents after tq, tk, tv
         opts: AttentionOptions = ctx.opts
         if opts.mask.mods is not None and opts.mask.mods.score_mod is not None:
             raise BackendUnavailableError(
@@ -196,7 +224,7 @@ class TiledAttentionFunction(torch.autograd.Function):
             s,
         )
         dt = qg.dtype
-        block_m, block_n = ctx.blocks
+        loop: TileLoop = ctx.loop
         with autocast_off(q.device.type):
             tO, tlse = jvp_grouped(
                 qg,
@@ -208,7 +236,7 @@ class TiledAttentionFunction(torch.autograd.Function):
                 tkg,
                 tvg,
                 scale=s.scale,
-                tiling=opts.mask.tiling(block_m, block_n),
+                tiling=opts.mask.tiling(loop.block_m, loop.block_n),
                 dropout=opts.dropout,
             )
         tO_u, tlse_u = from_grouped(tO, s), lse_from_grouped(tlse, s)

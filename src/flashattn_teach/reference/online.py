@@ -5,40 +5,22 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, overload
 
-import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
 from ..flex.mods import BlockMask, MaskMod, ScoreMod
-from .autograd import TiledAttentionFunction, tiled_forward
+from .autograd import TileLoop, attend
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
 
 def tiled_attention(
     q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, order: str, block_m: int, block_n: int
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``), with
-    the dropout key ``opts`` carries (drawn by ``opts.with_dropout()``; the backward draws the mask again).
-    A call that no derivative can reach runs the forward alone, without the autograd function's
-    bookkeeping (a few tens of microseconds, most of a small call's host time)."""
-    captures = () if opts.mask.mods is None else opts.mask.mods.grad_captures
-    sinks = () if opts.sinks is None else (opts.sinks,)
-    if _differentiable(q, k, v, *sinks, *captures):
-        O, lse = TiledAttentionFunction.apply(q, k, v, opts, order, block_m, block_n, opts.sinks, *captures)
-        return O, lse
-    return tiled_forward(q, k, v, opts, order=order, block_m=block_m, block_n=block_n)
-
-
-def _differentiable(*inputs: Tensor) -> bool:
-    """Whether a derivative may pass through the call: an input (``q, k, v``, a ``score_mod``'s captured
-    tensor) requires grad in grad mode, a torch.func transform is active, or forward-mode AD has a dual
-    level open (its tangents ride on the inputs)."""
-    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
-        return True
-    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    """``(O, lse)`` of validated inputs by one of the tiled loops (``order`` in ``autograd.ORDERS``):
+    :func:`~.autograd.attend` with ``TileLoop(order, block_m, block_n)``."""
+    return attend(q, k, v, opts, TileLoop(order, block_m, block_n))
 
 
 def _public(

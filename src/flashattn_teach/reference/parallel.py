@@ -47,12 +47,11 @@ import math
 import torch
 from torch import Tensor
 
-from .._validate.inputs import validate_inputs
 from ..core.backward import tile_terms
 from ..core.online_softmax import NEG_INF, finalize, init_state, update_
 from ..dropout import DropoutKey
 from ..flex.mods import CaptureGrads
-from ..masks.spec import MaskSpec, Tiling
+from ..masks.spec import Tiling
 from .scores import score_hook
 from .tile_dropout import NO_DROPOUT, tile_dropout
 from .workers import IN_WORKER, run_tasks
@@ -88,54 +87,48 @@ def parallel_forward(
     v: Tensor,
     *,
     scale: float,
-    causal: bool,
-    causal_align: str,
-    block_m: int,
-    block_n: int,
-    workers: int,
-    mask: MaskSpec | None = None,
+    tiling: Tiling,
     dropout: DropoutKey = NO_DROPOUT,
     sink: Tensor | None = None,
+    workers: int,
 ) -> tuple[Tensor, Tensor]:
-    """Grouped layout in, grouped layout out, as ``query_major_forward`` (``sink (H_kv, G, 1)`` too):
-    ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)`` ->
-    ``O (B, H_kv, G, N_q, D_v)``,
-    ``lse (B, H_kv, G, N_q)``. ``mask`` is the call's mask contract (``make_options`` builds it from the same
-    ``causal`` and ``causal_align``); without it, the mask is causal masking alone. ``dropout`` is the
-    call's key (none by default)."""
+    """``query_major_forward`` on ``workers`` threads, same arguments: grouped layout in, grouped layout out,
+    ``q (B, H_kv, G, N_q, D)``, ``k (B, H_kv, 1, N_k, D)``, ``v (B, H_kv, 1, N_k, D_v)``, ``sink (H_kv, G, 1)``
+    -> ``O (B, H_kv, G, N_q, D_v)``, ``lse (B, H_kv, G, N_q)``. ``tiling`` is the call's mask contract at
+    its tiles (``opts.mask.tiling(block_m, block_n)``), ``dropout`` the call's key (none by default)."""
     B, H_kv, G, N_q, _ = q.shape
     N_k, D_v = v.shape[-2], v.shape[-1]
-    tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
     O = q.new_empty((B, H_kv, G, N_q, D_v))
     lse = q.new_empty((B, H_kv, G, N_q))
     inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
     heads = [(b, h, g) for b in range(B) for h in range(H_kv) for g in range(G)]
-    row_blocks = math.ceil(N_q / block_m)
+    row_blocks = math.ceil(N_q / tiling.block_m)
     parts = 1 if inline else min(row_blocks, math.ceil(TASKS_PER_WORKER * workers / max(1, len(heads))))
-    # A head is (b, h * G + g) in the mask's terms: flat batch index and query head.
+    sinks = None if sink is None else sink.reshape(H_kv * G)  # query head h_kv G + g's sink
+    # A head is (b, h * G + g) in the mask's terms: flat batch index and query head; its dropout index is
+    # b * H_q + h * G + g.
     tasks = [
-        (q[b, h, g], k[b, h, 0], v[b, h, 0], O[b, h, g], lse[b, h, g], i0, i1, b, h * G + g)
+        (
+            q[b, h, g],
+            k[b, h, 0],
+            v[b, h, 0],
+            O[b, h, g],
+            lse[b, h, g],
+            i0,
+            i1,
+            scale,
+            tiling,
+            b,
+            h * G + g,
+            dropout,
+            (b * H_kv + h) * G + g,
+            None if sinks is None else sinks[h * G + g],
+        )
         for b, h, g in heads
         for i0, i1 in _split(row_blocks, parts)
     ]
-    sinks = None if sink is None else sink.reshape(H_kv * G)  # query head h_kv G + g's sink
-
-    def task(q, k, v, O, lse, i0, i1, b, h):
-        head_sink = None if sinks is None else sinks[h]
-        _forward_rows(q, k, v, O, lse, i0, i1, scale, tiling, b, h, dropout, b * H_kv * G + h, head_sink)
-
-    run_tasks(task, tasks, inline=inline, workers=workers)
+    run_tasks(_forward_rows, tasks, inline=inline, workers=workers)
     return O, lse
-
-
-def _mask_spec(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, causal_align: str, mask: MaskSpec | None
-) -> MaskSpec:
-    """The call's mask contract, or plain causal masking (grouped tensors are valid 5-D inputs)."""
-    if mask is not None:
-        return mask
-    shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align)
-    return MaskSpec.build(shapes, q.dtype, causal=causal, causal_align=causal_align)
 
 
 def _forward_rows(
@@ -207,22 +200,17 @@ def parallel_backward(
     dlse: Tensor | None,
     *,
     scale: float,
-    causal: bool,
-    causal_align: str,
-    block_m: int,
-    block_n: int,
-    workers: int,
-    mask: MaskSpec | None = None,
+    tiling: Tiling,
     dropout: DropoutKey = NO_DROPOUT,
     grads: CaptureGrads | None = None,
+    workers: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """As ``backward_grouped``: ``q, O, dO (B, H_kv, G, N_q, .)``, ``lse, dlse (B, H_kv, G, N_q)`` (``dlse``
-    may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in the same layout, ``dk, dv`` summed over
-    the ``G`` query heads that share a key/value head. ``mask`` as in :func:`parallel_forward`; ``dropout``
-    is the forward's key."""
+    """``backward_grouped`` on ``workers`` threads, same arguments: ``q, O, dO (B, H_kv, G, N_q, .)``,
+    ``lse, dlse (B, H_kv, G, N_q)`` (``dlse`` may be None), ``k, v (B, H_kv, 1, N_k, .)`` -> ``dq, dk, dv`` in
+    the same layout, ``dk, dv`` summed over the ``G`` query heads that share a key/value head. ``tiling`` as
+    in :func:`parallel_forward`; ``dropout`` is the forward's key."""
     B, H_kv, G, N_q, _ = q.shape
     N_k = k.shape[-2]
-    tiling = _mask_spec(q, k, v, scale, causal, causal_align, mask).tiling(block_m, block_n)
     inline = _runs_inline(B * H_kv * G * N_q * N_k, workers)
     units = [(b, h) for b in range(B) for h in range(H_kv)]
     parts = 1 if inline else min(G, math.ceil(TASKS_PER_WORKER * workers / max(1, len(units))))

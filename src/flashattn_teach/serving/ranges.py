@@ -8,7 +8,8 @@ of a tiled CPU path on the cache views ``[s0, s1)`` with the mask contract's dia
 row ``i`` sits at global key position ``L_b - N_new + i``, and the partials ``(O_s, lse_s)`` are merged
 by :func:`flashattn_teach.merge_attention_states`. A range of a paged cache reads its own pages
 (:mod:`.pages`); with ``cache_leftpad`` the keys start at ``cache_leftpad[b]``; sinks join once per row
-after the ranges' merge (:func:`merge_sinks`).
+after the ranges' merge (:func:`merge_sinks`). :func:`flashattn_teach.serving.step.decode_step` calls
+:func:`decode_one` for each batch element, which calls the runner once per range.
 """
 
 from __future__ import annotations
@@ -135,22 +136,47 @@ def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *,
     return planner.plan_ranges(q, k_cache, v_cache, opts, step.backend)
 
 
-def _merged_ranges(
+def visible_keys(L: int, N_new: int, window: tuple[int, int], leftpad: int = 0) -> tuple[int, int]:
+    """``[lo, L)``: the cache keys some row of a batch element with ``L`` keys can see. Keys before its
+    padding ``leftpad`` are no keys; keys before ``L - N_new - left`` (a window's left side) are outside
+    every row's window."""
+    left = window[0]
+    lo = 0 if left < 0 else min(max(0, L - N_new - left), L)
+    return max(lo, leftpad), L
+
+
+def decode_one(
     q: Tensor,
     cache: ElementCache,
     step: DecodeStep,
     *,
     plan: Plan,
-    keys: tuple[int, int],
-    first: int,
+    L: int,
     alibi_slopes: Tensor | None,
+    leftpad: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of the rows ``q (1, H, N, D)`` over cache keys ``keys = [lo, L)``, row 0 at position
-    ``first``: one partial per non-empty range, in the compute dtype (flash-attn keeps its partial outputs
-    in float32 too), merged."""
+    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[lo, L)``
+    (:func:`visible_keys`: after the padding and within reach of a window's left side), in the compute
+    dtype: the keys cut into ``step.num_splits`` ranges, one partial per non-empty range (flash-attn keeps
+    its partial outputs in float32 too), merged.
+
+    One new query (``N_new = 1``) sits at position ``L - 1``, after every
+    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
+    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
+    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
+    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
+    per query head, and each score tile is ``G`` rows tall."""
+    _, H_q, N_new, D = q.shape
+    H_kv = cache.H_kv
+    G = H_q // H_kv
+    lo, L = visible_keys(L, N_new, step.window, leftpad)
+    rows = N_new == 1 and G > 1 and alibi_slopes is None and not uncarried(step, ROWS_CARRIES)
+    if rows:  # every key of [lo, L) is visible to the one query, row 0 at position L - 1
+        q, step, first = q.reshape(1, H_kv, G, D), replace(step, causal=False, window=(-1, -1)), L - 1
+    else:
+        first = L - N_new  # row 0's position
     dt = compute_dtype(q.dtype)
     qc = _cast(q, dt)
-    lo, L = keys
     merged: tuple[Tensor, Tensor] | None = None
     for a, b in split_ranges(L - lo, step.num_splits):
         if a == b:
@@ -175,50 +201,11 @@ def _merged_ranges(
         merged = part if merged is None else merge_attention_states(*merged, *part)
     if merged is None:  # no key to see: every row gives O = 0, lse = -inf
         shape = (*q.shape[:3], cache.D_v)
-        return q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
+        merged = q.new_zeros(shape, dtype=dt), q.new_full(shape[:3], float("-inf"), dtype=dt)
+    if rows:  # head h = h_kv G + g, as GQA reads
+        O, lse = merged
+        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)
     return merged
-
-
-def visible_keys(L: int, N_new: int, window: tuple[int, int], leftpad: int = 0) -> tuple[int, int]:
-    """``[lo, L)``: the cache keys some row of a batch element with ``L`` keys can see. Keys before its
-    padding ``leftpad`` are no keys; keys before ``L - N_new - left`` (a window's left side) are outside
-    every row's window."""
-    left = window[0]
-    lo = 0 if left < 0 else min(max(0, L - N_new - left), L)
-    return max(lo, leftpad), L
-
-
-def decode_one(
-    q: Tensor,
-    cache: ElementCache,
-    step: DecodeStep,
-    *,
-    plan: Plan,
-    L: int,
-    alibi_slopes: Tensor | None,
-    leftpad: int = 0,
-) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of one batch element ``q (1, H_q, N_new, D)`` over its cache keys ``[lo, L)``
-    (:func:`visible_keys`: after the padding and within reach of a window's left side); only those are
-    cut into ranges.
-
-    One new query (``N_new = 1``) sits at position ``L - 1``, after every
-    cached key, so causal masking and the window's right side hide nothing of ``[lo, L)`` from it; without
-    ALiBi (a slope per head) its ``G`` query heads that share a key/value head then see the same keys with
-    no mask at all, and are run as ``G`` rows of one head: ``(1, H_q, 1, D) -> (1, H_kv, G, D)``
-    (flash-attn's ``seqlenq_ngroups_swapped``), so each key tile is read once per key/value head, not once
-    per query head, and each score tile is ``G`` rows tall."""
-    _, H_q, N_new, D = q.shape
-    H_kv = cache.H_kv
-    G = H_q // H_kv
-    keys = visible_keys(L, N_new, step.window, leftpad)
-    if N_new == 1 and G > 1 and alibi_slopes is None and not uncarried(step, ROWS_CARRIES):
-        rows = replace(step, causal=False, window=(-1, -1))  # every key of [lo, L) is visible
-        O, lse = _merged_ranges(
-            q.reshape(1, H_kv, G, D), cache, rows, plan=plan, keys=keys, first=L - 1, alibi_slopes=None
-        )
-        return O.reshape(1, H_q, 1, O.shape[3]), lse.reshape(1, H_q, 1)  # head h = h_kv G + g, as GQA reads
-    return _merged_ranges(q, cache, step, plan=plan, keys=keys, first=L - N_new, alibi_slopes=alibi_slopes)
 
 
 def merge_sinks(O: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
@@ -229,41 +216,3 @@ def merge_sinks(O: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
     ``sinks`` (the merge is)."""
     lse_sink = _cast(sinks, lse.dtype)[None, :, None].expand_as(lse)  # (H_q,) -> (B, H_q, N_new)
     return merge_attention_states(O, lse, torch.zeros_like(O), lse_sink)
-
-
-def cpu_decode(
-    q: Tensor,
-    caches: list[ElementCache],
-    step: DecodeStep,
-    *,
-    plan: Plan,
-    L: list[int],
-    alibi_slopes: Tensor | None,
-    leftpad: list[int] | None = None,
-    sinks: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of validated inputs (``B >= 1``) whose new keys are
-    already in the caches: batch element ``b`` (``caches[b]``, :func:`~.pages.element_caches`) over its keys
-    ``[leftpad[b], L[b])``, one after another, every range on the backend of ``plan`` (:func:`range_plan`);
-    then the sinks, once per row."""
-    B = q.shape[0]
-    parts = [
-        decode_one(
-            q if B == 1 else q[b : b + 1],
-            caches[b],
-            step,
-            plan=plan,
-            L=L[b],
-            alibi_slopes=None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes,
-            leftpad=0 if leftpad is None else leftpad[b],
-        )
-        for b in range(B)
-    ]
-    if len(parts) == 1:
-        O, lse = parts[0]
-    else:
-        O = torch.cat([O_b for O_b, _ in parts])  # (B, H_q, N_new, D_v)
-        lse = torch.cat([lse_b for _, lse_b in parts])  # (B, H_q, N_new)
-    if sinks is not None:
-        O, lse = merge_sinks(O, lse, sinks)
-    return _cast(O, q.dtype), lse

@@ -31,7 +31,7 @@ from .page_checks import (
     refuse_on_triton_decode,
 )
 from .pages import append_to_pages, element_caches
-from .ranges import DecodeStep, cpu_decode, range_plan, visible_keys
+from .ranges import DecodeStep, decode_one, merge_sinks, range_plan, visible_keys
 from .splitkv import default_num_splits
 
 
@@ -129,7 +129,7 @@ def route_extras(
     if wants_grad and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if backend == "triton":
             refuse_on_triton_decode("is forward only, and sinks requires grad")
-        return "online"
+        return "query_major"
     return backend
 
 
@@ -235,7 +235,25 @@ def decode_step(
         return (O, lse) if lse_wanted else O
     caches = element_caches(k_cache, v_cache, block_table)
     with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
-        O, lse = cpu_decode(q, caches, step, plan=plan, L=L, alibi_slopes=slopes, leftpad=pads, sinks=sinks)
+        # batch element b over its keys [leftpad[b], L[b]), one after another, every range on the plan's backend
+        parts = []
+        for b in range(B):  # a loop, not a comprehension: one frame fewer above every tile update
+            slopes_b = None if slopes is None else slopes[b] if slopes.dim() == 2 else slopes
+            parts.append(
+                decode_one(
+                    q if B == 1 else q[b : b + 1],
+                    caches[b],
+                    step,
+                    plan=plan,
+                    L=L[b],
+                    alibi_slopes=slopes_b,
+                    leftpad=0 if pads is None else pads[b],
+                )
+            )
+        O, lse = parts[0] if B == 1 else (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        if sinks is not None:  # once per row, after the ranges' merge
+            O, lse = merge_sinks(O, lse, sinks)
+        O = O if O.dtype == q.dtype else O.to(q.dtype)
     read = (q,) if k is not None else (q, k_cache, v_cache)  # the caches are differentiable without a write
     O, lse = attach_when_nothing_visible(O, lse, read, L=L, pads=pads, step=step, N_new=q.shape[2])
     return (O, lse) if lse_wanted else O

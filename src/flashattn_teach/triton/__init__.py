@@ -33,11 +33,11 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options
 from .._validate.inputs import check_bool
-from ..dropout import DropoutKey, draw
-from ..errors import AttentionError, AttentionTypeError, AttentionValueError
+from ..dropout import DropoutKey
+from ..errors import AttentionTypeError
 from .configs import TEST_CONFIG, AttentionConfig, KernelConfig, check_backward_config, shipped_config
 from .devices import needs_grad
-from .support import shapes_unsupported_reason, triton_installed, unsupported_reason, variants_unsupported_reason
+from .support import refuse_unsupported, shapes_unsupported_reason, unsupported_reason, variants_unsupported_reason
 from .variants import KernelVariants
 from .varlen import triton_attention_varlen
 
@@ -126,8 +126,26 @@ def triton_attention(
         dropout_p=dropout_p if dropout_key is None else dropout_key.p,
         deterministic=deterministic,
     )
-    O, lse = triton_forward(q, k, v, opts, config=config, dropout=dropout_key)
-    return (O, lse) if check_bool("return_lse", return_lse) else O
+    lse_wanted = check_bool("return_lse", return_lse)
+    refuse_unsupported(q, k, v, opts, who="triton_attention")  # what the planner asks for backend="triton"
+    if config == "autotune":
+        from .autotune import autotune
+
+        config = autotune(
+            q,
+            k,
+            v,
+            causal=opts.causal,
+            causal_align=opts.causal_align,
+            enable_gqa=opts.enable_gqa,
+            backward=needs_grad(q, k, v),
+        )
+    elif config is not None and not isinstance(config, AttentionConfig):
+        raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
+    if config is not None and needs_grad(q, k, v):
+        check_backward_config(config, q, opts.shapes)  # fail at the call, not at loss.backward()
+    O, lse = triton_forward(q, k, v, opts.with_dropout(dropout_key), config=config)
+    return (O, lse) if lse_wanted else O
 
 
 def generated_sources(opts: AttentionOptions) -> str:
@@ -151,55 +169,18 @@ def generated_sources(opts: AttentionOptions) -> str:
 
 
 def triton_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    opts: AttentionOptions,
-    *,
-    config: AttentionConfig | str | None = None,
-    dropout: DropoutKey | None = None,
+    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, config: AttentionConfig | None = None
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of validated inputs by the fused kernels; raises if they cannot run them.
-
-    With ``opts.dropout_p > 0`` the keep mask is keyed by ``dropout`` (its ``p`` must be
-    ``opts.dropout_p``), or by a key drawn here from torch's default generator
-    (:func:`flashattn_teach.dropout.draw`)."""
+    """``(O, lse)`` of a planned call by the fused kernels: the planner (or :func:`triton_attention`) has
+    checked that they can run it (:func:`.support.refuse_unsupported`), and ``opts`` carries the dropout
+    key (``opts.with_dropout()``). ``config``: the shipped one for these inputs when None."""
     from . import launch
-    from .autograd import TritonAttentionFunction
+    from .autograd import TritonAttentionFunction, TritonLaunch
 
-    s = opts.shapes
-    if not triton_installed():
-        raise AttentionError("backend='triton' needs the triton package, which is not installed")
-    reason = shapes_unsupported_reason(q, k, v, s)
-    if reason is not None:
-        raise AttentionValueError(reason)
-    missing = variants_unsupported_reason(opts, q.device)
-    if missing is not None:
-        raise NotImplementedError(missing)
-    if dropout is None:
-        dropout = draw(opts.dropout_p)
-    elif dropout.p != opts.dropout_p:
-        raise AttentionValueError(f"dropout key has p={dropout.p}, but the call's dropout_p is {opts.dropout_p}")
-    variants = KernelVariants.from_spec(opts.mask, dropout)
-    if config == "autotune":
-        from .autotune import autotune
-
-        config = autotune(
-            q,
-            k,
-            v,
-            causal=opts.causal,
-            causal_align=opts.causal_align,
-            enable_gqa=opts.enable_gqa,
-            backward=needs_grad(q, k, v),
-        )
-    elif config is None:
-        config = launch.default_config(q, s, variants)
-    elif not isinstance(config, AttentionConfig):
-        raise AttentionTypeError(f"config must be an AttentionConfig, 'autotune' or None, got {config!r}")
-    if needs_grad(q, k, v):
-        check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
-    O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
-    )
+    variants = KernelVariants.from_spec(opts.mask, opts.dropout)
+    if config is None:
+        config = launch.default_config(q, opts.shapes, variants)
+        if needs_grad(q, k, v):
+            check_backward_config(config, q, opts.shapes)  # fail at the call, not at loss.backward()
+    O, lse = TritonAttentionFunction.apply(q, k, v, opts, TritonLaunch(config, variants), opts.sinks)
     return O, lse

@@ -10,14 +10,13 @@ the backward receives functorch's wrapper tensors, whose storage a Triton launch
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from .._layout import grad_to_input
 from .._options import AttentionOptions
-from .._validate.inputs import AttentionShapes
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..sinks import sink_grad
@@ -79,60 +78,66 @@ def explain_backward(q: Tensor, opts: AttentionOptions) -> str:
     )
 
 
+class TritonLaunch(NamedTuple):
+    """What the kernels launch with beyond the call's options: the block sizes, warps and stages, and the
+    call's variants as the kernels' flags and arguments (built once, by
+    :func:`flashattn_teach.triton.triton_forward`)."""
+
+    config: AttentionConfig
+    variants: KernelVariants = PLAIN
+
+
 class TritonAttentionFunction(torch.autograd.Function):
-    """``(q, k, v) -> (O, lse)`` in the user's layout; backward also accepts a gradient into ``lse``."""
+    """``(q, k, v, opts, launch, sinks) -> (O, lse)`` in the user's layout; backward also accepts a gradient
+    into ``lse``. The options and the launch travel whole; ``sinks`` (``opts.sinks``) is an input so that
+    autograd gives it a gradient."""
 
     @staticmethod
     def forward(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        s: AttentionShapes,
-        causal: bool,
-        causal_align: str,
-        config: AttentionConfig,
-        variants: KernelVariants = PLAIN,
-        deterministic: bool = False,
-        sinks: Tensor | None = None,
+        q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, launch: TritonLaunch, sinks: Tensor | None
     ) -> tuple[Tensor, Tensor]:
+        s = opts.shapes
         q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
         o4, lse3 = launch_forward(
-            q4, k4, v4, s, causal=causal, causal_align=causal_align, config=config, variants=variants, sinks=sinks
+            q4,
+            k4,
+            v4,
+            s,
+            causal=opts.causal,
+            causal_align=opts.causal_align,
+            config=launch.config,
+            variants=launch.variants,
+            sinks=sinks,
         )
         # (B, H_q, N_q, D_v) -> (*batch, H_q, N_q, D_v): a view, as is the lse's
         return o4.reshape(s.out_shape), lse3.reshape(s.lse_shape)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-        q, k, v, s, causal, causal_align, config, *rest = inputs
+        q, k, v, opts, launch, sinks = inputs
         O, lse = output
-        sinks = rest[2] if len(rest) > 2 else None
         ctx.save_for_backward(q, k, v, O, lse, sinks)
-        ctx.shapes = s
-        ctx.causal = causal
-        ctx.causal_align = causal_align
-        ctx.config = config
-        ctx.variants = rest[0] if rest else PLAIN
-        ctx.capture_versions = [t._version for t in _captures(ctx.variants)]
-        ctx.deterministic = rest[1] if len(rest) > 1 else False
+        ctx.opts, ctx.launch = opts, launch
+        ctx.capture_versions = [t._version for t in _captures(launch.variants)]
         # a loss of O alone passes dlse = None rather than zeros, and the backward skips its subtraction
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx: Any, dO: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, O, lse, sinks = ctx.saved_tensors
-        s: AttentionShapes = ctx.shapes
+        opts: AttentionOptions = ctx.opts
+        launch: TritonLaunch = ctx.launch
+        s = opts.shapes
         # The kernels need no sink: they recompute P_ij = exp(S_ij - lse_i) from the saved lse, which holds
         # it; the sink's own gradient is O(B H N) work on lse and delta (online_softmax.sink_grad).
-        wants_dsink = sinks is not None and len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
-        dsink = sink_grad(sinks, lse, O, dO, dlse) if wants_dsink else None
+        dsink = sink_grad(sinks, lse, O, dO, dlse) if sinks is not None and ctx.needs_input_grad[5] else None
         q4, k4, v4 = to_4d(q, s, s.H_q), to_4d(k, s, s.H_kv), to_4d(v, s, s.H_kv)
         o4 = to_4d(O, s, s.H_q)
         lse3 = lse.reshape(o4.shape[:3])  # (B, H_q, N_q)
         do4 = torch.zeros_like(o4) if dO is None else to_4d(dO, s, s.H_q)
         dlse3 = None if dlse is None else dlse.reshape(lse3.shape)
-        deterministic, _ = deterministic_backward(ctx.deterministic)
-        if [t._version for t in _captures(ctx.variants)] != ctx.capture_versions:
+        deterministic, _ = deterministic_backward(opts.deterministic)
+        if [t._version for t in _captures(launch.variants)] != ctx.capture_versions:
             raise AttentionValueError(
                 "a tensor score_mod or mask_mod captures was modified in place between the forward and the "
                 "backward; the backward kernels read it again, so keep it unchanged until backward (or clone it "
@@ -147,20 +152,17 @@ class TritonAttentionFunction(torch.autograd.Function):
             do4,
             dlse3,
             s,
-            causal=ctx.causal,
-            causal_align=ctx.causal_align,
-            config=ctx.config,
-            variants=ctx.variants,
+            causal=opts.causal,
+            causal_align=opts.causal_align,
+            config=launch.config,
+            variants=launch.variants,
             deterministic=deterministic,
         )
         # (B, H, N, X) -> (B, H, 1, N, X), the grouped layout grad_to_input undoes broadcasting from
         dq = grad_to_input(dq4.unsqueeze(2), q, s)
         dk = grad_to_input(dk4.unsqueeze(2), k, s)
         dv = grad_to_input(dv4.unsqueeze(2), v, s)
-        grads = [dq, dk, dv] + [None] * (len(ctx.needs_input_grad) - 3)
-        if dsink is not None:
-            grads[9] = dsink  # after s, causal, causal_align, config, variants, deterministic
-        return tuple(grads)
+        return dq, dk, dv, None, None, dsink  # no gradient for opts and launch
 
 
 def _captures(variants: KernelVariants) -> list[Tensor]:

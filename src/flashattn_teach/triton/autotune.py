@@ -18,6 +18,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from .._options import make_options
 from .._validate.inputs import validate_inputs
 from ..errors import AttentionTypeError, AttentionValueError
 from .configs import ARCHS, DTYPES, TEST_CONFIG, AttentionConfig, arch_of, check_backward_config, shipped_config
@@ -71,7 +72,7 @@ def autotune(
     timer: Timer | None = None,
 ) -> AttentionConfig:
     """The fastest of ``candidates`` on these inputs; ``timer(fn)`` returns milliseconds for one call."""
-    from .autograd import TritonAttentionFunction
+    from .autograd import TritonAttentionFunction, TritonLaunch
 
     s = validate_inputs(q, k, v, causal_align=causal_align, enable_gqa=enable_gqa)
     if q.dtype not in DTYPES:
@@ -103,11 +104,12 @@ def autotune(
         if backward:
             check_backward_config(c, q, s)
     timer = timer or _default_timer(q)
+    opts = make_options(q, k, v, causal=causal, causal_align=causal_align, enable_gqa=enable_gqa)
     q_, k_, v_ = (t.detach().requires_grad_(backward) for t in (q, k, v))
 
     def step(config: AttentionConfig) -> None:
         with torch.set_grad_enabled(backward):
-            O, _ = TritonAttentionFunction.apply(q_, k_, v_, s, causal, causal_align, config)
+            O, _ = TritonAttentionFunction.apply(q_, k_, v_, opts, TritonLaunch(config), None)
             if backward:
                 O.backward(torch.ones_like(O))
 

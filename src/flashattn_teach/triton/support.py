@@ -15,7 +15,7 @@ from torch import Tensor
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes, validate_inputs
 from ..dropout import DropoutKey
-from ..errors import AttentionError
+from ..errors import AttentionError, BackendUnavailableError
 from .configs import DTYPES, _triton_version, lane_groups, max_head_dim
 from .devices import device_reason, interpreter_dtype_reason, needs_grad, shape_reason
 from .launch import default_config, to_4d
@@ -127,6 +127,18 @@ def call_unsupported_reason(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOpti
     if missing:
         return f"{', '.join(missing)} not yet in the Triton kernels"
     return mods_unsupported_reason(opts, q.device)
+
+
+def refuse_unsupported(
+    q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, *, who: str = "backend='triton'"
+) -> None:
+    """Raise :class:`~flashattn_teach.errors.BackendUnavailableError` (a ``ValueError`` and a
+    ``NotImplementedError``) with :func:`call_unsupported_reason` when the kernels cannot run this checked
+    call: the one place that question is asked before a launch (the planner for ``backend="triton"``,
+    :func:`flashattn_teach.triton.triton_attention` for its own calls); the launch trusts it."""
+    reason = call_unsupported_reason(q, k, v, opts)
+    if reason is not None:
+        raise BackendUnavailableError(f"{who} cannot run this call: {reason}")
 
 
 def decode_unsupported_reason(q: Tensor, v_cache: Tensor) -> str | None:

@@ -39,7 +39,7 @@ def triton_varlen_forward(
     """``(O (H_q, total_q, D_v), lse (H_q, total_q))`` of validated ``(H, total, D)`` views by the fused
     kernels, differentiable with respect to ``q, k, v``; raises if the kernels cannot run the call. With
     ``opts.dropout_p > 0`` the key is ``opts.dropout`` (draw it first: ``opts.with_dropout()``)."""
-    from .autograd import TritonAttentionFunction
+    from .autograd import TritonAttentionFunction, TritonLaunch
     from .configs import check_backward_config
     from .devices import needs_grad
     from .launch import default_config
@@ -64,9 +64,7 @@ def triton_varlen_forward(
         config = default_config(q, s, variants)
     if needs_grad(q, k, v):
         check_backward_config(config, q, s)  # fail at the call, not at loss.backward()
-    O, lse = TritonAttentionFunction.apply(
-        q, k, v, s, opts.causal, opts.causal_align, config, variants, opts.deterministic, opts.sinks
-    )
+    O, lse = TritonAttentionFunction.apply(q, k, v, opts, TritonLaunch(config, variants), opts.sinks)
     return O, lse
 
 
