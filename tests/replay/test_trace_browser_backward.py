@@ -98,7 +98,7 @@ def test_backward_view_steps_through_every_step_and_shows_the_json_numbers(
     mask[3] = False  # query 3 sees no key: its gradients are 0
     torch.save(mask, tmp_path / "mask.pt")
     options = [str(tmp_path / "mask.pt") if x == "MASK" else x for x in options]
-    base = ["--seed", "0", "--dtype", "float64", "--backward", *options]
+    base = ["backward", "--seed", "0", "--dtype", "float64", *options]
     assert main([*base, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     page_path = tmp_path / "backward.html"

@@ -44,7 +44,7 @@ READ_PAGE = """(() => {
   };
 })()"""
 
-SINK_ARGS = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4"
+SINK_ARGS = "decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4"
 
 
 def assert_equations(page: dict, equations: list[dict]) -> None:

@@ -18,7 +18,7 @@ from flashattn_teach.replay.equations import step_json
 from decode_page_cases import BLOCK_TABLE, PAGE_SIZE, paged_step, sink_step, window_step
 from replay_cli import main
 
-DECODE = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4".split()
+DECODE = "decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4".split()
 
 
 def values(t: torch.Tensor) -> list:

@@ -146,7 +146,12 @@ def test_decode_table_fits_80_columns_with_its_values(by, monkeypatch):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["--causal", "--order", "key_major", "--sinks", "0.5"], ["--backward", "--causal"], ["--decode"]],
+    [
+        ["forward"],
+        ["forward", "--causal", "--order", "key_major", "--sinks", "0.5"],
+        ["backward", "--causal"],
+        ["decode"],
+    ],
 )
 def test_cli_tables_take_the_terminal_width(argv, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", str(NARROW))

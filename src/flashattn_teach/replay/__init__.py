@@ -34,9 +34,9 @@
     render_table / render_html / render_png terminal, self-contained page, picture (table.py, html.py, png.py;
                                             decode_table.py, decode_html.py, decode_png.py)
 
-``flashattn-teach replay ...`` is the command line (cli.py; ``--decode``: decode_cli.py; ``--backward``:
-backward_cli.py). rich and
-matplotlib load only when their format is asked for.
+``flashattn-teach replay forward|backward|decode`` is the command line (cli.py: the subcommands and their
+options; cli_run.py: each one run; cli_common.py: the inputs). rich and matplotlib load only when their format
+is asked for.
 """
 
 from .backward_replay import BackwardReplay, replay_backward
