@@ -48,7 +48,7 @@ def test_json_gradients_are_the_float64_oracle(causal, capsys):
         _close(doc["oracle"][name], ref)
         assert doc["maxError"][name] <= 1e-12
     _close(doc["inputs"]["dO"], dO)  # dO is the 4th randn of the seeded stream
-    passes = [s["pass"] for s in doc["steps"]]
+    passes = [s["stepKind"] for s in doc["steps"]]
     assert passes[0] == "preprocess" and passes.count("preprocess") == 1
     T = 3 * (3 + 1) // 2 if causal else 9  # visited tiles of a 3 x 3 grid
     assert passes.count("dkdv") == passes.count("dq") == T

@@ -61,7 +61,7 @@ def assert_step_shows(page: dict, doc: dict, n: int) -> None:
     assert [(e["name"], e["symbolic"], e["substituted"]) for e in page["equations"]] == [
         (e["name"], f"{e['name']} = {e['symbolic']}", f"= {e['substituted']}") for e in step["equations"]
     ]
-    if step["pass"] == "preprocess":
+    if step["stepKind"] == "preprocess":
         assert page["label"].startswith("Preprocess")
         for name in ("O", "dO", "lse", "delta"):
             assert_numbers(page["matrices"][name], doc["inputs"][name])
@@ -75,9 +75,9 @@ def assert_step_shows(page: dict, doc: dict, n: int) -> None:
     assert page["states"][f"{step['i']},{step['j']}"] == "current"
     for i, j in doc["skipped"]:
         assert page["states"][f"{i},{j}"] == "skipped"
-    earlier = [s for s in steps[:n] if s["pass"] == step["pass"]]
+    earlier = [s for s in steps[:n] if s["stepKind"] == step["stepKind"]]
     for s in earlier:  # the tiles of the same accumulator are green, the pass's others done
-        same = s["j"] == step["j"] if step["pass"] == "dkdv" else s["i"] == step["i"]
+        same = s["j"] == step["j"] if step["stepKind"] == "dkdv" else s["i"] == step["i"]
         assert page["states"][f"{s['i']},{s['j']}"] == ("accumulated" if same else "done")
     assert list(page["states"].values()).count("current") == 1
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from flashattn_teach.replay.decode_html import render_decode_html
+from flashattn_teach.replay.html import render_decode_html
 
 from decode_page_cases import paged_step, sink_step, window_step
 from page_numbers import assert_numbers, assert_shown, part_numbers

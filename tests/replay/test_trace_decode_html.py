@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from flashattn_teach.replay.decode_html import DecodeEvent, build_decode_view, render_decode_html
-from flashattn_teach.replay.decode_manifest import decode_to_experiment
 from flashattn_teach.replay.equations import step_json
+from flashattn_teach.replay.html import DecodeEvent, build_decode_view, render_decode_html
+from flashattn_teach.replay.manifest import decode_to_experiment
 
 from decode_page_cases import BLOCK_TABLE, PAGE_SIZE, paged_step, sink_step, window_step
 from replay_cli import main

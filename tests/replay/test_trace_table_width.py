@@ -18,12 +18,11 @@ from teaching import teaching_inputs
 
 from flashattn_teach.replay import replay
 from flashattn_teach.replay.backward_replay import backward_of
-from flashattn_teach.replay.backward_table import render_backward_table
 from flashattn_teach.replay.decode_replay import replay_decode
 from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.memory import memory_figure
 from flashattn_teach.replay.memory_table import memory_panel
-from flashattn_teach.replay.table import render_table
+from flashattn_teach.replay.table import render_backward_table, render_table
 
 from replay_cli import main
 

@@ -2,7 +2,7 @@
 
 One document: the replay's sizes and options, its inputs (``Q, K, V, O, lse, dO, delta``), the SKIP tiles,
 then the steps in the order they run, the preprocess first, then every dK/dV step, then every dQ step
-(``"pass"``: a :class:`~flashattn_teach.replay.backward_replay.BackwardPass` value), each with its tile's
+(``"stepKind"``: a :class:`~flashattn_teach.replay.steps.StepKind` value), each with its tile's
 ``S_ij, P_ij, dP_ij, dS_ij``, the accumulators after it and its equations
 (``{line, name, symbolic, substituted, value}``), and at the end the gradients, the float64
 ``torch.autograd`` oracle's and ``max |grad - oracle|`` per gradient. Tensors are nested lists; the JSON is
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..masks.causal import TileKind
-from .backward_replay import BackwardEquation, BackwardPass, BackwardReplay, BackwardStep, backward_of
+from .backward_replay import PASSES, BackwardEquation, BackwardReplay, BackwardStep, backward_of
 from .replay import Replay
 
 TITLE = "FlashAttention-2 backward replay"
@@ -62,7 +62,7 @@ def _equation(eq: BackwardEquation) -> dict[str, Any]:
 
 def _step(step: BackwardStep) -> dict[str, Any]:
     return {
-        "pass": step.pass_name.value,
+        "stepKind": step.step_kind.value,
         "index": step.index,
         "i": step.i,
         "j": step.j,
@@ -80,13 +80,14 @@ def _step(step: BackwardStep) -> dict[str, Any]:
 
 def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
     """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
-    preprocess = {"pass": BackwardPass.PREPROCESS.value, "index": 0}
+    preprocess: dict[str, Any] = {"stepKind": PASSES[0].value, "index": 0}
     preprocess["equations"] = [_equation(eq) for eq in br.preprocess()]
     steps = [preprocess, *(_step(s) for s in br.dkdv_steps()), *(_step(s) for s in br.dq_steps())]
     mine, oracle = br.gradients(), br.oracle()
     return {
+        "replayKind": "backward",
         "title": TITLE,
-        "passes": {p.name: p.value for p in BackwardPass},
+        "stepKinds": {p.name: p.value for p in PASSES},
         "tileKinds": {k.name: k.value for k in TileKind},
         "N_q": br.q.shape[0],
         "N_k": br.k.shape[0],

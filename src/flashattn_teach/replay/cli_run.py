@@ -71,13 +71,26 @@ def _forward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Tens
             f"argument --extensions: would list up to {extension_tiles(r)} tiles, more than {MAX_EXTENSION_TILES}: "
             "use larger --block-m/--block-n or leave --extensions out"
         )
+    if args.format == "png" and args.step is not None and args.step > len(r.steps):
+        return f"argument --step: must be in [1, {len(r.steps)}] for this replay, got {args.step}"
+    # the page's Backward tab, with the command's dO, when the page shows one by default
+    render(r, args, backward=backward_of(r, dO=dO) if shown_by_default(r) else False)
+    return None
+
+
+def render(
+    r: Replay | BackwardReplay | DecodeReplay,
+    args: argparse.Namespace,
+    backward: BackwardReplay | bool = False,
+    page: Replay | None = None,
+) -> None:
+    """``r`` in ``--format`` to ``--out``: one renderer per format serves the three scenarios. ``backward``: the
+    forward page's Backward tab; a backward replay's page is the forward replay ``page``'s, opened on it."""
     if args.format == "png":
         from .png import render_png
 
-        if args.step is not None and args.step > len(r.steps):
-            return f"argument --step: must be in [1, {len(r.steps)}] for this replay, got {args.step}"
-        render_png(r, args.out, step=args.step)
-        return None
+        render_png(r, args.out, step=getattr(args, "step", None))
+        return
     with open_output(args.out) as out:
         if args.format == "table":
             from .table import render_table
@@ -86,14 +99,17 @@ def _forward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Tens
         elif args.format == "json":
             from .manifest import write_json
 
-            write_json(r, out, extensions=args.extensions)
+            write_json(r, out, extensions=getattr(args, "extensions", False))
             out.write("\n")
+        elif isinstance(r, BackwardReplay):
+            from .html import render_html
+
+            assert page is not None
+            out.write(render_html(page, open_view="backward", backward=r))
         else:
             from .html import render_html
 
-            # the page's Backward tab, with the command's dO, when the page shows one by default
-            out.write(render_html(r, backward=backward_of(r, dO=dO) if shown_by_default(r) else False))
-    return None
+            out.write(render_html(r) if isinstance(r, DecodeReplay) else render_html(r, backward=backward))
 
 
 def run_backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Tensor) -> int:
@@ -113,7 +129,7 @@ def _backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Ten
     r = forward_of(args, q, k, v)
     br: BackwardReplay = backward_of(r, dO=dO)
     if args.format == "png":  # --out is required for png (checked with the other options)
-        from .backward_png import MAX_PNG_STEPS, render_backward_png, steps_of
+        from .backward_png import MAX_PNG_STEPS, step_paths, steps_of
 
         total = len(steps_of(br))
         if args.step is not None and args.step > total:
@@ -124,24 +140,10 @@ def _backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Ten
                 f"{MAX_PNG_STEPS}, and this backward has {total} steps: pass --step for one of them, or use "
                 "--format table or json"
             )
-        files = render_backward_png(br, args.out, step=args.step)
-        if len(files) > 1:
-            print(f"wrote {files[0]} (the preprocess and the result), {files[1].name} to {files[-1].name} (the steps)")
-        return None
-    with open_output(args.out) as out:
-        if args.format == "table":
-            from .backward_table import render_backward_table
-
-            render_backward_table(br, out)
-        elif args.format == "json":
-            from .backward_manifest import write_backward_json
-
-            write_backward_json(br, out)
-            out.write("\n")
-        else:
-            from .html import render_html
-
-            out.write(render_html(r, open_view="backward", backward=br))
+    render(br, args, page=r)  # the page of a backward: the forward's of query block 0, opened on its Backward tab
+    if args.format == "png" and args.step is None:
+        files = step_paths(args.out, len(steps_of(br)))
+        print(f"wrote {args.out} (the preprocess and the result), {files[0].name} to {files[-1].name} (the steps)")
     return None
 
 
@@ -192,26 +194,4 @@ def _decode(args: argparse.Namespace) -> None:
         merge_order=args.merge_order,
         sinks=None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64),
     )
-    _render_decode(r, args)
-
-
-def _render_decode(r: DecodeReplay, args: argparse.Namespace) -> None:
-    if args.format == "png":
-        from .decode_png import render_decode_png
-
-        render_decode_png(r, args.out)
-        return
-    with open_output(args.out) as out:
-        if args.format == "table":
-            from .decode_table import render_decode_table
-
-            render_decode_table(r, out)
-        elif args.format == "html":
-            from .decode_html import render_decode_html
-
-            out.write(render_decode_html(r))
-        else:
-            from .decode_manifest import write_decode_json
-
-            write_decode_json(r, out)
-            out.write("\n")
+    render(r, args)

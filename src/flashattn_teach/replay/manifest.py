@@ -15,8 +15,17 @@ documented JSON Schema. Two choices the seed did not have to make:
   top-level ``"sink"`` (``sink_h`` and each row's final share ``exp(sink_h - lse_i)``) and per case
   ``"sinkShare"``, the sink's share of each row so far. Without a sink neither key is written.
 
-:func:`write_json` streams the cases one at a time, so a replay of any length is written in the memory
-of one case.
+A decode step (:func:`decode_to_experiment`) is the same format: its cases are the tile updates of every split
+in order (key columns in global cache positions; the partial output the split's ``acc / l_i``, the final one the
+dense float64 output of the whole step), each with a ``"split"`` key naming its split, and a top-level
+``"decode"`` holds what the seed format has no place for: the cache's key roles (old, new, unused), the pages of a
+paged cache (``pageSize``, ``pages``), an attention sink (``sink``; its merge, the last, has ``"split": null``),
+the ranges, each split's partial ``(O_s, lse_s)``, and each merge's ``lse_a, lse_b, lse``, weights and error.
+
+Every document names its scenario (``"replayKind"``: forward, decode; the backward's document, of
+:mod:`.backward_manifest`, backward) and every case or step its kind (``"stepKind"``, a
+:class:`~.steps.StepKind`). :func:`write_json` and :func:`to_json` write any of the three; a forward replay's
+cases are streamed one at a time, so a replay of any length is written in the memory of one case.
 """
 
 from __future__ import annotations
@@ -31,6 +40,10 @@ from typing import IO, Any
 from torch import Tensor
 
 from ..errors import AttentionValueError
+from .backward_manifest import write_backward_json
+from .backward_replay import BackwardReplay
+from .decode_merges import MergeStep
+from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
 from .replay import Replay, TileStep
 
@@ -66,6 +79,7 @@ def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: i
     (r0, r1), (c0, c1) = step.rows, step.cols
     return {
         "id": f"tile-{number}",
+        "stepKind": step.step_kind.value,
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
             "rows": shape[0],
@@ -118,7 +132,13 @@ def _cases(replay: Replay, extensions: bool) -> Iterator[dict[str, Any]]:
 
 def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
     """Every key of the experiment, in order, with ``"cases"`` empty."""
-    experiment: dict[str, Any] = {"kind": "schedule", "title": TITLE, "controlLabel": CONTROL_LABEL, "cases": []}
+    experiment: dict[str, Any] = {
+        "kind": "schedule",
+        "replayKind": "forward",
+        "title": TITLE,
+        "controlLabel": CONTROL_LABEL,
+        "cases": [],
+    }
     if extensions:
         tiles = extension_tiles(replay)
         if tiles > MAX_EXTENSION_TILES:
@@ -160,13 +180,23 @@ def _dumps(obj: object, indent: int | None) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
 
 
-def write_json(replay: Replay, file: IO[str], *, extensions: bool = False, indent: int | None = 2) -> None:
-    """Write ``to_experiment(replay)`` to ``file`` as strict JSON, one case at a time.
+def write_json(
+    replay: Replay | BackwardReplay | DecodeReplay, file: IO[str], *, extensions: bool = False, indent: int | None = 2
+) -> None:
+    """Write any replay to ``file`` as strict JSON: a forward one as ``to_experiment(replay)``, one case at a
+    time; a decode step as :func:`decode_to_experiment`; a backward one as :func:`.backward_manifest.to_backward_json`
+    (``extensions`` adds to the forward's only, ``indent`` 1 for the backward).
 
-    The text is ``json.dumps(to_experiment(replay), indent=indent)`` character for character: the
+    A forward replay's text is ``json.dumps(to_experiment(replay), indent=indent)`` character for character: the
     experiment is dumped with no cases, and each case is dumped alone and indented to its depth. A JSON
     string holds no raw newline, so indenting after every newline moves only the layout.
     """
+    if isinstance(replay, DecodeReplay):
+        file.write(_dumps(decode_to_experiment(replay), indent))
+        return
+    if isinstance(replay, BackwardReplay):
+        write_backward_json(replay, file)
+        return
     head, tail = _dumps(_head(replay, extensions), indent).split('"cases": []', 1)
     file.write(head + '"cases": [')
     if indent is None:
@@ -181,13 +211,110 @@ def write_json(replay: Replay, file: IO[str], *, extensions: bool = False, inden
     file.write((last if written else "") + "]" + tail)
 
 
-def to_json(replay: Replay, *, extensions: bool = False, indent: int | None = 2) -> str:
-    """``to_experiment`` as strict JSON (``-inf`` written as ``null``); see :func:`write_json`."""
+def to_json(replay: Replay | BackwardReplay | DecodeReplay, *, extensions: bool = False, indent: int | None = 2) -> str:
+    """Any replay as strict JSON (``-inf`` written as ``null``); see :func:`write_json`."""
     buffer = io.StringIO()
     write_json(replay, buffer, extensions=extensions, indent=indent)
     return buffer.getvalue()
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of :func:`to_experiment`'s output."""
+    """The JSON Schema (draft 2020-12) of every replay's JSON, forward, backward and decode."""
     return json.loads(resources.files(__package__).joinpath("replay.schema.json").read_text(encoding="utf-8"))
+
+
+def _decode_case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
+    return {
+        **tile_case(step, number, (r.N_new, r.N_max), r.N_new * r.L),
+        "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
+    }
+
+
+def _decode_cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
+    number = 0
+    for split in r.splits:
+        for step in split:
+            number += 1
+            yield _decode_case(r, split, step, number)
+
+
+def _decode(r: DecodeReplay) -> dict[str, Any]:
+    decode = _decode_keys(r)
+    if r.page_size is not None:  # paged: the element's pages in key order; key j lives on pages[j // pageSize]
+        decode["pageSize"] = r.page_size
+        decode["pages"] = list(r.pages)
+    if r.sink is not None:  # the last merge is the sink's: "split" null, its weightB the sink's share per row
+        decode["sink"] = r.sink
+    return decode
+
+
+def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
+    return {
+        "cacheLen": r.cache_len,
+        "newKeys": r.N_new_kv,
+        "newQueries": r.N_new,
+        "cacheSize": r.N_max,
+        "blockN": r.block_n,
+        "numSplits": r.num_splits,
+        "keys": list(r.keys),
+        "causal": r.causal,
+        "window": list(r.window),
+        "softcap": r.softcap,
+        "alibiSlope": r.alibi_slope,
+        "scale": r.scale,
+        "batchIndex": r.batch_index,
+        "head": r.head,
+        "keyRoles": [r.role(j).value for j in range(r.N_max)],
+        "visible": ["".join("1" if x else "0" for x in row) for row in r.visible.tolist()],
+        "ranges": [list(keys) for keys in r.ranges],
+        "splits": [
+            {
+                "split": s.index,
+                "keys": list(s.keys),
+                "tileUpdates": len(s),
+                "lse": json_values(s.lse_s),
+                "output": json_rows(s.O_s),
+            }
+            for s in r.splits
+        ],
+        "merges": [merge_json(m) for m in r.merges],
+        "output": json_rows(r.O),
+        "lse": json_values(r.lse),
+        "denseOutput": json_rows(r.O_final),
+        "denseLse": json_values(r.lse_final),
+        "maxDiff": r.max_diff,
+    }
+
+
+def merge_json(m: MergeStep) -> dict[str, Any]:
+    """One merge of the decode step: the partials it combined, their weights and the result, per row."""
+    return {
+        "stepKind": m.step_kind.value,
+        "merge": m.index + 1,
+        "merged": list(m.merged),
+        "split": m.split,
+        "lseA": json_values(m.lse_a),
+        "lseB": json_values(m.lse_b),
+        "lse": json_values(m.lse),
+        "weightA": json_values(m.w_a),
+        "weightB": json_values(m.w_b),
+        "output": json_rows(m.O),
+        "maxDiff": m.max_diff,
+    }
+
+
+def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
+    """The seed manifest's ``"experiment"`` dict for a decode step: one case per tile update, then ``"decode"``."""
+    return {
+        "kind": "schedule",
+        "replayKind": "decode",
+        "title": TITLE,
+        "controlLabel": CONTROL_LABEL,
+        "cases": list(_decode_cases(r)),
+        "decode": _decode(r),
+    }
+
+
+def write_decode_json(r: DecodeReplay, file: IO[str], *, indent: int | None = 2) -> None:
+    """Write ``decode_to_experiment(r)`` to ``file`` (the old name of :func:`write_json` for a decode step)."""
+    write_json(r, file, indent=indent)
