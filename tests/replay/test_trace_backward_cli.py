@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from flashattn_teach.replay.backward_manifest import build_backward_view, to_backward_json
 from flashattn_teach.replay.backward_replay import replay_backward
 from flashattn_teach.replay.html import render_html
+from flashattn_teach.replay.manifest import build_backward_view, to_backward_json
 from flashattn_teach.replay.replay import replay
 
 from replay_cli import main

@@ -20,7 +20,7 @@ dK/dV, dQ), and every format is one renderer that serves the three:
     render_table(r) / write_json(r), to_json(r) / render_html(r) / render_png(r, path)
                                             the terminal (table.py; decode_table.py), strict JSON of one schema,
                                             replay.schema.json, with "replayKind" and each step's "stepKind"
-                                            (manifest.py; backward_manifest.py), the self-contained page
+                                            (manifest.py), the self-contained page
                                             (html.py, page*.js: a backward is a tab of the forward's page) and
                                             the picture (png.py; backward_png.py: one per step), for any r
     equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row;

@@ -161,11 +161,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
     old = " ".join(["flashattn-teach replay", *([picked[0]] if picked else [])])
     with warnings.catch_warnings():
         warnings.simplefilter("always", DeprecationWarning)  # a command line's user is the one to see it
-        warnings.warn(
-            f"`{old} ...` is deprecated: use `flashattn-teach replay {scenario} ...`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        # "flashattn-teach replay:0: DeprecationWarning: ...", with no line of this file under it
+        message = f"`{old} ...` is deprecated: use `flashattn-teach replay {scenario} ...`"
+        warnings.warn_explicit(message, DeprecationWarning, filename="flashattn-teach replay", lineno=0)
     return [scenario, *rest]
 
 

@@ -14,7 +14,6 @@ import functools
 import torch
 from torch import Tensor
 
-from .backward_manifest import MAX_BACKWARD_TILES, shown_by_default
 from .backward_replay import BackwardReplay, backward_of
 from .cli_common import (
     cache_size,
@@ -28,7 +27,7 @@ from .cli_common import (
     sinks_error,
 )
 from .decode_replay import DecodeReplay, replay_decode
-from .manifest import MAX_EXTENSION_TILES, extension_tiles
+from .manifest import MAX_BACKWARD_TILES, MAX_EXTENSION_TILES, extension_tiles, shown_by_default
 from .replay import Replay, replay
 from .schedule import blocks
 

@@ -15,17 +15,14 @@ documented JSON Schema. Two choices the seed did not have to make:
   top-level ``"sink"`` (``sink_h`` and each row's final share ``exp(sink_h - lse_i)``) and per case
   ``"sinkShare"``, the sink's share of each row so far. Without a sink neither key is written.
 
-A decode step (:func:`decode_to_experiment`) is the same format: its cases are the tile updates of every split
-in order (key columns in global cache positions; the partial output the split's ``acc / l_i``, the final one the
-dense float64 output of the whole step), each with a ``"split"`` key naming its split, and a top-level
-``"decode"`` holds what the seed format has no place for: the cache's key roles (old, new, unused), the pages of a
-paged cache (``pageSize``, ``pages``), an attention sink (``sink``; its merge, the last, has ``"split": null``),
-the ranges, each split's partial ``(O_s, lse_s)``, and each merge's ``lse_a, lse_b, lse``, weights and error.
-
-Every document names its scenario (``"replayKind"``: forward, decode; the backward's document, of
-:mod:`.backward_manifest`, backward) and every case or step its kind (``"stepKind"``, a
-:class:`~.steps.StepKind`). :func:`write_json` and :func:`to_json` write any of the three; a forward replay's
-cases are streamed one at a time, so a replay of any length is written in the memory of one case.
+A decode step (:func:`decode_to_experiment`) is the same format, its cases every split's tile updates in order
+(key columns in cache positions), each with its ``"split"``; ``"decode"`` holds the key roles, a paged cache's
+pages, the sink, the ranges, each split's ``(O_s, lse_s)`` and each merge. A backward replay
+(:func:`to_backward_json`, also the page's "Backward" view) is a document of its own: sizes, options, inputs
+(``Q, K, V, O, lse, dO, delta``), SKIP tiles, the steps in the order they run with their tiles' ``S, P, dP, dS``,
+accumulators and equations, then the gradients beside the float64 ``torch.autograd`` oracle's. Every document
+names its scenario (``"replayKind"``) and every case or step its kind (``"stepKind"``, a :class:`~.steps.StepKind`);
+:func:`write_json` writes any of the three, a forward replay one case at a time (in the memory of one case).
 """
 
 from __future__ import annotations
@@ -33,15 +30,15 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import IO, Any
 
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from .backward_manifest import write_backward_json
-from .backward_replay import BackwardReplay
+from ..masks.causal import TileKind
+from .backward_replay import PASSES, BackwardEquation, BackwardReplay, BackwardStep, backward_of
 from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
@@ -183,14 +180,10 @@ def _dumps(obj: object, indent: int | None) -> str:
 def write_json(
     replay: Replay | BackwardReplay | DecodeReplay, file: IO[str], *, extensions: bool = False, indent: int | None = 2
 ) -> None:
-    """Write any replay to ``file`` as strict JSON: a forward one as ``to_experiment(replay)``, one case at a
-    time; a decode step as :func:`decode_to_experiment`; a backward one as :func:`.backward_manifest.to_backward_json`
-    (``extensions`` adds to the forward's only, ``indent`` 1 for the backward).
-
-    A forward replay's text is ``json.dumps(to_experiment(replay), indent=indent)`` character for character: the
-    experiment is dumped with no cases, and each case is dumped alone and indented to its depth. A JSON
-    string holds no raw newline, so indenting after every newline moves only the layout.
-    """
+    """Write any replay to ``file`` as strict JSON: a decode step as :func:`decode_to_experiment`, a backward one
+    as :func:`to_backward_json` (``indent`` 1), a forward one as ``to_experiment(replay, extensions=...)`` one
+    case at a time, ``json.dumps``'s text character for character: the experiment is dumped with no cases, each
+    case alone and indented to its depth (a JSON string holds no raw newline: indenting moves only the layout)."""
     if isinstance(replay, DecodeReplay):
         file.write(_dumps(decode_to_experiment(replay), indent))
         return
@@ -318,3 +311,109 @@ def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
 def write_decode_json(r: DecodeReplay, file: IO[str], *, indent: int | None = 2) -> None:
     """Write ``decode_to_experiment(r)`` to ``file`` (the old name of :func:`write_json` for a decode step)."""
     write_json(r, file, indent=indent)
+
+
+# The backward replay's document.
+
+BACKWARD_TITLE = "FlashAttention-2 backward replay"
+MAX_BACKWARD_TILES = 1024  # T_r x T_c: the document lists every tile of both passes
+DEFAULT_MAX_CELLS = 64 * 64  # N_q x N_k up to which the page shows the backward without being asked
+
+
+def shown_by_default(replay: Replay) -> bool:
+    """Whether the page gets a "Backward" tab without ``backward=``: a small replay (``N_q x N_k <=
+    DEFAULT_MAX_CELLS`` and at most ``MAX_BACKWARD_TILES`` tiles) made by :func:`.replay.replay`."""
+    small = replay.N_q * replay.N_k <= DEFAULT_MAX_CELLS and replay.T_r * replay.T_c <= MAX_BACKWARD_TILES
+    return small and replay.call is not None
+
+
+def nested(t: Tensor) -> Any:
+    """A tensor as nested lists of floats, ``-inf`` as None (:func:`json_number`; a NaN or +inf: strict JSON
+    refuses it when written)."""
+    return json_number(float(t)) if t.dim() == 0 else [nested(x) for x in t]
+
+
+def _equation(eq: BackwardEquation) -> dict[str, Any]:
+    return {
+        "line": eq.line,
+        "name": eq.name,
+        "symbolic": eq.symbolic,
+        "substituted": eq.substituted,
+        "value": nested(eq.value),
+    }
+
+
+def _step(step: BackwardStep) -> dict[str, Any]:
+    return {
+        "stepKind": step.step_kind.value,
+        "index": step.index,
+        "i": step.i,
+        "j": step.j,
+        "rows": list(step.rows),
+        "cols": list(step.cols),
+        "kind": step.kind.value,
+        "S_ij": nested(step.S_ij),
+        "P_ij": nested(step.P_ij),
+        "dP_ij": nested(step.dP_ij),
+        "dS_ij": nested(step.dS_ij),
+        "acc": {name: nested(t) for name, t in step.acc.items()},
+        "equations": [_equation(eq) for eq in step.equations],
+    }
+
+
+def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
+    """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
+    preprocess: dict[str, Any] = {"stepKind": PASSES[0].value, "index": 0}
+    preprocess["equations"] = [_equation(eq) for eq in br.preprocess()]
+    steps = [preprocess, *(_step(s) for s in br.dkdv_steps()), *(_step(s) for s in br.dq_steps())]
+    mine, oracle = br.gradients(), br.oracle()
+    return {
+        "replayKind": "backward",
+        "title": BACKWARD_TITLE,
+        "stepKinds": {p.name: p.value for p in PASSES},
+        "tileKinds": {k.name: k.value for k in TileKind},
+        "N_q": br.q.shape[0],
+        "N_k": br.k.shape[0],
+        "blockM": br.block_m,
+        "blockN": br.block_n,
+        "T_r": len(br.tiling.row_blocks),
+        "T_c": len(br.tiling.col_blocks),
+        "scale": br.scale,
+        "softcap": br.softcap,
+        "sink": None if br.sink is None else float(br.sink[0]),
+        "batchIndex": br.batch_index,
+        "dtype": str(br.q.dtype).removeprefix("torch."),
+        "inputs": {
+            name: nested(t)
+            for name, t in (("Q", br.q), ("K", br.k), ("V", br.v), ("O", br.O), ("lse", br.lse), ("dO", br.dO))
+        }
+        | {"delta": nested(br.delta)},
+        "skipped": [list(tile) for tile in br.skipped()],
+        "steps": steps,
+        "gradients": {name: nested(t) for name, t in mine.items()},
+        "oracle": {name: nested(t) for name, t in oracle.items()},
+        "maxError": {name: float((mine[name].double() - oracle[name]).abs().max()) for name in mine},
+    }
+
+
+def write_backward_json(br: BackwardReplay, file: IO[str]) -> None:
+    """``to_backward_json(br)`` to ``file``, strict JSON (``allow_nan=False``)."""
+    json.dump(to_backward_json(br), file, indent=1, allow_nan=False)
+
+
+def build_backward_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The page's "Backward" view: ``options["backward"]`` is a :class:`BackwardReplay`, or True for the
+    backward of ``replay``'s own inputs and options (:func:`backward_of`, ``dO`` drawn from its seed), False
+    for no tab; absent or None: as True for a small replay (:func:`shown_by_default`), else no tab."""
+    backward = options.get("backward")
+    if backward is None:
+        backward = shown_by_default(replay)
+    if backward is False:
+        return None
+    if backward is True:
+        backward = backward_of(replay)
+    if not isinstance(backward, BackwardReplay):
+        raise AttentionValueError(
+            f"render_html(backward=...) takes a BackwardReplay or True, got {type(backward).__name__}"
+        )
+    return to_backward_json(backward)

@@ -1,4 +1,4 @@
-// The backward view (backward_manifest.py): FlashAttention-2 Alg. 2 one step at a time — the preprocess
+// The backward view (manifest.py: to_backward_json): FlashAttention-2 Alg. 2 one step at a time — the preprocess
 // (delta), every dK/dV step, every dQ step, then the gradients against float64 autograd. Each step shows its
 // tile on the (T_r, T_c) grid, the tile's P_ij, dP_ij, dS_ij, the accumulators after it, and its equations
 // with their numbers.
