@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
+from flashattn_teach.replay import StepKind, replay, replay_backward, replay_decode, to_json
 from flashattn_teach.replay.manifest import schema
 
 from replay_cli import main
@@ -74,3 +77,42 @@ def test_the_schema_refuses_a_document_of_the_wrong_kind(scenario, capsys):
     wrong = {**doc, steps: [{**doc[steps][-1], "stepKind": "merge"}]}
     with pytest.raises(jsonschema.ValidationError):
         VALIDATOR.validate(wrong)
+
+
+def scenarios() -> dict[str, object]:
+    torch.manual_seed(0)
+    q, k, v, dO = (torch.randn(1, 6, 4, dtype=torch.float64) for _ in range(4))
+    cache = torch.randn(1, 1, 9, 4, dtype=torch.float64)
+    new = torch.randn(1, 1, 2, 4, dtype=torch.float64)
+    return {
+        "forward": replay(q, k, v, block_m=2, block_n=2, causal=True, query_block=2),  # 3 key blocks
+        "backward": replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True),
+        "decode": replay_decode(
+            q[:, None, :1], cache, cache.clone(), new, new.clone(), cache_seqlens=5, num_splits=3, block_n=2
+        ),
+    }
+
+
+@pytest.mark.parametrize("scenario", ["forward", "backward", "decode"])
+def test_every_scenario_yields_steps_of_one_kind_enum_in_the_order_its_json_lists_them(scenario):
+    r = scenarios()[scenario]
+    assert r.replay_kind == scenario
+    steps = list(r.all_steps())
+    assert all(isinstance(s.step_kind, StepKind) and isinstance(s.index, int) for s in steps)
+    doc = json.loads(to_json(r))
+    listed = [s["stepKind"] for s in doc.get("steps", doc.get("cases", []))]
+    listed += [m["stepKind"] for m in doc.get("decode", {}).get("merges", [])]
+    listed = [kind for kind in listed if kind != StepKind.PREPROCESS.value]  # the backward's preprocess: no tile
+    assert [s.step_kind.value for s in steps] == listed and len(steps) > 1
+
+
+def test_each_scenarios_last_step_reaches_float64_attention():
+    """The steps' own end state against torch's float64 SDPA (forward, decode) and autograd (backward)."""
+    r = scenarios()
+    q, k, v = r["forward"].inputs
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[4:]  # rows 4, 5
+    dense = F.scaled_dot_product_attention(q[:, 4:], k, v, attn_mask=causal)
+    assert torch.allclose(list(r["forward"].all_steps())[-1].O_partial, dense[0], atol=1e-12)
+    assert max(r["backward"].max_error().values()) < 1e-12
+    last = list(r["decode"].all_steps())[-1]
+    assert last.step_kind is StepKind.MERGE and last.max_diff < 1e-12

@@ -44,7 +44,7 @@ LINE_INCHES = 1.25 * TEXT_POINTS / 72  # one line of the equations' text
 
 def steps_of(br: BackwardReplay) -> list[BackwardStep]:
     """Every step of both passes, in the order they run: the dK/dV pass, then the dQ pass."""
-    return [*br.dkdv_steps(), *br.dq_steps()]
+    return list(br.all_steps())
 
 
 def tile_states(br: BackwardReplay, steps: list[BackwardStep], n: int) -> list[list[TileState]]:

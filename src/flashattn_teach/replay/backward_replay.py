@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -186,6 +186,13 @@ class BackwardReplay:
 
     def _visits(self) -> dict[int, list[int]]:
         return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
+
+    replay_kind: ClassVar[str] = "backward"  # the scenario, "replayKind" in its JSON
+
+    def all_steps(self) -> Iterator[BackwardStep]:
+        """Every tile step, in the order it runs: the DKDV pass, then the DQ pass (PREPROCESS: :meth:`preprocess`)."""
+        yield from self.dkdv_steps()
+        yield from self.dq_steps()
 
     def preprocess(self) -> list[BackwardEquation]:
         """The preprocess: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta)."""

@@ -131,7 +131,7 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
     """Every key of the experiment, in order, with ``"cases"`` empty."""
     experiment: dict[str, Any] = {
         "kind": "schedule",
-        "replayKind": "forward",
+        "replayKind": replay.replay_kind,
         "title": TITLE,
         "controlLabel": CONTROL_LABEL,
         "cases": [],
@@ -300,7 +300,7 @@ def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
     """The seed manifest's ``"experiment"`` dict for a decode step: one case per tile update, then ``"decode"``."""
     return {
         "kind": "schedule",
-        "replayKind": "decode",
+        "replayKind": r.replay_kind,
         "title": TITLE,
         "controlLabel": CONTROL_LABEL,
         "cases": list(_decode_cases(r)),
@@ -365,10 +365,10 @@ def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
     """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
     preprocess: dict[str, Any] = {"stepKind": PASSES[0].value, "index": 0}
     preprocess["equations"] = [_equation(eq) for eq in br.preprocess()]
-    steps = [preprocess, *(_step(s) for s in br.dkdv_steps()), *(_step(s) for s in br.dq_steps())]
+    steps = [preprocess, *(_step(s) for s in br.all_steps())]
     mine, oracle = br.gradients(), br.oracle()
     return {
-        "replayKind": "backward",
+        "replayKind": br.replay_kind,
         "title": BACKWARD_TITLE,
         "stepKinds": {p.name: p.value for p in PASSES},
         "tileKinds": {k.name: k.value for k in TileKind},

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ from ..masks.spec import Tiling
 from ..reference.scores import score_tile
 from .schedule import Done, Schedule
 
-__all__ = ["StepKind", "Steps", "TileState", "TileStep", "sink_share"]
+__all__ = ["Step", "StepKind", "Steps", "TileState", "TileStep", "sink_share"]
 
 
 class StepKind(Enum):
@@ -47,6 +47,18 @@ class StepKind(Enum):
     def title(self) -> str:
         """The heading every renderer gives a step of this kind."""
         return STEP_TITLES[self]
+
+
+class Step(Protocol):
+    """What a step of any scenario carries: its kind and its index within its pass or split (each kind's record,
+    TileStep, MergeStep, BackwardStep, adds its terms and, but for a merge, its tile). A replay's
+    ``all_steps()`` yields them in the order they run."""
+
+    @property
+    def step_kind(self) -> StepKind: ...
+
+    @property
+    def index(self) -> int: ...
 
 
 STEP_TITLES = {
