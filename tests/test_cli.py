@@ -74,27 +74,27 @@ BAD_VALUES = [
     ("demo", "--seed 1e20", "--seed"),
     ("demo", f"--seed {2**64}", "--seed"),
     ("demo", f"--seed {-(2**63) - 1}", "--seed"),
-    ("replay", "--seq-len -1", "--seq-len"),
-    ("replay", "--seq-len 0", "--seq-len"),
-    ("replay", "--head-dim 0", "--head-dim"),
-    ("replay", "--block-m 0", "--block-m"),
-    ("replay", "--block-n -3", "--block-n"),
-    ("replay", "--batch 0", "--batch"),
-    ("replay", "--batch-index -1", "--batch-index"),
-    ("replay", "--batch 2 --batch-index 2", "--batch-index"),
-    ("replay", "--query-block -1", "--query-block"),
-    ("replay", "--query-block 3", "--query-block"),
-    ("replay", "--seed 1.5", "--seed"),
-    ("replay", "--scale nan", "--scale"),
-    ("replay", "--scale inf", "--scale"),
-    ("replay", "--dtype float8", "--dtype"),
-    ("replay", "--order key-major", "--order"),
-    ("replay", "--out /no/such/folder/replay.json", "--out"),
-    ("replay", "--format png", "--format"),
-    ("replay", "--format html --seq-len 300", "--format"),
-    ("replay", "--format json --extensions --seq-len 3000", "--extensions"),
-    ("replay", "--format png --out {tmp}/r.png --step 0", "--step"),
-    ("replay", "--format png --out {tmp}/r.png --step 7", "--step"),
+    ("replay", "forward --seq-len -1", "--seq-len"),
+    ("replay", "forward --seq-len 0", "--seq-len"),
+    ("replay", "forward --head-dim 0", "--head-dim"),
+    ("replay", "forward --block-m 0", "--block-m"),
+    ("replay", "forward --block-n -3", "--block-n"),
+    ("replay", "forward --batch 0", "--batch"),
+    ("replay", "forward --batch-index -1", "--batch-index"),
+    ("replay", "forward --batch 2 --batch-index 2", "--batch-index"),
+    ("replay", "forward --query-block -1", "--query-block"),
+    ("replay", "forward --query-block 3", "--query-block"),
+    ("replay", "forward --seed 1.5", "--seed"),
+    ("replay", "forward --scale nan", "--scale"),
+    ("replay", "forward --scale inf", "--scale"),
+    ("replay", "forward --dtype float8", "--dtype"),
+    ("replay", "forward --order key-major", "--order"),
+    ("replay", "forward --out /no/such/folder/replay.json", "--out"),
+    ("replay", "forward --format png", "--format"),
+    ("replay", "forward --format html --seq-len 300", "--format"),
+    ("replay", "forward --format json --extensions --seq-len 3000", "--extensions"),
+    ("replay", "forward --format png --out {tmp}/r.png --step 0", "--step"),
+    ("replay", "forward --format png --out {tmp}/r.png --step 7", "--step"),
     ("iomodel", "--sram-kib nan", "--sram-kib"),
     ("iomodel", "--sram-kib inf", "--sram-kib"),
     ("iomodel", "--sram-kib -1", "--sram-kib"),
@@ -122,6 +122,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize(("subcommand", "options", "named"), BAD_VALUES)
 def test_every_bad_value_is_one_line_naming_its_option_and_exit_2(subcommand, options, named, capsys, tmp_path):
     status, out, err = outcome([subcommand, *options.format(tmp=tmp_path).split()], capsys)
+    subcommand += " forward" if subcommand == "replay" else ""  # its errors name the subcommand
     assert status == 2, err
     assert out == ""
     assert err.count("\n") == 1 and err.startswith(f"flashattn-teach {subcommand}: error:"), err
@@ -132,7 +133,7 @@ def test_every_bad_value_is_one_line_naming_its_option_and_exit_2(subcommand, op
     "argv",
     [
         ["demo", "--seed", "3"],
-        ["replay", "--seq-len", "5", "--block-m", "2", "--block-n", "3", "--format", "json"],
+        ["replay", "forward", "--seq-len", "5", "--block-m", "2", "--block-n", "3", "--format", "json"],
         ["iomodel", "--seq-len", "1024", "--head-dim", "64", "--sram-kib", "100"],
     ],
 )
@@ -151,14 +152,14 @@ def test_good_values_exit_0(argv, capsys):
 )
 def test_a_value_that_starts_with_a_negative_number_is_a_value(argv, with_equals, capsys):
     """The help says -1 is an unbounded window side; ``--window -1,0`` must not read as an option ``-1,0``."""
-    status, out, err = outcome(["replay", "--format", "json", *argv], capsys)
+    status, out, err = outcome(["replay", "forward", "--format", "json", *argv], capsys)
     assert (status, err) == (0, "")
-    assert out == outcome(["replay", "--format", "json", *with_equals], capsys)[1]
+    assert out == outcome(["replay", "forward", "--format", "json", *with_equals], capsys)[1]
 
 
 def test_out_writes_only_the_named_file(tmp_path, capsys):
     out = tmp_path / "replay.json"
-    assert outcome(["replay", "--format", "json", "--out", str(out)], capsys)[:2] == (0, "")
+    assert outcome(["replay", "forward", "--format", "json", "--out", str(out)], capsys)[:2] == (0, "")
     assert json.loads(out.read_text(encoding="utf-8"))["kind"] == "schedule"
     assert [p.name for p in tmp_path.iterdir()] == ["replay.json"]
 
@@ -167,8 +168,8 @@ def test_out_writes_only_the_named_file(tmp_path, capsys):
     ("argv", "read_lines"),
     [
         (["demo"], 0),
-        (["replay", "--format", "json", "--seq-len", "2000"], 1),
-        (["replay", "--seq-len", "2000"], 0),
+        (["replay", "forward", "--format", "json", "--seq-len", "2000"], 1),
+        (["replay", "forward", "--seq-len", "2000"], 0),
     ],
 )
 def test_a_closed_pipe_ends_quietly(argv, read_lines):
@@ -190,7 +191,7 @@ def test_replay_far_beyond_an_n_by_n_matrix_runs_in_little_memory(tmp_path):
     N, D, block_n, i = 100_000, 4, 1000, 25_000
     out = tmp_path / "replay.json"
     options = f"--seq-len {N} --head-dim {D} --block-n {block_n} --query-block {i} --causal --order key_major"
-    argv = command("replay", *options.split(), "--format", "json", "--out", str(out))
+    argv = command("replay", "forward", *options.split(), "--format", "json", "--out", str(out))
     # A fresh parent, so RUSAGE_CHILDREN sees only the replay (not earlier children of pytest).
     measure = (
         "import resource, subprocess, sys\n"

@@ -46,10 +46,9 @@ BLOCKED_MAIN = textwrap.dedent(
     argv = sys.argv[2:]
     if argv[0] == "--no-require":
         argv = argv[1:]
-        import flashattn_teach.replay.cli as replay_cli
-        import flashattn_teach.replay.decode_cli as decode_cli
+        import flashattn_teach.replay.cli_run as replay_cli
 
-        replay_cli.require_format = decode_cli.require_format = lambda fmt: None
+        replay_cli.require_format = lambda fmt: None
     from flashattn_teach.cli import main
 
     raise SystemExit(main(argv))
@@ -98,7 +97,7 @@ def test_the_blocker_blocks():
 
 
 # the replay's three modes, small (--decode has its own sizes: its defaults)
-MODES = [SMALL, ["--backward", *SMALL], ["--decode"]]
+MODES = [["forward", *SMALL], ["backward", *SMALL], ["decode"]]
 
 
 @pytest.mark.parametrize("mode", MODES, ids=["forward", "backward", "decode"])
@@ -129,7 +128,9 @@ def test_table_without_rich_is_one_line_naming_viz(mode):
 @pytest.mark.parametrize("fmt", ["json", "html"])
 def test_json_and_html_need_neither_rich_nor_matplotlib(fmt, tmp_path):
     out = tmp_path / f"replay.{fmt}"
-    result = run_without(["rich", "matplotlib", "triton"], "replay", *SMALL, "--format", fmt, "--out", str(out))
+    result = run_without(
+        ["rich", "matplotlib", "triton"], "replay", "forward", *SMALL, "--format", fmt, "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert out.stat().st_size > 0
 
@@ -138,7 +139,9 @@ def test_an_import_no_check_caught_is_still_one_line(tmp_path):
     """The net in cli.main: with the up-front check skipped, the renderer's own ``import matplotlib`` fails,
     and that is the same one line (naming the command, not the format)."""
     out = tmp_path / "replay.png"
-    result = run_without(["matplotlib"], "--no-require", "replay", *SMALL, "--format", "png", "--out", str(out))
+    result = run_without(
+        ["matplotlib"], "--no-require", "replay", "forward", *SMALL, "--format", "png", "--out", str(out)
+    )
     assert_one_line_naming(result, "replay", "matplotlib", "viz")
     assert not out.exists()
 

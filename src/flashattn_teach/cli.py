@@ -20,7 +20,7 @@ from ._optional import EXTRAS, MissingLibrary, missing
 
 COMMANDS = {
     "demo": ("flashattn_teach.demo", "reproduce the teaching example: dense vs tiled attention"),
-    "replay": ("flashattn_teach.replay.cli", "replay the tile updates of a query block or (--decode) of a decode step"),
+    "replay": ("flashattn_teach.replay.cli", "replay the tile updates: forward, backward or decode"),
     "kernels": ("flashattn_teach.tools.kernels", "compile the Triton kernels ahead of time and report resources"),
     "kernels-decode": ("flashattn_teach.tools.kernels.decode", "the decode kernels' ahead-of-time compile report"),
     "kernels-fp8": ("flashattn_teach.tools.kernels.fp8", "the FP8 forward's ahead-of-time compile report (sm_90)"),
@@ -64,6 +64,8 @@ def _run(command: str, argv: list[str]) -> int:
     module = importlib.import_module(module_name)
     cmd_parser = ArgumentParser(prog=f"flashattn-teach {command}", description=description)
     module.add_arguments(cmd_parser)
+    if hasattr(module, "normalize_argv"):  # replay: the old spelling, before its subcommands, with a warning
+        argv = module.normalize_argv(argv)
     args = cmd_parser.parse_args(argv)
     try:
         status = module.run(args)

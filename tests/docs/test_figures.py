@@ -1,8 +1,8 @@
 """The figures docs/replay.md quotes for its two worked examples are the ones a user gets.
 
-The forward example is what ``flashattn-teach replay --seed 0 --batch 1 --seq-len 6 --head-dim 4 --dtype float64
+The forward example is what ``flashattn-teach replay forward --seed 0 --batch 1 --seq-len 6 --head-dim 4 --dtype float64
 --block-m 2 --block-n 2`` replays: ``torch.manual_seed(0)``, then q, k, v of shape ``(1, 6, 4)``. The decode
-example is ``replay --decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2
+example is ``replay decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2
 --head-dim 4 --dtype float64``: ``manual_seed(0)``, then q ``(1, 1, 2, 4)``, the caches ``(1, 1, 9, 4)`` and the
 new k, v ``(1, 1, 2, 4)``. Every figure is recomputed here with plain torch ops, by the equations, not by the
 library; a figure that is float64 round-off is the one the command prints, so those two are the library's.
@@ -80,9 +80,9 @@ def running_statistics(sink: float | None = None) -> list[dict[str, torch.Tensor
 
 
 def printed_forward_error(tmp_path: Path) -> float:
-    """The last update's ``max |acc / l_i - O|``, as ``flashattn-teach replay --format json`` prints it."""
+    """The last update's ``max |acc / l_i - O|``, as ``flashattn-teach replay forward --format json`` prints it."""
     out = tmp_path / "replay.json"
-    assert cli.main(["replay", *FORWARD.split(), "--format", "json", "--out", str(out)]) == 0
+    assert cli.main(["replay", "forward", *FORWARD.split(), "--format", "json", "--out", str(out)]) == 0
     cases = json.loads(out.read_text(encoding="utf-8"))["cases"]
     printed = [m["value"] for m in cases[-1]["metrics"] if m["label"].startswith("Max difference from final")]
     assert len(printed) == 1 and printed[0] < 1e-15, printed

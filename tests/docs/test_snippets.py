@@ -15,6 +15,7 @@ FILE`` and ``torchrun ... FILE`` in a code block names a file or module that exi
 
 from __future__ import annotations
 
+import argparse
 import glob
 import importlib
 import importlib.util
@@ -251,9 +252,13 @@ def parse_command(argv: list[str]) -> None:
     module = importlib.import_module(cli.COMMANDS[command][0])
     parser = ArgumentParser(prog=f"flashattn-teach {command}")
     module.add_arguments(parser)
+    options = parser  # a command with subcommands (replay forward|backward|decode): the options are the subcommand's
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and rest and rest[0] in action.choices:
+            options = action.choices[rest[0]]
     for word in rest:
         if word.startswith("--") and word not in ("--help",):
-            assert any(word in action.option_strings for action in parser._actions), f"unknown option {word}"
+            assert any(word in action.option_strings for action in options._actions), f"unknown option {word}"
     if "--help" in rest:
         return
     try:
@@ -273,7 +278,7 @@ def test_documented_command_parses(where: str, text: str) -> None:
 def test_the_command_lines_are_found() -> None:
     texts = {text for _, text in COMMANDS}
     assert {"flashattn-teach demo", "flashattn-teach ladder"} <= texts
-    assert any(text.startswith("flashattn-teach replay --format html") for text in texts)
+    assert any(text.startswith("flashattn-teach replay forward --format html") for text in texts)
     assert len(COMMANDS) >= 20
 
 
@@ -282,9 +287,9 @@ def test_a_wrong_command_line_is_caught() -> None:
     with pytest.raises(AssertionError, match="no command"):
         parse_command(["replays"])
     with pytest.raises(AssertionError, match="unknown option --formats"):
-        parse_command(["replay", "--formats", "json"])
+        parse_command(["replay", "forward", "--formats", "json"])
     with pytest.raises(pytest.fail.Exception, match="refused"):
-        parse_command(["replay", "--format", "jpeg"])
+        parse_command(["replay", "forward", "--format", "jpeg"])
 
 
 FILE_ARG = re.compile(r"^(?:python3?|bash|torchrun)\b(.*)$")
@@ -407,5 +412,5 @@ def test_ladder_help_runs(tmp_path: Path) -> None:
 
 
 def test_replay_writes_json(tmp_path: Path) -> None:
-    _flashattn_teach("replay", "--format", "json", "--out", "replay.json", cwd=tmp_path)
+    _flashattn_teach("replay", "forward", "--format", "json", "--out", "replay.json", cwd=tmp_path)
     assert (tmp_path / "replay.json").read_text(encoding="utf-8").lstrip().startswith("{")

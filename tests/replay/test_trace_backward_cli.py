@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from flashattn_teach.replay.backward_manifest import build_backward_view, to_backward_json
 from flashattn_teach.replay.backward_replay import replay_backward
 from flashattn_teach.replay.html import render_html
+from flashattn_teach.replay.manifest import build_backward_view, to_backward_json
 from flashattn_teach.replay.replay import replay
 
 from replay_cli import main
@@ -36,7 +36,7 @@ def _close(values, t: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_json_gradients_are_the_float64_oracle(causal, capsys):
-    argv = ["--backward", "--format", "json", *(["--causal"] if causal else [])]
+    argv = ["backward", "--format", "json", *(["--causal"] if causal else [])]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "NaN" not in text and "Infinity" not in text
@@ -48,7 +48,7 @@ def test_json_gradients_are_the_float64_oracle(causal, capsys):
         _close(doc["oracle"][name], ref)
         assert doc["maxError"][name] <= 1e-12
     _close(doc["inputs"]["dO"], dO)  # dO is the 4th randn of the seeded stream
-    passes = [s["pass"] for s in doc["steps"]]
+    passes = [s["stepKind"] for s in doc["steps"]]
     assert passes[0] == "preprocess" and passes.count("preprocess") == 1
     T = 3 * (3 + 1) // 2 if causal else 9  # visited tiles of a 3 x 3 grid
     assert passes.count("dkdv") == passes.count("dq") == T
@@ -62,7 +62,7 @@ def test_json_is_strict_with_a_masked_row(tmp_path, capsys):
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[2] = False
     torch.save(mask, tmp_path / "m.pt")
-    assert main(["--backward", "--format", "json", "--mask", str(tmp_path / "m.pt")]) == 0
+    assert main(["backward", "--format", "json", "--mask", str(tmp_path / "m.pt")]) == 0
     text = capsys.readouterr().out
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert doc["inputs"]["lse"][2] is None and doc["gradients"]["dQ"][2] == [0.0] * 4
@@ -72,7 +72,7 @@ def test_json_is_strict_with_a_masked_row(tmp_path, capsys):
 
 
 def test_table_shows_every_step_with_numbers_and_the_final_error(capsys):
-    assert main(["--backward", "--causal", "--block-m", "3"]) == 0
+    assert main(["backward", "--causal", "--block-m", "3"]) == 0
     text = capsys.readouterr().out
     assert "Preprocess" in text and "delta = rowsum(dO * O)" in text
     q, k, v, dO = _inputs()
@@ -91,21 +91,18 @@ def test_table_shows_every_step_with_numbers_and_the_final_error(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--decode"], "argument --backward: not used with --decode"),
-        (["--order", "key_major"], "argument --order: not used with --backward"),
-        (["--format", "table", "--step", "1"], "argument --step: draws one step of --backward --format png"),
-        (["--format", "json", "--extensions"], "argument --extensions"),
+        (["--format", "table", "--step", "1"], "argument --step: draws one step of --format png"),
         (["--seq-len", "100", "--block-m", "1", "--format", "json"], "T_r x T_c = 5000 is more than 1024"),
     ],
 )
 def test_backward_refuses_what_it_cannot_do_by_name(argv, message, capsys):
-    assert main(["--backward", *argv]) == 2
+    assert main(["backward", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_html_opens_on_the_backward_view(tmp_path):
     out = tmp_path / "page.html"
-    assert main(["--backward", "--format", "html", "--sinks", "0.5", "--out", str(out)]) == 0
+    assert main(["backward", "--format", "html", "--sinks", "0.5", "--out", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert '"openView": "backward"' in page and 'Page.addView("backward"' in page
     views = json.loads(page.split('<script type="application/json" id="view-data">')[1].split("</script>")[0])
@@ -123,7 +120,7 @@ def test_the_page_shows_the_backward_by_default_only_when_small():
 
 def test_the_cli_page_carries_the_backward_with_the_fourth_randn_as_dO(tmp_path):
     out = tmp_path / "page.html"
-    assert main(["--format", "html", "--out", str(out)]) == 0
+    assert main(["forward", "--format", "html", "--out", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     views = json.loads(page.split('<script type="application/json" id="view-data">')[1].split("</script>")[0])
     torch.manual_seed(0)

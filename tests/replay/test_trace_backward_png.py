@@ -137,7 +137,7 @@ def test_step_files_are_numbered_in_step_order():
 
 def test_cli_writes_one_picture_per_step_each_legible_at_screen_size(tmp_path, capsys):
     out = tmp_path / "backward.png"
-    assert main(["--backward", "--causal", "--format", "png", "--out", str(out)]) == 0
+    assert main(["backward", "--causal", "--format", "png", "--out", str(out)]) == 0
     steps = [f"backward_step{n:02d}.png" for n in range(1, 13)]  # 6 tiles, 2 passes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backward.png", *steps]
     assert "backward_step01.png to backward_step12.png" in capsys.readouterr().out
@@ -148,11 +148,11 @@ def test_cli_writes_one_picture_per_step_each_legible_at_screen_size(tmp_path, c
     # --step: that step alone, to --out
     one = tmp_path / "one" / "step7.png"
     one.parent.mkdir()
-    assert main(["--backward", "--causal", "--format", "png", "--out", str(one), "--step", "7"]) == 0
+    assert main(["backward", "--causal", "--format", "png", "--out", str(one), "--step", "7"]) == 0
     assert [p.name for p in one.parent.iterdir()] == ["step7.png"] and max(png_size(one)) <= SCREEN
-    assert main(["--backward", "--causal", "--format", "png", "--out", str(one), "--step", "13"]) == 2
+    assert main(["backward", "--causal", "--format", "png", "--out", str(one), "--step", "13"]) == 2
     assert "argument --step: must be in [1, 12] for this backward, got 13" in capsys.readouterr().err
-    assert main(["--backward", "--format", "json", "--step", "2"]) == 2
-    assert "argument --step: draws one step of --backward --format png, not --format json" in capsys.readouterr().err
-    assert main(["--backward", "--format", "png"]) == 2
+    assert main(["backward", "--format", "json", "--step", "2"]) == 2
+    assert "argument --step: draws one step of --format png, not --format json" in capsys.readouterr().err
+    assert main(["backward", "--format", "png"]) == 2
     assert "png needs --out" in capsys.readouterr().err

@@ -65,7 +65,7 @@ def assert_page_shows(page: dict, case: dict, n: int, total: int) -> None:
 def test_html_page_steps_through_updates_and_shows_the_json_numbers(
     name, options, browser, tmp_path, artifacts, capsys
 ):
-    base = ["--seed", "0", "--dtype", "float64", *options]
+    base = ["forward", "--seed", "0", "--dtype", "float64", *options]
     assert main([*base, "--format", "json", "--extensions"]) == 0
     experiment = json.loads(capsys.readouterr().out)
     page_path = tmp_path / "replay.html"

@@ -61,7 +61,7 @@ def assert_step_shows(page: dict, doc: dict, n: int) -> None:
     assert [(e["name"], e["symbolic"], e["substituted"]) for e in page["equations"]] == [
         (e["name"], f"{e['name']} = {e['symbolic']}", f"= {e['substituted']}") for e in step["equations"]
     ]
-    if step["pass"] == "preprocess":
+    if step["stepKind"] == "preprocess":
         assert page["label"].startswith("Preprocess")
         for name in ("O", "dO", "lse", "delta"):
             assert_numbers(page["matrices"][name], doc["inputs"][name])
@@ -75,9 +75,9 @@ def assert_step_shows(page: dict, doc: dict, n: int) -> None:
     assert page["states"][f"{step['i']},{step['j']}"] == "current"
     for i, j in doc["skipped"]:
         assert page["states"][f"{i},{j}"] == "skipped"
-    earlier = [s for s in steps[:n] if s["pass"] == step["pass"]]
+    earlier = [s for s in steps[:n] if s["stepKind"] == step["stepKind"]]
     for s in earlier:  # the tiles of the same accumulator are green, the pass's others done
-        same = s["j"] == step["j"] if step["pass"] == "dkdv" else s["i"] == step["i"]
+        same = s["j"] == step["j"] if step["stepKind"] == "dkdv" else s["i"] == step["i"]
         assert page["states"][f"{s['i']},{s['j']}"] == ("accumulated" if same else "done")
     assert list(page["states"].values()).count("current") == 1
 
@@ -98,7 +98,7 @@ def test_backward_view_steps_through_every_step_and_shows_the_json_numbers(
     mask[3] = False  # query 3 sees no key: its gradients are 0
     torch.save(mask, tmp_path / "mask.pt")
     options = [str(tmp_path / "mask.pt") if x == "MASK" else x for x in options]
-    base = ["--seed", "0", "--dtype", "float64", "--backward", *options]
+    base = ["backward", "--seed", "0", "--dtype", "float64", *options]
     assert main([*base, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     page_path = tmp_path / "backward.html"

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from flashattn_teach.replay.decode_html import render_decode_html
+from flashattn_teach.replay.html import render_decode_html
 
 from decode_page_cases import paged_step, sink_step, window_step
 from page_numbers import assert_numbers, assert_shown, part_numbers
@@ -44,7 +44,7 @@ READ_PAGE = """(() => {
   };
 })()"""
 
-SINK_ARGS = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4"
+SINK_ARGS = "decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4"
 
 
 def assert_equations(page: dict, equations: list[dict]) -> None:

@@ -59,7 +59,7 @@ def assert_row_shown(page: dict, equations: list[dict]) -> None:
 
 
 def test_teaching_example_page_shows_every_equation_number_of_every_row(browser, tmp_path, capsys):
-    base = "--seed 0 --dtype float64 --seq-len 6 --head-dim 4 --block-m 2 --block-n 2".split()
+    base = "forward --seed 0 --dtype float64 --seq-len 6 --head-dim 4 --block-m 2 --block-n 2".split()
     assert main([*base, "--format", "json", "--extensions"]) == 0
     cases = json.loads(capsys.readouterr().out)["cases"]
     page_path = tmp_path / "replay.html"

@@ -1,19 +1,20 @@
-"""Every mode of ``flashattn-teach replay`` (forward, ``--backward``, ``--decode``) in every ``--format``
-refuses, by name and with exit status 2, every option it does not read, at any value; the options come
-from the parser's own list, so an option added later is checked here too (and must be given a value
-below). ``--backward --query-block`` was accepted and ignored with table, json and png."""
+"""``flashattn-teach replay forward|backward|decode``: each subcommand takes only its own options, and any
+other one is an argparse error (exit 2) naming the option, at any value; the options come from the parsers'
+own lists, so an option added later is checked here too (and must be given a value below). The old
+spelling (``replay --backward ...``) runs the same replay with a ``DeprecationWarning`` naming the new one.
+``--backward --query-block`` used to be accepted and ignored with table, json and png."""
 
 from __future__ import annotations
 
-import argparse
+import warnings
 
 import pytest
 
-from flashattn_teach.replay.cli import add_arguments, option_dests, run
+from flashattn_teach.replay.cli import SCENARIOS, options_of, refusal
 from flashattn_teach.replay.cli_common import FORMATS
-from flashattn_teach.replay.cli_modes import READS, SELECTORS, Mode, refused_option
 
-MODES = {Mode.FORWARD: [], Mode.BACKWARD: ["--backward"], Mode.DECODE: ["--decode"]}
+from replay_cli import main
+
 # a value each option's parser takes (not necessarily one that fits the others: only the refusal is judged)
 VALUES = {
     "--seed": ["1"],
@@ -37,10 +38,8 @@ VALUES = {
     "--sinks": ["0.5"],
     "--pad-left": ["1"],
     "--mask": ["mask.pt"],
-    "--format": ["table"],
     "--extensions": [],
     "--step": ["1"],
-    "--out": ["out.txt"],
     "--cache-len": ["3"],
     "--new-kv": ["1"],
     "--new-queries": ["2"],
@@ -50,60 +49,77 @@ VALUES = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p
+def own(scenario: str) -> set[str]:
+    """The long options of ``replay scenario`` but --help, --format and --out (the axes)."""
+    return {o for o in options_of(scenario) if o.startswith("--") and o not in ("--help", "--format", "--out")} - {
+        "--no-causal"
+    }
 
 
-def flags() -> list[tuple[str, str]]:
-    """``(option, dest)`` of every option of the parser but the mode selectors and ``--format`` (the axis)."""
-    return [
-        (a.option_strings[0], a.dest)
-        for a in parser()._actions
-        if a.option_strings and a.dest not in (*SELECTORS, "help", "format")
-    ]
+def test_every_option_of_every_subcommand_has_a_value_here() -> None:
+    assert set().union(*(own(s) for s in SCENARIOS)) == set(VALUES)
 
 
-def test_every_option_of_the_parser_has_a_value_here_and_a_place_in_the_modes() -> None:
-    assert {option for option, _ in flags()} | {"--format"} == set(VALUES)
-    assert {dest for _, dest in flags()} | {"format"} == set(option_dests())
-    for mode in Mode:
-        assert set(READS[mode]) == set(FORMATS)
+CASES = [(s, o) for s in SCENARIOS for o in sorted(set(VALUES) - own(s))]
 
 
-CASES = [(mode, fmt, option, dest) for mode in Mode for fmt in FORMATS for option, dest in flags()]
-
-
-@pytest.mark.parametrize(("mode", "fmt", "option", "dest"), CASES, ids=lambda x: getattr(x, "value", x))
-def test_each_mode_and_format_refuses_by_name_every_option_it_does_not_read(mode, fmt, option, dest, capsys):
-    argv = [*MODES[mode], "--format", fmt, option, *VALUES[option]]
-    args = parser().parse_args(argv)
-    if dest in READS[mode][fmt]:
-        assert refused_option(args, option_dests()) is None
-        return
-    assert run(args) == 2
+@pytest.mark.parametrize(("scenario", "option"), CASES)
+def test_each_subcommand_refuses_by_name_every_option_it_does_not_take(scenario, option, capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        main([scenario, option, *VALUES[option]])
+    assert exit_status.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {option}:" in err, err
+    assert f"replay {scenario}: error: argument {option}: not an option of `replay {scenario}`" in err, err
 
 
-@pytest.mark.parametrize("fmt", ["table", "json", "png"])
-def test_backward_query_block_is_refused_where_it_was_ignored(fmt, tmp_path, capsys):
-    out = tmp_path / f"b.{fmt}"
-    args = parser().parse_args(["--backward", "--query-block", "1", "--format", fmt, "--out", str(out)])
-    assert run(args) == 2
-    assert "argument --query-block: not used with --backward --format " + fmt in capsys.readouterr().err
-    assert not out.exists()
-    # the control: without it the same command runs
-    assert run(parser().parse_args(["--backward", "--format", fmt, "--out", str(out)])) == 0
+def test_backward_query_block_is_an_argparse_error_naming_it(capsys, tmp_path):
+    out = tmp_path / "b.json"
+    for fmt in FORMATS:
+        with pytest.raises(SystemExit):
+            main(["backward", "--query-block", "1", "--format", fmt, "--out", str(out)])
+        assert "argument --query-block: not an option of `replay backward`" in capsys.readouterr().err
+        assert not out.exists()
+    assert main(["backward", "--format", "json", "--out", str(out)]) == 0  # the control: without it, it runs
 
 
-def test_backward_page_reads_query_block(tmp_path):
-    """``--backward --format html`` draws the forward of ``--query-block`` beside the backward: read, so the
-    page changes with it."""
-    pages = []
-    for i in ("0", "1"):
-        out = tmp_path / f"b{i}.html"
-        assert run(parser().parse_args(["--backward", "--format", "html", "--query-block", i, "--out", str(out)])) == 0
-        pages.append(out.read_text(encoding="utf-8"))
-    assert pages[0] != pages[1]
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["forward", "--step", "1"], "argument --step: draws one step of --format png, not --format table"),
+        (["backward", "--format", "json", "--step", "1"], "argument --step: draws one step of --format png"),
+        (["forward", "--extensions", "--format", "html"], "argument --extensions: adds to --format json"),
+        (["forward", "--format", "png"], "argument --format: png needs --out FILE"),
+        (["decode", "--format", "png"], "argument --format: png needs --out FILE"),
+    ],
+)
+def test_options_that_belong_to_one_format_are_refused_with_the_others(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["--seq-len", "4", "--format", "json"], ["forward", "--seq-len", "4", "--format", "json"]),
+        (["--seq-len", "4", "--backward", "--format", "json"], ["backward", "--seq-len", "4", "--format", "json"]),
+        (["--decode", "--cache-len", "3", "--format", "json"], ["decode", "--cache-len", "3", "--format", "json"]),
+    ],
+)
+def test_the_old_spelling_warns_naming_the_subcommand_and_runs_it(old, new, capsys):
+    with pytest.warns(DeprecationWarning, match=f"use `flashattn-teach replay {new[0]} ...`"):
+        assert main(old) == 0
+    was = capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the new spelling does not warn
+        assert main(new) == 0
+    assert capsys.readouterr().out == was and was.startswith("{")
+
+
+def test_both_old_selectors_together_are_refused_naming_the_second(capsys):
+    with pytest.warns(DeprecationWarning), pytest.raises(SystemExit):
+        main(["--backward", "--decode"])
+    assert "argument --decode: the old spelling of `replay decode`" in capsys.readouterr().err
+
+
+def test_an_unknown_option_is_still_argparses_own_error():
+    assert refusal("forward", ["--bogus"]) == "unrecognized arguments: --bogus"

@@ -11,14 +11,14 @@ import re
 import pytest
 import torch
 
-from flashattn_teach.replay.decode_html import DecodeEvent, build_decode_view, render_decode_html
-from flashattn_teach.replay.decode_manifest import decode_to_experiment
 from flashattn_teach.replay.equations import step_json
+from flashattn_teach.replay.html import DecodeEvent, build_decode_view, render_decode_html
+from flashattn_teach.replay.manifest import decode_to_experiment
 
 from decode_page_cases import BLOCK_TABLE, PAGE_SIZE, paged_step, sink_step, window_step
 from replay_cli import main
 
-DECODE = "--decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4".split()
+DECODE = "decode --seed 0 --cache-len 5 --new-kv 2 --new-queries 2 --num-splits 3 --block-n 2 --head-dim 4".split()
 
 
 def values(t: torch.Tensor) -> list:

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from flashattn_teach.replay import DecodeReplay, decode_notebook_html, replay_decode
-from flashattn_teach.replay.decode_html import render_decode_html
-from flashattn_teach.replay.decode_manifest import decode_to_experiment
-from flashattn_teach.replay.html import MAX_DRAWN_CELLS
+from flashattn_teach.replay.html import MAX_DRAWN_CELLS, render_decode_html
+from flashattn_teach.replay.manifest import decode_to_experiment
 
 from decode_page_cases import paged_step, sink_step
 

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from flashattn_teach.replay import replay_decode
-from flashattn_teach.replay.decode_manifest import decode_to_experiment
-from flashattn_teach.replay.decode_png import render_decode_png, slot_label
 from flashattn_teach.replay.decode_table import render_decode_table
-from flashattn_teach.replay.manifest import schema
+from flashattn_teach.replay.manifest import decode_to_experiment, schema
+from flashattn_teach.replay.png import render_decode_png, slot_label
 
 
 def test_paged_replay_is_the_contiguous_replay_with_its_pages(tmp_path):

@@ -78,7 +78,7 @@ def test_decode_sinks_are_checked_and_shown_in_the_table_json_and_cli(capsys):
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator(schema()).validate(experiment)
 
-    assert main(["--decode", "--sinks", "0.5", "--format", "json"]) == 0
+    assert main(["decode", "--sinks", "0.5", "--format", "json"]) == 0
     decode = json.loads(capsys.readouterr().out)["decode"]
     assert decode["sink"] == 0.5 and decode["merges"][-1]["split"] is None
     assert decode["maxDiff"] < 1e-13

@@ -31,7 +31,7 @@ def validate(experiment: dict) -> None:
 def test_seed_example_has_the_seed_manifest_fields_and_labels():
     r = seed_replay()
     experiment = json.loads(to_json(r))
-    assert list(experiment) == ["kind", "title", "controlLabel", "cases"]
+    assert list(experiment) == ["kind", "replayKind", "title", "controlLabel", "cases"]  # the seed's, and the scenario
     assert experiment["kind"] == "schedule"
     assert experiment["title"] == "Finish attention without retaining every score."
     assert experiment["controlLabel"] == "Tile update"

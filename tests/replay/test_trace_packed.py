@@ -49,7 +49,9 @@ def test_packed_replay_refuses_a_batch():
 def test_cli_replays_packed_sequences(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--seq-len", "11", "--cu-seqlens", "0,3,3,8,11", "--causal", "--query-block", "2"])
+    args = parser.parse_args(
+        ["forward", "--seq-len", "11", "--cu-seqlens", "0,3,3,8,11", "--causal", "--query-block", "2"]
+    )
     assert run(args) == 0
     out = capsys.readouterr().out
     assert "Skipped" in out and "key blocks j = 0" in out
@@ -80,6 +82,6 @@ def test_packed_replay_refuses_what_it_would_drop(extra, backward):
 def test_cli_refuses_packed_sequences_with_a_mask_by_name(option, capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--seq-len", "11", "--cu-seqlens", "0,3,3,8,11", *option])
+    args = parser.parse_args(["forward", "--seq-len", "11", "--cu-seqlens", "0,3,3,8,11", *option])
     assert run(args) == 2
     assert f"argument {option[0]}: not used with --cu-seqlens" in capsys.readouterr().err

@@ -172,7 +172,7 @@ def test_json_html_and_table_show_the_share_and_the_json_validates():
 
 
 def test_cli_sinks_flag(capsys, tmp_path):
-    argv = ["--seq-len", "5", "--causal", "--query-block", "1", "--format", "json"]
+    argv = ["forward", "--seq-len", "5", "--causal", "--query-block", "1", "--format", "json"]
     assert main([*argv, "--sinks", "0.5"]) == 0
     experiment = json.loads(capsys.readouterr().out)
     torch.manual_seed(0)
@@ -183,8 +183,10 @@ def test_cli_sinks_flag(capsys, tmp_path):
     assert "sink" not in json.loads(capsys.readouterr().out)  # negative control
     assert main([*argv, "--sinks", "0.5,1"]) == 2
     assert "argument --sinks: the replay runs one head" in capsys.readouterr().err
-    assert main(["--decode", "--sinks", "0.5,1"]) == 2
+    assert main(["decode", "--sinks", "0.5,1"]) == 2
     assert "argument --sinks: the replay runs one head" in capsys.readouterr().err
     png = tmp_path / "sink.png"
-    assert main(["--seq-len", "4", "--sinks", "0.5", "--format", "png", "--out", str(png), "--step", "1"]) == 0
+    assert (
+        main(["forward", "--seq-len", "4", "--sinks", "0.5", "--format", "png", "--out", str(png), "--step", "1"]) == 0
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,12 +18,11 @@ from teaching import teaching_inputs
 
 from flashattn_teach.replay import replay
 from flashattn_teach.replay.backward_replay import backward_of
-from flashattn_teach.replay.backward_table import render_backward_table
 from flashattn_teach.replay.decode_replay import replay_decode
 from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.memory import memory_figure
 from flashattn_teach.replay.memory_table import memory_panel
-from flashattn_teach.replay.table import render_table
+from flashattn_teach.replay.table import render_backward_table, render_table
 
 from replay_cli import main
 
@@ -146,7 +145,12 @@ def test_decode_table_fits_80_columns_with_its_values(by, monkeypatch):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["--causal", "--order", "key_major", "--sinks", "0.5"], ["--backward", "--causal"], ["--decode"]],
+    [
+        ["forward"],
+        ["forward", "--causal", "--order", "key_major", "--sinks", "0.5"],
+        ["backward", "--causal"],
+        ["decode"],
+    ],
 )
 def test_cli_tables_take_the_terminal_width(argv, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", str(NARROW))

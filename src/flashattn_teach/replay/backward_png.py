@@ -28,14 +28,13 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from .backward_replay import BackwardEquation, BackwardPass, BackwardReplay, BackwardStep
+from .backward_replay import BackwardEquation, BackwardReplay, BackwardStep
 from .html import LEGEND_COLOURS
-from .steps import TileState
+from .steps import StepKind, TileState
 
 __all__ = ["MAX_PNG_STEPS", "render_backward_png", "step_paths", "steps_of"]
 
 MAX_PNG_STEPS = 48  # pictures of one call (both passes); a larger backward: one step at a time, or table/JSON
-PASS_TITLES = {BackwardPass.DKDV: "dK/dV pass", BackwardPass.DQ: "dQ pass"}
 EQUATION_WIDTH = 110  # characters per line of the equations' text: 110 x 0.6 x 9 pt = 8.3 inches
 DPI = 130
 FIGURE_WIDTH = 12  # inches: 1560 pixels at DPI
@@ -45,7 +44,7 @@ LINE_INCHES = 1.25 * TEXT_POINTS / 72  # one line of the equations' text
 
 def steps_of(br: BackwardReplay) -> list[BackwardStep]:
     """Every step of both passes, in the order they run: the dK/dV pass, then the dQ pass."""
-    return [*br.dkdv_steps(), *br.dq_steps()]
+    return list(br.all_steps())
 
 
 def tile_states(br: BackwardReplay, steps: list[BackwardStep], n: int) -> list[list[TileState]]:
@@ -56,9 +55,9 @@ def tile_states(br: BackwardReplay, steps: list[BackwardStep], n: int) -> list[l
     states = [[TileState.PENDING] * T_c for _ in range(T_r)]
     for i, j in br.skipped():
         states[i][j] = TileState.SKIPPED
-    outer = (lambda s: s.j) if step.pass_name is BackwardPass.DKDV else (lambda s: s.i)
+    outer = (lambda s: s.j) if step.step_kind is StepKind.DKDV else (lambda s: s.i)
     for s in steps[:n]:
-        if s.pass_name is step.pass_name:
+        if s.step_kind is step.step_kind:
             states[s.i][s.j] = TileState.ACCUMULATED if outer(s) == outer(step) else TileState.DONE
     states[step.i][step.j] = TileState.CURRENT
     return states
@@ -170,8 +169,8 @@ def _step_figure(br: BackwardReplay, steps: list[BackwardStep], n: int) -> Any:
         (4.1, 6.75, 9.4), (("P_ij", s.P_ij), ("dP_ij", s.dP_ij), ("dS_ij", s.dS_ij)), strict=True
     ):
         _matrix(_axes(fig, left, row0, 2.2, 2.2), name, M, s.rows, "query row", cols)
-    rows = s.cols if s.pass_name is BackwardPass.DKDV else s.rows
-    label = "key row" if s.pass_name is BackwardPass.DKDV else "query row"
+    rows = s.cols if s.step_kind is StepKind.DKDV else s.rows
+    label = "key row" if s.step_kind is StepKind.DKDV else "query row"
     for left, (name, acc) in zip((0.7, 6.5), s.acc.items(), strict=False):
         _matrix(_axes(fig, left, row1, 5.1, 1.6), f"{name} after this step", acc, rows, label, "feature")
     ax = _axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines))
@@ -181,7 +180,7 @@ def _step_figure(br: BackwardReplay, steps: list[BackwardStep], n: int) -> Any:
     )
     (r0, r1), (c0, c1) = s.rows, s.cols
     fig.suptitle(
-        f"step {n + 1} of {len(steps)} · {PASS_TITLES[s.pass_name]} · tile (i={s.i}, j={s.j}) · query rows "
+        f"step {n + 1} of {len(steps)} · {s.step_kind.title} · tile (i={s.i}, j={s.j}) · query rows "
         f"{r0}–{r1 - 1} · key columns {c0}–{c1 - 1}\n{_heading(br)}",
         fontsize=TITLE_POINTS + 1,
         y=1 - 0.12 / fig.get_figheight(),

@@ -30,8 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -46,16 +45,13 @@ from ..reference.scores import score_hook, score_tile
 from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
+from .steps import StepKind
 
 __all__ = ["BackwardEquation", "BackwardPass", "BackwardReplay", "BackwardStep", "backward_of", "replay_backward"]
 
 
-class BackwardPass(Enum):
-    """The three phases of Alg. 2, in the order they run."""
-
-    PREPROCESS = "preprocess"  # delta = rowsum(dO * O)
-    DKDV = "dkdv"  # outer loop over key blocks j: dK_j, dV_j on chip
-    DQ = "dq"  # outer loop over query blocks i: dQ_i on chip
+BackwardPass = StepKind  # the phases of Alg. 2 are steps' kinds: PREPROCESS, DKDV, DQ (the old name)
+PASSES = (StepKind.PREPROCESS, StepKind.DKDV, StepKind.DQ)  # in the order they run
 
 
 def numbers(t: Tensor | float) -> str:
@@ -79,9 +75,9 @@ class BackwardEquation:
 
 @dataclass(frozen=True)
 class BackwardStep:
-    """One tile of a pass; tensors are the tile's, accumulators after it."""
+    """One tile of a pass (``step_kind`` DKDV or DQ); tensors are the tile's, accumulators after it."""
 
-    pass_name: BackwardPass
+    step_kind: StepKind
     index: int
     i: int
     j: int
@@ -163,7 +159,7 @@ class BackwardReplay:
 
     def _step(
         self,
-        pass_name: BackwardPass,
+        step_kind: StepKind,
         index: int,
         i: int,
         j: int,
@@ -173,7 +169,7 @@ class BackwardReplay:
     ) -> BackwardStep:
         """Step ``index`` of a pass: tile ``(i, j)``'s recomputed values, its accumulators after it."""
         return BackwardStep(
-            pass_name=pass_name,
+            step_kind=step_kind,
             index=index,
             i=i,
             j=j,
@@ -190,6 +186,13 @@ class BackwardReplay:
 
     def _visits(self) -> dict[int, list[int]]:
         return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
+
+    replay_kind: ClassVar[str] = "backward"  # the scenario, "replayKind" in its JSON
+
+    def all_steps(self) -> Iterator[BackwardStep]:
+        """Every tile step, in the order it runs: the DKDV pass, then the DQ pass (PREPROCESS: :meth:`preprocess`)."""
+        yield from self.dkdv_steps()
+        yield from self.dq_steps()
 
     def preprocess(self) -> list[BackwardEquation]:
         """The preprocess: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta)."""
@@ -225,7 +228,7 @@ class BackwardReplay:
                     t.eq_dS,
                     with_result(BackwardEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j)),
                 ]
-                yield self._step(BackwardPass.DKDV, n, i, j, t, {"dV_j": dV_j, "dK_j": dK_j}, eqs)
+                yield self._step(StepKind.DKDV, n, i, j, t, {"dV_j": dV_j, "dK_j": dK_j}, eqs)
                 n += 1
 
     def dq_steps(self) -> Iterator[BackwardStep]:
@@ -239,7 +242,7 @@ class BackwardReplay:
                 text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.t.dS)} {numbers(self.k[c0:c1])}"
                 dQ_i = dQ_i + t.t.dQ  # scale dS_ij K_j: (Br, Bc) @ (Bc, D) -> (Br, D)
                 eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
-                yield self._step(BackwardPass.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
+                yield self._step(StepKind.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
                 n += 1
 
     def skipped(self) -> list[tuple[int, int]]:

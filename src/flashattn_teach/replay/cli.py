@@ -1,21 +1,17 @@
-"""``flashattn-teach replay``: replay one query block's tile updates as a table, JSON, HTML or PNG.
+"""``flashattn-teach replay forward|backward|decode``: a replay as a table, JSON, HTML or PNG.
 
-``--decode`` replays one decode step against a KV cache instead (split-KV ranges, then the merges;
-:mod:`.decode_cli`). ``--backward`` replays the backward of the same inputs (:mod:`.backward_cli`). Each
-mode lists the options it reads per ``--format`` (:mod:`.cli_modes`); any other option given is refused
-by name, never ignored.
+``forward`` replays one query block's tile updates (FA2 Alg. 1; ``--order key_major``: FA1 Alg. 1),
+``backward`` both passes of the backward of the same inputs (FA2 Alg. 2: delta, dK/dV, dQ; ``dO`` is the
+fourth ``randn``), ``decode`` one decode step against a KV cache (the split-KV ranges, then the merges; causal
+unless ``--no-causal``). Each subcommand takes only the options it reads: any other is an error naming it.
+The inputs: :mod:`.cli_common`. The mask contract's options (:mod:`flashattn_teach.masks`): ``--window L,R``
+(-1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one, or one per batch element), ``--sinks X`` (the head's
+attention sink); the tiled replays add ``--seqlens-k N``, ``--cu-seqlens``, and a mask: ``--pad-left K``
+(Hugging Face's left padding, bool ``(B, 1, N)``) or ``--mask FILE.pt`` (any bool or additive mask saved with
+``torch.save``, broadcastable to ``(B, N, N)`` or ``(B, 1, N, N)``).
 
-Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then three
-``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` calls, in the order q, k, v. With ``--batch``
-above 1, batch element ``--batch-index`` (default 0) is replayed.
-
-The mask contract's options (see :mod:`flashattn_teach.masks`) are all here: ``--window L,R`` (flash-attn's
-window, -1 unbounded), ``--softcap X``, ``--alibi SLOPE`` (one slope, or one per batch element),
-``--seqlens-k N`` (one key length, or one per batch element), and a mask: ``--pad-left K`` (one count, or
-one per batch element) builds the left-padding mask a Hugging Face tokenizer's ``attention_mask`` gives,
-bool ``(B, 1, N)``, False on each element's first ``K`` keys (``N`` and ``K`` in ``[0, --seq-len]``);
-``--mask FILE.pt`` reads any bool or additive mask saved with ``torch.save``, broadcastable to ``(B, N, N)``
-(or Hugging Face's ``(B, 1, N, N)``). ``--sinks X`` gives the replayed head an attention sink of logit ``X``.
+The old spelling, ``replay [--backward | --decode] ...``, still runs, with a ``DeprecationWarning`` that names
+the subcommand (:func:`normalize_argv`).
 """
 
 from __future__ import annotations
@@ -23,13 +19,12 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import pickle
-from dataclasses import dataclass
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from .._cli_types import (
+    ArgumentParser,
     finite_float,
     finite_positive_float,
     nonnegative_int,
@@ -37,212 +32,176 @@ from .._cli_types import (
     positive_int,
     seed,
 )
-from .backward_cli import (
-    add_backward_arguments,
-    backward_mode_error,
-    backward_tiles_error,
-    make_dO,
-    page_backward,
-    render_backward,
-)
-from .cli_common import (
-    DTYPES,
-    FORMATS,
-    counts,
-    error,
-    floats,
-    open_output,
-    per_batch,
-    reported,
-    require_format,
-    sinks_error,
-    window,
-)
-from .cli_modes import SELECTORS, refused_option
-from .decode_cli import add_decode_arguments, run_decode
-from .html import MAX_DRAWN_CELLS
-from .manifest import MAX_EXTENSION_TILES, extension_tiles
-from .replay import ORDERS, Replay, replay
-from .schedule import blocks
+from .cli_common import DTYPES, FORMATS, counts, error, floats, make_inputs, sinks_error, window
+from .cli_run import run_backward, run_decode, run_forward
+from .replay import ORDERS
+
+SCENARIOS = ("forward", "backward", "decode")
+HELP = {
+    "forward": "one query block's tile updates (FA2 Alg. 1, or FA1's with --order key_major)",
+    "backward": "the backward's three phases, every tile (FA2 Alg. 2); dO is the 4th randn",
+    "decode": "one decode step against a KV cache: its split-KV ranges, then the merges",
+}
+# Why a subcommand does not take an option another one does, where the name alone does not say.
+WHY_NOT = {
+    ("backward", "--query-block"): "the backward shows every query block of both passes",
+    ("backward", "--order"): "the backward runs key blocks outer for dK/dV and query blocks outer for dQ",
+    ("backward", "--extensions"): "the backward's JSON lists every tile already",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the ``replay`` subcommand; every one but the mode selectors stays None until given
-    (``run`` fills in the defaults), so that one given to a mode that does not read it is refused even at
-    its default value."""
-    _add_options(parser)
-    parser.set_defaults(**dict.fromkeys(option_dests()))
+    """The subcommands ``forward``, ``backward`` and ``decode``, each with its own options."""
+    sub = parser.add_subparsers(dest="scenario", metavar="SCENARIO", required=True, parser_class=_Subcommand)
+    for name in SCENARIOS:
+        _add_options(sub.add_parser(name, help=HELP[name], description=HELP[name]), name)
 
 
-def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=seed, default=0, help="torch.manual_seed before making q, k, v (default 0)")
-    parser.add_argument("--batch", type=positive_int, default=1, help="B in (B, N, D) (default 1)")
-    parser.add_argument(
-        "--batch-index", type=nonnegative_int, default=0, help="which batch element to replay (default 0)"
+def _add_options(p: argparse.ArgumentParser, scenario: str) -> None:
+    p.add_argument("--seed", type=seed, default=0, help="torch.manual_seed before making the inputs (default 0)")
+    p.add_argument("--batch", type=positive_int, default=1, help="B (default 1)")
+    p.add_argument("--batch-index", type=nonnegative_int, default=0, help="which batch element to replay (default 0)")
+    p.add_argument("--head-dim", type=positive_int, default=4, help="D (default 4)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float64", help="input dtype (default float64)")
+    p.add_argument("--block-n", type=positive_int, default=2, help="BLOCK_N, key columns per tile (default 2)")
+    p.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
+    p.add_argument("--window", type=window, default=None, metavar="L,R", help="sliding window; -1: unbounded")
+    p.add_argument("--softcap", type=finite_positive_float, default=None, metavar="X", help="S -> X tanh(S / X)")
+    p.add_argument("--alibi", type=floats, default=None, metavar="SLOPE[,...]", help="ALiBi slope(s), one per batch")
+    p.add_argument("--sinks", type=floats, default=None, metavar="SINK", help="the replayed head's attention sink")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--out", type=output_path, default=None, help="output file (default stdout; required for png)")
+    if scenario == "decode":
+        _add_decode_options(p)
+        return
+    p.add_argument("--seq-len", type=positive_int, default=6, help="N, queries and keys (default 6)")
+    p.add_argument("--block-m", type=positive_int, default=2, help="BLOCK_M, query rows per tile (default 2)")
+    p.add_argument(
+        "--causal", action=argparse.BooleanOptionalAction, default=False, help="causal masking (default off)"
     )
-    parser.add_argument("--seq-len", type=positive_int, default=6, help="N, queries and keys (default 6)")
-    parser.add_argument("--head-dim", type=positive_int, default=4, help="D (default 4)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float64", help="input dtype (default float64)")
-    parser.add_argument("--block-m", type=positive_int, default=2, help="BLOCK_M, query rows per tile (default 2)")
-    parser.add_argument("--block-n", type=positive_int, default=2, help="BLOCK_N, key columns per tile (default 2)")
-    parser.add_argument(
-        "--query-block", type=nonnegative_int, default=0, help="i, the query block to replay (default 0)"
+    p.add_argument("--causal-align", choices=("top_left", "bottom_right"), default=None, help="where the diagonal lies")
+    p.add_argument("--seqlens-k", type=counts, default=None, metavar="N[,N...]", help="key lengths, one per batch")
+    p.add_argument(
+        "--cu-seqlens", type=counts, default=None, metavar="0,N1,...,N", help="packed sequences' boundaries (B = 1)"
     )
-    parser.add_argument(
-        "--causal",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="causal masking; tiles above the diagonal are skipped (default: off, on with --decode)",
-    )
-    parser.add_argument(
-        "--causal-align",
-        choices=("top_left", "bottom_right"),
-        default=None,
-        help="with --causal, --window or --alibi: where their diagonal lies (default top_left)",
-    )
-    parser.add_argument("--scale", type=finite_float, default=None, help="softmax scale (default 1/sqrt(D))")
-    parser.add_argument(
-        "--order",
-        choices=ORDERS,
-        default="query_major",
-        help="query_major (FlashAttention-2) or key_major (FlashAttention Alg. 1)",
-    )
-    parser.add_argument(
-        "--window", type=window, default=None, metavar="L,R", help="sliding window (left, right); -1: unbounded"
-    )
-    parser.add_argument(
-        "--softcap", type=finite_positive_float, default=None, metavar="X", help="scores -> X tanh(score / X)"
-    )
-    parser.add_argument(
-        "--alibi", type=floats, default=None, metavar="SLOPE[,SLOPE...]", help="ALiBi slope, one or one per batch"
-    )
-    parser.add_argument(
-        "--seqlens-k", type=counts, default=None, metavar="N[,N...]", help="key lengths, one or one per batch"
-    )
-    parser.add_argument(
-        "--cu-seqlens",
-        type=counts,
-        default=None,
-        metavar="0,N1,...,N",
-        help="packed sequences: their boundaries on the sequence axis (batch 1)",
-    )
-    parser.add_argument(
-        "--sinks",
-        type=floats,
-        default=None,
-        metavar="SINK",
-        help="attention sink of the one replayed head (GPT-OSS's logit); with --decode merged in after the splits",
-    )
-    masks = parser.add_mutually_exclusive_group()
-    masks.add_argument(
-        "--pad-left", type=counts, default=None, metavar="K[,K...]", help="HF left padding: hide the first K keys"
-    )
+    masks = p.add_mutually_exclusive_group()
+    masks.add_argument("--pad-left", type=counts, default=None, metavar="K[,K...]", help="hide the first K keys")
     masks.add_argument("--mask", type=Path, default=None, metavar="FILE.pt", help="attn_mask saved with torch.save")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    parser.add_argument(
-        "--extensions",
-        action="store_true",
-        help="--format json only: add the skipped tiles and the schedule to the seed format",
-    )
-    parser.add_argument(
+    p.add_argument(
         "--step",
         type=positive_int,
         default=None,
-        help="--format png only: draw only this tile update (1-based); with --backward, only this step (1-based, "
-        "the dK/dV pass's steps first, then the dQ pass's)",
+        help="--format png only: draw only this step (1-based; backward: the dK/dV pass's steps, then the dQ "
+        "pass's). The backward's png without --step writes every step beside --out, OUT_stepNN.png",
     )
-    parser.add_argument(
-        "--out",
-        type=output_path,
-        default=None,
-        help="output file (default stdout; required for png). --backward --format png without --step writes one "
-        "picture per step beside it, OUT_stepNN.png, and the preprocess and the result to OUT",
-    )
-    add_decode_arguments(parser)
-    add_backward_arguments(parser)
+    if scenario == "forward":
+        p.add_argument("--query-block", type=nonnegative_int, default=0, help="i, the replayed query block")
+        p.add_argument("--order", choices=ORDERS, default="query_major", help="FA2's loop order, or FA1's key_major")
+        p.add_argument("--extensions", action="store_true", help="--format json: add skipped tiles and equations")
+
+
+def _add_decode_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="causal masking (default on)")
+    p.add_argument("--cache-len", type=nonnegative_int, default=5, help="entries cached before the step (default 5)")
+    p.add_argument("--new-kv", type=nonnegative_int, default=2, help="N_new_kv, keys the step writes (default 2)")
+    p.add_argument("--new-queries", type=positive_int, default=1, help="N_new, the step's queries (default 1)")
+    p.add_argument("--num-splits", type=positive_int, default=3, help="split-KV key ranges (default 3)")
+    p.add_argument("--cache-size", type=positive_int, default=None, help="N_max (default cache-len + new-kv + 2)")
+    p.add_argument("--merge-order", type=counts, default=None, metavar="S,S,...", help="the splits' merge order")
 
 
 @functools.cache
-def _defaults() -> dict[str, object]:
-    parser = argparse.ArgumentParser()
-    _add_options(parser)
-    return vars(parser.parse_args([]))
+def options_of(scenario: str) -> frozenset[str]:
+    """The option strings ``replay scenario`` takes."""
+    p = argparse.ArgumentParser()
+    _add_options(p, scenario)
+    return frozenset(s for action in p._actions for s in action.option_strings)
 
 
-def option_dests() -> list[str]:
-    """The destinations of the subcommand's options, the mode selectors ``--decode`` and ``--backward``
-    left out, in the parser's order."""
-    return [dest for dest in _defaults() if dest not in SELECTORS]
-
-
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with each option not given set to its default."""
-    missing = {dest: _defaults()[dest] for dest in option_dests() if getattr(args, dest) is None}
-    return argparse.Namespace(**{**vars(args), **missing})
-
-
-@dataclass(frozen=True)
-class MaskOptions:
-    """The mask contract's arguments of :func:`~flashattn_teach.replay.replay.replay`, made from the options."""
-
-    window: tuple[int, int] | None
-    softcap: float | None
-    alibi_slopes: torch.Tensor | None
-    seqlens_k: torch.Tensor | None
-    attn_mask: torch.Tensor | None
-    cu_seqlens: torch.Tensor | None
-
-
-def _load_mask(path: Path) -> torch.Tensor:
-    try:
-        mask = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError) as error:
-        raise ValueError(f"argument --mask: cannot read {path}: {str(error).splitlines()[0]}") from None
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"argument --mask: {path} holds a {type(mask).__name__}, not a tensor")
-    return mask
-
-
-def make_mask_options(args: argparse.Namespace) -> MaskOptions:
-    """``--window``, ``--softcap``, ``--alibi``, ``--seqlens-k`` and ``--pad-left`` or ``--mask`` as tensors."""
-    B, N = args.batch, args.seq_len
-    slopes = per_batch("--alibi", args.alibi, B)
-    lengths = per_batch("--seqlens-k", args.seqlens_k, B)
-    pads = per_batch("--pad-left", args.pad_left, B)
-    attn_mask = None
-    if pads is not None:
-        # Hugging Face's attention_mask (B, N) is 0 on the padding, which a left-padding tokenizer puts first.
-        attn_mask = torch.arange(N)[None, :] >= torch.tensor(pads)[:, None]  # (B, N_k)
-        attn_mask = attn_mask[:, None, :]  # (B, 1, N_k): every query row of element b
-    elif args.mask is not None:
-        attn_mask = _load_mask(args.mask)
-    return MaskOptions(
-        window=args.window,
-        softcap=args.softcap,
-        alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64),
-        seqlens_k=None if lengths is None else torch.tensor(lengths),
-        attn_mask=attn_mask,
-        cu_seqlens=None if args.cu_seqlens is None else torch.tensor(args.cu_seqlens),
+def refusal(scenario: str, extras: Sequence[str]) -> str:
+    """Why ``replay scenario`` refuses the first of ``extras``, the arguments it did not take, naming it."""
+    flag = next((a.split("=")[0] for a in extras if a.startswith("-")), None)
+    if flag is None:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    if flag in ("--backward", "--decode"):
+        return f"argument {flag}: the old spelling of `replay {flag[2:]}`, a subcommand of its own, not an option"
+    owners = [name for name in SCENARIOS if flag in options_of(name)]
+    if not owners:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    why = WHY_NOT.get((scenario, flag))
+    return f"argument {flag}: not an option of `replay {scenario}` (only of `replay {' and '.join(owners)}`)" + (
+        f": {why}" if why else ""
     )
 
 
-def make_inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``manual_seed(seed)``, then ``randn(B, N, D)`` three times: q, k, v (the recorded example's recipe)."""
-    torch.manual_seed(args.seed)
-    shape, dtype = (args.batch, args.seq_len, args.head_dim), DTYPES[args.dtype]
-    q = torch.randn(shape, dtype=dtype)
-    k = torch.randn(shape, dtype=dtype)
-    v = torch.randn(shape, dtype=dtype)
-    return q, k, v
+class _Subcommand(ArgumentParser):
+    """A subcommand's parser: an option it does not take is its error, naming the option and its subcommand."""
+
+    # argparse calls a subcommand's parse_known_args(arg_strings, None) and leaves what it did not take to the
+    # parent, whose message would not say which subcommand takes the option
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(refusal(self.prog.rsplit(" ", 1)[-1], extras))
+        return parsed, extras
 
 
-def _option_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with options that are each valid but do not fit together, naming the option."""
+def normalize_argv(argv: list[str]) -> list[str]:
+    """``argv`` in the subcommand spelling. The old one (no subcommand; ``--backward`` or ``--decode`` for the
+    other two) is rewritten with a ``DeprecationWarning`` naming the new command: it runs what it ran."""
+    if argv and (argv[0] in SCENARIOS or argv[0] in ("-h", "--help")):
+        return argv
+    picked = [a for a in argv if a in ("--backward", "--decode")]
+    scenario = picked[0][2:] if picked else "forward"
+    rest = list(argv)
+    if picked:
+        rest.remove(picked[0])  # a second selector stays, for the subcommand to refuse by name
+    old = " ".join(["flashattn-teach replay", *([picked[0]] if picked else [])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DeprecationWarning)  # a command line's user is the one to see it
+        # "flashattn-teach replay:0: DeprecationWarning: ...", with no line of this file under it
+        message = f"`{old} ...` is deprecated: use `flashattn-teach replay {scenario} ...`"
+        warnings.warn_explicit(message, DeprecationWarning, filename="flashattn-teach replay", lineno=0)
+    return [scenario, *rest]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``replay forward|backward|decode``; returns the exit status."""
+    if args.scenario == "decode":
+        return run_decode(args)
+    if args.format == "png" and args.out is None:
+        return error("argument --format: png needs --out FILE", args.scenario)
+    if args.step is not None and args.format != "png":
+        return error(f"argument --step: draws one step of --format png, not --format {args.format}", args.scenario)
+    if args.scenario == "forward" and args.extensions and args.format != "json":
+        return error(f"argument --extensions: adds to --format json, not --format {args.format}", args.scenario)
+    problem = tiled_option_error(args)
+    if problem is not None:
+        return error(problem, args.scenario)
+    try:
+        q, k, v, dO = make_inputs(args)
+    except RuntimeError as problem:  # torch cannot allocate (B, N, D) this large
+        shape = (args.batch, args.seq_len, args.head_dim)
+        return error(f"cannot make q, k, v of shape {shape}: {str(problem).splitlines()[0]}", args.scenario)
+    if args.scenario == "forward":
+        return run_forward(args, q, k, v, dO)
+    return run_backward(args, q, k, v, dO)
+
+
+def tiled_option_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with a forward or backward replay's options that are each valid but do not fit together,
+    naming the option."""
+    from .html import MAX_DRAWN_CELLS
+    from .schedule import blocks
+
     T_r = blocks(args.seq_len, args.block_m)
-    if args.query_block >= T_r:
+    query_block = getattr(args, "query_block", 0)
+    if query_block >= T_r:
         return (
             f"argument --query-block: must be in [0, {T_r}) for --seq-len {args.seq_len} and "
-            f"--block-m {args.block_m}, got {args.query_block}"
+            f"--block-m {args.block_m}, got {query_block}"
         )
     if args.batch_index >= args.batch:
         return f"argument --batch-index: must be in [0, {args.batch}) for --batch {args.batch}, got {args.batch_index}"
@@ -263,105 +222,9 @@ def _option_error(args: argparse.Namespace) -> str | None:
             f"argument --causal-align: aligns the diagonal of --causal, --window and --alibi, needs one of them "
             f"(got --causal-align {args.causal_align})"
         )
-    if args.format == "png" and args.out is None:
-        return "argument --format: png needs --out FILE"
     if args.format in ("html", "png") and args.seq_len**2 > MAX_DRAWN_CELLS:
         return (
             f"argument --format: {args.format} draws every one of the N x N = {args.seq_len**2} score cells, at "
             f"most {MAX_DRAWN_CELLS}: use --seq-len {math.isqrt(MAX_DRAWN_CELLS)} or less, or --format table or json"
         )
     return None
-
-
-def _output_error(r: Replay, args: argparse.Namespace) -> str | None:
-    """What the chosen output cannot show of ``r``, naming the option (``--backward``'s steps: its own check)."""
-    if args.format == "json" and args.extensions and extension_tiles(r) > MAX_EXTENSION_TILES:
-        return (
-            f"argument --extensions: would list up to {extension_tiles(r)} tiles, more than {MAX_EXTENSION_TILES}: "
-            "use larger --block-m/--block-n or leave --extensions out"
-        )
-    if args.format == "png" and args.step is not None and not args.backward and args.step > len(r.steps):
-        return f"argument --step: must be in [1, {len(r.steps)}] for this replay, got {args.step}"
-    return None
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the ``replay`` subcommand; returns the exit status."""
-    problem = backward_mode_error(args) or refused_option(args, option_dests())
-    if problem is not None:
-        return error(problem)
-    args = _with_defaults(args)
-    if args.decode:
-        return run_decode(args)
-    problem = _option_error(args) or backward_tiles_error(args)
-    if problem is not None:
-        return error(problem)
-    require_format(args.format)
-    try:
-        q, k, v = make_inputs(args)
-        # the 4th randn of the stream: for --backward, and for the page's Backward tab
-        dO = make_dO(args) if args.backward or args.format == "html" else None
-    except RuntimeError as problem:  # torch cannot allocate (B, N, D) this large
-        shape = (args.batch, args.seq_len, args.head_dim)
-        return error(f"cannot make q, k, v of shape {shape}: {str(problem).splitlines()[0]}")
-    return reported(functools.partial(_replay_and_render, q, k, v, dO, args), args.out)
-
-
-def _replay_and_render(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dO: torch.Tensor | None, args: argparse.Namespace
-) -> str | None:
-    """The replay of ``q, k, v`` with the command's options, written in ``--format``; else what the output
-    cannot show of it."""
-    masks = make_mask_options(args)
-    r = replay(
-        q,
-        k,
-        v,
-        block_m=args.block_m,
-        block_n=args.block_n,
-        query_block=args.query_block,
-        causal=bool(args.causal),
-        causal_align=args.causal_align or "top_left",
-        scale=args.scale,
-        order=args.order,
-        batch_index=args.batch_index,
-        window=masks.window,
-        softcap=masks.softcap,
-        alibi_slopes=masks.alibi_slopes,
-        seqlens_k=masks.seqlens_k,
-        attn_mask=masks.attn_mask,
-        cu_seqlens=masks.cu_seqlens,
-        sinks=None if args.sinks is None else args.sinks[0],
-    )
-    problem = _output_error(r, args)
-    if problem is not None:
-        return problem
-    if args.backward:
-        assert dO is not None
-        return render_backward(r, dO, args)
-    else:
-        _render(r, args, dO)
-    return None
-
-
-def _render(r: Replay, args: argparse.Namespace, dO: torch.Tensor | None) -> None:
-    if args.format == "png":
-        from .png import render_png
-
-        render_png(r, args.out, step=args.step)
-        return
-    with open_output(args.out) as out:
-        if args.format == "table":
-            from .table import render_table
-
-            render_table(r, out)
-        elif args.format == "json":
-            from .manifest import write_json
-
-            write_json(r, out, extensions=args.extensions)
-            out.write("\n")
-        else:
-            from .html import render_html
-
-            assert dO is not None
-            out.write(render_html(r, backward=page_backward(r, dO)))

@@ -1,11 +1,18 @@
-"""What ``flashattn-teach replay`` and its ``--decode`` mode share: option types, dtypes, the output file."""
+"""What the subcommands of ``flashattn-teach replay`` share: option types, dtypes, the inputs, the output file.
+
+Inputs are made as the recorded teaching example made them: ``torch.manual_seed(seed)``, then
+``torch.randn(batch, seq_len, head_dim, dtype=dtype)`` for q, k, v (and ``dO``, the fourth: the backward's,
+and the page's Backward tab); a decode step draws q, k_cache, v_cache, k, v from the same recipe.
+"""
 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -70,9 +77,10 @@ def sinks_error(sinks: list[float] | None) -> str | None:
     return f"argument --sinks: the replay runs one head, so it takes one sink, got {given}"
 
 
-def error(message: str) -> int:
-    """``message`` printed as ``flashattn-teach replay: error: ...`` on stderr; returns the exit status, 2."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+def error(message: str, scenario: str) -> int:
+    """``message`` printed as ``flashattn-teach replay SCENARIO: error: ...`` on stderr, as argparse prints a
+    subcommand's errors; returns the exit status, 2."""
+    print(f"{PROG} {scenario}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -84,19 +92,19 @@ def require_format(fmt: str) -> None:
         require(library, f"--format {fmt}")
 
 
-def reported(work: Callable[[], str | None], out: Path | None) -> int:
+def reported(work: Callable[[], str | None], out: Path | None, scenario: str) -> int:
     """Run ``work``; 0, or 2 with the error printed: the problem it returns, a bad argument, which the replay's
     checks name (``TypeError``, ``ValueError``), or an output file ``out`` that cannot be written. A closed
     pipe is the caller's to handle."""
     try:
         problem = work()
     except (TypeError, ValueError) as problem:
-        return error(str(problem))
+        return error(str(problem), scenario)
     except OSError as problem:
         if isinstance(problem, BrokenPipeError):
             raise
-        return error(f"cannot write {out}: {problem.strerror}")
-    return 0 if problem is None else error(problem)
+        return error(f"cannot write {out}: {problem.strerror}", scenario)
+    return 0 if problem is None else error(problem, scenario)
 
 
 @contextmanager
@@ -111,3 +119,73 @@ def open_output(path: Path | None) -> Iterator[IO[str]]:
     except BaseException:
         path.unlink(missing_ok=True)
         raise
+
+
+EXTRA_SLOTS = 2  # a decode step's unused cache slots drawn after its keys, by default
+
+
+def make_inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``manual_seed(seed)``, then ``randn(B, N, D)`` four times: q, k, v (the recorded example's recipe) and
+    ``dO``, the backward's (and the forward page's Backward tab's)."""
+    torch.manual_seed(args.seed)
+    shape, dtype = (args.batch, args.seq_len, args.head_dim), DTYPES[args.dtype]
+    q, k, v, dO = (torch.randn(shape, dtype=dtype) for _ in range(4))
+    return q, k, v, dO
+
+
+def cache_size(args: argparse.Namespace) -> int:
+    """``N_max``: ``--cache-size``, or room for the step's keys and a few unused slots."""
+    return args.cache_size if args.cache_size is not None else args.cache_len + args.new_kv + EXTRA_SLOTS
+
+
+def make_decode_inputs(args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
+    """``manual_seed(seed)``, then ``randn`` five times: q, k_cache, v_cache, k, v (one head)."""
+    torch.manual_seed(args.seed)
+    B, D, dtype = args.batch, args.head_dim, DTYPES[args.dtype]
+    shapes = [(B, 1, args.new_queries, D), *[(B, 1, cache_size(args), D)] * 2, *[(B, 1, args.new_kv, D)] * 2]
+    return tuple(torch.randn(shape, dtype=dtype) for shape in shapes)
+
+
+@dataclass(frozen=True)
+class MaskOptions:
+    """The mask contract's arguments of :func:`~flashattn_teach.replay.replay.replay`, made from the options."""
+
+    window: tuple[int, int] | None
+    softcap: float | None
+    alibi_slopes: torch.Tensor | None
+    seqlens_k: torch.Tensor | None
+    attn_mask: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None
+
+
+def _load_mask(path: Path) -> torch.Tensor:
+    try:
+        mask = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError) as error:
+        raise ValueError(f"argument --mask: cannot read {path}: {str(error).splitlines()[0]}") from None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"argument --mask: {path} holds a {type(mask).__name__}, not a tensor")
+    return mask
+
+
+def make_mask_options(args: argparse.Namespace) -> MaskOptions:
+    """``--window``, ``--softcap``, ``--alibi``, ``--seqlens-k`` and ``--pad-left`` or ``--mask`` as tensors."""
+    B, N = args.batch, args.seq_len
+    slopes = per_batch("--alibi", args.alibi, B)
+    lengths = per_batch("--seqlens-k", args.seqlens_k, B)
+    pads = per_batch("--pad-left", args.pad_left, B)
+    attn_mask = None
+    if pads is not None:
+        # Hugging Face's attention_mask (B, N) is 0 on the padding, which a left-padding tokenizer puts first.
+        attn_mask = torch.arange(N)[None, :] >= torch.tensor(pads)[:, None]  # (B, N_k)
+        attn_mask = attn_mask[:, None, :]  # (B, 1, N_k): every query row of element b
+    elif args.mask is not None:
+        attn_mask = _load_mask(args.mask)
+    return MaskOptions(
+        window=args.window,
+        softcap=args.softcap,
+        alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64),
+        seqlens_k=None if lengths is None else torch.tensor(lengths),
+        attn_mask=attn_mask,
+        cu_seqlens=None if args.cu_seqlens is None else torch.tensor(args.cu_seqlens),
+    )

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..merge import merge_attention_states
+from .steps import StepKind
 
 __all__ = ["MergeStep", "Partial", "check_merge_order", "fold_merges", "merge_sink"]
 
@@ -47,6 +49,7 @@ class MergeStep:
     w_b: Tensor
     O: Tensor
     max_diff: float
+    step_kind: ClassVar[StepKind] = StepKind.MERGE
 
     @property
     def label(self) -> str:

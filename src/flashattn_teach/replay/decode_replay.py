@@ -126,8 +126,15 @@ class DecodeReplay:
     pages: tuple[int, ...] = ()  # the block ids of the element's pages [0, ceil(L / page_size)), in key order
     sink: float | None = None  # sink_h of the replayed head, merged in last; None without sinks
     # notebook.decode_notebook_html, installed by the trace package's __init__: notebook imports this module
-    # (through decode_html), so this module cannot import it (no import cycles).
+    # (through html), so this module cannot import it (no import cycles).
     notebook_page: ClassVar[Callable[[DecodeReplay], str] | None] = None
+    replay_kind: ClassVar[str] = "decode"  # the scenario, "replayKind" in its JSON
+
+    def all_steps(self) -> Iterator[TileStep | MergeStep]:
+        """Every step, in the order it runs: each split's UPDATEs, then the MERGEs (the sink's last)."""
+        for split in self.splits:
+            yield from split
+        yield from self.merges
 
     def _repr_html_(self) -> str | None:
         """Jupyter's rich display: the decode page in an ``<iframe srcdoc>`` (:mod:`.notebook`)."""

@@ -15,8 +15,14 @@ documented JSON Schema. Two choices the seed did not have to make:
   top-level ``"sink"`` (``sink_h`` and each row's final share ``exp(sink_h - lse_i)``) and per case
   ``"sinkShare"``, the sink's share of each row so far. Without a sink neither key is written.
 
-:func:`write_json` streams the cases one at a time, so a replay of any length is written in the memory
-of one case.
+A decode step (:func:`decode_to_experiment`) is the same format, its cases every split's tile updates in order
+(key columns in cache positions), each with its ``"split"``; ``"decode"`` holds the key roles, a paged cache's
+pages, the sink, the ranges, each split's ``(O_s, lse_s)`` and each merge. A backward replay
+(:func:`to_backward_json`, also the page's "Backward" view) is a document of its own: sizes, options, inputs
+(``Q, K, V, O, lse, dO, delta``), SKIP tiles, the steps in the order they run with their tiles' ``S, P, dP, dS``,
+accumulators and equations, then the gradients beside the float64 ``torch.autograd`` oracle's. Every document
+names its scenario (``"replayKind"``) and every case or step its kind (``"stepKind"``, a :class:`~.steps.StepKind`);
+:func:`write_json` writes any of the three, a forward replay one case at a time (in the memory of one case).
 """
 
 from __future__ import annotations
@@ -24,13 +30,17 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import IO, Any
 
 from torch import Tensor
 
 from ..errors import AttentionValueError
+from ..masks.causal import TileKind
+from .backward_replay import PASSES, BackwardEquation, BackwardReplay, BackwardStep, backward_of
+from .decode_merges import MergeStep
+from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
 from .replay import Replay, TileStep
 
@@ -66,6 +76,7 @@ def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: i
     (r0, r1), (c0, c1) = step.rows, step.cols
     return {
         "id": f"tile-{number}",
+        "stepKind": step.step_kind.value,
         "label": f"Query rows {span(r0, r1)} · key columns {span(c0, c1)}",
         "schedule": {
             "rows": shape[0],
@@ -118,7 +129,13 @@ def _cases(replay: Replay, extensions: bool) -> Iterator[dict[str, Any]]:
 
 def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
     """Every key of the experiment, in order, with ``"cases"`` empty."""
-    experiment: dict[str, Any] = {"kind": "schedule", "title": TITLE, "controlLabel": CONTROL_LABEL, "cases": []}
+    experiment: dict[str, Any] = {
+        "kind": "schedule",
+        "replayKind": replay.replay_kind,
+        "title": TITLE,
+        "controlLabel": CONTROL_LABEL,
+        "cases": [],
+    }
     if extensions:
         tiles = extension_tiles(replay)
         if tiles > MAX_EXTENSION_TILES:
@@ -160,13 +177,19 @@ def _dumps(obj: object, indent: int | None) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
 
 
-def write_json(replay: Replay, file: IO[str], *, extensions: bool = False, indent: int | None = 2) -> None:
-    """Write ``to_experiment(replay)`` to ``file`` as strict JSON, one case at a time.
-
-    The text is ``json.dumps(to_experiment(replay), indent=indent)`` character for character: the
-    experiment is dumped with no cases, and each case is dumped alone and indented to its depth. A JSON
-    string holds no raw newline, so indenting after every newline moves only the layout.
-    """
+def write_json(
+    replay: Replay | BackwardReplay | DecodeReplay, file: IO[str], *, extensions: bool = False, indent: int | None = 2
+) -> None:
+    """Write any replay to ``file`` as strict JSON: a decode step as :func:`decode_to_experiment`, a backward one
+    as :func:`to_backward_json` (``indent`` 1), a forward one as ``to_experiment(replay, extensions=...)`` one
+    case at a time, ``json.dumps``'s text character for character: the experiment is dumped with no cases, each
+    case alone and indented to its depth (a JSON string holds no raw newline: indenting moves only the layout)."""
+    if isinstance(replay, DecodeReplay):
+        file.write(_dumps(decode_to_experiment(replay), indent))
+        return
+    if isinstance(replay, BackwardReplay):
+        write_backward_json(replay, file)
+        return
     head, tail = _dumps(_head(replay, extensions), indent).split('"cases": []', 1)
     file.write(head + '"cases": [')
     if indent is None:
@@ -181,13 +204,216 @@ def write_json(replay: Replay, file: IO[str], *, extensions: bool = False, inden
     file.write((last if written else "") + "]" + tail)
 
 
-def to_json(replay: Replay, *, extensions: bool = False, indent: int | None = 2) -> str:
-    """``to_experiment`` as strict JSON (``-inf`` written as ``null``); see :func:`write_json`."""
+def to_json(replay: Replay | BackwardReplay | DecodeReplay, *, extensions: bool = False, indent: int | None = 2) -> str:
+    """Any replay as strict JSON (``-inf`` written as ``null``); see :func:`write_json`."""
     buffer = io.StringIO()
     write_json(replay, buffer, extensions=extensions, indent=indent)
     return buffer.getvalue()
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of :func:`to_experiment`'s output."""
+    """The JSON Schema (draft 2020-12) of every replay's JSON, forward, backward and decode."""
     return json.loads(resources.files(__package__).joinpath("replay.schema.json").read_text(encoding="utf-8"))
+
+
+def _decode_case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
+    return {
+        **tile_case(step, number, (r.N_new, r.N_max), r.N_new * r.L),
+        "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
+    }
+
+
+def _decode_cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
+    number = 0
+    for split in r.splits:
+        for step in split:
+            number += 1
+            yield _decode_case(r, split, step, number)
+
+
+def _decode(r: DecodeReplay) -> dict[str, Any]:
+    decode = _decode_keys(r)
+    if r.page_size is not None:  # paged: the element's pages in key order; key j lives on pages[j // pageSize]
+        decode["pageSize"] = r.page_size
+        decode["pages"] = list(r.pages)
+    if r.sink is not None:  # the last merge is the sink's: "split" null, its weightB the sink's share per row
+        decode["sink"] = r.sink
+    return decode
+
+
+def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
+    return {
+        "cacheLen": r.cache_len,
+        "newKeys": r.N_new_kv,
+        "newQueries": r.N_new,
+        "cacheSize": r.N_max,
+        "blockN": r.block_n,
+        "numSplits": r.num_splits,
+        "keys": list(r.keys),
+        "causal": r.causal,
+        "window": list(r.window),
+        "softcap": r.softcap,
+        "alibiSlope": r.alibi_slope,
+        "scale": r.scale,
+        "batchIndex": r.batch_index,
+        "head": r.head,
+        "keyRoles": [r.role(j).value for j in range(r.N_max)],
+        "visible": ["".join("1" if x else "0" for x in row) for row in r.visible.tolist()],
+        "ranges": [list(keys) for keys in r.ranges],
+        "splits": [
+            {
+                "split": s.index,
+                "keys": list(s.keys),
+                "tileUpdates": len(s),
+                "lse": json_values(s.lse_s),
+                "output": json_rows(s.O_s),
+            }
+            for s in r.splits
+        ],
+        "merges": [merge_json(m) for m in r.merges],
+        "output": json_rows(r.O),
+        "lse": json_values(r.lse),
+        "denseOutput": json_rows(r.O_final),
+        "denseLse": json_values(r.lse_final),
+        "maxDiff": r.max_diff,
+    }
+
+
+def merge_json(m: MergeStep) -> dict[str, Any]:
+    """One merge of the decode step: the partials it combined, their weights and the result, per row."""
+    return {
+        "stepKind": m.step_kind.value,
+        "merge": m.index + 1,
+        "merged": list(m.merged),
+        "split": m.split,
+        "lseA": json_values(m.lse_a),
+        "lseB": json_values(m.lse_b),
+        "lse": json_values(m.lse),
+        "weightA": json_values(m.w_a),
+        "weightB": json_values(m.w_b),
+        "output": json_rows(m.O),
+        "maxDiff": m.max_diff,
+    }
+
+
+def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
+    """The seed manifest's ``"experiment"`` dict for a decode step: one case per tile update, then ``"decode"``."""
+    return {
+        "kind": "schedule",
+        "replayKind": r.replay_kind,
+        "title": TITLE,
+        "controlLabel": CONTROL_LABEL,
+        "cases": list(_decode_cases(r)),
+        "decode": _decode(r),
+    }
+
+
+def write_decode_json(r: DecodeReplay, file: IO[str], *, indent: int | None = 2) -> None:
+    """Write ``decode_to_experiment(r)`` to ``file`` (the old name of :func:`write_json` for a decode step)."""
+    write_json(r, file, indent=indent)
+
+
+# The backward replay's document.
+
+BACKWARD_TITLE = "FlashAttention-2 backward replay"
+MAX_BACKWARD_TILES = 1024  # T_r x T_c: the document lists every tile of both passes
+DEFAULT_MAX_CELLS = 64 * 64  # N_q x N_k up to which the page shows the backward without being asked
+
+
+def shown_by_default(replay: Replay) -> bool:
+    """Whether the page gets a "Backward" tab without ``backward=``: a small replay (``N_q x N_k <=
+    DEFAULT_MAX_CELLS`` and at most ``MAX_BACKWARD_TILES`` tiles) made by :func:`.replay.replay`."""
+    small = replay.N_q * replay.N_k <= DEFAULT_MAX_CELLS and replay.T_r * replay.T_c <= MAX_BACKWARD_TILES
+    return small and replay.call is not None
+
+
+def nested(t: Tensor) -> Any:
+    """A tensor as nested lists of floats, ``-inf`` as None (:func:`json_number`; a NaN or +inf: strict JSON
+    refuses it when written)."""
+    return json_number(float(t)) if t.dim() == 0 else [nested(x) for x in t]
+
+
+def _equation(eq: BackwardEquation) -> dict[str, Any]:
+    return {
+        "line": eq.line,
+        "name": eq.name,
+        "symbolic": eq.symbolic,
+        "substituted": eq.substituted,
+        "value": nested(eq.value),
+    }
+
+
+def _step(step: BackwardStep) -> dict[str, Any]:
+    return {
+        "stepKind": step.step_kind.value,
+        "index": step.index,
+        "i": step.i,
+        "j": step.j,
+        "rows": list(step.rows),
+        "cols": list(step.cols),
+        "kind": step.kind.value,
+        "S_ij": nested(step.S_ij),
+        "P_ij": nested(step.P_ij),
+        "dP_ij": nested(step.dP_ij),
+        "dS_ij": nested(step.dS_ij),
+        "acc": {name: nested(t) for name, t in step.acc.items()},
+        "equations": [_equation(eq) for eq in step.equations],
+    }
+
+
+def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
+    """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
+    preprocess: dict[str, Any] = {"stepKind": PASSES[0].value, "index": 0}
+    preprocess["equations"] = [_equation(eq) for eq in br.preprocess()]
+    steps = [preprocess, *(_step(s) for s in br.all_steps())]
+    mine, oracle = br.gradients(), br.oracle()
+    return {
+        "replayKind": br.replay_kind,
+        "title": BACKWARD_TITLE,
+        "stepKinds": {p.name: p.value for p in PASSES},
+        "tileKinds": {k.name: k.value for k in TileKind},
+        "N_q": br.q.shape[0],
+        "N_k": br.k.shape[0],
+        "blockM": br.block_m,
+        "blockN": br.block_n,
+        "T_r": len(br.tiling.row_blocks),
+        "T_c": len(br.tiling.col_blocks),
+        "scale": br.scale,
+        "softcap": br.softcap,
+        "sink": None if br.sink is None else float(br.sink[0]),
+        "batchIndex": br.batch_index,
+        "dtype": str(br.q.dtype).removeprefix("torch."),
+        "inputs": {
+            name: nested(t)
+            for name, t in (("Q", br.q), ("K", br.k), ("V", br.v), ("O", br.O), ("lse", br.lse), ("dO", br.dO))
+        }
+        | {"delta": nested(br.delta)},
+        "skipped": [list(tile) for tile in br.skipped()],
+        "steps": steps,
+        "gradients": {name: nested(t) for name, t in mine.items()},
+        "oracle": {name: nested(t) for name, t in oracle.items()},
+        "maxError": {name: float((mine[name].double() - oracle[name]).abs().max()) for name in mine},
+    }
+
+
+def write_backward_json(br: BackwardReplay, file: IO[str]) -> None:
+    """``to_backward_json(br)`` to ``file``, strict JSON (``allow_nan=False``)."""
+    json.dump(to_backward_json(br), file, indent=1, allow_nan=False)
+
+
+def build_backward_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The page's "Backward" view: ``options["backward"]`` is a :class:`BackwardReplay`, or True for the
+    backward of ``replay``'s own inputs and options (:func:`backward_of`, ``dO`` drawn from its seed), False
+    for no tab; absent or None: as True for a small replay (:func:`shown_by_default`), else no tab."""
+    backward = options.get("backward")
+    if backward is None:
+        backward = shown_by_default(replay)
+    if backward is False:
+        return None
+    if backward is True:
+        backward = backward_of(replay)
+    if not isinstance(backward, BackwardReplay):
+        raise AttentionValueError(
+            f"render_html(backward=...) takes a BackwardReplay or True, got {type(backward).__name__}"
+        )
+    return to_backward_json(backward)

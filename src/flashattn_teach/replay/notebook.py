@@ -1,12 +1,12 @@
 """A replay in a Jupyter notebook: its page inside an ``<iframe srcdoc>``.
 
 ``Replay._repr_html_`` returns :func:`notebook_html` (the replay page, :func:`.html.render_html`), and
-``DecodeReplay._repr_html_`` :func:`decode_notebook_html` (the decode page, :func:`.decode_html.render_decode_html`),
+``DecodeReplay._repr_html_`` :func:`decode_notebook_html` (the decode page, :func:`.html.render_decode_html`),
 so a replay as a cell's last expression displays its page. The page goes into the ``srcdoc`` attribute HTML-escaped
 (``&``, ``<``, ``>``, ``"`` and ``'``), so nothing in it can end the attribute or the iframe;
 ``sandbox="allow-scripts"`` runs its scripts in an origin of their own, away from the notebook, and its
 Content-Security-Policy still forbids every fetch. The replay modules cannot import this one (html imports replay,
-decode_html imports decode_replay): the trace package's ``__init__`` installs these functions as
+html imports decode_replay): the trace package's ``__init__`` installs these functions as
 ``Replay.notebook_page`` and ``DecodeReplay.notebook_page``.
 """
 
@@ -16,9 +16,8 @@ import html
 from collections.abc import Callable
 
 from ..errors import AttentionValueError
-from .decode_html import render_decode_html
 from .decode_replay import DecodeReplay
-from .html import render_html
+from .html import render_decode_html, render_html
 from .replay import Replay
 
 __all__ = ["FRAME_HEIGHT_PX", "decode_notebook_html", "notebook_html"]
@@ -46,6 +45,6 @@ def notebook_html(replay: Replay, *, height: int = FRAME_HEIGHT_PX) -> str:
 
 
 def decode_notebook_html(replay: DecodeReplay, *, height: int = FRAME_HEIGHT_PX) -> str:
-    """The decode step's page (:func:`.decode_html.render_decode_html`) as one ``<iframe>`` element for a
+    """The decode step's page (:func:`.html.render_decode_html`) as one ``<iframe>`` element for a
     notebook cell; a step too large to draw gives a paragraph that says why."""
     return _frame(lambda: render_decode_html(replay), "Decode replay", "decode", height)

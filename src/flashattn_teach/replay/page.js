@@ -12,7 +12,7 @@ const Page = (() => {
   const number = x => el("span", {className: "num", textContent: fmt(x)});
 
   // An equation's numbers put in: parts are text (strings), numbers (null: −∞) and rows of numbers, in the
-  // order of the substituted text (trace/equations.py, decode_html.py); each number a span.num.
+  // order of the substituted text (equations.py, html.py); each number a span.num.
   function substituted(parts) {
     const out = [];
     for (const p of parts) {

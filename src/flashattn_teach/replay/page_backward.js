@@ -1,4 +1,4 @@
-// The backward view (backward_manifest.py): FlashAttention-2 Alg. 2 one step at a time — the preprocess
+// The backward view (manifest.py: to_backward_json): FlashAttention-2 Alg. 2 one step at a time — the preprocess
 // (delta), every dK/dV step, every dQ step, then the gradients against float64 autograd. Each step shows its
 // tile on the (T_r, T_c) grid, the tile's P_ij, dP_ij, dS_ij, the accumulators after it, and its equations
 // with their numbers.
@@ -8,7 +8,7 @@
   const SVG = "http://www.w3.org/2000/svg", CELL = 30;
 
   Page.addView("backward", "Backward", (section, d) => {
-    const PASS = d.passes, KIND_NAME = Object.fromEntries(Object.entries(d.tileKinds).map(([n, v]) => [v, n]));
+    const PASS = d.stepKinds, KIND_NAME = Object.fromEntries(Object.entries(d.tileKinds).map(([n, v]) => [v, n]));
     const skipped = new Set(d.skipped.map(([i, j]) => `${i},${j}`));
     const total = d.steps.length + 1;  // the steps, then the result
     const passTitle = {[PASS.DKDV]: "dK/dV pass", [PASS.DQ]: "dQ pass"};
@@ -28,12 +28,12 @@
       if (skipped.has(`${i},${j}`)) return STATE.SKIPPED;
       if (n >= d.steps.length) return STATE.DONE;
       const s = d.steps[n];
-      if (s.pass === PASS.PREPROCESS) return STATE.PENDING;
+      if (s.stepKind === PASS.PREPROCESS) return STATE.PENDING;
       if (s.i === i && s.j === j) return STATE.CURRENT;
-      for (let m = n - 1; m >= 0 && d.steps[m].pass === s.pass; m--) {
+      for (let m = n - 1; m >= 0 && d.steps[m].stepKind === s.stepKind; m--) {
         const t = d.steps[m];
         if (t.i === i && t.j === j) {
-          const same = s.pass === PASS.DKDV ? t.j === s.j : t.i === s.i;
+          const same = s.stepKind === PASS.DKDV ? t.j === s.j : t.i === s.i;
           return same ? STATE.ACCUMULATED : STATE.DONE;
         }
       }
@@ -100,7 +100,7 @@
         position.textContent = `${d.steps.length} steps replayed`;
         equations.replaceChildren();
         drawResult();
-      } else if (step.pass === PASS.PREPROCESS) {
+      } else if (step.stepKind === PASS.PREPROCESS) {
         label.textContent = "Preprocess: delta = rowsum(dO * O)";
         position.textContent = "before either pass: delta_i = Σ_j P_ij dP_ij over the whole row, so each dS_ij needs only its own tile";
         const x = d.inputs;
@@ -108,7 +108,7 @@
         drawEquations(step.equations);
       } else {
         const [r0, r1] = step.rows, [c0, c1] = step.cols;
-        label.textContent = `${passTitle[step.pass]} · tile (i=${step.i}, j=${step.j})`;
+        label.textContent = `${passTitle[step.stepKind]} · tile (i=${step.i}, j=${step.j})`;
         // One step counter, the stepper's: the position names the tile's rows, columns and kind only.
         position.textContent = `query rows ${r0}–${r1 - 1} · key columns ${c0}–${c1 - 1} · ${KIND_NAME[step.kind]}`;
         matrices.replaceChildren(matrix("P_ij", step.P_ij), matrix("dP_ij", step.dP_ij), matrix("dS_ij", step.dS_ij),

@@ -1,4 +1,4 @@
-// The decode step's page (decode_html.py): every split's tile updates, then the merges of the split results,
+// The decode step's page (html.py): every split's tile updates, then the merges of the split results,
 // the sink merged in last when there is one, and the result against the dense oracle. The cache strip shows
 // each slot's role (old, new, unused), split and, in a paged cache, page, block id and slot; the current
 // event's keys are highlighted. Equations come with their numbers, one query row at a time.

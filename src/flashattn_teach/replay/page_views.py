@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .backward_manifest import build_backward_view
 from .compare import build as build_compare
 from .equations_key_major import build_view as build_equations
 from .gpu_schedule import OPTIONS as GPU_OPTIONS
 from .gpu_schedule import build as build_gpu
+from .manifest import build_backward_view
 from .memory import build_view as build_memory
 from .replay import Replay
 

@@ -44,7 +44,7 @@ a time, never stored.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -88,11 +88,16 @@ class Replay:
     # notebook.notebook_html, installed by the trace package's __init__: notebook imports this module (through
     # html), so this module cannot import it (no import cycles).
     notebook_page: ClassVar[Callable[[Replay], str] | None] = None
+    replay_kind: ClassVar[str] = "forward"  # the scenario, "replayKind" in its JSON
 
     def _repr_html_(self) -> str | None:
         """Jupyter's rich display: the replay page in an ``<iframe srcdoc>`` (:mod:`.notebook`)."""
         render = Replay.notebook_page
         return None if render is None else render(self)
+
+    def all_steps(self) -> Iterator[TileStep]:
+        """Every step, in the order it runs: the UPDATEs of the query block."""
+        return iter(self.steps)
 
     def with_options(self, **changes: Any) -> Replay:
         """The replay of the same inputs with some of :func:`replay`'s keyword arguments changed (e.g.

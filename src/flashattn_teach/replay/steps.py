@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -28,7 +29,45 @@ from ..masks.spec import Tiling
 from ..reference.scores import score_tile
 from .schedule import Done, Schedule
 
-__all__ = ["Steps", "TileState", "TileStep", "sink_share"]
+__all__ = ["Step", "StepKind", "Steps", "TileState", "TileStep", "sink_share"]
+
+
+class StepKind(Enum):
+    """What a step of any replay does; its JSON's ``"stepKind"`` (``replay.schema.json``) and every renderer's
+    title. The forward and a decode split run UPDATEs; a decode step then MERGEs; the backward runs
+    PREPROCESS once, then its DKDV and DQ passes (FA2 Alg. 2)."""
+
+    UPDATE = "update"  # one tile folded into m_i, l_i, acc (FA2 Alg. 1 lines 8-10): TileStep
+    MERGE = "merge"  # two partials (O, lse) combined (Flash-Decoding): decode_merges.MergeStep
+    PREPROCESS = "preprocess"  # delta = rowsum(dO * O) (FA2 Alg. 2 line 4)
+    DKDV = "dkdv"  # outer loop over key blocks j: dK_j, dV_j on chip: backward_replay.BackwardStep
+    DQ = "dq"  # outer loop over query blocks i: dQ_i on chip: backward_replay.BackwardStep
+
+    @property
+    def title(self) -> str:
+        """The heading every renderer gives a step of this kind."""
+        return STEP_TITLES[self]
+
+
+class Step(Protocol):
+    """What a step of any scenario carries: its kind and its index within its pass or split (each kind's record,
+    TileStep, MergeStep, BackwardStep, adds its terms and, but for a merge, its tile). A replay's
+    ``all_steps()`` yields them in the order they run."""
+
+    @property
+    def step_kind(self) -> StepKind: ...
+
+    @property
+    def index(self) -> int: ...
+
+
+STEP_TITLES = {
+    StepKind.UPDATE: "tile update",
+    StepKind.MERGE: "merge",
+    StepKind.PREPROCESS: "preprocess",
+    StepKind.DKDV: "dK/dV pass",
+    StepKind.DQ: "dQ pass",
+}
 
 
 class TileState(Enum):
@@ -86,6 +125,7 @@ class TileStep:
     sink_share: Tensor | None = None
     softcap: float | None = None  # S_ij was capped: softcap * tanh(scale Q_i K_j^T / softcap)
     biased: bool = False  # S_ij holds an additive term (ALiBi or an additive attn_mask)
+    step_kind: ClassVar[StepKind] = StepKind.UPDATE
 
     @property
     def masked(self) -> bool:

@@ -15,6 +15,11 @@ and last ``SHOWN_AT_EACH_END`` are drawn (every update is still computed; ``--fo
 The table takes the terminal's width (:mod:`.terminal`); below :data:`~.terminal.WIDE` columns each update
 is stacked: the statistics over the outputs, each equation over its numbers, the memory's two tables one
 under the other, and a grid window of at most ``GRID_COLS_NARROW`` key blocks.
+
+:func:`render_table` prints any of the three scenarios: a backward replay (below) as the preprocess, every
+dK/dV step, every dQ step, each a panel of its tile ``(i, j)`` and kind and its equations (FA2 Alg. 2 line,
+``name = symbolic``) with their numbers, then each gradient against the float64 ``torch.autograd`` oracle
+(every step drawn: a backward replay is meant to be small); a decode step by :mod:`.decode_table`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import IO
 
 from torch import Tensor
 
+from .backward_replay import BackwardEquation, BackwardReplay, BackwardStep
+from .decode_replay import DecodeReplay
 from .equations_key_major import replay_equations
 from .manifest import span
 from .memory import memory_figure
@@ -134,9 +141,18 @@ def _equations(replay: Replay, step: TileStep, narrow: bool):
     return Group(table, *others)
 
 
-def render_table(replay: Replay, file: IO[str] | None = None, *, width: int | None = None) -> None:
-    """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary;
+def render_table(
+    replay: Replay | BackwardReplay | DecodeReplay, file: IO[str] | None = None, *, width: int | None = None
+) -> None:
+    """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary (a
+    backward replay: :func:`render_backward_table`; a decode step: :func:`.decode_table.render_decode_table`);
     ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
+    if isinstance(replay, BackwardReplay):
+        return render_backward_table(replay, file, width=width)
+    if isinstance(replay, DecodeReplay):
+        from .decode_table import render_decode_table  # it imports this module's neighbours only: no cycle
+
+        return render_decode_table(replay, file, width=width)
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -207,3 +223,80 @@ def _runs(js: Iterable[int]) -> list[tuple[int, int]]:
         else:
             runs.append((j, j + 1))
     return runs
+
+
+# The backward replay: the preprocess, every dK/dV step, every dQ step, then the errors. Below WIDE columns
+# each equation's numbers go under it, indented, and a step's rows and columns under its panel's title.
+
+
+def _backward_equations(eqs: list[BackwardEquation], narrow: bool):
+    """One row per equation: line, ``name = symbolic``, the numbers; ``narrow``: the numbers on the next row."""
+    from rich.padding import Padding
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_header=True)
+    table.add_column("line", justify="right", style="dim")
+    table.add_column("equation, then with the numbers" if narrow else "equation", overflow="fold")
+    if not narrow:
+        table.add_column("with the numbers", overflow="fold")
+    for eq in eqs:
+        line, equation = "" if eq.line is None else str(eq.line), f"{eq.name} = {eq.symbolic}"
+        if narrow:
+            table.add_row(line, equation)
+            table.add_row("", Padding(eq.substituted, (0, 0, 0, 2)))  # indented, wrapped lines too
+        else:
+            table.add_row(line, equation, eq.substituted)
+    return table
+
+
+def _step_panel(step: BackwardStep, count: int, narrow: bool):
+    from rich.console import Group
+    from rich.panel import Panel
+
+    (r0, r1), (c0, c1) = step.rows, step.cols
+    where = f"query rows {span(r0, r1)} · key columns {span(c0, c1)}"
+    head = f"{step.step_kind.title} · step {step.index + 1} of {count} · tile (i={step.i}, j={step.j})"
+    if narrow:  # a title that fits 80 columns; the rows and columns as the panel's first line
+        body = Group(where, _backward_equations(step.equations, narrow))
+        return Panel(body, title=f"{head} · {step.kind.name}", title_align="left")
+    title = f"{head} · {where} · {step.kind.name}"
+    return Panel(_backward_equations(step.equations, narrow), title=title, title_align="left")
+
+
+def _errors(br: BackwardReplay):
+    from rich.table import Table
+
+    table = Table(title="Gradients against float64 torch.autograd of dense attention")
+    for column in ("gradient", "shape", "max |grad - oracle|"):
+        table.add_column(column, justify="right")
+    mine = br.gradients()
+    for name, error in br.max_error().items():
+        table.add_row(name, "x".join(map(str, mine[name].shape)), f"{error:.3e}")
+    return table
+
+
+def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, width: int | None = None) -> None:
+    """Print ``br`` to ``file`` (default stdout): preprocess, the dK/dV steps, the dQ steps, the errors;
+    ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
+    from rich.panel import Panel
+
+    console = open_console(file, width)
+    narrow = is_narrow(console)
+    N_q, N_k = br.q.shape[0], br.k.shape[0]
+    extras = [f"softcap {br.softcap:g}"] if br.softcap is not None else []
+    extras += [f"sink {float(br.sink[0]):g}"] if br.sink is not None else []
+    console.print(
+        f"[bold]Backward replay[/bold] (FlashAttention-2 Alg. 2) · batch element {br.batch_index} · N_q={N_q}, "
+        f"N_k={N_k} · BLOCK_M={br.block_m}, BLOCK_N={br.block_n} · scale {br.scale:.4g}"
+        + "".join(f" · {x}" for x in extras)
+    )
+    skipped = br.skipped()
+    if skipped:
+        console.print("SKIP tiles (never computed): " + ", ".join(f"({i}, {j})" for i, j in skipped))
+    console.print(Panel(_backward_equations(br.preprocess(), narrow), title="Preprocess", title_align="left"))
+    for steps in (list(br.dkdv_steps()), list(br.dq_steps())):
+        for step in steps:
+            console.print(_step_panel(step, len(steps), narrow))
+    console.print(_errors(br))
+    worst = max(br.max_error().values())
+    console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")
