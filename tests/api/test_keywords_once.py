@@ -17,7 +17,7 @@ from typing import get_args
 import pytest
 import torch
 import torch.nn.functional as F
-from typing_extensions import get_type_hints
+from typing_extensions import get_type_hints, is_typeddict
 
 import flashattn_teach as fa
 from flashattn_teach import _options
@@ -103,7 +103,8 @@ def test_every_public_function_takes_the_shared_definitions_keywords(name):
     assert set(taken) & set(keyword_table(_options.AttentionKeywords)) == set(keyword_table(shared)), name
     # and its signature is its **options TypedDict's, with return_lse the one keyword written out beside it
     hint = get_type_hints(inspect.unwrap(function), include_extras=True)["options"]
-    assert set(taken) - {"return_lse"} == set(keyword_table(get_args(hint)[0])), name
+    whole = hint if is_typeddict(hint) else get_args(hint)[0]  # options: SomeKeywords, or **options: Unpack[...]
+    assert set(taken) - {"return_lse"} == set(keyword_table(whole)), name
 
 
 @pytest.mark.parametrize("name", PUBLIC)

@@ -22,7 +22,7 @@ from .._autocast import cast_inputs
 from .._options import AttentionKeywords, AttentionOptions, make_options
 from .._validate.fp8 import Fp8Descale, check_fp8
 from .._validate.inputs import check_bool
-from .._validate.keywords import Default, takes_keywords
+from .._validate.keywords import Default, collects_keywords
 from .._validate.spelling import spelling_hint
 from ..dispatch import fp8, planner, runner
 from ..ops import attention as ops
@@ -50,9 +50,9 @@ def flash_attention(
 
 
 @spelling_hint("is_causal", "causal", whose="torch's scaled_dot_product_attention's spelling")
-@takes_keywords(enable_gqa=True)
+@collects_keywords(enable_gqa=True)
 def flash_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, **options: Unpack[FlashAttentionKeywords]
+    q: Tensor, k: Tensor, v: Tensor, *, options: FlashAttentionKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention without storing the ``N_q x N_k`` score matrix, in torch's layout: ``q`` is
     ``(B, H, N, D)`` (heads before tokens), as torch's SDPA, though the name and the keywords are flash-attn's.

@@ -36,7 +36,7 @@ from typing_extensions import Unpack
 from .._autocast import cast_inputs
 from .._options import PackedKeywords, make_options, make_packed_options
 from .._validate.inputs import check_bool
-from .._validate.keywords import Default, takes_keywords
+from .._validate.keywords import Default, collects_keywords
 from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
@@ -81,7 +81,7 @@ def flash_attention_varlen(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@takes_keywords(causal_align="bottom_right")
+@collects_keywords(causal_align="bottom_right")
 def flash_attention_varlen(
     q: Tensor,
     k: Tensor,
@@ -91,8 +91,8 @@ def flash_attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
+    options: VarlenKeywords,
     return_lse: bool = False,
-    **options: Unpack[VarlenKeywords],
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention over ``B`` packed sequences, each attending only within itself (flash-attn's varlen).
 

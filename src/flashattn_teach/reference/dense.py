@@ -31,7 +31,7 @@ from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
 from .._options import AttentionKeywords, AttentionOptions, make_options
 from .._validate.inputs import check_bool
-from .._validate.keywords import takes_keywords
+from .._validate.keywords import collects_keywords
 from ..dropout import drop
 from .scores import soft_cap
 
@@ -47,9 +47,9 @@ def dense_attention(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@takes_keywords()
+@collects_keywords()
 def dense_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, **options: Unpack[AttentionKeywords]
+    q: Tensor, k: Tensor, v: Tensor, *, options: AttentionKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
 

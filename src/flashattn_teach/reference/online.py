@@ -13,7 +13,7 @@ from typing_extensions import Unpack
 from .._autocast import cast_inputs
 from .._options import AttentionKeywords, AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
-from .._validate.keywords import Default, takes_keywords
+from .._validate.keywords import Default, collects_keywords
 from .autograd import TiledAttentionFunction, tiled_forward
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -69,9 +69,9 @@ def online_attention(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@takes_keywords()
+@collects_keywords()
 def online_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, **options: Unpack[TiledKeywords]
+    q: Tensor, k: Tensor, v: Tensor, *, options: TiledKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by query-major online softmax (the teaching example; FlashAttention-2's order).
 
@@ -118,9 +118,9 @@ def key_major_attention(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@takes_keywords()
+@collects_keywords()
 def key_major_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, **options: Unpack[TiledKeywords]
+    q: Tensor, k: Tensor, v: Tensor, *, options: TiledKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention in FlashAttention's Algorithm 1 order (key blocks outside, query blocks inside).
 

@@ -74,7 +74,7 @@ from torch import Tensor
 from typing_extensions import Unpack
 
 from .._options import DecodeKeywords
-from .._validate.keywords import takes_keywords
+from .._validate.keywords import collects_keywords
 from . import ops as ops_decode
 from .checks import autocast_inputs
 from .step import decode_step
@@ -105,7 +105,7 @@ def flash_attention_with_kvcache(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@takes_keywords()
+@collects_keywords()
 def flash_attention_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -113,8 +113,8 @@ def flash_attention_with_kvcache(
     k: Tensor | None = None,
     v: Tensor | None = None,
     *,
+    options: DecodeKeywords,
     return_lse: bool = False,
-    **options: Unpack[DecodeKeywords],
 ) -> Tensor | tuple[Tensor, Tensor]:
     """One decode step against a KV cache: append ``k, v`` in place, attend ``q`` over the valid entries.
 
