@@ -9,6 +9,7 @@ history), not from the definition: a default that moved would fail here.
 from __future__ import annotations
 
 import inspect
+import pydoc
 import subprocess
 import sys
 import textwrap
@@ -123,6 +124,8 @@ def test_every_keyword_shows_its_type(name):
     for parameter in inspect.signature(function).parameters.values():
         assert parameter.annotation is not inspect.Parameter.empty, (name, parameter.name)
     assert "ScoreMod | None" in str(inspect.signature(fa.flash_attention).parameters["score_mod"])
+    shown = pydoc.render_doc(fa.flash_attention, renderer=pydoc.plaintext)  # what help() prints
+    assert "window: 'tuple[int, int] | None' = None" in shown and "enable_gqa: 'bool' = True" in shown
 
 
 @pytest.mark.parametrize("name", PUBLIC)
