@@ -1,20 +1,29 @@
-"""One call's options, validated once and handed to whichever backend runs it.
+"""One call's options: the keywords the public functions take, written once, and the record they are
+validated into, once, for whichever backend runs the call.
 
-The public functions keep flat, typed signatures (torch's for the drop-in); :func:`make_options` checks
-every argument there, once, and every backend reads the frozen :class:`AttentionOptions` it returns, so
-no backend validates again or receives an untyped ``**dict``. The variations of a call that the library
-runs below a public function (the query heads of a decode step folded into rows, one key range of a
-decode step, a dropout key fixed by a compiled op) are built from it with ``replace``-style methods that
-check nothing again.
+The keywords are ``TypedDict`` s (:class:`StepKeywords`, :class:`PackedKeywords`, :class:`AttentionKeywords`,
+:class:`DecodeKeywords`), each key with its type and default on one line. A ``TypedDict`` rather than the
+options record itself, because the two hold different things: the keywords are what a user writes (``causal``,
+``window``, ``attn_mask`` as given), the record is what they mean for these ``q, k, v`` (the broadcast sizes,
+the resolved ``scale``, the mask contract); and a ``TypedDict`` is what ``**options: Unpack[...]`` (PEP 692)
+lets mypy and IDEs read as a signature, which a dataclass is not. Each public function takes them so
+(:func:`flashattn_teach._validate.keywords.takes_keywords` gives it the signature ``help()`` shows and the
+unknown-keyword error) and passes them whole to :func:`make_options`, which checks every argument, once; every
+backend reads the frozen :class:`AttentionOptions` it returns, so no backend validates again or receives an
+untyped ``**dict``. The variations of a call that the library runs below a public function (the query heads of
+a decode step folded into rows, one key range of a decode step, a dropout key fixed by a compiled op) are
+built from it with ``replace``-style methods that check nothing again. torch's and flash-attn's drop-ins keep
+their own written-out signatures (their peers'), and spell the keywords into :func:`make_options` by name.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from torch import Tensor
+from typing_extensions import Required, TypedDict, Unpack
 
 from ._layout import compute_dtype
 from ._validate.fp8 import Fp8Descale, is_fp8
@@ -28,6 +37,7 @@ from ._validate.inputs import (
     check_window,
     validate_inputs,
 )
+from ._validate.keywords import Default, keyword_table, unexpected_keyword
 from ._validate.sinks import check_sinks
 from ._validate.varlen import (
     check_cu_seqlens,
@@ -38,9 +48,53 @@ from ._validate.varlen import (
 )
 from .dropout import DropoutKey, draw
 from .errors import AttentionTypeError, AttentionValueError
-from .flex.block_mask import BlockMask
-from .flex.mods import UserMods, check_block_mask
+from .flex import block_mask as flex_block_mask
+from .flex.mods import BlockMask, MaskMod, ScoreMod, UserMods, check_block_mask
 from .masks.spec import MaskSpec
+
+
+class StepKeywords(TypedDict, total=False):
+    """What every call takes, a decode step's too: the scores' scale and terms, and which keys a row sees.
+    (``flash_attention``'s docstring says what each means.)"""
+
+    causal: Annotated[bool, Default(False)]
+    scale: Annotated[float | None, Default(None)]  # None: 1 / sqrt(D)
+    window: Annotated[tuple[int, int] | None, Default(None)]  # (left, right), -1: unbounded
+    softcap: Annotated[float | None, Default(None)]
+    alibi_slopes: Annotated[Tensor | None, Default(None)]
+    sinks: Annotated[Tensor | None, Default(None)]  # (H_q,)
+
+
+class PackedKeywords(StepKeywords, total=False):
+    """What a prefill call takes over packed sequences too (``flash_attention_varlen``)."""
+
+    causal_align: Annotated[str, Default("top_left")]  # or "bottom_right"; the varlen functions default to it
+    dropout_p: Annotated[float, Default(0.0)]
+    deterministic: Annotated[bool, Default(False)]  # a bitwise reproducible backward
+
+
+class AttentionKeywords(PackedKeywords, total=False):
+    """What a call over a padded batch takes too (``flash_attention``, ``explain``, the references)."""
+
+    enable_gqa: Annotated[bool, Default(False)]  # flash_attention: True
+    seqlens_k: Annotated[Tensor | None, Default(None)]
+    attn_mask: Annotated[Tensor | None, Default(None)]
+    score_mod: Annotated[ScoreMod | None, Default(None)]
+    mask_mod: Annotated[MaskMod | None, Default(None)]
+    block_mask: Annotated[BlockMask | None, Default(None)]
+
+
+class DecodeKeywords(StepKeywords, total=False):
+    """A decode step's keywords (``flash_attention_with_kvcache``, ``explain_with_kvcache``)."""
+
+    cache_seqlens: Required[Tensor | int]
+    block_table: Annotated[Tensor | None, Default(None)]  # (B, max_blocks): a paged cache
+    cache_leftpad: Annotated[Tensor | None, Default(None)]  # (B,)
+    num_splits: Annotated[int, Default(0)]  # 0: chosen
+    backend: Annotated[str, Default("auto")]
+
+
+_ATTENTION = {name: p.default for name, p in keyword_table(AttentionKeywords).items()}
 
 
 @dataclass(frozen=True)
@@ -117,55 +171,50 @@ def make_options(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    call: StepKeywords | None = None,
+    /,
     *,
-    causal: object = False,
-    causal_align: str = "top_left",
-    scale: object = None,
-    enable_gqa: object = False,
-    attn_mask: Tensor | None = None,
-    dropout_p: object = 0.0,
-    window: object = None,
-    softcap: object = None,
-    alibi_slopes: object = None,
-    seqlens_k: object = None,
     packed: tuple[Tensor, Tensor] | None = None,
     offset: int | None = None,
     causal_name: str = "causal",
-    deterministic: object = False,
-    score_mod: object = None,
-    mask_mod: object = None,
-    block_mask: object = None,
     descale: Fp8Descale | None = None,
-    sinks: object = None,
+    **keywords: Unpack[AttentionKeywords],
 ) -> AttentionOptions:
     """Validate a call's arguments (naming them as the caller's signature does) and freeze them.
 
+    ``call``: a public function's keywords, passed whole (keys it has that are not :class:`AttentionKeywords`'
+    are not read); ``keywords``: any of them by name, which replace the call's (the defaults fill the rest).
     ``packed``: ``(cu_seqlens_q, cu_seqlens_k)``, already checked
     (:mod:`flashattn_teach._validate.varlen`), for the ``(H, total, D)`` views of packed sequences; the
     ALiBi slopes are then per sequence, checked by the caller too. ``offset`` fixes the causal diagonal's
     offset itself (a decode step's key range; see :meth:`flashattn_teach.masks.MaskSpec.build`).
     ``descale``: an FP8 call's factors, already checked (:func:`flashattn_teach._validate.fp8.check_fp8`)."""
+    if not _ATTENTION.keys() >= keywords.keys():
+        raise unexpected_keyword("make_options", next(iter(keywords.keys() - _ATTENTION.keys())), frozenset(_ATTENTION))
+    o = cast(AttentionKeywords, {**_ATTENTION, **(call or {}), **keywords})
     if descale is None and is_fp8(q):  # an e4m3 input means nothing without its descale
         raise AttentionTypeError(
             f"query is {q.dtype}: float8 inputs run in flash_attention's FP8 forward only (q_descale, k_descale, "
             "v_descale there; flashattn_teach._validate.fp8), or dequantise them to bfloat16 first"
         )
-    causal = check_bool(causal_name, causal)
-    gqa = check_bool("enable_gqa", enable_gqa)
-    shapes = validate_inputs(q, k, v, scale=scale, causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
+    causal = check_bool(causal_name, o["causal"])
+    gqa = check_bool("enable_gqa", o["enable_gqa"])
+    causal_align, attn_mask = o["causal_align"], o["attn_mask"]
+    shapes = validate_inputs(q, k, v, scale=o["scale"], causal_align=causal_align, enable_gqa=gqa, attn_mask=attn_mask)
     # packed: slopes per sequence, checked by the caller (check_packed_alibi)
-    slopes = cast(Tensor | None, alibi_slopes) if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
+    alibi_slopes = o["alibi_slopes"]
+    slopes = alibi_slopes if packed is not None else check_alibi_slopes(alibi_slopes, q, shapes)
     cu_q, cu_k = packed if packed is not None else (None, None)
-    mods = check_mods(score_mod, mask_mod, block_mask, shapes, q)
+    mods = check_mods(o["score_mod"], o["mask_mod"], o["block_mask"], shapes, q)
     mask = MaskSpec.build(
         shapes,
         q.dtype,
         causal=causal,
         causal_align=causal_align,
-        window=check_window(window),
-        softcap=check_softcap(softcap),
+        window=check_window(o["window"]),
+        softcap=check_softcap(o["softcap"]),
         alibi_slopes=slopes,
-        seqlens_k=check_seqlens_k(seqlens_k, q, shapes),
+        seqlens_k=check_seqlens_k(o["seqlens_k"], q, shapes),
         attn_mask=attn_mask,
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
@@ -177,10 +226,10 @@ def make_options(
         mask=mask,
         causal_align=causal_align,
         enable_gqa=gqa,
-        dropout_p=check_dropout(dropout_p),
-        deterministic=check_bool("deterministic", deterministic),
+        dropout_p=check_dropout(o["dropout_p"]),
+        deterministic=check_bool("deterministic", o["deterministic"]),
         descale=descale,
-        sinks=check_sinks(sinks, shapes.H_q, q.device),
+        sinks=check_sinks(o["sinks"], shapes.H_q, q.device),
     )
 
 
@@ -226,10 +275,10 @@ def from_torch(block_mask: object) -> object:
     return listed_again(t, tuple(t.seq_lengths))
 
 
-def listed_again(mask: Any, seq_lengths: tuple[int, int]) -> BlockMask:
+def listed_again(mask: Any, seq_lengths: tuple[int, int]) -> flex_block_mask.BlockMask:
     """This library's block mask from another mask's kv index lists, ``BLOCK_SIZE`` and ``mask_mod`` (torch's
     or this library's), read for ``seq_lengths``."""
-    return BlockMask.from_kv_blocks(
+    return flex_block_mask.BlockMask.from_kv_blocks(
         mask.kv_num_blocks,
         mask.kv_indices,
         mask.full_kv_num_blocks,
@@ -248,42 +297,31 @@ def make_packed_options(
     cu_seqlens_k: Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    *,
-    causal: object,
-    causal_align: str,
-    scale: object,
-    window: object,
-    softcap: object,
-    alibi_slopes: object,
-    dropout_p: object,
-    deterministic: object = False,
-    sinks: object = None,
+    call: StepKeywords | None = None,
+    /,
+    **keywords: Unpack[PackedKeywords],
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
-    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments) and return the
-    ``(H, total, D)`` views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no
-    copy) with their options, the packed sequences in the mask contract."""
+    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments: ``call`` its keywords
+    passed whole, ``keywords`` by name) and return the ``(H, total, D)`` views of ``q, k, v`` (one batch
+    element whose sequence axis is the packed axis; no copy) with their options, the packed sequences in the
+    mask contract. Only :class:`PackedKeywords` are read: a padded batch's (``attn_mask``, ``seqlens_k``, user
+    functions) mean nothing here, and the caller refuses them."""
     check_packed_qkv(q, k, v)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
     cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
     B = check_same_batch(cu_q, cu_k)
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
     check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
-    slopes = check_packed_alibi(alibi_slopes, B, q.shape[1], q.device)
+    if not _PACKED >= keywords.keys():
+        raise unexpected_keyword("make_packed_options", next(iter(keywords.keys() - _PACKED)), _PACKED)
+    o = cast(PackedKeywords, {**(call or {}), **keywords})
+    slopes = check_packed_alibi(o.get("alibi_slopes"), B, q.shape[1], q.device)
     qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))  # (total, H, D) -> (H, total, D)
+    packed_only = {name: value for name, value in o.items() if name in _PACKED}
     opts = make_options(
-        qh,
-        kh,
-        vh,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=True,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=slopes,
-        dropout_p=dropout_p,
-        packed=(cu_q, cu_k),
-        deterministic=deterministic,
-        sinks=sinks,
+        qh, kh, vh, cast(PackedKeywords, packed_only), enable_gqa=True, alibi_slopes=slopes, packed=(cu_q, cu_k)
     )
     return qh, kh, vh, opts
+
+
+_PACKED = frozenset(keyword_table(PackedKeywords))

@@ -96,16 +96,7 @@ def flash_attn_func(
     D_v)`` -> ``out (B, N_q, H_q, D_v)``, or ``(out, softmax_lse (B, H_q, N_q), S_dmask)`` with
     ``return_attn_probs``. ``H_q`` a multiple of ``H_kv``: query head h reads key/value head
     ``h // (H_q // H_kv)``. The options are flash-attn's (the module's docstring); differentiable."""
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     return attend(q, k, v, opts)
 
 
@@ -124,16 +115,7 @@ def flash_attn_kvpacked_func(
     """flash-attn's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` with ``kv (B, N_k, 2, H_kv, D)``
     holding the keys and values (read as views; gradients reach ``kv``)."""
     k, v = unpack("kv", kv, 2, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)")
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     return attend(q, k, v, opts)
 
 
@@ -151,16 +133,7 @@ def flash_attn_qkvpacked_func(
     """flash-attn's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` with ``qkv (B, N, 3, H, D)``
     holding the queries, keys and values (read as views; gradients reach ``qkv``)."""
     q, k, v = unpack("qkv", qkv, 2, 3, "(batch_size, seqlen, 3, nheads, headdim)")
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     return attend(q, k, v, opts)
 
 
@@ -188,16 +161,7 @@ def flash_attn_varlen_func(
     (H_q, total_q), S_dmask (B, H_q, max_seqlen_q, max_seqlen_k))``. With ``block_table (B, max_blocks)``,
     ``k, v`` are page pools ``(num_blocks, page_block_size, H_kv, D)`` (any page size). See
     :func:`flashattn_teach.flash_attention_varlen`."""
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     bounds = Packing(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return attend_varlen(q, k, v, bounds, opts, block_table)
 
@@ -221,16 +185,7 @@ def flash_attn_varlen_kvpacked_func(
     """flash-attn's ``flash_attn_varlen_kvpacked_func``: :func:`flash_attn_varlen_func` with
     ``kv (total_k, 2, H_kv, D)``."""
     k, v = unpack("kv", kv, 1, 2, "(total_k, 2, nheads_k, headdim)")
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     bounds = Packing(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return attend_varlen(q, k, v, bounds, opts, None)
 
@@ -251,16 +206,7 @@ def flash_attn_varlen_qkvpacked_func(
     """flash-attn's ``flash_attn_varlen_qkvpacked_func``: :func:`flash_attn_varlen_func` with
     ``qkv (total, 3, H, D)`` and one ``cu_seqlens``, ``max_seqlen`` for queries and keys."""
     q, k, v = unpack("qkv", qkv, 1, 3, "(total, 3, nheads, headdim)")
-    opts = FlashAttnOptions.of(
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        deterministic=deterministic,
-        return_attn_probs=return_attn_probs,
-    )
+    opts = FlashAttnOptions.of(locals())  # flash-attn's options, by its names
     bounds = Packing(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
     return attend_varlen(q, k, v, bounds, opts, None)
 

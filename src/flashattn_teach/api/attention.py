@@ -12,134 +12,47 @@ counter-based generator (:mod:`flashattn_teach.dropout`) keyed once per call fro
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Annotated, Literal, overload
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
 from .._autocast import cast_inputs
-from .._options import AttentionOptions, make_options
-from .._validate.fp8 import check_fp8
+from .._options import AttentionKeywords, AttentionOptions, make_options
+from .._validate.fp8 import Fp8Descale, check_fp8
 from .._validate.inputs import check_bool
+from .._validate.keywords import Default, collects_keywords
 from .._validate.spelling import spelling_hint
 from ..dispatch import fp8, planner, runner
-from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from ..ops import attention as ops
 
 
+class FlashAttentionKeywords(AttentionKeywords, total=False):
+    """:func:`flash_attention`'s keywords: the shared ones (:class:`flashattn_teach._options.AttentionKeywords`),
+    the backend and FlashAttention-3's FP8 descales."""
+
+    backend: Annotated[str, Default("auto")]
+    q_descale: Annotated[Tensor | None, Default(None)]
+    k_descale: Annotated[Tensor | None, Default(None)]
+    v_descale: Annotated[Tensor | None, Default(None)]
+
+
+# The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
 @overload
 def flash_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = True,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    backend: str = "auto",
-    return_lse: Literal[False] = False,
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = False, **options: Unpack[FlashAttentionKeywords]
 ) -> Tensor: ...
-
-
 @overload
 def flash_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = True,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    backend: str = "auto",
-    return_lse: Literal[True],
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[FlashAttentionKeywords]
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
-def flash_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = True,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    backend: str = "auto",
-    return_lse: bool = False,
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
 @spelling_hint("is_causal", "causal", whose="torch's scaled_dot_product_attention's spelling")
+@collects_keywords(enable_gqa=True)
 def flash_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = True,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    backend: str = "auto",
-    return_lse: bool = False,
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, *, options: FlashAttentionKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention without storing the ``N_q x N_k`` score matrix, in torch's layout: ``q`` is
     ``(B, H, N, D)`` (heads before tokens), as torch's SDPA, though the name and the keywords are flash-attn's.
@@ -187,7 +100,7 @@ def flash_attention(
             exp(sink_h))``, ``O_i = sum_j exp(S_ij - lse_i) V_j``. ``S_ij`` is the scaled, capped and biased
             score; the sink itself is neither scaled, capped, biased nor masked. A row that sees no key gives
             ``O = 0``, ``lse = sink_h``. Differentiable (``dsink`` in ``sinks``' dtype).
-        backend: one of ``"auto", "triton", "parallel", "online", "key_major", "dense"``; see
+        backend: one of ``"auto", "triton", "parallel", "query_major", "key_major", "dense"``; see
             :func:`explain`.
         return_lse: also return ``lse`` of shape ``(..., H_q, N_q)`` (float32, float64 for float64 inputs).
         q_descale, k_descale, v_descale: FlashAttention-3's FP8 forward: with ``q, k, v`` in
@@ -203,50 +116,45 @@ def flash_attention(
         backend, also under the torch.func transforms on the CPU backends; a query row that sees no key
         gives 0 (and ``lse = -inf``).
     """
-    fp8_options = {"dropout_p": dropout_p != 0.0, "attn_mask": attn_mask is not None}
-    fp8_options.update(
-        score_mod=score_mod is not None, mask_mod=mask_mod is not None, block_mask=block_mask is not None
-    )
-    descale = check_fp8(q, k, v, (q_descale, k_descale, v_descale), refused=fp8_options)
+    descale = check_descales(q, k, v, options)
     if descale is None:  # e4m3 inputs stay e4m3 under torch.autocast (their descales define them)
         q, k, v = cast_inputs(q, k, v)
-    opts = make_options(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        deterministic=deterministic,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-        block_mask=block_mask,
-        descale=descale,
-        sinks=sinks,
-    )
+    opts = make_options(q, k, v, options, descale=descale)
     lse_wanted = check_bool("return_lse", return_lse)
-    backend = planner.public_backend(backend)
+    backend = planner.public_backend(options["backend"])
     if descale is not None:
         O, lse = _run_fp8(backend, q, k, v, opts)
     elif opts.mask.mods is not None:
         # user functions cannot be arguments of the custom op: the call runs eagerly, also under torch.compile
         O, lse = _run_eagerly(planner.plan(q, k, v, opts, backend), q, k, v, opts)
-    elif torch.compiler.is_compiling() and ops.traceable(attn_mask, alibi_slopes):
+    elif torch.compiler.is_compiling() and ops.traceable(options["attn_mask"], options["alibi_slopes"]):
         # one opaque op in the graph instead of the traced tile loops, called with the checked arguments
+        scale_given, alibi_slopes, seqlens_k = (
+            options["scale"] is not None,
+            options["alibi_slopes"],
+            options["seqlens_k"],
+        )
         args = ops.AttentionArgs.of_call(
-            opts, backend, scale_given=scale is not None, alibi_slopes=alibi_slopes, seqlens_k=seqlens_k
+            opts, backend, scale_given=scale_given, alibi_slopes=alibi_slopes, seqlens_k=seqlens_k
         )
         O, lse = ops.call(q, k, v, args)
     else:
         O, lse = runner.run(planner.plan(q, k, v, opts, backend), q, k, v, opts)
     return (O, lse) if lse_wanted else O
+
+
+def check_descales(q: Tensor, k: Tensor, v: Tensor, options: FlashAttentionKeywords) -> Fp8Descale | None:
+    """An FP8 call's descales, checked (:func:`flashattn_teach._validate.fp8.check_fp8`), refusing by name what
+    the FP8 forward does not take; None for any other call."""
+    refused = {
+        "dropout_p": options["dropout_p"] != 0.0,
+        "attn_mask": options["attn_mask"] is not None,
+        "score_mod": options["score_mod"] is not None,
+        "mask_mod": options["mask_mod"] is not None,
+        "block_mask": options["block_mask"] is not None,
+    }
+    descales = (options["q_descale"], options["k_descale"], options["v_descale"])
+    return check_fp8(q, k, v, descales, refused=refused)
 
 
 def _run_eagerly(p: planner.Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:

@@ -11,20 +11,24 @@ generator.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor
+from typing_extensions import Unpack
 
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options, make_packed_options
-from .._validate.fp8 import check_fp8
 from .._validate.inputs import check_bool
+from .._validate.keywords import Default, takes_keywords
 from ..dispatch import Plan, fp8, planner
 from ..dispatch.planner import TILED
 from ..dispatch.runner import with_block_mask
-from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, MaskMod, ScoreMod
+from ..errors import AttentionTypeError, AttentionValueError
 from ..masks.causal import TileKind
 from ..serving.varlen_pages import gather_paged_keys
 from ..triton.support import forward_kernel_note
+from .attention import FlashAttentionKeywords, check_descales
+from .varlen import VarlenKeywords
 
 _DROPOUT_NOTE = (
     "; dropout: the counter-based Philox generator's mask, keyed by (seed, offset, batch, head, row, column), "
@@ -47,39 +51,29 @@ def _tile_counts(p: Plan, opts: AttentionOptions) -> str:
     )
 
 
-def explain(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    *,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    causal_align: str = "top_left",
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    cu_seqlens_q: Tensor | None = None,
-    cu_seqlens_k: Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    block_table: Tensor | None = None,
-    backend: str = "auto",
-    deterministic: bool = False,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
-    verbose: bool = False,
-) -> Plan:
+class ExplainKeywords(FlashAttentionKeywords, VarlenKeywords, total=False):
+    """:func:`explain`'s keywords: :func:`flash_attention`'s and :func:`flash_attention_varlen`'s, the packed
+    call's bounds, ``is_causal`` (torch's SDPA's spelling of ``causal``) and ``verbose``."""
+
+    is_causal: Annotated[bool, Default(False)]
+    cu_seqlens_q: Annotated[Tensor | None, Default(None)]
+    cu_seqlens_k: Annotated[Tensor | None, Default(None)]
+    max_seqlen_q: Annotated[int | None, Default(None)]
+    max_seqlen_k: Annotated[int | None, Default(None)]
+    verbose: Annotated[bool, Default(False)]
+
+
+# flash_attention_varlen's call: the padded batch's keywords it does not take are refused, not left out
+_NOT_PACKED = ("seqlens_k", "attn_mask", "score_mod", "mask_mod", "block_mask")
+
+
+@takes_keywords()
+def explain(query: Tensor, key: Tensor, value: Tensor, **options: Unpack[ExplainKeywords]) -> Plan:
     """Which backend :func:`scaled_dot_product_attention` / :func:`flash_attention` would use, and why;
     with a mask or variant on a tiled backend, also how many tiles it visits whole, masks and skips.
+
+    The keywords are :func:`flash_attention`'s (with ``enable_gqa`` off by default, as torch's SDPA), and
+    ``is_causal`` for SDPA's ``causal`` (pass one of the two).
 
     With ``cu_seqlens_q`` and ``cu_seqlens_k`` (and ``max_seqlen_q``, ``max_seqlen_k``) the inputs are
     packed sequences, ``(total, H, D)``, as :func:`flash_attention_varlen` takes them (its
@@ -99,6 +93,7 @@ def explain(
     >>> print(fa.explain(q[..., :8, :], q[..., :8, :], q[..., :8, :]))  # doctest: +ELLIPSIS
     parallel: cpu tensors: query-major tiles; fewer than 2^19 scores, too few for the worker threads: ...
     """
+    cu_seqlens_q, cu_seqlens_k, block_table = options["cu_seqlens_q"], options["cu_seqlens_k"], options["block_table"]
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if block_table is not None and not packed:
         raise AttentionValueError(
@@ -108,11 +103,13 @@ def explain(
     if block_table is not None:  # the keys the varlen call would gather from the pages
         key, value = gather_paged_keys(query, key, value, cu_seqlens_k, block_table)  # type: ignore[arg-type]
     query, key, value = cast_inputs(query, key, value)
-    if packed and (score_mod is not None or mask_mod is not None or block_mask is not None):
+    given = [name for name in _NOT_PACKED if options[name] is not None]  # type: ignore[literal-required]
+    if packed and given:
         raise AttentionValueError(
-            "score_mod, mask_mod and block_mask are not taken with packed sequences (cu_seqlens_q, cu_seqlens_k); "
-            "express the sequences as a document mask_mod over padded inputs instead"
+            f"{', '.join(given)} not taken with packed sequences (cu_seqlens_q, cu_seqlens_k), as "
+            "flash_attention_varlen takes none; express the sequences as a document mask_mod over padded inputs"
         )
+    causal, causal_name = _causal(options)
     if packed:
         query, key, value, opts = make_packed_options(
             query,
@@ -120,48 +117,15 @@ def explain(
             value,
             cu_seqlens_q,  # type: ignore[arg-type]  # checked: a tensor, or the varlen call's error
             cu_seqlens_k,  # type: ignore[arg-type]
-            max_seqlen_q,  # type: ignore[arg-type]
-            max_seqlen_k,  # type: ignore[arg-type]
-            causal=is_causal,
-            causal_align=causal_align,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            dropout_p=dropout_p,
-            deterministic=deterministic,
-            sinks=sinks,
+            options["max_seqlen_q"],  # type: ignore[arg-type]
+            options["max_seqlen_k"],  # type: ignore[arg-type]
+            options,
+            causal=causal,
         )
     else:
-        refused = {
-            "dropout_p": dropout_p != 0.0,
-            "attn_mask": attn_mask is not None,
-            "score_mod": score_mod is not None,
-        }
-        refused.update(mask_mod=mask_mod is not None, block_mask=block_mask is not None)
-        descale = check_fp8(query, key, value, (q_descale, k_descale, v_descale), refused=refused)
-        opts = make_options(
-            query,
-            key,
-            value,
-            descale=descale,
-            causal=is_causal,
-            causal_align=causal_align,
-            scale=scale,
-            enable_gqa=enable_gqa,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            seqlens_k=seqlens_k,
-            causal_name="is_causal",
-            deterministic=deterministic,
-            score_mod=score_mod,
-            mask_mod=mask_mod,
-            block_mask=block_mask,
-            sinks=sinks,
-        )
+        descale = check_descales(query, key, value, options)
+        opts = make_options(query, key, value, options, descale=descale, causal=causal, causal_name=causal_name)
+    backend = options["backend"]
     if opts.descale is not None:  # an FP8 call: its own plan (dispatch/fp8.py), forward only
         return fp8.plan_fp8(query, opts, backend)
     opts = with_block_mask(opts, query.device)  # a mask_mod's tiles, classified as the call would
@@ -175,12 +139,21 @@ def explain(
         again = ", and the backward draws the mask again instead of storing it" if p.backend in TILED else ""
         p = Plan(p.backend, p.reason + _DROPOUT_NOTE + again)
     if opts.mask.mods is not None:
-        p = Plan(p.backend, p.reason + _mods_note(p, opts, check_bool("verbose", verbose)))
+        p = Plan(p.backend, p.reason + _mods_note(p, opts, check_bool("verbose", options["verbose"])))
     if opts.sinks is not None:
         p = Plan(p.backend, p.reason + _sinks_note(p))
     if block_table is not None:
         p = Plan(p.backend, p.reason + _PAGED_NOTE)
     return p
+
+
+def _causal(options: ExplainKeywords) -> tuple[bool, str]:
+    """The call's ``causal``, and its name for the errors: ``is_causal`` (SDPA's) or ``causal`` (flash_attention's)."""
+    if options["is_causal"] is False:
+        return options["causal"], "causal"
+    if options["causal"] is not False:
+        raise AttentionTypeError("pass is_causal (scaled_dot_product_attention's spelling) or causal, not both")
+    return options["is_causal"], "is_causal"
 
 
 _PAGED_NOTE = (

@@ -10,11 +10,14 @@ asked for.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .._options import PackedKeywords
 from .._validate.inputs import check_bool, real_number, shape_str, values_on_host
 from ..errors import AttentionTypeError, AttentionValueError
 from ..reference.flash_attn_probs import signed_weights
@@ -25,53 +28,42 @@ from .varlen import flash_attention_varlen
 
 @dataclass(frozen=True)
 class FlashAttnOptions:
-    """The options every flash-attn function shares, checked once and in this library's terms."""
+    """The options every flash-attn function shares, checked once and in this library's terms: ``keywords``
+    are :func:`flashattn_teach.flash_attention_varlen`'s (:class:`flashattn_teach._options.PackedKeywords`),
+    aligned bottom-right as flash-attn aligns, passed whole to this library's functions."""
 
-    dropout_p: float
-    scale: float | None
-    causal: bool
-    window: tuple[int, int]
-    softcap: float | None
-    alibi_slopes: Tensor | None
-    deterministic: bool
+    keywords: PackedKeywords
     return_attn_probs: bool
 
     @classmethod
-    def of(
-        cls,
-        *,
-        dropout_p: float,
-        softmax_scale: float | None,
-        causal: bool,
-        window_size: object,
-        softcap: float,
-        alibi_slopes: Tensor | None,
-        deterministic: bool,
-        return_attn_probs: bool,
-    ) -> FlashAttnOptions:
-        probs = check_bool("return_attn_probs", return_attn_probs)
-        p = real_number("dropout_p", dropout_p)
+    def of(cls, arguments: Mapping[str, Any]) -> FlashAttnOptions:
+        """The options of a flash-attn call from its arguments by flash-attn's names (``dropout_p``,
+        ``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, ``deterministic``,
+        ``return_attn_probs``): the ``locals()`` of a function whose signature is flash-attn's, written out."""
+        probs = check_bool("return_attn_probs", arguments["return_attn_probs"])
+        p = real_number("dropout_p", arguments["dropout_p"])
         if probs and p > 0.0 and torch.compiler.is_compiling():
             raise AttentionValueError(
                 "return_attn_probs=True with dropout_p > 0 under torch.compile: S_dmask replays the generator "
                 "state before the call, which a graph does not read; call it eagerly, or pass "
                 "return_attn_probs=False"
             )
-        return cls(
+        keywords = PackedKeywords(
+            causal=check_bool("causal", arguments["causal"]),
+            causal_align="bottom_right",
+            scale=arguments["softmax_scale"],
+            window=window_size_pair(arguments["window_size"]),
+            softcap=softcap_or_none(arguments["softcap"]),
+            alibi_slopes=arguments["alibi_slopes"],
             dropout_p=p,
-            scale=softmax_scale,
-            causal=check_bool("causal", causal),
-            window=window_size_pair(window_size),
-            softcap=softcap_or_none(softcap),
-            alibi_slopes=alibi_slopes,
-            deterministic=check_bool("deterministic", deterministic),
-            return_attn_probs=probs,
+            deterministic=check_bool("deterministic", arguments["deterministic"]),
         )
+        return cls(keywords, probs)
 
     @property
     def wants_weights(self) -> bool:
         """Whether ``S_dmask`` holds anything: flash-attn writes it only with dropout."""
-        return self.return_attn_probs and self.dropout_p > 0.0
+        return self.return_attn_probs and self.keywords["dropout_p"] > 0.0
 
 
 def window_size_pair(window_size: object) -> tuple[int, int]:
@@ -123,21 +115,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, o: FlashAttnOptions) -> Tensor | tup
         check_rank(name, t, layout)
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # (B, N, H, D) -> (B, H, N, D), views
     state = torch.get_rng_state() if o.wants_weights else None
-    out, lse = flash_attention(
-        qh,
-        kh,
-        vh,
-        causal=o.causal,
-        causal_align="bottom_right",
-        scale=o.scale,
-        enable_gqa=True,
-        window=o.window,
-        softcap=o.softcap,
-        alibi_slopes=o.alibi_slopes,
-        dropout_p=o.dropout_p,
-        deterministic=o.deterministic,
-        return_lse=True,
-    )
+    out, lse = flash_attention(qh, kh, vh, **o.keywords, enable_gqa=True, return_lse=True)
     out = out.transpose(1, 2).contiguous()  # (B, H_q, N_q, D_v) -> (B, N_q, H_q, D_v)
     if not o.return_attn_probs:
         return out
@@ -147,12 +125,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, o: FlashAttnOptions) -> Tensor | tup
     weights = signed_weights(
         qh,
         kh,
-        scale=o.scale,
-        causal=o.causal,
-        window=o.window,
-        softcap=o.softcap,
-        alibi_slopes=o.alibi_slopes,
-        dropout_p=o.dropout_p,
+        o.keywords,
+        alibi_slopes=o.keywords["alibi_slopes"],
         rng_state=state,
         bh=torch.arange(B * H_q, device=q.device).reshape(B, H_q, 1, 1),  # b * H_q + h, the counters' head
         rows=torch.arange(N_q, device=q.device)[:, None],
@@ -184,24 +158,8 @@ def attend_varlen(
         for name, t in (("k", k), ("v", v)):
             check_rank(name, t, "(total_k, nheads_k, headdim)")
     state = torch.get_rng_state() if o.wants_weights else None
-    out, lse = flash_attention_varlen(
-        q,
-        k,
-        v,
-        bounds.cu_seqlens_q,
-        bounds.cu_seqlens_k,
-        bounds.max_seqlen_q,
-        bounds.max_seqlen_k,
-        causal=o.causal,
-        scale=o.scale,
-        window=o.window,
-        softcap=o.softcap,
-        alibi_slopes=o.alibi_slopes,
-        dropout_p=o.dropout_p,
-        deterministic=o.deterministic,
-        block_table=block_table,
-        return_lse=True,
-    )
+    bounds_in_order = (bounds.cu_seqlens_q, bounds.cu_seqlens_k, bounds.max_seqlen_q, bounds.max_seqlen_k)
+    out, lse = flash_attention_varlen(q, k, v, *bounds_in_order, **o.keywords, block_table=block_table, return_lse=True)
     if not o.return_attn_probs:
         return out
     if state is None:
@@ -221,18 +179,14 @@ def _packed_weights(q: Tensor, k: Tensor, bounds: Packing, o: FlashAttnOptions, 
     for b, (q0, q1, k0, k1) in enumerate(zip(cq[:-1], cq[1:], ck[:-1], ck[1:], strict=True)):
         if q1 == q0 or k1 == k0:
             continue
-        slopes = o.alibi_slopes
+        slopes = o.keywords["alibi_slopes"]
         if slopes is not None and slopes.dim() == 2:
             slopes = slopes[b]
         weights[b, :, : q1 - q0, : k1 - k0] = signed_weights(
             q[q0:q1].transpose(0, 1),  # (len_q, H_q, D) -> (H_q, len_q, D)
             k[k0:k1].transpose(0, 1),
-            scale=o.scale,
-            causal=o.causal,
-            window=o.window,
-            softcap=o.softcap,
+            o.keywords,
             alibi_slopes=slopes,
-            dropout_p=o.dropout_p,
             rng_state=state,
             bh=heads,
             rows=torch.arange(q0, q1, device=q.device)[:, None],

@@ -27,14 +27,16 @@ sequence per program in its own coordinates, shift the offset by the sequence's 
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Annotated, Literal, overload
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
 from .._autocast import cast_inputs
-from .._options import make_options, make_packed_options
+from .._options import PackedKeywords, make_options, make_packed_options
 from .._validate.inputs import check_bool
+from .._validate.keywords import Default, collects_keywords
 from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
@@ -42,6 +44,15 @@ from ..ops.attention import traceable
 from ..serving.varlen_pages import gather_paged_keys
 
 
+class VarlenKeywords(PackedKeywords, total=False):
+    """:func:`flash_attention_varlen`'s keywords: the shared ones a packed call takes
+    (:class:`flashattn_teach._options.PackedKeywords`), a paged cache's ``block_table`` and the backend."""
+
+    block_table: Annotated[Tensor | None, Default(None)]  # (B, max_blocks): k, v are page pools
+    backend: Annotated[str, Default("auto")]
+
+
+# The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
 @overload
 def flash_attention_varlen(
     q: Tensor,
@@ -52,21 +63,9 @@ def flash_attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = False,
-    causal_align: str = "bottom_right",
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    sinks: Tensor | None = None,
-    block_table: Tensor | None = None,
-    backend: str = "auto",
     return_lse: Literal[False] = False,
+    **options: Unpack[VarlenKeywords],
 ) -> Tensor: ...
-
-
 @overload
 def flash_attention_varlen(
     q: Tensor,
@@ -77,22 +76,12 @@ def flash_attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = False,
-    causal_align: str = "bottom_right",
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    sinks: Tensor | None = None,
-    block_table: Tensor | None = None,
-    backend: str = "auto",
     return_lse: Literal[True],
+    **options: Unpack[VarlenKeywords],
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
+@collects_keywords(causal_align="bottom_right")
 def flash_attention_varlen(
     q: Tensor,
     k: Tensor,
@@ -102,41 +91,7 @@ def flash_attention_varlen(
     max_seqlen_q: int,
     max_seqlen_k: int,
     *,
-    causal: bool = False,
-    causal_align: str = "bottom_right",
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    sinks: Tensor | None = None,
-    block_table: Tensor | None = None,
-    backend: str = "auto",
-    return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
-def flash_attention_varlen(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool = False,
-    causal_align: str = "bottom_right",
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    dropout_p: float = 0.0,
-    deterministic: bool = False,
-    sinks: Tensor | None = None,
-    block_table: Tensor | None = None,
-    backend: str = "auto",
+    options: VarlenKeywords,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention over ``B`` packed sequences, each attending only within itself (flash-attn's varlen).
@@ -186,7 +141,7 @@ def flash_attention_varlen(
         backend: ``"auto"`` (the fused Triton kernels for CUDA tensors they can run, else the threaded
             CPU path, or the query-major reference under a torch.func transform or for other CUDA
             tensors), ``"triton"`` (raises, with the reason, where the kernels cannot run the call),
-            ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"`` (the oracle, holding
+            ``"parallel"``, ``"query_major"``, ``"key_major"`` or ``"dense"`` (the oracle, holding
             ``H_q x total_q x total_k`` scores).
         return_lse: also return ``lse`` of shape ``(H_q, total_q)`` (flash-attn's layout), float32
             (float64 for float64 inputs).
@@ -197,11 +152,13 @@ def flash_attention_varlen(
         row that sees no key (a window or a bottom-right causal offset can leave one) gives 0 and
         ``lse = -inf`` (``sink_h`` with sinks).
     """
+    block_table = options["block_table"]
     if block_table is not None:  # k, v are page pools: gather the keys into the packed layout, then as below
         k, v = gather_paged_keys(q, k, v, cu_seqlens_k, block_table)
     q, k, v = cast_inputs(q, k, v)  # after the gather: autocast casts the keys read, not the whole pools
     lse_wanted = check_bool("return_lse", return_lse)
-    backend = public_backend(backend)
+    backend = public_backend(options["backend"])
+    alibi_slopes = options["alibi_slopes"]
     if torch.compiler.is_compiling() and traceable(None, alibi_slopes):
         # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
         # arguments that need no look into the bounds are checked here, as in eager mode; the op checks the
@@ -210,43 +167,13 @@ def flash_attention_varlen(
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
             check_max_seqlen_type(name, value)
         qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
-        opts = make_options(
-            qh,
-            kh,
-            vh,
-            causal=causal,
-            causal_align=causal_align,
-            scale=scale,
-            enable_gqa=True,
-            window=window,
-            softcap=softcap,
-            dropout_p=dropout_p,
-            deterministic=deterministic,
-            sinks=sinks,
-        )
+        opts = make_options(qh, kh, vh, options, enable_gqa=True, alibi_slopes=None)  # the op checks the slopes
         bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=scale is not None)
+        args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=options["scale"] is not None)
         if args is not None:
             O, lse = ops_varlen.call(q, k, v, args)
             return (O, lse) if lse_wanted else O
-    qh, kh, vh, opts = make_packed_options(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p,
-        deterministic=deterministic,
-        sinks=sinks,
-    )
+    qh, kh, vh, opts = make_packed_options(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
     return (O, lse) if lse_wanted else O

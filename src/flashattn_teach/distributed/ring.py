@@ -248,12 +248,12 @@ def ring_attention(
             f"{2 * ring.world_size})"
         )
     if block_m is not None or block_n is not None:
-        if backend not in ("auto", "query_major", "online"):
+        if backend not in ("auto", "query_major", "online"):  # "online": the old name
             raise AttentionValueError(
                 f"block_m and block_n choose the online reference's tiles; got backend={backend!r}"
             )
         bm, bn = validate_block_sizes(block_m or DEFAULT_BLOCK_M, block_n or DEFAULT_BLOCK_N)
-        local = LocalBackend("online", s.scale, bm, bn)
+        local = LocalBackend("query_major", s.scale, bm, bn)
     else:
         local = LocalBackend(
             explain(q, k, v, is_causal=causal, scale=s.scale, enable_gqa=True, backend=backend).backend, s.scale

@@ -25,108 +25,31 @@ from typing import Literal, overload
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
 from .._autocast import autocast_off, cast_inputs
 from .._layout import compute_dtype, pad_rank
-from .._options import AttentionOptions, make_options
+from .._options import AttentionKeywords, AttentionOptions, make_options
 from .._validate.inputs import check_bool
+from .._validate.keywords import collects_keywords
 from ..dropout import drop
-from ..flex.mods import BlockMask, MaskMod, ScoreMod
 from .scores import soft_cap
 
 
+# The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
 @overload
 def dense_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    attn_mask: Tensor | None = None,
-    enable_gqa: bool = False,
-    dropout_p: float = 0.0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    return_lse: Literal[False] = False,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = False, **options: Unpack[AttentionKeywords]
 ) -> Tensor: ...
-
-
 @overload
 def dense_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    attn_mask: Tensor | None = None,
-    enable_gqa: bool = False,
-    dropout_p: float = 0.0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    return_lse: Literal[True],
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[AttentionKeywords]
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
+@collects_keywords()
 def dense_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    attn_mask: Tensor | None = None,
-    enable_gqa: bool = False,
-    dropout_p: float = 0.0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
-def dense_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    attn_mask: Tensor | None = None,
-    enable_gqa: bool = False,
-    dropout_p: float = 0.0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    return_lse: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, *, options: AttentionKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by the definition, holding all ``N_q x N_k`` scores.
 
@@ -165,6 +88,7 @@ def dense_attention(
             evaluated here once on the whole ``N_q x N_k`` grid and differentiated by ordinary autograd.
         sinks: attention sinks ``(H_q,)``: one more score column per row, ``sink_h``, in the softmax, dropped
             before ``P V`` (GPT-OSS's eager attention); differentiated by ordinary autograd.
+        deterministic: taken as :func:`flashattn_teach.flash_attention` takes it; this path always is.
         return_lse: also return ``lse``.
 
     Returns:
@@ -173,25 +97,7 @@ def dense_attention(
         A query row that sees no key gets ``O = 0`` and ``lse = -inf`` (``sink_h`` with sinks).
     """
     q, k, v = cast_inputs(q, k, v)
-    opts = make_options(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-        block_mask=block_mask,
-        sinks=sinks,
-    )
+    opts = make_options(q, k, v, options)
     O, lse = dense_forward(q, k, v, opts.with_dropout())
     return (O, lse) if check_bool("return_lse", return_lse) else O
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .._layout import compute_dtype
-from .._options import make_options
+from .._options import PackedKeywords, make_options
 from ..dropout import DropoutKey, counters, draw, keep_mask
 from .scores import soft_cap
 
@@ -38,13 +38,9 @@ def _replayed_key(state: Tensor, dropout_p: float) -> DropoutKey:
 def signed_weights(
     qh: Tensor,
     kh: Tensor,
+    options: PackedKeywords,
     *,
-    scale: float | None,
-    causal: bool,
-    window: tuple[int, int],
-    softcap: float | None,
     alibi_slopes: Tensor | None,
-    dropout_p: float,
     rng_state: Tensor,
     bh: Tensor,
     rows: Tensor,
@@ -53,23 +49,14 @@ def signed_weights(
 ) -> Tensor:
     """``S_dmask`` of one call or one packed sequence, ``(..., H_q, N_q, N_k)`` in ``qh``'s dtype.
 
-    ``qh (..., H_q, N_q, D)``, ``kh (..., H_kv, N_k, D)``, masks aligned bottom-right as flash-attn's;
-    ``bh``, ``rows``, ``cols`` the dropout counters' coordinates of these weights (broadcastable to the
-    scores) and ``counter_shape`` the ``(N_q, N_k)`` they count in (a packed call's ``(total_q, total_k)``);
-    ``rng_state``: ``torch.get_rng_state()`` just before the call, whose dropout key is drawn again from it.
+    ``qh (..., H_q, N_q, D)``, ``kh (..., H_kv, N_k, D)``, ``options`` the call's (masks aligned bottom-right as
+    flash-attn's), with ``alibi_slopes`` those of these rows (one packed sequence's); ``bh``, ``rows``,
+    ``cols`` the dropout counters' coordinates of these weights (broadcastable to the scores) and
+    ``counter_shape`` the ``(N_q, N_k)`` they count in (a packed call's ``(total_q, total_k)``); ``rng_state``:
+    ``torch.get_rng_state()`` just before the call, whose dropout key is drawn again from it.
     """
-    opts = make_options(
-        qh,
-        kh,
-        kh,
-        causal=causal,
-        causal_align="bottom_right",
-        scale=scale,
-        enable_gqa=True,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
+    # the weights before dropout: the sign carries it, from the key drawn again below
+    opts = make_options(qh, kh, kh, options, enable_gqa=True, alibi_slopes=alibi_slopes, dropout_p=0.0)
     s = opts.shapes
     dt = compute_dtype(qh.dtype)
     qc, kc = qh.detach().to(dt), kh.detach().to(dt)
@@ -86,6 +73,6 @@ def signed_weights(
     m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
     m = m.masked_fill(torch.isneginf(m), 0.0)  # a row that sees nothing: exp(-inf - 0) = 0, not NaN
     weights = torch.exp(S - m)  # (..., N_q, N_k), 0 where not visible
-    key = _replayed_key(rng_state, dropout_p)
+    key = _replayed_key(rng_state, options.get("dropout_p", 0.0))
     kept = keep_mask(key, counters(key, bh, rows, cols, *counter_shape))
     return torch.where(kept, weights, -weights).to(qh.dtype)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, overload
+from typing import Annotated, Any, Literal, overload
 
 from torch import Tensor
+from typing_extensions import Unpack
 
 from .._autocast import cast_inputs
-from .._options import AttentionOptions, make_options
+from .._options import AttentionKeywords, AttentionOptions, make_options
 from .._validate.inputs import check_bool, validate_block_sizes
-from ..flex.mods import BlockMask, MaskMod, ScoreMod
+from .._validate.keywords import Default, collects_keywords
 from .autograd import TileLoop, attend
 from .defaults import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
 
@@ -23,155 +24,36 @@ def tiled_attention(
     return attend(q, k, v, opts, TileLoop(order, block_m, block_n))
 
 
-def _public(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    order: str,
-    causal: bool,
-    causal_align: str,
-    scale: float | None,
-    enable_gqa: bool,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    seqlens_k: Tensor | None,
-    attn_mask: Tensor | None,
-    dropout_p: float,
-    score_mod: ScoreMod | None,
-    mask_mod: MaskMod | None,
-    block_mask: BlockMask | None,
-    sinks: Tensor | None,
-    block_m: int,
-    block_n: int,
-    return_lse: bool,
-) -> Tensor | tuple[Tensor, Tensor]:
+class TiledKeywords(AttentionKeywords, total=False):
+    """The tiled references' keywords: the shared ones (:class:`flashattn_teach._options.AttentionKeywords`)
+    and the tile sizes."""
+
+    block_m: Annotated[int, Default(DEFAULT_BLOCK_M)]  # Br, query rows per tile
+    block_n: Annotated[int, Default(DEFAULT_BLOCK_N)]  # Bc, keys per tile
+
+
+def _public(q: Tensor, k: Tensor, v: Tensor, options: TiledKeywords, *, order: str) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of a public call of the loop ``order``: its keywords checked once, its dropout key drawn."""
     q, k, v = cast_inputs(q, k, v)
-    opts = make_options(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-        block_mask=block_mask,
-        sinks=sinks,
-    )
-    block_m, block_n = validate_block_sizes(block_m, block_n)
-    O, lse = tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
-    return (O, lse) if check_bool("return_lse", return_lse) else O
+    opts = make_options(q, k, v, options)
+    block_m, block_n = validate_block_sizes(options["block_m"], options["block_n"])
+    return tiled_attention(q, k, v, opts.with_dropout(), order=order, block_m=block_m, block_n=block_n)
 
 
+# The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
 @overload
 def online_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: Literal[False] = False,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = False, **options: Unpack[TiledKeywords]
 ) -> Tensor: ...
-
-
 @overload
 def online_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: Literal[True],
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[TiledKeywords]
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
+@collects_keywords()
 def online_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
-def online_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, *, options: TiledKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention by query-major online softmax (the teaching example; FlashAttention-2's order).
 
@@ -192,6 +74,7 @@ def online_attention(
             :func:`flashattn_teach.flash_attention` takes them, run on each tile's index tensors.
         sinks: attention sinks ``(H_q,)``, as :func:`flashattn_teach.flash_attention` takes them: each row's
             state starts at its head's sink (``m = sink_h``, ``l = 1``), so ``lse`` includes it.
+        deterministic: taken as :func:`flashattn_teach.flash_attention` takes it; this path always is.
         block_m, block_n: query and key tile sizes (``Br``, ``Bc`` in the papers); any sizes >= 1, they
             need not divide N.
         return_lse: also return ``lse = m + log l`` of shape ``(..., H_q, N_q)``.
@@ -203,160 +86,31 @@ def online_attention(
         transforms: the backward is :func:`flashattn_teach.reference.flash_backward`, and only
         ``q, k, v, O, lse`` are saved.
     """
-    return _public(
-        q,
-        k,
-        v,
-        order="query_major",
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-        block_mask=block_mask,
-        sinks=sinks,
-        block_m=block_m,
-        block_n=block_n,
-        return_lse=return_lse,
-    )
+    O, lse = _public(q, k, v, options, order="query_major")
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 @overload
 def key_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: Literal[False] = False,
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[False] = False, **options: Unpack[TiledKeywords]
 ) -> Tensor: ...
-
-
 @overload
 def key_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: Literal[True],
+    q: Tensor, k: Tensor, v: Tensor, *, return_lse: Literal[True], **options: Unpack[TiledKeywords]
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
+@collects_keywords()
 def key_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
-def key_major_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    score_mod: ScoreMod | None = None,
-    mask_mod: MaskMod | None = None,
-    block_mask: BlockMask | None = None,
-    sinks: Tensor | None = None,
-    block_m: int = DEFAULT_BLOCK_M,
-    block_n: int = DEFAULT_BLOCK_N,
-    return_lse: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, *, options: TiledKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention in FlashAttention's Algorithm 1 order (key blocks outside, query blocks inside).
 
     Same arguments, results and backward as :func:`online_attention`; only the loop order and the
     per-tile read/write of ``O_i, l_i, m_i`` differ.
     """
-    return _public(
-        q,
-        k,
-        v,
-        order="key_major",
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-        block_mask=block_mask,
-        sinks=sinks,
-        block_m=block_m,
-        block_n=block_n,
-        return_lse=return_lse,
-    )
+    O, lse = _public(q, k, v, options, order="key_major")
+    return (O, lse) if check_bool("return_lse", return_lse) else O
 
 
 def keymajor_attention(*args: Any, **kwargs: Any) -> Any:

@@ -157,9 +157,11 @@ def one_head_call(
         )
     if isinstance(attn_mask, Tensor) and attn_mask.dim() == 3:
         attn_mask = attn_mask.unsqueeze(-3)  # (B, N_q, N_k) -> (B, 1, N_q, N_k): the one head
-    four_d = [one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v)]
+    q4, k4, v4 = (one_head(t) if isinstance(t, Tensor) else t for t in (q, k, v))
     opts = make_options(
-        *four_d,
+        q4,
+        k4,
+        v4,
         causal=causal,
         causal_align=causal_align,
         scale=scale,

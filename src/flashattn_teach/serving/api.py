@@ -71,12 +71,16 @@ from typing import Literal, overload
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._options import DecodeKeywords
+from .._validate.keywords import collects_keywords
 from . import ops as ops_decode
 from .checks import autocast_inputs
 from .step import decode_step
 
 
+# The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
 @overload
 def flash_attention_with_kvcache(
     q: Tensor,
@@ -85,21 +89,9 @@ def flash_attention_with_kvcache(
     k: Tensor | None = None,
     v: Tensor | None = None,
     *,
-    cache_seqlens: Tensor | int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    num_splits: int = 0,
-    backend: str = "auto",
     return_lse: Literal[False] = False,
+    **options: Unpack[DecodeKeywords],
 ) -> Tensor: ...
-
-
 @overload
 def flash_attention_with_kvcache(
     q: Tensor,
@@ -108,22 +100,12 @@ def flash_attention_with_kvcache(
     k: Tensor | None = None,
     v: Tensor | None = None,
     *,
-    cache_seqlens: Tensor | int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    num_splits: int = 0,
-    backend: str = "auto",
     return_lse: Literal[True],
+    **options: Unpack[DecodeKeywords],
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@overload
+@collects_keywords()
 def flash_attention_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -131,39 +113,7 @@ def flash_attention_with_kvcache(
     k: Tensor | None = None,
     v: Tensor | None = None,
     *,
-    cache_seqlens: Tensor | int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    num_splits: int = 0,
-    backend: str = "auto",
-    return_lse: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]: ...
-
-
-def flash_attention_with_kvcache(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Tensor | None = None,
-    v: Tensor | None = None,
-    *,
-    cache_seqlens: Tensor | int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    num_splits: int = 0,
-    backend: str = "auto",
+    options: DecodeKeywords,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """One decode step against a KV cache: append ``k, v`` in place, attend ``q`` over the valid entries.
@@ -225,7 +175,7 @@ def flash_attention_with_kvcache(
             gradient is wanted and no torch.func transform is active, else the query-major reference; for
             CPU tensors the threaded CPU path, or the query-major reference under a torch.func transform),
             ``"triton"`` (forward only: float16, bfloat16 or float32, CUDA tensors, or CPU tensors with
-            ``TRITON_INTERPRET=1``), ``"parallel"``, ``"online"``, ``"key_major"`` or ``"dense"`` (the
+            ``TRITON_INTERPRET=1``), ``"parallel"``, ``"query_major"``, ``"key_major"`` or ``"dense"`` (the
             oracle), for every range.
         return_lse: also return ``lse`` of shape ``(B, H_q, N_new)``.
 
@@ -248,23 +198,4 @@ def flash_attention_with_kvcache(
     q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
     # compiled: the op, or torch ops in the graph when a gradient is wanted (ops_decode.compiled_step)
     step = ops_decode.compiled_step if torch.compiler.is_compiling() else decode_step
-    return step(
-        q,
-        k_cache,
-        v_cache,
-        k,
-        v,
-        cache_seqlens=cache_seqlens,
-        block_table=block_table,
-        cache_leftpad=cache_leftpad,
-        sinks=sinks,
-        causal=causal,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        num_splits=num_splits,
-        backend=backend,
-        return_lse=return_lse,
-        autocast=autocast,
-    )
+    return step(q, k_cache, v_cache, k, v, return_lse=return_lse, autocast=autocast, **options)

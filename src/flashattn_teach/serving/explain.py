@@ -11,8 +11,11 @@ of each batch element reads, and whether they are read as a view (consecutive, a
 from __future__ import annotations
 
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._options import DecodeKeywords
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
+from .._validate.keywords import takes_keywords
 from .._validate.sinks import check_sinks
 from ..dispatch import Plan, check_backend, planner
 from .checks import autocast_inputs, check_cache_inputs, check_decode_alibi, check_num_splits, lengths_on_host
@@ -40,24 +43,14 @@ def page_walk(caches: list[ElementCache], keys: list[tuple[int, int]], num_split
     return "; ".join(elements)
 
 
+@takes_keywords()
 def explain_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
     k: Tensor | None = None,
     v: Tensor | None = None,
-    *,
-    cache_seqlens: Tensor | int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    num_splits: int = 0,
-    backend: str = "auto",
+    **options: Unpack[DecodeKeywords],
 ) -> Plan:
     """The path, the number of key ranges and the row layout :func:`flash_attention_with_kvcache` would use
     for these arguments (the same signature, without ``return_lse``); the caches are not written.
@@ -69,6 +62,7 @@ def explain_with_kvcache(
     parallel: cpu tensors: ...; 1 key range (num_splits=0 on the CPU: ...) per batch element over L_b = [37, 20] keys...
     """
     q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
+    block_table, cache_seqlens = options["block_table"], options["cache_seqlens"]
     paged = block_table is not None
     q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast, paged=paged)
     B, H_q, N_new, D = q.shape
@@ -76,15 +70,15 @@ def explain_with_kvcache(
     H_kv = k_cache.shape[1]
     N_max = check_page_shapes(k_cache, table)[1] if table is not None else k_cache.shape[2]
     G, N_new_kv = H_q // H_kv, 0 if k is None else k.shape[2]
-    causal = check_bool("causal", causal)
-    resolved_scale = check_scale(scale, D)
-    window_sizes = check_window(window)
-    cap = check_softcap(softcap)
-    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
-    splits = check_num_splits(num_splits)
-    backend = check_backend(backend)
-    leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
-    sink_logits = check_sinks(sinks, H_q, q.device)
+    causal = check_bool("causal", options["causal"])
+    resolved_scale = check_scale(options["scale"], D)
+    window_sizes = check_window(options["window"])
+    cap = check_softcap(options["softcap"])
+    slopes = check_decode_alibi(options["alibi_slopes"], B, H_q, q.device)
+    splits = check_num_splits(options["num_splits"])
+    backend = check_backend(options["backend"])
+    leftpad = check_cache_leftpad(options["cache_leftpad"], B, q.device)
+    sink_logits = check_sinks(options["sinks"], H_q, q.device)
     backend = route_extras(backend, q, k_cache, v_cache, block_table=table, cache_leftpad=leftpad, sinks=sink_logits)
     if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         n = splits or default_num_splits(q, k_cache, N_max)

@@ -199,7 +199,7 @@ class KernelVariants:
             if len(captures) > CAPTURE_SLOTS:
                 raise AttentionValueError(
                     f"{name} captures {len(captures)} tensors and the kernels take {CAPTURE_SLOTS}: run the call "
-                    "on a CPU path (backend='online'), or fold captured tensors into fewer (torch.stack)"
+                    "on a CPU path (backend='query_major'), or fold captured tensors into fewer (torch.stack)"
                 )
         slots = (placeholder,) * CAPTURE_SLOTS
         kinds = self.tile_kinds(block_m, block_n)
