@@ -7,8 +7,10 @@ tensors through (the FP8 forward's on sm_90 only, as a GPU of capability 8 refus
 a CUDA call gets rather than the interpreter's), the default configuration is what a plain call runs on ``arch``
 (:func:`~flashattn_teach.triton.launch.arch_config`: the shipped row without the paths no GPU has run,
 unless switched on), and on sm_80 no tile reads by TMA nor is warp-specialised (as
-:mod:`flashattn_teach.triton.tma` decides for a CUDA device of capability 8). Every other decision (the
-backward's route, TMA fallbacks, lane groups, the JIT's integer specialisation) is the library's own.
+:mod:`flashattn_teach.triton.tma` decides for a CUDA device of capability 8), and a decode step plans, tiles
+and splits as for CUDA tensors on ``arch`` (:func:`_decode_as_if_on_gpu`: ``SM_COUNT[arch]`` SMs). Every
+other decision (the backward's route, TMA fallbacks, lane groups, the JIT's integer specialisation)
+is the library's own.
 """
 
 from __future__ import annotations

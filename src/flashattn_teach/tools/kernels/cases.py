@@ -11,6 +11,10 @@ specialisation a GPU run would build, without a GPU and without importing ``test
     VARIANT_ROWS       bench_gpu_variants.py's Triton rows: window, softcap, seqlens_k through triton_attention;
                        varlen, fp8 (forward only) and sinks through the public API with backend="triton"
     FIRST_LIGHT_MASKED benchmarks/first_light_cases.py's padding-mask, window, softcap and seqlens_k cases
+    FIRST_LIGHT_MORE   its SDPA drop-in padding mask and its warp-specialised group (the switch on)
+    FIRST_LIGHT_SCORE_MODS  its score_mod cases (flex_attention's route)
+    TESTS_MORE         test_triton_fp8.py's GPU cases, test_triton_cuda_graph.py's training step
+    decode_calls       every decode step (:mod:`.decode_cases`); BLOCK_MASK_CALLS: create_block_mask on CUDA
 
 :func:`suite_calls` lists them all as :class:`Call` values, each named, for the capture.
 """
