@@ -192,3 +192,80 @@ def test_the_mask_forward_tile_matches_float64_attention(D: int) -> None:
     ref = dense_attention(*(t.double().cpu() for t in low), attn_mask=mask)
     assert_close_scaled(O[0], ref[0], REL_TOL[torch.float16], "O")
     assert (O[1] == 0).all()  # no key: O = 0
+
+
+# The calls the capture reaches through the decode planner, the FP8 tests, the flex route, the CUDA-graph steps
+# and the first light's warp-specialised group: each with a kernel it must build and constants that say so
+REACHED = {
+    "decode-bench-b1-n131072-ours": ("sm90", "decode_combine", {}),
+    "decode-bench-b4-n16384-ours-paged16": ("sm80", "decode_split_fwd", {"PAGED": "True", "WIDE_PAGES": "False"}),
+    "decode-first-light-paged-hd64-page16": ("sm90", "decode_split_fwd", {"PAGED": "True", "HEAD_DIM": "64"}),
+    "decode-tests-llama-fp16-s7-window-softcap-alibi": (
+        "sm80",
+        "decode_split_fwd",
+        {"SOFTCAP": "True", "ALIBI": "True"},
+    ),
+    "decode-tests-deepseek-192-128-page256": ("sm90", "decode_split_fwd", {"BLOCK_D2": "64", "WIDE_PAGES": "True"}),
+    "decode-tests-paged-llama-page7-paged-leftpad-sinks": (
+        "sm90",
+        "decode_split_fwd",
+        {"LEFTPAD": "True", "SINKS": "True"},
+    ),
+    "decode-tests-cuda-graph-step": ("sm80", "decode_split_fwd", {"PAGED": "False"}),
+    "tests-fp8-variants-bottom-right": ("sm90", "forward", {"FP8": "True", "WINDOW": "True"}),
+    "tests-cuda-graph-training-step": ("sm80", "backward_dq", {"CAUSAL": "True"}),
+    "tests-block-mask-document": ("sm80", "block_kinds_kernel", {"BLOCK_M": "64", "BLOCK_N": "32"}),
+    "first-light-score-mod-head-bias": ("sm90", "backward_dkdv", {"MASK_MOD": "None"}),
+    "first-light-ws-window": ("sm90", "forward", {"WS": "True", "WINDOW": "True"}),
+}
+
+
+@pytest.mark.parametrize("call", list(REACHED))
+def test_the_committed_36_table_holds_the_reached_calls_kernels(call: str) -> None:
+    assert call in [c.name for c in suite_calls()]
+    arch, kernel, constants = REACHED[call]
+    rows = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"]
+    mine = [r for r in rows if call in r["calls"] and r["arch"] == arch and r["kernel"] == kernel]
+    assert mine, f"no {kernel} row of {call} on {arch}"
+    assert any(all(r["constants"].get(n) == v for n, v in constants.items()) for r in mine), [
+        r["constants"] for r in mine
+    ]
+
+
+def test_the_score_mod_rows_carry_the_translated_function() -> None:
+    rows = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"]
+    mine = [r for r in rows if "first-light-score-mod-head-bias-hd128" in r["calls"] and r["kernel"] == "forward"]
+    assert {r["arch"] for r in mine} == {"sm90", "sm80"}
+    assert all("usermod" in r["constants"]["SCORE_MOD"] for r in mine), [r["constants"] for r in mine]
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+def test_the_decode_rows_take_the_arch_tiles_not_the_interpreters(arch: str) -> None:
+    # decode_config(bf16, 128, arch): 64 keys a block, 4 warps, 3 stages on sm_90 and 2 on sm_80; the
+    # interpreter's TEST_DECODE_CONFIG (16 keys, one stage) would mean the capture missed the CUDA path
+    from flashattn_teach.serving.launch import TEST_DECODE_CONFIG, decode_config
+
+    want = decode_config(torch.bfloat16, 128, arch)
+    assert want.BLOCK_N != TEST_DECODE_CONFIG.BLOCK_N
+    rows = json.loads((RESULTS / "triton-3.6.0.json").read_text())["rows"]
+    mine = [r for r in rows if r["arch"] == arch and r["kernel"] == "decode_split_fwd" and r["head_dim"] == 128]
+    assert mine and all(r["BLOCK_N"] == want.BLOCK_N and r["num_stages"] == want.num_stages for r in mine)
+
+
+def test_as_if_on_gpu_plans_the_decode_kernel_with_the_archs_sm_count() -> None:
+    from flashattn_teach.dispatch import planner
+    from flashattn_teach.serving import launch as decode_launch
+    from flashattn_teach.serving.splitkv import cuda_num_splits
+    from flashattn_teach.tools.kernels.capture_calls import SM_COUNT, as_if_on_gpu
+
+    q, cache = torch.zeros(1, 32, 1, 128, dtype=torch.float16), torch.zeros(1, 8, 16, 128, dtype=torch.float16)
+    assert planner.plan_decode("auto", q, cache, cache).backend != "triton"  # CPU tensors: a CPU path
+    got = {}
+    for arch in ("sm90", "sm80"):
+        with as_if_on_gpu(arch):
+            assert planner.plan_decode("auto", q, cache, cache).backend == "triton"
+            got[arch] = decode_launch.default_num_splits(q, cache, 131072)
+        want = cuda_num_splits(B=1, H_kv=8, N_q=1, group=4, N_k=131072, D=128, sm_count=SM_COUNT[arch])
+        assert got[arch] == want
+    assert got["sm90"] != got["sm80"]  # 132 SMs against 108: the split count follows the arch
+    assert decode_launch.default_num_splits(q, cache, 131072) == 1  # restored: 1 on the CPU

@@ -11,6 +11,10 @@ specialisation a GPU run would build, without a GPU and without importing ``test
     VARIANT_ROWS       bench_gpu_variants.py's Triton rows: window, softcap, seqlens_k through triton_attention;
                        varlen, fp8 (forward only) and sinks through the public API with backend="triton"
     FIRST_LIGHT_MASKED benchmarks/first_light_cases.py's padding-mask, window, softcap and seqlens_k cases
+    FIRST_LIGHT_MORE   its SDPA drop-in padding mask and its warp-specialised group (the switch on)
+    FIRST_LIGHT_SCORE_MODS  its score_mod cases (flex_attention's route)
+    TESTS_MORE         test_triton_fp8.py's GPU cases, test_triton_cuda_graph.py's training step
+    decode_calls       every decode step (:mod:`.decode_cases`); BLOCK_MASK_CALLS: create_block_mask on CUDA
 
 :func:`suite_calls` lists them all as :class:`Call` values, each named, for the capture.
 """
@@ -20,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .decode_cases import DecodeCall, decode_calls
+from .flex_cases import BLOCK_MASK_CALLS, BlockMaskCall
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
@@ -188,6 +195,9 @@ class Call:
     sinks: bool = False  # a sink logit per query head
     padding: tuple[int, ...] | None = None  # keys kept per batch element by a bool attn_mask (B, 1, 1, N_k)
     api: bool = False  # through flash_attention(backend="triton") rather than triton_attention
+    alibi: bool = False  # ALiBi slopes per query head (the FP8 tests' variants)
+    score_mod: bool = False  # through flex_attention's route with the first light's head_bias score_mod
+    warp_specialize: bool = False  # with FLASHATTN_TEACH_WARP_SPECIALIZE=1 (the first light's warp-specialised group)
 
 
 def _bench_calls(grid: BenchGrid) -> list[Call]:
@@ -248,11 +258,74 @@ FIRST_LIGHT_MASKED: list[Call] = [
 ]
 
 
-def suite_calls() -> list[Call]:
-    """Every call the GPU tests and the suite's benchmarks make, named (``tests-``, ``bench-``, ``variants-``)."""
-    calls = [Call(f"tests-{c.name}", c) for c in CASES]
+def head_bias(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor):
+    """first_light_checks.head_bias: a per-head bias and a distance penalty."""
+    return score + 0.1 * h - 0.02 * (q_idx - kv_idx).abs()
+
+
+# the first light's sdpa-drop-in-padding-mask (scaled_dot_product_attention passes its bool mask on) and its
+# warp-specialised group (WS_CORE, WS_MASKED) run with FLASHATTN_TEACH_WARP_SPECIALIZE=1
+_WS_CORE = [
+    GpuCase(BF16, 64, 129, 129),
+    GpuCase(BF16, 64, 129, 33, causal=True, causal_align=BR, dlse=True),
+    GpuCase(BF16, 128, 17, 17, causal=True),
+    GpuCase(BF16, 128, 300, 44, causal=True, causal_align=BR),
+    GpuCase(BF16, 128, 1, 129, causal=True, causal_align=BR),
+    GpuCase(BF16, 128, 129, 129, causal=True, group=4),
+    GpuCase(FP16, 256, 100, 37, bnhd=True, dlse=True),
+    GpuCase(BF16, 128, 4096, 4096, causal=True),
+]
+FIRST_LIGHT_MORE: list[Call] = [
+    Call(
+        "first-light-sdpa-drop-in-padding-mask",
+        GpuCase(BF16, 128, 300, 300, H_kv=2, group=4, B=2),
+        padding=(300, 111),
+        api=True,
+    ),
+    *(Call(f"first-light-ws-{c.name}", c, api=True, warp_specialize=True) for c in _WS_CORE),
+    Call("first-light-ws-seqlens-k-zero", _FL, seqlens_k=(0, 300), api=True, warp_specialize=True),
+    Call("first-light-ws-window", _FL, window=(64, 16), api=True, warp_specialize=True),
+]
+
+FIRST_LIGHT_SCORE_MODS: list[Call] = [
+    Call("first-light-score-mod-head-bias", GpuCase(BF16, 64, 200, 300, H_kv=2, group=4, B=2), score_mod=True),
+    Call("first-light-score-mod-head-bias-hd128", GpuCase(BF16, 128, 300, 300, H_kv=2, group=4, B=2), score_mod=True),
+]
+
+# tests/triton/test_triton_fp8.py's GPU cases (sm_90; D = 64, descales per (batch, kv head)), forward only,
+# and test_triton_cuda_graph.py's training step (bf16, causal, hd128, B = 2, H = 4, N = 384)
+_FP8_GQA = GpuCase(BF16, 64, 45, 45, causal=True, H_kv=2, group=2, B=2)
+TESTS_MORE: list[Call] = [
+    Call("tests-fp8-causal-gqa-negative-descale", _FP8_GQA, backward=False, fp8=True),
+    Call(
+        "tests-fp8-variants-bottom-right",
+        GpuCase(BF16, 64, 23, 50, causal=True, causal_align=BR, H_kv=1, group=2, B=2),
+        backward=False,
+        fp8=True,
+        window=(19, 0),
+        softcap=4.0,
+        seqlens_k=(50, 0),
+        alibi=True,
+    ),
+    Call("tests-fp8-sinks-gqa", _FP8_GQA, backward=False, fp8=True, sinks=True),
+    Call("tests-cuda-graph-training-step", GpuCase(BF16, 128, 384, 384, causal=True, H_kv=4, B=2), api=True),
+]
+
+
+def suite_calls() -> list[Call | DecodeCall | BlockMaskCall]:
+    """Every call the GPU tests and the suite's benchmarks make, named (``tests-``, ``bench-``, ``variants-``,
+    ``first-light-``, ``decode-``: :mod:`.decode_cases`)."""
+    calls: list[Call | DecodeCall | BlockMaskCall] = [Call(f"tests-{c.name}", c) for c in CASES]
     for dt in DETERMINISM_DTYPES:
         c = determinism_case(dt)
         calls += [Call(f"tests-deterministic-{c.name}", c, deterministic=True), Call(f"tests-default-{c.name}", c)]
     calls += [Call(f"tests-peak-memory-{peak_memory_case(n).name}", peak_memory_case(n)) for n in PEAK_MEMORY_SEQS]
-    return calls + _bench_calls(BENCH_TRIMMED) + VARIANT_ROWS + FIRST_LIGHT_MASKED
+    calls += (
+        _bench_calls(BENCH_TRIMMED)
+        + VARIANT_ROWS
+        + FIRST_LIGHT_MASKED
+        + FIRST_LIGHT_MORE
+        + FIRST_LIGHT_SCORE_MODS
+        + TESTS_MORE
+    )
+    return calls + BLOCK_MASK_CALLS + decode_calls()
