@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
+import torch
+
 Condition = Callable[[Any], bool]  # of the whole record: True where the rewrite carries the field exactly
 Carries = Mapping[str, Condition]
 
@@ -34,11 +36,15 @@ def unset(name: str) -> Condition:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
-def _field_names(cls: type) -> tuple[str, ...]:
-    """The field names of the dataclass ``cls``, read once per class (a call asks on every step)."""
-    names = _FIELD_NAMES.get(cls)
+def _field_names(record: Any) -> tuple[str, ...]:
+    """The field names of the dataclass instance ``record``, read once per class (a call asks on every step).
+    While compiling the cache is not read or written: a cache that fills between two traced calls would make
+    torch.compile guard on it and compile again (and ``fields`` is traced on an instance, not a class)."""
+    if torch.compiler.is_compiling():
+        return tuple(f.name for f in fields(record))
+    names = _FIELD_NAMES.get(type(record))
     if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in fields(record))
     return names
 
 
@@ -47,7 +53,7 @@ def uncarried(record: Any, carries: Carries) -> list[str]:
     does not name, and those whose condition fails. A condition shared by several fields is evaluated once."""
     held: dict[int, bool] = {}
     names = []
-    for name in _field_names(type(record)):
+    for name in _field_names(record):
         condition = carries.get(name)
         if condition is always:
             continue
