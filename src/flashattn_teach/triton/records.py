@@ -31,8 +31,9 @@ triton 3.4.0, 3.6.0 and 3.9.0 accept NamedTuples as ``@triton.jit`` kernel param
 interpreter (``TRITON_INTERPRET=1``) and in ahead-of-time compiles (the capture of
 :mod:`flashattn_teach.tools.kernels.specialize`, whose compile request then holds a nested ``signature``
 and ``constexprs`` keyed by paths such as ``(0, 4)``); triton 3.4's launcher flattens tuple arguments
-(``make_launcher``'s ``_flatten_signature``). A plain tuple is refused by name (``t.ptr`` of a tuple), so
-every record is named. The floor stays triton 3.4.
+(``make_launcher``'s ``_flatten_signature``), and triton 3.4 compiled these kernels for sm_90 (the forward
+and both backwards, plain and with every variant and dropout). A plain tuple is refused by name (``t.ptr``
+of a tuple), so every record is named. The floor stays triton 3.4. No GPU launched a record yet.
 """
 
 from __future__ import annotations
