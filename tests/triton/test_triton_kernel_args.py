@@ -61,10 +61,11 @@ def test_kernels_read_no_stride_argument_by_its_old_flat_name() -> None:
 
 def test_strided_zeroes_the_batch_stride_of_packed_sequences() -> None:
     t = torch.empty(1, 3, 10, 8).transpose(1, 2)  # (1, 10, 3, 8) viewed from (1, 3, 10, 8)
-    assert strided(t) == Strided(t, *t.stride())
-    assert strided(t, varlen=True) == Strided(t, 0, *t.stride()[1:])
+    b, h, n, d = t.stride()
+    assert strided(t) == Strided(t, stride_h=h, stride_n=n, stride_b=b, stride_d=d)
+    assert strided(t, varlen=True) == Strided(t, stride_h=h, stride_n=n, stride_b=0, stride_d=d)
     # a descriptor's record takes the strides of the tensor it reads
-    assert strided("desc", (4, 3, 2, 1)) == Strided("desc", 4, 3, 2, 1)
+    assert strided("desc", (4, 3, 2, 1)) == Strided("desc", stride_h=3, stride_n=2, stride_b=4, stride_d=1)
 
 
 def test_a_plain_call_passes_none_for_every_variant_tensor() -> None:

@@ -44,12 +44,14 @@ from torch import Tensor
 
 
 class Strided(NamedTuple):
-    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements."""
+    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements. The head and row
+    strides come first: a loop over a group's heads reads the two, and the kernel's parameter buffer then
+    holds them as one aligned 8-byte pair (one ``LDC.64``)."""
 
     ptr: Any
-    stride_b: int
     stride_h: int
     stride_n: int
+    stride_b: int
     stride_d: int
 
 
@@ -58,7 +60,7 @@ def strided(t: Any, strides: tuple[int, ...] | None = None, *, varlen: bool = Fa
     packed sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose
     start row moves the base pointer instead: the batch stride is passed as 0."""
     b, h, n, x = t.stride() if strides is None else strides
-    return Strided(t, 0 if varlen else b, h, n, x)
+    return Strided(t, stride_h=h, stride_n=n, stride_b=0 if varlen else b, stride_d=x)
 
 
 class Partials(NamedTuple):
