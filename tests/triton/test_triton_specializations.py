@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 from flashattn_teach.tools.kernels import specializations as spec
 from flashattn_teach.tools.kernels.cases import CASES, GpuCase, suite_calls
+from sass_cache import AOT_PYTHON, aot_env
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +25,9 @@ CRASHED = GpuCase(torch.bfloat16, 64, 1, 300, causal=True, causal_align="bottom_
 
 
 def _command(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    cli = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--specializations", "--cache", str(tmp_path)]
+    cli = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--specializations", "--cache", str(tmp_path)]
     return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
