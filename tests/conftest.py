@@ -8,8 +8,7 @@ set here, at collection time, and only when no CUDA GPU is present. Nothing here
 A plain ``pytest`` (the README's command: the whole suite, from ``testpaths``) runs on two worker processes
 when pytest-xdist is installed (the ``test`` extra has it), one test file to a worker (``--dist loadfile``:
 a module's shared compiles and browser stay in one process). Naming files, ``-n``, ``--pdb`` or
-``-p no:xdist`` keeps one process; ``-n 0`` turns the workers off for the whole suite. The files that
-compile ahead of time come first (:func:`pytest_collection_modifyitems`).
+``-p no:xdist`` keeps one process; ``-n 0`` turns the workers off for the whole suite.
 """
 
 from __future__ import annotations
@@ -53,14 +52,3 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
-
-
-def _starts_compiles(item: pytest.Item) -> bool:
-    """Whether the item's file starts ahead-of-time compile subprocesses (it imports ``sass_cache.AOT_PYTHON``)."""
-    return getattr(getattr(item, "module", None), "AOT_PYTHON", None) is not None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files that compile ahead of time first (in their collected order, the rest after in theirs): their
-    subprocesses then run beside the other worker's files instead of after them, at the end of the run."""
-    items.sort(key=lambda item: not _starts_compiles(item))
