@@ -2,7 +2,7 @@
 
 Why: with triton's own cache warm, a compile test spends most of its time not compiling but reading the
 cubin back (``cuobjdump -sass`` and ``-res-usage``, two programs a kernel, about a second each on a busy
-core); the suite reads about a thousand cubins. Triton already shares each compiled specialisation among
+core); the suite reads several hundred cubins. Triton already shares each compiled specialisation among
 processes and runs (its cache is keyed by the kernel's source, its options and the target); this shares the
 disassembly in the same way.
 
