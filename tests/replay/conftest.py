@@ -15,7 +15,7 @@ def on_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one Chromium for every page test (each test opens its own page)
 def browser():
     executable = find_chromium()
     if executable is None:

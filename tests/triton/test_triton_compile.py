@@ -14,25 +14,24 @@ strides as constants, sizes divisible by 16); tests/triton/test_triton_loops.py 
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from flashattn_teach.tools.kernels.report import shipped_kernels
 from flashattn_teach.triton.configs import ARCHS
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
 @pytest.fixture(scope="module")
 def reports() -> dict[str, subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     return {
         arch: subprocess.Popen(
-            [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--arch", arch],
+            [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--arch", arch],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -76,8 +75,8 @@ VARIANT_RUNS = {
 
 @pytest.fixture(scope="module")
 def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--dtype", "bfloat16", "float32"]
+    env = aot_env()
+    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--dtype", "bfloat16", "float32"]
     return {
         (arch, run): subprocess.Popen(
             [*command, "--arch", arch, *flags],

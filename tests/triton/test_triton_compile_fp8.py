@@ -9,20 +9,19 @@ process has set; the checks are :mod:`flashattn_teach.tools.kernels.fp8`'s (six 
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
-import sys
 
 import pytest
 
 from flashattn_teach.triton.fp8 import fp8_head_dims
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
 def test_fp8_forward_compiles_to_e4m3_warpgroup_mmas_without_spills() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "flashattn_teach.cli", "kernels-fp8", "--variants"]
+    env = aot_env()
+    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels-fp8", "--variants"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-3000:]}"
     rows = [line.split() for line in done.stdout.splitlines()[2:]]

@@ -10,9 +10,7 @@ fp16 and bf16 against flash-attn's rule.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
@@ -27,6 +25,7 @@ import flashattn_teach as fa  # noqa: E402
 from flashattn_teach import dispatch  # noqa: E402
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
+from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, N_MAX = 3, 2, 40
 # old entries per batch element: an empty cache, and lengths that end inside a 16-key block, or with 3 new
@@ -204,8 +203,8 @@ def test_default_splits_fill_the_gpu_from_the_cache_capacity():
 
 @pytest.fixture(scope="module")
 def compile_reports() -> dict[str, subprocess.Popen]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.cli", "kernels-decode"]
+    env = aot_env(PYTHONWARNINGS="ignore")
+    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels-decode"]
     return {
         arch: subprocess.Popen(
             [*command, "--arch", arch, "--case", "bfloat16:128", "float32:64", "float32:128"],

@@ -14,9 +14,7 @@ in bf16 (contiguous and paged), and fewer MMAs and instructions per key block th
 from __future__ import annotations
 
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 
@@ -28,6 +26,7 @@ from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 from flashattn_teach.triton.kernels import decode as decode_kernels  # noqa: E402
+from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, GROUP = 2, 2, 2
 SEQLENS = [13, 38]  # old entries: one cache ends inside a 16-key block, the other spans three
@@ -175,11 +174,9 @@ COMPILES = {  # name -> arguments of flashattn-teach kernels-decode, each bf16 a
 
 @pytest.fixture(scope="module")
 def split_compiles():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env(PYTHONWARNINGS="ignore")
     command = [
-        sys.executable,
-        "-W",
-        "ignore",
+        *AOT_PYTHON,
         "-m",
         "flashattn_teach.cli",
         "kernels-decode",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -52,8 +52,8 @@ print(json.dumps({"rows": rows, "bare_forward": bare.instructions, "problems": p
 
 @pytest.fixture(scope="module")
 def profiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=900)
+    env = aot_env()
+    run = subprocess.run([*AOT_PYTHON, "-c", PROBE], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from triton import language as tl
 from flashattn_teach.cli import main
 from flashattn_teach.tools.kernels import loops, sass
 from flashattn_teach.triton.configs import shipped_config
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 HERE = Path(__file__).resolve().parent
@@ -164,14 +163,14 @@ def probe() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess, Path]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     dump = tmp_path_factory.mktemp("dump")
     code = f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_triton_loops as t; "
     code += "print(json.dumps(t.probe()))"
     probe_run = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*AOT_PYTHON, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    cli = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--arch", "sm90", "--kernel", "forward"]
+    cli = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--arch", "sm90", "--kernel", "forward"]
     cli += ["--dtype", "bfloat16", "--head-dim", "16", "--loops", "--dump", str(dump)]
     cli_run = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=600)
     out, err = probe_run.communicate(timeout=600)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +23,7 @@ import triton
 from triton import language as tl
 
 from flashattn_teach.tools.kernels import loops, report, sass
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 HERE = Path(__file__).resolve().parent
@@ -106,10 +105,10 @@ def probe() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     code = f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_triton_loops_ws as t; "
     code += "print(json.dumps(t.probe()))"
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([*AOT_PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
 

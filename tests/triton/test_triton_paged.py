@@ -15,9 +15,7 @@ and the paged loop stays pipelined and within a bound of the contiguous loop's i
 from __future__ import annotations
 
 import math
-import os
 import subprocess
-import sys
 
 import pytest
 
@@ -30,6 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
+from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
 # old entries per batch element: an empty cache, one that ends inside a page and a key block, and one
@@ -318,8 +317,8 @@ MAX_PAGED_RATIO = 2.25
 
 @pytest.fixture(scope="module")
 def paged_compiles():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-W", "ignore", "-m", "flashattn_teach.cli", "kernels-decode"]
+    env = aot_env(PYTHONWARNINGS="ignore")
+    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels-decode"]
     runs = {
         (arch, name): subprocess.Popen(
             [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from flashattn_teach.tools.kernels import specializations as spec
 from flashattn_teach.tools.kernels.cases import CASES, GpuCase, suite_calls
 from flashattn_teach.triton import shipped_config, triton_attention
 from flashattn_teach.triton.unaligned import UNALIGNED_TILES
+from sass_cache import AOT_PYTHON, aot_env
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +30,9 @@ CRASHED = GpuCase(torch.bfloat16, 64, 1, 300, causal=True, causal_align="bottom_
 
 
 def _command(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    cli = [sys.executable, "-m", "flashattn_teach.cli", "kernels", "--specializations", "--cache", str(tmp_path)]
+    cli = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--specializations", "--cache", str(tmp_path)]
     return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 

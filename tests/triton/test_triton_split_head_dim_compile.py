@@ -14,9 +14,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from sass_cache import AOT_PYTHON, aot_env
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -59,10 +60,10 @@ def probe() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = aot_env()
     code = "import json, test_triton_split_head_dim_compile as t; print(json.dumps(t.probe()))"
     run = subprocess.run(
-        [sys.executable, "-c", code],
+        [*AOT_PYTHON, "-c", code],
         env={**env, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])},
         capture_output=True,
         text=True,

@@ -7,11 +7,11 @@ kernels with ``VARLEN`` compile ahead of time for sm_90 (fp16, head dim 64) with
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
+
+from sass_cache import AOT_PYTHON, aot_env
 
 triton = pytest.importorskip("triton")
 
@@ -123,10 +123,8 @@ for kernel in ("forward", "backward_dkdv", "backward_dq"):
 
 
 def test_varlen_kernels_compile_for_sm90_without_spills() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600
-    )
+    env = aot_env(PYTHONWARNINGS="ignore")
+    done = subprocess.run([*AOT_PYTHON, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = done.stdout.split("\n")[:3]
     assert [row.split(" ", 2) for row in rows] == [

@@ -1,0 +1,54 @@
+"""tests/conftest.py runs the whole suite (a plain ``pytest``) on two xdist workers, one file to a worker, and a
+run that names files in one process. Checked on a two-file project that uses this conftest."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+PROBE = """
+def test_{name}_one():
+    pass
+
+def test_{name}_two():
+    pass
+"""
+
+
+def _run(project: Path, *args: str) -> dict[str, str]:
+    """``pytest ARGS`` in ``project``: test name -> the worker that ran it ("none": the main process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args]
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        # -v: "[gw0] PASSED tests/test_a.py::test_a_one" on a worker, "tests/test_a.py::test_a_one PASSED" without
+        if "PASSED" in line and "::" in line:
+            name = line.split("::")[-1].split()[0]
+            workers[name] = line.split("]")[0].lstrip("[") if line.startswith("[gw") else "none"
+    assert len(workers) == 4, done.stdout
+    return workers
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+def test_the_whole_suite_runs_on_two_workers_one_file_each(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    shutil.copy(HERE / "conftest.py", tmp_path / "tests" / "conftest.py")
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    for name in ("a", "b"):
+        (tmp_path / "tests" / f"test_{name}.py").write_text(PROBE.format(name=name))
+
+    whole = _run(tmp_path)
+    assert set(whole.values()) <= {"gw0", "gw1"}, whole
+    assert whole["test_a_one"] == whole["test_a_two"] and whole["test_b_one"] == whole["test_b_two"], whole
+
+    assert set(_run(tmp_path, "tests/test_a.py", "tests/test_b.py").values()) == {"none"}
