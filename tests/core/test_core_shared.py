@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import flashattn_teach as fa
+from flashattn_teach._options import make_options
 from flashattn_teach.core import backward as core_backward
 from flashattn_teach.core import dense_attention, flash_backward
 from flashattn_teach.core import online_softmax as core_update
@@ -39,7 +40,7 @@ def _backwards(softcap: float | None) -> dict[str, torch.Tensor]:
     out = {
         "reference": reference_backward(q, k, v, O, lse, dO, softcap=softcap, **opts)[2],
         "parallel": parallel.parallel_backward(
-            *grouped, None, scale=8**-0.5, causal_align="top_left", workers=1, **opts
+            *grouped, None, scale=8**-0.5, tiling=make_options(q, k, v, causal=True).mask.tiling(8, 8), workers=1
         )[2].squeeze(2)
         if softcap is None
         else None,
