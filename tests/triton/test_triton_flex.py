@@ -26,7 +26,7 @@ from triton import language as tl  # noqa: E402
 
 from flashattn_teach._options import make_options  # noqa: E402
 from flashattn_teach.triton import AttentionConfig  # noqa: E402
-from flashattn_teach.triton.autograd import TritonAttentionFunction  # noqa: E402
+from flashattn_teach.triton.autograd import TritonAttentionFunction, TritonLaunch  # noqa: E402
 from flashattn_teach.triton.kernels.masking import _tanh  # noqa: E402
 from flashattn_teach.triton.variants import KernelVariants, tile_list  # noqa: E402
 
@@ -244,16 +244,14 @@ class Case:
 
 def run_triton(c: Case, q, k, v, *, deterministic: bool = False):
     """``(O, lse)`` by the kernels, the user's functions handed to them as usermod would."""
-    opts = make_options(q, k, v, enable_gqa=c.H != c.H_kv, **c.options)
+    opts = make_options(q, k, v, enable_gqa=c.H != c.H_kv, deterministic=deterministic, **c.options)
     variants = replace(
         KernelVariants.from_spec(opts.mask),
         score_mod=c.score_mod,
         mask_mod=c.mask_mod,
         block_mask=c.kinds,
     )
-    return TritonAttentionFunction.apply(
-        q, k, v, opts.shapes, opts.causal, opts.causal_align, TILE, variants, deterministic
-    )
+    return TritonAttentionFunction.apply(q, k, v, opts, TritonLaunch(TILE, variants), None)
 
 
 def values_and_grads(f, q, k, v, dO):
