@@ -1,0 +1,201 @@
+"""The kernels' arguments as named records, built by name on the host and read by name in the kernels (as
+FlashAttention's CuTe code passes its ``kernel_args``): a tensor and its strides are one :class:`Strided`,
+and each variant of the mask contract one record, or None where the call does not use it.
+
+    Strided        a (B, H, N, X) tensor (or a tensor descriptor) and its four strides
+    Lse            lse's pointer and its head stride (``N_q``, or ``total_q`` with packed sequences)
+    RowStats       the backward's lse2 and delta, laid out as lse, and their head stride
+    Bounds         where each row's keys stop: OFFSET, the window's LEFT and RIGHT, SEQLENS_K (or None)
+    ScoreTerms     what changes a score: softcap (in log2 units), ALiBi slopes, the user's attn_mask
+    Slopes         ALiBi slopes (1 or B, H_q) fp32 and their strides (0 along a broadcast batch)
+    ScoreTable     a table over (b, h, query, key): the user's attn_mask, or a block mask's tile kinds
+    TileList       :func:`flashattn_teach.triton.variants.tile_list`'s rows and their strides
+    Dropout        the key of :class:`flashattn_teach.dropout.DropoutKey` as the kernels draw it
+    Packed         packed sequences' ``cu_seqlens_q, cu_seqlens_k (B + 1,)`` int32
+    UserMods       score_mod's and mask_mod's captured tensors, the tile kinds, the tile list
+    Descales       an FP8 call's Q, K, V descales (B, H_kv) fp32 and their strides
+    Partials       the decode kernel's split outputs (num_splits, B, H_q, N_new, X) and their strides
+    Pages          a paged cache's block table and page sizes (the decode kernel)
+    CacheLengths   a decode step's lengths: the cache's, its left padding, the new rows'
+
+The records are :class:`typing.NamedTuple`: ``@triton.jit`` takes them as kernel arguments and as
+arguments of the helpers a kernel calls, and specialises each field as it would a plain argument (an
+integer equal to 1 becomes a constant, one divisible by 16 gets the divisibility attribute, None becomes a
+``constexpr`` None), so a record changes no specialisation and no instruction of the compiled kernel. A
+field that is None is never read: the kernel reaches it only under the ``tl.constexpr`` flag of its
+variant (no placeholder pointer stands in for an unused tensor).
+
+Which triton takes them (checked before this module was written, 2026-12-06, on a machine without a GPU):
+triton 3.4.0, 3.6.0 and 3.9.0 accept NamedTuples as ``@triton.jit`` kernel parameters and as parameters of
+``@triton.jit`` helpers, nested records, None fields and tensor descriptors in a field, both in the
+interpreter (``TRITON_INTERPRET=1``) and in ahead-of-time compiles (the capture of
+:mod:`flashattn_teach.tools.kernels.specialize`, whose compile request then holds a nested ``signature``
+and ``constexprs`` keyed by paths such as ``(0, 4)``); triton 3.4's launcher flattens tuple arguments
+(``make_launcher``'s ``_flatten_signature``), and triton 3.4 compiled these kernels for sm_90 (the forward
+and both backwards, plain and with every variant and dropout). A plain tuple is refused by name (``t.ptr``
+of a tuple), so every record is named. The floor stays triton 3.4. No GPU launched a record yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from torch import Tensor
+
+
+class Strided(NamedTuple):
+    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements. The head and row
+    strides come first: a loop over a group's heads reads the two, and the kernel's parameter buffer then
+    holds them as one aligned 8-byte pair (one ``LDC.64``)."""
+
+    ptr: Any
+    stride_h: int
+    stride_n: int
+    stride_b: int
+    stride_d: int
+
+
+def strided(t: Any, strides: tuple[int, ...] | None = None, *, varlen: bool = False) -> Strided:
+    """``t`` (B, H, N, X) with its strides (or ``strides``, those of the tensor a descriptor ``t`` reads). With
+    packed sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose
+    start row moves the base pointer instead: the batch stride is passed as 0."""
+    b, h, n, x = t.stride() if strides is None else strides
+    return Strided(t, stride_h=h, stride_n=n, stride_b=0 if varlen else b, stride_d=x)
+
+
+class Partials(NamedTuple):
+    """The decode kernel's split outputs ``(num_splits, B, H_q, N_new, X)`` and their strides (lse as
+    ``(num_splits, B, H_q, N_new, 1)``)."""
+
+    ptr: Tensor
+    stride_s: int
+    stride_b: int
+    stride_h: int
+    stride_n: int
+    stride_d: int
+
+
+class Lse(NamedTuple):
+    """``lse (B, H_q, N_q)`` fp32, contiguous, or ``(H_q, total_q)`` with packed sequences: ``stride_h``."""
+
+    ptr: Any
+    stride_h: int
+
+
+class RowStats(NamedTuple):
+    """The backward's row statistics ``lse2 = lse * log2(e)`` and ``delta = rowsum(dO * O)``, each laid out as
+    :class:`Lse` (``(B, H_q, N_q)`` contiguous fp32, or ``(H_q, total_q)``), with their head stride."""
+
+    lse2: Tensor
+    delta: Tensor
+    stride_h: int
+
+
+class Bounds(NamedTuple):
+    """Where each query row's keys stop: row i sees key j iff ``i + OFFSET - LEFT <= j <= i + OFFSET + RIGHT``
+    (:mod:`.kernels.masking`; LEFT, RIGHT are :data:`flashattn_teach.triton.variants.UNBOUNDED` without a
+    window) and ``j < SEQLENS_K[b]`` (int32 ``(B,)``, or None)."""
+
+    OFFSET: int
+    LEFT: int
+    RIGHT: int
+    SEQLENS_K: Tensor | None
+
+
+class Slopes(NamedTuple):
+    """ALiBi slopes ``(1 or B, H_q)`` fp32, read at ``b * stride_b + h * stride_h``."""
+
+    ptr: Tensor
+    stride_b: int
+    stride_h: int
+
+
+class ScoreTable(NamedTuple):
+    """A table over ``(b, h, query, key)``: the user's ``attn_mask (B, H_q, N_q, N_k)`` or a block mask's tile
+    kinds ``(B|1, H|1, T_r, T_c)`` int8, read at ``b * stride_b + h * stride_h + i * stride_m + j * stride_n``
+    (strides 0 along broadcast dims)."""
+
+    ptr: Tensor
+    stride_b: int
+    stride_h: int
+    stride_m: int
+    stride_n: int
+
+
+class ScoreTerms(NamedTuple):
+    """What changes a score: ``softcap_log2 = softcap * log2(e)`` (1.0 without), ALiBi's :class:`Slopes` and
+    the user's ``attn_mask`` (uint8 for a bool mask, else additive in its dtype), each None when unset."""
+
+    softcap_log2: float
+    alibi: Slopes | None
+    mask: ScoreTable | None
+
+
+class TileList(NamedTuple):
+    """Each query (or key) tile's tiles to visit, int32 ``(B|1, H|1, T, 1 + T')``, read at ``b * stride_b + h *
+    stride_h + i * stride_m``."""
+
+    ptr: Tensor
+    stride_b: int
+    stride_h: int
+    stride_m: int
+
+
+class Dropout(NamedTuple):
+    """The draw of :mod:`flashattn_teach.dropout`: ``seed``, the counters' ``offset``, ``threshold = round(p
+    2^31)`` and ``keep_scale = 1 / (1 - p)``."""
+
+    seed: int
+    offset: int
+    threshold: int
+    keep_scale: float
+
+
+class Packed(NamedTuple):
+    """Packed sequences: ``cu_seqlens_q, cu_seqlens_k (B + 1,)`` int32."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+
+
+class UserMods(NamedTuple):
+    """FlexAttention's functions' data: the captured tensors of score_mod and of mask_mod (four each, None in
+    the unused ones), a block mask's tile ``kinds`` at the launch's tiles and with ``LISTED`` their
+    ``tiles`` (:class:`TileList`), each None when unset."""
+
+    score_captures: tuple[Tensor | None, ...]
+    mask_captures: tuple[Tensor | None, ...]
+    kinds: ScoreTable | None
+    tiles: TileList | None
+
+
+class Descales(NamedTuple):
+    """An FP8 call's descales ``q, k, v (B, H_kv)`` fp32, contiguous, read at ``b * stride_b + h_kv * stride_h``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    stride_b: int
+    stride_h: int
+
+
+class Pages(NamedTuple):
+    """A paged cache (flash-attn's ``block_table``): batch element b's pages at ``table + b * stride_b + n *
+    stride_n`` (int32), ``PAGE_SIZE`` keys a page, ``num_blocks`` pages in the cache."""
+
+    table: Tensor
+    stride_b: int
+    stride_n: int
+    PAGE_SIZE: int
+    num_blocks: int
+
+
+class CacheLengths(NamedTuple):
+    """A decode step's lengths: ``cache_seqlens (B,)`` int32 before the step's ``N_new_kv`` appended rows,
+    ``cache_leftpad (B,)`` int32 (or None), ``N_new`` new queries, ``N_max`` rows the cache holds."""
+
+    cache_seqlens: Tensor
+    cache_leftpad: Tensor | None
+    N_new: int
+    N_new_kv: int
+    N_max: int
