@@ -46,7 +46,7 @@ from ..triton.configs import arch_of, block_d, dot_precision
 from ..triton.devices import launches_on_device
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
-from ..triton.records import CacheLengths, Pages, Partials, ScoreTerms, Slopes, strided
+from ..triton.records import CacheLengths, Pages, Partials, score_terms, strided
 from ..triton.support import decode_unsupported_reason
 from ..triton.variants import LOG2E, UNBOUNDED
 from .checks import check_seqlens_tensor
@@ -288,11 +288,8 @@ def launch_decode(
         N_new_kv=N_new_kv,
         N_max=N_max,
     )
-    alibi = None
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.detach().to(torch.float32)
-        alibi = Slopes(slopes, stride_b=0 if slopes.dim() == 1 else slopes.stride(0), stride_h=slopes.stride(-1))
-    terms = ScoreTerms(softcap_log2=1.0 if softcap is None else softcap * LOG2E, alibi=alibi, mask=None)
+    slopes = None if alibi_slopes is None else alibi_slopes.detach().to(torch.float32)
+    terms = score_terms(softcap, slopes, None)
     left, right = window
     BLOCK_D, BLOCK_D2 = lane_groups(D)  # 192: 128 + 64 lanes, two MMAs a score tile (.kernels.tiles)
     decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](

@@ -7,12 +7,9 @@ and each variant of the mask contract one record, or None where the call does no
     RowStats       the backward's lse2 and delta, laid out as lse, and their head stride
     Bounds         where each row's keys stop: OFFSET, the window's LEFT and RIGHT, SEQLENS_K (or None)
     ScoreTerms     what changes a score: softcap (in log2 units), ALiBi slopes, the user's attn_mask
-    Slopes         ALiBi slopes (1 or B, H_q) fp32 and their strides (0 along a broadcast batch)
-    ScoreTable     a table over (b, h, query, key): the user's attn_mask, or a block mask's tile kinds
-    TileList       :func:`flashattn_teach.triton.variants.tile_list`'s rows and their strides
     Dropout        the key of :class:`flashattn_teach.dropout.DropoutKey` as the kernels draw it
     Packed         packed sequences' ``cu_seqlens_q, cu_seqlens_k (B + 1,)`` int32
-    UserMods       score_mod's and mask_mod's captured tensors, the tile kinds, the tile list
+    UserMods       score_mod's and mask_mod's captured tensors, the block mask's tile kinds and tile list
     Descales       an FP8 call's Q, K, V descales (B, H_kv) fp32 and their strides
     Partials       the decode kernel's split outputs (num_splits, B, H_q, N_new, X) and their strides
     Pages          a paged cache's block table and page sizes (the decode kernel)
@@ -38,9 +35,12 @@ of a tuple), so every record is named. The floor stays triton 3.4. No GPU launch
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from torch import Tensor
+
+LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); kernels.masking.LOG2E is the kernels' copy, behind a triton import
 
 
 class Strided(NamedTuple):
@@ -102,43 +102,33 @@ class Bounds(NamedTuple):
     SEQLENS_K: Tensor | None
 
 
-class Slopes(NamedTuple):
-    """ALiBi slopes ``(1 or B, H_q)`` fp32, read at ``b * stride_b + h * stride_h``."""
-
-    ptr: Tensor
-    stride_b: int
-    stride_h: int
-
-
-class ScoreTable(NamedTuple):
-    """A table over ``(b, h, query, key)``: the user's ``attn_mask (B, H_q, N_q, N_k)`` or a block mask's tile
-    kinds ``(B|1, H|1, T_r, T_c)`` int8, read at ``b * stride_b + h * stride_h + i * stride_m + j * stride_n``
-    (strides 0 along broadcast dims)."""
-
-    ptr: Tensor
-    stride_b: int
-    stride_h: int
-    stride_m: int
-    stride_n: int
-
-
 class ScoreTerms(NamedTuple):
-    """What changes a score: ``softcap_log2 = softcap * log2(e)`` (1.0 without), ALiBi's :class:`Slopes` and
-    the user's ``attn_mask`` (uint8 for a bool mask, else additive in its dtype), each None when unset."""
+    """What changes a score: ``softcap_log2 = softcap * log2(e)`` (1.0 without); ALiBi's slopes ``(1 or B,
+    H_q)`` fp32 (or ``(H_q,)``), read at ``b * alibi_stride_b + h * alibi_stride_h``; the user's ``attn_mask
+    (B, H_q, N_q, N_k)`` (uint8 for a bool mask, else additive in its dtype), read at ``b * mask_stride_b +
+    h * mask_stride_h + i * mask_stride_m + j * mask_stride_n`` (strides 0 along broadcast dims). A table
+    and its strides are None together when unset. Flat, not a record of records: see the module's note."""
 
     softcap_log2: float
-    alibi: Slopes | None
-    mask: ScoreTable | None
+    alibi: Tensor | None
+    alibi_stride_b: int | None
+    alibi_stride_h: int | None
+    mask: Tensor | None
+    mask_stride_b: int | None
+    mask_stride_h: int | None
+    mask_stride_m: int | None
+    mask_stride_n: int | None
 
 
-class TileList(NamedTuple):
-    """Each query (or key) tile's tiles to visit, int32 ``(B|1, H|1, T, 1 + T')``, read at ``b * stride_b + h *
-    stride_h + i * stride_m``."""
-
-    ptr: Tensor
-    stride_b: int
-    stride_h: int
-    stride_m: int
+def score_terms(softcap: float | None, slopes: Tensor | None, attn_mask: Tensor | None) -> ScoreTerms:
+    """:class:`ScoreTerms` of a call: ``slopes`` ``(H_q,)`` or ``(1 or B, H_q)`` (batch stride 0 where one row
+    serves every batch element), ``attn_mask`` at its own strides, each None when unset."""
+    alibi: tuple[Tensor | None, int | None, int | None] = (None, None, None)
+    if slopes is not None:
+        one_row = slopes.dim() == 1 or slopes.shape[0] == 1
+        alibi = (slopes, 0 if one_row else slopes.stride(0), slopes.stride(-1))
+    mask: tuple[int | None, ...] = (None,) * 4 if attn_mask is None else tuple(attn_mask.stride())
+    return ScoreTerms(1.0 if softcap is None else softcap * LOG2E, *alibi, attn_mask, *mask)
 
 
 class Dropout(NamedTuple):
@@ -160,13 +150,23 @@ class Packed(NamedTuple):
 
 class UserMods(NamedTuple):
     """FlexAttention's functions' data: the captured tensors of score_mod and of mask_mod (four each, None in
-    the unused ones), a block mask's tile ``kinds`` at the launch's tiles and with ``LISTED`` their
-    ``tiles`` (:class:`TileList`), each None when unset."""
+    the unused ones); a block mask's tile ``kinds`` at the launch's tiles, int8 ``(B|1, H|1, T_r, T_c)``
+    read at ``b * kinds_stride_b + h * kinds_stride_h + r * kinds_stride_m + c * kinds_stride_n``; with
+    ``LISTED`` each tile's ``tiles`` to visit (:func:`flashattn_teach.triton.variants.tile_list`), int32
+    ``(B|1, H|1, T, 1 + T')`` read at ``b * tiles_stride_b + h * tiles_stride_h + r * tiles_stride_m``
+    (strides 0 along broadcast dims). A table and its strides are None together when unset."""
 
     score_captures: tuple[Tensor | None, ...]
     mask_captures: tuple[Tensor | None, ...]
-    kinds: ScoreTable | None
-    tiles: TileList | None
+    kinds: Tensor | None
+    kinds_stride_b: int | None
+    kinds_stride_h: int | None
+    kinds_stride_m: int | None
+    kinds_stride_n: int | None
+    tiles: Tensor | None
+    tiles_stride_b: int | None
+    tiles_stride_h: int | None
+    tiles_stride_m: int | None
 
 
 class Descales(NamedTuple):

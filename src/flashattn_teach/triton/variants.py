@@ -23,9 +23,7 @@ from torch import Tensor
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..masks.spec import MaskSpec
-from .records import Bounds, Dropout, Packed, ScoreTable, ScoreTerms, Slopes, TileList, UserMods
-
-LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
+from .records import LOG2E, Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
 # A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
 # enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
 UNBOUNDED = 2**30
@@ -151,13 +149,7 @@ class KernelVariants:
 
     def score_terms(self) -> ScoreTerms:
         """The kernels' :class:`~.records.ScoreTerms`: softcap in log2 units (1.0 unset), ALiBi, the attn_mask."""
-        alibi = None
-        if self.alibi_slopes is not None:
-            slopes = self.alibi_slopes
-            # a (1, H_q) table serves every batch element: stride 0 along the batch
-            alibi = Slopes(slopes, 0 if slopes.shape[0] == 1 else slopes.stride(0), slopes.stride(1))
-        mask = None if self.attn_mask is None else ScoreTable(self.attn_mask, *self.attn_mask.stride())
-        return ScoreTerms(softcap_log2=1.0 if self.softcap is None else self.softcap * LOG2E, alibi=alibi, mask=mask)
+        return score_terms(self.softcap, self.alibi_slopes, self.attn_mask)
 
     def dropout_args(self) -> Dropout:
         """The kernels' :class:`~.records.Dropout` (read only under ``DROPOUT``)."""
@@ -195,7 +187,8 @@ class KernelVariants:
                     "on a CPU path (backend='query_major'), or fold captured tensors into fewer (torch.stack)"
                 )
         kinds = self.tile_kinds(block_m, block_n)
-        table = tiles = None
+        table: tuple[Any, ...] = (None,) * 5  # kinds and its strides
+        tiles: tuple[Any, ...] = (None,) * 4  # the tile list and its strides
         if kinds is not None:
             need = (-(-N_q // block_m), -(-N_k // block_n))
             if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
@@ -207,18 +200,13 @@ class KernelVariants:
             kinds = kinds.to(device)  # O(tiles) bytes; a no-op where the block mask was built
             stride_b, stride_h, stride_m, stride_n = kinds.stride()
             b, h = (0 if kinds.shape[0] == 1 else stride_b), (0 if kinds.shape[1] == 1 else stride_h)
-            table = ScoreTable(kinds, b, h, stride_m, stride_n)
+            table = (kinds, b, h, stride_m, stride_n)
             if listed:
                 t = tile_list(kinds.transpose(-1, -2) if columns else kinds)
                 b, h = (0 if t.shape[0] == 1 else t.stride(0)), (0 if t.shape[1] == 1 else t.stride(1))
-                tiles = TileList(t, b, h, t.stride(2))
+                tiles = (t, b, h, t.stride(2))
         slots: tuple[Tensor | None, ...] = (None,) * CAPTURE_SLOTS
-        return UserMods(
-            score_captures=(score + slots)[:CAPTURE_SLOTS],
-            mask_captures=(mask + slots)[:CAPTURE_SLOTS],
-            kinds=table,
-            tiles=tiles,
-        )
+        return UserMods((score + slots)[:CAPTURE_SLOTS], (mask + slots)[:CAPTURE_SLOTS], *table, *tiles)
 
     def tile_kinds(self, block_m: int, block_n: int) -> Tensor | None:
         """The block mask's kinds at ``block_m x block_n`` tiles, int8 ``(B|1, H|1, T_r, T_c)``, or None."""

@@ -172,16 +172,16 @@ def attn_bwd_dkdv(
         DO_group = DO_ptr + b * DO.stride_b + h0 * DO.stride_h
     SLOPES_group = None
     if ALIBI:
-        SLOPES_group = terms.alibi.ptr + b * terms.alibi.stride_b + h0 * terms.alibi.stride_h
+        SLOPES_group = terms.alibi + b * terms.alibi_stride_b + h0 * terms.alibi_stride_h
     MASK_group = None
     if BOOL_MASK or ADD_MASK:
-        MASK_group = terms.mask.ptr + b * terms.mask.stride_b + h0 * terms.mask.stride_h
+        MASK_group = terms.mask + b * terms.mask_stride_b + h0 * terms.mask_stride_h
     KINDS_col = None
     if KINDS:
-        KINDS_col = mods.kinds.ptr + b * mods.kinds.stride_b + h0 * mods.kinds.stride_h + j * mods.kinds.stride_n
+        KINDS_col = mods.kinds + b * mods.kinds_stride_b + h0 * mods.kinds_stride_h + j * mods.kinds_stride_n
     LIST_col = None
     if LISTED:
-        LIST_col = mods.tiles.ptr + b * mods.tiles.stride_b + h0 * mods.tiles.stride_h + j * mods.tiles.stride_m
+        LIST_col = mods.tiles + b * mods.tiles_stride_b + h0 * mods.tiles_stride_h + j * mods.tiles_stride_m
     DQ_group = None
     if DQ_ATOMIC:
         DQ_group = DQ_ptr + b * DQ.stride_b + h0 * DQ.stride_h

@@ -125,7 +125,7 @@ def _attn_bwd_dkdv_inner(
         else:
             start = start_m + (t - g * n_steps) * BLOCK_M
             if KINDS:
-                kind = tl.load(KINDS_col + g * mods.kinds.stride_h + (start // BLOCK_M) * mods.kinds.stride_m)
+                kind = tl.load(KINDS_col + g * mods.kinds_stride_h + (start // BLOCK_M) * mods.kinds_stride_m)
                 visit = kind != KIND_SKIP
         rows = tl.cast(start, tl.int64)
         stats = tl.cast(g, tl.int64) * row_stats.stride_h + rows
@@ -168,7 +168,7 @@ def _attn_bwd_dkdv_inner(
             if SOFTCAP or ALIBI or ADD_MASK:
                 slope_log2 = 0.0
                 if ALIBI:
-                    slope_log2 = tl.load(SLOPES_group + g * terms.alibi.stride_h) * LOG2E
+                    slope_log2 = tl.load(SLOPES_group + g * terms.alibi_stride_h) * LOG2E
                 # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
                 sT, tT = _modify_scores(
                     qkT * qk_scale,
@@ -182,13 +182,13 @@ def _attn_bwd_dkdv_inner(
                 )
                 if ADD_MASK:
                     biasT = _attn_mask_tile(
-                        MASK_group + g * terms.mask.stride_h,
+                        MASK_group + g * terms.mask_stride_h,
                         start,
                         start_n,
                         offs_m[None, :],
                         cols[:, None],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         N_q,
                         drop_N_k,
                     )
@@ -221,13 +221,13 @@ def _attn_bwd_dkdv_inner(
                     )
                 if BOOL_MASK:
                     userT = _attn_mask_tile(
-                        MASK_group + g * terms.mask.stride_h,
+                        MASK_group + g * terms.mask_stride_h,
                         start,
                         start_n,
                         offs_m[None, :],
                         cols[:, None],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         N_q,
                         drop_N_k,
                     )

@@ -139,20 +139,20 @@ def attn_bwd_dq(
 
     MASK_head = None
     if BOOL_MASK or ADD_MASK:
-        MASK_head = terms.mask.ptr + b * terms.mask.stride_b + h * terms.mask.stride_h
+        MASK_head = terms.mask + b * terms.mask_stride_b + h * terms.mask_stride_h
     KINDS_row = None
     if KINDS:
-        KINDS_row = mods.kinds.ptr + b * mods.kinds.stride_b + h * mods.kinds.stride_h + blk * mods.kinds.stride_m
+        KINDS_row = mods.kinds + b * mods.kinds_stride_b + h * mods.kinds_stride_h + blk * mods.kinds_stride_m
     LIST_row = None
     if LISTED:
-        LIST_row = mods.tiles.ptr + b * mods.tiles.stride_b + h * mods.tiles.stride_h + blk * mods.tiles.stride_m
+        LIST_row = mods.tiles + b * mods.tiles_stride_b + h * mods.tiles_stride_h + blk * mods.tiles_stride_m
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
         n_keys = tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (n_keys - N_q)
     if ALIBI:
-        slope_log2 = tl.load(terms.alibi.ptr + b * terms.alibi.stride_b + h * terms.alibi.stride_h) * LOG2E
+        slope_log2 = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h) * LOG2E
     else:
         slope_log2 = 0.0
     if WINDOW:

@@ -94,7 +94,7 @@ def _attn_bwd_dq_inner(
         else:
             start = it
             if KINDS:
-                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds.stride_n)
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask adds nothing
             in_k = start + offs_n < N_k
@@ -161,8 +161,8 @@ def _attn_bwd_dq_inner(
                         start,
                         rows[:, None],
                         offs_n[None, :],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         drop_N_q,
                         drop_N_k,
                     )
@@ -199,8 +199,8 @@ def _attn_bwd_dq_inner(
                         start,
                         rows[:, None],
                         offs_n[None, :],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         drop_N_q,
                         drop_N_k,
                     )

@@ -268,8 +268,7 @@ def decode_split_fwd(
     if BLOCK_D2 > 0:
         q2 = _load_block_hi(Q.ptr, q_rows, 1, Q.stride_d, in_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
     if ALIBI:
-        alibi = terms.alibi
-        slopes = tl.load(alibi.ptr + b * alibi.stride_b + h * alibi.stride_h, mask=in_rows, other=0.0)
+        slopes = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h, mask=in_rows, other=0.0)
         slope_log2 = (slopes * LOG2E)[:, None]
     else:
         slope_log2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)

@@ -162,7 +162,7 @@ def _attn_fwd_inner(
         else:
             start = it if MASK else start_n + it * BLOCK_N
             if KINDS:
-                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds.stride_n)
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask: nothing of it is loaded or computed
             # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
@@ -201,8 +201,8 @@ def _attn_fwd_inner(
                         start,
                         rows[:, None],
                         cols[None, :],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         drop_N_q,
                         N_k,
                     )
@@ -230,8 +230,8 @@ def _attn_fwd_inner(
                         start,
                         rows[:, None],
                         cols[None, :],
-                        terms.mask.stride_m,
-                        terms.mask.stride_n,
+                        terms.mask_stride_m,
+                        terms.mask_stride_n,
                         drop_N_q,
                         N_k,
                     )
