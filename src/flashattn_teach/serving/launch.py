@@ -46,9 +46,9 @@ from ..triton.configs import arch_of, block_d, dot_precision
 from ..triton.devices import launches_on_device
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
-from ..triton.records import CacheLengths, Pages, Partials, score_terms, strided
+from ..triton.records import LOG2E, CacheLengths, Pages, Partials, score_terms, strided
 from ..triton.support import decode_unsupported_reason
-from ..triton.variants import LOG2E, UNBOUNDED
+from ..triton.variants import UNBOUNDED
 from .checks import check_seqlens_tensor
 from .splitkv import default_num_splits
 

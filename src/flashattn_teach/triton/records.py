@@ -18,13 +18,24 @@ and each variant of the mask contract one record, or None where the call does no
 The records are :class:`typing.NamedTuple`: ``@triton.jit`` takes them as kernel arguments and as
 arguments of the helpers a kernel calls, and specialises each field as it would a plain argument (an
 integer equal to 1 becomes a constant, one divisible by 16 gets the divisibility attribute, None becomes a
-``constexpr`` None), so a record changes no specialisation and no instruction of the compiled kernel. A
-field that is None is never read: the kernel reaches it only under the ``tl.constexpr`` flag of its
-variant (no placeholder pointer stands in for an unused tensor).
+``constexpr`` None), so a record changes no specialisation (the kernel's Triton IR is the positional
+list's; only the parameters' order in the kernel's parameter buffer differs). A field that is None is never
+read: the kernel reaches it only under the ``tl.constexpr`` flag of its variant (no placeholder pointer
+stands in for an unused tensor).
+
+The records are flat: no record holds a record (a tuple of tensors, the captures, is the one nesting). Inside
+a record every integer equal to 1 becomes a constant, ``do_not_specialize`` or not, and triton 3.6 loses
+such a constant one level down: its ``ASTFunction.deserialize`` sets a record's runtime fields first and its
+constants after, and each ``tuple._setitem`` rebuilds only that tuple's type, so an outer record whose own
+None field (an unused ALiBi) is set after its inner record's values but before the inner constant keeps the
+inner field typed ``constexpr[None]``; every ``if`` or ``for`` region then clones the record from that type
+(``enter_sub_region``), and a mask's key stride of 1 reached ``_attn_mask_tile`` as None. Triton 3.9 sets
+each field in one pass and is not affected. ``ScoreTerms`` and ``UserMods`` therefore carry each table and
+its strides as fields of their own (``mask``, ``mask_stride_m``, ...).
 
 Which triton takes them (checked before this module was written, 2026-12-06, on a machine without a GPU):
 triton 3.4.0, 3.6.0 and 3.9.0 accept NamedTuples as ``@triton.jit`` kernel parameters and as parameters of
-``@triton.jit`` helpers, nested records, None fields and tensor descriptors in a field, both in the
+``@triton.jit`` helpers, None fields and tensor descriptors in a field, both in the
 interpreter (``TRITON_INTERPRET=1``) and in ahead-of-time compiles (the capture of
 :mod:`flashattn_teach.tools.kernels.specialize`, whose compile request then holds a nested ``signature``
 and ``constexprs`` keyed by paths such as ``(0, 4)``); triton 3.4's launcher flattens tuple arguments

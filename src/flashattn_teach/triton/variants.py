@@ -23,7 +23,8 @@ from torch import Tensor
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..masks.spec import MaskSpec
-from .records import LOG2E, Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
+from .records import Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
+
 # A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
 # enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
 UNBOUNDED = 2**30

@@ -181,16 +181,9 @@ def _attn_bwd_dkdv_inner(
                     ALIBI,
                 )
                 if ADD_MASK:
+                    mask_g = MASK_group + g * terms.mask_stride_h
                     biasT = _attn_mask_tile(
-                        MASK_group + g * terms.mask_stride_h,
-                        start,
-                        start_n,
-                        offs_m[None, :],
-                        cols[:, None],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        N_q,
-                        drop_N_k,
+                        mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
                     )
                     sT = sT + biasT.to(tl.float32) * LOG2E
                 if SCORE_MOD is not None:
@@ -220,16 +213,9 @@ def _attn_bwd_dkdv_inner(
                         start + offs_m[None, :], offs_n[:, None], OFFSET, bounds.LEFT, bounds.RIGHT
                     )
                 if BOOL_MASK:
+                    mask_g = MASK_group + g * terms.mask_stride_h
                     userT = _attn_mask_tile(
-                        MASK_group + g * terms.mask_stride_h,
-                        start,
-                        start_n,
-                        offs_m[None, :],
-                        cols[:, None],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        N_q,
-                        drop_N_k,
+                        mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
                     )
                     visible = visible & (userT != 0)
                 if MASK_MOD is not None:

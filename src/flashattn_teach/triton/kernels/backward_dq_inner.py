@@ -156,15 +156,7 @@ def _attn_bwd_dq_inner(
                 )
                 if ADD_MASK:
                     bias = _attn_mask_tile(
-                        MASK_head,
-                        start_m,
-                        start,
-                        rows[:, None],
-                        offs_n[None, :],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        drop_N_q,
-                        drop_N_k,
+                        MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
                 if SCORE_MOD is not None:
@@ -194,15 +186,7 @@ def _attn_bwd_dq_inner(
                     )
                 if BOOL_MASK:
                     user = _attn_mask_tile(
-                        MASK_head,
-                        start_m,
-                        start,
-                        rows[:, None],
-                        offs_n[None, :],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        drop_N_q,
-                        drop_N_k,
+                        MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     visible = visible & (user != 0)
                 if MASK_MOD is not None:

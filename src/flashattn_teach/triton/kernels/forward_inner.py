@@ -196,15 +196,7 @@ def _attn_fwd_inner(
                 )
                 if ADD_MASK:
                     bias = _attn_mask_tile(
-                        MASK_head,
-                        offs_m0,
-                        start,
-                        rows[:, None],
-                        cols[None, :],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        drop_N_q,
-                        N_k,
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
                 s_scale = 1.0
@@ -225,15 +217,7 @@ def _attn_fwd_inner(
                     visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, bounds.LEFT, bounds.RIGHT)
                 if BOOL_MASK:
                     user = _attn_mask_tile(
-                        MASK_head,
-                        offs_m0,
-                        start,
-                        rows[:, None],
-                        cols[None, :],
-                        terms.mask_stride_m,
-                        terms.mask_stride_n,
-                        drop_N_q,
-                        N_k,
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     visible = visible & (user != 0)
                 if MASK_MOD is not None:
