@@ -18,10 +18,11 @@ and each variant of the mask contract one record, or None where the call does no
 The records are :class:`typing.NamedTuple`: ``@triton.jit`` takes them as kernel arguments and as
 arguments of the helpers a kernel calls, and specialises each field as it would a plain argument (an
 integer equal to 1 becomes a constant, one divisible by 16 gets the divisibility attribute, None becomes a
-``constexpr`` None), so a record changes no specialisation (the kernel's Triton IR is the positional
-list's; only the parameters' order in the kernel's parameter buffer differs). A field that is None is never
-read: the kernel reaches it only under the ``tl.constexpr`` flag of its variant (no placeholder pointer
-stands in for an unused tensor).
+``constexpr`` None), so a record changes no specialisation and no Triton IR (the TTGIR of a masked dK/dV
+and of a forward matched the positional kernels' line for line); the parameters' order differs, which moves
+ptxas's schedule by a few instructions either way (``benchmarks/results/kernel_args``). A field that is
+None is never read: the kernel reaches it only under the ``tl.constexpr`` flag of its variant (no
+placeholder pointer stands in for an unused tensor).
 
 The records are flat: no record holds a record (a tuple of tensors, the captures, is the one nesting). Inside
 a record every integer equal to 1 becomes a constant, ``do_not_specialize`` or not, and triton 3.6 loses
