@@ -53,7 +53,7 @@ def test_backward_replay_matches_autograd(N, D, bm, bn, causal, window, softcap)
     torch.testing.assert_close(r.delta, (r.dO * O).sum(-1), atol=1e-12, rtol=0)
     for s in r.dkdv_steps():
         (r0, r1), (c0, c1) = s.rows, s.cols
-        torch.testing.assert_close(s.P_ij, P[r0:r1, c0:c1], atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["P_ij"], P[r0:r1, c0:c1], atol=1e-12, rtol=0)
 
 
 def test_teaching_example_ends_at_float64_autograd_within_1e_12():
@@ -84,9 +84,9 @@ def test_a_row_that_sees_no_key_gets_zero_gradients_and_no_nan():
     for mine, ref in zip((dQ, dK, dV), grads, strict=True):
         torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
     for s in (*r.dkdv_steps(), *r.dq_steps()):
-        assert all(not torch.isnan(t).any() for t in (s.P_ij, s.dP_ij, s.dS_ij, *s.acc.values()))
+        assert all(not torch.isnan(t).any() for t in (s["P_ij"], s["dP_ij"], s["dS_ij"], *s.accumulators.values()))
         if s.rows[0] <= 3 < s.rows[1]:
-            assert torch.equal(s.P_ij[3 - s.rows[0]], torch.zeros(s.cols[1] - s.cols[0], dtype=torch.float64))
+            assert torch.equal(s["P_ij"][3 - s.rows[0]], torch.zeros(s.cols[1] - s.cols[0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize(("bm", "bn", "causal"), [(2, 2, False), (2, 3, True), (4, 2, True)])
@@ -105,11 +105,11 @@ def test_dq_pass_step_by_step(bm, bn, causal):
         (r0, r1), (c0, c1) = s.rows, s.cols
         seen = [t for t in steps[: n + 1] if t.i == s.i]
         partial = sum(0.5 * dS[r0:r1, t.cols[0] : t.cols[1]] @ k[0, t.cols[0] : t.cols[1]] for t in seen)
-        torch.testing.assert_close(s.acc["dQ_i"], partial, atol=1e-12, rtol=0)
-        torch.testing.assert_close(s.dS_ij, dS[r0:r1, c0:c1], atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["dQ_i"], partial, atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["dS_ij"], dS[r0:r1, c0:c1], atol=1e-12, rtol=0)
         last = n + 1 == len(steps) or steps[n + 1].i != s.i
         if last:
-            torch.testing.assert_close(s.acc["dQ_i"], dQ[r0:r1], atol=1e-12, rtol=0)
+            torch.testing.assert_close(s["dQ_i"], dQ[r0:r1], atol=1e-12, rtol=0)
     assert {s.i for s in steps} == set(range(-(-6 // bm)))
 
 
@@ -124,7 +124,7 @@ def test_sink_gradients_match_autograd():
     for mine, ref in zip(r.grads(), (qq.grad, kk.grad, vv.grad), strict=True):
         torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
     torch.testing.assert_close(r.gradients()["dsink"], sink.grad, atol=1e-12, rtol=0)
-    assert r.preprocess()[-1].name == "dsink"
+    assert r.preprocess().equations[-1].name == "dsink"
     assert max(r.max_error().values()) <= 1e-12
 
 
@@ -147,9 +147,9 @@ def test_equations_carry_their_numbers():
         result = eq.substituted.rsplit(" = ", 1)[1]
         assert result == numbers(eq.value)
     dV = step.equations[1]
-    assert dV.name == "dV_j" and torch.equal(dV.value, step.acc["dV_j"])
-    assert dV.substituted.startswith("[[0, 0, 0, 0], [0, 0, 0, 0]] + " + numbers(step.P_ij) + "^T ")
-    delta = r.preprocess()[0]
+    assert dV.name == "dV_j" and torch.equal(dV.value, step["dV_j"])
+    assert dV.substituted.startswith("[[0, 0, 0, 0], [0, 0, 0, 0]] + " + numbers(step["P_ij"]) + "^T ")
+    delta = r.preprocess().equations[0]
     assert delta.line == 4 and delta.substituted.endswith(" = " + numbers(r.delta))
     assert numbers(torch.tensor([float("-inf"), 1.23456])) == "[-inf, 1.235]"
 
@@ -161,7 +161,7 @@ def test_a_negative_zero_is_written_as_zero():
     q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, window=(1, 0))
     steps = [*r.dkdv_steps(), *r.dq_steps()]
-    assert any(((s.dS_ij == 0) & torch.signbit(s.dS_ij)).any() for s in steps)  # there are -0s to write
+    assert any(((s["dS_ij"] == 0) & torch.signbit(s["dS_ij"])).any() for s in steps)  # there are -0s to write
     texts = [e.substituted for s in steps for e in s.equations]
     assert not [t for t in texts if re.search(r"(?<![\w.])-0(?![\w.])", t)]
 
@@ -215,7 +215,7 @@ def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
         eq = step.equations[0]
         assert eq.name == "P_ij"
         assert ("lse_i = -inf" in eq.symbolic) == (step.i == 0), (step.i, eq.symbolic)
-        assert not step.P_ij.isnan().any()
+        assert not step["P_ij"].isnan().any()
 
 
 def test_backward_of_carries_every_option_of_replay():

@@ -100,8 +100,16 @@ def test_a_row_that_sees_no_key_of_a_split_gets_lse_minus_inf_and_weight_zero_wi
     assert last.lse_s[0] == NEG_INF and math.isfinite(last.lse_s[1])  # key 6 is after row 0's position 5
     assert torch.equal(last.O_s[0], torch.zeros(4, dtype=torch.float64))
     merge = r.merges[-1]
-    assert merge.lse_b[0] == NEG_INF and merge.w_b[0] == 0 and merge.w_a[0] == 1
-    for t in (merge.w_a, merge.w_b, merge.lse, merge.O, r.O, *(s.O_partial for s in last), *(s.l_i for s in last)):
+    assert merge["lse_b"][0] == NEG_INF and merge["w_b"][0] == 0 and merge["w_a"][0] == 1
+    for t in (
+        merge["w_a"],
+        merge["w_b"],
+        merge["lse"],
+        merge["O"],
+        r.O,
+        *(s["O_partial"] for s in last),
+        *(s["l_i"] for s in last),
+    ):
         assert not t.isnan().any()
     assert r.visible[:, 6].tolist() == [False, True] and not r.visible[:, 7:].any()
 

@@ -55,12 +55,13 @@ from ..serving.page_checks import check_block_ids, check_block_table, check_page
 from ..serving.pages import element_caches
 from ..serving.ranges import range_options
 from ..serving.splitkv import default_num_splits, split_ranges
-from .decode_merges import MergeStep, check_merge_order, fold_merges, merge_sink
+from .decode_merges import check_merge_order, fold_merges, merge_sink
 from .inputs import check_index
 from .schedule import Schedule, visited_key_blocks
-from .steps import Steps, TileStep
+from .step import Step
+from .steps import Steps
 
-__all__ = ["DecodeReplay", "KeyRole", "MergeStep", "SplitReplay", "replay_decode"]
+__all__ = ["DecodeReplay", "KeyRole", "SplitReplay", "replay_decode"]
 
 
 class KeyRole(Enum):
@@ -85,7 +86,7 @@ class SplitReplay:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[TileStep]:
+    def __iter__(self) -> Iterator[Step]:
         s0 = self.keys[0]
         for step in self.steps:
             c0, c1 = step.cols
@@ -109,7 +110,7 @@ class DecodeReplay:
     keys: tuple[int, int]
     ranges: tuple[tuple[int, int], ...]
     splits: tuple[SplitReplay, ...]
-    merges: tuple[MergeStep, ...]
+    merges: tuple[Step, ...]
     O: Tensor
     lse: Tensor
     O_final: Tensor
@@ -130,7 +131,7 @@ class DecodeReplay:
     notebook_page: ClassVar[Callable[[DecodeReplay], str] | None] = None
     replay_kind: ClassVar[str] = "decode"  # the scenario, "replayKind" in its JSON
 
-    def all_steps(self) -> Iterator[TileStep | MergeStep]:
+    def all_steps(self) -> Iterator[Step]:
         """Every step, in the order it runs: each split's UPDATEs, then the MERGEs (the sink's last)."""
         for split in self.splits:
             yield from split
@@ -240,7 +241,7 @@ def _split(
     m_i, l_i, acc = init_state((N_new,), v.shape[-1], dtype=q.dtype, device=q.device)
     O_s = acc
     for step in steps:  # run once for the range's result; iterating again recomputes the steps
-        m_i, l_i, O_s = step.m_i, step.l_i, step.O_partial
+        m_i, l_i, O_s = step["m_i"], step["l_i"], step["O_partial"]
     return SplitReplay(index=s, keys=keys, steps=steps, O_s=O_s, lse_s=log_sum_exp(m_i, l_i))
 
 
@@ -364,7 +365,7 @@ def replay_decode(
     if sink is not None:  # once per row, after every split
         merged = tuple(s for s in order if any(p.index == s for p in parts))
         last = merge_sink(len(merges), merged, O, lse, sink, O_final)
-        merges, O, lse = (*merges, last), last.O, last.lse
+        merges, O, lse = (*merges, last), last["O"], last["lse"]
     return DecodeReplay(
         cache_len=n,
         N_new_kv=N_new_kv,

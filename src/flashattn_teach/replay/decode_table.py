@@ -64,10 +64,10 @@ def _split_updates_stacked(r: DecodeReplay, s: int) -> list[str]:
     for step in r.splits[s]:
         (c0, c1) = step.cols
         out += [
-            f"update {step.index + 1} · key columns {span(c0, c1)} · {step.kind.name} tile · "
+            f"update {step.index + 1} · key columns {span(c0, c1)} · {step.tile_kind.name} tile · "
             f"max |O_s - O_final| {step.max_diff:.3e}",
-            f"  S_ij (row-major) = {_vec(step.S_ij.reshape(-1))}",
-            f"  m_i = {_vec(step.m_i)}, l_i = {_vec(step.l_i)}",
+            f"  S_ij (row-major) = {_vec(step['S_ij'].reshape(-1))}",
+            f"  m_i = {_vec(step['m_i'])}, l_i = {_vec(step['l_i'])}",
         ]
     return out
 
@@ -91,10 +91,10 @@ def _split_panel(r: DecodeReplay, s: int, narrow: bool):
         table.add_row(
             str(step.index + 1),
             span(c0, c1),
-            step.kind.name,
-            _vec(step.S_ij.reshape(-1)),
-            _vec(step.m_i),
-            _vec(step.l_i),
+            step.tile_kind.name,
+            _vec(step["S_ij"].reshape(-1)),
+            _vec(step["m_i"]),
+            _vec(step["l_i"]),
             f"{step.max_diff:.3e}",
         )
     return Panel(Group(table, result), title=title, title_align="left")
@@ -112,8 +112,8 @@ def _merges_stacked(r: DecodeReplay):
     for m in r.merges:
         lines += [
             f"merge {m.index + 1}: {m.label} · max |O - O_final| {m.max_diff:.3e}",
-            f"  lse_a = {_vec(m.lse_a)}, lse_b = {_vec(m.lse_b)}, lse = {_vec(m.lse)}",
-            f"  w_a = exp(lse_a - lse) = {_vec(m.w_a)}, w_b = {_vec(m.w_b)}",
+            f"  lse_a = {_vec(m['lse_a'])}, lse_b = {_vec(m['lse_b'])}, lse = {_vec(m['lse'])}",
+            f"  w_a = exp(lse_a - lse) = {_vec(m['w_a'])}, w_b = {_vec(m['w_b'])}",
         ]
     return Group(*lines)
 
@@ -128,11 +128,11 @@ def _merges(r: DecodeReplay):
         table.add_row(
             str(m.index + 1),
             m.label,
-            _vec(m.lse_a),
-            _vec(m.lse_b),
-            _vec(m.lse),
-            _vec(m.w_a),
-            _vec(m.w_b),
+            _vec(m["lse_a"]),
+            _vec(m["lse_b"]),
+            _vec(m["lse"]),
+            _vec(m["w_a"]),
+            _vec(m["w_b"]),
             f"{m.max_diff:.3e}",
         )
     return table

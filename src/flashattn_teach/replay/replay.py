@@ -58,9 +58,10 @@ from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
 from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
-from .steps import Steps, TileState, TileStep
+from .step import Step, TileState
+from .steps import Steps
 
-__all__ = ["ORDERS", "Replay", "ReplayCall", "Steps", "Tile", "TileState", "TileStep", "replay"]
+__all__ = ["ORDERS", "Replay", "ReplayCall", "Step", "Steps", "Tile", "TileState", "replay"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Replay:
         render = Replay.notebook_page
         return None if render is None else render(self)
 
-    def all_steps(self) -> Iterator[TileStep]:
+    def all_steps(self) -> Iterator[Step]:
         """Every step, in the order it runs: the UPDATEs of the query block."""
         return iter(self.steps)
 
@@ -123,7 +124,7 @@ class Replay:
         if len(self.steps) == 0:
             r0, r1 = self.rows
             return torch.ones(r1 - r0, dtype=self.steps.q_i.dtype, device=self.steps.q_i.device)
-        share = self.steps[-1].sink_share
+        share = self.steps[-1].get("sink_share")
         assert share is not None
         return share
 
@@ -174,7 +175,7 @@ class Replay:
     def T_c(self) -> int:
         return self.schedule.T_c
 
-    def state(self, step: TileStep, tile: Tile) -> TileState:
+    def state(self, step: Step, tile: Tile) -> TileState:
         """The state of ``tile = (i, j)`` at ``step``."""
         if tile == (step.i, step.j):
             return TileState.CURRENT
@@ -184,7 +185,7 @@ class Replay:
             return TileState.PENDING
         return TileState.SKIPPED
 
-    def grid(self, step: TileStep) -> list[list[TileState]]:
+    def grid(self, step: Step) -> list[list[TileState]]:
         """``(T_r, T_c)`` tile states at ``step``; ``T_r T_c`` grows as ``N^2``, so draw a window of a large one
         with :meth:`state`."""
         return [[self.state(step, (i, j)) for j in range(self.T_c)] for i in range(self.T_r)]
@@ -281,7 +282,7 @@ def replay(
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
-        references do), one :class:`TileStep` per visited tile of the block. Its steps are computed
+        references do), one :class:`Step` per visited tile of the block. Its steps are computed
         when iterated; keep the ones you need.
 
     Raises:

@@ -2,7 +2,7 @@
 
 Each update also lists FA2 Alg. 1's equations with their numbers (:mod:`.equations`): the block's first row in
 full, one compact line (``alpha``, ``l_new``, at the end ``lse_i``) per other row. A key-major replay lists FA1
-Alg. 1's instead (:func:`.equations_key_major.replay_equations`: the HBM loads and writes, the two rescale
+Alg. 1's instead (:func:`.equations_view.replay_equations`: the HBM loads and writes, the two rescale
 factors and ``l_new`` in the compact lines).
 
 With an attention sink, each update's statistics gain a column, the sink's share of each row so far, and the
@@ -24,18 +24,19 @@ dK/dV step, every dQ step, each a panel of its tile ``(i, j)`` and kind and its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 from torch import Tensor
 
-from .backward_replay import BackwardEquation, BackwardReplay, BackwardStep
+from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay
-from .equations_key_major import replay_equations
+from .equations_view import replay_equations
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
-from .replay import Replay, TileState, TileStep
+from .replay import Replay
+from .step import Step, StepEquation, TileState
 from .terminal import is_narrow, open_console
 
 # One character per tile state; the legend under each grid spells them out.
@@ -66,7 +67,7 @@ def _window(centre: int, size: int, total: int) -> range:
     return range(start, min(total, start + size))
 
 
-def _grid(replay: Replay, step: TileStep, narrow: bool):
+def _grid(replay: Replay, step: Step, narrow: bool):
     from rich.text import Text
 
     rows = _window(step.i, GRID_ROWS, replay.T_r)
@@ -90,13 +91,13 @@ def _grid(replay: Replay, step: TileStep, narrow: bool):
     return text
 
 
-def _stats(step: TileStep, narrow: bool):
+def _stats(step: Step, narrow: bool):
     """Per row of the block: ``S_ij``, ``m_i``, ``l_i`` (the sink's share) and the outputs; narrow, the
     outputs as a second table under the first."""
     from rich.console import Group
     from rich.table import Table
 
-    stats = ["row", "S_ij (this tile)", "m_i", "l_i", *([SINK_COLUMN] if step.sink_share is not None else [])]
+    stats = ["row", "S_ij (this tile)", "m_i", "l_i", *([SINK_COLUMN] if step.get("sink_share") is not None else [])]
     outputs = ["O partial = acc / l_i", "O final (dense)"]
     tables = [Table(box=None, pad_edge=False)] if not narrow else [Table(box=None, pad_edge=False) for _ in "so"]
     columns = [stats + outputs] if not narrow else [stats, ["row", *outputs]]
@@ -105,10 +106,10 @@ def _stats(step: TileStep, narrow: bool):
             table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
-        cells = [str(r0 + r), _row(step.S_ij[r]), _fmt(float(step.m_i[r])), _fmt(float(step.l_i[r]))]
-        if step.sink_share is not None:
-            cells.append(_fmt(float(step.sink_share[r])))
-        out = [_row(step.O_partial[r]), _row(step.O_final[r])]
+        cells = [str(r0 + r), _row(step["S_ij"][r]), _fmt(float(step["m_i"][r])), _fmt(float(step["l_i"][r]))]
+        if step.get("sink_share") is not None:
+            cells.append(_fmt(float(step["sink_share"][r])))
+        out = [_row(step["O_partial"][r]), _row(step["O_final"][r])]
         if narrow:
             tables[0].add_row(*cells)
             tables[1].add_row(str(r0 + r), *out)
@@ -117,7 +118,7 @@ def _stats(step: TileStep, narrow: bool):
     return Group(*tables)
 
 
-def _equations(replay: Replay, step: TileStep, narrow: bool):
+def _equations(replay: Replay, step: Step, narrow: bool):
     """Row ``r0``'s equations in full (narrow: each over its numbers), then one compact line per other row."""
     from rich.console import Group
     from rich.padding import Padding
@@ -183,7 +184,7 @@ def render_table(
         summary.add_row(str(step.index + 1), span(c0, c1), str(seen), f"{step.max_diff:.3e}")
         where = f"key block j={step.j} (columns {span(c0, c1)})"
         position = f"schedule position {step.position + 1}/{len(replay.schedule)}"
-        kind = f"{step.kind.name} tile" + (" (masked)" if step.masked else "")
+        kind = f"{step.tile_kind.name} tile" + (" (masked)" if step.masked else "")
         # narrow: a title that fits 80 columns, the tile's place as the panel's first line
         title = " · ".join([f"Tile update {step.index + 1}/{total}", *([] if narrow else [where, position]), kind])
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
@@ -229,7 +230,7 @@ def _runs(js: Iterable[int]) -> list[tuple[int, int]]:
 # each equation's numbers go under it, indented, and a step's rows and columns under its panel's title.
 
 
-def _backward_equations(eqs: list[BackwardEquation], narrow: bool):
+def _backward_equations(eqs: Sequence[StepEquation], narrow: bool):
     """One row per equation: line, ``name = symbolic``, the numbers; ``narrow``: the numbers on the next row."""
     from rich.padding import Padding
     from rich.table import Table
@@ -249,7 +250,7 @@ def _backward_equations(eqs: list[BackwardEquation], narrow: bool):
     return table
 
 
-def _step_panel(step: BackwardStep, count: int, narrow: bool):
+def _step_panel(step: Step, count: int, narrow: bool):
     from rich.console import Group
     from rich.panel import Panel
 
@@ -258,8 +259,8 @@ def _step_panel(step: BackwardStep, count: int, narrow: bool):
     head = f"{step.step_kind.title} · step {step.index + 1} of {count} · tile (i={step.i}, j={step.j})"
     if narrow:  # a title that fits 80 columns; the rows and columns as the panel's first line
         body = Group(where, _backward_equations(step.equations, narrow))
-        return Panel(body, title=f"{head} · {step.kind.name}", title_align="left")
-    title = f"{head} · {where} · {step.kind.name}"
+        return Panel(body, title=f"{head} · {step.tile_kind.name}", title_align="left")
+    title = f"{head} · {where} · {step.tile_kind.name}"
     return Panel(_backward_equations(step.equations, narrow), title=title, title_align="left")
 
 
@@ -293,7 +294,7 @@ def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, wi
     skipped = br.skipped()
     if skipped:
         console.print("SKIP tiles (never computed): " + ", ".join(f"({i}, {j})" for i, j in skipped))
-    console.print(Panel(_backward_equations(br.preprocess(), narrow), title="Preprocess", title_align="left"))
+    console.print(Panel(_backward_equations(br.preprocess().equations, narrow), title="Preprocess", title_align="left"))
     for steps in (list(br.dkdv_steps()), list(br.dq_steps())):
         for step in steps:
             console.print(_step_panel(step, len(steps), narrow))
