@@ -219,13 +219,22 @@ def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
 
 
 def test_backward_of_carries_every_option_of_replay():
-    # backward_of passes replay()'s recorded options through SHARED_OPTIONS: one left out of that tuple would be
-    # dropped silently (a backward of other attention). Every keyword of replay() but the two that pick what the
-    # forward shows must be carried, and replay_backward must take each.
+    # The forward and the backward replay take one set of keywords (ReplayKeywords), and backward_of passes the
+    # forward's whole: every keyword of replay() but the two that pick what the forward shows is one of them.
     import inspect
 
-    from flashattn_teach.replay.backward_replay import SHARED_OPTIONS
+    from flashattn_teach.replay.inputs import ReplayKeywords
 
+    shared = set(ReplayKeywords.__annotations__)
     forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
-    assert set(SHARED_OPTIONS) == forward - {"query_block", "order"}
-    assert set(SHARED_OPTIONS) <= set(inspect.signature(replay_backward).parameters)
+    assert shared == forward - {"query_block", "order"}
+    assert shared == set(inspect.signature(replay_backward).parameters) - {"q", "k", "v", "dO", "seed"}
+    # And the options arrive: a backward of the forward's causal, windowed, capped call, against a direct one.
+    q, k, v = (torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    kw = {"block_m": 2, "block_n": 3, "causal": True, "window": (1, 0), "softcap": 2.0, "scale": 0.7}
+    via = backward_of(replay(q, k, v, query_block=1, **kw), seed=4).gradients()
+    direct = replay_backward(q, k, v, seed=4, **kw).gradients()
+    plain = replay_backward(q, k, v, seed=4, block_m=2, block_n=3).gradients()
+    assert all(torch.equal(via[n], direct[n]) for n in direct) and not torch.equal(via["dQ"], plain["dQ"])
+    with pytest.raises(TypeError, match="causl"):
+        replay_backward(q, k, v, block_m=2, block_n=2, causl=True)

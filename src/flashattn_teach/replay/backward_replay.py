@@ -30,18 +30,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._validate.keywords import takes_keywords
 from ..core.backward import BackwardTerms, tile_terms
 from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, ScoreMod
 from ..masks.spec import Tiling
 from ..reference.dense import dense_attention
 from ..reference.scores import score_hook, score_tile
-from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
+from .inputs import ReplayKeywords, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
 from .step import ACCUMULATORS, Step, StepEquation, StepKind, numbers
@@ -261,28 +262,9 @@ class BackwardReplay:
         return {name: float((mine[name].to(torch.float64) - ref[name]).abs().max()) for name in mine}
 
 
+@takes_keywords()
 def replay_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dO: Tensor | None = None,
-    *,
-    block_m: int,
-    block_n: int,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    batch_index: int = 0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: float | Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    sinks: float | Tensor | None = None,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
-    seed: int = 0,
+    q: Tensor, k: Tensor, v: Tensor, dO: Tensor | None = None, *, seed: int = 0, **options: Unpack[ReplayKeywords]
 ) -> BackwardReplay:
     """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens``,
     ``sinks``, ``block_mask`` and ``score_mod`` as :func:`.replay.replay`, checked the same way (the gradients
@@ -290,26 +272,14 @@ def replay_backward(
     ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
     command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
-    head = one_head_call(
-        q,
-        k,
-        v,
-        block_m=block_m,
-        block_n=block_n,
-        batch_index=batch_index,
-        sinks=sinks,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        cu_seqlens=cu_seqlens,
-        score_mod=score_mod,
-        block_mask=block_mask,
-    )
+    return backward_replay(q, k, v, dO, seed, options)
+
+
+def backward_replay(
+    q: Tensor, k: Tensor, v: Tensor, dO: Tensor | None, seed: int, options: ReplayKeywords
+) -> BackwardReplay:
+    """:func:`replay_backward`'s body: its keywords checked and their defaults filled, taken whole."""
+    head = one_head_call(q, k, v, options)
     opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
     batch_index, dt = head.batch_index, q2.dtype
     N_q, N_k = q2.shape[0], k2.shape[0]
@@ -349,29 +319,8 @@ def replay_backward(
     )
 
 
-# The keyword arguments of replay() that the backward reads too; the others pick a query block or an order.
-SHARED_OPTIONS = (
-    "block_m",
-    "block_n",
-    "causal",
-    "causal_align",
-    "scale",
-    "batch_index",
-    "window",
-    "softcap",
-    "alibi_slopes",
-    "seqlens_k",
-    "attn_mask",
-    "cu_seqlens",
-    "sinks",
-    "block_mask",
-    "score_mod",
-)
-
-
 def backward_of(r: Replay, *, dO: Tensor | None = None, seed: int = 0) -> BackwardReplay:
     """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`)."""
     q, k, v = r.inputs
     assert r.call is not None  # r.inputs raised otherwise
-    options: dict[str, Any] = {name: r.call.options[name] for name in SHARED_OPTIONS}
-    return replay_backward(q, k, v, dO, seed=seed, **options)
+    return backward_replay(q, k, v, dO, seed, r.call.options)  # the forward's keywords, whole

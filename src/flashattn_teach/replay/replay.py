@@ -46,22 +46,24 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._validate.keywords import takes_keywords
 from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, ScoreMod, UserMods
+from ..flex.mods import ScoreMod, UserMods
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
-from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
+from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
 from .step import Step, TileState
 from .steps import Steps
 
-__all__ = ["ORDERS", "Replay", "ReplayCall", "Step", "Steps", "Tile", "TileState", "replay"]
+__all__ = ["ORDERS", "Replay", "ReplayCall", "ReplayKeywords", "Step", "Steps", "Tile", "TileState", "replay"]
 
 
 @dataclass(frozen=True)
@@ -213,44 +215,36 @@ class Replay:
 
 @dataclass(frozen=True)
 class ReplayCall:
-    """The arguments of one :func:`replay` call, kept so that a view can replay the same inputs otherwise."""
+    """The arguments of one :func:`replay` call (its keywords checked and their defaults filled), kept so that a
+    view can replay the same inputs otherwise and the backward replay can take the same options whole."""
 
     q: Tensor
     k: Tensor
     v: Tensor
-    options: dict[str, Any]
+    query_block: int
+    order: str
+    options: ReplayKeywords
 
-    def run(self, **changes: Any) -> Replay:
+    def run(self, *, query_block: int | None = None, order: str | None = None, **changes: Any) -> Replay:
+        """The replay of the same call with ``query_block``, ``order`` or some of the shared keywords changed."""
         unknown = sorted(set(changes) - set(self.options))
         if unknown:
-            raise AttentionValueError(
-                f"replay() has no keyword argument {unknown[0]!r}; it takes {sorted(self.options)}"
-            )
-        return replay(self.q, self.k, self.v, **{**self.options, **changes})
+            accepted = sorted({"query_block", "order", *self.options})
+            raise AttentionValueError(f"replay() has no keyword argument {unknown[0]!r}; it takes {accepted}")
+        options = cast(ReplayKeywords, self.options | changes)
+        query_block = self.query_block if query_block is None else query_block
+        return forward_replay(ReplayCall(self.q, self.k, self.v, query_block, order or self.order, options))
 
 
+@takes_keywords()
 def replay(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
-    block_m: int,
-    block_n: int,
     query_block: int = 0,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
     order: str = "query_major",
-    batch_index: int = 0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: float | Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    sinks: float | Tensor | None = None,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
+    **options: Unpack[ReplayKeywords],
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -288,33 +282,19 @@ def replay(
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
-    call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
+    return forward_replay(ReplayCall(q, k, v, query_block, order, options))
+
+
+def forward_replay(call: ReplayCall) -> Replay:
+    """The replay of ``call``: :func:`replay`'s body, its keywords checked and their defaults filled."""
+    order = call.order
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
-    head = one_head_call(
-        q,
-        k,
-        v,
-        block_m=block_m,
-        block_n=block_n,
-        batch_index=batch_index,
-        sinks=sinks,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        cu_seqlens=cu_seqlens,
-        score_mod=score_mod,
-        block_mask=block_mask,
-    )
+    head = one_head_call(call.q, call.k, call.v, call.options)
     opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
     block_m, block_n, batch_index = head.block_m, head.block_n, head.batch_index
     N_q, N_k = q2.shape[0], k2.shape[0]
-    i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
+    i = check_index("query_block", call.query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     tiling = opts.mask.tiling(block_m, block_n)
     order_tiles = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)
@@ -353,7 +333,7 @@ def replay(
         block_m=block_m,
         block_n=block_n,
         causal=opts.causal,
-        causal_align=causal_align,
+        causal_align=call.options["causal_align"],
         order=order,
         scale=opts.scale,
         schedule=order_tiles,
