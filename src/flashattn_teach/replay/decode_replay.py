@@ -57,7 +57,6 @@ from ..serving.ranges import range_options
 from ..serving.splitkv import default_num_splits, split_ranges
 from .decode_merges import check_merge_order, fold_merges, merge_sink
 from .inputs import check_index
-from .schedule import Schedule, visited_key_blocks
 from .step import Step
 from .steps import Steps
 
@@ -225,19 +224,7 @@ def _split(
     L, N_new = k.shape[2], q.shape[2]
     opts = _options(q, k[:, :, s0:s1], v[:, :, s0:s1], settings, offset=L - N_new - s0)
     tiling = opts.mask.tiling(N_new, block_n)  # the N_new rows are one query block
-    schedule = Schedule(visited_key_blocks(tiling, b=0), len(tiling.col_blocks), order="query_major")
-    steps = Steps(
-        q_i=q[0, 0],
-        k=k[0, 0, s0:s1],
-        v=v[0, 0, s0:s1],
-        O_final=O_final,
-        i=0,
-        rows=(0, N_new),
-        tiling=tiling,
-        batch_index=0,
-        scale=opts.scale,
-        schedule=schedule,
-    )
+    steps = Steps.of_block(q[0, 0], k[0, 0, s0:s1], v[0, 0, s0:s1], tiling, 0, O_final, scale=opts.scale)
     m_i, l_i, acc = init_state((N_new,), v.shape[-1], dtype=q.dtype, device=q.device)
     O_s = acc
     for step in steps:  # run once for the range's result; iterating again recomputes the steps

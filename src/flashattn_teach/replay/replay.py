@@ -59,7 +59,7 @@ from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
 from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
+from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
 from .step import Step, TileState
 from .steps import Steps
 
@@ -297,7 +297,6 @@ def forward_replay(call: ReplayCall) -> Replay:
     i = check_index("query_block", call.query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     tiling = opts.mask.tiling(block_m, block_n)
-    order_tiles = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
@@ -311,19 +310,10 @@ def forward_replay(call: ReplayCall) -> Replay:
         sinks=sink,
         score_mod=rows_score_mod(opts.mask.mods, batch_index, r0),
     )
-    steps = Steps(
-        q_i=q_i,
-        k=k2,
-        v=v2,
-        O_final=O_final,
-        i=i,
-        rows=(r0, r1),
-        tiling=tiling,
-        batch_index=batch_index,
-        scale=opts.scale,
-        schedule=order_tiles,
-        sink=sink,
+    steps = Steps.of_block(
+        q2, k2, v2, tiling, i, O_final, scale=opts.scale, order=order, batch_index=batch_index, sink=sink
     )
+    order_tiles = steps.schedule  # every computed tile of every query block, in visiting order
     return Replay(
         steps=steps,
         query_block=i,

@@ -27,7 +27,7 @@ from ..masks.spec import Tiling
 from ..reference.scores import score_tile
 from .equations import RowEquations, row_equations
 from .equations_key_major import key_major_row_equations
-from .schedule import Schedule
+from .schedule import Schedule, visited_key_blocks
 from .step import Step, StepKind
 
 __all__ = ["Steps", "sink_share", "update_terms_by_name"]
@@ -49,6 +49,28 @@ class Steps:
     scale: float
     schedule: Schedule
     sink: Tensor | None = None  # (1,): the replayed head's sink_h, in q_i's dtype
+
+    @classmethod
+    def of_block(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        tiling: Tiling,
+        i: int,
+        O_final: Tensor,
+        *,
+        scale: float,
+        order: str = "query_major",
+        batch_index: int = 0,
+        sink: Tensor | None = None,
+    ) -> Steps:
+        """The updates of query block ``i`` of ``q (N_q, D)`` over ``k (N_k, D), v (N_k, D_v)``, in ``order``'s
+        schedule of every tile ``tiling`` visits for batch element ``batch_index``: the forward replay's block,
+        or a decode split's (its ``N_new`` rows one block)."""
+        schedule = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)
+        r0, r1 = tiling.row_blocks[i]
+        return cls(q[r0:r1], k, v, O_final, i, (r0, r1), tiling, batch_index, scale, schedule, sink)
 
     def __len__(self) -> int:
         return len(self.schedule.key_blocks(self.i))
