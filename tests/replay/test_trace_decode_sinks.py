@@ -12,8 +12,8 @@ import torch
 from flashattn_teach import flash_attention_with_kvcache
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import decode_to_experiment, replay_decode
-from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.manifest import schema
+from flashattn_teach.replay.table import render_table
 
 from replay_cli import main
 
@@ -71,7 +71,7 @@ def test_decode_sinks_are_checked_and_shown_in_the_table_json_and_cli(capsys):
         replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=3, block_n=2, sinks=torch.zeros(2))
     r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=3, block_n=2, num_splits=2, head=2, sinks=SINKS)
     out = io.StringIO()
-    render_decode_table(r, file=out, width=200)
+    render_table(r, file=out, width=200)
     assert "(0 1) + sink" in out.getvalue() and "sink 1.5" in out.getvalue()
     experiment = decode_to_experiment(r)
     assert experiment["decode"]["sink"] == 1.5 and experiment["decode"]["merges"][-1]["split"] is None

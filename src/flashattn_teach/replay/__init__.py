@@ -20,7 +20,7 @@ that serves the three:
                                             cache; sinks= merged in after the splits
 
     render_table(r) / write_json(r), to_json(r) / render_html(r) / render_png(r, path)
-                                            the terminal (table.py; decode_table.py), strict JSON of one schema,
+                                            the terminal (table.py), strict JSON of one schema,
                                             replay.schema.json, with "replayKind" and each step's "stepKind"
                                             (manifest.py), the self-contained page
                                             (html.py, page*.js: a backward is a tab of the forward's page) and
