@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..merge import merge_attention_states
-from .step import Step, StepKind
+from .step import Step, StepEquation, StepKind, numbers
 
 __all__ = ["Partial", "check_merge_order", "fold_merges", "merge_sink", "merge_step"]
 
@@ -38,15 +38,34 @@ def merge_step(
     O_final: Tensor,
 ) -> Step:
     """MERGE ``index``: ``a = (O_a, lse_a)`` of the splits ``merged`` with ``b = (O_b, lse_b)`` of split ``split``
-    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``), by
-    :func:`flashattn_teach.merge_attention_states`. Its terms: ``lse_a, lse_b, lse, w_a, w_b (N_new,)`` and ``O
-    (N_new, D_v)``; ``max_diff`` is ``max |O - O_final|`` over every row."""
+    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``), by :func:`flashattn_teach.merge_attention_states`.
+    Its terms: ``lse_a, lse_b, lse, w_a, w_b (N_new,)`` and ``O (N_new, D_v)``; its equations give each but the
+    inputs with the numbers put in, then the result (a row with ``lse = -inf`` saw no key: its weights are 0,
+    as the code takes them, not ``exp(-inf - -inf)``); ``max_diff`` is ``max |O - O_final|`` over every row."""
     (O_a, lse_a), (O_b, lse_b) = a, b
     O, lse = merge_attention_states(O_a, lse_a, O_b, lse_b)
     w_a, w_b = merge_weights(lse_a, lse_b, lse)
     terms = {"lse_a": lse_a, "lse_b": lse_b, "lse": lse, "w_a": w_a, "w_b": w_b, "O": O}
     max_diff = float((O - O_final).abs().max())
-    return Step(StepKind.MERGE, index, terms, max_diff=max_diff, merged=merged, split=split)
+    equations = (
+        StepEquation(
+            None, "lse", "log(exp(lse_a) + exp(lse_b))", f"log(exp({numbers(lse_a)}) + exp({numbers(lse_b)}))", lse
+        ),
+        StepEquation(None, "w_a", "exp(lse_a - lse)", f"exp({numbers(lse_a)} - {numbers(lse)})", w_a),
+        StepEquation(None, "w_b", "exp(lse_b - lse)", f"exp({numbers(lse_b)} - {numbers(lse)})", w_b),
+        StepEquation(
+            None, "O", "w_a O_a + w_b O_b", f"{numbers(w_a)} {numbers(O_a)} + {numbers(w_b)} {numbers(O_b)}", O
+        ),
+    )
+    return Step(
+        StepKind.MERGE,
+        index,
+        terms,
+        tuple(e.with_result() for e in equations),
+        max_diff=max_diff,
+        merged=merged,
+        split=split,
+    )
 
 
 def merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
