@@ -29,8 +29,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
-from torch import Tensor
-
 from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
@@ -38,7 +36,7 @@ from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
 from .replay import Replay
-from .step import Step, StepEquation, TileState
+from .step import Step, StepEquation, TileState, numbers
 from .terminal import is_narrow, open_console
 
 # One character per tile state; the legend under each grid spells them out.
@@ -53,14 +51,6 @@ GRID_ROWS, GRID_COLS = 16, 48  # the largest grid drawn whole, in tiles
 GRID_COLS_NARROW = 32  # key blocks of the grid in a narrow terminal: 2 characters each
 SHOWN_AT_EACH_END = 10  # updates drawn at the start and at the end of a long replay
 SINK_COLUMN = "sink share"  # exp(sink_h - m_i) / l_i: the sink's weight in the row so far
-
-
-def _fmt(x: float) -> str:
-    return "-inf" if x == float("-inf") else f"{x + 0.0:.4g}"  # -0.0 + 0.0 = +0.0: no "-0"
-
-
-def _row(t: Tensor) -> str:
-    return "[" + ", ".join(_fmt(float(x)) for x in t.tolist()) + "]"
 
 
 def _window(centre: int, size: int, total: int) -> range:
@@ -108,10 +98,10 @@ def _stats(step: Step, narrow: bool):
             table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
-        cells = [str(r0 + r), _row(step["S_ij"][r]), _fmt(float(step["m_i"][r])), _fmt(float(step["l_i"][r]))]
+        cells = [str(r0 + r), numbers(step["S_ij"][r]), numbers(float(step["m_i"][r])), numbers(float(step["l_i"][r]))]
         if step.get("sink_share") is not None:
-            cells.append(_fmt(float(step["sink_share"][r])))
-        out = [_row(step["O_partial"][r]), _row(step["O_final"][r])]
+            cells.append(numbers(float(step["sink_share"][r])))
+        out = [numbers(step["O_partial"][r]), numbers(step["O_final"][r])]
         if narrow:
             tables[0].add_row(*cells)
             tables[1].add_row(str(r0 + r), *out)
@@ -209,7 +199,7 @@ def _forward(console: Any, replay: Replay, narrow: bool) -> None:
     console.print(summary)
     share = replay.sink_share()
     if share is not None:
-        rows = ", ".join(f"row {r0 + r}: {_fmt(float(x))}" for r, x in enumerate(share.tolist()))
+        rows = ", ".join(f"row {r0 + r}: {numbers(float(x))}" for r, x in enumerate(share.tolist()))
         console.print(
             f"Sink share at the end, exp(sink - lse_i) with sink = {replay.sink:g} (the keys hold 1 - share): {rows}"
         )
@@ -362,13 +352,13 @@ def _update_row(step: Step) -> list[str]:
     """A split's UPDATE as one row of :data:`UPDATE_COLUMNS`."""
     tile, error = step.tile_kind.name, f"{step.max_diff:.3e}"
     head = [str(step.index + 1), span(*step.cols), tile, error]
-    return [*head, _row(step["S_ij"].reshape(-1)), _row(step["m_i"]), _row(step["l_i"])]
+    return [*head, numbers(step["S_ij"].reshape(-1)), numbers(step["m_i"]), numbers(step["l_i"])]
 
 
 def _merge_row(m: Step) -> list[str]:
     """A MERGE as one row of :data:`MERGE_COLUMNS`."""
     head = [str(m.index + 1), m.label, f"{m.max_diff:.3e}"]
-    return head + [_row(m[name]) for name in ("lse_a", "lse_b", "lse", "w_a", "w_b")]
+    return head + [numbers(m[name]) for name in ("lse_a", "lse_b", "lse", "w_a", "w_b")]
 
 
 def _decode(console: Any, r: DecodeReplay, narrow: bool) -> None:
@@ -387,7 +377,7 @@ def _decode(console: Any, r: DecodeReplay, narrow: bool) -> None:
     empty = [span(a, b) if a < b else "empty" for a, b in r.ranges]
     console.print("Split ranges: " + ", ".join(f"{s}: {keys}" for s, keys in enumerate(empty)))
     for split in r.splits:
-        result = f"partial result: lse_s = {_row(split.lse_s)}, O_s row 0 = {_row(split.O_s[0])}"
+        result = f"partial result: lse_s = {numbers(split.lse_s)}, O_s row 0 = {numbers(split.O_s[0])}"
         updates = _listing(UPDATE_COLUMNS, [_update_row(step) for step in split], narrow, head=4)
         n = len(split)
         title = f"Split {split.index} · keys {span(*split.keys)} · {n} tile update{'s' * (n != 1)}"
@@ -396,5 +386,5 @@ def _decode(console: Any, r: DecodeReplay, narrow: bool) -> None:
         console.print(_listing(MERGE_COLUMNS, [_merge_row(m) for m in r.merges], narrow, head=3, title=MERGES_TITLE))
     console.print(
         f"merged O against the dense float64 output of the step: max difference [bold]{r.max_diff:.3e}[/bold]; "
-        f"lse = {_row(r.lse)} (dense {_row(r.lse_final)})"
+        f"lse = {numbers(r.lse)} (dense {numbers(r.lse_final)})"
     )
