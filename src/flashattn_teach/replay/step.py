@@ -92,7 +92,7 @@ class StepEquation:
         return StepEquation(self.line, self.name, self.symbolic, text, self.value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; a step is itself, hashable by identity
 class Step:
     """One step of a replay: its kind, its index within its pass, split or merges, its tile, its named terms
     (module docstring; ``step["m_i"]``) and its equations with their numbers.
