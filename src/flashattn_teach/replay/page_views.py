@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compare import build as build_compare
-from .equations_key_major import build_view as build_equations
+from .equations_view import build_view as build_equations
 from .gpu_schedule import OPTIONS as GPU_OPTIONS
 from .gpu_schedule import build as build_gpu
 from .manifest import build_backward_view

@@ -46,21 +46,24 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._validate.keywords import takes_keywords
 from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, ScoreMod, UserMods
+from ..flex.mods import ScoreMod, UserMods
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
-from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
-from .steps import Steps, TileState, TileStep
+from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
+from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
+from .step import Step, TileState
+from .steps import Steps
 
-__all__ = ["ORDERS", "Replay", "ReplayCall", "Steps", "Tile", "TileState", "TileStep", "replay"]
+__all__ = ["ORDERS", "Replay", "ReplayCall", "ReplayKeywords", "Step", "Steps", "Tile", "TileState", "replay"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class Replay:
         render = Replay.notebook_page
         return None if render is None else render(self)
 
-    def all_steps(self) -> Iterator[TileStep]:
+    def all_steps(self) -> Iterator[Step]:
         """Every step, in the order it runs: the UPDATEs of the query block."""
         return iter(self.steps)
 
@@ -123,7 +126,7 @@ class Replay:
         if len(self.steps) == 0:
             r0, r1 = self.rows
             return torch.ones(r1 - r0, dtype=self.steps.q_i.dtype, device=self.steps.q_i.device)
-        share = self.steps[-1].sink_share
+        share = self.steps[-1].get("sink_share")
         assert share is not None
         return share
 
@@ -174,7 +177,7 @@ class Replay:
     def T_c(self) -> int:
         return self.schedule.T_c
 
-    def state(self, step: TileStep, tile: Tile) -> TileState:
+    def state(self, step: Step, tile: Tile) -> TileState:
         """The state of ``tile = (i, j)`` at ``step``."""
         if tile == (step.i, step.j):
             return TileState.CURRENT
@@ -184,7 +187,7 @@ class Replay:
             return TileState.PENDING
         return TileState.SKIPPED
 
-    def grid(self, step: TileStep) -> list[list[TileState]]:
+    def grid(self, step: Step) -> list[list[TileState]]:
         """``(T_r, T_c)`` tile states at ``step``; ``T_r T_c`` grows as ``N^2``, so draw a window of a large one
         with :meth:`state`."""
         return [[self.state(step, (i, j)) for j in range(self.T_c)] for i in range(self.T_r)]
@@ -212,44 +215,36 @@ class Replay:
 
 @dataclass(frozen=True)
 class ReplayCall:
-    """The arguments of one :func:`replay` call, kept so that a view can replay the same inputs otherwise."""
+    """The arguments of one :func:`replay` call (its keywords checked and their defaults filled), kept so that a
+    view can replay the same inputs otherwise and the backward replay can take the same options whole."""
 
     q: Tensor
     k: Tensor
     v: Tensor
-    options: dict[str, Any]
+    query_block: int
+    order: str
+    options: ReplayKeywords
 
-    def run(self, **changes: Any) -> Replay:
+    def run(self, *, query_block: int | None = None, order: str | None = None, **changes: Any) -> Replay:
+        """The replay of the same call with ``query_block``, ``order`` or some of the shared keywords changed."""
         unknown = sorted(set(changes) - set(self.options))
         if unknown:
-            raise AttentionValueError(
-                f"replay() has no keyword argument {unknown[0]!r}; it takes {sorted(self.options)}"
-            )
-        return replay(self.q, self.k, self.v, **{**self.options, **changes})
+            accepted = sorted({"query_block", "order", *self.options})
+            raise AttentionValueError(f"replay() has no keyword argument {unknown[0]!r}; it takes {accepted}")
+        options = cast(ReplayKeywords, self.options | changes)
+        query_block = self.query_block if query_block is None else query_block
+        return forward_replay(ReplayCall(self.q, self.k, self.v, query_block, order or self.order, options))
 
 
+@takes_keywords()
 def replay(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
-    block_m: int,
-    block_n: int,
     query_block: int = 0,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
     order: str = "query_major",
-    batch_index: int = 0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: float | Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    sinks: float | Tensor | None = None,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
+    **options: Unpack[ReplayKeywords],
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -281,42 +276,27 @@ def replay(
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
-        references do), one :class:`TileStep` per visited tile of the block. Its steps are computed
+        references do), one :class:`Step` per visited tile of the block. Its steps are computed
         when iterated; keep the ones you need.
 
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
-    call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
+    return forward_replay(ReplayCall(q, k, v, query_block, order, options))
+
+
+def forward_replay(call: ReplayCall) -> Replay:
+    """The replay of ``call``: :func:`replay`'s body, its keywords checked and their defaults filled."""
+    order = call.order
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
-    head = one_head_call(
-        q,
-        k,
-        v,
-        block_m=block_m,
-        block_n=block_n,
-        batch_index=batch_index,
-        sinks=sinks,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        cu_seqlens=cu_seqlens,
-        score_mod=score_mod,
-        block_mask=block_mask,
-    )
+    head = one_head_call(call.q, call.k, call.v, call.options)
     opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
     block_m, block_n, batch_index = head.block_m, head.block_n, head.batch_index
     N_q, N_k = q2.shape[0], k2.shape[0]
-    i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
+    i = check_index("query_block", call.query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     tiling = opts.mask.tiling(block_m, block_n)
-    order_tiles = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
@@ -330,19 +310,10 @@ def replay(
         sinks=sink,
         score_mod=rows_score_mod(opts.mask.mods, batch_index, r0),
     )
-    steps = Steps(
-        q_i=q_i,
-        k=k2,
-        v=v2,
-        O_final=O_final,
-        i=i,
-        rows=(r0, r1),
-        tiling=tiling,
-        batch_index=batch_index,
-        scale=opts.scale,
-        schedule=order_tiles,
-        sink=sink,
+    steps = Steps.of_block(
+        q2, k2, v2, tiling, i, O_final, scale=opts.scale, order=order, batch_index=batch_index, sink=sink
     )
+    order_tiles = steps.schedule  # every computed tile of every query block, in visiting order
     return Replay(
         steps=steps,
         query_block=i,
@@ -352,7 +323,7 @@ def replay(
         block_m=block_m,
         block_n=block_n,
         causal=opts.causal,
-        causal_align=causal_align,
+        causal_align=call.options["causal_align"],
         order=order,
         scale=opts.scale,
         schedule=order_tiles,
