@@ -97,3 +97,28 @@ def test_a_record_built_from_a_calls_options_runs_that_call():
     finite = want_lse.isfinite()
     torch.testing.assert_close(lse[finite], want_lse[finite], atol=1e-12, rtol=0)
     assert (lse[~finite] == float("-inf")).all()
+
+
+def test_the_decode_record_carries_every_keyword_of_a_call_there_and_back():
+    """The op's record is built from the call's keywords by name and gives them back: every keyword of
+    ``DecodeKeywords`` is a field, each arrives with its own value (tensors the same objects)."""
+    from flashattn_teach._options import DecodeKeywords
+    from flashattn_teach._validate.keywords import keyword_table
+    from flashattn_teach.serving.step import DecodeCall
+
+    tensors = {
+        "alibi_slopes": torch.ones(2),
+        "sinks": torch.zeros(2),
+        "block_table": torch.zeros(2, 1, dtype=torch.int32),
+        "cache_leftpad": torch.zeros(2, dtype=torch.int32),
+    }
+    scalars = {"causal": True, "scale": 0.5, "softcap": 2.0, "num_splits": 3, "backend": "query_major"}
+    options = {**tensors, **scalars, "window": (3, 0), "cache_seqlens": 7}
+    assert set(options) == set(keyword_table(DecodeKeywords))  # every keyword, each with a value of its own
+    lengths = torch.tensor([7, 7])
+    args = DecodeArgs.of_call(DecodeCall(None, None, options, False, torch.bfloat16), lengths)
+    assert args.cache_seqlens is lengths and args.window == [3, 0] and args.autocast is torch.bfloat16
+    back = args.call()
+    assert back.return_lse and back.autocast is torch.bfloat16 and back.options["window"] == (3, 0)
+    assert all(back.options[name] is t for name, t in tensors.items())
+    assert all(back.options[name] == value for name, value in scalars.items())

@@ -3,13 +3,14 @@
 The layout is the library's ``(B, H, N, D)``: ``q (B, H_q, N_new, D)``, ``k_cache (B, H_kv, N_max, D)``,
 ``v_cache (B, H_kv, N_max, D_v)``, the new ``k (B, H_kv, N_new_kv, D)`` and ``v (B, H_kv, N_new_kv, D_v)``
 or neither, and ``cache_seqlens``, the valid entries per batch element. The checks that depend on that
-layout, and name its arguments, live here; the scale, window, softcap and ALiBi slopes are then checked by
-``_options.make_options`` on each batch element's views, as for every other call.
+layout, and name its arguments, live here, with the record they fill: :class:`DecodeStep`, the step's
+options checked once (:func:`flashattn_teach.serving.step.check_step`) and read by every layer below.
 """
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, dtype
@@ -19,6 +20,30 @@ from .._validate import inputs
 from .._validate.fp8 import is_fp8
 from .._validate.inputs import shape_str
 from ..errors import AttentionTypeError, AttentionValueError
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step's options after every check, built once (:func:`~.step.check_step`, from the call's
+    :class:`~flashattn_teach._options.DecodeKeywords`) and handed whole to every layer below: each batch
+    element and key range of the CPU paths (:mod:`.ranges`), and the Triton decode kernel's launcher
+    (``dispatch.runner.run_decode`` -> :func:`.launch.triton_decode`). ``scale`` resolved, ``window`` as
+    ``check_window`` returns it (``(-1, -1)``: none), ``num_splits`` 0 to choose (the CPU paths resolve it
+    before their ranges, the launcher on CUDA), ``backend`` routed (:func:`~.step.route_extras`). The
+    tensors are checked for dtype, shape and device; their values only where they are on the host."""
+
+    causal: bool
+    scale: float
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+    cache_seqlens: Tensor | int  # (B,) or one for every batch element: the entries before the step
+    alibi_slopes: Tensor | None = None  # (H_q,) or (B, H_q)
+    block_table: Tensor | None = None  # (B, max_blocks): the caches are pools of pages
+    cache_leftpad: Tensor | None = None  # (B,)
+    sinks: Tensor | None = None  # (H_q,)
+
 
 _WANT = {
     "q": "(B, H_q, N_new, D)",
