@@ -78,10 +78,13 @@ def _tensor4(name: str, t: object, want: dict[str, str] = _WANT) -> Tensor:
 def _same(names: tuple[str, ...], tensors: tuple[Tensor, ...], dims: tuple[int, ...], what: str) -> None:
     """The tensors agree on ``dims`` (their ``what``), else an error quoting every shape. Sizes are compared,
     not hashed: under ``torch.compile(dynamic=True)`` they are symbolic, and a symbolic size has no hash."""
-    first = [tensors[0].shape[d] for d in dims]
-    if any([t.shape[d] for d in dims] != first for t in tensors[1:]):
-        shapes = ", ".join(f"{n} {shape_str(t)}" for n, t in zip(names, tensors, strict=True))
-        raise AttentionValueError(f"{' and '.join(names)} must have the same {what}, got {shapes}")
+    first = tensors[0].shape
+    for t in tensors[1:]:
+        shape = t.shape
+        for d in dims:
+            if shape[d] != first[d]:
+                shapes = ", ".join(f"{n} {shape_str(t)}" for n, t in zip(names, tensors, strict=True))
+                raise AttentionValueError(f"{' and '.join(names)} must have the same {what}, got {shapes}")
 
 
 def autocast_inputs(
@@ -107,7 +110,7 @@ def _check_dtypes(names: tuple[str, ...], tensors: tuple[Tensor, ...], autocast:
     """One dtype for all; under autocast, one for the caches and ``k, v`` (the storage), and ``q`` in the
     dtype the caches are read in (autocast's, float64 untouched)."""
     if autocast is None:
-        if len({t.dtype for t in tensors}) > 1:
+        if any(t.dtype != tensors[0].dtype for t in tensors[1:]):
             dtypes = ", ".join(f"{n} {t.dtype}" for n, t in zip(names, tensors, strict=True))
             raise AttentionTypeError(f"{', '.join(names)} must share one dtype, got {dtypes}")
         return
@@ -146,7 +149,8 @@ def check_cache_inputs(
     names = ("q", "k_cache", "v_cache", *(("k", "v") if new else ()))
     tensors = (q, k_cache, v_cache, *new)
     _check_dtypes(names, tensors, autocast)
-    if len({t.device for t in tensors}) > 1:
+    device = q.device
+    if any(t.device != device for t in tensors[1:]):
         devices = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors, strict=True))
         raise AttentionValueError(f"{', '.join(names)} must be on one device, got {devices}")
     if paged:  # the pools' dim 0 counts pages; q, k and v carry the batch

@@ -6,12 +6,13 @@ paths' key ranges (``ranges.py``). The eager public function and the decode op's
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_off
+from .._autocast import autocast_dtype
 from .._layout import compute_dtype
 from .._options import DecodeKeywords
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
@@ -187,7 +188,7 @@ def check_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) ->
     sinks = check_sinks(o["sinks"], H_q, q.device)
     cache_seqlens = o["cache_seqlens"]
     lengths = pads = None
-    if all(lengths_on_host(t) for t in (cache_seqlens, table, leftpad)):  # no device sync
+    if lengths_on_host(cache_seqlens) and lengths_on_host(table) and lengths_on_host(leftpad):  # no device sync
         lengths, pads = check_host_values(
             cache_seqlens, table, leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
         )
@@ -245,7 +246,8 @@ def decode_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) -
     N_new_kv = 0 if k is None else k.shape[2]
     L = [n + N_new_kv for n in lengths]
     caches = element_caches(k_cache, v_cache, step.block_table)
-    with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
+    # inputs cast above; scores and accumulators stay in the compute dtype
+    with nullcontext() if autocast_dtype(q.device.type) is None else torch.autocast(q.device.type, enabled=False):
         # batch element b over its keys [leftpad[b], L[b]), one after another, every range on the plan's backend
         parts = []
         for b in range(B):  # a loop, not a comprehension: one frame fewer above every tile update
