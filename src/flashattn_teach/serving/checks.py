@@ -19,6 +19,7 @@ from .._autocast import autocast_dtype
 from .._validate import inputs
 from .._validate.fp8 import is_fp8
 from .._validate.inputs import shape_str
+from .._validate.varlen import check_head_groups, check_packed_alibi
 from ..errors import AttentionTypeError, AttentionValueError
 
 
@@ -166,12 +167,7 @@ def check_cache_inputs(
         _same(("k", "v"), new, (1, 2), "H_kv and N_new_kv (dims 1 and 2)")
         _same(("k", "k_cache"), (k_new, k_cache), (1, 3), "H_kv and D (dims 1 and 3)")
         _same(("v", "v_cache"), (v_new, v_cache), (1, 3), "H_kv and D_v (dims 1 and 3)")
-    H_q, H_kv = q.shape[1], k_cache.shape[1]
-    if H_kv == 0 or H_q % H_kv != 0:
-        raise AttentionValueError(
-            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} "
-            f"(q {shape_str(q)}, k_cache {shape_str(k_cache)})"
-        )
+    check_head_groups(q.shape[1], k_cache.shape[1], lambda: f"q {shape_str(q)}, k_cache {shape_str(k_cache)}")
     return q, k_cache, v_cache, (new[0] if new else None), (new[1] if new else None)
 
 
@@ -276,17 +272,6 @@ def check_num_splits(num_splits: object) -> int:
 
 
 def check_decode_alibi(slopes: object, B: int, H_q: int, device: torch.device) -> Tensor | None:
-    """ALiBi slopes ``(H_q,)`` or ``(B, H_q)`` (one row per batch element), floating point, on ``q``'s device."""
-    if slopes is None:
-        return None
-    want = f"({H_q},) or ({B}, {H_q})"
-    if not isinstance(slopes, Tensor):
-        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
-    if not slopes.is_floating_point():
-        raise AttentionTypeError(f"alibi_slopes must be floating-point, got {slopes.dtype}")
-    per_head = slopes.dim() == 1 and slopes.shape[0] == H_q
-    if not (per_head or (slopes.dim() == 2 and slopes.shape[0] == B and slopes.shape[1] == H_q)):
-        raise AttentionValueError(f"alibi_slopes must have shape {want}, got {shape_str(slopes)}")
-    if slopes.device != device:
-        raise AttentionValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
-    return slopes
+    """ALiBi slopes ``(H_q,)`` or ``(B, H_q)`` (one row per batch element), floating point, on ``q``'s device:
+    the packed call's check (a row per sequence there)."""
+    return check_packed_alibi(slopes, B, H_q, device, rows="batch element")
