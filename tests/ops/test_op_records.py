@@ -122,3 +122,24 @@ def test_the_decode_record_carries_every_keyword_of_a_call_there_and_back():
     assert back.return_lse and back.autocast is torch.bfloat16 and back.options["window"] == (3, 0)
     assert all(back.options[name] is t for name, t in tensors.items())
     assert all(back.options[name] == value for name, value in scalars.items())
+
+
+def test_the_varlen_record_gives_back_every_packed_keyword_it_holds_by_name():
+    """The varlen op's body rebuilds the call from the record's keywords: each keyword of
+    ``PackedKeywords`` the schema has comes back with its own value (``sinks``, which it has not, is declined
+    by ``of_call``)."""
+    from flashattn_teach._options import PackedKeywords
+    from flashattn_teach._validate.keywords import keyword_table
+    from flashattn_teach.ops.varlen import KEYWORDS
+
+    slopes, cu = torch.ones(2), torch.tensor([0, 3])
+    args = VarlenArgs(
+        cu, cu, 3, 3, alibi_slopes=slopes, causal=True, causal_align="top_left", scale=0.5, window=[2, 0],
+        softcap=4.0, backend="query_major", dropout_p=0.25, deterministic=True,
+    )  # fmt: skip
+    assert set(keyword_table(PackedKeywords)) - set(KEYWORDS) == {"sinks"}
+    want = {"causal": True, "causal_align": "top_left", "scale": 0.5, "window": (2, 0), "softcap": 4.0}
+    want |= {"dropout_p": 0.25, "deterministic": True}
+    given = args.keywords()
+    assert given.keys() == set(KEYWORDS) and given["alibi_slopes"] is slopes
+    assert all(given[name] == value for name, value in want.items())  # type: ignore[literal-required]
