@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
 from .inputs import shape_str
+
+
+class PackedBounds(NamedTuple):
+    """Where packed sequences lie on the packed axis, as flash-attn's functions take them: ``cu_seqlens_q,
+    cu_seqlens_k`` ``(B + 1,)`` and ``max_seqlen_q, max_seqlen_k``, as given (``make_packed_options``
+    checks them with the functions below)."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
 
 
 def check_tensor(name: str, t: object, want: str) -> Tensor:

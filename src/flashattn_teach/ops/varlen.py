@@ -28,7 +28,7 @@ from torch import Tensor
 from .._layout import compute_dtype
 from .._options import AttentionOptions, PackedKeywords, make_packed_options
 from .._validate.keywords import keyword_table
-from .._validate.varlen import check_packed_qkv
+from .._validate.varlen import PackedBounds, check_packed_qkv
 from ..dispatch import planner, runner
 from ..dispatch.carry import Carries, always, uncarried, unset
 from ..dropout import DropoutKey
@@ -103,7 +103,7 @@ OP_MASK: Carries = {
 
 
 def of_call(
-    bounds: tuple[Tensor, Tensor, int, int],
+    bounds: PackedBounds,
     alibi_slopes: Tensor | None,
     opts: AttentionOptions,
     backend: str,
@@ -135,8 +135,8 @@ def _eager(q: Tensor, k: Tensor, v: Tensor, a: VarlenArgs) -> tuple[Tensor, Tens
     """The eager call the op stands for (the bounds' values checked), with the dropout key of the seed."""
     if a.dropout_p > 0.0 and a.dropout_seed is None:
         raise AttentionValueError(f"dropout_p={a.dropout_p} needs a dropout_seed (an int64 tensor)")
-    bounds = (a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k)
-    qh, kh, vh, opts = make_packed_options(q, k, v, *bounds, a.keywords())
+    bounds = PackedBounds(a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k)
+    qh, kh, vh, opts = make_packed_options(q, k, v, bounds, a.keywords())
     if a.dropout_seed is not None and opts.dropout_p > 0.0:
         opts = opts.with_dropout(DropoutKey(opts.dropout_p, seed=int(a.dropout_seed)))
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, a.backend), qh, kh, vh, opts)
