@@ -187,24 +187,19 @@ def check_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) ->
     leftpad = check_cache_leftpad(o["cache_leftpad"], B, q.device)
     sinks = check_sinks(o["sinks"], H_q, q.device)
     cache_seqlens = o["cache_seqlens"]
+    backend = route_extras(backend, q, k_cache, v_cache, sinks=sinks)
+    triton = planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton"
     lengths = pads = None
-    if lengths_on_host(cache_seqlens) and lengths_on_host(table) and lengths_on_host(leftpad):  # no device sync
+    if not triton or (lengths_on_host(cache_seqlens) and lengths_on_host(table) and lengths_on_host(leftpad)):
+        # read on the host: the CPU paths read them anyway (a split per range, a slice per batch element),
+        # the kernel's path where that costs no device sync
         lengths, pads = check_host_values(
             cache_seqlens, table, leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
         )
-    backend = route_extras(backend, q, k_cache, v_cache, sinks=sinks)
-    triton = planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton"
-    if triton and lengths is None and lengths_on_host(cache_seqlens):  # an int or a CPU tensor: no device sync
+    elif lengths_on_host(cache_seqlens):  # the kernel's path with the table or the padding on the device
         capacity = "k_cache.shape[2]" if table is None else "block_table.shape[1] * page_size"
         check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv, capacity=capacity)
-    if not triton:  # the CPU paths read the values on the host anyway (a split per range, a slice per element)
-        lengths, pads = (
-            (lengths, pads)
-            if lengths is not None
-            else check_host_values(
-                cache_seqlens, table, leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
-            )
-        )
+    if not triton:
         splits = splits or default_num_splits(q, k_cache, max(lengths) + N_new_kv if lengths else 0)
     step = DecodeStep(
         causal=causal,
