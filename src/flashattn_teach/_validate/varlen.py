@@ -146,7 +146,9 @@ def check_packed_alibi(
         raise AttentionTypeError(
             f"alibi_slopes must be floating-point, got {slopes.dtype} with shape {shape_str(slopes)}"
         )
-    if tuple(slopes.shape) not in ((H_q,), (B, H_q)):
+    # compared size by size: under torch.compile(dynamic=True) the sizes are symbols, which a tuple's `in` misreads
+    per_head = slopes.dim() == 1 and slopes.shape[0] == H_q
+    if not (per_head or (slopes.dim() == 2 and slopes.shape[0] == B and slopes.shape[1] == H_q)):
         raise AttentionValueError(
             f"alibi_slopes must have shape {want} (one slope per query head, optionally per {rows}), "
             f"got {shape_str(slopes)}"
