@@ -40,6 +40,7 @@ from ._validate.inputs import (
 from ._validate.keywords import Default, keyword_table, unexpected_keyword
 from ._validate.sinks import check_sinks
 from ._validate.varlen import (
+    PackedBounds,
     check_cu_seqlens,
     check_max_seqlen,
     check_packed_alibi,
@@ -293,25 +294,22 @@ def make_packed_options(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    bounds: PackedBounds,
     call: StepKeywords | None = None,
     /,
     **keywords: Unpack[PackedKeywords],
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
-    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments: ``call`` its keywords
-    passed whole, ``keywords`` by name) and return the ``(H, total, D)`` views of ``q, k, v`` (one batch
-    element whose sequence axis is the packed axis; no copy) with their options, the packed sequences in the
-    mask contract. Only :class:`PackedKeywords` are read: a padded batch's (``attn_mask``, ``seqlens_k``, user
-    functions) mean nothing here, and the caller refuses them."""
+    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments: ``bounds`` its
+    sequences, ``call`` its keywords passed whole, ``keywords`` by name) and return the ``(H, total, D)``
+    views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no copy) with their
+    options, the packed sequences in the mask contract. Only :class:`PackedKeywords` are read: a padded
+    batch's (``attn_mask``, ``seqlens_k``, user functions) mean nothing here, and the caller refuses them."""
     check_packed_qkv(q, k, v)
-    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
-    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
+    cu_q = check_cu_seqlens("cu_seqlens_q", bounds.cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", bounds.cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
     B = check_same_batch(cu_q, cu_k)
-    check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
-    check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
+    check_max_seqlen("max_seqlen_q", bounds.max_seqlen_q, cu_q, "cu_seqlens_q")
+    check_max_seqlen("max_seqlen_k", bounds.max_seqlen_k, cu_k, "cu_seqlens_k")
     if not _PACKED >= keywords.keys():
         raise unexpected_keyword("make_packed_options", next(iter(keywords.keys() - _PACKED)), _PACKED)
     o = cast(PackedKeywords, {**(call or {}), **keywords})

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
+from flashattn_teach.serving.checks import DecodeStep  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 from flashattn_teach.triton.kernels import decode as decode_kernels  # noqa: E402
 from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
@@ -107,13 +108,13 @@ def run_decode(problem, *, num_splits, leftpad):
                 expect_k[page, :, slot], expect_v[page, :, slot] = k[b, :, t], v[b, :, t]
     sinks = torch.linspace(-1.0, 1.5, H_KV * GROUP)
     with torch.no_grad():
-        O, lse = decode_launch.triton_decode(
-            *(t.to(DEVICE) for t in (q, k_cache, v_cache, k, v)),
-            cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32, device=DEVICE),
-            causal=True, scale=q.shape[-1] ** -0.5, window=(-1, -1), softcap=None, alibi_slopes=None,
-            num_splits=num_splits, block_table=None if table is None else table.to(DEVICE),
+        step = DecodeStep(
+            causal=True, scale=q.shape[-1] ** -0.5, window=(-1, -1), softcap=None, num_splits=num_splits,
+            backend="triton", cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32, device=DEVICE),
+            block_table=None if table is None else table.to(DEVICE),
             cache_leftpad=torch.tensor(leftpad, dtype=torch.int32, device=DEVICE), sinks=sinks.to(DEVICE),
         )  # fmt: skip
+        O, lse = decode_launch.triton_decode(*(t.to(DEVICE) for t in (q, k_cache, v_cache, k, v)), step)
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v), "slots other than the new ones changed"
     return O, lse, oracle(q, problem[6], problem[7], scale=q.shape[-1] ** -0.5, sinks=sinks, leftpad=leftpad)
 

@@ -27,6 +27,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
+from flashattn_teach.serving.checks import DecodeStep  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
@@ -126,16 +127,19 @@ def run_paged(
         O, lse = decode_launch.triton_decode(
             *(t.to(DEVICE) for t in (q, k_pages, v_pages)),
             *((None, None) if n_new_kv == 0 else (k.to(DEVICE), v.to(DEVICE))),
-            cache_seqlens=seqlens.to(DEVICE),
-            causal=causal,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi,
-            num_splits=num_splits,
-            block_table=block_table.to(DEVICE),
-            cache_leftpad=leftpad,
-            sinks=sinks,
+            DecodeStep(
+                causal=causal,
+                scale=scale,
+                window=window,
+                softcap=softcap,
+                num_splits=num_splits,
+                backend="triton",
+                cache_seqlens=seqlens.to(DEVICE),
+                alibi_slopes=alibi,
+                block_table=block_table.to(DEVICE),
+                cache_leftpad=leftpad,
+                sinks=sinks,
+            ),
         )
     options = {"causal": causal, "window": window, "softcap": softcap, "alibi": alibi}
     lengths = [n + n_new_kv for n in lengths_before]
@@ -213,11 +217,11 @@ def test_unpaged_leftpad_sinks_and_d192_dv128():
     k_cache, v_cache = dense_k.clone(), dense_v.clone()
     leftpad, sinks = torch.tensor([0, 3, 11], dtype=torch.int32), torch.tensor([1.0, -0.5])
     with torch.no_grad():
-        O, lse = decode_launch.triton_decode(
-            q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32), causal=True,
-            scale=0.1, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits=2, cache_leftpad=leftpad,
-            sinks=sinks,
+        step = DecodeStep(
+            causal=True, scale=0.1, window=(-1, -1), softcap=None, num_splits=2, backend="triton",
+            cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32), cache_leftpad=leftpad, sinks=sinks,
         )  # fmt: skip
+        O, lse = decode_launch.triton_decode(q, k_cache, v_cache, k, v, step)
     for b, n in enumerate(SEQLENS):
         dense_k[b, :, n], dense_v[b, :, n] = k[b, :, 0], v[b, :, 0]
     assert torch.equal(k_cache, dense_k) and torch.equal(v_cache, dense_v)
