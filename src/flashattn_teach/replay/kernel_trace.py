@@ -81,12 +81,12 @@ def check_traceable(order: str, variants: tuple[str, ...], sink: object, q: Tens
         )
 
 
-def kernel_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[list[Tensor], str]:
+def kernel_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[tuple[Tensor, Tensor, Tensor], str]:
     """``q, k, v`` as the kernel takes them (float64, which it does not take, rounded to float32), and a note."""
     if q.dtype != torch.float64:
-        return [q, k, v], ""
+        return (q, k, v), ""
     note = "The kernel computes in float32 at most: it ran on the float64 inputs rounded to float32."
-    return [t.to(torch.float32) for t in (q, k, v)], note
+    return (q.float(), k.float(), v.float()), note
 
 
 def _kernel_module() -> Any:
