@@ -79,7 +79,7 @@ def _trace_tile(Trace, s, m_i, l_i, alpha, acc, c0, N_K, BLOCK_N: tl.constexpr, 
     W: tl.constexpr = BLOCK_N + 3 + BLOCK_D  # one record row
     if tl.program_id(1) == 0:
         j = c0 // BLOCK_N
-        rec = Trace + ((tl.program_id(0) * tl.cdiv(N_K, BLOCK_N) + j) * BLOCK_M + tl.arange(0, BLOCK_M)) * W
+        rec = Trace + ((tl.program_id(0) * tl.cdiv(N_K, BLOCK_N) + j) * BLOCK_M + tl.arange(0, BLOCK_M)) * W  # rows
         tl.store(rec[:, None] + tl.arange(0, BLOCK_N)[None, :], s)  # (BLOCK_M, BLOCK_N)
         tl.store(rec + BLOCK_N, m_i)  # (BLOCK_M,)
         tl.store(rec + BLOCK_N + 1, l_i)
@@ -290,9 +290,10 @@ def triton_forward(
     lse = torch.empty((B, H, N_Q), dtype=torch.float32, device=q.device)
     if O.numel():
         grid = (triton.cdiv(N_Q, block_m), B * H)
-        if trace is not None and (trace.shape != trace_shape(N_Q, k.shape[2], q.shape[-1], block_m, block_n)):
-            want = trace_shape(N_Q, k.shape[2], q.shape[-1], block_m, block_n)
-            raise AttentionValueError(f"trace must have shape {want} (trace_shape), got {tuple(trace.shape)}")
+        want = trace_shape(N_Q, k.shape[2], q.shape[-1], block_m, block_n)
+        if trace is not None and (trace.shape != want or trace.dtype != torch.float32 or not trace.is_contiguous()):
+            got = f"{trace.dtype} {tuple(trace.shape)}"
+            raise AttentionValueError(f"trace must be contiguous float32 of shape {want} (trace_shape), got {got}")
         args = (q, k, v, O, lse, N_Q, k.shape[2], scale * LOG2E.value, trace)  # trace None: a constant, no argument
         _forward_kernel[grid](*args, CAUSAL=causal, TRACE=trace is not None, **sizes)
     return O, lse

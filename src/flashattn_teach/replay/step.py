@@ -13,6 +13,9 @@ Flash-Decoding's merge) and read as ``step["m_i"]``:
     PREPROCESS  delta (and dsink with a sink)
     DKDV        S_ij, P_ij, dP_ij, dS_ij, and the accumulators after it, dV_j and dK_j
     DQ          S_ij, P_ij, dP_ij, dS_ij, and the accumulator after it, dQ_i
+
+A forward replay with ``source="triton"`` also gives each UPDATE ``step.kernel``, the tutorial kernel's own
+``S_ij, m_i, l_i, alpha, acc_new`` for the same tile (:mod:`.kernel_trace`), and ``step.kernel_diff``.
 """
 
 from __future__ import annotations

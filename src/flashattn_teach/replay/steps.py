@@ -10,7 +10,7 @@ exactly as the CPU references call it:
 :class:`Steps` is the forward's scenario builder: it yields one UPDATE :class:`~.step.Step` per visited tile,
 with the update's terms by name and, per query row, its equations (:class:`.equations.RowEquations`). The replay
 of a prefill query block (:mod:`.replay`) and of one split of a decode step (:mod:`.decode_replay`) both iterate
-it.
+it. With ``kernel_terms`` (``source="triton"``) each step also carries the kernel's numbers for its tile.
 """
 
 from __future__ import annotations
