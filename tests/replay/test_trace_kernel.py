@@ -159,3 +159,12 @@ def test_bfloat16_is_refused_in_the_interpreter() -> None:
     q, k, v = inputs(6, 6, 16, torch.bfloat16)
     with pytest.raises(AttentionValueError, match="interpreter multiplies bfloat16"):
         replay(q, k, v, block_m=16, block_n=16, source="triton")
+
+
+def test_a_bottom_right_diagonal_is_refused_where_it_differs_from_the_kernels() -> None:
+    q, k, v = inputs(6, 9, 16, torch.float32)
+    with pytest.raises(AttentionValueError, match="top-left"):
+        replay(q, k, v, block_m=16, block_n=16, causal=True, causal_align="bottom_right", source="triton")
+    q, k, v = inputs(9, 9, 16, torch.float32)  # N_q = N_k: the two diagonals are one
+    r = replay(q, k, v, block_m=16, block_n=16, causal=True, causal_align="bottom_right", source="triton")
+    assert over_bound(r.steps[0], q, k, v, 0.25, 0.0) == []

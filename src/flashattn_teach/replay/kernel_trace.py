@@ -32,9 +32,19 @@ import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
+from .inputs import OneHead
 from .step import Step
 
-__all__ = ["KERNEL_TERMS", "NOTE", "KernelTrace", "check_traceable", "kernel_blocks", "kernel_inputs", "run_trace"]
+__all__ = [
+    "KERNEL_TERMS",
+    "NOTE",
+    "KernelTrace",
+    "check_traceable",
+    "kernel_blocks",
+    "kernel_inputs",
+    "kernel_tiles",
+    "run_trace",
+]
 
 KERNEL_TERMS = ("S_ij", "m_i", "l_i", "alpha", "acc_new")  # what the trace holds, by the reference's names
 LN2 = math.log(2.0)  # m_e = m_2 ln 2: the kernel's base-2 numbers back in base e
@@ -55,24 +65,42 @@ def kernel_blocks(block_m: int, block_n: int) -> tuple[int, int]:
     return tuple(max(16, 1 << (b - 1).bit_length()) for b in (block_m, block_n))  # type: ignore[return-value]
 
 
-def check_traceable(order: str, variants: tuple[str, ...], sink: object, q: Tensor, v: Tensor, bottom_right: bool):
-    """A named error for what the tutorial kernel cannot run (it has no mask but causal, no sink, one order)."""
+def kernel_tiles(head: OneHead, query_block: int) -> tuple[int, int, int, str]:
+    """``(BLOCK_M, BLOCK_N, i, note)``: the kernel's tiles, the query block ``i`` of them that holds the first row
+    of the requested ``query_block``, and a note saying so when they differ from the requested tiles."""
+    kernel_m, kernel_n = kernel_blocks(head.block_m, head.block_n)
+    r0 = query_block * head.block_m
+    if (kernel_m, kernel_n) == (head.block_m, head.block_n):
+        return kernel_m, kernel_n, query_block, ""
+    note = (
+        f"The kernel tiles {kernel_m} x {kernel_n} (powers of two >= 16, tl.dot's minimum), not the requested "
+        f"{head.block_m} x {head.block_n}: this replay uses the kernel's tiles, query block {r0 // kernel_m} "
+        f"(the one holding row {r0})."
+    )
+    return kernel_m, kernel_n, r0 // kernel_m, note
+
+
+def check_traceable(order: str, head: OneHead, q: Tensor, k: Tensor, causal_align: str) -> None:
+    """A named error for what the tutorial kernel cannot run (it has no mask but causal, no sink, one order);
+    ``q, k`` as given (their dtype, their lengths)."""
     if order != "query_major":
         raise AttentionValueError(
             f'source="triton" replays the kernel\'s own order, order="query_major"; got {order!r}'
         )
-    if variants or sink is not None:
-        asked = [*variants, *(["sinks"] if sink is not None else [])]
+    asked = [*head.options.mask.variants, *(["sinks"] if head.sink is not None else [])]
+    if asked:
         raise AttentionValueError(
             f'source="triton" traces core/kernel.py, which runs plain and causal attention only; this call asks for '
             f"{asked}: leave them out, or use the default source='reference'"
         )
-    if bottom_right:
+    if head.options.causal and causal_align != "top_left" and q.shape[-2] != k.shape[-2]:
         raise AttentionValueError(
             'source="triton": the kernel\'s causal mask is top-left; pass causal_align="top_left"'
         )
-    if v.shape[-1] != q.shape[-1]:
-        raise AttentionValueError(f'source="triton" needs D_v = D, got q {tuple(q.shape)} and v {tuple(v.shape)}')
+    if head.v.shape[-1] != head.q.shape[-1]:
+        raise AttentionValueError(
+            f'source="triton" needs D_v = D, got D = {head.q.shape[-1]}, D_v = {head.v.shape[-1]}'
+        )
     allowed = [torch.float64, torch.float32, torch.float16] + ([torch.bfloat16] if q.device.type == "cuda" else [])
     if q.dtype not in allowed:
         why = " (the interpreter multiplies bfloat16 tiles wrongly: run on a GPU)" if q.dtype == torch.bfloat16 else ""

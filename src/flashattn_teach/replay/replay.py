@@ -60,7 +60,7 @@ from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
 from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .kernel_trace import check_traceable, kernel_blocks, kernel_inputs, run_trace
+from .kernel_trace import check_traceable, kernel_inputs, kernel_tiles, run_trace
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
 from .step import Step, TileState
 from .steps import Steps
@@ -314,29 +314,17 @@ def replay(
 def kernel_replay(call: ReplayCall) -> Replay:
     """``source="triton"``: the replay at the kernel's tile sizes, each step with the kernel's trace of its tile."""
     head = one_head_call(call.q, call.k, call.v, call.options)
-    bottom_right = (
-        call.options["causal"] and call.options["causal_align"] != "top_left" and call.q.shape[-2] != call.k.shape[-2]
-    )
-    check_traceable(call.order, head.options.mask.variants, head.sink, call.q, call.v, bottom_right)
-    kernel_m, kernel_n = kernel_blocks(head.block_m, head.block_n)
-    notes = []
-    if (kernel_m, kernel_n) != (head.block_m, head.block_n):
-        r0 = call.query_block * head.block_m
-        notes.append(
-            f"The kernel tiles {kernel_m} x {kernel_n} (powers of two >= 16, tl.dot's minimum), not the requested "
-            f"{head.block_m} x {head.block_n}: this replay uses the kernel's tiles, query block {r0 // kernel_m} "
-            f"(the one holding row {r0})."
-        )
-        options = cast(ReplayKeywords, call.options | {"block_m": kernel_m, "block_n": kernel_n})
-        call = ReplayCall(call.q, call.k, call.v, r0 // kernel_m, call.order, options)
-    ref = forward_replay(call)
-    b = ref.batch_index
-    raw, rounded = kernel_inputs(
-        *(pick_matrix(t, n, b) for t, n in ((call.q, "query"), (call.k, "key"), (call.v, "value")))
-    )
+    check_traceable(call.order, head, call.q, call.k, call.options["causal_align"])
+    sizes = f"N_q={head.q.shape[0]}, block_m={head.block_m}"
+    check_index("query_block", call.query_block, blocks(head.q.shape[0], head.block_m), sizes)  # before re-tiling
+    kernel_m, kernel_n, i, tiles = kernel_tiles(head, call.query_block)
+    options = cast(ReplayKeywords, call.options | {"block_m": kernel_m, "block_n": kernel_n})
+    ref = forward_replay(ReplayCall(call.q, call.k, call.v, i, call.order, options))
+    picked = (pick_matrix(t, n, ref.batch_index) for t, n in zip(ref.inputs, ("query", "key", "value"), strict=True))
+    raw, rounded = kernel_inputs(*picked)  # the replayed element, the inputs' own dtype (float64: float32)
     trace = run_trace(*raw, ref.causal, ref.scale, kernel_m, kernel_n)
     steps = dataclasses.replace(ref.steps, kernel_terms=trace.terms)
-    return dataclasses.replace(ref, steps=steps, source="triton", note=" ".join([*notes, rounded]).strip())
+    return dataclasses.replace(ref, steps=steps, source="triton", note=" ".join([tiles, rounded]).strip())
 
 
 def forward_replay(call: ReplayCall) -> Replay:
