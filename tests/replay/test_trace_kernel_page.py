@@ -105,3 +105,25 @@ def test_the_page_of_the_reference_has_no_kernel_panel(browser, tmp_path) -> Non
     assert main(["forward", "--format", "html", "--out", str(page_path)]) == 0
     browser.open(page_path)
     assert browser.evaluate('document.getElementById("kernel") === null') is True
+
+
+def test_the_png_lists_the_kernel_beside_the_reference(tmp_path) -> None:
+    import torch
+
+    from flashattn_teach.replay import replay
+    from flashattn_teach.replay.kernel_view import kernel_lines
+    from flashattn_teach.replay.png import render_png
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(20, 16) for _ in range(3))
+    r = replay(q, k, v, block_m=16, block_n=16, causal=True, query_block=1, source="triton")
+    step = r.steps[0]
+    lines = kernel_lines(step)
+    assert len(lines) == 2 + len(KERNEL_TERMS)
+    for line, name in zip(lines[2:], KERNEL_TERMS, strict=True):
+        label, ref, mine, *_, diff = line.split()
+        assert label == name and float(diff) == pytest.approx(step.kernel_diff[name], rel=5.01e-3, abs=1e-300)
+        assert float(ref) == pytest.approx(float(step[name].reshape(-1)[0]), rel=1e-7)
+        assert float(mine) == pytest.approx(float(step.kernel[name].reshape(-1)[0]), rel=1e-7)
+    assert kernel_lines(replay(q, k, v, block_m=16, block_n=16).steps[0]) == []
+    assert render_png(r, tmp_path / "kernel.png").stat().st_size > 0

@@ -1,7 +1,8 @@
 """The kernel's numbers beside the reference's (``source="triton"``, :mod:`.kernel_trace`), as every renderer shows
 them: the JSON's per-case ``"kernel"`` and top-level ``"kernel"`` (:func:`kernel_case`, :func:`kernel_head`), the
 page's panel "Kernel beside reference" (:func:`build_view`, drawn by ``page_kernel.js`` from the case's
-``"kernel"``), and the table's panel under each update (:func:`kernel_table`).
+``"kernel"``), the table's panel under each update (:func:`kernel_table`) and the PNG's lines under each
+update's equations (:func:`kernel_lines`).
 
 Per update and per traced term (``S_ij, m_i, l_i, alpha, acc_new``), two columns and their difference:
 
@@ -26,7 +27,7 @@ from .kernel_trace import KERNEL_TERMS, NOTE
 from .replay import Replay
 from .step import Step
 
-__all__ = ["KERNEL_SOURCE", "build_view", "kernel_case", "kernel_head", "kernel_table"]
+__all__ = ["KERNEL_SOURCE", "build_view", "kernel_case", "kernel_head", "kernel_lines", "kernel_table"]
 
 KERNEL_SOURCE = "core/kernel.py (the tutorial kernel), its trace build: TRACE=True"
 VECTORS = ("m_i", "l_i", "alpha")  # (Br,): one number per query row
@@ -99,3 +100,16 @@ def kernel_table(step: Step):
         cells = [" ".join(_digits(x) for x in values) for values in (ref, mine)]
         table.add_row(label, *cells, f"{step.kernel_diff[name]:.3g}")
     return table
+
+
+def kernel_lines(step: Step) -> list[str]:
+    """The PNG's lines under an update's equations: per term, row ``r0``'s first value in both columns and the
+    largest difference over the tile; none for a step of the reference alone."""
+    if not step.kernel:
+        return []
+    lines = ["", "kernel (core/kernel.py) beside the reference, first value of each term:"]
+    for name in KERNEL_TERMS:
+        ref, mine = step[name].reshape(-1)[0], step.kernel[name].reshape(-1)[0]
+        diff = step.kernel_diff[name]
+        lines.append(f"  {name:8s} {_digits(ref):>14s} {_digits(mine):>14s}   max |difference| {diff:.3g}")
+    return lines
