@@ -127,3 +127,22 @@ def test_the_png_lists_the_kernel_beside_the_reference(tmp_path) -> None:
         assert float(mine) == pytest.approx(float(step.kernel[name].reshape(-1)[0]), rel=1e-7)
     assert kernel_lines(replay(q, k, v, block_m=16, block_n=16).steps[0]) == []
     assert render_png(r, tmp_path / "kernel.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("width", [1200, 390])
+def test_the_kernel_panel_fits_the_width(browser, tmp_path, width) -> None:
+    from test_trace_layout import EMPTY, OVERFLOWING
+
+    page_path = tmp_path / "kernel.html"
+    assert main([*MULTI.split(), "--source", "triton", "--format", "html", "--out", str(page_path)]) == 0
+    browser.open(page_path, width=width, height=900)
+    browser.press("ArrowRight")  # the second update
+    assert browser.evaluate("document.getElementById('kernel-terms') !== null") is True
+    # the layout test's probe, on the kernel panel alone (a 40 x 40 grid's labels reach past a phone's width)
+    in_panel = OVERFLOWING.replace(
+        'document.body.querySelectorAll("*")', 'document.getElementById("kernel").querySelectorAll("*")'
+    )
+    assert in_panel != OVERFLOWING
+    overflow = browser.evaluate(in_panel)
+    assert not overflow["found"], overflow
+    assert browser.evaluate(EMPTY) == []

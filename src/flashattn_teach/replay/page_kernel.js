@@ -33,7 +33,8 @@
         el("td", {className: "difference value", textContent: shown(maxDiff(r, mine[n]))}))));
     }
     body.append(el("p", {className: "meta", textContent: `${view.source}, tiles ${view.blockM} × ${view.blockN}. ` +
-      view.tiles}), table, el("p", {className: "meta kernel-note", textContent: view.note}));
+      view.tiles}), el("div", {className: "kernel-scroll"}, table),
+      el("p", {className: "meta kernel-note", textContent: view.note}));
   }
 
   Page.addForwardPanel("kernel", "Kernel beside reference", draw);
