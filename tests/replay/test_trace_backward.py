@@ -220,14 +220,14 @@ def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
 
 def test_backward_of_carries_every_option_of_replay():
     # The forward and the backward replay take one set of keywords (ReplayKeywords), and backward_of passes the
-    # forward's whole: every keyword of replay() but the two that pick what the forward shows is one of them.
+    # forward's whole: every keyword of replay() but the three that pick what the forward shows is one of them.
     import inspect
 
     from flashattn_teach.replay.inputs import ReplayKeywords
 
     shared = set(ReplayKeywords.__annotations__)
     forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
-    assert shared == forward - {"query_block", "order"}
+    assert shared == forward - {"query_block", "order", "source"}  # source="triton": the forward kernel only
     assert shared == set(inspect.signature(replay_backward).parameters) - {"q", "k", "v", "dO", "seed"}
     # And the options arrive: a backward of the forward's causal, windowed, capped call, against a direct one.
     q, k, v = (torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in range(3))

@@ -41,6 +41,7 @@ from ..masks.causal import TileKind
 from .backward_replay import PASSES, BackwardReplay, backward_of
 from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
+from .kernel_view import kernel_case, kernel_head
 from .replay import Replay
 from .step import Step, StepEquation, StepKind
 
@@ -107,6 +108,8 @@ def _case(replay: Replay, step: Step, extensions: bool) -> dict[str, Any]:
     share = step.get("sink_share")
     if share is not None:
         case["sinkShare"] = json_values(share)
+    if step.kernel:  # source="triton": the kernel's numbers beside the reference's (.kernel_view)
+        case["kernel"] = kernel_case(step)
     if extensions:
         case["tiles"] = {
             "i": step.i,
@@ -160,6 +163,8 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
             "scheduleLength": len(replay.schedule),
             "skipped": [list(t) for t in replay.skipped],
         }
+    if replay.source == "triton":
+        experiment["kernel"] = kernel_head(replay)
     share = replay.sink_share()
     if share is not None:
         experiment["sink"] = {"value": replay.sink, "rowStart": replay.rows[0], "share": json_values(share)}

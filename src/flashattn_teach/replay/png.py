@@ -28,6 +28,7 @@ from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
 from .html import LEGEND_COLOURS, check_drawable
+from .kernel_view import kernel_lines
 from .manifest import span
 from .replay import Replay
 from .step import Step, TileState
@@ -139,7 +140,7 @@ def render_png(
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
     n_bars = sum(v.numel() for _, v in _vectors(drawn[0]))
-    equations = {s.index: replay_equations(replay, s).lines() for s in drawn}
+    equations = {s.index: replay_equations(replay, s).lines() + kernel_lines(s) for s in drawn}
     n_lines = max(len(text) for text in equations.values())
     row_height = max(2.6, 0.14 * n_bars + 0.6, 0.11 * n_lines + 0.4)
     fig = Figure(figsize=(17, row_height * len(drawn) + 0.6), layout="constrained")

@@ -43,6 +43,7 @@ a time, never stored.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,11 +60,26 @@ from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
 from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
+from .kernel_trace import check_traceable, kernel_inputs, kernel_tiles, run_trace
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
 from .step import Step, TileState
 from .steps import Steps
 
-__all__ = ["ORDERS", "Replay", "ReplayCall", "ReplayKeywords", "Step", "Steps", "Tile", "TileState", "replay"]
+__all__ = [
+    "ORDERS",
+    "SOURCES",
+    "Replay",
+    "ReplayCall",
+    "ReplayKeywords",
+    "Step",
+    "Steps",
+    "Tile",
+    "TileState",
+    "replay",
+]
+
+
+SOURCES = ("reference", "triton")  # replay(source=...): the reference alone, or the tutorial kernel beside it
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,8 @@ class Replay:
     batch_index: int = 0
     sink: float | None = None  # sink_h of the replayed head, or None without a sink
     call: ReplayCall | None = field(default=None, repr=False, compare=False)  # how replay() was called
+    source: str = "reference"  # "triton": each step also carries the tutorial kernel's numbers (.kernel_trace)
+    note: str = ""  # what the renderers should say about this replay (the kernel's tile sizes)
 
     # notebook.notebook_html, installed by the trace package's __init__: notebook imports this module (through
     # html), so this module cannot import it (no import cycles).
@@ -244,6 +262,7 @@ def replay(
     *,
     query_block: int = 0,
     order: str = "query_major",
+    source: str = "reference",
     **options: Unpack[ReplayKeywords],
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
@@ -273,6 +292,10 @@ def replay(
             heads is refused: build it for the head you replay). Any ``BLOCK_SIZE``: the kinds are re-tiled to
             ``block_m x block_n`` as ``flex_attention`` re-tiles them.
         score_mod: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``, called with ``h = 0``.
+        source: ``"reference"``, or ``"triton"``: each step also carries the numbers the tutorial kernel
+            (:mod:`flashattn_teach.core.kernel`) computed for the same tile, ``step.kernel`` and
+            ``step.kernel_diff`` (:mod:`.kernel_trace`), at the kernel's tile sizes (powers of two >= 16); plain
+            or causal attention, float32 or float16 on a CPU (Triton's interpreter), also bfloat16 on a GPU.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
@@ -282,7 +305,26 @@ def replay(
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
-    return forward_replay(ReplayCall(q, k, v, query_block, order, options))
+    if source not in SOURCES:
+        raise AttentionValueError(f"source must be one of {SOURCES}, got {source!r}")
+    call = ReplayCall(q, k, v, query_block, order, options)
+    return forward_replay(call) if source == "reference" else kernel_replay(call)
+
+
+def kernel_replay(call: ReplayCall) -> Replay:
+    """``source="triton"``: the replay at the kernel's tile sizes, each step with the kernel's trace of its tile."""
+    head = one_head_call(call.q, call.k, call.v, call.options)
+    check_traceable(call.order, head, call.q, call.k, call.options["causal_align"])
+    sizes = f"N_q={head.q.shape[0]}, block_m={head.block_m}"
+    check_index("query_block", call.query_block, blocks(head.q.shape[0], head.block_m), sizes)  # before re-tiling
+    kernel_m, kernel_n, i, tiles = kernel_tiles(head, call.query_block)
+    options = cast(ReplayKeywords, call.options | {"block_m": kernel_m, "block_n": kernel_n})
+    ref = forward_replay(ReplayCall(call.q, call.k, call.v, i, call.order, options))
+    picked = (pick_matrix(t, n, ref.batch_index) for t, n in zip(ref.inputs, ("query", "key", "value"), strict=True))
+    raw, rounded = kernel_inputs(*picked)  # the replayed element, the inputs' own dtype (float64: float32)
+    trace = run_trace(*raw, ref.causal, ref.scale, kernel_m, kernel_n)
+    steps = dataclasses.replace(ref.steps, kernel_terms=trace.terms)
+    return dataclasses.replace(ref, steps=steps, source="triton", note=" ".join([tiles, rounded]).strip())
 
 
 def forward_replay(call: ReplayCall) -> Replay:

@@ -13,15 +13,20 @@ Flash-Decoding's merge) and read as ``step["m_i"]``:
     PREPROCESS  delta (and dsink with a sink)
     DKDV        S_ij, P_ij, dP_ij, dS_ij, and the accumulators after it, dV_j and dK_j
     DQ          S_ij, P_ij, dP_ij, dS_ij, and the accumulator after it, dQ_i
+
+A forward replay with ``source="triton"`` also gives each UPDATE ``step.kernel``, the tutorial kernel's own
+``S_ij, m_i, l_i, alpha, acc_new`` for the same tile (:mod:`.kernel_trace`), and ``step.kernel_diff``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..masks.causal import TileKind
@@ -128,6 +133,18 @@ class Step:
     biased: bool = False
     merged: tuple[int, ...] = ()
     split: int | None = None
+    kernel: Mapping[str, Tensor] = field(default_factory=dict)  # a traced kernel's terms (.kernel_trace), base e
+
+    @property
+    def kernel_diff(self) -> dict[str, float]:
+        """Per term the kernel traced, ``max |kernel - reference|`` over the tile (equal infinities count 0, a
+        -inf against a finite value inf); empty for a step of the reference alone."""
+        diffs = {}
+        for name, mine in self.kernel.items():
+            ref = self.terms[name].to(mine)
+            d = torch.where(mine == ref, 0.0, (mine - ref).abs())  # (Br,), (Br, Bc) or (Br, D_v)
+            diffs[name] = float(torch.nan_to_num(d, nan=math.inf).max()) if d.numel() else 0.0
+        return diffs
 
     def __getitem__(self, name: str) -> Tensor:
         """The term ``name`` (``step["m_i"]``), or a named error listing the terms this step has."""

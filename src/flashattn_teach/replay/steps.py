@@ -10,12 +10,12 @@ exactly as the CPU references call it:
 :class:`Steps` is the forward's scenario builder: it yields one UPDATE :class:`~.step.Step` per visited tile,
 with the update's terms by name and, per query row, its equations (:class:`.equations.RowEquations`). The replay
 of a prefill query block (:mod:`.replay`) and of one split of a decode step (:mod:`.decode_replay`) both iterate
-it.
+it. With ``kernel_terms`` (``source="triton"``) each step also carries the kernel's numbers for its tile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from itertools import islice
 
@@ -49,6 +49,8 @@ class Steps:
     scale: float
     schedule: Schedule
     sink: Tensor | None = None  # (1,): the replayed head's sink_h, in q_i's dtype
+    # source="triton": a step's kernel terms from the kernel's trace (.kernel_trace.KernelTrace.terms)
+    kernel_terms: Callable[[Step], Mapping[str, Tensor]] | None = None
 
     @classmethod
     def of_block(
@@ -133,7 +135,8 @@ class Steps:
                 softcap=softcap,
                 biased=bias is not None,
             )
-            yield replace(step, equations=RowEquations(step, row))
+            step = replace(step, equations=RowEquations(step, row))
+            yield step if self.kernel_terms is None else replace(step, kernel=self.kernel_terms(step))
 
 
 def update_terms_by_name(terms: UpdateTerms) -> dict[str, Tensor]:
