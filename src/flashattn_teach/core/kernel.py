@@ -6,8 +6,6 @@ Forward (FA2 Alg. 1), a program per query block ``i``: ``Q_i`` loaded once, key 
 :func:`_forward_inner` in two stages, ``MASK=False`` over the blocks every row sees whole, then ``MASK=True``
 over the rest (the causal diagonal, the short last block). Scores live in base 2, ``exp(x) = exp2(x LOG2E)``,
 with the scale folded into ``qk_scale = scale * LOG2E``; accumulation is float32; ``lse`` is stored in base e.
-The trace build (``TRACE=True``, off by default) also stores each key block's state for the replay, see
-:func:`_trace_tile`; with ``TRACE=False`` and ``Trace=None`` both are constants and the kernel compiles as before.
 
 Backward (FA2 Alg. 2), three launches: :func:`_delta_kernel` (``delta_i = rowsum(dO_i * O_i)``), then
 :func:`_dkdv_kernel` (a program per key block, ``dK_j, dV_j`` on chip) and :func:`_dq_kernel` (a program per
@@ -302,12 +300,8 @@ def triton_forward(
 def trace_shape(N_q: int, N_k: int, D: int, block_m: int, block_n: int) -> tuple[int, int, int, int]:
     """The trace buffer, float32: ``(T_r, T_c, BLOCK_M, BLOCK_N + 3 + BLOCK_D)``, one record per (program ``i``,
     key block ``j``) of :func:`_trace_tile`; records of key blocks a program skips are left as they were."""
-    return (
-        triton.cdiv(N_q, block_m),
-        triton.cdiv(N_k, block_n),
-        block_m,
-        block_n + 3 + max(16, triton.next_power_of_2(D)),
-    )
+    T_r, T_c = triton.cdiv(N_q, block_m), triton.cdiv(N_k, block_n)
+    return T_r, T_c, block_m, block_n + 3 + max(16, triton.next_power_of_2(D))
 
 
 def triton_backward(
