@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Annotated, Any, cast
 
+import torch
 from torch import Tensor
 from typing_extensions import Required, TypedDict, Unpack
 
@@ -161,6 +163,14 @@ class AttentionOptions:
         torch.func may wrap); nothing is checked again."""
         return replace(self, sinks=sinks)
 
+    @cached_property
+    def memo(self) -> dict[tuple[object, ...], Any]:
+        """Answers that depend only on these options and the key each is kept under (the planner's plan of a
+        plain call, :func:`flashattn_teach.dispatch.planner.plan`). :func:`make_options` returns one record
+        for the same plain call over and over (:func:`_plain_key`), so a model's next call finds them here.
+        Not a field: a record rebuilt by ``replace`` (the rewrites of ``dispatch/carry.py``) starts empty."""
+        return {}
+
     def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
         """These options for the same keys read by other query rows (``shapes`` and ``mask`` of those rows,
         as :mod:`flashattn_teach.dispatch.rows` builds them); nothing is checked again."""
@@ -192,6 +202,78 @@ def make_options(
     if not _ATTENTION.keys() >= keywords.keys():
         raise unexpected_keyword("make_options", next(iter(keywords.keys() - _ATTENTION.keys())), frozenset(_ATTENTION))
     o = cast(AttentionKeywords, {**_ATTENTION, **(call or {}), **keywords})
+    key = (
+        None if packed is not None or offset is not None or descale is not None else _plain_key(q, k, v, o, causal_name)
+    )
+    if key is not None:
+        known = _PLAIN.get(key)
+        if known is not None:
+            return known
+    opts = _checked(q, k, v, o, packed=packed, offset=offset, causal_name=causal_name, descale=descale)
+    if key is not None:
+        if len(_PLAIN) >= PLAIN_CACHE_SIZE:
+            _PLAIN.clear()
+        _PLAIN[key] = opts
+    return opts
+
+
+# The options of plain calls (no tensor, function or block mask among the keywords), by what they depend on:
+# the inputs' types, dtypes, devices and shapes, and the keywords' values. A small call's checks cost more
+# than its arithmetic; a model calls the same shapes over and over (benchmarks/results/cpu/host_cost.md).
+PLAIN_CACHE_SIZE = 256
+_PLAIN: dict[tuple[object, ...], AttentionOptions] = {}
+_NUMBER = (type(None), float, int)  # scale, softcap and dropout_p: float(value) is all make_options reads of them
+
+
+def _plain_key(q: Tensor, k: Tensor, v: Tensor, o: AttentionKeywords, causal_name: str) -> tuple[object, ...] | None:
+    """The key of a plain call's options in :data:`_PLAIN`, None for any other call. Each keyword enters with
+    a type that makes equal keys mean equal options: ``True == 1`` as dict keys, so the flags must be bools
+    (``causal=1`` then misses and is refused by the checks), and the window a tuple of two ints. Not for
+    tensor subclasses (fakes, wrappers), nor while compiling: torch.compile would guard on the cache and
+    compile again as it fills. Written out, without generators: every call asks."""
+    if (
+        o["attn_mask"] is not None
+        or o["alibi_slopes"] is not None
+        or o["seqlens_k"] is not None
+        or o["sinks"] is not None
+        or o["score_mod"] is not None
+        or o["mask_mod"] is not None
+        or o["block_mask"] is not None
+    ):
+        return None
+    causal, gqa, deterministic = o["causal"], o["enable_gqa"], o["deterministic"]
+    scale, softcap, dropout_p = o["scale"], o["softcap"], o["dropout_p"]
+    window, align = o["window"], o["causal_align"]
+    if type(causal) is not bool or type(gqa) is not bool or type(deterministic) is not bool:
+        return None
+    if type(scale) not in _NUMBER or type(softcap) not in _NUMBER or type(dropout_p) not in _NUMBER:
+        return None
+    if window is not None and not (
+        type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
+    ):
+        return None
+    if type(align) is not str or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    return (
+        *(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device),
+        *(causal_name, causal, gqa, deterministic, scale, softcap, dropout_p, window, align),
+    )
+
+
+def _checked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: AttentionKeywords,
+    *,
+    packed: tuple[Tensor, Tensor] | None,
+    offset: int | None,
+    causal_name: str,
+    descale: Fp8Descale | None,
+) -> AttentionOptions:
+    """:func:`make_options`' checks, every one, and the record they give."""
     if descale is None and is_fp8(q):  # an e4m3 input means nothing without its descale
         raise AttentionTypeError(
             f"query is {q.dtype}: float8 inputs run in flash_attention's FP8 forward only (q_descale, k_descale, "

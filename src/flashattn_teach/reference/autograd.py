@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .._autocast import autocast_dtype, autocast_off
+from .._autocast import autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
 from ..errors import BackendUnavailableError
@@ -87,10 +87,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLo
     return TiledAttentionFunction.forward(q, k, v, opts, loop, opts.sinks)
 
 
-def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop) -> bool:
+def _one_open_tile(opts: AttentionOptions, loop: TileLoop) -> bool:
     """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
-    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on inputs whose heads broadcast as they stand
-    (``H_kv`` is ``H_q`` or 1, one batch shape). The cheap questions first: a small call asks on every step."""
+    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on heads that ``torch.matmul`` broadcasts as
+    they stand (``H_kv`` is ``H_q`` or 1; the batch dimensions broadcast in it as in the checks). The cheap
+    questions first: a small call asks on every step."""
     s, spec = opts.shapes, opts.mask
     if loop.order != "query_major" or s.N_q > loop.block_m or not 0 < s.N_k <= loop.block_n:
         return False
@@ -100,8 +101,7 @@ def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop
         return False
     if spec.attn_mask is not None or spec.packed is not None:
         return False  # what is left of MaskSpec.variants is the softcap, which the tile takes
-    same = q.dim() == k.dim() == v.dim() and q.shape[:-3] == k.shape[:-3] and k.shape[:-2] == v.shape[:-2]
-    return same and (q.dim() == 2 or k.shape[-3] in (q.shape[-3], 1))
+    return s.H_kv == s.H_q or s.H_kv == 1
 
 
 class TiledAttentionFunction(torch.autograd.Function):
@@ -120,12 +120,13 @@ class TiledAttentionFunction(torch.autograd.Function):
         if sinks is not opts.sinks:  # a torch.func transform hands its own wrapper of the sinks
             opts = opts.with_sinks(sinks)
         s = opts.shapes
-        if _one_open_tile(q, k, v, opts, loop):
+        if _one_open_tile(opts, loop):
             # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
             # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
             qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            with nullcontext() if autocast_dtype(q.device.type) is None else autocast_off(q.device.type):
+            # autocast would run the products in its dtype (_autocast.py); it is off in most calls
+            with autocast_off(q.device.type) if torch._C._is_any_autocast_enabled() else nullcontext():
                 # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
                 S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
                 softcap = opts.mask.softcap
