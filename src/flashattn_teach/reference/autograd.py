@@ -8,7 +8,6 @@ transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -121,16 +120,17 @@ class TiledAttentionFunction(torch.autograd.Function):
             opts = opts.with_sinks(sinks)
         s = opts.shapes
         if _one_open_tile(opts, loop):
+            if torch._C._is_any_autocast_enabled():  # its products run in the compute dtype (_autocast.py)
+                with autocast_off(q.device.type):
+                    return TiledAttentionFunction.forward(q, k, v, opts, loop, sinks, *captures)
             # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
             # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
             qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            # autocast would run the products in its dtype (_autocast.py); it is off in most calls
-            with autocast_off(q.device.type) if torch._C._is_any_autocast_enabled() else nullcontext():
-                # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
-                S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
-                softcap = opts.mask.softcap
-                O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
+            # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
+            S = torch.matmul(qc * s.scale, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+            softcap = opts.mask.softcap
+            O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
             return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
         qg, kg, vg = to_grouped(q, k, v, s)
         tiling = opts.mask.tiling(loop.block_m, loop.block_n)
