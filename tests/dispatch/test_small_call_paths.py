@@ -14,6 +14,7 @@ from flashattn_teach._options import PLAIN_CACHE_SIZE, make_options
 from flashattn_teach.dispatch import planner
 from flashattn_teach.errors import AttentionTypeError, AttentionValueError, BackendUnavailableError
 from flashattn_teach.reference import autograd, dense_attention, parallel
+from flashattn_teach.reference.scores import whole_row
 
 
 def _tensors(*shapes, dtype=torch.float64, grad=False, seed=0):
@@ -94,6 +95,33 @@ def test_the_open_tile_runs_its_products_in_float32_under_autocast(open_tiles):
     torch.testing.assert_close(lse.double(), lse_ref, atol=1e-5, rtol=1e-5)  # bfloat16 products would miss this
     torch.testing.assert_close(O.double(), O_ref, atol=1e-2, rtol=1e-2)
     assert len(open_tiles) == 1
+
+
+def test_whole_row_writes_P_over_its_tile():
+    """One ``N_q x N_k`` buffer a call: ``S`` becomes ``P`` (a second buffer cost 600 page faults a call at
+    (2, 8, 128, 64), host_cost.md); ``O`` and ``lse`` are the softmax's, against float64 by hand."""
+    S0, v = _tensors((2, 3, 5, 7), (2, 3, 7, 4))
+    S = S0.clone()
+    O, lse = whole_row(S, v)
+    torch.testing.assert_close(S, torch.softmax(S0, dim=-1), atol=0, rtol=0)
+    torch.testing.assert_close(lse, torch.logsumexp(S0, dim=-1), atol=1e-14, rtol=1e-14)
+    torch.testing.assert_close(O, torch.softmax(S0, dim=-1) @ v, atol=1e-14, rtol=1e-14)
+
+
+def test_the_open_tile_under_torch_func_transforms(open_tiles):
+    """vmap, grad and jvp run the open tile too (their tensors take no ``out=``: a new ``P`` there)."""
+    qs, k, v = _tensors((3, 2, 4, 6, 8), (2, 4, 9, 8), (2, 4, 9, 8))
+    O = torch.func.vmap(lambda q: fa.flash_attention(q, k, v))(qs)
+    torch.testing.assert_close(O, torch.stack([dense_attention(q, k, v) for q in qs]), atol=1e-12, rtol=1e-10)
+    q = qs[0]
+    dq = torch.func.grad(lambda q: fa.flash_attention(q, k, v).sum())(q)
+    torch.testing.assert_close(dq, torch.func.grad(lambda q: dense_attention(q, k, v).sum())(q), atol=1e-10, rtol=1e-8)
+    t = torch.randn_like(q)
+    _, tO = torch.func.jvp(lambda q: fa.flash_attention(q, k, v), (q,), (t,))
+    torch.testing.assert_close(
+        tO, torch.func.jvp(lambda q: dense_attention(q, k, v), (q,), (t,))[1], atol=1e-10, rtol=1e-8
+    )
+    assert len(open_tiles) >= 3
 
 
 # what keeps a call off the open tile: each is a mask, a bias, dropout, sinks, or heads matmul cannot broadcast

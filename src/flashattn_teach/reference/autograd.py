@@ -127,8 +127,8 @@ class TiledAttentionFunction(torch.autograd.Function):
             # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
             qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
-            S = torch.matmul(qc * s.scale, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+            # S scaled in place, not Q (as score_tile does): one N_q x N_k buffer a call (whole_row's note)
+            S = torch.matmul(qc, kc.mT).mul_(s.scale)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
             softcap = opts.mask.softcap
             O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
             return (O if O.dtype == q.dtype else O.to(q.dtype)), lse

@@ -104,8 +104,14 @@ def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     With one tile the step and ``finalize`` are torch's fused softmax, one pass instead of four ops:
     ``P = exp(S - m) / l`` is the loop's ``P~ = exp(S - m)`` already divided by ``l``, so ``O = P V``; and
     the largest ``P~_ij`` of a row is ``exp(0) = 1``, so ``max_j P_ij = 1 / l_i`` and
-    ``lse = m + log(l) = m - log(max_j P_ij)``."""
+    ``lse = m + log(l) = m - log(max_j P_ij)``.
+
+    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s). A call then allocates one
+    ``N_q x N_k`` buffer besides ``O``: a second one (``P`` apart from ``S``) made glibc hand the pages back
+    to the system after each call at ``(2, 8, 128, 64)`` and fault them in again on the next, 600 page faults
+    a call (``benchmarks/results/cpu/host_cost.md``). torch.func's transforms take no ``out=``: under them
+    ``P`` is a new tensor."""
     m = S.amax(dim=-1)  # (..., N_q): the row maxima
-    P = torch.softmax(S, dim=-1)  # (..., N_q, N_k): exp(S - m) / l
+    P = torch.softmax(S, dim=-1, out=None if torch._C._are_functorch_transforms_active() else S)  # exp(S - m) / l
     O = torch.matmul(P, v)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
     return O, m.sub_(P.amax(dim=-1).log_())  # lse = m + log(l) = m - log(1 / l)
