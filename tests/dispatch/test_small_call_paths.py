@@ -28,9 +28,9 @@ def open_tiles(monkeypatch):
     calls = []
     whole_row = autograd.whole_row
 
-    def counted(S, v):
+    def counted(S, v, out=None):
         calls.append(tuple(S.shape))
-        return whole_row(S, v)
+        return whole_row(S, v, out)
 
     monkeypatch.setattr(autograd, "whole_row", counted)
     return calls
@@ -97,12 +97,15 @@ def test_the_open_tile_runs_its_products_in_float32_under_autocast(open_tiles):
     assert len(open_tiles) == 1
 
 
-def test_whole_row_writes_P_over_its_tile():
-    """One ``N_q x N_k`` buffer a call: ``S`` becomes ``P`` (a second buffer cost 600 page faults a call at
-    (2, 8, 128, 64), host_cost.md); ``O`` and ``lse`` are the softmax's, against float64 by hand."""
-    S0, v = _tensors((2, 3, 5, 7), (2, 3, 7, 4))
+@pytest.mark.parametrize("given", [False, True], ids=["new O", "O into out"])
+def test_whole_row_writes_P_over_its_tile_and_O_into_out(given):
+    """Two buffers a call, ``S`` and ``O``: ``S`` becomes ``P`` and ``O`` goes into ``out`` (each buffer more
+    cost 470-600 page faults a call at (2, 8, 128, 64), host_cost.md); ``O`` and ``lse`` are the softmax's,
+    against float64 by hand."""
+    S0, v, buf = _tensors((2, 3, 5, 7), (2, 3, 7, 4), (2, 3, 5, 4))
     S = S0.clone()
-    O, lse = whole_row(S, v)
+    O, lse = whole_row(S, v, buf if given else None)
+    assert (O.data_ptr() == buf.data_ptr()) == given
     torch.testing.assert_close(S, torch.softmax(S0, dim=-1), atol=0, rtol=0)
     torch.testing.assert_close(lse, torch.logsumexp(S0, dim=-1), atol=1e-14, rtol=1e-14)
     torch.testing.assert_close(O, torch.softmax(S0, dim=-1) @ v, atol=1e-14, rtol=1e-14)

@@ -127,10 +127,12 @@ class TiledAttentionFunction(torch.autograd.Function):
             # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
             qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            # S scaled in place, not Q (as score_tile does): one N_q x N_k buffer a call (whole_row's note)
-            S = torch.matmul(qc, kc.mT).mul_(s.scale)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+            # Q scaled first, as score_tile does: q k^T may overflow where (scale q) k^T does not
+            qs = qc * s.scale  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
+            S = torch.matmul(qs, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
             softcap = opts.mask.softcap
-            O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
+            out = qs if qs.shape == s.out_shape else None  # two buffers a call, S and O (whole_row's note)
+            O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc, out)
             return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
         qg, kg, vg = to_grouped(q, k, v, s)
         tiling = opts.mask.tiling(loop.block_m, loop.block_n)

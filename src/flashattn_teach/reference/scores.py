@@ -95,7 +95,7 @@ def bias_and_mask(
     return S_ij
 
 
-def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def whole_row(S: Tensor, v: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
     key (no mask, no bias): the loop's one step, ``core.online_softmax.update`` from ``init_state`` (``alpha = 0``),
     then ``finalize`` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
@@ -106,12 +106,14 @@ def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     the largest ``P~_ij`` of a row is ``exp(0) = 1``, so ``max_j P_ij = 1 / l_i`` and
     ``lse = m + log(l) = m - log(max_j P_ij)``.
 
-    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s). A call then allocates one
-    ``N_q x N_k`` buffer besides ``O``: a second one (``P`` apart from ``S``) made glibc hand the pages back
-    to the system after each call at ``(2, 8, 128, 64)`` and fault them in again on the next, 600 page faults
-    a call (``benchmarks/results/cpu/host_cost.md``). torch.func's transforms take no ``out=``: under them
-    ``P`` is a new tensor."""
+    ``S`` becomes ``P``, and ``O`` is written into ``out`` when given (a buffer of ``O``'s shape that no one
+    else holds): pass a tile no one else holds (``score_tile``'s). Each buffer more than ``S`` and ``O``
+    (``P`` apart from ``S``, the scaled ``Q`` apart from ``O``) made glibc hand the pages back to the system
+    after a call at ``(2, 8, 128, 64)`` and fault them in again on the next, 470-600 page faults a call
+    (``benchmarks/results/cpu/host_cost.md``). torch.func's transforms take no ``out=``: under them ``P``
+    and ``O`` are new tensors."""
+    in_place = not torch._C._are_functorch_transforms_active()
     m = S.amax(dim=-1)  # (..., N_q): the row maxima
-    P = torch.softmax(S, dim=-1, out=None if torch._C._are_functorch_transforms_active() else S)  # exp(S - m) / l
-    O = torch.matmul(P, v)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
+    P = torch.softmax(S, dim=-1, out=S if in_place else None)  # (..., N_q, N_k): exp(S - m) / l
+    O = torch.matmul(P, v, out=out if in_place else None)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
     return O, m.sub_(P.amax(dim=-1).log_())  # lse = m + log(l) = m - log(1 / l)
