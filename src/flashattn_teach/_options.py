@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Annotated, Any, cast
 
-import torch
 from torch import Tensor
 from typing_extensions import Required, TypedDict, Unpack
 
@@ -40,6 +39,7 @@ from ._validate.inputs import (
     validate_inputs,
 )
 from ._validate.keywords import Default, keyword_table, unexpected_keyword
+from ._validate.plain import plain_key
 from ._validate.sinks import check_sinks
 from ._validate.varlen import (
     check_cu_seqlens,
@@ -167,8 +167,9 @@ class AttentionOptions:
     def memo(self) -> dict[tuple[object, ...], Any]:
         """Answers that depend only on these options and the key each is kept under (the planner's plan of a
         plain call, :func:`flashattn_teach.dispatch.planner.plan`). :func:`make_options` returns one record
-        for the same plain call over and over (:func:`_plain_key`), so a model's next call finds them here.
-        Not a field: a record rebuilt by ``replace`` (the rewrites of ``dispatch/carry.py``) starts empty."""
+        for the same plain call over and over (:func:`flashattn_teach._validate.plain.plain_key`), so a
+        model's next call finds them here. Not a field: a record rebuilt by ``replace`` (the rewrites of
+        ``dispatch/carry.py``) starts empty."""
         return {}
 
     def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
@@ -203,7 +204,7 @@ def make_options(
         raise unexpected_keyword("make_options", next(iter(keywords.keys() - _ATTENTION.keys())), frozenset(_ATTENTION))
     o = cast(AttentionKeywords, {**_ATTENTION, **(call or {}), **keywords})
     key = (
-        None if packed is not None or offset is not None or descale is not None else _plain_key(q, k, v, o, causal_name)
+        None if packed is not None or offset is not None or descale is not None else plain_key(q, k, v, o, causal_name)
     )
     if key is not None:
         known = _PLAIN.get(key)
@@ -222,44 +223,6 @@ def make_options(
 # than its arithmetic; a model calls the same shapes over and over (benchmarks/results/cpu/host_cost.md).
 PLAIN_CACHE_SIZE = 256
 _PLAIN: dict[tuple[object, ...], AttentionOptions] = {}
-_NUMBER = (type(None), float, int)  # scale, softcap and dropout_p: float(value) is all make_options reads of them
-
-
-def _plain_key(q: Tensor, k: Tensor, v: Tensor, o: AttentionKeywords, causal_name: str) -> tuple[object, ...] | None:
-    """The key of a plain call's options in :data:`_PLAIN`, None for any other call. Each keyword enters with
-    a type that makes equal keys mean equal options: ``True == 1`` as dict keys, so the flags must be bools
-    (``causal=1`` then misses and is refused by the checks), and the window a tuple of two ints. Not for
-    tensor subclasses (fakes, wrappers), nor while compiling: torch.compile would guard on the cache and
-    compile again as it fills. Written out, without generators: every call asks."""
-    if (
-        o["attn_mask"] is not None
-        or o["alibi_slopes"] is not None
-        or o["seqlens_k"] is not None
-        or o["sinks"] is not None
-        or o["score_mod"] is not None
-        or o["mask_mod"] is not None
-        or o["block_mask"] is not None
-    ):
-        return None
-    causal, gqa, deterministic = o["causal"], o["enable_gqa"], o["deterministic"]
-    scale, softcap, dropout_p = o["scale"], o["softcap"], o["dropout_p"]
-    window, align = o["window"], o["causal_align"]
-    if type(causal) is not bool or type(gqa) is not bool or type(deterministic) is not bool:
-        return None
-    if type(scale) not in _NUMBER or type(softcap) not in _NUMBER or type(dropout_p) not in _NUMBER:
-        return None
-    if window is not None and not (
-        type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
-    ):
-        return None
-    if type(align) is not str or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
-        return None
-    if torch.compiler.is_compiling():
-        return None
-    return (
-        *(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device),
-        *(causal_name, causal, gqa, deterministic, scale, softcap, dropout_p, window, align),
-    )
 
 
 def _checked(

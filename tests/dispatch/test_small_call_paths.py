@@ -1,6 +1,6 @@
 """The small CPU call's fast paths (issue 38, host cost), each against the float64 dense oracle and each shown
 to be taken: the one open tile (``reference/autograd.py``, ``reference/scores.whole_row``) on every head layout
-``torch.matmul`` broadcasts, the options of a plain call kept by ``make_options`` (``_options._plain_key``),
+``torch.matmul`` broadcasts, the options of a plain call kept by ``make_options`` (``_validate/plain.py``),
 and its plan kept with them (``dispatch/planner._memo_key``). None of them may skip a check or an option."""
 
 from __future__ import annotations
