@@ -373,11 +373,11 @@ def test_a_skip_tile_is_not_computed_even_where_mask_mod_sees_keys() -> None:
     # Every score is visible to mask_mod; marking tiles SKIP must remove them as the oracle with that
     # block mask does (and change the result: the control), FULL and PARTIAL tiles keep theirs.
     everything = MaskMod(_causal, lambda b, h, q, kv: torch.ones_like(q >= kv))
-    all_partial = Kinds(torch.full((1, 1, 4, 8), PARTIAL, dtype=torch.int8))
+    all_partial = Kinds(torch.full((1, 1, 3, 5), PARTIAL, dtype=torch.int8))
     skipped = all_partial.table.clone()
     skipped[0, 0, :, 2:5] = SKIP  # visible tiles left of the diagonal (causal keeps tiles of key < query)
-    skipped[0, 0, 3, 0] = FULL
-    base = Case(N_q=113, N_k=113, mask_mod=everything, options={"causal": True})
+    skipped[0, 0, 2, 0] = FULL
+    base = Case(N_q=77, N_k=77, mask_mod=everything, options={"causal": True})
     plain = check(replace(base, kinds=all_partial))
     skips = check(replace(base, kinds=Kinds(skipped)))
     assert not torch.allclose(plain[0], skips[0]), "the control: SKIP tiles changed nothing"
