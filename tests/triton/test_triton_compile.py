@@ -4,7 +4,8 @@ softcap, ALiBi and seqlens_k at once, without and with dropout, a causal call wi
 padding mask (also with dropout), and packed sequences without and with dropout.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
-process has set. Both architectures compile at once, one subprocess each. The checks live in
+process has set. Both architectures compile at once: the shipped kernels one subprocess each, the variant
+runs two subprocesses each, which run their share of the flag sets in turn. The checks live in
 ``flashattn_teach.tools.kernels``: no spilled bytes, at most 255 registers, shared memory within 228 KB
 (sm_90) or 164 KB (sm_80), and HGMMA for the forward and backward matmuls on sm_90 in fp16 and bf16.
 Each kernel is the specialisation the JIT builds for a sample launcher call (``GROUP = 1`` and unit
@@ -14,6 +15,7 @@ strides as constants, sizes divisible by 16); tests/triton/test_triton_loops.py 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 
 import pytest
@@ -73,21 +75,57 @@ VARIANT_RUNS = {
 }
 
 
+# Several runs of ``flashattn-teach kernels`` in one process, in turn (each import of torch and triton costs
+# seconds of CPU): one JSON line per run, its exit status and its printed table
+IN_TURN = """
+import contextlib, io, json, sys, traceback
+from flashattn_teach.cli import main
+for name, argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main(argv)
+        except Exception:  # the next runs still run; this one's table ends with the traceback
+            code = traceback.format_exc()
+    print(json.dumps({"run": name, "code": code, "out": out.getvalue()}), flush=True)
+"""
+PROCESSES_PER_ARCH = 2  # the variant runs of an architecture split between two processes
+
+
 @pytest.fixture(scope="module")
 def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
     env = aot_env()
-    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--dtype", "bfloat16", "float32"]
-    return {
-        (arch, run): subprocess.Popen(
-            [*command, "--arch", arch, *flags],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for arch in ARCHS
-        for run, flags in VARIANT_RUNS.items()
-    }
+    command = ["kernels", "--dtype", "bfloat16", "float32"]
+    runs = list(VARIANT_RUNS.items())
+    processes = {}
+    for arch in ARCHS:
+        for first in range(PROCESSES_PER_ARCH):
+            share = [(run, [*command, "--arch", arch, *flags]) for run, flags in runs[first::PROCESSES_PER_ARCH]]
+            process = subprocess.Popen(
+                [*AOT_PYTHON, "-c", IN_TURN, json.dumps(share)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            processes.update({(arch, run): process for run, _ in share})
+    return processes
+
+
+def _variant_report(process: subprocess.Popen, run: str, done: dict) -> tuple[str, int]:
+    """``(table, exit status)`` of ``run`` from the process that ran it in turn with others."""
+    if process not in done:
+        out, err = process.communicate(timeout=3600)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        done[process] = ({line["run"]: (line["out"], line["code"]) for line in lines}, err)
+    results, err = done[process]
+    assert run in results, f"{run} did not finish (exit status {process.returncode}):\n{err[-3000:]}"
+    return results[run]
+
+
+@pytest.fixture(scope="module")
+def variant_done() -> dict:
+    return {}
 
 
 # (arch, run, kernel, dtype, padded head dim) that spill with triton 3.6 or 3.9 although no tile tried
@@ -110,15 +148,14 @@ KNOWN_SPILLS = {
 
 @pytest.mark.parametrize("run", list(VARIANT_RUNS))
 @pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports) -> None:
-    report = variant_reports[(arch, run)]
-    out, err = report.communicate(timeout=1800)
+def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports, variant_done) -> None:
+    out, code = _variant_report(variant_reports[(arch, run)], run, variant_done)
     rows = [line.split() for line in out.splitlines()[2:]]
     failed = [row for row in rows if row[-1] != "ok"]
     for row in failed:
         assert (arch, run, row[0], row[1], int(row[2])) in KNOWN_SPILLS, out
         assert " ".join(row[11:]).endswith("bytes spilled to local memory"), out
-    assert report.returncode == (1 if failed else 0), f"{out}\n{err[-3000:]}"
+    assert code == (1 if failed else 0), out
     rows = [row for row in rows if row not in failed]
     # forward, preprocess, dK/dV, dQ for bf16 at head dims 16 to 256 and fp32 to 128, and each TMA row
     # through pointers (packed sequences: only those)
