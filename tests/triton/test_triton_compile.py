@@ -15,12 +15,12 @@ strides as constants, sizes divisible by 16); tests/triton/test_triton_loops.py 
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 
 import pytest
 import torch
 
+from cli_in_turn import run_in_turn
 from flashattn_teach.tools.kernels.report import shipped_kernels
 from flashattn_teach.triton.configs import ARCHS
 from sass_cache import AOT_PYTHON, aot_env
@@ -75,57 +75,13 @@ VARIANT_RUNS = {
 }
 
 
-# Several runs of ``flashattn-teach kernels`` in one process, in turn (each import of torch and triton costs
-# seconds of CPU): one JSON line per run, its exit status and its printed table
-IN_TURN = """
-import contextlib, io, json, sys, traceback
-from flashattn_teach.cli import main
-for name, argv in json.loads(sys.argv[1]):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        try:
-            code = main(argv)
-        except Exception:  # the next runs still run; this one's table ends with the traceback
-            code = traceback.format_exc()
-    print(json.dumps({"run": name, "code": code, "out": out.getvalue()}), flush=True)
-"""
-PROCESSES_PER_ARCH = 2  # the variant runs of an architecture split between two processes
-
-
 @pytest.fixture(scope="module")
-def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
-    env = aot_env()
+def variant_reports() -> dict[tuple[str, str], tuple[str, str, int | None]]:
     command = ["kernels", "--dtype", "bfloat16", "float32"]
-    runs = list(VARIANT_RUNS.items())
-    processes = {}
-    for arch in ARCHS:
-        for first in range(PROCESSES_PER_ARCH):
-            share = [(run, [*command, "--arch", arch, *flags]) for run, flags in runs[first::PROCESSES_PER_ARCH]]
-            process = subprocess.Popen(
-                [*AOT_PYTHON, "-c", IN_TURN, json.dumps(share)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            processes.update({(arch, run): process for run, _ in share})
-    return processes
-
-
-def _variant_report(process: subprocess.Popen, run: str, done: dict) -> tuple[str, int]:
-    """``(table, exit status)`` of ``run`` from the process that ran it in turn with others."""
-    if process not in done:
-        out, err = process.communicate(timeout=3600)
-        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        done[process] = ({line["run"]: (line["out"], line["code"]) for line in lines}, err)
-    results, err = done[process]
-    assert run in results, f"{run} did not finish (exit status {process.returncode}):\n{err[-3000:]}"
-    return results[run]
-
-
-@pytest.fixture(scope="module")
-def variant_done() -> dict:
-    return {}
+    runs = list(VARIANT_RUNS)
+    commands = {(arch, run): [*command, "--arch", arch, *VARIANT_RUNS[run]] for arch in ARCHS for run in runs}
+    # two processes an architecture, each running every other flag set in turn
+    return run_in_turn(commands, group=lambda key: (key[0], runs.index(key[1]) % 2))
 
 
 # (arch, run, kernel, dtype, padded head dim) that spill with triton 3.6 or 3.9 although no tile tried
@@ -148,14 +104,14 @@ KNOWN_SPILLS = {
 
 @pytest.mark.parametrize("run", list(VARIANT_RUNS))
 @pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports, variant_done) -> None:
-    out, code = _variant_report(variant_reports[(arch, run)], run, variant_done)
+def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports) -> None:
+    out, err, code = variant_reports[(arch, run)]
     rows = [line.split() for line in out.splitlines()[2:]]
     failed = [row for row in rows if row[-1] != "ok"]
     for row in failed:
         assert (arch, run, row[0], row[1], int(row[2])) in KNOWN_SPILLS, out
         assert " ".join(row[11:]).endswith("bytes spilled to local memory"), out
-    assert code == (1 if failed else 0), out
+    assert code == (1 if failed else 0), f"{out}\n{err[-3000:]}"
     rows = [row for row in rows if row not in failed]
     # forward, preprocess, dK/dV, dQ for bf16 at head dims 16 to 256 and fp32 to 128, and each TMA row
     # through pointers (packed sequences: only those)
