@@ -8,14 +8,14 @@ entries past a sequence's pages holding garbage; flash-attn's ``(num_blocks, pag
 passed as a transposed view; 1 and 3 splits; one new query, and four (chunked prefill, causal); GQA;
 window, ALiBi, softcap; ``cache_leftpad``; sinks, with a row that sees no key (O = 0, lse = sink); and
 ``D = 192`` with ``D_v = 128``. The kernels run in the interpreter at ``TEST_DECODE_CONFIG`` (16 x 16).
-Compiled ahead of time for sm_90 and sm_80 (a subprocess per build, without ``TRITON_INTERPRET``): no spills,
-and the paged loop stays pipelined and within a bound of the contiguous loop's instructions.
+Compiled ahead of time for sm_90 and sm_80 (one subprocess an architecture, its builds in turn, without
+``TRITON_INTERPRET``): no spills, and the paged loop stays pipelined and within a bound of the contiguous
+loop's instructions.
 """
 
 from __future__ import annotations
 
 import math
-import subprocess
 
 import pytest
 
@@ -26,10 +26,10 @@ from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from cli_in_turn import run_in_turn  # noqa: E402
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
 from flashattn_teach.serving.checks import DecodeStep  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
-from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
 # old entries per batch element: an empty cache, one that ends inside a page and a key block, and one
@@ -321,16 +321,10 @@ MAX_PAGED_RATIO = 2.25
 
 @pytest.fixture(scope="module")
 def paged_compiles():
-    env = aot_env(PYTHONWARNINGS="ignore")
-    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels-decode"]
-    runs = {
-        (arch, name): subprocess.Popen(
-            [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for arch in ARCHS
-        for name, args in COMPILES.items()
+    commands = {
+        (arch, name): ["kernels-decode", "--arch", arch, *args] for arch in ARCHS for name, args in COMPILES.items()
     }
-    return {key: (*run.communicate(timeout=600), run.returncode) for key, run in runs.items()}
+    return run_in_turn(commands, group=lambda key: key[0], PYTHONWARNINGS="ignore")  # one process an arch
 
 
 def _table(out):
