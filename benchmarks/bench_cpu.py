@@ -674,11 +674,23 @@ def _small_cases():
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
-def _time_calls(fn, n: int, times: list[float], clock=time.perf_counter) -> None:
+def _time_calls(fn, n: int, times: list[float], clock=time.perf_counter) -> int:
+    """``n`` timed calls of ``fn``; returns the minor page faults they took (fresh pages the kernel zeroed:
+    a call whose large temporaries glibc hands back to the system between calls pays them every time)."""
+    faults = _minor_faults()
     for _ in range(n):
         start = clock()
         fn()
         times.append(clock() - start)
+    return _minor_faults() - faults
+
+
+def _minor_faults() -> int:
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def small_worker(args: argparse.Namespace) -> dict[str, object]:
@@ -705,12 +717,13 @@ def small_worker(args: argparse.Namespace) -> dict[str, object]:
                 for fn in fns.values():
                     _time_calls(fn, args.warmup, [], clock)
                 times: dict[str, list[float]] = {name: [] for name in fns}
+                faults = dict.fromkeys(fns, 0)
                 (busy, niced), own, wall = _busy_seconds(), time.process_time(), time.perf_counter()
                 order = list(fns)
                 for b in range(math.ceil(args.calls / args.block)):
                     n = min(args.block, args.calls - b * args.block)
                     for name in order if b % 4 < 2 else order[::-1]:  # ours, sdpa, ours, sdpa; sdpa, ours, ...
-                        _time_calls(fns[name], n, times[name], clock)
+                        faults[name] += _time_calls(fns[name], n, times[name], clock)
                 wall = time.perf_counter() - wall
                 busy_end, niced_end = _busy_seconds()
                 others = (busy_end - busy - (time.process_time() - own)) / wall
@@ -722,6 +735,7 @@ def small_worker(args: argparse.Namespace) -> dict[str, object]:
             for name, ts in times.items():
                 row[f"{name}_us"] = 1e6 * statistics.median(ts)
                 row[f"{name}_min_us"] = 1e6 * min(ts)
+                row[f"{name}_faults"] = faults[name] / len(ts)  # minor page faults per call
             if "sdpa" in times:
                 row["ratio"] = float(row["ours_us"]) / float(row["sdpa_us"])  # type: ignore[arg-type]
             rows.append(row)
@@ -760,14 +774,16 @@ def measure_small_calls(opts: argparse.Namespace) -> tuple[list[tuple[str, float
 def _small_lines(rows: list[dict]) -> list[str]:
     """The small-call measurements, with how busy the rest of the machine was."""
     lines = [
-        "| small call | condition | ours (µs) | sdpa (µs) | ratio | calls | max err | others (cores) | load avg |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| small call | condition | ours (µs) | sdpa (µs) | ratio | calls | max err | page faults a call (ours / sdpa) "
+        "| others (cores) | load avg |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     busy = []
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['condition']} | {_cell(r, 'ours_us')} | {_cell(r, 'sdpa_us')} | "
             f"{_cell(r, 'ratio', '.3f')} | {_cell(r, 'calls', 'd')} | {_cell(r, 'max_err', '.1e')} | "
+            f"{_cell(r, 'ours_faults', '.1f')} / {_cell(r, 'sdpa_faults', '.1f')} | "
             f"{_cell(r, 'others_cores', '.2f')} | {_cell(r, 'loadavg_1m', '.2f')} |"
             + ("" if r["status"] == "ok" else f" {r['status']}")
         )

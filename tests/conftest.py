@@ -8,12 +8,17 @@ set here, at collection time, and only when no CUDA GPU is present. Nothing here
 A plain ``pytest`` (the README's command: the whole suite, from ``testpaths``) runs on two worker processes
 when pytest-xdist is installed (the ``test`` extra has it), one test file to a worker (``--dist loadfile``:
 a module's shared compiles and browser stay in one process). Naming files, ``-n``, ``--pdb`` or
-``-p no:xdist`` keeps one process; ``-n 0`` turns the workers off for the whole suite.
+``-p no:xdist`` keeps one process; ``-n 0`` turns the workers off for the whole suite. The files go to the
+workers longest first: those of ``START_FIRST`` (ahead-of-time compiles: their subprocesses wait on ptxas and
+cuobjdump for minutes), then the rest by their number of tests (pytest-xdist's own order), so that no long
+file starts last while the other worker has nothing left.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +45,17 @@ if settings is not None:
 
 
 WORKERS = 2  # the suite's target machine has two cores; the AOT compile tests' subprocesses use both either way
+# Set by the plain run's main process for its workers (which get its command line, not its options)
+ORDER_VARIABLE = "PYTEST_FLASHATTN_TEACH_ORDER"
+# Files whose wall time is mostly ahead-of-time compile subprocesses, the longest first (paths under tests/)
+START_FIRST = (
+    "triton/test_triton_compile.py",
+    "triton/test_triton_specializations.py",
+    "triton/test_triton_paged.py",
+    "triton/test_triton_decode_split_lanes.py",
+    "triton/test_triton_loops.py",
+    "triton/test_triton_decode.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -52,3 +68,21 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.numprocesses = WORKERS
         if config.option.dist == "no":
             config.option.dist = "loadfile"
+            config.option.loadscopereorder = False  # the order is pytest_collection_modifyitems' below
+            os.environ[ORDER_VARIABLE] = "1"  # the workers (their own processes) inherit it
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker of the plain run: the ``START_FIRST`` files first, then the others by their number of tests,
+    most first (stable: a file's tests keep their order). Every worker sorts alike, as xdist requires."""
+    if not hasattr(config, "workerinput") or os.environ.get(ORDER_VARIABLE) != "1":
+        return
+    here = Path(__file__).resolve().parent
+    counts = Counter(item.path for item in items)
+
+    def rank(item: pytest.Item) -> tuple[int, int, str]:
+        relative = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
+        first = START_FIRST.index(relative) if relative in START_FIRST else len(START_FIRST)
+        return first, -counts[item.path], str(item.path)
+
+    items.sort(key=rank)

@@ -26,6 +26,8 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 def cast_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``q, k, v`` as autocast would hand them to torch's SDPA: in the autocast dtype, float64 untouched."""
+    if not torch._C._is_any_autocast_enabled():  # most calls: one question, not one per device type
+        return q, k, v
     if not all(isinstance(t, Tensor) for t in (q, k, v)):
         return q, k, v  # validation names the argument that is not a tensor
     dtype = autocast_dtype(q.device.type)

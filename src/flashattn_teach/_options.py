@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Annotated, Any, cast
 
 from torch import Tensor
@@ -38,8 +39,10 @@ from ._validate.inputs import (
     validate_inputs,
 )
 from ._validate.keywords import Default, keyword_table, unexpected_keyword
+from ._validate.plain import plain_key
 from ._validate.sinks import check_sinks
 from ._validate.varlen import (
+    PackedBounds,
     check_cu_seqlens,
     check_max_seqlen,
     check_packed_alibi,
@@ -161,6 +164,15 @@ class AttentionOptions:
         torch.func may wrap); nothing is checked again."""
         return replace(self, sinks=sinks)
 
+    @cached_property
+    def memo(self) -> dict[tuple[object, ...], Any]:
+        """Answers that depend only on these options and the key each is kept under (the planner's plan of a
+        plain call, :func:`flashattn_teach.dispatch.planner.plan`). :func:`make_options` returns one record
+        for the same plain call over and over (:func:`flashattn_teach._validate.plain.plain_key`), so a
+        model's next call finds them here. Not a field: a record rebuilt by ``replace`` (the rewrites of
+        ``dispatch/carry.py``) starts empty."""
+        return {}
+
     def with_rows(self, shapes: AttentionShapes, mask: MaskSpec) -> AttentionOptions:
         """These options for the same keys read by other query rows (``shapes`` and ``mask`` of those rows,
         as :mod:`flashattn_teach.dispatch.rows` builds them); nothing is checked again."""
@@ -192,6 +204,40 @@ def make_options(
     if not _ATTENTION.keys() >= keywords.keys():
         raise unexpected_keyword("make_options", next(iter(keywords.keys() - _ATTENTION.keys())), frozenset(_ATTENTION))
     o = cast(AttentionKeywords, {**_ATTENTION, **(call or {}), **keywords})
+    key = (
+        None if packed is not None or offset is not None or descale is not None else plain_key(q, k, v, o, causal_name)
+    )
+    if key is not None:
+        known = _PLAIN.get(key)
+        if known is not None:
+            return known
+    opts = _checked(q, k, v, o, packed=packed, offset=offset, causal_name=causal_name, descale=descale)
+    if key is not None:
+        if len(_PLAIN) >= PLAIN_CACHE_SIZE:
+            _PLAIN.clear()
+        _PLAIN[key] = opts
+    return opts
+
+
+# The options of plain calls (no tensor, function or block mask among the keywords), by what they depend on:
+# the inputs' types, dtypes, devices and shapes, and the keywords' values. A small call's checks cost more
+# than its arithmetic; a model calls the same shapes over and over (benchmarks/results/cpu/host_cost.md).
+PLAIN_CACHE_SIZE = 256
+_PLAIN: dict[tuple[object, ...], AttentionOptions] = {}
+
+
+def _checked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: AttentionKeywords,
+    *,
+    packed: tuple[Tensor, Tensor] | None,
+    offset: int | None,
+    causal_name: str,
+    descale: Fp8Descale | None,
+) -> AttentionOptions:
+    """:func:`make_options`' checks, every one, and the record they give."""
     if descale is None and is_fp8(q):  # an e4m3 input means nothing without its descale
         raise AttentionTypeError(
             f"query is {q.dtype}: float8 inputs run in flash_attention's FP8 forward only (q_descale, k_descale, "
@@ -293,25 +339,22 @@ def make_packed_options(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
+    bounds: PackedBounds,
     call: StepKeywords | None = None,
     /,
     **keywords: Unpack[PackedKeywords],
 ) -> tuple[Tensor, Tensor, Tensor, AttentionOptions]:
-    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments: ``call`` its keywords
-    passed whole, ``keywords`` by name) and return the ``(H, total, D)`` views of ``q, k, v`` (one batch
-    element whose sequence axis is the packed axis; no copy) with their options, the packed sequences in the
-    mask contract. Only :class:`PackedKeywords` are read: a padded batch's (``attn_mask``, ``seqlens_k``, user
-    functions) mean nothing here, and the caller refuses them."""
+    """Check a packed call (:func:`flashattn_teach.flash_attention_varlen`'s arguments: ``bounds`` its
+    sequences, ``call`` its keywords passed whole, ``keywords`` by name) and return the ``(H, total, D)``
+    views of ``q, k, v`` (one batch element whose sequence axis is the packed axis; no copy) with their
+    options, the packed sequences in the mask contract. Only :class:`PackedKeywords` are read: a padded
+    batch's (``attn_mask``, ``seqlens_k``, user functions) mean nothing here, and the caller refuses them."""
     check_packed_qkv(q, k, v)
-    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
-    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
+    cu_q = check_cu_seqlens("cu_seqlens_q", bounds.cu_seqlens_q, q.shape[0], "total_q = q.shape[0]", q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", bounds.cu_seqlens_k, k.shape[0], "total_k = k.shape[0]", q.device)
     B = check_same_batch(cu_q, cu_k)
-    check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q, "cu_seqlens_q")
-    check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k, "cu_seqlens_k")
+    check_max_seqlen("max_seqlen_q", bounds.max_seqlen_q, cu_q, "cu_seqlens_q")
+    check_max_seqlen("max_seqlen_k", bounds.max_seqlen_k, cu_k, "cu_seqlens_k")
     if not _PACKED >= keywords.keys():
         raise unexpected_keyword("make_packed_options", next(iter(keywords.keys() - _PACKED)), _PACKED)
     o = cast(PackedKeywords, {**(call or {}), **keywords})

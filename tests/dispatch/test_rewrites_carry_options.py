@@ -118,15 +118,18 @@ def test_fold_carries_every_field_it_does_not_rewrite():
 
 def test_decode_refuses_a_step_field_it_does_not_carry():
     step = ranges.DecodeStep(
-        causal=True, scale=0.25, window=(-1, -1), softcap=None, num_splits=1, backend="query_major"
+        causal=True, scale=0.25, window=(-1, -1), softcap=None, num_splits=1, backend="query_major", cache_seqlens=4
     )
     assert carry.uncarried(step, ranges.RANGE_CARRIES) == []
+    sloped = dataclasses.replace(step, alibi_slopes=torch.ones(8))  # a slope per head: the rows decline it
+    assert carry.uncarried(sloped, ranges.RANGE_CARRIES) == []
+    assert carry.uncarried(sloped, ranges.ROWS_CARRIES) == ["alibi_slopes"]
     extended = _extended(step)
     assert carry.uncarried(extended, ranges.ROWS_CARRIES) == ["new_option"]  # decode_one's rows decline it
     q = torch.randn(1, 8, 1, 16)
     cache = torch.randn(1, 2, 10, 16)
     with pytest.raises(NotImplementedError, match=r"DecodeStep\.new_option is not carried"):
-        ranges.range_plan(q, cache, cache, extended, alibi_slopes=None)
+        ranges.range_plan(q, cache, cache, extended)
 
 
 def test_the_ring_names_a_call_option_it_does_not_carry():

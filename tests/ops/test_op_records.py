@@ -97,3 +97,49 @@ def test_a_record_built_from_a_calls_options_runs_that_call():
     finite = want_lse.isfinite()
     torch.testing.assert_close(lse[finite], want_lse[finite], atol=1e-12, rtol=0)
     assert (lse[~finite] == float("-inf")).all()
+
+
+def test_the_decode_record_carries_every_keyword_of_a_call_there_and_back():
+    """The op's record is built from the call's keywords by name and gives them back: every keyword of
+    ``DecodeKeywords`` is a field, each arrives with its own value (tensors the same objects)."""
+    from flashattn_teach._options import DecodeKeywords
+    from flashattn_teach._validate.keywords import keyword_table
+    from flashattn_teach.serving.step import DecodeCall
+
+    tensors = {
+        "alibi_slopes": torch.ones(2),
+        "sinks": torch.zeros(2),
+        "block_table": torch.zeros(2, 1, dtype=torch.int32),
+        "cache_leftpad": torch.zeros(2, dtype=torch.int32),
+    }
+    scalars = {"causal": True, "scale": 0.5, "softcap": 2.0, "num_splits": 3, "backend": "query_major"}
+    options = {**tensors, **scalars, "window": (3, 0), "cache_seqlens": 7}
+    assert set(options) == set(keyword_table(DecodeKeywords))  # every keyword, each with a value of its own
+    lengths = torch.tensor([7, 7])
+    args = DecodeArgs.of_call(DecodeCall(None, None, options, False, torch.bfloat16), lengths)
+    assert args.cache_seqlens is lengths and args.window == [3, 0] and args.autocast is torch.bfloat16
+    back = args.call()
+    assert back.return_lse and back.autocast is torch.bfloat16 and back.options["window"] == (3, 0)
+    assert all(back.options[name] is t for name, t in tensors.items())
+    assert all(back.options[name] == value for name, value in scalars.items())
+
+
+def test_the_varlen_record_gives_back_every_packed_keyword_it_holds_by_name():
+    """The varlen op's body rebuilds the call from the record's keywords: each keyword of
+    ``PackedKeywords`` the schema has comes back with its own value (``sinks``, which it has not, is declined
+    by ``of_call``)."""
+    from flashattn_teach._options import PackedKeywords
+    from flashattn_teach._validate.keywords import keyword_table
+    from flashattn_teach.ops.varlen import KEYWORDS
+
+    slopes, cu = torch.ones(2), torch.tensor([0, 3])
+    args = VarlenArgs(
+        cu, cu, 3, 3, alibi_slopes=slopes, causal=True, causal_align="top_left", scale=0.5, window=[2, 0],
+        softcap=4.0, backend="query_major", dropout_p=0.25, deterministic=True,
+    )  # fmt: skip
+    assert set(keyword_table(PackedKeywords)) - set(KEYWORDS) == {"sinks"}
+    want = {"causal": True, "causal_align": "top_left", "scale": 0.5, "window": (2, 0), "softcap": 4.0}
+    want |= {"dropout_p": 0.25, "deterministic": True}
+    given = args.keywords()
+    assert given.keys() == set(KEYWORDS) and given["alibi_slopes"] is slopes
+    assert all(given[name] == value for name, value in want.items())  # type: ignore[literal-required]

@@ -53,7 +53,7 @@ def test_backward_replay_matches_autograd(N, D, bm, bn, causal, window, softcap)
     torch.testing.assert_close(r.delta, (r.dO * O).sum(-1), atol=1e-12, rtol=0)
     for s in r.dkdv_steps():
         (r0, r1), (c0, c1) = s.rows, s.cols
-        torch.testing.assert_close(s.P_ij, P[r0:r1, c0:c1], atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["P_ij"], P[r0:r1, c0:c1], atol=1e-12, rtol=0)
 
 
 def test_teaching_example_ends_at_float64_autograd_within_1e_12():
@@ -84,9 +84,9 @@ def test_a_row_that_sees_no_key_gets_zero_gradients_and_no_nan():
     for mine, ref in zip((dQ, dK, dV), grads, strict=True):
         torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
     for s in (*r.dkdv_steps(), *r.dq_steps()):
-        assert all(not torch.isnan(t).any() for t in (s.P_ij, s.dP_ij, s.dS_ij, *s.acc.values()))
+        assert all(not torch.isnan(t).any() for t in (s["P_ij"], s["dP_ij"], s["dS_ij"], *s.accumulators.values()))
         if s.rows[0] <= 3 < s.rows[1]:
-            assert torch.equal(s.P_ij[3 - s.rows[0]], torch.zeros(s.cols[1] - s.cols[0], dtype=torch.float64))
+            assert torch.equal(s["P_ij"][3 - s.rows[0]], torch.zeros(s.cols[1] - s.cols[0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize(("bm", "bn", "causal"), [(2, 2, False), (2, 3, True), (4, 2, True)])
@@ -105,11 +105,11 @@ def test_dq_pass_step_by_step(bm, bn, causal):
         (r0, r1), (c0, c1) = s.rows, s.cols
         seen = [t for t in steps[: n + 1] if t.i == s.i]
         partial = sum(0.5 * dS[r0:r1, t.cols[0] : t.cols[1]] @ k[0, t.cols[0] : t.cols[1]] for t in seen)
-        torch.testing.assert_close(s.acc["dQ_i"], partial, atol=1e-12, rtol=0)
-        torch.testing.assert_close(s.dS_ij, dS[r0:r1, c0:c1], atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["dQ_i"], partial, atol=1e-12, rtol=0)
+        torch.testing.assert_close(s["dS_ij"], dS[r0:r1, c0:c1], atol=1e-12, rtol=0)
         last = n + 1 == len(steps) or steps[n + 1].i != s.i
         if last:
-            torch.testing.assert_close(s.acc["dQ_i"], dQ[r0:r1], atol=1e-12, rtol=0)
+            torch.testing.assert_close(s["dQ_i"], dQ[r0:r1], atol=1e-12, rtol=0)
     assert {s.i for s in steps} == set(range(-(-6 // bm)))
 
 
@@ -124,7 +124,7 @@ def test_sink_gradients_match_autograd():
     for mine, ref in zip(r.grads(), (qq.grad, kk.grad, vv.grad), strict=True):
         torch.testing.assert_close(mine, ref, atol=1e-12, rtol=0)
     torch.testing.assert_close(r.gradients()["dsink"], sink.grad, atol=1e-12, rtol=0)
-    assert r.preprocess()[-1].name == "dsink"
+    assert r.preprocess().equations[-1].name == "dsink"
     assert max(r.max_error().values()) <= 1e-12
 
 
@@ -147,9 +147,9 @@ def test_equations_carry_their_numbers():
         result = eq.substituted.rsplit(" = ", 1)[1]
         assert result == numbers(eq.value)
     dV = step.equations[1]
-    assert dV.name == "dV_j" and torch.equal(dV.value, step.acc["dV_j"])
-    assert dV.substituted.startswith("[[0, 0, 0, 0], [0, 0, 0, 0]] + " + numbers(step.P_ij) + "^T ")
-    delta = r.preprocess()[0]
+    assert dV.name == "dV_j" and torch.equal(dV.value, step["dV_j"])
+    assert dV.substituted.startswith("[[0, 0, 0, 0], [0, 0, 0, 0]] + " + numbers(step["P_ij"]) + "^T ")
+    delta = r.preprocess().equations[0]
     assert delta.line == 4 and delta.substituted.endswith(" = " + numbers(r.delta))
     assert numbers(torch.tensor([float("-inf"), 1.23456])) == "[-inf, 1.235]"
 
@@ -161,7 +161,7 @@ def test_a_negative_zero_is_written_as_zero():
     q, k, v, dO = teaching_inputs(with_dO=True)
     r = replay_backward(q, k, v, dO, block_m=2, block_n=2, causal=True, window=(1, 0))
     steps = [*r.dkdv_steps(), *r.dq_steps()]
-    assert any(((s.dS_ij == 0) & torch.signbit(s.dS_ij)).any() for s in steps)  # there are -0s to write
+    assert any(((s["dS_ij"] == 0) & torch.signbit(s["dS_ij"])).any() for s in steps)  # there are -0s to write
     texts = [e.substituted for s in steps for e in s.equations]
     assert not [t for t in texts if re.search(r"(?<![\w.])-0(?![\w.])", t)]
 
@@ -215,17 +215,26 @@ def test_a_row_that_sees_no_key_says_why_its_P_is_zero():
         eq = step.equations[0]
         assert eq.name == "P_ij"
         assert ("lse_i = -inf" in eq.symbolic) == (step.i == 0), (step.i, eq.symbolic)
-        assert not step.P_ij.isnan().any()
+        assert not step["P_ij"].isnan().any()
 
 
 def test_backward_of_carries_every_option_of_replay():
-    # backward_of passes replay()'s recorded options through SHARED_OPTIONS: one left out of that tuple would be
-    # dropped silently (a backward of other attention). Every keyword of replay() but the two that pick what the
-    # forward shows must be carried, and replay_backward must take each.
+    # The forward and the backward replay take one set of keywords (ReplayKeywords), and backward_of passes the
+    # forward's whole: every keyword of replay() but the three that pick what the forward shows is one of them.
     import inspect
 
-    from flashattn_teach.replay.backward_replay import SHARED_OPTIONS
+    from flashattn_teach.replay.inputs import ReplayKeywords
 
+    shared = set(ReplayKeywords.__annotations__)
     forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
-    assert set(SHARED_OPTIONS) == forward - {"query_block", "order"}
-    assert set(SHARED_OPTIONS) <= set(inspect.signature(replay_backward).parameters)
+    assert shared == forward - {"query_block", "order", "source"}  # source="triton": the forward kernel only
+    assert shared == set(inspect.signature(replay_backward).parameters) - {"q", "k", "v", "dO", "seed"}
+    # And the options arrive: a backward of the forward's causal, windowed, capped call, against a direct one.
+    q, k, v = (torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    kw = {"block_m": 2, "block_n": 3, "causal": True, "window": (1, 0), "softcap": 2.0, "scale": 0.7}
+    via = backward_of(replay(q, k, v, query_block=1, **kw), seed=4).gradients()
+    direct = replay_backward(q, k, v, seed=4, **kw).gradients()
+    plain = replay_backward(q, k, v, seed=4, block_m=2, block_n=3).gradients()
+    assert all(torch.equal(via[n], direct[n]) for n in direct) and not torch.equal(via["dQ"], plain["dQ"])
+    with pytest.raises(TypeError, match="causl"):
+        replay_backward(q, k, v, block_m=2, block_n=2, causl=True)

@@ -16,7 +16,7 @@ from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import replay
 from flashattn_teach.replay.backward_png import MAX_PNG_STEPS, render_backward_png, step_paths, tile_states
 from flashattn_teach.replay.backward_replay import backward_of
-from flashattn_teach.replay.steps import TileState
+from flashattn_teach.replay.step import TileState
 
 from replay_cli import main
 
@@ -107,11 +107,11 @@ def test_the_grid_marks_the_tiles_of_the_step_s_accumulator():
     q, k, v, dO = teaching_inputs(with_dO=True)
     br = backward_of(replay(q, k, v, block_m=2, block_n=2, causal=True), dO=dO)
     steps = [*br.dkdv_steps(), *br.dq_steps()]
-    n = next(n for n, s in enumerate(steps) if (s.i, s.j) == (2, 1) and s.acc.keys() == {"dV_j", "dK_j"})
+    n = next(n for n, s in enumerate(steps) if (s.i, s.j) == (2, 1) and s.accumulators.keys() == {"dV_j", "dK_j"})
     states = tile_states(br, steps, n)
     C, A, D, S, P = (TileState.CURRENT, TileState.ACCUMULATED, TileState.DONE, TileState.SKIPPED, TileState.PENDING)
     assert states == [[D, S, S], [D, A, S], [D, C, P]]
-    dq = next(n for n, s in enumerate(steps) if (s.i, s.j) == (1, 1) and "dQ_i" in s.acc)
+    dq = next(n for n, s in enumerate(steps) if (s.i, s.j) == (1, 1) and "dQ_i" in s.accumulators)
     assert tile_states(br, steps, dq) == [[D, S, S], [A, C, S], [P, P, P]]
 
 

@@ -30,6 +30,7 @@ VALUES = {
     "--causal-align": ["bottom_right"],
     "--scale": ["0.5"],
     "--order": ["query_major"],
+    "--source": ["reference"],
     "--window": ["1,1"],
     "--softcap": ["2"],
     "--alibi": ["0.5"],

@@ -85,8 +85,8 @@ def test_compare_numbers_are_the_replays_own_and_end_at_the_dense_oracle(name):
             steps = list(r.with_options(order=o["order"], query_block=u["i"]).steps)
             step = next(s for s in steps if s.j == u["j"])
             assert step.position == t and list(step.rows) == u["rows"]
-            assert torch.equal(as_tensor(u["m"]), step.m_i) and torch.equal(f64(u["l"]), step.l_i)
-            assert torch.equal(f64(u["O"]), step.O_partial)
+            assert torch.equal(as_tensor(u["m"]), step["m_i"]) and torch.equal(f64(u["l"]), step["l_i"])
+            assert torch.equal(f64(u["O"]), step["O_partial"])
     assert tiles["query_major"] == tiles["key_major"]  # the same tiles, each once
     order_of = {o["order"]: [(u["i"], u["j"]) for u in o["updates"]] for o in payload["orders"]}
     assert order_of["query_major"] == sorted(order_of["query_major"])  # for i, for j

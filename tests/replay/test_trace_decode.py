@@ -15,6 +15,7 @@ from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import KeyRole, decode_to_experiment, replay_decode
 from flashattn_teach.replay.cli import add_arguments, run
 from flashattn_teach.replay.manifest import schema
+from flashattn_teach.replay.step import numbers
 
 NEG_INF = float("-inf")
 
@@ -100,8 +101,16 @@ def test_a_row_that_sees_no_key_of_a_split_gets_lse_minus_inf_and_weight_zero_wi
     assert last.lse_s[0] == NEG_INF and math.isfinite(last.lse_s[1])  # key 6 is after row 0's position 5
     assert torch.equal(last.O_s[0], torch.zeros(4, dtype=torch.float64))
     merge = r.merges[-1]
-    assert merge.lse_b[0] == NEG_INF and merge.w_b[0] == 0 and merge.w_a[0] == 1
-    for t in (merge.w_a, merge.w_b, merge.lse, merge.O, r.O, *(s.O_partial for s in last), *(s.l_i for s in last)):
+    assert merge["lse_b"][0] == NEG_INF and merge["w_b"][0] == 0 and merge["w_a"][0] == 1
+    for t in (
+        merge["w_a"],
+        merge["w_b"],
+        merge["lse"],
+        merge["O"],
+        r.O,
+        *(s["O_partial"] for s in last),
+        *(s["l_i"] for s in last),
+    ):
         assert not t.isnan().any()
     assert r.visible[:, 6].tolist() == [False, True] and not r.visible[:, 7:].any()
 
@@ -231,3 +240,23 @@ def test_cli_table_and_png_are_written(tmp_path):
 def test_cli_refuses_options_that_do_not_fit(argv, message, capsys):
     assert run(parse(*argv)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_each_merge_carries_its_equations_with_torchs_numbers():
+    """A MERGE step's equations: lse = logaddexp(lse_a, lse_b), w = exp(lse_x - lse), O = w_a O_a + w_b O_b, each
+    value against torch's own functions on the step's inputs."""
+    torch.manual_seed(3)
+    q = torch.randn(1, 1, 2, 4, dtype=torch.float64)
+    k_cache, v_cache = (torch.randn(1, 1, 9, 4, dtype=torch.float64) for _ in range(2))
+    r = replay_decode(q, k_cache, v_cache, cache_seqlens=7, num_splits=3, block_n=2, causal=True)
+    partials = {p.index: p.O_s for p in r.splits}
+    for n, m in enumerate(r.merges):
+        eq = {e.name: e for e in m.equations}
+        assert list(eq) == ["lse", "w_a", "w_b", "O"]
+        lse = torch.logaddexp(m["lse_a"], m["lse_b"])
+        torch.testing.assert_close(eq["lse"].value, lse, rtol=0, atol=1e-14)
+        torch.testing.assert_close(eq["w_a"].value, torch.exp(m["lse_a"] - lse), rtol=0, atol=1e-14)
+        O_a = partials[m.merged[0]] if n == 0 else r.merges[n - 1]["O"]
+        O = eq["w_a"].value[:, None] * O_a + eq["w_b"].value[:, None] * partials[m.split]
+        torch.testing.assert_close(eq["O"].value, O, rtol=0, atol=1e-14)
+        assert eq["lse"].substituted.endswith(f"= {numbers(lse)}")

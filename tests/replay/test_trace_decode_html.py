@@ -59,18 +59,26 @@ def test_the_payload_holds_every_tile_update_merge_and_the_result_with_the_repla
     for e, (split, step) in zip(tiles, steps, strict=True):
         assert (e["split"], e["cols"], e["update"]) == (split.index, list(step.cols), step.index + 1)
         assert split.keys[0] <= step.cols[0] < step.cols[1] <= split.keys[1]
-        assert e["m"] == values(step.m_i) and e["l"] == values(step.l_i) and e["output"] == values(step.O_partial)
+        assert (
+            e["m"] == values(step["m_i"]) and e["l"] == values(step["l_i"]) and e["output"] == values(step["O_partial"])
+        )
         assert e["equations"] == step_json(step)  # the forward panel's equations, the same numbers
         assert ("partial" in e) == step.last
         if step.last:
             assert e["partial"] == {"output": values(split.O_s), "lse": values(split.lse_s)}
     partials = {split.index: split.O_s for split in r.splits}
     for n, (e, m) in enumerate(zip(merges, r.merges, strict=True)):
-        O_a = partials[m.merged[0]] if n == 0 else r.merges[n - 1].O
-        O_b = torch.zeros_like(m.O) if m.split is None else partials[m.split]
+        O_a = partials[m.merged[0]] if n == 0 else r.merges[n - 1]["O"]
+        O_b = torch.zeros_like(m["O"]) if m.split is None else partials[m.split]
         assert (e["split"], e["merged"], e["label"]) == (m.split, list(m.merged), m.label)
-        assert e["outputA"] == values(O_a) and e["outputB"] == values(O_b) and e["output"] == values(m.O)
-        for key, t in (("lseA", m.lse_a), ("lseB", m.lse_b), ("lse", m.lse), ("weightA", m.w_a), ("weightB", m.w_b)):
+        assert e["outputA"] == values(O_a) and e["outputB"] == values(O_b) and e["output"] == values(m["O"])
+        for key, t in (
+            ("lseA", m["lse_a"]),
+            ("lseB", m["lse_b"]),
+            ("lse", m["lse"]),
+            ("weightA", m["w_a"]),
+            ("weightB", m["w_b"]),
+        ):
             assert e[key] == values(t), key
         for row, eqs in enumerate(e["equations"]):
             check_merge_row(eqs, O_a[row], O_b[row])

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from flashattn_teach.replay import replay_decode
-from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.manifest import decode_to_experiment, schema
 from flashattn_teach.replay.png import render_decode_png, slot_label
+from flashattn_teach.replay.table import render_table
 
 
 def test_paged_replay_is_the_contiguous_replay_with_its_pages(tmp_path):
@@ -40,7 +40,7 @@ def test_paged_replay_is_the_contiguous_replay_with_its_pages(tmp_path):
     assert paged.page_of(4) == (5, 1) and paged.page_of(9) is None and flat.page_of(4) is None
     assert torch.equal(k_pool, before)  # the replay writes nothing
     out = io.StringIO()
-    render_decode_table(paged, file=out, width=200)
+    render_table(paged, file=out, width=200)
     text = out.getvalue()
     assert "paged, page_size 3, pages [1, 5, 3]" in text and "page" in text
 

@@ -12,8 +12,8 @@ import torch
 from flashattn_teach import flash_attention_with_kvcache
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import decode_to_experiment, replay_decode
-from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.manifest import schema
+from flashattn_teach.replay.table import render_table
 
 from replay_cli import main
 
@@ -45,8 +45,8 @@ def test_decode_replay_with_sinks_is_the_decode_call_and_the_sink_merge_weight_i
     assert r.max_diff <= 1e-13  # the replay's dense oracle, the sink as one more column
     last = r.merges[-1]
     assert last.split is None and last.label.endswith("+ sink") and len(r.merges) == len(r.splits)
-    torch.testing.assert_close(last.lse_b, torch.full((2,), 1.5, dtype=torch.float64))
-    torch.testing.assert_close(last.w_b, torch.exp(1.5 - lse[1, 2]), rtol=1e-12, atol=0)  # the sink's share
+    torch.testing.assert_close(last["lse_b"], torch.full((2,), 1.5, dtype=torch.float64))
+    torch.testing.assert_close(last["w_b"], torch.exp(1.5 - lse[1, 2]), rtol=1e-12, atol=0)  # the sink's share
     assert all(m.split is not None for m in r.merges[:-1])  # the sink is merged exactly once
 
     # Negative control: without sinks, no sink merge, and the output is another one.
@@ -62,7 +62,7 @@ def test_a_step_that_sees_no_key_ends_at_the_sink():
     assert r.splits == () and len(r.merges) == 1 and r.merges[0].merged == ()
     assert r.O.abs().max() == 0
     torch.testing.assert_close(r.lse, torch.zeros(2, dtype=torch.float64))  # sink_3 = 0
-    torch.testing.assert_close(r.merges[0].w_b, torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(r.merges[0]["w_b"], torch.ones(2, dtype=torch.float64))
 
 
 def test_decode_sinks_are_checked_and_shown_in_the_table_json_and_cli(capsys):
@@ -71,7 +71,7 @@ def test_decode_sinks_are_checked_and_shown_in_the_table_json_and_cli(capsys):
         replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=3, block_n=2, sinks=torch.zeros(2))
     r = replay_decode(q, k_cache, v_cache, k, v, cache_seqlens=3, block_n=2, num_splits=2, head=2, sinks=SINKS)
     out = io.StringIO()
-    render_decode_table(r, file=out, width=200)
+    render_table(r, file=out, width=200)
     assert "(0 1) + sink" in out.getvalue() and "sink 1.5" in out.getvalue()
     experiment = decode_to_experiment(r)
     assert experiment["decode"]["sink"] == 1.5 and experiment["decode"]["merges"][-1]["split"] is None

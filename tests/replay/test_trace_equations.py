@@ -103,10 +103,10 @@ def check_block(r, scores, v, sink=None):
             assert close(e[Term.ACC].value, acc_new) and close(e[Term.ACC].parts[2], acc[row])
             assert close(e[Term.ROWSUM].value, P.sum()) and close(e[Term.PV].value, P @ v[c0:c1])
             # The replay's own data: S_ij, m_i, l_i, and O_partial = acc / l.
-            assert close(e[Term.S_IJ].value, step.S_ij[row]) and close(e[Term.M_NEW].value, step.m_i[row])
-            assert close(e[Term.L_NEW].value, step.l_i[row])
+            assert close(e[Term.S_IJ].value, step["S_ij"][row]) and close(e[Term.M_NEW].value, step["m_i"][row])
+            assert close(e[Term.L_NEW].value, step["l_i"][row])
             if l_new > 0:
-                assert close(torch.tensor(e[Term.ACC].value, dtype=torch.float64) / l_new, step.O_partial[row])
+                assert close(torch.tensor(e[Term.ACC].value, dtype=torch.float64) / l_new, step["O_partial"][row])
             assert (e[Term.ALPHA].note == NO_KEY) == (m_new == NEG_INF)
             assert (Term.M_START in e) == (step.index == 0) and (Term.O_I in e) == step.last
             for eq in eqs:
@@ -128,7 +128,7 @@ def check_block(r, scores, v, sink=None):
                 lse = torch.logsumexp(torch.cat([scores[row], torch.tensor([sink or NEG_INF])]), dim=0)
                 O_i = acc[row] / l[row] if l[row] > 0 else torch.zeros_like(acc[row])
                 assert close(e[Term.LSE].value, lse) and close(e[Term.O_I].value, O_i)
-                assert close(e[Term.O_I].value, step.O_final[row])
+                assert close(e[Term.O_I].value, step["O_final"][row])
         assert case["equations"]["rowStart"] == r0
     return experiment
 

@@ -2,7 +2,7 @@
 
 Every number is checked against an independent float64 walk of FA1 Alg. 1 written here, which keeps O_i, l_i, m_i
 in a pretend HBM between tiles and uses FA1's own form (m~_ij, P~_ij = exp(S_ij - m~_ij), l~_ij, two rescale
-factors, O_i normalised at every step), and against the replay's own TileStep (m_i, l_i, O_partial), which the
+factors, O_i normalised at every step), and against the replay's own Step (m_i, l_i, O_partial), which the
 replay computes in FA2's form through online_softmax.update_terms: the two forms agree to 1e-12.
 """
 
@@ -21,9 +21,8 @@ from flashattn_teach.replay.equations import NO_KEY, SOURCE, Equation, Term, fmt
 from flashattn_teach.replay.equations_key_major import (
     KEY_MAJOR_SOURCE,
     KeyMajorTerm,
-    build_view,
-    key_major_step_equations,
 )
+from flashattn_teach.replay.equations_view import build_view
 from flashattn_teach.replay.html import render_html
 
 from page_numbers import part_numbers
@@ -68,7 +67,7 @@ def check_key_major(r, q, k, v, mask=None, sink=None) -> int:
     checked = 0
     for step, js in zip(r.steps, payload["steps"], strict=True):
         c0, c1 = step.cols
-        rows = key_major_step_equations(step, v[0, c0:c1])
+        rows = tuple(step.equations)
         assert js == {"rowStart": r0, "rows": [[e.to_json() for e in row] for row in rows]}
         for row, eqs in enumerate(rows):
             e = by_term(eqs)
@@ -96,8 +95,12 @@ def check_key_major(r, q, k, v, mask=None, sink=None) -> int:
             expected |= {K.L_NEW: l_new, K.PV: PV, K.O_WRITE: O_new, K.L_WRITE: l_new, K.M_WRITE: m_new}
             for term, x in expected.items():
                 assert close(e[term].value, x), (step.index, row, term, e[term].value, x)
-            # The same m, l, O as the replay's TileStep (which computed FA2's form).
-            assert close(m_new, step.m_i[row]) and close(l_new, step.l_i[row]) and close(O_new, step.O_partial[row])
+            # The same m, l, O as the replay's Step (which computed FA2's form).
+            assert (
+                close(m_new, step["m_i"][row])
+                and close(l_new, step["l_i"][row])
+                and close(O_new, step["O_partial"][row])
+            )
             # Line 12's numbers in the order of its text: l_i, exp(m_i - m_new), O_i, exp(m~_ij - m_new), P~ V, l_new.
             parts = [p for p in e[K.O_WRITE].parts if not isinstance(p, str)]
             assert close(parts[0], l) and close(parts[1], scale_old) and close(parts[2], O)
@@ -116,9 +119,9 @@ def test_teaching_example_key_major_equations_follow_fa1_with_the_replay_numbers
     r = replay(q, k, v, block_m=2, block_n=2, query_block=query_block, order="key_major")
     assert check_key_major(r, q, k, v) == 3 * 2
     # The last update writes the output: dense attention's, to 1e-12.
-    last = key_major_step_equations(r.steps[-1], v[0, 4:6])
+    last = tuple(r.steps[-1].equations)
     for row, eqs in enumerate(last):
-        assert close(by_term(eqs)[K.O_WRITE].value, r.steps[-1].O_final[row])
+        assert close(by_term(eqs)[K.O_WRITE].value, r.steps[-1]["O_final"][row])
 
 
 def test_fa1_and_fa2_forms_differ_in_their_terms_so_the_walk_can_tell_them_apart():
@@ -128,8 +131,8 @@ def test_fa1_and_fa2_forms_differ_in_their_terms_so_the_walk_can_tell_them_apart
     r = replay(q, k, v, block_m=2, block_n=2, query_block=1, order="key_major")
     differ = 0
     for step in r.steps:
-        for row, eqs in enumerate(key_major_step_equations(step, v[0, step.cols[0] : step.cols[1]])):
-            differ += not close(by_term(eqs)[K.P_TILE].value, step.terms.P_ij[row])
+        for row, eqs in enumerate(tuple(step.equations)):
+            differ += not close(by_term(eqs)[K.P_TILE].value, step["P_ij"][row])
     assert differ > 0
 
 
@@ -138,7 +141,7 @@ def test_causal_key_major_with_a_tile_a_row_sees_nothing_of():
     # Rows 3-5 against key block 2 (keys 4-5): row 3 sees neither key, but has seen keys 0-3 before.
     r = replay(q, k, v, block_m=3, block_n=2, query_block=1, causal=True, order="key_major")
     assert check_key_major(r, q, k, v, mask=torch.ones(6, 6, dtype=torch.bool).tril()) == 3 * 3
-    e = by_term(key_major_step_equations(r.steps[-1], v[0, 4:6])[0])
+    e = by_term(r.steps[-1].equations[0])
     assert e[K.M_TILE].value == NEG_INF and e[K.P_TILE].value == (0.0, 0.0) and e[K.SCALE_TILE].value == 0.0
     assert "−∞ is taken as 0" in e[K.P_TILE].note and e[K.SCALE_OLD].value == 1.0 and e[K.SCALE_OLD].note is None
     assert "exp(−∞ − " in e[K.SCALE_TILE].substituted and e[K.M_NEW].value > NEG_INF
@@ -150,12 +153,12 @@ def test_a_row_with_no_key_yet_takes_minus_infinity_as_zero_in_the_exponents():
     mask[0, :2] = False  # row 0 sees keys 2-5 only: nothing in the first tile
     r = replay(q, k, v, block_m=2, block_n=2, attn_mask=mask, order="key_major")
     check_key_major(r, q, k, v, mask=mask)
-    first = by_term(key_major_step_equations(r.steps[0], v[0, :2])[0])
+    first = by_term(r.steps[0].equations[0])
     assert first[K.M_NEW].value == NEG_INF and first[K.SCALE_OLD].substituted == "exp(−∞ − 0) = 0"
     assert first[K.SCALE_TILE].substituted == "exp(−∞ − 0) = 0" and first[K.SCALE_TILE].note == NO_KEY
     assert first[K.L_NEW].value == 0.0 and first[K.O_WRITE].value == (0.0,) * 4
     assert "divides by 1" in first[K.O_WRITE].note and first[K.O_WRITE].substituted.endswith(" / 1 = [0, 0, 0, 0]")
-    second = by_term(key_major_step_equations(r.steps[1], v[0, 2:4])[0])
+    second = by_term(r.steps[1].equations[0])
     assert second[K.M_LOAD].value == NEG_INF and second[K.L_LOAD].value == 0.0 and second[K.SCALE_OLD].value == 0.0
     assert second[K.SCALE_OLD].note is None  # m_new is finite now: exp(−∞ − m_new) = 0, no −∞ − (−∞)
     json.dumps(build_view(r, {}), allow_nan=False)  # strict JSON: -inf as null
@@ -166,7 +169,7 @@ def test_rows_that_never_see_a_key_end_with_zero_output():
     # bottom_right with N_q = 6 > N_k = 4: row r sees keys <= r - 2, so rows 0 and 1 see none.
     r = replay(q, k, v, block_m=3, block_n=2, causal=True, causal_align="bottom_right", order="key_major")
     check_key_major(r, q, k, v, mask=torch.ones(6, 4, dtype=torch.bool).tril(diagonal=-2))
-    e = by_term(key_major_step_equations(r.steps[-1], v[0, 2:4])[0])
+    e = by_term(r.steps[-1].equations[0])
     assert e[K.M_WRITE].value == NEG_INF and e[K.L_WRITE].value == 0.0 and e[K.O_WRITE].value == (0.0,) * 4
 
 
@@ -174,7 +177,7 @@ def test_with_a_sink_the_state_starts_at_the_sink():
     q, k, v = teaching_inputs()
     r = replay(q, k, v, block_m=3, block_n=2, query_block=1, causal=True, sinks=0.5, order="key_major")
     check_key_major(r, q, k, v, mask=torch.ones(6, 6, dtype=torch.bool).tril(), sink=0.5)
-    e = by_term(key_major_step_equations(r.steps[0], v[0, :2])[0])
+    e = by_term(r.steps[0].equations[0])
     assert e[K.M_INIT].symbolic == "m_i = sink_h" and e[K.M_INIT].value == 0.5 and e[K.L_INIT].value == 1.0
 
 
@@ -223,7 +226,7 @@ def test_key_major_page_shows_fa1_lines_with_the_replay_numbers(browser, tmp_pat
                     assert text == "−∞" if x is None else math.isclose(float(text), x, rel_tol=5.01e-4, abs_tol=1e-300)
             # The written l_i on the page is the replay's l_i at this update.
             l_written = next(e for e in page["equations"] if e["name"] == "write l_i")["numbers"][-1]
-            assert math.isclose(float(l_written), float(r.steps[n - 1].l_i[row]), rel_tol=5.01e-4)
+            assert math.isclose(float(l_written), float(r.steps[n - 1]["l_i"][row]), rel_tol=5.01e-4)
 
 
 def one_line(text: str) -> str:
@@ -257,7 +260,7 @@ def assert_shows_fa1(text: str, r, v) -> None:
     """Every update's FA1 lines with their numbers: the first row in full, the others' compact terms."""
     flat = one_line(text)
     for step in r.steps:
-        rows = key_major_step_equations(step, v[0, step.cols[0] : step.cols[1]])
+        rows = tuple(step.equations)
         for e in rows[0]:
             assert one_line(f"{e.symbolic}") in flat and one_line(e.substituted) in flat, (step.index, e.term)
         for row in rows[1:]:
@@ -274,8 +277,8 @@ def test_key_major_table_and_png_show_fa1_lines_with_their_numbers(query_block, 
     assert_shows_fa1(table_text(r), r, v)
     assert_shows_fa1(png_text(r, tmp_path, monkeypatch), r, v)
     # The last update's written O_i is dense attention's: the table prints it with the replay's numbers.
-    last = by_term(key_major_step_equations(r.steps[-1], v[0, 4:6])[0])[K.O_WRITE]
-    assert close(last.value, r.steps[-1].O_final[0]) and last.substituted in table_text(r)
+    last = by_term(r.steps[-1].equations[0])[K.O_WRITE]
+    assert close(last.value, r.steps[-1]["O_final"][0]) and last.substituted in table_text(r)
 
 
 def test_query_major_table_and_png_keep_fa2_lines(tmp_path, monkeypatch):
@@ -290,3 +293,16 @@ def test_query_major_table_and_png_keep_fa2_lines(tmp_path, monkeypatch):
             assert one_line(f"alpha = {by_term(rows[1])[Term.ALPHA].substituted}") in one_line(text)
         with pytest.raises(AssertionError):
             assert_shows_fa1(text, replay(q, k, v, block_m=2, block_n=2, order="key_major"), v)
+
+
+def test_each_update_carries_the_lines_of_its_loop_order():
+    """A step carries its equations: FA2 Alg. 1's in query-major order, FA1 Alg. 1's in key-major order (the
+    same m_i, l_i at the end of both), one tuple per query row of the block."""
+    q, k, v = teaching_inputs()
+    for order, terms in (("query_major", Term), ("key_major", KeyMajorTerm)):
+        r = replay(q, k, v, block_m=2, block_n=2, query_block=1, order=order)
+        for step in r.steps:
+            assert len(step.equations) == step.rows[1] - step.rows[0] == 2
+            assert all(isinstance(e.term, terms) for row in step.equations for e in row), order
+    fa1_last = {e.term: e.value for e in r.steps[-1].equations[0]}
+    assert close(fa1_last[KeyMajorTerm.L_WRITE], r.steps[-1]["l_i"][0])

@@ -102,7 +102,7 @@ def replayed_output(q: Tensor, k: Tensor, v: Tensor, **options: object) -> tuple
             visited.add((step.i, step.j))
             kinds[step.i, step.j] = step.kind
             if step.last:
-                O[step.rows[0] : step.rows[1]] = step.O_partial
+                O[step.rows[0] : step.rows[1]] = step["O_partial"]
     return O, visited, kinds
 
 
@@ -139,7 +139,11 @@ def test_the_teaching_example_with_a_causal_block_mask_is_the_causal_replay():
         plain = replay(q, k, v, block_m=2, block_n=2, query_block=i, causal=True)
         assert [(s.j, s.kind) for s in flex.steps] == [(s.j, s.kind) for s in plain.steps]
         for a, b in zip(flex.steps, plain.steps, strict=True):
-            assert torch.equal(a.S_ij, b.S_ij) and torch.equal(a.m_i, b.m_i) and torch.equal(a.l_i, b.l_i)
+            assert (
+                torch.equal(a["S_ij"], b["S_ij"])
+                and torch.equal(a["m_i"], b["m_i"])
+                and torch.equal(a["l_i"], b["l_i"])
+            )
         assert set(flex.skipped) == set(plain.skipped)
 
 
@@ -159,7 +163,7 @@ def test_a_block_mask_of_another_block_size_is_retiled_as_flex_attention_retiles
                 expected[j] = TileKind.FULL if bool((met == KIND_FULL).all()) else TileKind.PARTIAL
         assert {s.j: s.kind for s in r.steps} == expected
         dense = oracle(q[0], k[0], v[0], mask_mod, alibi)[r0:r1]
-        assert float((r.steps[-1].O_partial - dense).abs().max()) < 1e-12
+        assert float((r.steps[-1]["O_partial"] - dense).abs().max()) < 1e-12
         assert r.labels() == ["score_mod alibi", "block_mask " + mask_name + " 2x2, re-tiled to 3x3"]
 
 
@@ -221,8 +225,8 @@ def test_the_backward_shows_the_score_mods_derivative_in_ds():
     assert eq.symbolic.endswith("dscore_mod/dS")
     # d(1.5 tanh(S / 1.5))/dS = 1 - tanh(S / 1.5)^2, at the tile's (unmasked) scores
     S = (q[0, :TILE] @ k[0, :TILE].T) / math.sqrt(D)
-    dS_in = step.P_ij * (step.dP_ij - br.delta[:TILE, None]) * (1 - torch.tanh(S / 1.5) ** 2)
-    assert float((step.dS_ij - dS_in).abs().max()) < 1e-12
+    dS_in = step["P_ij"] * (step["dP_ij"] - br.delta[:TILE, None]) * (1 - torch.tanh(S / 1.5) ** 2)
+    assert float((step["dS_ij"] - dS_in).abs().max()) < 1e-12
 
 
 def test_labels_variants_json_and_page_name_the_block_mask():
@@ -270,4 +274,4 @@ def test_a_score_mod_that_returns_minus_inf_hides_its_cells_in_the_picture():
     r = replay(q, k, v, block_m=TILE, block_n=TILE, query_block=3, score_mod=causal_by_score)
     assert torch.equal(r.visible(), torch.ones(N, N, dtype=torch.bool).tril())
     assert len(r.steps) == N // TILE  # no block mask: every tile is visited, the scores are -inf above the diagonal
-    assert float((r.steps[-1].O_partial - oracle(q[0], k[0], v[0], causal, None)[6:]).abs().max()) < 1e-12
+    assert float((r.steps[-1]["O_partial"] - oracle(q[0], k[0], v[0], causal, None)[6:]).abs().max()) < 1e-12

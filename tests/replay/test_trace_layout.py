@@ -84,7 +84,8 @@ def test_every_tab_fits_the_width_and_has_no_empty_panel(teaching_page, browser,
         assert tabs[0] == "tab-forward"
         assert set(tabs) >= {f"tab-{v.key}" for v in VIEWS if not v.panel}  # every tab has data
         panels = browser.evaluate(READ)["panels"]
-        assert {v.key for v in VIEWS if v.panel} <= set(panels), panels  # every forward panel is drawn
+        # every forward panel is drawn but the kernel's, which needs source="triton" (test_trace_kernel_page.py)
+        assert {v.key for v in VIEWS if v.panel} - {"kernel"} <= set(panels), panels
         for tab in tabs:
             browser.click(f"#{tab}")
             assert browser.evaluate("document.body.dataset.view") == tab.removeprefix("tab-")

@@ -76,9 +76,9 @@ def test_vectors_are_the_replay_step_values_in_full_precision():
     r = seed_replay(query_block=1)
     for step, case in zip(r.steps, to_experiment(r)["cases"], strict=True):
         values = [v["values"] for v in case["vectors"]]
-        assert values[0] == step.S_ij.reshape(-1).tolist()
-        assert values[1] == step.m_i.tolist() and values[2] == step.l_i.tolist()
-        assert values[3] == step.O_partial[0].tolist() and values[4] == step.O_final[0].tolist()
+        assert values[0] == step["S_ij"].reshape(-1).tolist()
+        assert values[1] == step["m_i"].tolist() and values[2] == step["l_i"].tolist()
+        assert values[3] == step["O_partial"][0].tolist() and values[4] == step["O_final"][0].tolist()
         assert case["metrics"][2]["value"] == step.max_diff
         assert case["vectors"][3]["label"] == "Partial output \u00b7 query 2"
 

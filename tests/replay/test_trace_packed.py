@@ -31,7 +31,7 @@ def test_packed_replay_ends_at_the_varlen_oracle(causal, window, query_block):
     expected = fa.flash_attention_varlen(*packed, CU, CU, 5, 5, causal=causal, window=window, backend="dense")[:, 0]
     r0, r1 = r.rows
     steps = list(r.steps)
-    torch.testing.assert_close(steps[-1].O_partial, expected[r0:r1], atol=1e-14, rtol=0)
+    torch.testing.assert_close(steps[-1]["O_partial"], expected[r0:r1], atol=1e-14, rtol=0)
     # only key blocks that meet a sequence of the block's rows are visited
     seq_of = torch.bucketize(torch.arange(N), CU[1:], right=True)
     rows_seqs = set(seq_of[r0:r1].tolist())

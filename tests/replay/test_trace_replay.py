@@ -81,7 +81,7 @@ def test_replay_equals_online_reference_after_last_tile_for_any_tiling(case):
         block_n=case["block_n"],
         sinks=sinks_of(case),
     )[0, r0:r1]
-    last = r.steps[-1].O_partial if r.steps else torch.zeros_like(O)  # no visible key: O = 0
+    last = r.steps[-1]["O_partial"] if r.steps else torch.zeros_like(O)  # no visible key: O = 0
     torch.testing.assert_close(last, O, rtol=0, atol=1e-13)
     assert last.dtype == torch.float64
     if r.steps:
@@ -123,7 +123,7 @@ def test_statistics_match_an_independent_float64_recomputation(case):
         assert step.completed_columns == c0 and step.index == n and step.i == i and not step.skipped
         assert step.masked == (not visible[r0:r1, c0:c1].all())
         np.testing.assert_allclose(
-            step.S_ij.numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf), rtol=1e-13, atol=1e-13
+            step["S_ij"].numpy(), np.where(visible[r0:r1, c0:c1], S[r0:r1, c0:c1], -np.inf), rtol=1e-13, atol=1e-13
         )
         seen = np.where(visible[r0:r1, :c1], S[r0:r1, :c1], -np.inf)  # every column up to this tile
         values = V[:c1]
@@ -136,15 +136,15 @@ def test_statistics_match_an_independent_float64_recomputation(case):
         l = P.sum(axis=1)
         partial = (P @ values) / np.where(l == 0, 1.0, l)[:, None]
         if sink is not None:
-            np.testing.assert_allclose(step.sink_share.numpy(), P[:, -1] / l, rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(step["sink_share"].numpy(), P[:, -1] / l, rtol=1e-12, atol=1e-15)
         else:
-            assert step.sink_share is None
-        np.testing.assert_array_equal(step.m_i.numpy() == -np.inf, m == -np.inf)
-        np.testing.assert_allclose(step.m_i.numpy(), m, rtol=1e-13, atol=1e-13)
-        np.testing.assert_allclose(step.l_i.numpy(), l, rtol=1e-12, atol=1e-13)
-        np.testing.assert_allclose(step.O_partial.numpy(), partial, rtol=1e-12, atol=1e-12)
+            assert step.get("sink_share") is None
+        np.testing.assert_array_equal(step["m_i"].numpy() == -np.inf, m == -np.inf)
+        np.testing.assert_allclose(step["m_i"].numpy(), m, rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(step["l_i"].numpy(), l, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(step["O_partial"].numpy(), partial, rtol=1e-12, atol=1e-12)
         # O_final comes from the block's own rows of the oracle: the same sums, up to BLAS's order of adding.
-        torch.testing.assert_close(step.O_final, dense, rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(step["O_final"], dense, rtol=1e-14, atol=1e-15)
         assert step.max_diff == pytest.approx(float(np.abs(partial - dense.numpy()).max()), abs=1e-12)
 
 
@@ -164,9 +164,9 @@ def test_float32_inputs_replay_in_float32_and_batch_index_picks_the_element():
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 5, 4) for _ in range(3))
     r = replay(q, k, v, block_m=2, block_n=3, query_block=1, batch_index=2)
-    assert r.steps[-1].O_partial.dtype == torch.float32
+    assert r.steps[-1]["O_partial"].dtype == torch.float32
     O = online_attention(q[2], k[2], v[2], block_m=2, block_n=3)
-    torch.testing.assert_close(r.steps[-1].O_partial, O[2:4])
+    torch.testing.assert_close(r.steps[-1]["O_partial"], O[2:4])
 
 
 @pytest.mark.parametrize(
@@ -207,7 +207,7 @@ def test_steps_are_computed_on_access_and_the_same_every_time():
     for n in range(-3, 3):
         again = r.steps[n]
         assert again.index == steps[n].index and again.position == steps[n].position
-        torch.testing.assert_close(again.O_partial, steps[n].O_partial, rtol=0, atol=0)
+        torch.testing.assert_close(again["O_partial"], steps[n]["O_partial"], rtol=0, atol=0)
     for n in (3, -4):
         with pytest.raises(IndexError):
             r.steps[n]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashattn_teach.replay import StepKind, replay, replay_backward, replay_decode, to_json
+from flashattn_teach.replay import Step, StepKind, replay, replay_backward, replay_decode, to_json
 from flashattn_teach.replay.manifest import schema
 
 from replay_cli import main
@@ -98,11 +98,13 @@ def test_every_scenario_yields_steps_of_one_kind_enum_in_the_order_its_json_list
     r = scenarios()[scenario]
     assert r.replay_kind == scenario
     steps = list(r.all_steps())
-    assert all(isinstance(s.step_kind, StepKind) and isinstance(s.index, int) for s in steps)
+    # One step type for every scenario: each carries its kind, its named terms and its equations.
+    assert all(type(s) is Step and isinstance(s.step_kind, StepKind) and isinstance(s.index, int) for s in steps)
+    assert all(s.terms and all(isinstance(t, torch.Tensor) for t in s.terms.values()) for s in steps)
+    assert all(len(s.equations) > 0 for s in steps)
     doc = json.loads(to_json(r))
     listed = [s["stepKind"] for s in doc.get("steps", doc.get("cases", []))]
     listed += [m["stepKind"] for m in doc.get("decode", {}).get("merges", [])]
-    listed = [kind for kind in listed if kind != StepKind.PREPROCESS.value]  # the backward's preprocess: no tile
     assert [s.step_kind.value for s in steps] == listed and len(steps) > 1
 
 
@@ -112,7 +114,7 @@ def test_each_scenarios_last_step_reaches_float64_attention():
     q, k, v = r["forward"].inputs
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[4:]  # rows 4, 5
     dense = F.scaled_dot_product_attention(q[:, 4:], k, v, attn_mask=causal)
-    assert torch.allclose(list(r["forward"].all_steps())[-1].O_partial, dense[0], atol=1e-12)
+    assert torch.allclose(list(r["forward"].all_steps())[-1]["O_partial"], dense[0], atol=1e-12)
     assert max(r["backward"].max_error().values()) < 1e-12
     last = list(r["decode"].all_steps())[-1]
     assert last.step_kind is StepKind.MERGE and last.max_diff < 1e-12

@@ -73,7 +73,7 @@ def test_replay_with_a_sink_ends_at_the_float64_oracle_and_its_share_is_exp_sink
     r0, r1 = r.rows
     O, lse = oracle(q[0], k[0], v[0], SINK, visible_of(name, N_q, 7))
     last = r.steps[-1]
-    assert (last.O_partial - O[r0:r1]).abs().max() <= 1e-12
+    assert (last["O_partial"] - O[r0:r1]).abs().max() <= 1e-12
     assert last.max_diff <= 1e-12  # the replay's own oracle (dense_attention with sinks) agrees
     # The library's lse, sink included: the share is the weight the sink took from the keys.
     flash_options = {key: value for key, value in options.items() if key != "order"}
@@ -94,13 +94,13 @@ def test_replay_with_a_sink_ends_at_the_float64_oracle_and_its_share_is_exp_sink
 def test_each_step_starts_from_the_sink_and_the_share_falls_as_keys_come_in():
     q, k, v = qkv()
     r = replay(q, k, v, block_m=2, block_n=2, query_block=2, causal=True, sinks=SINK)
-    shares = [step.sink_share for step in r.steps]
+    shares = [step.get("sink_share") for step in r.steps]
     first = r.steps[0]
     # After one tile from m = sink, l = 1: m = max(sink, rowmax S), l = exp(sink - m) + rowsum exp(S - m).
-    m = torch.maximum(first.S_ij.amax(dim=-1), torch.tensor(SINK, dtype=torch.float64))
-    l = torch.exp(SINK - m) + torch.exp(first.S_ij - m[:, None]).sum(dim=-1)
-    torch.testing.assert_close(first.m_i, m, rtol=0, atol=0)
-    torch.testing.assert_close(first.l_i, l, rtol=1e-15, atol=0)
+    m = torch.maximum(first["S_ij"].amax(dim=-1), torch.tensor(SINK, dtype=torch.float64))
+    l = torch.exp(SINK - m) + torch.exp(first["S_ij"] - m[:, None]).sum(dim=-1)
+    torch.testing.assert_close(first["m_i"], m, rtol=0, atol=0)
+    torch.testing.assert_close(first["l_i"], l, rtol=1e-15, atol=0)
     # exp(sink) / (exp(sink) + sum of exp(S) seen so far): every key adds to the denominator only.
     assert len(shares) == 3
     for before, after in itertools.pairwise(shares):
@@ -112,15 +112,15 @@ def test_without_a_sink_there_is_no_share_and_the_output_differs():
     q, k, v = qkv()
     plain = replay(q, k, v, block_m=3, block_n=2, query_block=1, causal=True)
     with_sink = replay(q, k, v, block_m=3, block_n=2, query_block=1, causal=True, sinks=SINK)
-    assert plain.sink_share() is None and plain.steps[-1].sink_share is None and plain.sink is None
+    assert plain.sink_share() is None and plain.steps[-1].get("sink_share") is None and plain.sink is None
     experiment = to_experiment(plain, extensions=True)
     assert "sink" not in experiment and all("sinkShare" not in case for case in experiment["cases"])
     assert "sink" not in " ".join(plain.labels())
-    assert (plain.steps[-1].O_partial - with_sink.steps[-1].O_partial).abs().max() > 1e-2
+    assert (plain.steps[-1]["O_partial"] - with_sink.steps[-1]["O_partial"]).abs().max() > 1e-2
     # The oracle without its sink column is the plain replay's answer, not the sink replay's.
     r0, r1 = plain.rows
     O, _ = oracle(q[0], k[0], v[0], None, visible_of("causal", 7, 7))
-    assert (plain.steps[-1].O_partial - O[r0:r1]).abs().max() <= 1e-12
+    assert (plain.steps[-1]["O_partial"] - O[r0:r1]).abs().max() <= 1e-12
 
 
 def test_a_block_that_sees_no_key_has_share_one_and_output_zero():

@@ -19,10 +19,9 @@ from teaching import teaching_inputs
 from flashattn_teach.replay import replay
 from flashattn_teach.replay.backward_replay import backward_of
 from flashattn_teach.replay.decode_replay import replay_decode
-from flashattn_teach.replay.decode_table import render_decode_table
 from flashattn_teach.replay.memory import memory_figure
 from flashattn_teach.replay.memory_table import memory_panel
-from flashattn_teach.replay.table import render_backward_table, render_table
+from flashattn_teach.replay.table import render_table
 
 from replay_cli import main
 
@@ -108,7 +107,7 @@ def test_memory_panel_fits_80_columns(monkeypatch):
 def test_backward_table_fits_80_columns_with_its_values(by, monkeypatch):
     q, k, v, dO, S = causal_inputs()
     br = backward_of(replay(q, k, v, block_m=2, block_n=2, causal=True), dO=dO)
-    text = rendered(render_backward_table, br, monkeypatch, NARROW, by=by)
+    text = rendered(render_table, br, monkeypatch, NARROW, by=by)
     assert widest(text) <= NARROW, text
     for n in range(1, 7):
         assert f"dK/dV pass · step {n} of 6" in text and f"dQ pass · step {n} of 6" in text
@@ -118,7 +117,7 @@ def test_backward_table_fits_80_columns_with_its_values(by, monkeypatch):
     worst = float(text.rsplit("max |grad - oracle| over every gradient:", 1)[1].split()[0])
     assert worst < 1e-12
     assert not re.search(r"equation\s+with the numbers", text)  # the narrow layout: numbers under the equation
-    wide = rendered(render_backward_table, br, monkeypatch, WIDE, by=by)
+    wide = rendered(render_table, br, monkeypatch, WIDE, by=by)
     assert NARROW < widest(wide) <= WIDE and re.search(r"line\s+equation\s+with the numbers", wide)
 
 
@@ -128,7 +127,7 @@ def test_decode_table_fits_80_columns_with_its_values(by, monkeypatch):
     q = torch.randn(1, 1, 2, 4, dtype=torch.float64)  # (B, H, N_new, D)
     k_cache, v_cache = (torch.randn(1, 1, 9, 4, dtype=torch.float64) for _ in range(2))  # N_max = 9
     r = replay_decode(q, k_cache, v_cache, cache_seqlens=7, num_splits=3, block_n=2, causal=True)
-    text = rendered(render_decode_table, r, monkeypatch, NARROW, by=by)
+    text = rendered(render_table, r, monkeypatch, NARROW, by=by)
     assert widest(text) <= NARROW, text
     # the step's 2 queries sit at positions 5 and 6 of the 7 keys (bottom-right causal)
     S = (q[0, 0] @ k_cache[0, 0, :7].T) / 2.0  # (2, 4) @ (4, 7) -> (2, 7)
@@ -139,7 +138,7 @@ def test_decode_table_fits_80_columns_with_its_values(by, monkeypatch):
     final = float(re.search(r"max difference (\S+);", text).group(1))
     assert final < 1e-12
     assert "role       o  o" in text and "o old, n new" in text  # the narrow layout's letters
-    wide = rendered(render_decode_table, r, monkeypatch, WIDE, by=by)
+    wide = rendered(render_table, r, monkeypatch, WIDE, by=by)
     assert NARROW < widest(wide) <= WIDE and re.search(r"role\s+old\s+old", wide)
 
 

@@ -88,7 +88,7 @@ def test_replay_with_any_mask_option_ends_at_the_dense_oracle(case):
     b = case["batch_index"] if B > 1 else 0
     r0, r1 = r.rows
     expected = O[b, 0, r0:r1]
-    last = r.steps[-1].O_partial if len(r.steps) else torch.zeros_like(expected)  # no tile visited: O = 0
+    last = r.steps[-1]["O_partial"] if len(r.steps) else torch.zeros_like(expected)  # no tile visited: O = 0
     torch.testing.assert_close(last, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(r.steps.O_final, expected, rtol=0, atol=1e-12)
     # Steps visit exactly the tiles the references' tiling visits, each with the tiling's kind, never SKIP.

@@ -8,7 +8,7 @@ import torch
 
 import flashattn_teach as fa
 from flashattn_teach.dispatch import runner
-from flashattn_teach.serving import explain as decode_explain
+from flashattn_teach.serving import step as decode_step_module
 
 
 def _problem(B=2, H_q=8, H_kv=2, N_max=32, N_new=1, N_new_kv=1, D=8):
@@ -100,7 +100,7 @@ def test_the_triton_path_says_whether_the_lengths_are_checked_or_clamped(monkeyp
     with pytest.raises(fa.AttentionValueError, match="leaves no room"):
         fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=k_cache.shape[2], backend="triton")
     # a CUDA tensor of lengths (not on this machine: the check that tells them apart answers as for one)
-    monkeypatch.setattr(decode_explain, "lengths_on_host", lambda cache_seqlens: False)
+    monkeypatch.setattr(decode_step_module, "lengths_on_host", lambda cache_seqlens: False)
     plan = fa.explain_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor([5, 9]), backend="triton")
     assert "not checked (that would synchronise)" in plan.reason
     assert "overwrite the last valid ones" in plan.reason

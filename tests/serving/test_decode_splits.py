@@ -93,3 +93,15 @@ def test_a_triton_plan_runs_on_the_query_major_reference_instead(monkeypatch):
 def test_cpu_default_is_one_split():
     q, k_cache, _, _ = problem(1, 2, 2, 8, 1, 0)
     assert splitkv.default_num_splits(q, k_cache, 8) == 1
+
+
+def test_a_contiguous_cache_reads_a_range_as_a_view_and_the_whole_cache_as_itself():
+    from flashattn_teach.serving.pages import element_caches
+
+    k_cache, v_cache = torch.randn(2, 2, 9, 4), torch.randn(2, 2, 9, 3)
+    cache = element_caches(k_cache, v_cache, None)[1]
+    k, v = cache.read(2, 7)
+    assert torch.equal(k, k_cache[1:2, :, 2:7]) and torch.equal(v, v_cache[1:2, :, 2:7])
+    assert k.data_ptr() == k_cache[1, :, 2].data_ptr()  # a view, no copy
+    whole = element_caches(k_cache[:1], v_cache[:1], None)[0]
+    assert all(a is b for a, b in zip(whole.read(0, 9), (whole.k_cache, whole.v_cache), strict=True))

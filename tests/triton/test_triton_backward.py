@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from _triton_cases import DEVICE, ON_GPU, REL_TOL, Case, assert_close_scaled, cases
-from hypothesis import given, settings
+from _triton_cases import DEVICE, EMPTY_ROWS, ON_GPU, REL_TOL, WIDE_GQA, Case, assert_close_scaled, cases
+from hypothesis import example, given, settings
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
@@ -61,6 +61,8 @@ def check_backward(c: Case, with_dO: bool = True, with_dlse: bool = False) -> No
 
 @settings(max_examples=60)
 @given(c=cases(max_n=64))
+@example(c=WIDE_GQA)
+@example(c=EMPTY_ROWS)
 def test_backward_matches_dense_for_any_shape(c: Case) -> None:
     check_backward(c)
 
@@ -351,6 +353,8 @@ def _by_tma(config: AttentionConfig, fused: bool = False) -> AttentionConfig:
 
 @settings(max_examples=25)
 @given(c=cases(max_n=64))
+@example(c=WIDE_GQA)
+@example(c=EMPTY_ROWS)
 def test_backward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
     # the copy engine's zero fill past N and D stands in for the pointer path's masked loads
     c = dataclasses.replace(c, config=_by_tma(c.config))

@@ -4,7 +4,8 @@ softcap, ALiBi and seqlens_k at once, without and with dropout, a causal call wi
 padding mask (also with dropout), and packed sequences without and with dropout.
 
 Compiled ahead of time (no GPU needed) in subprocesses without ``TRITON_INTERPRET``, which this test
-process has set. Both architectures compile at once, one subprocess each. The checks live in
+process has set. Both architectures compile at once: the shipped kernels one subprocess each, the variant
+runs two subprocesses each, which run their share of the flag sets in turn. The checks live in
 ``flashattn_teach.tools.kernels``: no spilled bytes, at most 255 registers, shared memory within 228 KB
 (sm_90) or 164 KB (sm_80), and HGMMA for the forward and backward matmuls on sm_90 in fp16 and bf16.
 Each kernel is the specialisation the JIT builds for a sample launcher call (``GROUP = 1`` and unit
@@ -19,6 +20,7 @@ import subprocess
 import pytest
 import torch
 
+from cli_in_turn import run_in_turn
 from flashattn_teach.tools.kernels.report import shipped_kernels
 from flashattn_teach.triton.configs import ARCHS
 from sass_cache import AOT_PYTHON, aot_env
@@ -74,20 +76,12 @@ VARIANT_RUNS = {
 
 
 @pytest.fixture(scope="module")
-def variant_reports() -> dict[tuple[str, str], subprocess.Popen]:
-    env = aot_env()
-    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels", "--dtype", "bfloat16", "float32"]
-    return {
-        (arch, run): subprocess.Popen(
-            [*command, "--arch", arch, *flags],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for arch in ARCHS
-        for run, flags in VARIANT_RUNS.items()
-    }
+def variant_reports() -> dict[tuple[str, str], tuple[str, str, int | None]]:
+    command = ["kernels", "--dtype", "bfloat16", "float32"]
+    runs = list(VARIANT_RUNS)
+    commands = {(arch, run): [*command, "--arch", arch, *VARIANT_RUNS[run]] for arch in ARCHS for run in runs}
+    # two processes an architecture, each running every other flag set in turn
+    return run_in_turn(commands, group=lambda key: (key[0], runs.index(key[1]) % 2))
 
 
 # (arch, run, kernel, dtype, padded head dim) that spill with triton 3.6 or 3.9 although no tile tried
@@ -111,14 +105,13 @@ KNOWN_SPILLS = {
 @pytest.mark.parametrize("run", list(VARIANT_RUNS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kernels_with_variants_compile_without_spills(arch: str, run: str, variant_reports) -> None:
-    report = variant_reports[(arch, run)]
-    out, err = report.communicate(timeout=1800)
+    out, err, code = variant_reports[(arch, run)]
     rows = [line.split() for line in out.splitlines()[2:]]
     failed = [row for row in rows if row[-1] != "ok"]
     for row in failed:
         assert (arch, run, row[0], row[1], int(row[2])) in KNOWN_SPILLS, out
         assert " ".join(row[11:]).endswith("bytes spilled to local memory"), out
-    assert report.returncode == (1 if failed else 0), f"{out}\n{err[-3000:]}"
+    assert code == (1 if failed else 0), f"{out}\n{err[-3000:]}"
     rows = [row for row in rows if row not in failed]
     # forward, preprocess, dK/dV, dQ for bf16 at head dims 16 to 256 and fp32 to 128, and each TMA row
     # through pointers (packed sequences: only those)

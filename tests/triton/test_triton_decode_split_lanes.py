@@ -14,7 +14,6 @@ in bf16 (contiguous and paged), and fewer MMAs and instructions per key block th
 from __future__ import annotations
 
 import math
-import subprocess
 
 import pytest
 
@@ -23,10 +22,11 @@ triton = pytest.importorskip("triton")
 import torch  # noqa: E402
 from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 
+from cli_in_turn import run_in_turn  # noqa: E402
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
+from flashattn_teach.serving.checks import DecodeStep  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
 from flashattn_teach.triton.kernels import decode as decode_kernels  # noqa: E402
-from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, GROUP = 2, 2, 2
 SEQLENS = [13, 38]  # old entries: one cache ends inside a 16-key block, the other spans three
@@ -107,13 +107,13 @@ def run_decode(problem, *, num_splits, leftpad):
                 expect_k[page, :, slot], expect_v[page, :, slot] = k[b, :, t], v[b, :, t]
     sinks = torch.linspace(-1.0, 1.5, H_KV * GROUP)
     with torch.no_grad():
-        O, lse = decode_launch.triton_decode(
-            *(t.to(DEVICE) for t in (q, k_cache, v_cache, k, v)),
-            cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32, device=DEVICE),
-            causal=True, scale=q.shape[-1] ** -0.5, window=(-1, -1), softcap=None, alibi_slopes=None,
-            num_splits=num_splits, block_table=None if table is None else table.to(DEVICE),
+        step = DecodeStep(
+            causal=True, scale=q.shape[-1] ** -0.5, window=(-1, -1), softcap=None, num_splits=num_splits,
+            backend="triton", cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32, device=DEVICE),
+            block_table=None if table is None else table.to(DEVICE),
             cache_leftpad=torch.tensor(leftpad, dtype=torch.int32, device=DEVICE), sinks=sinks.to(DEVICE),
         )  # fmt: skip
+        O, lse = decode_launch.triton_decode(*(t.to(DEVICE) for t in (q, k_cache, v_cache, k, v)), step)
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v), "slots other than the new ones changed"
     return O, lse, oracle(q, problem[6], problem[7], scale=q.shape[-1] ** -0.5, sinks=sinks, leftpad=leftpad)
 
@@ -174,23 +174,9 @@ COMPILES = {  # name -> arguments of flashattn-teach kernels-decode, each bf16 a
 
 @pytest.fixture(scope="module")
 def split_compiles():
-    env = aot_env(PYTHONWARNINGS="ignore")
-    command = [
-        *AOT_PYTHON,
-        "-m",
-        "flashattn_teach.cli",
-        "kernels-decode",
-        "--case",
-        "bfloat16:192/128",
-    ]
-    runs = {
-        (arch, name): subprocess.Popen(
-            [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for arch in ARCHS
-        for name, args in COMPILES.items()
-    }
-    return {key: (*run.communicate(timeout=600), run.returncode) for key, run in runs.items()}
+    command = ["kernels-decode", "--case", "bfloat16:192/128"]
+    commands = {(arch, name): [*command, "--arch", arch, *args] for arch in ARCHS for name, args in COMPILES.items()}
+    return run_in_turn(commands, group=lambda key: key[0], PYTHONWARNINGS="ignore")  # one process an arch
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 import torch
-from _triton_cases import DEVICE, DTYPES, REL_TOL, Case, assert_close_scaled, cases
-from hypothesis import given, settings
+from _triton_cases import DEVICE, DTYPES, LONG, REL_TOL, WIDE_GQA, Case, assert_close_scaled, cases
+from hypothesis import example, given, settings
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.reference import dense_attention
@@ -41,6 +41,8 @@ def check_forward(c: Case) -> None:
 
 @settings(max_examples=80)
 @given(c=cases())
+@example(c=WIDE_GQA)
+@example(c=LONG)
 def test_forward_matches_dense_for_any_shape(c: Case) -> None:
     check_forward(c)
 
@@ -124,6 +126,8 @@ TMA_CONFIG = _with_forward(AttentionConfig.uniform(32, 16), tma=True)
 
 @settings(max_examples=30)
 @given(c=cases())
+@example(c=WIDE_GQA)
+@example(c=LONG)
 def test_forward_by_tma_descriptors_matches_dense_for_any_shape(c: Case) -> None:
     # the interpreter runs tensor descriptors too, with the copy engine's zero fill past N and D
     _, k, v = c.tensors()

@@ -8,14 +8,14 @@ entries past a sequence's pages holding garbage; flash-attn's ``(num_blocks, pag
 passed as a transposed view; 1 and 3 splits; one new query, and four (chunked prefill, causal); GQA;
 window, ALiBi, softcap; ``cache_leftpad``; sinks, with a row that sees no key (O = 0, lse = sink); and
 ``D = 192`` with ``D_v = 128``. The kernels run in the interpreter at ``TEST_DECODE_CONFIG`` (16 x 16).
-Compiled ahead of time for sm_90 and sm_80 (a subprocess per build, without ``TRITON_INTERPRET``): no spills,
-and the paged loop stays pipelined and within a bound of the contiguous loop's instructions.
+Compiled ahead of time for sm_90 and sm_80 (one subprocess an architecture, its builds in turn, without
+``TRITON_INTERPRET``): no spills, and the paged loop stays pipelined and within a bound of the contiguous
+loop's instructions.
 """
 
 from __future__ import annotations
 
 import math
-import subprocess
 
 import pytest
 
@@ -26,9 +26,10 @@ from _triton_cases import DEVICE, REL_TOL, assert_close_scaled  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from cli_in_turn import run_in_turn  # noqa: E402
 from flashattn_teach.serving import launch as decode_launch  # noqa: E402
+from flashattn_teach.serving.checks import DecodeStep  # noqa: E402
 from flashattn_teach.triton.configs import ARCHS  # noqa: E402
-from sass_cache import AOT_PYTHON, aot_env  # noqa: E402
 
 B, H_KV, MAX_BLOCKS_KEYS = 3, 2, 40  # capacity per batch element: at least 40 keys
 # old entries per batch element: an empty cache, one that ends inside a page and a key block, and one
@@ -126,16 +127,19 @@ def run_paged(
         O, lse = decode_launch.triton_decode(
             *(t.to(DEVICE) for t in (q, k_pages, v_pages)),
             *((None, None) if n_new_kv == 0 else (k.to(DEVICE), v.to(DEVICE))),
-            cache_seqlens=seqlens.to(DEVICE),
-            causal=causal,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            alibi_slopes=alibi,
-            num_splits=num_splits,
-            block_table=block_table.to(DEVICE),
-            cache_leftpad=leftpad,
-            sinks=sinks,
+            DecodeStep(
+                causal=causal,
+                scale=scale,
+                window=window,
+                softcap=softcap,
+                num_splits=num_splits,
+                backend="triton",
+                cache_seqlens=seqlens.to(DEVICE),
+                alibi_slopes=alibi,
+                block_table=block_table.to(DEVICE),
+                cache_leftpad=leftpad,
+                sinks=sinks,
+            ),
         )
     options = {"causal": causal, "window": window, "softcap": softcap, "alibi": alibi}
     lengths = [n + n_new_kv for n in lengths_before]
@@ -213,11 +217,11 @@ def test_unpaged_leftpad_sinks_and_d192_dv128():
     k_cache, v_cache = dense_k.clone(), dense_v.clone()
     leftpad, sinks = torch.tensor([0, 3, 11], dtype=torch.int32), torch.tensor([1.0, -0.5])
     with torch.no_grad():
-        O, lse = decode_launch.triton_decode(
-            q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32), causal=True,
-            scale=0.1, window=(-1, -1), softcap=None, alibi_slopes=None, num_splits=2, cache_leftpad=leftpad,
-            sinks=sinks,
+        step = DecodeStep(
+            causal=True, scale=0.1, window=(-1, -1), softcap=None, num_splits=2, backend="triton",
+            cache_seqlens=torch.tensor(SEQLENS, dtype=torch.int32), cache_leftpad=leftpad, sinks=sinks,
         )  # fmt: skip
+        O, lse = decode_launch.triton_decode(q, k_cache, v_cache, k, v, step)
     for b, n in enumerate(SEQLENS):
         dense_k[b, :, n], dense_v[b, :, n] = k[b, :, 0], v[b, :, 0]
     assert torch.equal(k_cache, dense_k) and torch.equal(v_cache, dense_v)
@@ -317,16 +321,10 @@ MAX_PAGED_RATIO = 2.25
 
 @pytest.fixture(scope="module")
 def paged_compiles():
-    env = aot_env(PYTHONWARNINGS="ignore")
-    command = [*AOT_PYTHON, "-m", "flashattn_teach.cli", "kernels-decode"]
-    runs = {
-        (arch, name): subprocess.Popen(
-            [*command, "--arch", arch, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for arch in ARCHS
-        for name, args in COMPILES.items()
+    commands = {
+        (arch, name): ["kernels-decode", "--arch", arch, *args] for arch in ARCHS for name, args in COMPILES.items()
     }
-    return {key: (*run.communicate(timeout=600), run.returncode) for key, run in runs.items()}
+    return run_in_turn(commands, group=lambda key: key[0], PYTHONWARNINGS="ignore")  # one process an arch
 
 
 def _table(out):

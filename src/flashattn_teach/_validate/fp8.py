@@ -68,9 +68,10 @@ def check_fp8(
     Raises :class:`~flashattn_teach.errors.AttentionTypeError` for a dtype that is not e4m3 (or inputs
     that mix float8 and not) and :class:`~flashattn_teach.errors.AttentionValueError` for shapes, devices,
     options, and gradients asked for (the FP8 forward has no backward)."""
+    if descales[0] is None and descales[1] is None and descales[2] is None:  # every call asks: no generators
+        if not (is_fp8(q) or is_fp8(k) or is_fp8(v)):
+            return None
     inputs = {"q": q, "k": k, "v": v}
-    if not any(is_fp8(t) for t in inputs.values()) and all(d is None for d in descales):
-        return None
     for name, t in inputs.items():
         if not isinstance(t, Tensor) or t.dtype != FP8_DTYPE:
             got = t.dtype if isinstance(t, Tensor) else type(t).__name__

@@ -9,12 +9,32 @@ checked by ``_validate.validate_inputs`` on the ``(H, total, D)`` views, as for 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..errors import AttentionTypeError, AttentionValueError
 from .inputs import shape_str
+
+
+class PackedBounds(NamedTuple):
+    """Where packed sequences lie on the packed axis, as flash-attn's functions take them: ``cu_seqlens_q,
+    cu_seqlens_k`` ``(B + 1,)`` and ``max_seqlen_q, max_seqlen_k``, as given (``make_packed_options``
+    checks them with the functions below)."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def check_tensor(name: str, t: object, want: str) -> Tensor:
+    """``t`` is a tensor, else the error naming ``name`` and the shape ``want`` ed (its rank is the caller's)."""
+    if not isinstance(t, Tensor):
+        raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
+    return t
 
 
 def check_packed_qkv(q: object, k: object, v: object) -> None:
@@ -24,11 +44,12 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         ("k", k, "(total_k, H_kv, D)"),
         ("v", v, "(total_k, H_kv, D_v)"),
     ):
-        if not isinstance(t, Tensor):
-            raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
-        if t.dim() != 3:
-            pools = "; page pools (num_blocks, H_kv, page_size, D) need block_table=" if t.dim() == 4 else ""
-            raise AttentionValueError(f"{name} must have shape {want} (packed sequences), got {shape_str(t)}{pools}")
+        tensor = check_tensor(name, t, want)
+        if tensor.dim() != 3:
+            pools = "; page pools (num_blocks, H_kv, page_size, D) need block_table=" if tensor.dim() == 4 else ""
+            raise AttentionValueError(
+                f"{name} must have shape {want} (packed sequences), got {shape_str(tensor)}{pools}"
+            )
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
 
     def shapes() -> str:  # built when raising: while compiling, the sizes may be symbols
@@ -38,7 +59,12 @@ def check_packed_qkv(q: object, k: object, v: object) -> None:
         raise AttentionValueError(f"k and v must share total_k and H_kv (dims 0 and 1), got {shapes()}")
     if q.shape[2] != k.shape[2]:
         raise AttentionValueError(f"q and k must have the same head dimension D (dim 2), got {shapes()}")
-    H_q, H_kv = q.shape[1], k.shape[1]
+    check_head_groups(q.shape[1], k.shape[1], shapes)
+
+
+def check_head_groups(H_q: int, H_kv: int, shapes: Callable[[], str]) -> None:
+    """Grouped-query heads: ``H_kv`` divides ``H_q`` (query head h reads key/value head ``h // (H_q //
+    H_kv)``), else the error quoting ``shapes()`` (built only to raise)."""
     if H_kv == 0 or H_q % H_kv != 0:
         raise AttentionValueError(
             f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} ({shapes()})"
@@ -106,8 +132,11 @@ def check_max_seqlen(name: str, value: object, cu: Tensor, cu_name: str) -> int:
     return int(value)
 
 
-def check_packed_alibi(slopes: object, B: int, H_q: int, device: torch.device) -> Tensor | None:
-    """ALiBi slopes of a packed call: floating-point ``(H_q,)`` or ``(B, H_q)`` (one row per sequence)."""
+def check_packed_alibi(
+    slopes: object, B: int, H_q: int, device: torch.device, *, rows: str = "sequence"
+) -> Tensor | None:
+    """ALiBi slopes with a row per ``rows`` (a sequence of a packed call; a batch element of a decode step):
+    floating-point ``(H_q,)`` or ``(B, H_q)``, on ``q``'s device."""
     if slopes is None:
         return None
     want = f"({H_q},) or ({B}, {H_q})"
@@ -117,9 +146,11 @@ def check_packed_alibi(slopes: object, B: int, H_q: int, device: torch.device) -
         raise AttentionTypeError(
             f"alibi_slopes must be floating-point, got {slopes.dtype} with shape {shape_str(slopes)}"
         )
-    if tuple(slopes.shape) not in ((H_q,), (B, H_q)):
+    # compared size by size: under torch.compile(dynamic=True) the sizes are symbols, which a tuple's `in` misreads
+    per_head = slopes.dim() == 1 and slopes.shape[0] == H_q
+    if not (per_head or (slopes.dim() == 2 and slopes.shape[0] == B and slopes.shape[1] == H_q)):
         raise AttentionValueError(
-            f"alibi_slopes must have shape {want} (one slope per query head, optionally per sequence), "
+            f"alibi_slopes must have shape {want} (one slope per query head, optionally per {rows}), "
             f"got {shape_str(slopes)}"
         )
     if slopes.device != device:

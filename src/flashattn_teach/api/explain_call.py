@@ -20,6 +20,7 @@ from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_options, make_packed_options
 from .._validate.inputs import check_bool
 from .._validate.keywords import Default, takes_keywords
+from .._validate.varlen import PackedBounds
 from ..dispatch import Plan, fp8, planner
 from ..dispatch.planner import TILED
 from ..dispatch.runner import with_block_mask
@@ -111,17 +112,9 @@ def explain(query: Tensor, key: Tensor, value: Tensor, **options: Unpack[Explain
         )
     causal, causal_name = _causal(options)
     if packed:
-        query, key, value, opts = make_packed_options(
-            query,
-            key,
-            value,
-            cu_seqlens_q,  # type: ignore[arg-type]  # checked: a tensor, or the varlen call's error
-            cu_seqlens_k,  # type: ignore[arg-type]
-            options["max_seqlen_q"],  # type: ignore[arg-type]
-            options["max_seqlen_k"],  # type: ignore[arg-type]
-            options,
-            causal=causal,
-        )
+        # checked there: tensors and ints, or the varlen call's errors
+        bounds = PackedBounds(cu_seqlens_q, cu_seqlens_k, options["max_seqlen_q"], options["max_seqlen_k"])  # type: ignore[arg-type]
+        query, key, value, opts = make_packed_options(query, key, value, bounds, options, causal=causal)
     else:
         descale = check_descales(query, key, value, options)
         opts = make_options(query, key, value, options, descale=descale, causal=causal, causal_name=causal_name)

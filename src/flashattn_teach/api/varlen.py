@@ -37,7 +37,7 @@ from .._autocast import cast_inputs
 from .._options import PackedKeywords, make_options, make_packed_options
 from .._validate.inputs import check_bool
 from .._validate.keywords import Default, collects_keywords
-from .._validate.varlen import check_max_seqlen_type, check_packed_qkv
+from .._validate.varlen import PackedBounds, check_max_seqlen_type, check_packed_qkv
 from ..dispatch import planner, public_backend, runner
 from ..ops import varlen as ops_varlen
 from ..ops.attention import traceable
@@ -158,6 +158,7 @@ def flash_attention_varlen(
     q, k, v = cast_inputs(q, k, v)  # after the gather: autocast casts the keys read, not the whole pools
     lse_wanted = check_bool("return_lse", return_lse)
     backend = public_backend(options["backend"])
+    bounds = PackedBounds(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     alibi_slopes = options["alibi_slopes"]
     if torch.compiler.is_compiling() and traceable(None, alibi_slopes):
         # One opaque op in the graph: the bounds stay tensors, so a new packing does not recompile. The
@@ -168,12 +169,11 @@ def flash_attention_varlen(
             check_max_seqlen_type(name, value)
         qh, kh, vh = (t.transpose(0, 1) for t in (q, k, v))
         opts = make_options(qh, kh, vh, options, enable_gqa=True, alibi_slopes=None)  # the op checks the slopes
-        bounds = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         args = ops_varlen.of_call(bounds, alibi_slopes, opts, backend, scale_given=options["scale"] is not None)
         if args is not None:
             O, lse = ops_varlen.call(q, k, v, args)
             return (O, lse) if lse_wanted else O
-    qh, kh, vh, opts = make_packed_options(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
+    qh, kh, vh, opts = make_packed_options(q, k, v, bounds, options)
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, backend), qh, kh, vh, opts)
     O = O.transpose(0, 1).contiguous()  # (H_q, total_q, D_v) -> (total_q, H_q, D_v), flash-attn's layout
     return (O, lse) if lse_wanted else O

@@ -69,9 +69,27 @@ def _key_stages(r0, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: t
 
 
 @triton.jit
+def _trace_tile(Trace, s, m_i, l_i, alpha, acc, c0, N_K, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The trace build's record of key block ``j = c0 / BLOCK_N`` for this program's rows, float32, after the
+    update: ``Trace[i, j, row, :] = [s (BLOCK_N) | m_i | l_i | alpha | acc (BLOCK_D)]``, with ``s = S_ij LOG2E``
+    and ``m_i`` in base 2 (times ``LN2`` for base e) and ``acc`` unnormalised. Head ``(b, h) = (0, 0)`` only."""
+    BLOCK_M: tl.constexpr = s.shape[0]
+    W: tl.constexpr = BLOCK_N + 3 + BLOCK_D  # one record row
+    if tl.program_id(1) == 0:
+        j = c0 // BLOCK_N
+        rec = Trace + ((tl.program_id(0) * tl.cdiv(N_K, BLOCK_N) + j) * BLOCK_M + tl.arange(0, BLOCK_M)) * W  # rows
+        tl.store(rec[:, None] + tl.arange(0, BLOCK_N)[None, :], s)  # (BLOCK_M, BLOCK_N)
+        tl.store(rec + BLOCK_N, m_i)  # (BLOCK_M,)
+        tl.store(rec + BLOCK_N + 1, l_i)
+        tl.store(rec + BLOCK_N + 2, alpha)
+        tl.store(rec[:, None] + BLOCK_N + 3 + tl.arange(0, BLOCK_D)[None, :], acc)  # (BLOCK_M, BLOCK_D)
+
+
+@triton.jit
 def _forward_inner(
-    acc, l_i, m_i, q, K_head, V_head, start, end, offs_m, N_K, qk_scale,
+    acc, l_i, m_i, q, K_head, V_head, start, end, offs_m, N_K, qk_scale, Trace,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    TRACE: tl.constexpr,
 ):  # fmt: skip
     """Fold key blocks ``[start, end)`` into ``(acc, l_i, m_i)``: ``online_softmax.update`` in base 2."""
     for c0 in range(start, end, BLOCK_N):
@@ -87,14 +105,16 @@ def _forward_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # P_ij in the inputs' dtype for the MMA
         m_i = m_new
+        if TRACE:
+            _trace_tile(Trace, s, m_i, l_i, alpha, acc, c0, N_K, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, LSE, N_Q, N_K, qk_scale,
+    Q, K, V, O, LSE, N_Q, N_K, qk_scale, Trace,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, TRACE: tl.constexpr = False,
 ):  # fmt: skip
     r0 = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1).to(tl.int64)  # (b, h) flattened; int64: B H N D may pass 2^31
@@ -107,12 +127,12 @@ def _forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     full, end = _key_stages(r0, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale,
-        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=False, CAUSAL=CAUSAL,
+        acc, l_i, m_i, q, *kv, 0, full, offs_m, N_K, qk_scale, Trace,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=False, CAUSAL=CAUSAL, TRACE=TRACE,
     )  # fmt: skip
     acc, l_i, m_i = _forward_inner(
-        acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale,
-        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=True, CAUSAL=CAUSAL,
+        acc, l_i, m_i, q, *kv, full, end, offs_m, N_K, qk_scale, Trace,
+        HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, MASK=True, CAUSAL=CAUSAL, TRACE=TRACE,
     )  # fmt: skip
     empty = l_i == 0.0  # a row that saw no key: O = 0, lse = -inf
     l_safe = tl.where(empty, 1.0, l_i)
@@ -255,9 +275,11 @@ def _launch_sizes(q: Tensor, v: Tensor, block_m: int, block_n: int) -> dict[str,
 
 
 def triton_forward(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *, block_m=64, block_n=64
-) -> tuple[Tensor, Tensor]:
-    """``(O (B, H, N_q, D), lse (B, H, N_q) float32)`` as :func:`~flashattn_teach.core.dense.dense_attention`."""
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None, *, block_m=64, block_n=64,
+    trace: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(O (B, H, N_q, D), lse (B, H, N_q) float32)`` as :func:`~flashattn_teach.core.dense.dense_attention`.
+    ``trace``: a float32 buffer of :func:`trace_shape` that the trace build fills for head ``(0, 0)``."""
     scale = check_inputs(q, k, v, scale)
     sizes = _launch_sizes(q, v, block_m, block_n)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -266,8 +288,20 @@ def triton_forward(
     lse = torch.empty((B, H, N_Q), dtype=torch.float32, device=q.device)
     if O.numel():
         grid = (triton.cdiv(N_Q, block_m), B * H)
-        _forward_kernel[grid](q, k, v, O, lse, N_Q, k.shape[2], scale * LOG2E.value, CAUSAL=causal, **sizes)
+        want = trace_shape(N_Q, k.shape[2], q.shape[-1], block_m, block_n)
+        if trace is not None and (trace.shape != want or trace.dtype != torch.float32 or not trace.is_contiguous()):
+            got = f"{trace.dtype} {tuple(trace.shape)}"
+            raise AttentionValueError(f"trace must be contiguous float32 of shape {want} (trace_shape), got {got}")
+        args = (q, k, v, O, lse, N_Q, k.shape[2], scale * LOG2E.value, trace)  # trace None: a constant, no argument
+        _forward_kernel[grid](*args, CAUSAL=causal, TRACE=trace is not None, **sizes)
     return O, lse
+
+
+def trace_shape(N_q: int, N_k: int, D: int, block_m: int, block_n: int) -> tuple[int, int, int, int]:
+    """The trace buffer, float32: ``(T_r, T_c, BLOCK_M, BLOCK_N + 3 + BLOCK_D)``, one record per (program ``i``,
+    key block ``j``) of :func:`_trace_tile`; records of key blocks a program skips are left as they were."""
+    T_r, T_c = triton.cdiv(N_q, block_m), triton.cdiv(N_k, block_n)
+    return T_r, T_c, block_m, block_n + 3 + max(16, triton.next_power_of_2(D))
 
 
 def triton_backward(

@@ -137,9 +137,33 @@ def dense_only(opts: AttentionOptions) -> str | None:
 
 
 def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
-    """Choose a backend for checked inputs ; raises
-    ``NotImplementedError`` for a named backend that cannot run the call."""
+    """Choose a backend for checked inputs; raises ``NotImplementedError`` for a named backend that cannot run
+    the call. A plain call's plan is kept with its options (:func:`_memo_key`)."""
     backend = check_backend(backend)
+    key = _memo_key(q, opts, backend)
+    if key is None:
+        return _plan(q, k, v, opts, backend)
+    p = opts.memo.get(key)
+    if p is None:
+        p = opts.memo[key] = _plan(q, k, v, opts, backend)
+    return p
+
+
+def _memo_key(q: Tensor, opts: AttentionOptions, backend: str) -> tuple[object, ...] | None:
+    """The key of a CPU call's plan in ``opts.memo``: what the plan reads besides the options, when that is
+    all it reads. None (plan every time) for CUDA tensors and ``"triton"`` (the support questions read the
+    tensors), for an ``attn_mask``, ALiBi slopes or user functions (whether they require grad, and under
+    which transform, may change between calls), and while compiling (torch.compile would guard on the memo)."""
+    spec = opts.mask
+    if backend == "triton" or not q.is_cpu or spec.attn_mask is not None or spec.alibi_slopes is not None:
+        return None
+    if spec.mods is not None or torch.compiler.is_compiling():
+        return None
+    return ("plan", backend, transforms_active(), default_workers(), parallel.MIN_PARALLEL_SCORES)
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str) -> Plan:
+    """:func:`plan`'s choice, made."""
     needs_dense = dense_only(opts)
     if backend == "auto":
         if needs_dense:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,6 +28,9 @@ from ..reference.dense import dense_forward
 from ..reference.workers import chunk_pool
 from .planner import Plan, batched, tiles, transforms_active
 from .rows import fold, unfold
+
+if TYPE_CHECKING:
+    from ..serving.checks import DecodeStep
 
 
 def _loop(p: Plan, opts: AttentionOptions) -> TileLoop:
@@ -84,42 +88,11 @@ def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tup
 
 
 def run_decode(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Tensor | None,
-    v: Tensor | None,
-    *,
-    cache_seqlens: Tensor | int,
-    causal: bool,
-    scale: float,
-    window: tuple[int, int],
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    num_splits: int,
-    block_table: Tensor | None,
-    cache_leftpad: Tensor | None,
-    sinks: Tensor | None,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None, step: DecodeStep
 ) -> tuple[Tensor, Tensor]:
-    """``(O, lse)`` of a checked decode step by the Triton split-KV decode kernel, which also writes
-    ``k, v`` into the caches, through ``block_table`` for paged ones
+    """``(O, lse)`` of a checked decode step (its options the one record ``step``) by the Triton split-KV
+    decode kernel, which also writes ``k, v`` into the caches, through ``step.block_table`` for paged ones
     (:func:`flashattn_teach.serving.launch.triton_decode`)."""
     from ..serving.launch import triton_decode
 
-    return triton_decode(
-        q,
-        k_cache,
-        v_cache,
-        k,
-        v,
-        cache_seqlens=cache_seqlens,
-        causal=causal,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        num_splits=num_splits,
-        block_table=block_table,
-        cache_leftpad=cache_leftpad,
-        sinks=sinks,
-    )
+    return triton_decode(q, k_cache, v_cache, k, v, step)

@@ -19,15 +19,16 @@ its backward build the same ``DropoutKey`` from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from .._layout import compute_dtype
-from .._options import AttentionOptions, make_packed_options
-from .._validate.varlen import check_packed_qkv
+from .._options import AttentionOptions, PackedKeywords, make_packed_options
+from .._validate.keywords import keyword_table
+from .._validate.varlen import PackedBounds, check_packed_qkv
 from ..dispatch import planner, runner
 from ..dispatch.carry import Carries, always, uncarried, unset
 from ..dropout import DropoutKey
@@ -57,6 +58,17 @@ class VarlenArgs:
     dropout_p: float = 0.0
     dropout_seed: Tensor | None = None
     deterministic: bool = False
+
+    def keywords(self) -> PackedKeywords:
+        """The packed call's keywords this record holds (:data:`KEYWORDS`), by name; ``window`` a pair again."""
+        options = {name: getattr(self, name) for name in KEYWORDS}
+        options["window"] = None if self.window is None else (self.window[0], self.window[1])
+        return cast(PackedKeywords, options)
+
+
+# The keywords of a packed call that the op's record holds, by name: every one but sinks, which the schema
+# has not (of_call declines a call with them).
+KEYWORDS = tuple(name for name in keyword_table(PackedKeywords) if name in {f.name for f in fields(VarlenArgs)})
 
 
 # What the op carries of the options of the (H, total, D) views (dispatch/carry.py); the op's body
@@ -91,7 +103,7 @@ OP_MASK: Carries = {
 
 
 def of_call(
-    bounds: tuple[Tensor, Tensor, int, int],
+    bounds: PackedBounds,
     alibi_slopes: Tensor | None,
     opts: AttentionOptions,
     backend: str,
@@ -123,23 +135,8 @@ def _eager(q: Tensor, k: Tensor, v: Tensor, a: VarlenArgs) -> tuple[Tensor, Tens
     """The eager call the op stands for (the bounds' values checked), with the dropout key of the seed."""
     if a.dropout_p > 0.0 and a.dropout_seed is None:
         raise AttentionValueError(f"dropout_p={a.dropout_p} needs a dropout_seed (an int64 tensor)")
-    qh, kh, vh, opts = make_packed_options(
-        q,
-        k,
-        v,
-        a.cu_seqlens_q,
-        a.cu_seqlens_k,
-        a.max_seqlen_q,
-        a.max_seqlen_k,
-        causal=a.causal,
-        causal_align=a.causal_align,
-        scale=a.scale,
-        window=None if a.window is None else (a.window[0], a.window[1]),
-        softcap=a.softcap,
-        alibi_slopes=a.alibi_slopes,
-        dropout_p=a.dropout_p,
-        deterministic=a.deterministic,
-    )
+    bounds = PackedBounds(a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k)
+    qh, kh, vh, opts = make_packed_options(q, k, v, bounds, a.keywords())
     if a.dropout_seed is not None and opts.dropout_p > 0.0:
         opts = opts.with_dropout(DropoutKey(opts.dropout_p, seed=int(a.dropout_seed)))
     O, lse = runner.run(planner.plan(qh, kh, vh, opts, a.backend), qh, kh, vh, opts)

@@ -8,14 +8,13 @@ transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``) work through it as
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .._autocast import autocast_dtype, autocast_off
+from .._autocast import autocast_off
 from .._layout import compute_dtype, from_grouped, grad_to_input, lse_from_grouped, rows_to_grouped, to_grouped
 from .._options import AttentionOptions
 from ..errors import BackendUnavailableError
@@ -87,10 +86,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLo
     return TiledAttentionFunction.forward(q, k, v, opts, loop, opts.sinks)
 
 
-def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLoop) -> bool:
+def _one_open_tile(opts: AttentionOptions, loop: TileLoop) -> bool:
     """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
-    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on inputs whose heads broadcast as they stand
-    (``H_kv`` is ``H_q`` or 1, one batch shape). The cheap questions first: a small call asks on every step."""
+    dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on heads that ``torch.matmul`` broadcasts as
+    they stand (``H_kv`` is ``H_q`` or 1; the batch dimensions broadcast in it as in the checks). The cheap
+    questions first: a small call asks on every step."""
     s, spec = opts.shapes, opts.mask
     if loop.order != "query_major" or s.N_q > loop.block_m or not 0 < s.N_k <= loop.block_n:
         return False
@@ -100,8 +100,7 @@ def _one_open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop
         return False
     if spec.attn_mask is not None or spec.packed is not None:
         return False  # what is left of MaskSpec.variants is the softcap, which the tile takes
-    same = q.dim() == k.dim() == v.dim() and q.shape[:-3] == k.shape[:-3] and k.shape[:-2] == v.shape[:-2]
-    return same and (q.dim() == 2 or k.shape[-3] in (q.shape[-3], 1))
+    return s.H_kv == s.H_q or s.H_kv == 1
 
 
 class TiledAttentionFunction(torch.autograd.Function):
@@ -120,16 +119,20 @@ class TiledAttentionFunction(torch.autograd.Function):
         if sinks is not opts.sinks:  # a torch.func transform hands its own wrapper of the sinks
             opts = opts.with_sinks(sinks)
         s = opts.shapes
-        if _one_open_tile(q, k, v, opts, loop):
+        if _one_open_tile(opts, loop):
+            if torch._C._is_any_autocast_enabled():  # its products run in the compute dtype (_autocast.py)
+                with autocast_off(q.device.type):
+                    return TiledAttentionFunction.forward(q, k, v, opts, loop, sinks, *captures)
             # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
             # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
             dt = compute_dtype(q.dtype)
             qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            with nullcontext() if autocast_dtype(q.device.type) is None else autocast_off(q.device.type):
-                # Scaling Q (N_q x D) costs less than scaling S (N_q x N_k) whenever D < N_k, as in score_tile
-                S = torch.matmul(qc * s.scale, kc.transpose(-2, -1))  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
-                softcap = opts.mask.softcap
-                O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc)
+            # Q scaled first, as score_tile does: q k^T may overflow where (scale q) k^T does not
+            qs = qc * s.scale  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
+            S = torch.matmul(qs, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+            softcap = opts.mask.softcap
+            out = qs if qs.shape == s.out_shape else None  # two buffers a call, S and O (whole_row's note)
+            O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc, out)
             return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
         qg, kg, vg = to_grouped(q, k, v, s)
         tiling = opts.mask.tiling(loop.block_m, loop.block_n)

@@ -95,14 +95,25 @@ def bias_and_mask(
     return S_ij
 
 
-def whole_row(S: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def whole_row(S: Tensor, v: Tensor, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` when one tile ``S (..., N_q, N_k)`` holds every key of its rows and every row sees every
     key (no mask, no bias): the loop's one step, ``core.online_softmax.update`` from ``init_state`` (``alpha = 0``),
     then ``finalize`` (FA2 Alg. 1 with ``T_c = 1``). No row sees only masked keys, so ``m`` is finite
     and ``l >= 1`` (its largest term is ``exp(0)``): the ``-inf`` guards of the loop have nothing to do.
-    ``S`` becomes ``P``: pass a tile no one else holds (``score_tile``'s)."""
-    m = S.amax(dim=-1, keepdim=True)  # (..., N_q, 1)
-    P = S.sub_(m).exp_()  # (..., N_q, N_k), in place: S is the caller's fresh tile, consumed here
-    l = P.sum(dim=-1, keepdim=True)  # (..., N_q, 1)
-    O = torch.matmul(P, v).div_(l)  # (..., N_q, N_k) @ (..., N_k, D_v), then / l
-    return O, l.log_().add_(m).squeeze(-1)  # lse = m + log(l)
+
+    With one tile the step and ``finalize`` are torch's fused softmax, one pass instead of four ops:
+    ``P = exp(S - m) / l`` is the loop's ``P~ = exp(S - m)`` already divided by ``l``, so ``O = P V``; and
+    the largest ``P~_ij`` of a row is ``exp(0) = 1``, so ``max_j P_ij = 1 / l_i`` and
+    ``lse = m + log(l) = m - log(max_j P_ij)``.
+
+    ``S`` becomes ``P``, and ``O`` is written into ``out`` when given (a buffer of ``O``'s shape that no one
+    else holds): pass a tile no one else holds (``score_tile``'s). Each buffer more than ``S`` and ``O``
+    (``P`` apart from ``S``, the scaled ``Q`` apart from ``O``) made glibc hand the pages back to the system
+    after a call at ``(2, 8, 128, 64)`` and fault them in again on the next, 470-600 page faults a call
+    (``benchmarks/results/cpu/host_cost.md``). torch.func's transforms take no ``out=``: under them ``P``
+    and ``O`` are new tensors."""
+    in_place = not torch._C._are_functorch_transforms_active()
+    m = S.amax(dim=-1)  # (..., N_q): the row maxima
+    P = torch.softmax(S, dim=-1, out=S if in_place else None)  # (..., N_q, N_k): exp(S - m) / l
+    O = torch.matmul(P, v, out=out if in_place else None)  # (..., N_q, N_k) @ (..., N_k, D_v) -> (..., N_q, D_v)
+    return O, m.sub_(P.amax(dim=-1).log_())  # lse = m + log(l) = m - log(1 / l)

@@ -1,9 +1,11 @@
 """Tile replay: the online softmax's running statistics, one step at a time, as data and pictures.
 
-Three scenarios build the steps; every step has a :class:`StepKind` (steps.py: update, merge, preprocess,
-dK/dV, dQ), and every format is one renderer that serves the three:
+Three scenario builders yield one step type, :class:`Step` (step.py): its :class:`StepKind` (update, merge,
+preprocess, dK/dV, dQ), its tile, its terms by the papers' names (``step["m_i"]``) and its equations with their
+numbers (``step.equations``); ``r.all_steps()`` yields them in the order they run. Every format is one renderer
+that serves the three:
 
-    replay(q, k, v, block_m=2, block_n=2)   forward -> Replay of TileStep (UPDATE; replay.py, steps.py,
+    replay(q, k, v, block_m=2, block_n=2)   forward -> Replay: UPDATEs (replay.py; the builder steps.py,
                                             schedule.py for the order); causal, window, softcap, alibi_slopes,
                                             seqlens_k and attn_mask as in flashattn_teach.masks; sinks= the
                                             head's attention sink; block_mask=, score_mod= FlexAttention's
@@ -18,13 +20,14 @@ dK/dV, dQ), and every format is one renderer that serves the three:
                                             cache; sinks= merged in after the splits
 
     render_table(r) / write_json(r), to_json(r) / render_html(r) / render_png(r, path)
-                                            the terminal (table.py; decode_table.py), strict JSON of one schema,
+                                            the terminal (table.py), strict JSON of one schema,
                                             replay.schema.json, with "replayKind" and each step's "stepKind"
                                             (manifest.py), the self-contained page
                                             (html.py, page*.js: a backward is a tab of the forward's page) and
                                             the picture (png.py; backward_png.py: one per step), for any r
-    equations.step_equations(step)          FA2 Alg. 1's lines with the update's numbers, per query row;
-                                            key-major: FA1 Alg. 1's (equations_key_major.py)
+    step.equations                          an UPDATE's: FA2 Alg. 1's lines with its numbers, per query row
+                                            (equations.py); key-major: FA1 Alg. 1's (equations_key_major.py);
+                                            what the table, picture and page show of them: equations_view.py
     memory_figure(r) / memory_json(r)       memory step by step, by iomodel's rules (memory.py, memory_table.py)
     Replay._repr_html_ / notebook_html      the page in a Jupyter notebook (notebook.py); DecodeReplay's too
 
@@ -34,12 +37,11 @@ their format is asked for.
 """
 
 from .backward_replay import BackwardReplay, replay_backward
-from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay, replay_decode
 from .manifest import decode_to_experiment, to_experiment, to_json, write_json
 from .notebook import decode_notebook_html, notebook_html
-from .replay import Replay, TileState, TileStep, replay
-from .steps import StepKind
+from .replay import Replay, replay
+from .step import Step, StepEquation, StepKind, TileState
 
 Replay.notebook_page = notebook_html  # Replay._repr_html_: the page in a notebook
 DecodeReplay.notebook_page = decode_notebook_html  # DecodeReplay._repr_html_: the decode page
@@ -48,12 +50,12 @@ __all__ = [
     "BackwardReplay",
     "DecodeReplay",
     "KeyRole",
-    "MergeStep",
     "Replay",
     "SplitReplay",
+    "Step",
+    "StepEquation",
     "StepKind",
     "TileState",
-    "TileStep",
     "decode_notebook_html",
     "decode_to_experiment",
     "notebook_html",

@@ -8,7 +8,7 @@ this step's accumulator, the other tiles done in this pass, the SKIP tiles), the
 ``P_ij = exp(S_ij - lse_i)`` (Alg. 2 line 11), ``dP_ij = dO_i V_j^T`` (line 13) and
 ``dS_ij = P_ij * (dP_ij - delta_i)`` (line 14) with their numbers, the accumulators after the step
 (``dV_j, dK_j``, lines 12 and 16, or ``dQ_i``, line 15), and the step's equations with their numbers
-(:class:`~.backward_replay.BackwardEquation`). One more picture holds the preprocess (``O, dO, lse`` and
+(:class:`~.step.StepEquation`). One more picture holds the preprocess (``O, dO, lse`` and
 ``delta = rowsum(dO * O)``, line 4) and the result: each gradient's error against float64 autograd.
 
 Steps are numbered 1 to ``total`` as ``--step`` counts them: the dK/dV pass's steps first, then the dQ pass's.
@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from ..errors import AttentionValueError
-from .backward_replay import BackwardEquation, BackwardReplay, BackwardStep
+from .backward_replay import BackwardReplay
 from .html import LEGEND_COLOURS
-from .steps import StepKind, TileState
+from .step import Step, StepEquation, StepKind, TileState
 
 __all__ = ["MAX_PNG_STEPS", "render_backward_png", "step_paths", "steps_of"]
 
@@ -42,12 +43,13 @@ TEXT_POINTS, TITLE_POINTS = 9, 10  # the equations' and the titles' type size, l
 LINE_INCHES = 1.25 * TEXT_POINTS / 72  # one line of the equations' text
 
 
-def steps_of(br: BackwardReplay) -> list[BackwardStep]:
-    """Every step of both passes, in the order they run: the dK/dV pass, then the dQ pass."""
-    return list(br.all_steps())
+def steps_of(br: BackwardReplay) -> list[Step]:
+    """Every tile step of both passes, in the order they run: the dK/dV pass, then the dQ pass (the PREPROCESS
+    has its own picture)."""
+    return [s for s in br.all_steps() if s.step_kind is not StepKind.PREPROCESS]
 
 
-def tile_states(br: BackwardReplay, steps: list[BackwardStep], n: int) -> list[list[TileState]]:
+def tile_states(br: BackwardReplay, steps: list[Step], n: int) -> list[list[TileState]]:
     """``(T_r, T_c)``: each tile's state at ``steps[n]``, within its pass. ACCUMULATED: an earlier tile of the
     same key block (dK/dV pass) or query block (dQ pass), whose terms are in the step's accumulators."""
     step = steps[n]
@@ -115,13 +117,13 @@ def _matrix(ax: Any, title: str, M: Tensor, rows: tuple[int, int], row_label: st
     ax.set_title(title, fontsize=TITLE_POINTS)
 
 
-def equation_lines(step: BackwardStep, width: int = EQUATION_WIDTH) -> list[str]:
+def equation_lines(step: Step, width: int = EQUATION_WIDTH) -> list[str]:
     """The step's equations as text lines of at most about ``width`` characters: ``line  name = symbolic``,
     then the numbers put in and the result."""
     return equation_lines_of(step.equations, width)
 
 
-def equation_lines_of(equations: list[BackwardEquation], width: int = EQUATION_WIDTH) -> list[str]:
+def equation_lines_of(equations: Sequence[StepEquation], width: int = EQUATION_WIDTH) -> list[str]:
     """:func:`equation_lines` of any list of equations (the preprocess's too)."""
     out: list[str] = []
     for eq in equations:
@@ -154,7 +156,7 @@ def _axes(fig: Any, left: float, top: float, width: float, height: float) -> Any
     return fig.add_axes((left / W, 1 - (top + height) / H, width / W, height / H))
 
 
-def _step_figure(br: BackwardReplay, steps: list[BackwardStep], n: int) -> Any:
+def _step_figure(br: BackwardReplay, steps: list[Step], n: int) -> Any:
     """Step ``steps[n]``: the grid, ``P_ij, dP_ij, dS_ij``, then the accumulators, then the equations."""
     from matplotlib.figure import Figure
 
@@ -163,15 +165,15 @@ def _step_figure(br: BackwardReplay, steps: list[BackwardStep], n: int) -> Any:
     row0, row1, text = 0.95, 0.95 + 2.2 + 0.8, 0.95 + 2.2 + 0.8 + 1.6 + 0.7  # tops, inches
     fig = Figure(figsize=(FIGURE_WIDTH, text + LINE_INCHES * len(lines) + 0.2))
     _grid(_axes(fig, 0.7, row0, 1.9, 2.2), tile_states(br, steps, n), legend=True)
-    fig.axes[0].set_title(f"tile (i={s.i}, j={s.j}) · {s.kind.name}", fontsize=TITLE_POINTS)
+    fig.axes[0].set_title(f"tile (i={s.i}, j={s.j}) · {s.tile_kind.name}", fontsize=TITLE_POINTS)
     cols = f"key column from {s.cols[0]}"
     for left, (name, M) in zip(
-        (4.1, 6.75, 9.4), (("P_ij", s.P_ij), ("dP_ij", s.dP_ij), ("dS_ij", s.dS_ij)), strict=True
+        (4.1, 6.75, 9.4), (("P_ij", s["P_ij"]), ("dP_ij", s["dP_ij"]), ("dS_ij", s["dS_ij"])), strict=True
     ):
         _matrix(_axes(fig, left, row0, 2.2, 2.2), name, M, s.rows, "query row", cols)
     rows = s.cols if s.step_kind is StepKind.DKDV else s.rows
     label = "key row" if s.step_kind is StepKind.DKDV else "query row"
-    for left, (name, acc) in zip((0.7, 6.5), s.acc.items(), strict=False):
+    for left, (name, acc) in zip((0.7, 6.5), s.accumulators.items(), strict=False):
         _matrix(_axes(fig, left, row1, 5.1, 1.6), f"{name} after this step", acc, rows, label, "feature")
     ax = _axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines))
     ax.axis("off")
@@ -195,7 +197,7 @@ def _result_figure(br: BackwardReplay, files: list[Path]) -> Any:
 
     N_q, D = br.O.shape
     errors = [f"  max |{name} - oracle| = {error:.3e}" for name, error in br.max_error().items()]
-    preprocess = [f"  {line}" for line in equation_lines_of(br.preprocess())]
+    preprocess = [f"  {line}" for line in equation_lines_of(br.preprocess().equations)]
     height = min(9.0, max(2.4, 0.32 * N_q))  # the matrices': a row of cells about a line of text tall
     text = 0.9 + height + 0.75  # top of the text, inches
     fig = Figure(figsize=(FIGURE_WIDTH, text + LINE_INCHES * (len(preprocess) + len(errors) + 6) + 0.3))

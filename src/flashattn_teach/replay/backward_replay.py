@@ -14,7 +14,7 @@ Split as Triton's tutorial and :mod:`flashattn_teach.reference.backward` do it:
 
 Each tile's terms are :func:`flashattn_teach.core.backward.tile_terms`, the function every CPU backward calls,
 so the replay cannot drift from them. Every step carries its equations with their numbers
-(:class:`BackwardEquation`). ``dO`` defaults to ``torch.randn`` of O's shape from a ``torch.Generator`` seeded
+(:class:`StepEquation`). ``dO`` defaults to ``torch.randn`` of O's shape from a ``torch.Generator`` seeded
 with ``seed``. Rows with ``lse = -inf`` (every key masked) get ``P = 0`` and zero gradients. With an attention
 sink (``sinks``, one more score column of value zero, GPT-OSS) ``lse_i = log(exp(sink) + sum_j exp(S_ij))``:
 the formulas above are unchanged, since the sink's ``dP`` is 0 and ``delta_i`` already sums over the keys
@@ -30,66 +30,28 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._validate.keywords import takes_keywords
 from ..core.backward import BackwardTerms, tile_terms
 from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, ScoreMod
-from ..masks.causal import TileKind
 from ..masks.spec import Tiling
 from ..reference.dense import dense_attention
 from ..reference.scores import score_hook, score_tile
-from .inputs import one_head_call, pick_matrix, rows_mask, rows_tensors
+from .inputs import ReplayKeywords, one_head_call, pick_matrix, rows_mask, rows_tensors
 from .replay import Replay, rows_score_mod
 from .schedule import visited_key_blocks
-from .steps import StepKind
+from .step import ACCUMULATORS, Step, StepEquation, StepKind, numbers
 
-__all__ = ["BackwardEquation", "BackwardPass", "BackwardReplay", "BackwardStep", "backward_of", "replay_backward"]
+__all__ = ["BackwardPass", "BackwardReplay", "backward_of", "replay_backward"]
 
 
 BackwardPass = StepKind  # the phases of Alg. 2 are steps' kinds: PREPROCESS, DKDV, DQ (the old name)
 PASSES = (StepKind.PREPROCESS, StepKind.DKDV, StepKind.DQ)  # in the order they run
-
-
-def numbers(t: Tensor | float) -> str:
-    """A scalar, vector or matrix written out to 4 significant digits, ``-inf`` as such and ``-0`` as ``0``."""
-    if isinstance(t, float) or t.dim() == 0:
-        x = float(t) + 0.0  # -0.0 + 0.0 = 0.0: a zero gradient reads as 0, whatever its sign bit
-        return "-inf" if x == float("-inf") else f"{x:.4g}"
-    return "[" + ", ".join(numbers(x) for x in t) + "]"
-
-
-@dataclass(frozen=True)
-class BackwardEquation:
-    """One equation of a step: ``name = symbolic = substituted`` (the numbers put in, then the result)."""
-
-    line: int | None  # of FA2 Alg. 2 (Dao 2023); None for what the paper has no line for (the sink)
-    name: str
-    symbolic: str
-    substituted: str
-    value: Tensor  # the result: scalar, (Br,), (Br, Bc), (Bc, D) or (Br, D)
-
-
-@dataclass(frozen=True)
-class BackwardStep:
-    """One tile of a pass (``step_kind`` DKDV or DQ); tensors are the tile's, accumulators after it."""
-
-    step_kind: StepKind
-    index: int
-    i: int
-    j: int
-    rows: tuple[int, int]
-    cols: tuple[int, int]
-    kind: TileKind
-    S_ij: Tensor  # (Br, Bc)
-    P_ij: Tensor  # (Br, Bc)
-    dP_ij: Tensor  # (Br, Bc)
-    dS_ij: Tensor  # (Br, Bc), w.r.t. the uncapped scores
-    acc: dict[str, Tensor]  # "dV_j", "dK_j" (Bc, D) or "dQ_i" (Br, D), after this step
-    equations: list[BackwardEquation]
 
 
 @dataclass(frozen=True)
@@ -99,9 +61,9 @@ class TileGrads:
     dP_ij and dS_ij."""
 
     t: BackwardTerms
-    eq_P: BackwardEquation
-    eq_dP: BackwardEquation
-    eq_dS: BackwardEquation
+    eq_P: StepEquation
+    eq_dP: StepEquation
+    eq_dS: StepEquation
 
 
 @dataclass(frozen=True)
@@ -151,11 +113,11 @@ class BackwardReplay:
             T = torch.tanh((q_i * self.scale) @ k_j.T / self.softcap)  # (Br, D) @ (D, Bc) -> (Br, Bc)
             dS_text += f" * (1 - {numbers(T)}^2)"
             dS_symbolic += " * (1 - T_ij^2)"
-        eq_P = BackwardEquation(11, "P_ij", P_symbolic, f"exp({numbers(t.S)} - {numbers(lse_i)})", t.P)
+        eq_P = StepEquation(11, "P_ij", P_symbolic, f"exp({numbers(t.S)} - {numbers(lse_i)})", t.P)
         dP_text = f"{numbers(self.dO[r0:r1])} {numbers(self.v[c0:c1])}^T"
-        eq_dP = BackwardEquation(13, "dP_ij", "dO_i V_j^T", dP_text, t.dP)
-        eq_dS = BackwardEquation(14, "dS_ij", dS_symbolic, dS_text, t.dS)
-        return TileGrads(t, with_result(eq_P), with_result(eq_dP), with_result(eq_dS))
+        eq_dP = StepEquation(13, "dP_ij", "dO_i V_j^T", dP_text, t.dP)
+        eq_dS = StepEquation(14, "dS_ij", dS_symbolic, dS_text, t.dS)
+        return TileGrads(t, eq_P.with_result(), eq_dP.with_result(), eq_dS.with_result())
 
     def _step(
         self,
@@ -165,23 +127,23 @@ class BackwardReplay:
         j: int,
         tile: TileGrads,
         acc: dict[str, Tensor],
-        equations: list[BackwardEquation],
-    ) -> BackwardStep:
-        """Step ``index`` of a pass: tile ``(i, j)``'s recomputed values, its accumulators after it."""
-        return BackwardStep(
+        equations: list[StepEquation],
+    ) -> Step:
+        """Step ``index`` of a pass: tile ``(i, j)``'s recomputed terms (:class:`~flashattn_teach.core.backward.
+        BackwardTerms` under the paper's names), its accumulators ``acc`` after it, and its equations."""
+        t = tile.t
+        terms = {"S_ij": t.S, "P_ij": t.P, "dP_ij": t.dP, "dS_ij": t.dS, **acc}
+        assert tuple(acc) == ACCUMULATORS[step_kind]
+        return Step(
             step_kind=step_kind,
             index=index,
+            terms=terms,
+            equations=tuple(equations),
             i=i,
             j=j,
             rows=self.tiling.row_blocks[i],
             cols=self.tiling.col_blocks[j],
             kind=self.tiling.kind(i, j, b=self.batch_index, h=0),
-            S_ij=tile.t.S,
-            P_ij=tile.t.P,
-            dP_ij=tile.t.dP,
-            dS_ij=tile.t.dS,
-            acc=acc,
-            equations=equations,
         )
 
     def _visits(self) -> dict[int, list[int]]:
@@ -189,25 +151,26 @@ class BackwardReplay:
 
     replay_kind: ClassVar[str] = "backward"  # the scenario, "replayKind" in its JSON
 
-    def all_steps(self) -> Iterator[BackwardStep]:
-        """Every tile step, in the order it runs: the DKDV pass, then the DQ pass (PREPROCESS: :meth:`preprocess`)."""
+    def all_steps(self) -> Iterator[Step]:
+        """Every step, in the order it runs: the PREPROCESS, the DKDV pass, then the DQ pass."""
+        yield self.preprocess()
         yield from self.dkdv_steps()
         yield from self.dq_steps()
 
-    def preprocess(self) -> list[BackwardEquation]:
-        """The preprocess: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta)."""
+    def preprocess(self) -> Step:
+        """The PREPROCESS step: ``delta = rowsum(dO * O)`` (and with a sink its gradient, which needs only delta);
+        no tile."""
         eqs = [
-            BackwardEquation(
-                4, "delta", "rowsum(dO * O)", f"rowsum({numbers(self.dO)} * {numbers(self.O)})", self.delta
-            )
+            StepEquation(4, "delta", "rowsum(dO * O)", f"rowsum({numbers(self.dO)} * {numbers(self.O)})", self.delta)
         ]
         if self.sink is not None:
             ds = self.dsink()
             text = f"-sum(exp({numbers(self.sink[0])} - {numbers(self.lse)}) * {numbers(self.delta)})"
-            eqs.append(BackwardEquation(None, "dsink", "-sum_i exp(sink - lse_i) delta_i", text, ds))
-        return [with_result(e) for e in eqs]
+            eqs.append(StepEquation(None, "dsink", "-sum_i exp(sink - lse_i) delta_i", text, ds))
+        terms = {eq.name: eq.value for eq in eqs}  # delta (N_q,), dsink ()
+        return Step(StepKind.PREPROCESS, 0, terms, equations=tuple(e.with_result() for e in eqs))
 
-    def dkdv_steps(self) -> Iterator[BackwardStep]:
+    def dkdv_steps(self) -> Iterator[Step]:
         visits = self._visits()
         n = 0
         for j, (c0, c1) in enumerate(self.tiling.col_blocks):
@@ -223,15 +186,15 @@ class BackwardReplay:
                 dK_j = dK_j + t.t.dK  # scale dS_ij^T Q_i: (Bc, Br) @ (Br, D) -> (Bc, D)
                 eqs = [
                     t.eq_P,
-                    with_result(BackwardEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j)),
+                    StepEquation(12, "dV_j", "dV_j + P_ij^T dO_i", dV_text, dV_j).with_result(),
                     t.eq_dP,
                     t.eq_dS,
-                    with_result(BackwardEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j)),
+                    StepEquation(16, "dK_j", "dK_j + scale dS_ij^T Q_i", dK_text, dK_j).with_result(),
                 ]
                 yield self._step(StepKind.DKDV, n, i, j, t, {"dV_j": dV_j, "dK_j": dK_j}, eqs)
                 n += 1
 
-    def dq_steps(self) -> Iterator[BackwardStep]:
+    def dq_steps(self) -> Iterator[Step]:
         n = 0
         for i, js in self._visits().items():
             r0, r1 = self.tiling.row_blocks[i]
@@ -241,7 +204,7 @@ class BackwardReplay:
                 t = self._tile(i, j)
                 text = f"{numbers(dQ_i)} + {self.scale:.4g} {numbers(t.t.dS)} {numbers(self.k[c0:c1])}"
                 dQ_i = dQ_i + t.t.dQ  # scale dS_ij K_j: (Br, Bc) @ (Bc, D) -> (Br, D)
-                eq = with_result(BackwardEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i))
+                eq = StepEquation(15, "dQ_i", "dQ_i + scale dS_ij K_j", text, dQ_i).with_result()
                 yield self._step(StepKind.DQ, n, i, j, t, {"dQ_i": dQ_i}, [t.eq_P, t.eq_dP, t.eq_dS, eq])
                 n += 1
 
@@ -255,10 +218,10 @@ class BackwardReplay:
         block sees keeps zero gradients)."""
         dQ, dK, dV = torch.zeros_like(self.q), torch.zeros_like(self.k), torch.zeros_like(self.v)
         for s in self.dkdv_steps():
-            dK[s.cols[0] : s.cols[1]] = s.acc["dK_j"]
-            dV[s.cols[0] : s.cols[1]] = s.acc["dV_j"]
+            dK[s.cols[0] : s.cols[1]] = s["dK_j"]
+            dV[s.cols[0] : s.cols[1]] = s["dV_j"]
         for s in self.dq_steps():
-            dQ[s.rows[0] : s.rows[1]] = s.acc["dQ_i"]
+            dQ[s.rows[0] : s.rows[1]] = s["dQ_i"]
         return dQ, dK, dV
 
     def dsink(self) -> Tensor:
@@ -299,33 +262,9 @@ class BackwardReplay:
         return {name: float((mine[name].to(torch.float64) - ref[name]).abs().max()) for name in mine}
 
 
-def with_result(eq: BackwardEquation) -> BackwardEquation:
-    """``eq`` with its result appended to the substituted text: ``... = value``."""
-    return BackwardEquation(eq.line, eq.name, eq.symbolic, f"{eq.substituted} = {numbers(eq.value)}", eq.value)
-
-
+@takes_keywords()
 def replay_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dO: Tensor | None = None,
-    *,
-    block_m: int,
-    block_n: int,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
-    batch_index: int = 0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: float | Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    sinks: float | Tensor | None = None,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
-    seed: int = 0,
+    q: Tensor, k: Tensor, v: Tensor, dO: Tensor | None = None, *, seed: int = 0, **options: Unpack[ReplayKeywords]
 ) -> BackwardReplay:
     """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens``,
     ``sinks``, ``block_mask`` and ``score_mod`` as :func:`.replay.replay`, checked the same way (the gradients
@@ -333,26 +272,14 @@ def replay_backward(
     ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
     command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
-    head = one_head_call(
-        q,
-        k,
-        v,
-        block_m=block_m,
-        block_n=block_n,
-        batch_index=batch_index,
-        sinks=sinks,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        cu_seqlens=cu_seqlens,
-        score_mod=score_mod,
-        block_mask=block_mask,
-    )
+    return backward_replay(q, k, v, dO, seed, options)
+
+
+def backward_replay(
+    q: Tensor, k: Tensor, v: Tensor, dO: Tensor | None, seed: int, options: ReplayKeywords
+) -> BackwardReplay:
+    """:func:`replay_backward`'s body: its keywords checked and their defaults filled, taken whole."""
+    head = one_head_call(q, k, v, options)
     opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
     batch_index, dt = head.batch_index, q2.dtype
     N_q, N_k = q2.shape[0], k2.shape[0]
@@ -392,29 +319,8 @@ def replay_backward(
     )
 
 
-# The keyword arguments of replay() that the backward reads too; the others pick a query block or an order.
-SHARED_OPTIONS = (
-    "block_m",
-    "block_n",
-    "causal",
-    "causal_align",
-    "scale",
-    "batch_index",
-    "window",
-    "softcap",
-    "alibi_slopes",
-    "seqlens_k",
-    "attn_mask",
-    "cu_seqlens",
-    "sinks",
-    "block_mask",
-    "score_mod",
-)
-
-
 def backward_of(r: Replay, *, dO: Tensor | None = None, seed: int = 0) -> BackwardReplay:
     """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`)."""
     q, k, v = r.inputs
     assert r.call is not None  # r.inputs raised otherwise
-    options: dict[str, Any] = {name: r.call.options[name] for name in SHARED_OPTIONS}
-    return replay_backward(q, k, v, dO, seed=seed, **options)
+    return backward_replay(q, k, v, dO, seed, r.call.options)  # the forward's keywords, whole

@@ -34,7 +34,7 @@ from .._cli_types import (
 )
 from .cli_common import DTYPES, FORMATS, counts, error, floats, make_inputs, sinks_error, window
 from .cli_run import run_backward, run_decode, run_forward
-from .replay import ORDERS
+from .replay import ORDERS, SOURCES
 
 SCENARIOS = ("forward", "backward", "decode")
 HELP = {
@@ -97,6 +97,12 @@ def _add_options(p: argparse.ArgumentParser, scenario: str) -> None:
     if scenario == "forward":
         p.add_argument("--query-block", type=nonnegative_int, default=0, help="i, the replayed query block")
         p.add_argument("--order", choices=ORDERS, default="query_major", help="FA2's loop order, or FA1's key_major")
+        p.add_argument(
+            "--source",
+            choices=SOURCES,
+            default="reference",
+            help="triton: the tutorial kernel's own numbers (core/kernel.py's trace build) beside the reference's",
+        )
         p.add_argument("--extensions", action="store_true", help="--format json: add skipped tiles and equations")
 
 

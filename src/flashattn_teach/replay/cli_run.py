@@ -46,6 +46,7 @@ def forward_of(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor) -> Rep
         causal_align=args.causal_align or "top_left",
         scale=args.scale,
         order=getattr(args, "order", "query_major"),
+        source=getattr(args, "source", "reference"),
         batch_index=args.batch_index,
         window=masks.window,
         softcap=masks.softcap,

@@ -60,9 +60,9 @@ def _order_updates(replay: Replay, order: str) -> dict[str, Any]:
                     "i": step.i,
                     "j": step.j,
                     "rows": list(step.rows),
-                    "m": json_values(step.m_i),  # (Br,) after the update
-                    "l": json_values(step.l_i),  # (Br,)
-                    "O": json_rows(step.O_partial),  # (Br, D_v): acc / l_i over the keys seen so far
+                    "m": json_values(step["m_i"]),  # (Br,) after the update
+                    "l": json_values(step["l_i"]),  # (Br,)
+                    "O": json_rows(step["O_partial"]),  # (Br, D_v): acc / l_i over the keys seen so far
                 }
             )
     updates.sort(key=lambda u: u["position"])

@@ -16,45 +16,56 @@ merge, with the partial of one key of score ``sink_h`` and value zero, ``(O_b = 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..merge import merge_attention_states
-from .steps import StepKind
+from .step import Step, StepEquation, StepKind, numbers
 
-__all__ = ["MergeStep", "Partial", "check_merge_order", "fold_merges", "merge_sink"]
+__all__ = ["Partial", "check_merge_order", "fold_merges", "merge_sink", "merge_step"]
 
 Partial = tuple[int, Tensor, Tensor]  # (split s, O_s (N_new, D_v), lse_s (N_new,))
 
 
-@dataclass(frozen=True)
-class MergeStep:
-    """Merge ``index``: ``(O_a, lse_a)`` of the splits ``merged`` with ``(O_b, lse_b)`` of split ``split``
-    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``).
-
-    ``lse_a, lse_b, lse, w_a, w_b`` are ``(N_new,)``, ``O`` is ``(N_new, D_v)``; ``max_diff`` is
-    ``max |O - O_final|`` over every row."""
-
-    index: int
-    merged: tuple[int, ...]
-    split: int | None
-    lse_a: Tensor
-    lse_b: Tensor
-    lse: Tensor
-    w_a: Tensor
-    w_b: Tensor
-    O: Tensor
-    max_diff: float
-    step_kind: ClassVar[StepKind] = StepKind.MERGE
-
-    @property
-    def label(self) -> str:
-        """``(0 1) + 2``: the splits merged so far and the one merged in (``sink`` for the sink)."""
-        return "(" + " ".join(map(str, self.merged)) + ") + " + ("sink" if self.split is None else str(self.split))
+def merge_step(
+    index: int,
+    merged: tuple[int, ...],
+    split: int | None,
+    a: tuple[Tensor, Tensor],
+    b: tuple[Tensor, Tensor],
+    O_final: Tensor,
+) -> Step:
+    """MERGE ``index``: ``a = (O_a, lse_a)`` of the splits ``merged`` with ``b = (O_b, lse_b)`` of split ``split``
+    (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``), by :func:`flashattn_teach.merge_attention_states`.
+    Its terms: ``lse_a, lse_b, lse, w_a, w_b (N_new,)`` and ``O (N_new, D_v)``; its equations give each but the
+    inputs with the numbers put in, then the result (a row with ``lse = -inf`` saw no key: its weights are 0,
+    as the code takes them, not ``exp(-inf - -inf)``); ``max_diff`` is ``max |O - O_final|`` over every row."""
+    (O_a, lse_a), (O_b, lse_b) = a, b
+    O, lse = merge_attention_states(O_a, lse_a, O_b, lse_b)
+    w_a, w_b = merge_weights(lse_a, lse_b, lse)
+    terms = {"lse_a": lse_a, "lse_b": lse_b, "lse": lse, "w_a": w_a, "w_b": w_b, "O": O}
+    max_diff = float((O - O_final).abs().max())
+    equations = (
+        StepEquation(
+            None, "lse", "log(exp(lse_a) + exp(lse_b))", f"log(exp({numbers(lse_a)}) + exp({numbers(lse_b)}))", lse
+        ),
+        StepEquation(None, "w_a", "exp(lse_a - lse)", f"exp({numbers(lse_a)} - {numbers(lse)})", w_a),
+        StepEquation(None, "w_b", "exp(lse_b - lse)", f"exp({numbers(lse_b)} - {numbers(lse)})", w_b),
+        StepEquation(
+            None, "O", "w_a O_a + w_b O_b", f"{numbers(w_a)} {numbers(O_a)} + {numbers(w_b)} {numbers(O_b)}", O
+        ),
+    )
+    return Step(
+        StepKind.MERGE,
+        index,
+        terms,
+        tuple(e.with_result() for e in equations),
+        max_diff=max_diff,
+        merged=merged,
+        split=split,
+    )
 
 
 def merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -78,7 +89,7 @@ def check_merge_order(merge_order: Sequence[int] | None, num_splits: int) -> lis
 
 def fold_merges(
     partials: Sequence[Partial], order: Sequence[int], O_final: Tensor
-) -> tuple[tuple[MergeStep, ...], Tensor, Tensor]:
+) -> tuple[tuple[Step, ...], Tensor, Tensor]:
     """Fold the non-empty splits' ``partials`` in ``order`` (splits without a partial are skipped, as
     :mod:`flashattn_teach.serving.api` skips empty ranges); returns the merges and the merged ``(O, lse)``."""
     by_split = {s: (O_s, lse_s) for s, O_s, lse_s in partials}
@@ -87,19 +98,14 @@ def fold_merges(
     merged: tuple[int, ...] = (first,)
     steps = []
     for n, (s, O_b, lse_b) in enumerate(parts[1:]):
-        O_new, lse_new = merge_attention_states(O, lse, O_b, lse_b)
-        w_a, w_b = merge_weights(lse, lse_b, lse_new)
-        max_diff = float((O_new - O_final).abs().max())
-        steps.append(MergeStep(n, merged, s, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff))
-        O, lse, merged = O_new, lse_new, (*merged, s)
+        step = merge_step(n, merged, s, (O, lse), (O_b, lse_b), O_final)
+        steps.append(step)
+        O, lse, merged = step["O"], step["lse"], (*merged, s)
     return tuple(steps), O, lse
 
 
-def merge_sink(index: int, merged: tuple[int, ...], O: Tensor, lse: Tensor, sink: Tensor, O_final: Tensor) -> MergeStep:
+def merge_sink(index: int, merged: tuple[int, ...], O: Tensor, lse: Tensor, sink: Tensor, O_final: Tensor) -> Step:
     """Merge ``index``: the merged splits' ``(O, lse)`` with the sink's partial ``(0, sink_h)`` (``sink (1,)``);
     a row that saw no key (``lse = -inf``) ends at ``O = 0``, ``lse = sink_h``."""
     lse_b = sink.to(lse.dtype).expand_as(lse)  # (1,) -> (N_new,)
-    O_new, lse_new = merge_attention_states(O, lse, torch.zeros_like(O), lse_b)
-    w_a, w_b = merge_weights(lse, lse_b, lse_new)
-    max_diff = float((O_new - O_final).abs().max())
-    return MergeStep(index, merged, None, lse, lse_b, lse_new, w_a, w_b, O_new, max_diff)
+    return merge_step(index, merged, None, (O, lse), (torch.zeros_like(O), lse_b), O_final)

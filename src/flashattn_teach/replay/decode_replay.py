@@ -55,12 +55,12 @@ from ..serving.page_checks import check_block_ids, check_block_table, check_page
 from ..serving.pages import element_caches
 from ..serving.ranges import range_options
 from ..serving.splitkv import default_num_splits, split_ranges
-from .decode_merges import MergeStep, check_merge_order, fold_merges, merge_sink
+from .decode_merges import check_merge_order, fold_merges, merge_sink
 from .inputs import check_index
-from .schedule import Schedule, visited_key_blocks
-from .steps import Steps, TileStep
+from .step import Step
+from .steps import Steps
 
-__all__ = ["DecodeReplay", "KeyRole", "MergeStep", "SplitReplay", "replay_decode"]
+__all__ = ["DecodeReplay", "KeyRole", "SplitReplay", "replay_decode"]
 
 
 class KeyRole(Enum):
@@ -85,7 +85,7 @@ class SplitReplay:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[TileStep]:
+    def __iter__(self) -> Iterator[Step]:
         s0 = self.keys[0]
         for step in self.steps:
             c0, c1 = step.cols
@@ -109,7 +109,7 @@ class DecodeReplay:
     keys: tuple[int, int]
     ranges: tuple[tuple[int, int], ...]
     splits: tuple[SplitReplay, ...]
-    merges: tuple[MergeStep, ...]
+    merges: tuple[Step, ...]
     O: Tensor
     lse: Tensor
     O_final: Tensor
@@ -130,7 +130,7 @@ class DecodeReplay:
     notebook_page: ClassVar[Callable[[DecodeReplay], str] | None] = None
     replay_kind: ClassVar[str] = "decode"  # the scenario, "replayKind" in its JSON
 
-    def all_steps(self) -> Iterator[TileStep | MergeStep]:
+    def all_steps(self) -> Iterator[Step]:
         """Every step, in the order it runs: each split's UPDATEs, then the MERGEs (the sink's last)."""
         for split in self.splits:
             yield from split
@@ -224,23 +224,11 @@ def _split(
     L, N_new = k.shape[2], q.shape[2]
     opts = _options(q, k[:, :, s0:s1], v[:, :, s0:s1], settings, offset=L - N_new - s0)
     tiling = opts.mask.tiling(N_new, block_n)  # the N_new rows are one query block
-    schedule = Schedule(visited_key_blocks(tiling, b=0), len(tiling.col_blocks), order="query_major")
-    steps = Steps(
-        q_i=q[0, 0],
-        k=k[0, 0, s0:s1],
-        v=v[0, 0, s0:s1],
-        O_final=O_final,
-        i=0,
-        rows=(0, N_new),
-        tiling=tiling,
-        batch_index=0,
-        scale=opts.scale,
-        schedule=schedule,
-    )
+    steps = Steps.of_block(q[0, 0], k[0, 0, s0:s1], v[0, 0, s0:s1], tiling, 0, O_final, scale=opts.scale)
     m_i, l_i, acc = init_state((N_new,), v.shape[-1], dtype=q.dtype, device=q.device)
     O_s = acc
     for step in steps:  # run once for the range's result; iterating again recomputes the steps
-        m_i, l_i, O_s = step.m_i, step.l_i, step.O_partial
+        m_i, l_i, O_s = step["m_i"], step["l_i"], step["O_partial"]
     return SplitReplay(index=s, keys=keys, steps=steps, O_s=O_s, lse_s=log_sum_exp(m_i, l_i))
 
 
@@ -364,7 +352,7 @@ def replay_decode(
     if sink is not None:  # once per row, after every split
         merged = tuple(s for s in order if any(p.index == s for p in parts))
         last = merge_sink(len(merges), merged, O, lse, sink, O_final)
-        merges, O, lse = (*merges, last), last.O, last.lse
+        merges, O, lse = (*merges, last), last["O"], last["lse"]
     return DecodeReplay(
         cache_len=n,
         N_new_kv=N_new_kv,

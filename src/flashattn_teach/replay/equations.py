@@ -12,7 +12,7 @@ Algorithm 1), each written three ways: symbolically, with this update's numbers 
     line 12  O_i = acc / l_i                               (the block's last update only)
     line 13  lse_i = m_i + log(l_i)                        (the block's last update only)
 
-The numbers are the replay's own (:class:`~flashattn_teach.replay.steps.TileStep` keeps the state before the
+The numbers are the replay's own (:class:`~flashattn_teach.replay.steps.Step` keeps the state before the
 update and :class:`~flashattn_teach.core.online_softmax.UpdateTerms`), so the equations show what the code
 computed. A row that has seen no key yet keeps ``m = -inf``; the code then takes the maximum as 0 in the
 exponents (``alpha = exp(-inf - 0) = 0``, ``P_ij = exp(-inf - 0) = 0``) rather than compute ``-inf - (-inf)``,
@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from ..core.online_softmax import log_sum_exp, normalize
-from .steps import TileStep
+from .step import Step
 
 __all__ = [
     "COMPACT",
@@ -169,7 +170,7 @@ class Equation:
         return out
 
 
-def score_symbolic(step: TileStep) -> str:
+def score_symbolic(step: Step) -> str:
     """Line 8 as this step computed ``S_ij`` (:func:`flashattn_teach.reference.scores.score_tile`): capped, then
     biased, then masked, so that the formula gives the numbers shown."""
     score, where = "scale · Q_i K_j^T", "−∞ where masked"
@@ -180,21 +181,21 @@ def score_symbolic(step: TileStep) -> str:
     return f"S_ij = {score}  ({where})"
 
 
-def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
-    """The equations of row ``r`` of the block (0-based within it) at ``step``, in Alg. 1's order."""
-    t = step.terms
-    m_old, l_old = float(step.m_old[r]), float(step.l_old[r])
-    m_new, alpha, rowmax = float(t.m_new[r]), float(t.alpha[r]), float(t.rowmax[r])
-    l_new, rowsum = float(t.l_new[r]), float(t.rowsum[r])
-    S, P = tuple(step.S_ij[r].tolist()), tuple(t.P_ij[r].tolist())
-    acc_old, PV, acc = tuple(step.acc_old[r].tolist()), tuple(t.PV[r].tolist()), tuple(t.acc_new[r].tolist())
+def row_equations(step: Step, r: int) -> tuple[Equation, ...]:
+    """The equations of row ``r`` of the block (0-based within it) at UPDATE ``step``, in Alg. 1's order."""
+    m_old, l_old = float(step["m_old"][r]), float(step["l_old"][r])
+    m_new, alpha, rowmax = float(step["m_new"][r]), float(step["alpha"][r]), float(step["rowmax"][r])
+    l_new, rowsum = float(step["l_new"][r]), float(step["rowsum"][r])
+    S, P = tuple(step["S_ij"][r].tolist()), tuple(step["P_ij"][r].tolist())
+    acc_old, PV = tuple(step["acc_old"][r].tolist()), tuple(step["PV"][r].tolist())
+    acc = tuple(step["acc_new"][r].tolist())
     no_key = m_new == -math.inf
     # The code's m_safe: 0 where m_new = -inf; a negative m_new in parentheses after the minus.
     shifted: tuple[Part, ...] = (" − 0",) if no_key else (" − (", m_new, ")") if m_new < 0 else (" − ", m_new)
     note = NO_KEY if no_key else None
     eqs: list[Equation] = []
     if step.index == 0:
-        sink = step.sink_share is not None
+        sink = step.get("sink_share") is not None
         eqs += [
             Equation(Term.M_START, "m_i = sink_h" if sink else "m_i = −∞", ("m_i = ", m_old), m_old),
             Equation(Term.L_START, "l_i = exp(sink_h − m_i) = 1" if sink else "l_i = 0", ("l_i = ", l_old), l_old),
@@ -216,7 +217,7 @@ def row_equations(step: TileStep, r: int) -> tuple[Equation, ...]:
         Equation(Term.ACC, "acc_new = alpha · acc_old + P_ij V_j", (alpha, " · ", acc_old, " + ", PV, " = ", acc), acc),
     ]
     if step.last:
-        eqs += _finish(t.m_new[r : r + 1], t.l_new[r : r + 1], t.acc_new[r : r + 1])
+        eqs += _finish(step["m_new"][r : r + 1], step["l_new"][r : r + 1], step["acc_new"][r : r + 1])
     return tuple(eqs)
 
 
@@ -236,13 +237,40 @@ def _finish(m_i, l_i, acc) -> list[Equation]:
     ]
 
 
-def step_equations(step: TileStep) -> tuple[tuple[Equation, ...], ...]:
-    """Every row's equations at ``step``."""
+class RowEquations(Sequence[tuple[Equation, ...]]):
+    """An UPDATE step's equations, one tuple of FA2 Alg. 1's lines per query row of its block, computed when a
+    row is read (a block of ``Br`` rows holds ``O(Br (Bc + D_v))`` numbers per row's lines): ``step.equations``."""
+
+    def __init__(self, step: Step, row: Callable[[Step, int], tuple[Equation, ...]] | None = None) -> None:
+        self._step = step
+        self._row = row_equations if row is None else row  # FA2 Alg. 1's; key-major: FA1 Alg. 1's
+
+    def __len__(self) -> int:
+        return self._step.rows[1] - self._step.rows[0]
+
+    @overload
+    def __getitem__(self, r: int) -> tuple[Equation, ...]: ...
+
+    @overload
+    def __getitem__(self, r: slice) -> Sequence[tuple[Equation, ...]]: ...
+
+    def __getitem__(self, r: int | slice) -> tuple[Equation, ...] | Sequence[tuple[Equation, ...]]:
+        if isinstance(r, slice):
+            return [self[n] for n in range(len(self))[r]]
+        if not -len(self) <= r < len(self):
+            raise IndexError(f"row {r} out of range: the block has {len(self)} rows")
+        return self._row(self._step, r % len(self))
+
+
+def step_equations(step: Step) -> tuple[tuple[Equation, ...], ...]:
+    """Every row's FA2 Alg. 1 equations at UPDATE ``step`` (what a query-major step carries as
+    ``step.equations``; a key-major one carries FA1's)."""
     return tuple(row_equations(step, r) for r in range(step.rows[1] - step.rows[0]))
 
 
-def step_json(step: TileStep) -> dict[str, Any]:
-    """A case's ``"equations"``: ``rowStart`` and, per row of the block, its equations as dicts."""
+def step_json(step: Step) -> dict[str, Any]:
+    """A case's ``"equations"``: ``rowStart`` and, per row of the block, its FA2 Alg. 1 equations as dicts (in
+    either order: a key-major page shows FA1's beside them)."""
     return {"rowStart": step.rows[0], "rows": [[e.to_json() for e in row] for row in step_equations(step)]}
 
 
@@ -260,7 +288,7 @@ class ShownEquations:
     """What the table and the PNG show of one update: the ``algorithm``'s lines (``"FA2 Alg. 1"``, from
     ``source``) for every row of the block from ``row_start``, the first row in full and one :func:`compact`
     line of the ``compact_terms`` per other row. FA2's: :func:`shown_equations`; key-major's (FA1 Alg. 1):
-    :func:`.equations_key_major.replay_equations`."""
+    :func:`.equations_view.replay_equations`."""
 
     algorithm: str
     source: str
@@ -287,12 +315,12 @@ class ShownEquations:
         return out
 
 
-def shown_equations(step: TileStep) -> ShownEquations:
+def shown_equations(step: Step) -> ShownEquations:
     """FA2 Alg. 1's lines of ``step``, as the table and the PNG show them."""
     return ShownEquations("FA2 Alg. 1", SOURCE, step.rows[0], step_equations(step))
 
 
-def lines(step: TileStep, width: int = 100) -> list[str]:
+def lines(step: Step, width: int = 100) -> list[str]:
     """``step``'s FA2 equations as plain text lines of at most about ``width`` characters: the block's first row
     in full, one compact line per other row (for the PNG)."""
     return shown_equations(step).lines(width)

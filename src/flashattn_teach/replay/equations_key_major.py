@@ -1,5 +1,5 @@
-"""FlashAttention's Algorithm 1 (Dao et al. 2022) with its numbers: the key-major order's equations, and the
-equations panel's payload for both orders.
+"""FlashAttention's Algorithm 1 (Dao et al. 2022) with its numbers: the key-major order's equations (what a key-major
+UPDATE step carries; the panel's payload and the lines the table and the picture show: :mod:`.equations_view`).
 
 Key-major order (``replay(..., order="key_major")``) is FlashAttention's loop order (Dao et al. 2022, Algorithm 1):
 the replay reads the state back from HBM before each tile (``acc = O_i * l_i``) and then computes FA2's form
@@ -24,28 +24,22 @@ row whose keys in this tile are all masked) is taken as 0 in the exponents, as t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ..core.online_softmax import normalize
-from .equations import BIAS, NO_KEY, SOURCE, Equation, Part, ShownEquations, score_symbolic, shown_equations
-from .replay import Replay
-from .steps import TileStep
+from .equations import BIAS, NO_KEY, Equation, Part, score_symbolic
+from .step import Step
 
 __all__ = [
     "KEY_MAJOR_COMPACT",
     "KEY_MAJOR_LINES",
     "KEY_MAJOR_SOURCE",
     "KeyMajorTerm",
-    "build_view",
     "key_major_row_equations",
-    "key_major_step_equations",
     "key_major_step_json",
-    "replay_equations",
 ]
 
 KEY_MAJOR_SOURCE = "Dao et al. 2022, FlashAttention, Algorithm 1"
@@ -95,27 +89,26 @@ def _minus(m: float) -> tuple[Part, ...]:
     return (" − 0",) if m == -math.inf else (" − (", m, ")") if m < 0 else (" − ", m)
 
 
-def key_major_row_equations(step: TileStep, r: int, v_j: Tensor) -> tuple[Equation, ...]:
-    """FA1 Alg. 1's lines for row ``r`` of the block (0-based within it) at ``step`` of a key-major replay, with
-    ``v_j (Bc, D_v)`` the tile's values. The tile terms are computed here in FA1's form; ``m_new, l_new`` and the
-    written ``O_i`` are the replay's own (``terms.m_new, terms.l_new``, ``O_partial``)."""
-    t = step.terms
-    m_old, l_old, m_new = float(step.m_old[r]), float(step.l_old[r]), float(t.m_new[r])
-    l_new, scale_old = float(t.l_new[r]), float(t.alpha[r])  # alpha = exp(m_old - m_new): FA1's first factor
-    O_old = normalize(step.l_old[r : r + 1], step.acc_old[r : r + 1])[0]  # (D_v,): acc was read back as O_i * l_i
-    m_tile = float(t.rowmax[r])
+def key_major_row_equations(step: Step, r: int) -> tuple[Equation, ...]:
+    """FA1 Alg. 1's lines for row ``r`` of the block (0-based within it) at UPDATE ``step`` of a key-major
+    replay. The tile terms are computed here in FA1's form, with the tile's values ``V_j (Bc, D_v)``; ``m_new,
+    l_new`` and the written ``O_i`` are the replay's own (the step's ``m_new, l_new`` and ``O_partial``)."""
+    m_old, l_old, m_new = float(step["m_old"][r]), float(step["l_old"][r]), float(step["m_new"][r])
+    l_new, scale_old = float(step["l_new"][r]), float(step["alpha"][r])  # alpha = exp(m_old - m_new): FA1's factor
+    O_old = normalize(step["l_old"][r : r + 1], step["acc_old"][r : r + 1])[0]  # (D_v,): acc read back as O_i l_i
+    m_tile = float(step["rowmax"][r])
     # FA1 Alg. 1 line 10 on the tile alone, -inf taken as 0 in the exponent as the code's m_safe does.
-    P_tile = torch.exp(step.S_ij[r] - (0.0 if m_tile == -math.inf else m_tile))  # (Bc,)
+    P_tile = torch.exp(step["S_ij"][r] - (0.0 if m_tile == -math.inf else m_tile))  # (Bc,)
     l_tile = float(P_tile.sum())
     scale_tile = math.exp(m_tile - (0.0 if m_new == -math.inf else m_new))
-    PV = P_tile @ v_j  # (Bc,) @ (Bc, D_v) -> (D_v,)
-    S, P, O, O_new = (tuple(x.tolist()) for x in (step.S_ij[r], P_tile, O_old, step.O_partial[r]))
+    PV = P_tile @ step["V_j"]  # (Bc,) @ (Bc, D_v) -> (D_v,)
+    S, P, O, O_new = (tuple(x.tolist()) for x in (step["S_ij"][r], P_tile, O_old, step["O_partial"][r]))
     PV_ = tuple(PV.tolist())
     no_key = NO_KEY if m_new == -math.inf else None
     tile_empty = "no visible key in this tile: m̃_ij = −∞ is taken as 0 in the exponent, so P̃_ij = 0"
     eqs: list[Equation] = []
     if step.index == 0:
-        sink = step.sink_share is not None
+        sink = step.get("sink_share") is not None
         eqs += [
             Equation(KeyMajorTerm.M_INIT, "m_i = sink_h" if sink else "m_i = −∞  (in HBM)", ("m_i = ", m_old), m_old),
             Equation(KeyMajorTerm.L_INIT, "l_i = 1" if sink else "l_i = 0  (in HBM)", ("l_i = ", l_old), l_old),
@@ -172,44 +165,10 @@ def key_major_row_equations(step: TileStep, r: int, v_j: Tensor) -> tuple[Equati
     return tuple(eqs)
 
 
-def key_major_step_equations(step: TileStep, v_j: Tensor) -> tuple[tuple[Equation, ...], ...]:
-    """Every row's FA1 Alg. 1 equations at ``step`` (``v_j (Bc, D_v)``: the tile's values)."""
-    return tuple(key_major_row_equations(step, r, v_j) for r in range(step.rows[1] - step.rows[0]))
-
-
-def key_major_step_json(step: TileStep, v_j: Tensor) -> dict[str, Any]:
-    """As :func:`step_json`, with FA1 Alg. 1's lines."""
-    rows = key_major_step_equations(step, v_j)
+def key_major_step_json(step: Step) -> dict[str, Any]:
+    """As :func:`.equations.step_json`, with FA1 Alg. 1's lines (what a key-major UPDATE carries)."""
+    rows = [key_major_row_equations(step, r) for r in range(step.rows[1] - step.rows[0])]
     return {"rowStart": step.rows[0], "rows": [[e.to_json() for e in row] for row in rows]}
 
 
 KEY_MAJOR_COMPACT = (KeyMajorTerm.SCALE_OLD, KeyMajorTerm.SCALE_TILE, KeyMajorTerm.L_NEW)  # a row in one line
-
-
-def replay_equations(replay: Replay, step: TileStep) -> ShownEquations:
-    """The lines the table and the PNG show for ``step`` of ``replay``: FA1 Alg. 1's for key-major order (its
-    ``V_j`` is ``replay.steps.v``'s tile), FA2 Alg. 1's otherwise."""
-    if replay.order != "key_major":
-        return shown_equations(step)
-    rows = key_major_step_equations(step, replay.steps.v[step.cols[0] : step.cols[1]])
-    return ShownEquations("FA1 Alg. 1", KEY_MAJOR_SOURCE, step.rows[0], rows, KEY_MAJOR_COMPACT)
-
-
-def build_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The equations panel's payload; None without updates. Query-major: the numbers are in each case's
-    ``"equations"``. Key-major: ``"steps"`` lists, per update, FA1 Alg. 1's lines (:func:`key_major_step_json`),
-    which the panel shows instead, and ``"note"`` says how they relate to the case's FA2 lines."""
-    if len(replay.steps) == 0:
-        return None
-    r0, r1 = replay.rows
-    if replay.order != "key_major":
-        return {"source": SOURCE, "rowStart": r0, "rowCount": r1 - r0}
-    v = replay.steps.v  # (N_k, D_v): the replayed head's values
-    return {
-        "source": KEY_MAJOR_SOURCE,
-        "rowStart": r0,
-        "rowCount": r1 - r0,
-        "note": "key-major order: the state goes to HBM between tiles. The replay reads it back as acc = O_i · l_i "
-        "and updates it in FA2's form (the JSON's equations); FA1's form below gives the same m_i, l_i and O_i.",
-        "steps": [key_major_step_json(s, v[s.cols[0] : s.cols[1]]) for s in replay.steps],
-    }

@@ -14,7 +14,7 @@ skipped (SKIP) tiles, each update's tile kind, which cells are masked (``visible
 draws every cell anyway) and, for the key-major order, the tiles of other query blocks already computed. A
 replay with an attention sink also gets, per update, a labelled bar for each row's sink share so far
 (``sinkShare``) next to its final share ``exp(sink_h - lse_i)``. The tile states reach the scripts as the
-values of :class:`~flashattn_teach.replay.replay.TileState`, embedded next to the data.
+values of :class:`~flashattn_teach.replay.step.TileState`, embedded next to the data.
 
 The other views are listed in :data:`VIEWS` (:mod:`.page_views`): each names its script and style and a
 builder ``build(replay, options) -> payload | None`` (None: nothing to show for this replay, no tab). The
@@ -34,13 +34,12 @@ from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..masks.causal import TileKind
-from .decode_merges import MergeStep
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
 from .manifest import decode_to_experiment, json_number, json_rows, json_values, merge_json, to_experiment
 from .page_views import VIEWS
-from .replay import Replay, TileState
-from .steps import TileStep
+from .replay import Replay
+from .step import Step, TileState
 
 __all__ = ["DecodeEvent", "build_decode_view", "check_decode_drawable", "render_decode_html", "render_html"]
 
@@ -220,7 +219,7 @@ def _slots(r: DecodeReplay) -> list[dict[str, Any]]:
     return slots
 
 
-def _tile(split: SplitReplay, step: TileStep) -> dict[str, Any]:
+def _tile(split: SplitReplay, step: Step) -> dict[str, Any]:
     """A tile update of ``split`` (``step.cols`` in global key positions): the state after it, its equations."""
     event: dict[str, Any] = {
         "event": DecodeEvent.TILE.value,
@@ -228,11 +227,11 @@ def _tile(split: SplitReplay, step: TileStep) -> dict[str, Any]:
         "splitKeys": list(split.keys),
         "update": step.index + 1,
         "updates": len(split),
-        "tileKind": step.kind.value,
+        "tileKind": step.tile_kind.value,
         "cols": list(step.cols),
-        "m": json_values(step.m_i),
-        "l": json_values(step.l_i),
-        "output": json_rows(step.O_partial),
+        "m": json_values(step["m_i"]),
+        "l": json_values(step["l_i"]),
+        "output": json_rows(step["O_partial"]),
         "maxDiff": step.max_diff,
         "equations": step_json(step),
         "last": step.last,
@@ -249,11 +248,11 @@ def _minus(x: float) -> tuple[Any, ...]:
     return (" − (", x, ")") if x < 0 else (" − ", x)
 
 
-def _merge_row(m: MergeStep, O_a: Tensor, O_b: Tensor, r: int) -> list[dict[str, Any]]:
+def _merge_row(m: Step, O_a: Tensor, O_b: Tensor, r: int) -> list[dict[str, Any]]:
     """Row ``r``'s merge equations with their numbers, each ``{name, symbolic, parts, value, note?}``."""
-    lse_a, lse_b, lse = float(m.lse_a[r]), float(m.lse_b[r]), float(m.lse[r])
-    w_a, w_b = float(m.w_a[r]), float(m.w_b[r])
-    a, b, out = O_a[r].tolist(), O_b[r].tolist(), m.O[r].tolist()
+    lse_a, lse_b, lse = float(m["lse_a"][r]), float(m["lse_b"][r]), float(m["lse"][r])
+    w_a, w_b = float(m["w_a"][r]), float(m["w_b"][r])
+    a, b, out = O_a[r].tolist(), O_b[r].tolist(), m["O"][r].tolist()
     note = BOTH_EMPTY if lse == -math.inf else None
     sink = m.split is None
     eqs: list[dict[str, Any]] = [
@@ -298,7 +297,7 @@ def _json_part(part: Any) -> Any:
     return json_number(part)
 
 
-def _merge(m: MergeStep, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
+def _merge(m: Step, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
     """Merge ``m`` of ``(O_a, lse_a)`` with ``(O_b, lse_b)`` (``O_b = 0`` for the sink), per row."""
     return {
         "event": DecodeEvent.MERGE.value,
@@ -306,7 +305,7 @@ def _merge(m: MergeStep, O_a: Tensor, O_b: Tensor) -> dict[str, Any]:
         "label": m.label,
         "outputA": json_rows(O_a),
         "outputB": json_rows(O_b),
-        "equations": [_merge_row(m, O_a, O_b, r) for r in range(m.O.shape[0])],
+        "equations": [_merge_row(m, O_a, O_b, r) for r in range(m["O"].shape[0])],
     }
 
 
@@ -315,8 +314,8 @@ def _events(r: DecodeReplay) -> list[dict[str, Any]]:
     partials = {split.index: split.O_s for split in r.splits}
     for m in r.merges:
         # O_a: the first split's partial, then the previous merge's result; O_b: the split's partial, 0 for the sink.
-        O_a = partials[m.merged[0]] if m.index == 0 else r.merges[m.index - 1].O
-        O_b = partials[m.split] if m.split is not None else m.O.new_zeros(m.O.shape)
+        O_a = partials[m.merged[0]] if m.index == 0 else r.merges[m.index - 1]["O"]
+        O_b = partials[m.split] if m.split is not None else m["O"].new_zeros(m["O"].shape)
         events.append(_merge(m, O_a, O_b))
     events.append(
         {

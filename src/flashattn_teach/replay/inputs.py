@@ -10,13 +10,16 @@ contract with the same :func:`one_head_call`, and build their dense oracle's mas
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Annotated
 
 import torch
 from torch import Tensor
+from typing_extensions import Required, TypedDict
 
 from .._layout import compute_dtype
 from .._options import AttentionOptions, from_torch, make_options
 from .._validate.inputs import check_window, validate_block_sizes
+from .._validate.keywords import Default
 from .._validate.sinks import check_sinks
 from .._validate.varlen import check_cu_seqlens
 from ..dispatch.carry import Carries, always, uncarried, unset
@@ -118,27 +121,29 @@ class OneHead:
     sink: Tensor | None  # (1,), compute dtype
 
 
-def one_head_call(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    block_m: int,
-    block_n: int,
-    batch_index: int,
-    sinks: float | Tensor | None,
-    causal: bool,
-    causal_align: str,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: float | Tensor | None,
-    seqlens_k: Tensor | None,
-    attn_mask: Tensor | None,
-    cu_seqlens: Tensor | None,
-    score_mod: ScoreMod | None,
-    block_mask: BlockMask | None,
-) -> OneHead:
+class ReplayKeywords(TypedDict, total=False):
+    """The keywords a forward and a backward replay share, written once (:func:`.replay.replay`'s docstring says
+    what each means): the tiles, the replayed batch element, and the call's mask contract and variants, as for
+    :func:`flashattn_teach.flash_attention` but for one head (one ALiBi slope or sink as a number too)."""
+
+    block_m: Required[int]
+    block_n: Required[int]
+    batch_index: Annotated[int, Default(0)]
+    causal: Annotated[bool, Default(False)]
+    causal_align: Annotated[str, Default("top_left")]
+    scale: Annotated[float | None, Default(None)]  # None: 1 / sqrt(D)
+    window: Annotated[tuple[int, int] | None, Default(None)]
+    softcap: Annotated[float | None, Default(None)]
+    alibi_slopes: Annotated[float | Tensor | None, Default(None)]  # one slope, or (B,)
+    seqlens_k: Annotated[Tensor | None, Default(None)]  # (B,)
+    attn_mask: Annotated[Tensor | None, Default(None)]
+    cu_seqlens: Annotated[Tensor | None, Default(None)]  # (S + 1,): packed sequences
+    sinks: Annotated[float | Tensor | None, Default(None)]  # the head's sink_h
+    block_mask: Annotated[BlockMask | None, Default(None)]
+    score_mod: Annotated[ScoreMod | None, Default(None)]
+
+
+def one_head_call(q: Tensor, k: Tensor, v: Tensor, options: ReplayKeywords) -> OneHead:
     """The arguments of a replay (forward or backward) checked and picked, each error naming its argument.
 
     The mask contract is built as every CPU path builds it, for ``(B, 1, N, D)``: batch ``B``, one head. A 3-D
@@ -147,9 +152,11 @@ def one_head_call(
     ``block_mask`` are FlexAttention's (:func:`one_head_block_mask`), called with ``h = 0``; ``sinks`` is the one
     head's (:func:`one_sink`)."""
     B = batch_size(q, k, v)
-    block_m, block_n = validate_block_sizes(block_m, block_n)
-    batch_index = check_index("batch_index", batch_index, B, f"batch size B={B}")
-    block_mask = one_head_block_mask(block_mask, B)
+    block_m, block_n = validate_block_sizes(options["block_m"], options["block_n"])
+    batch_index = check_index("batch_index", options["batch_index"], B, f"batch size B={B}")
+    block_mask = one_head_block_mask(options["block_mask"], B)
+    attn_mask, cu_seqlens, score_mod = options["attn_mask"], options["cu_seqlens"], options["score_mod"]
+    causal_align, window, seqlens_k = options["causal_align"], options["window"], options["seqlens_k"]
     if cu_seqlens is not None and (score_mod is not None or block_mask is not None):
         raise AttentionValueError(
             "cu_seqlens cannot be combined with score_mod or block_mask (flash_attn_varlen_func takes no user "
@@ -162,13 +169,13 @@ def one_head_call(
         q4,
         k4,
         v4,
-        causal=causal,
+        causal=options["causal"],
         causal_align=causal_align,
-        scale=scale,
+        scale=options["scale"],
         attn_mask=attn_mask,
         window=window,
-        softcap=softcap,
-        alibi_slopes=one_slope(alibi_slopes, B),
+        softcap=options["softcap"],
+        alibi_slopes=one_slope(options["alibi_slopes"], B),
         seqlens_k=seqlens_k,
         score_mod=score_mod,
         block_mask=block_mask,
@@ -184,7 +191,7 @@ def one_head_call(
                 )
         opts = _packed(opts, q, cu_seqlens, B, causal_align, window)
     dt = compute_dtype(q.dtype)
-    sink = one_sink(sinks, q.device, dt)  # (1,)
+    sink = one_sink(options["sinks"], q.device, dt)  # (1,)
     q2, k2, v2 = (pick_matrix(t, name, batch_index).to(dt) for t, name in ((q, "query"), (k, "key"), (v, "value")))
     return OneHead(q2, k2, v2, opts, batch_index, block_m, block_n, sink)
 

@@ -38,11 +38,12 @@ from torch import Tensor
 
 from ..errors import AttentionValueError
 from ..masks.causal import TileKind
-from .backward_replay import PASSES, BackwardEquation, BackwardReplay, BackwardStep, backward_of
-from .decode_merges import MergeStep
+from .backward_replay import PASSES, BackwardReplay, backward_of
 from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
-from .replay import Replay, TileStep
+from .kernel_view import kernel_case, kernel_head
+from .replay import Replay
+from .step import Step, StepEquation, StepKind
 
 TITLE = "Finish attention without retaining every score."
 CONTROL_LABEL = "Tile update"
@@ -69,7 +70,7 @@ def json_rows(t: Tensor) -> list[list[float | None]]:
     return [json_values(row) for row in t]
 
 
-def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: int) -> dict[str, Any]:
+def tile_case(step: Step, number: int, shape: tuple[int, int], full_cells: int) -> dict[str, Any]:
     """Case ``tile-number`` of the experiment: tile update ``step`` in the ``(rows, columns)`` score matrix of
     ``shape`` (the replay's own ``(N_q, N_k)``, or a decode's), its vectors and metrics; ``full_cells``: the
     size of the full score matrix a dense path would hold."""
@@ -88,11 +89,11 @@ def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: i
             "completedColumns": step.completed_columns,
         },
         "vectors": [
-            {"label": "Current score tile · row-major", "values": json_values(step.S_ij)},
-            {"label": "Running row maximum", "values": json_values(step.m_i)},
-            {"label": "Running denominator", "values": json_values(step.l_i)},
-            {"label": f"Partial output · query {r0}", "values": json_values(step.O_partial[0])},
-            {"label": f"Final dense output · query {r0}", "values": json_values(step.O_final[0])},
+            {"label": "Current score tile · row-major", "values": json_values(step["S_ij"])},
+            {"label": "Running row maximum", "values": json_values(step["m_i"])},
+            {"label": "Running denominator", "values": json_values(step["l_i"])},
+            {"label": f"Partial output · query {r0}", "values": json_values(step["O_partial"][0])},
+            {"label": f"Final dense output · query {r0}", "values": json_values(step["O_final"][0])},
         ],
         "metrics": [
             {"label": "Score elements in current tile", "value": (r1 - r0) * (c1 - c0)},
@@ -102,15 +103,18 @@ def tile_case(step: TileStep, number: int, shape: tuple[int, int], full_cells: i
     }
 
 
-def _case(replay: Replay, step: TileStep, extensions: bool) -> dict[str, Any]:
+def _case(replay: Replay, step: Step, extensions: bool) -> dict[str, Any]:
     case = tile_case(step, step.index + 1, (replay.N_q, replay.N_k), replay.N_q * replay.N_k)
-    if step.sink_share is not None:
-        case["sinkShare"] = json_values(step.sink_share)
+    share = step.get("sink_share")
+    if share is not None:
+        case["sinkShare"] = json_values(share)
+    if step.kernel:  # source="triton": the kernel's numbers beside the reference's (.kernel_view)
+        case["kernel"] = kernel_case(step)
     if extensions:
         case["tiles"] = {
             "i": step.i,
             "j": step.j,
-            "kind": step.kind.value,
+            "kind": step.tile_kind.value,
             "position": step.position + 1,
             "done": [list(t) for t in step.done],
         }
@@ -159,6 +163,8 @@ def _head(replay: Replay, extensions: bool) -> dict[str, Any]:
             "scheduleLength": len(replay.schedule),
             "skipped": [list(t) for t in replay.skipped],
         }
+    if replay.source == "triton":
+        experiment["kernel"] = kernel_head(replay)
     share = replay.sink_share()
     if share is not None:
         experiment["sink"] = {"value": replay.sink, "rowStart": replay.rows[0], "share": json_values(share)}
@@ -216,10 +222,15 @@ def schema() -> dict[str, Any]:
     return json.loads(resources.files(__package__).joinpath("replay.schema.json").read_text(encoding="utf-8"))
 
 
-def _decode_case(r: DecodeReplay, split: SplitReplay, step: TileStep, number: int) -> dict[str, Any]:
+def _decode_case(r: DecodeReplay, split: SplitReplay, step: Step, number: int) -> dict[str, Any]:
     return {
         **tile_case(step, number, (r.N_new, r.N_max), r.N_new * r.L),
-        "split": {"index": split.index, "keys": list(split.keys), "update": step.index + 1, "kind": step.kind.value},
+        "split": {
+            "index": split.index,
+            "keys": list(split.keys),
+            "update": step.index + 1,
+            "kind": step.tile_kind.value,
+        },
     }
 
 
@@ -279,19 +290,19 @@ def _decode_keys(r: DecodeReplay) -> dict[str, Any]:
     }
 
 
-def merge_json(m: MergeStep) -> dict[str, Any]:
+def merge_json(m: Step) -> dict[str, Any]:
     """One merge of the decode step: the partials it combined, their weights and the result, per row."""
     return {
         "stepKind": m.step_kind.value,
         "merge": m.index + 1,
         "merged": list(m.merged),
         "split": m.split,
-        "lseA": json_values(m.lse_a),
-        "lseB": json_values(m.lse_b),
-        "lse": json_values(m.lse),
-        "weightA": json_values(m.w_a),
-        "weightB": json_values(m.w_b),
-        "output": json_rows(m.O),
+        "lseA": json_values(m["lse_a"]),
+        "lseB": json_values(m["lse_b"]),
+        "lse": json_values(m["lse"]),
+        "weightA": json_values(m["w_a"]),
+        "weightB": json_values(m["w_b"]),
+        "output": json_rows(m["O"]),
         "maxDiff": m.max_diff,
     }
 
@@ -333,39 +344,25 @@ def nested(t: Tensor) -> Any:
     return json_number(float(t)) if t.dim() == 0 else [nested(x) for x in t]
 
 
-def _equation(eq: BackwardEquation) -> dict[str, Any]:
-    return {
-        "line": eq.line,
-        "name": eq.name,
-        "symbolic": eq.symbolic,
-        "substituted": eq.substituted,
-        "value": nested(eq.value),
-    }
+def _equation(eq: StepEquation) -> dict[str, Any]:
+    text = {"line": eq.line, "name": eq.name, "symbolic": eq.symbolic, "substituted": eq.substituted}
+    return text | {"value": nested(eq.value)}
 
 
-def _step(step: BackwardStep) -> dict[str, Any]:
-    return {
-        "stepKind": step.step_kind.value,
-        "index": step.index,
-        "i": step.i,
-        "j": step.j,
-        "rows": list(step.rows),
-        "cols": list(step.cols),
-        "kind": step.kind.value,
-        "S_ij": nested(step.S_ij),
-        "P_ij": nested(step.P_ij),
-        "dP_ij": nested(step.dP_ij),
-        "dS_ij": nested(step.dS_ij),
-        "acc": {name: nested(t) for name, t in step.acc.items()},
-        "equations": [_equation(eq) for eq in step.equations],
-    }
+def _step(step: Step) -> dict[str, Any]:
+    """A backward step as JSON: the PREPROCESS its kind, index and equations; a pass's step its tile and terms too."""
+    out: dict[str, Any] = {"stepKind": step.step_kind.value, "index": step.index}
+    if step.step_kind is not StepKind.PREPROCESS:
+        out |= {"i": step.i, "j": step.j, "rows": list(step.rows), "cols": list(step.cols)}
+        out["kind"] = step.tile_kind.value
+        out |= {name: nested(step[name]) for name in ("S_ij", "P_ij", "dP_ij", "dS_ij")}
+        out["acc"] = {name: nested(t) for name, t in step.accumulators.items()}
+    return out | {"equations": [_equation(eq) for eq in step.equations]}
 
 
 def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
     """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
-    preprocess: dict[str, Any] = {"stepKind": PASSES[0].value, "index": 0}
-    preprocess["equations"] = [_equation(eq) for eq in br.preprocess()]
-    steps = [preprocess, *(_step(s) for s in br.all_steps())]
+    steps = [_step(s) for s in br.all_steps()]  # the PREPROCESS, then the passes' tiles
     mine, oracle = br.gradients(), br.oracle()
     return {
         "replayKind": br.replay_kind,

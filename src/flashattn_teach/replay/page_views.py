@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compare import build as build_compare
-from .equations_key_major import build_view as build_equations
+from .equations_view import build_view as build_equations
 from .gpu_schedule import OPTIONS as GPU_OPTIONS
 from .gpu_schedule import build as build_gpu
+from .kernel_view import build_view as build_kernel
 from .manifest import build_backward_view
 from .memory import build_view as build_memory
 from .replay import Replay
@@ -38,6 +39,7 @@ VIEWS: tuple[View, ...] = (
     # forward panels, drawn in this order under the forward view at every tile update
     View("equations", "Equations", "page_equations.js", "page_equations.css", build_equations, panel=True),
     View("memory", "Memory", "page_memory.js", "page_memory.css", build_memory, panel=True),
+    View("kernel", "Kernel", "page_kernel.js", "page_kernel.css", build_kernel, panel=True),  # source="triton"
     # tabs beside the forward view, in this order
     View("compare", "Side by side", "page_compare.js", "page_compare.css", build_compare, ("compare",)),
     View("backward", "Backward", "page_backward.js", "page_backward.css", build_backward_view, ("backward",)),

@@ -1,7 +1,7 @@
 """A replay as a picture (matplotlib): one row per tile update, the schedule grid next to the vector bars.
 
 Next to each drawn update, its equations with their numbers (FA2 Alg. 1; a key-major replay's FA1 Alg. 1,
-:func:`.equations_key_major.replay_equations`): the block's first row in full, one compact line per other row.
+:func:`.equations_view.replay_equations`): the block's first row in full, one compact line per other row.
 
 With an attention sink, each update's title gives every row's sink share so far, ``exp(sink_h - m_i) / l_i``
 (at the last update the final ``exp(sink_h - lse_i)``), and the heading names the sink.
@@ -26,24 +26,26 @@ from torch import Tensor
 from ..errors import AttentionValueError
 from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
-from .equations_key_major import replay_equations
+from .equations_view import replay_equations
 from .html import LEGEND_COLOURS, check_drawable
+from .kernel_view import kernel_lines
 from .manifest import span
-from .replay import Replay, TileState, TileStep
+from .replay import Replay
+from .step import Step, TileState
 
 VECTOR_COLOURS = ("#7f7f7f", "#d62728", "#9467bd", "#1f77b4", "#2ca02c")
 RGB = tuple[float, float, float]
 
 
-def _vectors(step: TileStep) -> list[tuple[str, Tensor]]:
+def _vectors(step: Step) -> list[tuple[str, Tensor]]:
     """The bars of one update, labelled in the paper's notation."""
     r0 = step.rows[0]
     return [
-        ("S_ij (row-major)", step.S_ij.reshape(-1)),
-        ("m_i", step.m_i),
-        ("l_i", step.l_i),
-        (f"O partial, query {r0}", step.O_partial[0]),
-        (f"O final, query {r0}", step.O_final[0]),
+        ("S_ij (row-major)", step["S_ij"].reshape(-1)),
+        ("m_i", step["m_i"]),
+        ("l_i", step["l_i"]),
+        (f"O partial, query {r0}", step["O_partial"][0]),
+        (f"O final, query {r0}", step["O_final"][0]),
     ]
 
 
@@ -57,7 +59,7 @@ def _cell_colour(states: list[list[TileState]], visible: list[list[bool]], repla
     return red, green, blue
 
 
-def _grid(ax: Any, replay: Replay, step: TileStep, visible: list[list[bool]], legend: bool) -> None:
+def _grid(ax: Any, replay: Replay, step: Step, visible: list[list[bool]], legend: bool) -> None:
     from matplotlib.patches import Patch
 
     states = replay.grid(step)
@@ -77,7 +79,7 @@ def _grid(ax: Any, replay: Replay, step: TileStep, visible: list[list[bool]], le
         ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=3, frameon=False)
 
 
-def _bars(ax: Any, step: TileStep, limit: float) -> None:
+def _bars(ax: Any, step: Step, limit: float) -> None:
     labels, values, colours = [], [], []
     for (label, vector), colour in zip(_vectors(step), VECTOR_COLOURS, strict=True):
         for k, x in enumerate(vector.tolist()):
@@ -96,8 +98,8 @@ def _bars(ax: Any, step: TileStep, limit: float) -> None:
     ax.tick_params(axis="x", labelsize=6)
     (r0, r1), (c0, c1) = step.rows, step.cols
     title = f"query rows {r0}–{r1 - 1} · key columns {c0}–{c1 - 1}  ·  max |O partial - O final|: {step.max_diff:.3g}"
-    if step.sink_share is not None:
-        shares = ", ".join(f"row {r0 + r} {x:.4g}" for r, x in enumerate(step.sink_share.tolist()))
+    if step.get("sink_share") is not None:
+        shares = ", ".join(f"row {r0 + r} {x:.4g}" for r, x in enumerate(step["sink_share"].tolist()))
         title += f"\nsink share so far, exp(sink − m_i) / l_i: {shares}"
     ax.set_title(title, fontsize=8, loc="left")
 
@@ -138,7 +140,7 @@ def render_png(
     )
     limit = 1.0 if limit == 0 or not math.isfinite(limit) else limit * 1.05
     n_bars = sum(v.numel() for _, v in _vectors(drawn[0]))
-    equations = {s.index: replay_equations(replay, s).lines() for s in drawn}
+    equations = {s.index: replay_equations(replay, s).lines() + kernel_lines(s) for s in drawn}
     n_lines = max(len(text) for text in equations.values())
     row_height = max(2.6, 0.14 * n_bars + 0.6, 0.11 * n_lines + 0.4)
     fig = Figure(figsize=(17, row_height * len(drawn) + 0.6), layout="constrained")
@@ -146,7 +148,7 @@ def render_png(
     visible = replay.visible().tolist()
     for row, ((ax_grid, ax_bars, ax_equations), s) in enumerate(zip(axes, drawn, strict=True)):
         _grid(ax_grid, replay, s, visible, legend=row == 0)
-        ax_grid.set_title(f"update {s.index + 1} of {total} · {s.kind.name} tile (j={s.j})", fontsize=8)
+        ax_grid.set_title(f"update {s.index + 1} of {total} · {s.tile_kind.name} tile (j={s.j})", fontsize=8)
         _bars(ax_bars, s, limit)
         _equations(ax_equations, equations[s.index])
     fig.suptitle(
@@ -275,8 +277,8 @@ def _updates(r: DecodeReplay) -> list[list[str]]:
     for split in r.splits:
         for step in split:
             last = step.index == len(split) - 1  # the split's partial result: lse_s = m_i + log(l_i)
-            cells = [str(split.index), str(step.index + 1), span(*step.cols), step.kind.name, _vec(step.m_i)]
-            rows.append([*cells, _vec(step.l_i), _vec(split.lse_s) if last else "", f"{step.max_diff:.3g}"])
+            cells = [str(split.index), str(step.index + 1), span(*step.cols), step.tile_kind.name, _vec(step["m_i"])]
+            rows.append([*cells, _vec(step["l_i"]), _vec(split.lse_s) if last else "", f"{step.max_diff:.3g}"])
     return rows
 
 
@@ -284,8 +286,8 @@ def _merge_rows(r: DecodeReplay) -> list[list[str]]:
     rows = []
     for m in r.merges:
         merged = m.label
-        lses = [_vec(m.lse_a), _vec(m.lse_b), _vec(m.lse)]
-        rows.append([merged, *lses, _vec(m.w_a), _vec(m.w_b), f"{m.max_diff:.3g}"])
+        lses = [_vec(m["lse_a"]), _vec(m["lse_b"]), _vec(m["lse"])]
+        rows.append([merged, *lses, _vec(m["w_a"]), _vec(m["w_b"]), f"{m.max_diff:.3g}"])
     return rows
 
 

@@ -43,24 +43,43 @@ a time, never stored.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
+from .._validate.keywords import takes_keywords
 from ..errors import AttentionValueError
-from ..flex.mods import BlockMask, ScoreMod, UserMods
+from ..flex.mods import ScoreMod, UserMods
 from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
-from .inputs import check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .schedule import ORDERS, Schedule, Skipped, Tile, blocks, visited_key_blocks
-from .steps import Steps, TileState, TileStep
+from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
+from .kernel_trace import check_traceable, kernel_inputs, kernel_tiles, run_trace
+from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
+from .step import Step, TileState
+from .steps import Steps
 
-__all__ = ["ORDERS", "Replay", "ReplayCall", "Steps", "Tile", "TileState", "TileStep", "replay"]
+__all__ = [
+    "ORDERS",
+    "SOURCES",
+    "Replay",
+    "ReplayCall",
+    "ReplayKeywords",
+    "Step",
+    "Steps",
+    "Tile",
+    "TileState",
+    "replay",
+]
+
+
+SOURCES = ("reference", "triton")  # replay(source=...): the reference alone, or the tutorial kernel beside it
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,8 @@ class Replay:
     batch_index: int = 0
     sink: float | None = None  # sink_h of the replayed head, or None without a sink
     call: ReplayCall | None = field(default=None, repr=False, compare=False)  # how replay() was called
+    source: str = "reference"  # "triton": each step also carries the tutorial kernel's numbers (.kernel_trace)
+    note: str = ""  # what the renderers should say about this replay (the kernel's tile sizes)
 
     # notebook.notebook_html, installed by the trace package's __init__: notebook imports this module (through
     # html), so this module cannot import it (no import cycles).
@@ -95,7 +116,7 @@ class Replay:
         render = Replay.notebook_page
         return None if render is None else render(self)
 
-    def all_steps(self) -> Iterator[TileStep]:
+    def all_steps(self) -> Iterator[Step]:
         """Every step, in the order it runs: the UPDATEs of the query block."""
         return iter(self.steps)
 
@@ -123,7 +144,7 @@ class Replay:
         if len(self.steps) == 0:
             r0, r1 = self.rows
             return torch.ones(r1 - r0, dtype=self.steps.q_i.dtype, device=self.steps.q_i.device)
-        share = self.steps[-1].sink_share
+        share = self.steps[-1].get("sink_share")
         assert share is not None
         return share
 
@@ -174,7 +195,7 @@ class Replay:
     def T_c(self) -> int:
         return self.schedule.T_c
 
-    def state(self, step: TileStep, tile: Tile) -> TileState:
+    def state(self, step: Step, tile: Tile) -> TileState:
         """The state of ``tile = (i, j)`` at ``step``."""
         if tile == (step.i, step.j):
             return TileState.CURRENT
@@ -184,7 +205,7 @@ class Replay:
             return TileState.PENDING
         return TileState.SKIPPED
 
-    def grid(self, step: TileStep) -> list[list[TileState]]:
+    def grid(self, step: Step) -> list[list[TileState]]:
         """``(T_r, T_c)`` tile states at ``step``; ``T_r T_c`` grows as ``N^2``, so draw a window of a large one
         with :meth:`state`."""
         return [[self.state(step, (i, j)) for j in range(self.T_c)] for i in range(self.T_r)]
@@ -212,44 +233,37 @@ class Replay:
 
 @dataclass(frozen=True)
 class ReplayCall:
-    """The arguments of one :func:`replay` call, kept so that a view can replay the same inputs otherwise."""
+    """The arguments of one :func:`replay` call (its keywords checked and their defaults filled), kept so that a
+    view can replay the same inputs otherwise and the backward replay can take the same options whole."""
 
     q: Tensor
     k: Tensor
     v: Tensor
-    options: dict[str, Any]
+    query_block: int
+    order: str
+    options: ReplayKeywords
 
-    def run(self, **changes: Any) -> Replay:
+    def run(self, *, query_block: int | None = None, order: str | None = None, **changes: Any) -> Replay:
+        """The replay of the same call with ``query_block``, ``order`` or some of the shared keywords changed."""
         unknown = sorted(set(changes) - set(self.options))
         if unknown:
-            raise AttentionValueError(
-                f"replay() has no keyword argument {unknown[0]!r}; it takes {sorted(self.options)}"
-            )
-        return replay(self.q, self.k, self.v, **{**self.options, **changes})
+            accepted = sorted({"query_block", "order", *self.options})
+            raise AttentionValueError(f"replay() has no keyword argument {unknown[0]!r}; it takes {accepted}")
+        options = cast(ReplayKeywords, self.options | changes)
+        query_block = self.query_block if query_block is None else query_block
+        return forward_replay(ReplayCall(self.q, self.k, self.v, query_block, order or self.order, options))
 
 
+@takes_keywords()
 def replay(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
-    block_m: int,
-    block_n: int,
     query_block: int = 0,
-    causal: bool = False,
-    causal_align: str = "top_left",
-    scale: float | None = None,
     order: str = "query_major",
-    batch_index: int = 0,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: float | Tensor | None = None,
-    seqlens_k: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    sinks: float | Tensor | None = None,
-    block_mask: BlockMask | None = None,
-    score_mod: ScoreMod | None = None,
+    source: str = "reference",
+    **options: Unpack[ReplayKeywords],
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
 
@@ -278,45 +292,53 @@ def replay(
             heads is refused: build it for the head you replay). Any ``BLOCK_SIZE``: the kinds are re-tiled to
             ``block_m x block_n`` as ``flex_attention`` re-tiles them.
         score_mod: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``, called with ``h = 0``.
+        source: ``"reference"``, or ``"triton"``: each step also carries the numbers the tutorial kernel
+            (:mod:`flashattn_teach.core.kernel`) computed for the same tile, ``step.kernel`` and
+            ``step.kernel_diff`` (:mod:`.kernel_trace`), at the kernel's tile sizes (powers of two >= 16); plain
+            or causal attention, float32 or float16 on a CPU (Triton's interpreter), also bfloat16 on a GPU.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
-        references do), one :class:`TileStep` per visited tile of the block. Its steps are computed
+        references do), one :class:`Step` per visited tile of the block. Its steps are computed
         when iterated; keep the ones you need.
 
     Raises:
         AttentionTypeError, AttentionValueError (also ``TypeError``, ``ValueError``): a bad argument, named.
     """
-    call = ReplayCall(q, k, v, {name: value for name, value in locals().items() if name not in ("q", "k", "v")})
+    if source not in SOURCES:
+        raise AttentionValueError(f"source must be one of {SOURCES}, got {source!r}")
+    call = ReplayCall(q, k, v, query_block, order, options)
+    return forward_replay(call) if source == "reference" else kernel_replay(call)
+
+
+def kernel_replay(call: ReplayCall) -> Replay:
+    """``source="triton"``: the replay at the kernel's tile sizes, each step with the kernel's trace of its tile."""
+    head = one_head_call(call.q, call.k, call.v, call.options)
+    check_traceable(call.order, head, call.q, call.k, call.options["causal_align"])
+    sizes = f"N_q={head.q.shape[0]}, block_m={head.block_m}"
+    check_index("query_block", call.query_block, blocks(head.q.shape[0], head.block_m), sizes)  # before re-tiling
+    kernel_m, kernel_n, i, tiles = kernel_tiles(head, call.query_block)
+    options = cast(ReplayKeywords, call.options | {"block_m": kernel_m, "block_n": kernel_n})
+    ref = forward_replay(ReplayCall(call.q, call.k, call.v, i, call.order, options))
+    picked = (pick_matrix(t, n, ref.batch_index) for t, n in zip(ref.inputs, ("query", "key", "value"), strict=True))
+    raw, rounded = kernel_inputs(*picked)  # the replayed element, the inputs' own dtype (float64: float32)
+    trace = run_trace(*raw, ref.causal, ref.scale, kernel_m, kernel_n)
+    steps = dataclasses.replace(ref.steps, kernel_terms=trace.terms)
+    return dataclasses.replace(ref, steps=steps, source="triton", note=" ".join([tiles, rounded]).strip())
+
+
+def forward_replay(call: ReplayCall) -> Replay:
+    """The replay of ``call``: :func:`replay`'s body, its keywords checked and their defaults filled."""
+    order = call.order
     if order not in ORDERS:
         raise AttentionValueError(f"order must be one of {ORDERS}, got {order!r}")
-    head = one_head_call(
-        q,
-        k,
-        v,
-        block_m=block_m,
-        block_n=block_n,
-        batch_index=batch_index,
-        sinks=sinks,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        seqlens_k=seqlens_k,
-        attn_mask=attn_mask,
-        cu_seqlens=cu_seqlens,
-        score_mod=score_mod,
-        block_mask=block_mask,
-    )
+    head = one_head_call(call.q, call.k, call.v, call.options)
     opts, q2, k2, v2, sink = head.options, head.q, head.k, head.v, head.sink  # sink: (1,), compute dtype
     block_m, block_n, batch_index = head.block_m, head.block_n, head.batch_index
     N_q, N_k = q2.shape[0], k2.shape[0]
-    i = check_index("query_block", query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
+    i = check_index("query_block", call.query_block, blocks(N_q, block_m), f"N_q={N_q}, block_m={block_m}")
 
     tiling = opts.mask.tiling(block_m, block_n)
-    order_tiles = Schedule(visited_key_blocks(tiling, b=batch_index), len(tiling.col_blocks), order=order)
     r0, r1 = tiling.row_blocks[i]
     q_i = q2[r0:r1]  # (Br, D)
     # The oracle for these rows only: their (Br, N_k) rows of the contract's mask and bias, then dense attention.
@@ -330,19 +352,10 @@ def replay(
         sinks=sink,
         score_mod=rows_score_mod(opts.mask.mods, batch_index, r0),
     )
-    steps = Steps(
-        q_i=q_i,
-        k=k2,
-        v=v2,
-        O_final=O_final,
-        i=i,
-        rows=(r0, r1),
-        tiling=tiling,
-        batch_index=batch_index,
-        scale=opts.scale,
-        schedule=order_tiles,
-        sink=sink,
+    steps = Steps.of_block(
+        q2, k2, v2, tiling, i, O_final, scale=opts.scale, order=order, batch_index=batch_index, sink=sink
     )
+    order_tiles = steps.schedule  # every computed tile of every query block, in visiting order
     return Replay(
         steps=steps,
         query_block=i,
@@ -352,7 +365,7 @@ def replay(
         block_m=block_m,
         block_n=block_n,
         causal=opts.causal,
-        causal_align=causal_align,
+        causal_align=call.options["causal_align"],
         order=order,
         scale=opts.scale,
         schedule=order_tiles,

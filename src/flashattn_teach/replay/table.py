@@ -2,7 +2,7 @@
 
 Each update also lists FA2 Alg. 1's equations with their numbers (:mod:`.equations`): the block's first row in
 full, one compact line (``alpha``, ``l_new``, at the end ``lse_i``) per other row. A key-major replay lists FA1
-Alg. 1's instead (:func:`.equations_key_major.replay_equations`: the HBM loads and writes, the two rescale
+Alg. 1's instead (:func:`.equations_view.replay_equations`: the HBM loads and writes, the two rescale
 factors and ``l_new`` in the compact lines).
 
 With an attention sink, each update's statistics gain a column, the sink's share of each row so far, and the
@@ -16,26 +16,29 @@ The table takes the terminal's width (:mod:`.terminal`); below :data:`~.terminal
 is stacked: the statistics over the outputs, each equation over its numbers, the memory's two tables one
 under the other, and a grid window of at most ``GRID_COLS_NARROW`` key blocks.
 
-:func:`render_table` prints any of the three scenarios: a backward replay (below) as the preprocess, every
-dK/dV step, every dQ step, each a panel of its tile ``(i, j)`` and kind and its equations (FA2 Alg. 2 line,
-``name = symbolic``) with their numbers, then each gradient against the float64 ``torch.autograd`` oracle
-(every step drawn: a backward replay is meant to be small); a decode step by :mod:`.decode_table`.
+:func:`render_table` prints any of the three scenarios, each step as its kind asks: a backward replay as its
+PREPROCESS, every DKDV step, every DQ step, each a panel of its tile ``(i, j)`` and kind and its equations (FA2
+Alg. 2 line, ``name = symbolic``) with their numbers, then each gradient against the float64 ``torch.autograd``
+oracle; a decode step as the cache's keys, each split's UPDATEs (one row each), then its MERGEs (one row each).
+Every backward and decode step is drawn (those replays are meant to be small); narrow, a row of a split's
+updates or of the merges is a few labelled lines, and the cache's roles are one letter each (with a legend).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import IO
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
 
-from torch import Tensor
-
-from .backward_replay import BackwardEquation, BackwardReplay, BackwardStep
-from .decode_replay import DecodeReplay
-from .equations_key_major import replay_equations
+from .backward_replay import BackwardReplay
+from .decode_replay import DecodeReplay, KeyRole
+from .equations_view import replay_equations
+from .kernel_trace import NOTE
+from .kernel_view import KERNEL_SOURCE, kernel_table
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
-from .replay import Replay, TileState, TileStep
+from .replay import Replay
+from .step import Step, StepEquation, TileState, numbers
 from .terminal import is_narrow, open_console
 
 # One character per tile state; the legend under each grid spells them out.
@@ -52,21 +55,13 @@ SHOWN_AT_EACH_END = 10  # updates drawn at the start and at the end of a long re
 SINK_COLUMN = "sink share"  # exp(sink_h - m_i) / l_i: the sink's weight in the row so far
 
 
-def _fmt(x: float) -> str:
-    return "-inf" if x == float("-inf") else f"{x + 0.0:.4g}"  # -0.0 + 0.0 = +0.0: no "-0"
-
-
-def _row(t: Tensor) -> str:
-    return "[" + ", ".join(_fmt(float(x)) for x in t.tolist()) + "]"
-
-
 def _window(centre: int, size: int, total: int) -> range:
     """At most ``size`` consecutive indices of ``range(total)``, ``centre`` among them."""
     start = min(max(0, centre - size // 2), max(0, total - size))
     return range(start, min(total, start + size))
 
 
-def _grid(replay: Replay, step: TileStep, narrow: bool):
+def _grid(replay: Replay, step: Step, narrow: bool):
     from rich.text import Text
 
     rows = _window(step.i, GRID_ROWS, replay.T_r)
@@ -90,13 +85,13 @@ def _grid(replay: Replay, step: TileStep, narrow: bool):
     return text
 
 
-def _stats(step: TileStep, narrow: bool):
+def _stats(step: Step, narrow: bool):
     """Per row of the block: ``S_ij``, ``m_i``, ``l_i`` (the sink's share) and the outputs; narrow, the
     outputs as a second table under the first."""
     from rich.console import Group
     from rich.table import Table
 
-    stats = ["row", "S_ij (this tile)", "m_i", "l_i", *([SINK_COLUMN] if step.sink_share is not None else [])]
+    stats = ["row", "S_ij (this tile)", "m_i", "l_i", *([SINK_COLUMN] if step.get("sink_share") is not None else [])]
     outputs = ["O partial = acc / l_i", "O final (dense)"]
     tables = [Table(box=None, pad_edge=False)] if not narrow else [Table(box=None, pad_edge=False) for _ in "so"]
     columns = [stats + outputs] if not narrow else [stats, ["row", *outputs]]
@@ -105,10 +100,10 @@ def _stats(step: TileStep, narrow: bool):
             table.add_column(column, justify="right" if column in ("row", "m_i", "l_i", SINK_COLUMN) else "left")
     r0 = step.rows[0]
     for r in range(step.rows[1] - r0):
-        cells = [str(r0 + r), _row(step.S_ij[r]), _fmt(float(step.m_i[r])), _fmt(float(step.l_i[r]))]
-        if step.sink_share is not None:
-            cells.append(_fmt(float(step.sink_share[r])))
-        out = [_row(step.O_partial[r]), _row(step.O_final[r])]
+        cells = [str(r0 + r), numbers(step["S_ij"][r]), numbers(float(step["m_i"][r])), numbers(float(step["l_i"][r]))]
+        if step.get("sink_share") is not None:
+            cells.append(numbers(float(step["sink_share"][r])))
+        out = [numbers(step["O_partial"][r]), numbers(step["O_final"][r])]
         if narrow:
             tables[0].add_row(*cells)
             tables[1].add_row(str(r0 + r), *out)
@@ -117,7 +112,7 @@ def _stats(step: TileStep, narrow: bool):
     return Group(*tables)
 
 
-def _equations(replay: Replay, step: TileStep, narrow: bool):
+def _equations(replay: Replay, step: Step, narrow: bool):
     """Row ``r0``'s equations in full (narrow: each over its numbers), then one compact line per other row."""
     from rich.console import Group
     from rich.padding import Padding
@@ -144,21 +139,23 @@ def _equations(replay: Replay, step: TileStep, narrow: bool):
 def render_table(
     replay: Replay | BackwardReplay | DecodeReplay, file: IO[str] | None = None, *, width: int | None = None
 ) -> None:
-    """Print ``replay`` to ``file`` (default stdout): one panel per tile update, then the error summary (a
-    backward replay: :func:`render_backward_table`; a decode step: :func:`.decode_table.render_decode_table`);
-    ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
+    """Print ``replay`` to ``file`` (default stdout), any scenario, ``width`` columns wide (default the
+    terminal's, :mod:`.terminal`): a forward replay's tile updates, one panel each, then the error summary; a
+    backward replay's steps (:func:`_backward`); a decode step's (:func:`_decode`)."""
+    console = open_console(file, width)
+    narrow = is_narrow(console)
     if isinstance(replay, BackwardReplay):
-        return render_backward_table(replay, file, width=width)
+        return _backward(console, replay, narrow)
     if isinstance(replay, DecodeReplay):
-        from .decode_table import render_decode_table  # it imports this module's neighbours only: no cycle
+        return _decode(console, replay, narrow)
+    return _forward(console, replay, narrow)
 
-        return render_decode_table(replay, file, width=width)
+
+def _forward(console: Any, replay: Replay, narrow: bool) -> None:
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
 
-    console = open_console(file, width)
-    narrow = is_narrow(console)
     r0, r1 = replay.rows
     console.print(
         f"[bold]Tile replay[/bold] · {replay.order} · query block i={replay.query_block} (rows {span(r0, r1)}) · "
@@ -183,7 +180,7 @@ def render_table(
         summary.add_row(str(step.index + 1), span(c0, c1), str(seen), f"{step.max_diff:.3e}")
         where = f"key block j={step.j} (columns {span(c0, c1)})"
         position = f"schedule position {step.position + 1}/{len(replay.schedule)}"
-        kind = f"{step.kind.name} tile" + (" (masked)" if step.masked else "")
+        kind = f"{step.tile_kind.name} tile" + (" (masked)" if step.masked else "")
         # narrow: a title that fits 80 columns, the tile's place as the panel's first line
         title = " · ".join([f"Tile update {step.index + 1}/{total}", *([] if narrow else [where, position]), kind])
         error = f"max |O partial - O final| over rows {span(r0, r1)}: [bold]{step.max_diff:.3e}[/bold]"
@@ -194,6 +191,7 @@ def render_table(
                     _grid(replay, step, narrow),
                     _stats(step, narrow),
                     _equations(replay, step, narrow),
+                    *([kernel_table(step)] if step.kernel else []),
                     error,
                     memory_panel(memory, step.index, narrow=narrow),
                 ),
@@ -202,9 +200,11 @@ def render_table(
             )
         )
     console.print(summary)
+    if replay.source == "triton":
+        console.print(f"Kernel: {KERNEL_SOURCE}. {replay.note} {NOTE}".replace("  ", " "))
     share = replay.sink_share()
     if share is not None:
-        rows = ", ".join(f"row {r0 + r}: {_fmt(float(x))}" for r, x in enumerate(share.tolist()))
+        rows = ", ".join(f"row {r0 + r}: {numbers(float(x))}" for r, x in enumerate(share.tolist()))
         console.print(
             f"Sink share at the end, exp(sink - lse_i) with sink = {replay.sink:g} (the keys hold 1 - share): {rows}"
         )
@@ -229,7 +229,7 @@ def _runs(js: Iterable[int]) -> list[tuple[int, int]]:
 # each equation's numbers go under it, indented, and a step's rows and columns under its panel's title.
 
 
-def _backward_equations(eqs: list[BackwardEquation], narrow: bool):
+def _backward_equations(eqs: Sequence[StepEquation], narrow: bool):
     """One row per equation: line, ``name = symbolic``, the numbers; ``narrow``: the numbers on the next row."""
     from rich.padding import Padding
     from rich.table import Table
@@ -249,7 +249,7 @@ def _backward_equations(eqs: list[BackwardEquation], narrow: bool):
     return table
 
 
-def _step_panel(step: BackwardStep, count: int, narrow: bool):
+def _step_panel(step: Step, count: int, narrow: bool):
     from rich.console import Group
     from rich.panel import Panel
 
@@ -258,8 +258,8 @@ def _step_panel(step: BackwardStep, count: int, narrow: bool):
     head = f"{step.step_kind.title} · step {step.index + 1} of {count} · tile (i={step.i}, j={step.j})"
     if narrow:  # a title that fits 80 columns; the rows and columns as the panel's first line
         body = Group(where, _backward_equations(step.equations, narrow))
-        return Panel(body, title=f"{head} · {step.kind.name}", title_align="left")
-    title = f"{head} · {where} · {step.kind.name}"
+        return Panel(body, title=f"{head} · {step.tile_kind.name}", title_align="left")
+    title = f"{head} · {where} · {step.tile_kind.name}"
     return Panel(_backward_equations(step.equations, narrow), title=title, title_align="left")
 
 
@@ -275,13 +275,10 @@ def _errors(br: BackwardReplay):
     return table
 
 
-def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, width: int | None = None) -> None:
-    """Print ``br`` to ``file`` (default stdout): preprocess, the dK/dV steps, the dQ steps, the errors;
-    ``width`` columns wide (default the terminal's, :mod:`.terminal`)."""
+def _backward(console: Any, br: BackwardReplay, narrow: bool) -> None:
+    """The PREPROCESS, the DKDV steps, the DQ steps, the errors."""
     from rich.panel import Panel
 
-    console = open_console(file, width)
-    narrow = is_narrow(console)
     N_q, N_k = br.q.shape[0], br.k.shape[0]
     extras = [f"softcap {br.softcap:g}"] if br.softcap is not None else []
     extras += [f"sink {float(br.sink[0]):g}"] if br.sink is not None else []
@@ -293,10 +290,106 @@ def render_backward_table(br: BackwardReplay, file: IO[str] | None = None, *, wi
     skipped = br.skipped()
     if skipped:
         console.print("SKIP tiles (never computed): " + ", ".join(f"({i}, {j})" for i, j in skipped))
-    console.print(Panel(_backward_equations(br.preprocess(), narrow), title="Preprocess", title_align="left"))
+    console.print(Panel(_backward_equations(br.preprocess().equations, narrow), title="Preprocess", title_align="left"))
     for steps in (list(br.dkdv_steps()), list(br.dq_steps())):
         for step in steps:
             console.print(_step_panel(step, len(steps), narrow))
     console.print(_errors(br))
     worst = max(br.max_error().values())
     console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")
+
+
+# A decode step: the cache, each split's UPDATEs, the MERGEs. ROLE_GLYPHS: a cache slot's role, one letter narrow.
+ROLE_GLYPHS = {KeyRole.OLD: ("o", "cyan"), KeyRole.NEW: ("n", "bold magenta"), KeyRole.UNUSED: (".", "dim")}
+MERGES_TITLE = "Merges: lse = log(exp(lse_a) + exp(lse_b)), O = w_a O_a + w_b O_b"
+
+
+def _cache(r: DecodeReplay, narrow: bool):
+    """The cache's slots: role, split, and per query row which keys it sees (x) or not (.); ``narrow``: each
+    role as its letter, spelt out in the table's caption."""
+    from rich.table import Table
+
+    legend = "role: " + ", ".join(f"{glyph} {role.value}" for role, (glyph, _) in ROLE_GLYPHS.items())
+    table = Table(box=None, pad_edge=False, title="The cache after the step's write", caption_justify="left")
+    table.caption = legend if narrow else None
+    table.add_column("")
+    for j in range(r.N_max):
+        table.add_column(str(j), justify="center")
+    glyphs = [ROLE_GLYPHS[r.role(j)] for j in range(r.N_max)]
+    roles = [glyph if narrow else r.role(j).value for j, (glyph, _) in enumerate(glyphs)]
+    table.add_row("role", *(f"[{style}]{text}[/]" for text, (_, style) in zip(roles, glyphs, strict=True)))
+    table.add_row("split", *("·" if (s := r.split_of(j)) is None else str(s) for j in range(r.N_max)))
+    if r.page_size is not None:  # paged: the block id of each key's page (slot j % page_size)
+        table.add_row("page", *("·" if (at := r.page_of(j)) is None else str(at[0]) for j in range(r.N_max)))
+    first = r.L - r.N_new
+    for i, row in enumerate(r.visible.tolist()):
+        table.add_row(f"q{i} (at {first + i})", *("x" if seen else "." for seen in row))
+    return table
+
+
+def _listing(columns: Sequence[str], rows: Iterable[Sequence[str]], narrow: bool, head: int, title: str = ""):
+    """Steps one row each under ``columns``; narrow (80 columns), each row as lines: its first ``head`` cells on
+    one line (``update 1 · key columns 0–2 · ...``), then one ``column = value`` line per other cell."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if not narrow:
+        table = Table(title=title) if title else Table(box=None, pad_edge=False)
+        for column in columns:
+            table.add_column(column, justify="left" if column.startswith(("S_ij", "tile")) else "right")
+        for row in rows:
+            table.add_row(*row)
+        return table
+    lines: list[Text | str] = [Text(title, style="italic")] if title else []
+    for row in rows:
+        first = " · ".join(f"{c} {v}" for c, v in zip(columns[1:head], row[1:head], strict=True))
+        lines.append(f"{columns[0]} {row[0]}: {first}")
+        lines += [f"  {c} = {v}" for c, v in zip(columns[head:], row[head:], strict=True)]
+    return Group(*lines)
+
+
+UPDATE_COLUMNS = ("update", "key columns", "tile", "max |O_s - O_final|", "S_ij (row-major)", "m_i", "l_i")
+MERGE_COLUMNS = ("merge", "a + b", "max |O - O_final|", "lse_a", "lse_b", "lse", "w_a = exp(lse_a - lse)", "w_b")
+
+
+def _update_row(step: Step) -> list[str]:
+    """A split's UPDATE as one row of :data:`UPDATE_COLUMNS`."""
+    tile, error = step.tile_kind.name, f"{step.max_diff:.3e}"
+    head = [str(step.index + 1), span(*step.cols), tile, error]
+    return [*head, numbers(step["S_ij"].reshape(-1)), numbers(step["m_i"]), numbers(step["l_i"])]
+
+
+def _merge_row(m: Step) -> list[str]:
+    """A MERGE as one row of :data:`MERGE_COLUMNS`."""
+    head = [str(m.index + 1), m.label, f"{m.max_diff:.3e}"]
+    return head + [numbers(m[name]) for name in ("lse_a", "lse_b", "lse", "w_a", "w_b")]
+
+
+def _decode(console: Any, r: DecodeReplay, narrow: bool) -> None:
+    """The cache, one panel per split (its UPDATEs and its partial result), the MERGEs, the final error."""
+    from rich.console import Group
+    from rich.panel import Panel
+
+    console.print(
+        f"[bold]Decode step replay[/bold] · batch element {r.batch_index}, query head {r.head} · "
+        f"{r.cache_len} cached + {r.N_new_kv} new keys = L {r.L} of N_max {r.N_max} slots · N_new={r.N_new} "
+        f"quer{'y' if r.N_new == 1 else 'ies'} · num_splits={r.num_splits}, BLOCK_N={r.block_n} · "
+        + ("" if r.page_size is None else f"paged, page_size {r.page_size}, pages {list(r.pages)} · ")
+        + " · ".join(r.labels() or ["no mask"])
+    )
+    console.print(_cache(r, narrow))
+    empty = [span(a, b) if a < b else "empty" for a, b in r.ranges]
+    console.print("Split ranges: " + ", ".join(f"{s}: {keys}" for s, keys in enumerate(empty)))
+    for split in r.splits:
+        result = f"partial result: lse_s = {numbers(split.lse_s)}, O_s row 0 = {numbers(split.O_s[0])}"
+        updates = _listing(UPDATE_COLUMNS, [_update_row(step) for step in split], narrow, head=4)
+        n = len(split)
+        title = f"Split {split.index} · keys {span(*split.keys)} · {n} tile update{'s' * (n != 1)}"
+        console.print(Panel(Group(updates, result), title=title, title_align="left"))
+    if r.merges:
+        console.print(_listing(MERGE_COLUMNS, [_merge_row(m) for m in r.merges], narrow, head=3, title=MERGES_TITLE))
+    console.print(
+        f"merged O against the dense float64 output of the step: max difference [bold]{r.max_diff:.3e}[/bold]; "
+        f"lse = {numbers(r.lse)} (dense {numbers(r.lse_final)})"
+    )

@@ -3,8 +3,8 @@
 
     api.py                 flash_attention_with_kvcache, the public function (re-exported at the top)
     explain.py             explain_with_kvcache: which path, how many key ranges, which row layout
-    step.py                the step: its checks, the in-place cache append, the route to a kernel
-    checks.py              the step's argument checks (lengths, caches, splits, ALiBi, autocast)
+    step.py                the step: its record (DecodeCall), its checks, the in-place cache append, the route
+    checks.py              the step's argument checks and the record they fill (DecodeStep)
     pages.py               paged caches: appending into pages, the element view of a page table
     page_checks.py         the page table's and the left padding's checks
     ranges.py              split-KV: the key ranges of the CPU paths and their merge

@@ -77,7 +77,7 @@ from .._options import DecodeKeywords
 from .._validate.keywords import collects_keywords
 from . import ops as ops_decode
 from .checks import autocast_inputs
-from .step import decode_step
+from .step import DecodeCall, decode_step
 
 
 # The one pair of signatures kept written out: return_lse decides the result's type, which mypy reads from them.
@@ -196,6 +196,7 @@ def flash_attention_with_kvcache(
     raises instead of silently dropping that gradient.
     """
     q, k, v, autocast = autocast_inputs(q, k_cache, k, v)
+    call = DecodeCall(k, v, options, return_lse, autocast)  # the step's one record, handed whole below
     # compiled: the op, or torch ops in the graph when a gradient is wanted (ops_decode.compiled_step)
     step = ops_decode.compiled_step if torch.compiler.is_compiling() else decode_step
-    return step(q, k_cache, v_cache, k, v, return_lse=return_lse, autocast=autocast, **options)
+    return step(q, k_cache, v_cache, call)

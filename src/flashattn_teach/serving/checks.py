@@ -3,13 +3,14 @@
 The layout is the library's ``(B, H, N, D)``: ``q (B, H_q, N_new, D)``, ``k_cache (B, H_kv, N_max, D)``,
 ``v_cache (B, H_kv, N_max, D_v)``, the new ``k (B, H_kv, N_new_kv, D)`` and ``v (B, H_kv, N_new_kv, D_v)``
 or neither, and ``cache_seqlens``, the valid entries per batch element. The checks that depend on that
-layout, and name its arguments, live here; the scale, window, softcap and ALiBi slopes are then checked by
-``_options.make_options`` on each batch element's views, as for every other call.
+layout, and name its arguments, live here, with the record they fill: :class:`DecodeStep`, the step's
+options checked once (:func:`flashattn_teach.serving.step.check_step`) and read by every layer below.
 """
 
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, dtype
@@ -18,7 +19,32 @@ from .._autocast import autocast_dtype
 from .._validate import inputs
 from .._validate.fp8 import is_fp8
 from .._validate.inputs import shape_str
+from .._validate.varlen import check_head_groups, check_packed_alibi
 from ..errors import AttentionTypeError, AttentionValueError
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step's options after every check, built once (:func:`~.step.check_step`, from the call's
+    :class:`~flashattn_teach._options.DecodeKeywords`) and handed whole to every layer below: each batch
+    element and key range of the CPU paths (:mod:`.ranges`), and the Triton decode kernel's launcher
+    (``dispatch.runner.run_decode`` -> :func:`.launch.triton_decode`). ``scale`` resolved, ``window`` as
+    ``check_window`` returns it (``(-1, -1)``: none), ``num_splits`` 0 to choose (the CPU paths resolve it
+    before their ranges, the launcher on CUDA), ``backend`` routed (:func:`~.step.route_extras`). The
+    tensors are checked for dtype, shape and device; their values only where they are on the host."""
+
+    causal: bool
+    scale: float
+    window: tuple[int, int]
+    softcap: float | None
+    num_splits: int
+    backend: str
+    cache_seqlens: Tensor | int  # (B,) or one for every batch element: the entries before the step
+    alibi_slopes: Tensor | None = None  # (H_q,) or (B, H_q)
+    block_table: Tensor | None = None  # (B, max_blocks): the caches are pools of pages
+    cache_leftpad: Tensor | None = None  # (B,)
+    sinks: Tensor | None = None  # (H_q,)
+
 
 _WANT = {
     "q": "(B, H_q, N_new, D)",
@@ -53,10 +79,13 @@ def _tensor4(name: str, t: object, want: dict[str, str] = _WANT) -> Tensor:
 def _same(names: tuple[str, ...], tensors: tuple[Tensor, ...], dims: tuple[int, ...], what: str) -> None:
     """The tensors agree on ``dims`` (their ``what``), else an error quoting every shape. Sizes are compared,
     not hashed: under ``torch.compile(dynamic=True)`` they are symbolic, and a symbolic size has no hash."""
-    first = [tensors[0].shape[d] for d in dims]
-    if any([t.shape[d] for d in dims] != first for t in tensors[1:]):
-        shapes = ", ".join(f"{n} {shape_str(t)}" for n, t in zip(names, tensors, strict=True))
-        raise AttentionValueError(f"{' and '.join(names)} must have the same {what}, got {shapes}")
+    first = tensors[0].shape
+    for t in tensors[1:]:
+        shape = t.shape
+        for d in dims:
+            if shape[d] != first[d]:
+                shapes = ", ".join(f"{n} {shape_str(t)}" for n, t in zip(names, tensors, strict=True))
+                raise AttentionValueError(f"{' and '.join(names)} must have the same {what}, got {shapes}")
 
 
 def autocast_inputs(
@@ -82,7 +111,7 @@ def _check_dtypes(names: tuple[str, ...], tensors: tuple[Tensor, ...], autocast:
     """One dtype for all; under autocast, one for the caches and ``k, v`` (the storage), and ``q`` in the
     dtype the caches are read in (autocast's, float64 untouched)."""
     if autocast is None:
-        if len({t.dtype for t in tensors}) > 1:
+        if any(t.dtype != tensors[0].dtype for t in tensors[1:]):
             dtypes = ", ".join(f"{n} {t.dtype}" for n, t in zip(names, tensors, strict=True))
             raise AttentionTypeError(f"{', '.join(names)} must share one dtype, got {dtypes}")
         return
@@ -121,7 +150,8 @@ def check_cache_inputs(
     names = ("q", "k_cache", "v_cache", *(("k", "v") if new else ()))
     tensors = (q, k_cache, v_cache, *new)
     _check_dtypes(names, tensors, autocast)
-    if len({t.device for t in tensors}) > 1:
+    device = q.device
+    if any(t.device != device for t in tensors[1:]):
         devices = ", ".join(f"{n} on {t.device}" for n, t in zip(names, tensors, strict=True))
         raise AttentionValueError(f"{', '.join(names)} must be on one device, got {devices}")
     if paged:  # the pools' dim 0 counts pages; q, k and v carry the batch
@@ -137,12 +167,7 @@ def check_cache_inputs(
         _same(("k", "v"), new, (1, 2), "H_kv and N_new_kv (dims 1 and 2)")
         _same(("k", "k_cache"), (k_new, k_cache), (1, 3), "H_kv and D (dims 1 and 3)")
         _same(("v", "v_cache"), (v_new, v_cache), (1, 3), "H_kv and D_v (dims 1 and 3)")
-    H_q, H_kv = q.shape[1], k_cache.shape[1]
-    if H_kv == 0 or H_q % H_kv != 0:
-        raise AttentionValueError(
-            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} "
-            f"(q {shape_str(q)}, k_cache {shape_str(k_cache)})"
-        )
+    check_head_groups(q.shape[1], k_cache.shape[1], lambda: f"q {shape_str(q)}, k_cache {shape_str(k_cache)}")
     return q, k_cache, v_cache, (new[0] if new else None), (new[1] if new else None)
 
 
@@ -247,17 +272,6 @@ def check_num_splits(num_splits: object) -> int:
 
 
 def check_decode_alibi(slopes: object, B: int, H_q: int, device: torch.device) -> Tensor | None:
-    """ALiBi slopes ``(H_q,)`` or ``(B, H_q)`` (one row per batch element), floating point, on ``q``'s device."""
-    if slopes is None:
-        return None
-    want = f"({H_q},) or ({B}, {H_q})"
-    if not isinstance(slopes, Tensor):
-        raise AttentionTypeError(f"alibi_slopes must be a torch.Tensor of shape {want}, got {type(slopes).__name__}")
-    if not slopes.is_floating_point():
-        raise AttentionTypeError(f"alibi_slopes must be floating-point, got {slopes.dtype}")
-    per_head = slopes.dim() == 1 and slopes.shape[0] == H_q
-    if not (per_head or (slopes.dim() == 2 and slopes.shape[0] == B and slopes.shape[1] == H_q)):
-        raise AttentionValueError(f"alibi_slopes must have shape {want}, got {shape_str(slopes)}")
-    if slopes.device != device:
-        raise AttentionValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
-    return slopes
+    """ALiBi slopes ``(H_q,)`` or ``(B, H_q)`` (one row per batch element), floating point, on ``q``'s device:
+    the packed call's check (a row per sequence there)."""
+    return check_packed_alibi(slopes, B, H_q, device, rows="batch element")

@@ -49,7 +49,7 @@ from ..triton.launch import check_tile_offsets
 from ..triton.records import LOG2E, CacheLengths, Pages, Partials, score_terms, strided
 from ..triton.support import decode_unsupported_reason
 from ..triton.variants import UNBOUNDED
-from .checks import check_seqlens_tensor
+from .checks import DecodeStep, check_seqlens_tensor
 from .splitkv import default_num_splits
 
 
@@ -167,24 +167,16 @@ def triton_decode(
     v_cache: Tensor,
     k: Tensor | None,
     v: Tensor | None,
+    step: DecodeStep,
     *,
-    cache_seqlens: Tensor | int,
-    causal: bool,
-    scale: float,
-    window: tuple[int, int],
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    num_splits: int,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
     config: DecodeConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(O (B, H_q, N_new, D_v) in q's dtype, lse (B, H_q, N_new) float32)`` of one decode step by the
-    Triton kernels; ``k, v`` are appended first. Inputs and options checked by the caller (``window`` as
-    ``check_window`` returns it, ``scale`` the resolved one, ``num_splits`` 0 to choose; ``block_table``
-    int32 ``(B, max_blocks)`` with caches ``(num_blocks, H_kv, page_size, .)``, ``cache_leftpad`` int32
-    ``(B,)``, ``sinks`` floating ``(H_q,)``, each on q's device)."""
+    Triton kernels; ``k, v`` are appended first. Inputs and options checked by the caller, the options in
+    one record (:class:`~.checks.DecodeStep`: ``block_table`` int32 ``(B, max_blocks)`` with caches
+    ``(num_blocks, H_kv, page_size, .)``, ``cache_leftpad`` int32 ``(B,)``, ``sinks`` floating ``(H_q,)``,
+    each on q's device)."""
+    block_table, sinks = step.block_table, step.sinks
     reason = decode_unsupported_reason(q, v_cache)
     if reason is not None:
         raise AttentionValueError(f"backend='triton' cannot run this decode call: {reason}")
@@ -198,10 +190,10 @@ def triton_decode(
     D_v = v_cache.shape[3]
     N_max = v_cache.shape[2] if block_table is None else block_table.shape[1] * v_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
-    seqlens = device_seqlens(cache_seqlens, B, N_max, q.device)
+    seqlens = device_seqlens(step.cache_seqlens, B, N_max, q.device)
     if config is None:
         config = decode_config(q.dtype, D, arch_of(q.device), D_v) if q.is_cuda else TEST_DECODE_CONFIG
-    splits = num_splits or default_num_splits(q, k_cache, N_max)
+    splits = step.num_splits or default_num_splits(q, k_cache, N_max)
     splits = max(1, min(splits, math.ceil(N_max / config.BLOCK_N)))
     # before the write, too; paged: the kernel moves to each page in 64-bit arithmetic, within it in 32-bit
     rows = config.BLOCK_N if block_table is None else v_cache.shape[2]
@@ -221,14 +213,14 @@ def triton_decode(
         v_cache,
         seqlens,
         N_new_kv,
-        causal=causal,
-        scale=scale,
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        causal=step.causal,
+        scale=step.scale,
+        window=step.window,
+        softcap=step.softcap,
+        alibi_slopes=step.alibi_slopes,
         num_splits=splits,
         block_table=block_table,
-        cache_leftpad=cache_leftpad,
+        cache_leftpad=step.cache_leftpad,
         sinks=sinks,
         config=config,
     )

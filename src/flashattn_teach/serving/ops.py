@@ -33,19 +33,21 @@ checks a tensor's lengths in the graph (``torch._assert_async``: a ``RuntimeErro
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from .._layout import compute_dtype
+from .._options import DecodeKeywords
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
+from .._validate.keywords import keyword_table
 from ..errors import AttentionTypeError, AttentionValueError
 from ..ops.schema import op_args, op_schema
 from .checks import check_length, check_num_splits
 from .ops_traced import traced_step
-from .step import decode_step
+from .step import DecodeCall, decode_step
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,31 @@ class DecodeArgs:
     cache_leftpad: Tensor | None = None  # (B,)
     sinks: Tensor | None = None  # (H_q,)
 
+    @classmethod
+    def of_call(cls, call: DecodeCall, cache_seqlens: Tensor) -> DecodeArgs:
+        """The op's record of a call: each field the keyword of its name, but the new entries, the lengths
+        as a ``(B,)`` tensor, the window as a list (the schema's ``SymInt[]``) and the autocast dtype."""
+        given = cast(dict[str, Any], call.options)  # read by field name
+        window = call.options["window"]
+        own: dict[str, Any] = {
+            "k": call.k,
+            "v": call.v,
+            "cache_seqlens": cache_seqlens,
+            "window": None if window is None else list(window),
+            "autocast": call.autocast,
+        }
+        return cls(*[own[name] if name in own else given[name] for name in _FIELDS])
+
+    def call(self) -> DecodeCall:
+        """The call this record stands for, ``lse`` returned: what the op's body runs."""
+        options = {name: getattr(self, name) for name in KEYWORDS}
+        options["window"] = None if self.window is None else (self.window[0], self.window[1])
+        return DecodeCall(self.k, self.v, cast(DecodeKeywords, options), True, self.autocast)
+
+
+_FIELDS = tuple(f.name for f in fields(DecodeArgs))
+KEYWORDS = tuple(keyword_table(DecodeKeywords))  # each one a field of DecodeArgs
+
 
 @torch.library.custom_op(
     "flashattn_teach::attention_with_kvcache",
@@ -78,28 +105,8 @@ class DecodeArgs:
 def attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args: Any) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of :func:`flashattn_teach.flash_attention_with_kvcache` for the arguments
     :class:`DecodeArgs` names; ``k, v`` written into ``k_cache, v_cache`` in place."""
-    a = DecodeArgs(*args)
     with torch.no_grad():
-        O, lse = decode_step(
-            q,
-            k_cache,
-            v_cache,
-            a.k,
-            a.v,
-            cache_seqlens=a.cache_seqlens,
-            block_table=a.block_table,
-            cache_leftpad=a.cache_leftpad,
-            sinks=a.sinks,
-            causal=a.causal,
-            scale=a.scale,
-            window=None if a.window is None else (a.window[0], a.window[1]),
-            softcap=a.softcap,
-            alibi_slopes=a.alibi_slopes,
-            num_splits=a.num_splits,
-            backend=a.backend,
-            return_lse=True,
-            autocast=a.autocast,
-        )
+        O, lse = decode_step(q, k_cache, v_cache, DecodeArgs(*args).call())
     return O, lse
 
 
@@ -148,37 +155,20 @@ def traceable(*tensors: object) -> bool:
     return not (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
 
 
-def compiled_step(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Tensor | None,
-    v: Tensor | None,
-    *,
-    cache_seqlens: Tensor | int,
-    causal: bool,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    num_splits: int,
-    backend: str,
-    return_lse: bool,
-    autocast: torch.dtype | None,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
+def compiled_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) -> Tensor | tuple[Tensor, Tensor]:
     """One call of ``flash_attention_with_kvcache`` while it is compiled or exported: the op, or with a
     gradient wanted :func:`traced_step`; a tensor or an int ``cache_seqlens`` both give one graph for every
     length."""
-    causal, lse_wanted = check_bool("causal", causal), check_bool("return_lse", return_lse)
-    window_sizes = check_window(window)
-    check_softcap(softcap)
-    check_num_splits(num_splits)
-    if scale is not None:
-        check_scale(scale, 1)  # the default depends on D alone, which the op's checks see
-    lengths = _int_or_tensor(cache_seqlens, q.shape[0])
+    o = call.options
+    check_bool("causal", o["causal"])
+    lse_wanted = check_bool("return_lse", call.return_lse)
+    check_window(o["window"])
+    check_softcap(o["softcap"])
+    check_num_splits(o["num_splits"])
+    if o["scale"] is not None:
+        check_scale(o["scale"], 1)  # the default depends on D alone, which the op's checks see
+    k, block_table = call.k, o["block_table"]
+    lengths = _int_or_tensor(o["cache_seqlens"], q.shape[0])
     shapes_known = isinstance(k_cache, Tensor) and (k is None or isinstance(k, Tensor))  # else checked later
     if not isinstance(lengths, Tensor) and shapes_known:
         paged = isinstance(block_table, Tensor) and block_table.dim() == 2
@@ -186,41 +176,9 @@ def compiled_step(
         N_max = pages * k_cache.shape[2]  # paged: max_blocks pages of page_size slots
         capacity = "block_table.shape[1] * page_size" if paged else "k_cache.shape[2]"
         check_length(lengths, 0 if k is None else k.shape[2], N_max, capacity=capacity)
-    if not traceable(q, k_cache, v_cache, k, v, alibi_slopes, sinks):
-        O, lse = traced_step(
-            q,
-            k_cache,
-            v_cache,
-            k,
-            v,
-            cache_seqlens=lengths,
-            block_table=block_table,
-            cache_leftpad=cache_leftpad,
-            sinks=sinks,
-            causal=causal,
-            scale=scale,
-            window=window_sizes,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            backend=backend,
-            autocast=autocast,
-        )
+    if not traceable(q, k_cache, v_cache, k, call.v, o["alibi_slopes"], o["sinks"]):
+        O, lse = traced_step(q, k_cache, v_cache, call, lengths)
         return (O, lse) if lse_wanted else O
-    args = DecodeArgs(
-        k=k,
-        v=v,
-        cache_seqlens=_seqlens_tensor(lengths, q.shape[0], q.device),
-        alibi_slopes=alibi_slopes,
-        block_table=block_table,
-        cache_leftpad=cache_leftpad,
-        sinks=sinks,
-        causal=causal,
-        scale=scale,
-        window=None if window is None else list(window),
-        softcap=softcap,
-        num_splits=num_splits,
-        backend=backend,
-        autocast=autocast,
-    )
+    args = DecodeArgs.of_call(call, _seqlens_tensor(lengths, q.shape[0], q.device))
     O, lse = attention_with_kvcache(q, k_cache, v_cache, *op_args(args))
     return (O, lse) if lse_wanted else O

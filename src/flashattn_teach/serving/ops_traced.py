@@ -34,12 +34,15 @@ import torch
 from torch import Tensor
 
 from .._options import make_options
+from .._validate.inputs import check_bool, check_window
 from .._validate.sinks import check_sinks
 from ..dispatch import planner, runner
-from ..ops.attention import AttentionArgs, call, traceable
+from ..ops.attention import AttentionArgs, traceable
+from ..ops.attention import call as attention_op
 from .checks import check_cache_inputs, check_decode_alibi, check_no_grad_through_write, check_seqlens_tensor
 from .page_checks import check_block_table, check_cache_leftpad, check_page_shapes
 from .ranges import merge_sinks
+from .step import DecodeCall
 
 
 def _lengths(
@@ -77,37 +80,26 @@ def _visible(
 
 
 def traced_step(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Tensor | None,
-    v: Tensor | None,
-    *,
-    cache_seqlens: Tensor | int | torch.SymInt,
-    causal: bool,
-    scale: float | None,
-    window: tuple[int, int],
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    backend: str,
-    autocast: torch.dtype | None,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall, cache_seqlens: Tensor | int | torch.SymInt
 ) -> tuple[Tensor, Tensor]:
-    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of one decode step, ``k, v`` written into the
-    caches first; ``causal`` and ``window`` checked by the caller (the module docs give the rest)."""
-    paged = block_table is not None
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast, paged=paged)
+    """``(O (B, H_q, N_new, D_v), lse (B, H_q, N_new))`` of one decode step, ``call.k, call.v`` written into the
+    caches first; ``cache_seqlens`` the call's, an int already checked (the module docs give the rest)."""
+    o = call.options
+    block_table = o["block_table"]
+    q, k_cache, v_cache, k, v = check_cache_inputs(
+        q, k_cache, v_cache, call.k, call.v, autocast=call.autocast, paged=block_table is not None
+    )
     B, H_q, N_new, _ = q.shape
     table = check_block_table(block_table, B, q.device)
     N_max = check_page_shapes(k_cache, table)[1] if table is not None else k_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
     if k is not None and v is not None:
         check_no_grad_through_write(k_cache, v_cache, k, v)
-    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
-    leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
-    sink_logits = check_sinks(sinks, H_q, q.device)
+    causal, window = check_bool("causal", o["causal"]), check_window(o["window"])
+    scale, softcap = o["scale"], o["softcap"]
+    slopes = check_decode_alibi(o["alibi_slopes"], B, H_q, q.device)
+    leftpad = check_cache_leftpad(o["cache_leftpad"], B, q.device)
+    sink_logits = check_sinks(o["sinks"], H_q, q.device)
     lengths = _lengths(cache_seqlens, B, N_new_kv, N_max, q.device)
     if leftpad is not None:
         fits = ((leftpad >= 0) & (leftpad.long() <= lengths)).all()
@@ -136,10 +128,12 @@ def traced_step(
         mask = bias.masked_fill(~mask, float("-inf"))
     opts = make_options(q, keys, values, attn_mask=mask, scale=scale, softcap=softcap, enable_gqa=True)
     if traceable(mask, None):  # the attention op, differentiated by its backward op
-        args = AttentionArgs.of_call(opts, backend, scale_given=scale is not None, alibi_slopes=None, seqlens_k=None)
-        O, lse = call(q, keys, values, args)
+        args = AttentionArgs.of_call(
+            opts, o["backend"], scale_given=scale is not None, alibi_slopes=None, seqlens_k=None
+        )
+        O, lse = attention_op(q, keys, values, args)
     else:  # slopes that need a gradient: traced through, as flash_attention would
-        O, lse = runner.run(planner.plan(q, keys, values, opts, backend), q, keys, values, opts)
+        O, lse = runner.run(planner.plan(q, keys, values, opts, o["backend"]), q, keys, values, opts)
     if sink_logits is not None:
         O, lse = merge_sinks(O, lse, sink_logits)
     if k is not None and v is not None:

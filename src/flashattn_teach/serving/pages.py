@@ -91,7 +91,9 @@ class ElementCache:
         """``(k (1, H_kv, s1 - s0, D), v (1, H_kv, s1 - s0, D_v))``: the keys ``[s0, s1)``, from the pages
         of that range alone when paged (the module docs' picture)."""
         if self.ids is None:
-            return self.k_cache[:, :, s0:s1], self.v_cache[:, :, s0:s1]
+            if s0 == 0 and s1 == self.k_cache.shape[2]:  # the whole cache: no view to make
+                return self.k_cache, self.v_cache
+            return self.k_cache.narrow(2, s0, s1 - s0), self.v_cache.narrow(2, s0, s1 - s0)
         p0, p1 = self.page_span(s0, s1)
         first = self.pages[p0] if self._consecutive(p0, p1) else -1
         start = s0 - p0 * self.k_cache.shape[2]  # the range's first key within its first page

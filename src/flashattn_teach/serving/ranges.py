@@ -14,7 +14,7 @@ after the ranges' merge (:func:`merge_sinks`). :func:`flashattn_teach.serving.st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -23,9 +23,10 @@ from .._layout import compute_dtype
 from .._options import AttentionOptions
 from .._validate.inputs import AttentionShapes
 from ..dispatch import Plan, planner, runner
-from ..dispatch.carry import Carries, always, uncarried
+from ..dispatch.carry import Carries, always, uncarried, unset
 from ..masks.spec import MaskSpec
 from ..merge import merge_attention_states
+from .checks import DecodeStep
 from .pages import ElementCache
 from .splitkv import split_ranges
 
@@ -35,21 +36,11 @@ def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """One call's checked settings, as every batch element and range reads them (``scale`` resolved)."""
-
-    causal: bool
-    scale: float
-    window: tuple[int, int]
-    softcap: float | None
-    num_splits: int
-    backend: str
-
-
-# What a key range's options carry of the step (dispatch/carry.py): range_options puts the first four in
-# the mask contract, the ranges are num_splits', the plan is the backend's. A field on neither list is
-# refused by name (check_carried) rather than dropped.
+# What a key range's options carry of the step (dispatch/carry.py): range_options puts causal, scale, window,
+# softcap and each element's slopes in the mask contract, the ranges are num_splits', the plan is the
+# backend's, decode_step reads the lengths and the padding on the host and merges the sinks after the ranges,
+# and each element reads its own pages. A field on neither list is refused by name (check_carried) rather
+# than dropped.
 RANGE_CARRIES: Carries = {
     "causal": always,
     "scale": always,
@@ -57,9 +48,14 @@ RANGE_CARRIES: Carries = {
     "softcap": always,
     "num_splits": always,
     "backend": always,
+    "cache_seqlens": always,
+    "alibi_slopes": always,
+    "block_table": always,
+    "cache_leftpad": always,
+    "sinks": always,
 }
 # What decode_one's rows carry when the G query heads of one new query run as G rows of their key/value
-# head (its other arguments: no ALiBi, a slope per head; the padding cuts the keys; sinks join after).
+# head (the padding cuts the keys; sinks join after the merge).
 ROWS_CARRIES: Carries = {
     "causal": always,  # the one query sits at L - 1, after every cached key: causal hides none of [lo, L)
     "scale": always,
@@ -67,6 +63,11 @@ ROWS_CARRIES: Carries = {
     "softcap": always,
     "num_splits": always,
     "backend": always,
+    "cache_seqlens": always,
+    "alibi_slopes": unset("alibi_slopes"),  # a slope per query head: G rows of one head would share one
+    "block_table": always,
+    "cache_leftpad": always,
+    "sinks": always,
 }
 
 
@@ -114,26 +115,35 @@ def range_options(
     return AttentionOptions(shapes=shapes, mask=mask, causal_align="bottom_right", enable_gqa=True)
 
 
-def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep, *, alibi_slopes: Tensor | None) -> Plan:
+def range_plan(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: DecodeStep) -> Plan:
     """The plan of every range of every batch element, from the options of the step over the whole caches:
     the backend's refusals (``BackendUnavailableError``) all happen here, before the call writes into the
     caches, so a call that raises writes nothing."""
     # The planner reads the devices, the dtypes' kind, what requires grad and the mask's variants, not the
     # sizes: the whole caches stand for every range.
     check_carried(step)
-    slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[0]
-    opts = range_options(
+    slopes = step.alibi_slopes
+    if slopes is not None and slopes.dim() == 2:  # (B, H_q): the first element's stand for all (none: no slopes)
+        slopes = slopes[0] if slopes.shape[0] else None
+    opts = step_options(q, k_cache, v_cache, step, alibi_slopes=slopes, offset=0)
+    return planner.plan_ranges(q, k_cache, v_cache, opts, step.backend)
+
+
+def step_options(
+    q: Tensor, k: Tensor, v: Tensor, step: DecodeStep, *, alibi_slopes: Tensor | None, offset: int
+) -> AttentionOptions:
+    """:func:`range_options` with the step's scores and mask, ``alibi_slopes`` one batch element's."""
+    return range_options(
         q,
-        k_cache,
-        v_cache,
+        k,
+        v,
         causal=step.causal,
         scale=step.scale,
         window=step.window,
         softcap=step.softcap,
-        alibi_slopes=slopes,
-        offset=0,
+        alibi_slopes=alibi_slopes,
+        offset=offset,
     )
-    return planner.plan_ranges(q, k_cache, v_cache, opts, step.backend)
 
 
 def visible_keys(L: int, N_new: int, window: tuple[int, int], leftpad: int = 0) -> tuple[int, int]:
@@ -170,7 +180,7 @@ def decode_one(
     H_kv = cache.H_kv
     G = H_q // H_kv
     lo, L = visible_keys(L, N_new, step.window, leftpad)
-    rows = N_new == 1 and G > 1 and alibi_slopes is None and not uncarried(step, ROWS_CARRIES)
+    rows = N_new == 1 and G > 1 and not uncarried(step, ROWS_CARRIES)
     if rows:  # every key of [lo, L) is visible to the one query, row 0 at position L - 1
         q, step, first = q.reshape(1, H_kv, G, D), replace(step, causal=False, window=(-1, -1)), L - 1
     else:
@@ -186,17 +196,7 @@ def decode_one(
         # autocast's cast (autocast_inputs)
         k_s, v_s = (_cast(_cast(t, q.dtype), dt) for t in cache.read(s0, s1))
         # offset = first - s0 puts row i's diagonal at global key first + i
-        opts = range_options(
-            qc,
-            k_s,
-            v_s,
-            causal=step.causal,
-            scale=step.scale,
-            window=step.window,
-            softcap=step.softcap,
-            alibi_slopes=alibi_slopes,
-            offset=first - s0,
-        )
+        opts = step_options(qc, k_s, v_s, step, alibi_slopes=alibi_slopes, offset=first - s0)
         part = runner.run(plan, qc, k_s, v_s, opts)
         merged = part if merged is None else merge_attention_states(*merged, *part)
     if merged is None:  # no key to see: every row gives O = 0, lse = -inf

@@ -70,6 +70,8 @@ def cuda_num_splits(*, B: int, H_kv: int, N_q: int, group: int, N_k: int, D: int
 def split_ranges(L: int, num_splits: int) -> list[tuple[int, int]]:
     """``num_splits`` contiguous ranges cutting keys ``[0, L)``: ``ceil(L / num_splits)`` keys each, the last
     ones short or empty (``(L, L)``) when the keys do not divide evenly or there are fewer keys than splits."""
+    if num_splits == 1:  # the CPU paths' default: no arithmetic to do
+        return [(0, L)]
     size = math.ceil(L / num_splits) if L else 0
     return [(min(s * size, L), min((s + 1) * size, L)) for s in range(num_splits)]
 

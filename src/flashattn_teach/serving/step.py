@@ -6,15 +6,20 @@ paths' key ranges (``ranges.py``). The eager public function and the decode op's
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_off
+from .._autocast import autocast_dtype
 from .._layout import compute_dtype
+from .._options import DecodeKeywords
 from .._validate.inputs import check_bool, check_scale, check_softcap, check_window
 from .._validate.sinks import check_sinks
-from ..dispatch import check_backend, planner, runner
+from ..dispatch import Plan, check_backend, planner, runner
 from .checks import (
+    DecodeStep,
     check_cache_inputs,
     check_cache_seqlens,
     check_decode_alibi,
@@ -31,7 +36,7 @@ from .page_checks import (
     refuse_on_triton_decode,
 )
 from .pages import append_to_pages, element_caches
-from .ranges import DecodeStep, decode_one, merge_sinks, range_plan, visible_keys
+from .ranges import decode_one, merge_sinks, range_plan, visible_keys
 from .splitkv import default_num_splits
 
 
@@ -110,21 +115,11 @@ def check_host_values(
     return lengths, pads
 
 
-def route_extras(
-    backend: str,
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    *,
-    block_table: Tensor | None,
-    cache_leftpad: Tensor | None,
-    sinks: Tensor | None,
-) -> str:
-    """The backend of a call with pages, padding or sinks. The Triton decode kernel takes all three but is
+def route_extras(backend: str, q: Tensor, k_cache: Tensor, v_cache: Tensor, *, sinks: Tensor | None) -> str:
+    """The backend of a call with sinks. The Triton decode kernel takes them (and pages and padding) but is
     forward only, so a call whose sinks need a gradient that would run on it goes to the CPU paths'
     query-major reference with ``backend="auto"`` and is refused by name with ``backend="triton"``; any other
-    call keeps its backend. (``block_table`` and ``cache_leftpad`` are taken for the signature the call
-    and ``explain_with_kvcache`` share.)"""
+    call keeps its backend."""
     wants_grad = sinks is not None and sinks.requires_grad and torch.is_grad_enabled()
     if wants_grad and planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
         if backend == "triton":
@@ -133,108 +128,121 @@ def route_extras(
     return backend
 
 
-def decode_step(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Tensor | None,
-    v: Tensor | None,
-    *,
-    cache_seqlens: Tensor | int,
-    causal: bool,
-    scale: float | None,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: Tensor | None,
-    num_splits: int,
-    backend: str,
-    return_lse: bool,
-    autocast: torch.dtype | None,
-    block_table: Tensor | None = None,
-    cache_leftpad: Tensor | None = None,
-    sinks: Tensor | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
-    ``autocast`` (the autocast dtype, or None): every check, then the write, then the attention."""
-    paged = block_table is not None
-    q, k_cache, v_cache, k, v = check_cache_inputs(q, k_cache, v_cache, k, v, autocast=autocast, paged=paged)
+class DecodeCall(NamedTuple):
+    """A decode step's arguments after ``q, k_cache, v_cache``, as :func:`flash_attention_with_kvcache`
+    received them: built once, by the public function (or ``explain_with_kvcache``, or from the op's
+    record), and handed whole to :func:`decode_step`, ``ops.compiled_step`` and ``ops_traced.traced_step``,
+    which read the keywords by name. ``autocast``: the dtype the caller's autocast cast ``q`` for, or None."""
+
+    k: Tensor | None
+    v: Tensor | None
+    options: DecodeKeywords  # every keyword, its default filled; not yet checked
+    return_lse: bool = False
+    autocast: torch.dtype | None = None
+
+
+class CheckedStep(NamedTuple):
+    """A decode step after every check and before any write (:func:`check_step`): what :func:`decode_step`
+    runs and ``explain_with_kvcache`` describes. ``plan``: the CPU paths' plan of every key range, None on
+    the Triton decode kernel; ``lengths`` and ``pads``: ``cache_seqlens`` and ``cache_leftpad`` read on the
+    host (always on the CPU paths; on the kernel's path only where they are host values already)."""
+
+    q: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    k: Tensor | None
+    v: Tensor | None
+    step: DecodeStep
+    N_max: int  # each batch element's capacity: max_blocks pages of page_size slots when paged
+    lse_wanted: bool
+    plan: Plan | None
+    lengths: list[int] | None
+    pads: list[int] | None
+
+
+def check_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) -> CheckedStep:
+    """Every check of a decode step, in one place for the call and ``explain_with_kvcache``: the inputs, the
+    options (into one :class:`DecodeStep`), the values that are on the host, the path; on the CPU paths
+    also the lengths, the number of key ranges and the plan of every range, whose refusals all come here,
+    before the call writes into the caches."""
+    o = call.options
+    table = o["block_table"]
+    q, k_cache, v_cache, k, v = check_cache_inputs(
+        q, k_cache, v_cache, call.k, call.v, autocast=call.autocast, paged=table is not None
+    )
     B, H_q = q.shape[:2]
-    block_table = check_block_table(block_table, B, q.device)
-    # N_max: each batch element's capacity, max_blocks pages of page_size slots when paged
-    N_max = check_page_shapes(k_cache, block_table)[1] if block_table is not None else k_cache.shape[2]
+    table = check_block_table(table, B, q.device)
+    N_max = check_page_shapes(k_cache, table)[1] if table is not None else k_cache.shape[2]
     N_new_kv = 0 if k is None else k.shape[2]
     if k is not None and v is not None:
         check_no_grad_through_write(k_cache, v_cache, k, v)
-    causal = check_bool("causal", causal)
-    resolved_scale = check_scale(scale, q.shape[3])
-    window_sizes = check_window(window)
-    cap = check_softcap(softcap)
-    slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
-    splits = check_num_splits(num_splits)
-    lse_wanted = check_bool("return_lse", return_lse)
-    backend = check_backend(backend)
-    cache_leftpad = check_cache_leftpad(cache_leftpad, B, q.device)
-    sinks = check_sinks(sinks, H_q, q.device)
-    checked = None
-    if all(lengths_on_host(t) for t in (cache_seqlens, block_table, cache_leftpad)):  # no device sync
-        checked = check_host_values(
-            cache_seqlens,
-            block_table,
-            cache_leftpad,
-            k_cache=k_cache,
-            B=B,
-            N_max=N_max,
-            N_new_kv=N_new_kv,
-            device=q.device,
+    causal = check_bool("causal", o["causal"])
+    scale = check_scale(o["scale"], q.shape[3])
+    window = check_window(o["window"])
+    softcap = check_softcap(o["softcap"])
+    slopes = check_decode_alibi(o["alibi_slopes"], B, H_q, q.device)
+    splits = check_num_splits(o["num_splits"])
+    lse_wanted = check_bool("return_lse", call.return_lse)
+    backend = check_backend(o["backend"])
+    leftpad = check_cache_leftpad(o["cache_leftpad"], B, q.device)
+    sinks = check_sinks(o["sinks"], H_q, q.device)
+    cache_seqlens = o["cache_seqlens"]
+    backend = route_extras(backend, q, k_cache, v_cache, sinks=sinks)
+    triton = planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton"
+    lengths = pads = None
+    if not triton or (lengths_on_host(cache_seqlens) and lengths_on_host(table) and lengths_on_host(leftpad)):
+        # read on the host: the CPU paths read them anyway (a split per range, a slice per batch element),
+        # the kernel's path where that costs no device sync
+        lengths, pads = check_host_values(
+            cache_seqlens, table, leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
         )
-    backend = route_extras(
-        backend, q, k_cache, v_cache, block_table=block_table, cache_leftpad=cache_leftpad, sinks=sinks
-    )
-    if planner.plan_decode(backend, q, k_cache, v_cache).backend == "triton":
-        if checked is None and lengths_on_host(cache_seqlens):  # an int or a CPU tensor: no device sync
-            capacity = "k_cache.shape[2]" if block_table is None else "block_table.shape[1] * page_size"
-            check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv, capacity=capacity)
-        O, lse = runner.run_decode(
-            q,
-            k_cache,
-            v_cache,
-            k,
-            v,
-            cache_seqlens=cache_seqlens,
-            causal=causal,
-            scale=resolved_scale,
-            window=window_sizes,
-            softcap=cap,
-            alibi_slopes=slopes,
-            num_splits=splits,
-            block_table=block_table,
-            cache_leftpad=cache_leftpad,
-            sinks=sinks,
-        )
-        return (O, lse) if lse_wanted else O
-
-    # the CPU paths read the values on the host anyway (a split per range, a slice per batch element)
-    lengths, pads = checked or check_host_values(
-        cache_seqlens, block_table, cache_leftpad, k_cache=k_cache, B=B, N_max=N_max, N_new_kv=N_new_kv, device=q.device
-    )
-    L = [n + N_new_kv for n in lengths]
-    if splits == 0:
-        splits = default_num_splits(q, k_cache, max(L) if L else 0)
+    elif lengths_on_host(cache_seqlens):  # the kernel's path with the table or the padding on the device
+        capacity = "k_cache.shape[2]" if table is None else "block_table.shape[1] * page_size"
+        check_cache_seqlens(cache_seqlens, B, N_max, q.device, N_new_kv=N_new_kv, capacity=capacity)
+    if not triton:
+        splits = splits or default_num_splits(q, k_cache, max(lengths) + N_new_kv if lengths else 0)
     step = DecodeStep(
-        causal=causal, scale=resolved_scale, window=window_sizes, softcap=cap, num_splits=splits, backend=backend
+        causal=causal,
+        scale=scale,
+        window=window,
+        softcap=softcap,
+        num_splits=splits,
+        backend=backend,
+        cache_seqlens=cache_seqlens,
+        alibi_slopes=slopes,
+        block_table=table,
+        cache_leftpad=leftpad,
+        sinks=sinks,
     )
-    plan = range_plan(q, k_cache, v_cache, step, alibi_slopes=slopes) if B > 0 else None  # refusals before the write
+    plan = None if triton else range_plan(q, k_cache, v_cache, step)
+    return CheckedStep(q, k_cache, v_cache, k, v, step, N_max, lse_wanted, plan, lengths, pads)
+
+
+def decode_step(q: Tensor, k_cache: Tensor, v_cache: Tensor, call: DecodeCall) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`flash_attention_with_kvcache` in eager mode (also inside the op), its inputs already cast for
+    ``call.autocast``: every check (:func:`check_step`), then the write, then the attention."""
+    c = check_step(q, k_cache, v_cache, call)
+    step = c.step
+    if c.plan is None:  # the Triton decode kernel, which also writes k, v into the caches
+        O, lse = runner.run_decode(c.q, c.k_cache, c.v_cache, c.k, c.v, step)
+        return (O, lse) if c.lse_wanted else O
+    q, k_cache, v_cache, k, v = c.q, c.k_cache, c.v_cache, c.k, c.v
+    lengths, pads, slopes, sinks = c.lengths or [], c.pads, step.alibi_slopes, step.sinks
+    B, H_q = q.shape[:2]
     if k is not None and v is not None:
-        if block_table is None:
+        if step.block_table is None:
             append_to_cache(k_cache, v_cache, k, v, lengths)
         elif B > 0:
-            append_to_pages(k_cache, v_cache, k, v, block_table, lengths)
-    if plan is None:  # no batch element: nothing to attend
+            append_to_pages(k_cache, v_cache, k, v, step.block_table, lengths)
+    if B == 0:  # no batch element: nothing to attend
         shape = (0, H_q, q.shape[2])
         O, lse = q.new_zeros(*shape, v_cache.shape[3]), q.new_zeros(shape, dtype=compute_dtype(q.dtype))
-        return (O, lse) if lse_wanted else O
-    caches = element_caches(k_cache, v_cache, block_table)
-    with autocast_off(q.device.type):  # inputs cast above; scores and accumulators stay in the compute dtype
+        return (O, lse) if c.lse_wanted else O
+    N_new_kv = 0 if k is None else k.shape[2]
+    L = [n + N_new_kv for n in lengths]
+    caches = element_caches(k_cache, v_cache, step.block_table)
+    # inputs cast above; scores and accumulators stay in the compute dtype
+    with nullcontext() if autocast_dtype(q.device.type) is None else torch.autocast(q.device.type, enabled=False):
         # batch element b over its keys [leftpad[b], L[b]), one after another, every range on the plan's backend
         parts = []
         for b in range(B):  # a loop, not a comprehension: one frame fewer above every tile update
@@ -244,7 +252,7 @@ def decode_step(
                     q if B == 1 else q[b : b + 1],
                     caches[b],
                     step,
-                    plan=plan,
+                    plan=c.plan,
                     L=L[b],
                     alibi_slopes=slopes_b,
                     leftpad=0 if pads is None else pads[b],
@@ -256,4 +264,4 @@ def decode_step(
         O = O if O.dtype == q.dtype else O.to(q.dtype)
     read = (q,) if k is not None else (q, k_cache, v_cache)  # the caches are differentiable without a write
     O, lse = attach_when_nothing_visible(O, lse, read, L=L, pads=pads, step=step, N_new=q.shape[2])
-    return (O, lse) if lse_wanted else O
+    return (O, lse) if c.lse_wanted else O

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from .._validate.inputs import shape_str
-from .._validate.varlen import check_cu_seqlens
-from ..errors import AttentionTypeError, AttentionValueError
+from .._validate.varlen import check_cu_seqlens, check_head_groups, check_tensor
+from ..errors import AttentionValueError
 from .page_checks import check_block_table
 
 
@@ -43,11 +43,10 @@ def check_page_pools(q: object, k: object, v: object) -> None:
         ("k", k, "(num_blocks, H_kv, page_size, D)"),
         ("v", v, "(num_blocks, H_kv, page_size, D_v)"),
     ):
-        if not isinstance(t, Tensor):
-            raise AttentionTypeError(f"{name} must be a torch.Tensor of shape {want}, got {type(t).__name__}")
-        if t.dim() != len(want.split(",")):
+        tensor = check_tensor(name, t, want)
+        if tensor.dim() != len(want.split(",")):
             pools = " (with block_table, k and v are page pools)" if name != "q" else ""
-            raise AttentionValueError(f"{name} must have shape {want}{pools}, got {shape_str(t)}")
+            raise AttentionValueError(f"{name} must have shape {want}{pools}, got {shape_str(tensor)}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
     if k.shape[:3] != v.shape[:3]:
@@ -56,11 +55,7 @@ def check_page_pools(q: object, k: object, v: object) -> None:
         )
     if q.shape[2] != k.shape[3]:
         raise AttentionValueError(f"q (dim 2) and k (dim 3) must have the same head dimension D, got {shapes}")
-    H_q, H_kv = q.shape[1], k.shape[1]
-    if H_kv == 0 or H_q % H_kv != 0:
-        raise AttentionValueError(
-            f"the query heads H_q={H_q} must be a multiple of the key/value heads H_kv={H_kv} ({shapes})"
-        )
+    check_head_groups(q.shape[1], k.shape[1], lambda: shapes)
     if k.shape[2] < 1:
         raise AttentionValueError(f"the pages must hold at least one slot (page_size = k.shape[2] >= 1), got {shapes}")
     for name, t in (("k", k), ("v", v)):

@@ -22,6 +22,7 @@ from torch import Tensor
 from .._autocast import cast_inputs
 from .._options import AttentionOptions, make_packed_options
 from .._validate.inputs import check_bool
+from .._validate.varlen import PackedBounds
 from ..errors import AttentionError, AttentionValueError, BackendUnavailableError
 from .configs import AttentionConfig
 from .support import call_unsupported_reason, triton_installed
@@ -98,10 +99,7 @@ def triton_attention_varlen(
         q,
         k,
         v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
+        PackedBounds(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
         causal=causal,
         causal_align=causal_align,
         scale=scale,

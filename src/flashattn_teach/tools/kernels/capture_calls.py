@@ -96,9 +96,9 @@ def _decode_as_if_on_gpu(arch: str) -> Iterator[None]:
             return Plan("triton", "CUDA tensors: the Triton split-KV decode kernel")
         return saved[0](backend, q, k_cache, v_cache)
 
-    def triton_decode(q, k_cache, v_cache, k, v, *, config=None, **options):
+    def triton_decode(q, k_cache, v_cache, k, v, step, *, config=None):
         config = config or decode_launch.decode_config(q.dtype, q.shape[3], arch, v_cache.shape[3])
-        return saved[1](q, k_cache, v_cache, k, v, config=config, **options)
+        return saved[1](q, k_cache, v_cache, k, v, step, config=config)
 
     def default_num_splits(q, k_cache, L_max):
         B, H_q, N_q, D = q.shape
