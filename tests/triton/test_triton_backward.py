@@ -192,6 +192,7 @@ def test_torch_func_vjp_matches_autograd_of_the_dense_oracle() -> None:
 
 def test_the_preprocess_writes_delta_and_lse_in_log2_units_with_inf_for_rows_that_saw_no_key() -> None:
     from flashattn_teach.triton.kernels.backward import attn_bwd_preprocess
+    from flashattn_teach.triton.records import RowStats, strided
 
     B, H, N, D = 2, 3, 37, 24  # N past a block of 16, D below its padded 32: ragged rows and lanes
     g = torch.Generator().manual_seed(3)
@@ -200,9 +201,10 @@ def test_the_preprocess_writes_delta_and_lse_in_log2_units_with_inf_for_rows_tha
     lse[0, 1, :5] = float("-inf")  # rows that saw no key
     delta, lse2 = (torch.full((B, H, N), float("nan"), dtype=torch.float32, device=DEVICE) for _ in range(2))
     o32, do32 = (t.to(DEVICE, torch.float32).transpose(1, 2).contiguous().transpose(1, 2) for t in (o, do))
+    row_stats = RowStats(lse2, delta, stride_h=N)  # written
     attn_bwd_preprocess[(3 * B * H,)](
-        o32, do32, lse.to(DEVICE, torch.float32), delta, lse2,
-        *o32.stride(), *do32.stride(), H, N, HEAD_DIM_V=D, BLOCK_DV=32, BLOCK_M=16,
+        strided(o32), strided(do32), lse.to(DEVICE, torch.float32), row_stats, H_q=H, N_q=N,
+        HEAD_DIM_V=D, BLOCK_DV=32, BLOCK_M=16,
     )  # fmt: skip
     torch.testing.assert_close(delta.double().cpu(), (o * do).sum(-1), atol=1e-5, rtol=1e-5)
     want = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))

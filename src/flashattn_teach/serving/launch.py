@@ -46,8 +46,9 @@ from ..triton.configs import arch_of, block_d, dot_precision
 from ..triton.devices import launches_on_device
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
+from ..triton.records import LOG2E, CacheLengths, Pages, Partials, score_terms, strided
 from ..triton.support import decode_unsupported_reason
-from ..triton.variants import LOG2E, UNBOUNDED
+from ..triton.variants import UNBOUNDED
 from .checks import DecodeStep, check_seqlens_tensor
 from .splitkv import default_num_splits
 
@@ -267,54 +268,38 @@ def launch_decode(
         O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
     check_tile_offsets("decode", config.BLOCK_N if block_table is None else N_rows, k_cache=k_cache, v_cache=v_cache)
-    if block_table is None:  # a placeholder pointer and sizes, never read (constant 1s: no new specialisation)
-        table, stride_bt_b, stride_bt_n, page_size, num_blocks = seqlens, 0, 0, 1, 1
-    else:
-        table, (stride_bt_b, stride_bt_n), page_size = block_table, block_table.stride(), N_rows
-    # placeholders (never read) where a variant is off
-    # the kernel reads entry b at CACHE_LEFTPAD + b: one int32 per element, back to back
-    leftpad = seqlens if cache_leftpad is None else cache_leftpad.to(torch.int32).contiguous()
-    sink_logits = lse if sinks is None else sinks.detach().to(torch.float32).contiguous()  # (H_q,), fp32
-    if alibi_slopes is None:
-        slopes, stride_slope_b, stride_slope_h = lse, 0, 0  # a placeholder pointer, never read
-    else:
-        slopes = alibi_slopes.detach().to(torch.float32)
-        stride_slope_b = 0 if slopes.dim() == 1 else slopes.stride(0)
-        stride_slope_h = slopes.stride(-1)
+    pages = None
+    if block_table is not None:
+        stride_bt_b, stride_bt_n = block_table.stride()
+        pages = Pages(block_table, stride_bt_b, stride_bt_n, PAGE_SIZE=N_rows, num_blocks=num_blocks)
+    lengths = CacheLengths(
+        seqlens,
+        # the kernel reads entry b at cache_leftpad + b: one int32 per element, back to back
+        None if cache_leftpad is None else cache_leftpad.to(torch.int32).contiguous(),
+        N_new=N_new,
+        N_new_kv=N_new_kv,
+        N_max=N_max,
+    )
+    slopes = None if alibi_slopes is None else alibi_slopes.detach().to(torch.float32)
+    terms = score_terms(softcap, slopes, None)
     left, right = window
     BLOCK_D, BLOCK_D2 = lane_groups(D)  # 192: 128 + 64 lanes, two MMAs a score tile (.kernels.tiles)
     decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        O_part,
-        lse_part,
-        seqlens,
-        slopes,
-        table,
-        leftpad,
-        sink_logits,
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *O_part.stride(),
-        *lse_part.stride(),
-        stride_slope_b,
-        stride_slope_h,
-        stride_bt_b,
-        stride_bt_n,
-        page_size,
-        num_blocks,
-        H_kv,
-        G,
-        N_new,
-        N_new_kv,
-        N_max,
-        num_splits,
-        scale * LOG2E,
-        UNBOUNDED if left < 0 else left,
-        0 if causal else UNBOUNDED if right < 0 else right,  # causal is a window's right side of 0
-        1.0 if softcap is None else softcap * LOG2E,
+        strided(q),
+        strided(k_cache),
+        strided(v_cache),
+        Partials(O_part, *O_part.stride()),
+        Partials(lse_part, *lse_part.unsqueeze(-1).stride()),  # (num_splits, B, H_q, N_new, 1)
+        lengths,
+        pages,
+        terms,
+        None if sinks is None else sinks.detach().to(torch.float32).contiguous(),  # (H_q,), fp32
+        H_kv=H_kv,
+        GROUP=G,
+        num_splits=num_splits,
+        qk_scale=scale * LOG2E,
+        LEFT=UNBOUNDED if left < 0 else left,
+        RIGHT=0 if causal else UNBOUNDED if right < 0 else right,  # causal is a window's right side of 0
         HEAD_DIM=D,
         HEAD_DIM_V=D_v,
         BLOCK_D=BLOCK_D,
@@ -326,7 +311,7 @@ def launch_decode(
         ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         PAGED=block_table is not None,
-        WIDE_PAGES=block_table is not None and page_size >= config.BLOCK_N,
+        WIDE_PAGES=block_table is not None and N_rows >= config.BLOCK_N,
         LEFTPAD=cache_leftpad is not None,
         SINKS=sinks is not None,
         num_warps=config.num_warps,

@@ -29,6 +29,7 @@ from .configs import (
 )
 from .devices import launches_on_device
 from .provenance import as_tried
+from .records import Descales, Lse, RowStats, strided
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .variants import PLAIN, KernelVariants
 
@@ -71,12 +72,16 @@ def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
     return t.reshape(B, heads, t.shape[-2], t.shape[-1])
 
 
-def _strides(t: Tensor, varlen: bool = False) -> tuple[int, int, int, int]:
-    """The strides of a ``(B, H, N, X)`` tensor, in the order the kernels take them. With packed
-    sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose start
-    row moves the base pointer instead: the batch stride is passed as 0."""
-    b, h, n, x = t.stride()
-    return 0 if varlen else b, h, n, x
+def descale_record(descale: Fp8Descale) -> Descales:
+    """An FP8 call's :class:`~.records.Descales`: the three contiguous, so that one pair of strides serves them."""
+    q, k, v, stride_b, stride_h = descale.kernel_args()
+    return Descales(q, k, v, stride_b, stride_h)
+
+
+def stats(t: Tensor) -> Lse:
+    """A row statistic of the call's rows, ``(B, H_q, N_q)`` contiguous fp32 (lse, lse2, delta), as the
+    kernels read it: its pointer and its head stride (``(1, H_q, total_q)`` with packed sequences)."""
+    return Lse(t, t.shape[-1])
 
 
 def _grid_lengths(s: AttentionShapes, variants: KernelVariants) -> tuple[int, int]:
@@ -160,25 +165,23 @@ def forward(
     # FP8 build moves the sign of scale * qd * kd itself
     signed = variants.modifies_scores or fp8
     attn_fwd[grid](
-        q,
-        K_src,
-        V_src,
-        o,
-        lse,
-        *_strides(q, var),
-        *_strides(k, var),
-        *_strides(v, var),
-        *_strides(o, var),
-        s.H_q,
-        N_q,
-        N_k,
-        s.group,
-        (s.scale if signed else abs(s.scale)) * LOG2E.value,
-        _offset(s, causal_align, variants),
-        *variants.args(lse),
-        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
-        *(descale.kernel_args() if descale is not None else (lse, lse, lse, 0, 0)),  # lse: placeholders
-        lse if sinks is None else sinks.to(torch.float32).contiguous(),  # SINK: a placeholder when unused
+        strided(q, varlen=var),
+        strided(K_src, k.stride(), varlen=var),
+        strided(V_src, v.stride(), varlen=var),
+        strided(o, varlen=var),
+        stats(lse),
+        H_q=s.H_q,
+        N_q=N_q,
+        N_k=N_k,
+        GROUP=s.group,
+        qk_scale=(s.scale if signed else abs(s.scale)) * LOG2E.value,
+        bounds=variants.bounds(_offset(s, causal_align, variants)),
+        terms=variants.score_terms(),
+        dropout=variants.dropout_args(),
+        packed=variants.packed(),
+        mods=variants.mods_record(q.device, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
+        descales=None if descale is None else descale_record(descale),
+        SINK=None if sinks is None else sinks.to(torch.float32).contiguous(),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -260,16 +263,14 @@ def backward(
     lse2 = torch.empty_like(delta)
     c = config.backward_preprocess
     check_tile_offsets("backward_preprocess", c.BLOCK_M, o=o, do=do)
+    row_stats = RowStats(lse2, delta, stride_h=lse2.shape[-1])  # as lse: (B, H_q, N_q), or (1, H_q, total_q) packed
     attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
-        o,
-        do,
+        strided(o),
+        strided(do),
         lse.contiguous(),
-        delta,
-        lse2,
-        *_strides(o),
-        *_strides(do),
-        s.H_q,
-        s.N_q,
+        row_stats,
+        H_q=s.H_q,
+        N_q=s.N_q,
         HEAD_DIM_V=s.D_v,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
@@ -283,9 +284,8 @@ def backward(
     dk = torch.empty((B, s.H_kv, s.N_k, s.D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, s.H_kv, s.N_k, s.D_v), dtype=v.dtype, device=v.device)
     fused = fused_backward(config, deterministic, s.N_q)
-    # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path
-    # passes dk in its place, unread
-    dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else dk
+    # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path has none
+    dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else None
     tile = config.backward_fused if fused and config.backward_fused is not None else dkdv_config
     c, tma = launch_tile(tile.by_pointers() if D2 else tile, q, do, varlen=var)  # Q_i, dO_i by TMA (unless split)
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
@@ -299,32 +299,26 @@ def backward(
     listed_columns = kinds is not None and (s.group == 1 or kinds.shape[1] == 1)
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
         attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
-            q_src,
-            k,
-            v,
-            do_src,
-            lse2,
-            delta,
-            dk,
-            dv,
-            dq_acc,
-            *_strides(q, var),
-            *_strides(k, var),
-            *_strides(v, var),
-            *_strides(do, var),
-            *_strides(dk, var),
-            *_strides(dv, var),
-            *_strides(dq_acc, var),
-            s.H_q,
-            s.H_kv,
-            N_q,
-            N_k,
-            s.group,
-            s.scale,
-            qk_scale,
-            offset,
-            *variants.args(lse),
-            *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=listed_columns, columns=True),
+            strided(q_src, q.stride(), varlen=var),
+            strided(k, varlen=var),
+            strided(v, varlen=var),
+            strided(do_src, do.stride(), varlen=var),
+            row_stats,
+            strided(dk, varlen=var),
+            strided(dv, varlen=var),
+            None if dq_acc is None else strided(dq_acc, varlen=var),
+            H_q=s.H_q,
+            H_kv=s.H_kv,
+            N_q=N_q,
+            N_k=N_k,
+            GROUP=s.group,
+            scale=s.scale,
+            qk_scale=qk_scale,
+            bounds=variants.bounds(offset),
+            terms=variants.score_terms(),
+            dropout=variants.dropout_args(),
+            packed=variants.packed(),
+            mods=variants.mods_record(q.device, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=listed_columns, columns=True),
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
@@ -355,7 +349,7 @@ def backward(
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
-    if fused:
+    if dq_acc is not None:
         # torch's cast (one elementwise pass, bandwidth-bound, which a kernel of ours would not beat); for
         # fp32 inputs the buffer is dQ itself
         return dq_acc.to(q.dtype), dk, dv
@@ -367,27 +361,23 @@ def backward(
     k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
     v_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
-        q,
-        k_src,
-        v_src,
-        do,
-        lse2,
-        delta,
-        dq,
-        *_strides(q, var),
-        *_strides(k, var),
-        *_strides(v, var),
-        *_strides(do, var),
-        *_strides(dq, var),
-        s.H_q,
-        N_q,
-        N_k,
-        s.group,
-        s.scale,
-        qk_scale,
-        offset,
-        *variants.args(lse),
-        *variants.mod_args(lse, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
+        strided(q, varlen=var),
+        strided(k_src, k.stride(), varlen=var),
+        strided(v_src, v.stride(), varlen=var),
+        strided(do, varlen=var),
+        row_stats,
+        strided(dq, varlen=var),
+        H_q=s.H_q,
+        N_q=N_q,
+        N_k=N_k,
+        GROUP=s.group,
+        scale=s.scale,
+        qk_scale=qk_scale,
+        bounds=variants.bounds(offset),
+        terms=variants.score_terms(),
+        dropout=variants.dropout_args(),
+        packed=variants.packed(),
+        mods=variants.mods_record(q.device, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,

@@ -1,21 +1,14 @@
 """What the kernels need of a call's mask contract (:class:`flashattn_teach.masks.MaskSpec`): the
-constexpr flag of each variant and its runtime arguments, in the kernels' order.
+constexpr flag of each variant and its runtime arguments, as the named records of :mod:`.records`.
 
-The kernels take, after ``OFFSET``::
-
-    SEQLENS_K, ALIBI_SLOPES, stride_slope_b, stride_slope_h, LEFT, RIGHT, softcap_log2,
-    seed, dropout_offset, dropout_threshold, keep_scale,
-    ATTN_MASK, stride_mask_b, stride_mask_h, stride_mask_m, stride_mask_n,
-    CU_SEQLENS_Q, CU_SEQLENS_K, stride_lse_h,
-    C0, C1, C2, C3, MC0, MC1, MC2, MC3,
-    TILE_KINDS, stride_kind_b, stride_kind_h, stride_kind_m, stride_kind_n,
-    TILE_LIST, stride_list_b, stride_list_h, stride_list_m
-
-and the constexpr flags ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
-:mod:`.masking`, :mod:`.dropout` and :mod:`.varlen`), and ``SCORE_MOD, SCORE_GRAD, MASK_MOD`` (the user's
-functions compiled by :mod:`flashattn_teach.triton.usermod`, or None) and ``KINDS`` (see
-:mod:`.kernels.usermods`). A variant that is not set passes a placeholder pointer that is never read, so a
-call without variants compiles to the plain kernel.
+:class:`KernelVariants` builds, by name, the kernels' :class:`~.records.Bounds` (the diagonal offset, the
+window, ``seqlens_k``), :class:`~.records.ScoreTerms` (softcap, ALiBi, the user's mask),
+:class:`~.records.Dropout`, :class:`~.records.Packed` (or None) and :class:`~.records.UserMods`; the
+constexpr flags are ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
+:mod:`.kernels.masking`, :mod:`.kernels.dropout` and :mod:`.varlen`), and ``SCORE_MOD, SCORE_GRAD,
+MASK_MOD`` (the user's functions compiled by :mod:`flashattn_teach.triton.usermod`, or None) and ``KINDS``
+(see :mod:`.kernels.usermods`). A variant that is not set is None in its record, never read, so a call
+without variants compiles to the plain kernel.
 """
 
 from __future__ import annotations
@@ -30,8 +23,8 @@ from torch import Tensor
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..masks.spec import MaskSpec
+from .records import Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
 
-LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); forward.LOG2E is the kernels' copy, behind a triton import
 # A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
 # enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.
 UNBOUNDED = 2**30
@@ -151,48 +144,41 @@ class KernelVariants:
         scale inside the exponent)."""
         return self.softcap is not None or self.alibi_slopes is not None or self.additive_mask or self.has_score_mod
 
-    def args(self, placeholder: Tensor) -> tuple[object, ...]:
-        """The runtime arguments after ``OFFSET``; ``placeholder``, the call's lse (whose last dimension is
-        its head stride), stands for an unset pointer."""
-        slopes = placeholder if self.alibi_slopes is None else self.alibi_slopes
-        # a (1, H_q) table serves every batch element: stride 0 along the batch
-        stride_b = 0 if self.alibi_slopes is None or slopes.shape[0] == 1 else slopes.stride(0)
-        stride_h = 0 if self.alibi_slopes is None else slopes.stride(1)
-        return (
-            placeholder if self.seqlens_k is None else self.seqlens_k,
-            slopes,
-            stride_b,
-            stride_h,
-            self.left,
-            self.right,
-            1.0 if self.softcap is None else self.softcap * LOG2E,
-            self.dropout.seed,
-            self.dropout.offset,
-            self.dropout.threshold,
-            self.dropout.keep_scale,
-            placeholder if self.attn_mask is None else self.attn_mask,
-            *((0, 0, 0, 0) if self.attn_mask is None else self.attn_mask.stride()),
-            placeholder if self.cu_seqlens_q is None else self.cu_seqlens_q,
-            placeholder if self.cu_seqlens_k is None else self.cu_seqlens_k,
-            placeholder.shape[-1],
-        )
+    def bounds(self, offset: int) -> Bounds:
+        """The kernels' :class:`~.records.Bounds`: ``offset`` (the launcher's ``OFFSET``), the window, the lengths."""
+        return Bounds(OFFSET=offset, LEFT=self.left, RIGHT=self.right, SEQLENS_K=self.seqlens_k)
 
-    def mod_args(
+    def score_terms(self) -> ScoreTerms:
+        """The kernels' :class:`~.records.ScoreTerms`: softcap in log2 units (1.0 unset), ALiBi, the attn_mask."""
+        return score_terms(self.softcap, self.alibi_slopes, self.attn_mask)
+
+    def dropout_args(self) -> Dropout:
+        """The kernels' :class:`~.records.Dropout` (read only under ``DROPOUT``)."""
+        key = self.dropout
+        return Dropout(seed=key.seed, offset=key.offset, threshold=key.threshold, keep_scale=key.keep_scale)
+
+    def packed(self) -> Packed | None:
+        """The kernels' :class:`~.records.Packed`, or None without packed sequences."""
+        if self.cu_seqlens_q is None or self.cu_seqlens_k is None:
+            return None
+        return Packed(self.cu_seqlens_q, self.cu_seqlens_k)
+
+    def mods_record(
         self,
-        placeholder: Tensor,
+        device: torch.device,
         block_m: int,
         block_n: int,
         N_q: int,
         N_k: int,
-        listed: bool = False,
+        *,
+        listed: bool,
         columns: bool = False,
-    ) -> tuple[object, ...]:
-        """The runtime arguments after ``stride_lse_h``: the captured tensors of score_mod and of mask_mod
-        (``placeholder`` in unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles with
-        their strides (0 along broadcast dims), and with ``listed`` :func:`tile_list` of them, ``TILE_LIST,
-        stride_list_b, stride_list_h, stride_list_m``: each query tile's key tiles, or with ``columns`` each
-        key tile's query tiles (the dK/dV kernel, whose programs own a key block). The kinds table must cover
-        the launch's ``cdiv(N_q, block_m) x cdiv(N_k, block_n)`` tiles."""
+    ) -> UserMods:
+        """The kernels' :class:`~.records.UserMods`: the captured tensors of score_mod and of mask_mod (None in
+        unused slots), the tile kinds at a launch's ``block_m x block_n`` tiles (strides 0 along broadcast
+        dims) and with ``listed`` :func:`tile_list` of them: each query tile's key tiles, or with ``columns``
+        each key tile's query tiles (the dK/dV kernel, whose programs own a key block). The kinds table must
+        cover the launch's ``cdiv(N_q, block_m) x cdiv(N_k, block_n)`` tiles."""
         score = () if self.score_mod is None else tuple(self.score_mod.captures)
         mask = () if self.mask_mod is None else tuple(self.mask_mod.captures)
         for name, captures in (("score_mod", score), ("mask_mod", mask)):
@@ -201,11 +187,10 @@ class KernelVariants:
                     f"{name} captures {len(captures)} tensors and the kernels take {CAPTURE_SLOTS}: run the call "
                     "on a CPU path (backend='query_major'), or fold captured tensors into fewer (torch.stack)"
                 )
-        slots = (placeholder,) * CAPTURE_SLOTS
         kinds = self.tile_kinds(block_m, block_n)
-        if kinds is None:
-            kind_args: tuple[object, ...] = (placeholder, 0, 0, 0, 0)
-        else:
+        table: tuple[Any, ...] = (None,) * 5  # kinds and its strides
+        tiles: tuple[Any, ...] = (None,) * 4  # the tile list and its strides
+        if kinds is not None:
             need = (-(-N_q // block_m), -(-N_k // block_n))
             if kinds.dim() != 4 or kinds.dtype != torch.int8 or tuple(kinds.shape[2:]) < need:
                 raise AttentionValueError(
@@ -213,25 +198,16 @@ class KernelVariants:
                     f"but N_q={N_q}, N_k={N_k} need int8 (B|1, H|1, {need[0]}, {need[1]}): build the block mask "
                     "for these lengths (create_block_mask(mask_mod, B, H, N_q, N_k))"
                 )
-            kinds = kinds.to(placeholder.device)  # O(tiles) bytes; a no-op where the block mask was built
+            kinds = kinds.to(device)  # O(tiles) bytes; a no-op where the block mask was built
             stride_b, stride_h, stride_m, stride_n = kinds.stride()
-            kind_args = (
-                kinds,
-                0 if kinds.shape[0] == 1 else stride_b,
-                0 if kinds.shape[1] == 1 else stride_h,
-                stride_m,
-                stride_n,
-            )
-        list_args: tuple[object, ...] = (placeholder, 0, 0, 0)
-        if listed and kinds is not None:
-            table = tile_list(kinds.transpose(-1, -2) if columns else kinds)
-            list_args = (
-                table,
-                0 if table.shape[0] == 1 else table.stride(0),
-                0 if table.shape[1] == 1 else table.stride(1),
-                table.stride(2),
-            )
-        return (*(score + slots)[:CAPTURE_SLOTS], *(mask + slots)[:CAPTURE_SLOTS], *kind_args, *list_args)
+            b, h = (0 if kinds.shape[0] == 1 else stride_b), (0 if kinds.shape[1] == 1 else stride_h)
+            table = (kinds, b, h, stride_m, stride_n)
+            if listed:
+                t = tile_list(kinds.transpose(-1, -2) if columns else kinds)
+                b, h = (0 if t.shape[0] == 1 else t.stride(0)), (0 if t.shape[1] == 1 else t.stride(1))
+                tiles = (t, b, h, t.stride(2))
+        slots: tuple[Tensor | None, ...] = (None,) * CAPTURE_SLOTS
+        return UserMods((score + slots)[:CAPTURE_SLOTS], (mask + slots)[:CAPTURE_SLOTS], *table, *tiles)
 
     def tile_kinds(self, block_m: int, block_n: int) -> Tensor | None:
         """The block mask's kinds at ``block_m x block_n`` tiles, int8 ``(B|1, H|1, T_r, T_c)``, or None."""

@@ -273,7 +273,7 @@ def request_key(r: CompileRequest) -> str:
     fields = {
         "kernel": f"{r.fn.__module__}.{r.name}",
         "source": r.fn.cache_key,
-        "signature": r.signature,
+        "signature": r.flat_signature(),  # with the records' field names: a reordered record is a new kernel
         "constexprs": sorted((list(p), repr(v)) for p, v in r.constexprs.items()),
         "attrs": sorted((list(p), repr(v)) for p, v in r.attrs.items()),
         "options": sorted((k, repr(v)) for k, v in r.options.__dict__.items()),

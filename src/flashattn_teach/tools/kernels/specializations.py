@@ -69,7 +69,7 @@ def specialisation_id(c: Captured) -> str:
     divisibility attributes, warps and stages, hashed (the committed JSON's ``id``)."""
     r = c.request
     consts = ",".join(f"{k}={v!r}" for k, v in sorted(r.constants().items()))
-    sig = ",".join(f"{k}:{v}" for k, v in r.signature.items() if v != "constexpr")
+    sig = ",".join(f"{k}:{v}" for k, v in r.flat_signature().items() if v != "constexpr")
     div = ",".join(sorted(r.divisible_by_16()))
     return short_id(f"{r.name}|{sig}|{consts}|div16:{div}|w{r.options.num_warps}s{r.options.num_stages}")
 
@@ -141,7 +141,7 @@ def cached_compile(c: Captured, arch: str, cache: Path) -> dict[str, Any]:
 def row(c: Captured, arch: str, result: dict[str, Any]) -> dict[str, Any]:
     r = c.request
     consts = r.constants()
-    pointer = next((v for v in r.signature.values() if v.startswith("*")), "?")
+    pointer = next((v for v in r.flat_signature().values() if v.startswith("*")), "?")
     problems = []
     if result.get("error"):
         problems.append(str(result["error"]))

@@ -60,14 +60,32 @@ class CompileRequest:
     def name(self) -> str:
         return str(self.fn.__name__)
 
+    def flat_signature(self) -> dict[str, str]:
+        """:attr:`signature` with each record (:mod:`flashattn_teach.triton.records`) spelt out field by
+        field: ``{"Q.ptr": "*bf16", "Q.stride_b": "i32", ...}``, the names the constants and attributes use."""
+        return {name: kind for name, kind in _flatten(self.signature.items())}
+
+    def path_name(self, path: tuple[int, ...]) -> str:
+        """The name of the argument at ``path`` (``(0,)``: ``Q``; ``(0, 4)``: ``Q.stride_d``)."""
+        label, value = list(self.signature.items())[path[0]]
+        for index in path[1:]:
+            fields = getattr(value, "_fields", None)
+            label += "." + (fields[index] if fields is not None else str(index))
+            value = value[index]
+        return label
+
     def constants(self) -> dict[str, Any]:
-        """Constant arguments by name (constexpr parameters and integers the JIT turned into constants)."""
-        names = list(self.signature)
-        return {names[path[0]]: value for path, value in self.constexprs.items() if len(path) == 1}
+        """Constant arguments by name (constexpr parameters and integers the JIT turned into constants), a
+        record's fields by dotted name (``Q.stride_d``); a record's field that is None (an unused variant) is
+        left out."""
+        return {
+            self.path_name(path): value
+            for path, value in self.constexprs.items()
+            if value is not None or len(path) == 1
+        }
 
     def divisible_by_16(self) -> list[str]:
-        names = list(self.signature)
-        return [names[path[0]] for path, a in self.attrs.items() if ["tt.divisibility", 16] in a]
+        return [self.path_name(path) for path, a in self.attrs.items() if ["tt.divisibility", 16] in a]
 
     def source(self):
         """The ``triton.compiler.ASTSource`` the JIT would compile."""
@@ -80,6 +98,17 @@ class CompileRequest:
         import triton
 
         return triton.compile(self.source(), target=self.target, options=self.options.__dict__)
+
+
+def _flatten(items) -> Iterator[tuple[str, str]]:
+    """``(name, kind)`` of each argument, a record's fields as ``record.field``."""
+    for name, kind in items:
+        fields = getattr(kind, "_fields", None)
+        if isinstance(kind, tuple):
+            names = fields if fields is not None else [str(i) for i in range(len(kind))]
+            yield from _flatten((f"{name}.{field}", value) for field, value in zip(names, kind, strict=True))
+        else:
+            yield name, kind
 
 
 class _CompileOnlyDriver:

@@ -50,24 +50,16 @@ def attn_bwd_preprocess(
     O,
     DO,
     LSE,
-    DELTA,
-    LSE2,
-    stride_ob,
-    stride_oh,
-    stride_on,
-    stride_od,
-    stride_dob,
-    stride_doh,
-    stride_don,
-    stride_dod,
+    row_stats,
     H_q,
     N_q,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``LSE`` (read), ``DELTA`` and ``LSE2`` (written) are
-    ``(B, H_q, N_q)`` contiguous fp32.
+    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``O, DO`` are :class:`~..records.Strided`; ``LSE`` (read)
+    and ``row_stats`` (:class:`~..records.RowStats`: delta and lse2, written) are ``(B, H_q, N_q)``
+    contiguous fp32.
 
     Writes ``delta_i = rowsum(dO_i * O_i)`` and ``lse2_i = lse_i * log2(e)``, the statistic both loops
     subtract from a log2-unit score. A row that saw no key has ``lse = -inf``; its ``lse2`` is ``+inf``, so
@@ -82,17 +74,17 @@ def attn_bwd_preprocess(
     offs_m = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = start_m + offs_m < N_q
-    O_blk = O + b * stride_ob + h * stride_oh + start_m.to(tl.int64) * stride_on
-    DO_blk = DO + b * stride_dob + h * stride_doh + start_m.to(tl.int64) * stride_don
+    O_blk = O.ptr + b * O.stride_b + h * O.stride_h + start_m.to(tl.int64) * O.stride_n
+    DO_blk = DO.ptr + b * DO.stride_b + h * DO.stride_h + start_m.to(tl.int64) * DO.stride_n
     # O_i, dO_i: (BLOCK_M, BLOCK_DV)
-    o = _load_block(O_blk, offs_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
-    do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    o = _load_block(O_blk, offs_m, offs_dv, O.stride_n, O.stride_d, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    do = _load_block(DO_blk, offs_m, offs_dv, DO.stride_n, DO.stride_d, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
     # delta_i = rowsum(dO_i * O_i), in fp32; it equals rowsum(P_ij * dP_ij) summed over all key blocks j
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     rows = bh.to(tl.int64) * N_q + start_m + offs_m
-    tl.store(DELTA + rows, delta, mask=in_q)
+    tl.store(row_stats.delta + rows, delta, mask=in_q)
     lse = tl.load(LSE + rows, mask=in_q, other=0.0)
-    tl.store(LSE2 + rows, tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, mask=in_q)
+    tl.store(row_stats.lse2 + rows, tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, mask=in_q)
 
 
 @triton.jit

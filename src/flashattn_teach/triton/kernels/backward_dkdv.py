@@ -32,39 +32,10 @@ def attn_bwd_dkdv(
     K,
     V,
     DO,
-    LSE2,
-    DELTA,
+    row_stats,
     DK,
     DV,
     DQ,
-    stride_qb,
-    stride_qh,
-    stride_qn,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_don,
-    stride_dod,
-    stride_dkb,
-    stride_dkh,
-    stride_dkn,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvn,
-    stride_dvd,
-    stride_dqb,
-    stride_dqh,
-    stride_dqn,
-    stride_dqd,
     H_q,
     H_kv,
     N_q,
@@ -72,43 +43,11 @@ def attn_bwd_dkdv(
     GROUP,
     scale,
     qk_scale,
-    OFFSET,
-    SEQLENS_K,
-    ALIBI_SLOPES,
-    stride_slope_b,
-    stride_slope_h,
-    LEFT,
-    RIGHT,
-    softcap_log2,
-    seed,
-    dropout_offset,
-    dropout_threshold,
-    keep_scale,
-    ATTN_MASK,
-    stride_mask_b,
-    stride_mask_h,
-    stride_mask_m,
-    stride_mask_n,
-    CU_SEQLENS_Q,
-    CU_SEQLENS_K,
-    stride_lse_h,
-    C0,
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
-    TILE_KINDS,
-    stride_kind_b,
-    stride_kind_h,
-    stride_kind_m,
-    stride_kind_n,
-    TILE_LIST,
-    stride_list_b,
-    stride_list_h,
-    stride_list_m,
+    bounds,
+    terms,
+    dropout,
+    packed,
+    mods,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -137,19 +76,21 @@ def attn_bwd_dkdv(
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
 ):
-    """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``DK, DV`` have K's and V's shapes
-    ``(B, H_kv, N_k, .)``; query heads ``h_kv * GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv.
-    Variants as in :func:`~.forward.attn_fwd`; ``qk_scale = scale * log2(e)`` here, with its sign. With
-    ``TMA`` ``Q`` and ``DO`` are tensor descriptors of blocks ``(1, 1, BLOCK_M, .)``.
+    """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``Q, K, V, DO, DK, DV`` are
+    :class:`~..records.Strided`, ``DK, DV`` of K's and V's shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
+    GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv. ``row_stats`` as in
+    :func:`~.backward_dq.attn_bwd_dq`; the variants' records as in :func:`~.forward.attn_fwd`; ``qk_scale =
+    scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor
+    descriptors of blocks ``(1, 1, BLOCK_M, .)``.
 
     ``DQ_ATOMIC``: the one-kernel backward. Each step also adds its dQ partial ``scale dS_ij K_j`` into
     ``DQ``, a zeroed fp32 buffer of Q's shape ``(B, H_q, N_q, D)``, by atomic adds (the order in which key
-    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is unused.
+    blocks arrive varies from run to run, so the sum's rounding does); otherwise ``DQ`` is None.
 
     ``SCORE_MOD``, ``SCORE_GRAD``, ``MASK_MOD`` and ``KINDS`` as in :func:`~.backward_dq.attn_bwd_dq`, the
-    kinds at this launch's tiles; ``LISTED`` with ``TILE_LIST`` the list of each key block's visited query
+    kinds at this launch's tiles; ``LISTED`` with ``mods.tiles`` the list of each key block's visited query
     tiles (:func:`flashattn_teach.triton.variants.tile_list` of the transposed kinds, row ``j`` at ``b *
-    stride_list_b + h0 * stride_list_h + j * stride_list_m``), one for the whole group. ``BLOCK_D2`` as in
+    stride_b + h0 * stride_h + j * stride_m``), one for the whole group. ``BLOCK_D2`` as in
     :func:`~.forward.attn_fwd`: K_j, dK_j (and the dQ partial) in two lane groups, by pointers only."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
@@ -157,147 +98,192 @@ def attn_bwd_dkdv(
     # causal: the first key blocks are seen by the most queries; they start first (all heads' or each head's:
     # GRID_ORDER, .grid). A program reads the query and dO rows of GROUP query heads.
     j, bh = program_block(
-        tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_q * GROUP,
-        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=False, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
-    )  # fmt: skip
+        tl.program_id(0),
+        n_blocks,
+        tl.num_programs(0) // n_blocks,
+        N_q * GROUP,
+        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        LONGEST_LAST=False,
+        ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+    )
     start_n = j * BLOCK_N
     b = (bh // H_kv).to(tl.int64)
     h_kv = (bh % H_kv).to(tl.int64)
     h0 = h_kv * GROUP  # the group's first query head; its GROUP heads are summed here rather than with atomics
-    LSE2_group = LSE2 + (b * H_q + h0) * stride_lse_h  # lse2 and delta (B, H_q, N_q) contiguous
-    DELTA_group = DELTA + (b * H_q + h0) * stride_lse_h
-    drop_offset, drop_bh0, drop_N_q, drop_N_k = dropout_offset, b * H_q + h0, N_q, N_k  # the forward's counters
+    OFFSET = bounds.OFFSET
+    Q_ptr, K_ptr, V_ptr, DO_ptr, DK_ptr, DV_ptr = Q.ptr, K.ptr, V.ptr, DO.ptr, DK.ptr, DV.ptr
+    DQ_ptr = None
+    if DQ_ATOMIC:
+        DQ_ptr = DQ.ptr
+    LSE2_group = row_stats.lse2 + (b * H_q + h0) * row_stats.stride_h  # lse2 and delta (B, H_q, N_q) contiguous
+    DELTA_group = row_stats.delta + (b * H_q + h0) * row_stats.stride_h
+    drop_offset, drop_bh0, drop_N_q, drop_N_k = dropout.offset, b * H_q + h0, N_q, N_k  # the forward's counters
     if VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
-        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_n >= N_k:
             return  # a key block past this sequence's end
         if DROPOUT:
             n_seq = tl.num_programs(0) // (n_blocks * H_kv)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
-                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+                packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
             )
             drop_bh0 = h0
-        Q = Q + q_start * stride_qn
-        DO = DO + q_start * stride_don
-        K = K + k_start * stride_kn
-        V = V + k_start * stride_vn
-        DK = DK + k_start * stride_dkn
-        DV = DV + k_start * stride_dvn
-        DQ = DQ + q_start * stride_dqn
-        LSE2_group = LSE2 + h0 * stride_lse_h + q_start  # lse2 and delta (H_q, total_q)
-        DELTA_group = DELTA + h0 * stride_lse_h + q_start
+        Q_ptr = Q_ptr + q_start * Q.stride_n
+        DO_ptr = DO_ptr + q_start * DO.stride_n
+        K_ptr = K_ptr + k_start * K.stride_n
+        V_ptr = V_ptr + k_start * V.stride_n
+        DK_ptr = DK_ptr + k_start * DK.stride_n
+        DV_ptr = DV_ptr + k_start * DV.stride_n
+        if DQ_ATOMIC:
+            DQ_ptr = DQ_ptr + q_start * DQ.stride_n
+        LSE2_group = row_stats.lse2 + h0 * row_stats.stride_h + q_start  # lse2 and delta (H_q, total_q)
+        DELTA_group = row_stats.delta + h0 * row_stats.stride_h + q_start
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_k = start_n + offs_n < N_k
     cols = start_n.to(tl.int64)
     # K_j: (BLOCK_N, BLOCK_D), V_j: (BLOCK_N, BLOCK_DV), loaded once
-    K_blk = K + b * stride_kb + h_kv * stride_kh + cols * stride_kn
-    V_blk = V + b * stride_vb + h_kv * stride_vh + cols * stride_vn
+    K_blk = K_ptr + b * K.stride_b + h_kv * K.stride_h + cols * K.stride_n
+    V_blk = V_ptr + b * V.stride_b + h_kv * V.stride_h + cols * V.stride_n
     k_rows = in_k
     if SEQLENS and DQ_ATOMIC:
         # keys past seqlens_k[b] read 0: their dQ partials vanish (their own dK_j, dV_j rows are zeroed below)
-        k_rows = in_k & (start_n + offs_n < tl.load(SEQLENS_K + b))
-    k = _load_block(K_blk, offs_n, offs_d, stride_kn, stride_kd, k_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
-    v = _load_block(V_blk, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+        k_rows = in_k & (start_n + offs_n < tl.load(bounds.SEQLENS_K + b))
+    k = _load_block(K_blk, offs_n, offs_d, K.stride_n, K.stride_d, k_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    v = _load_block(V_blk, offs_n, offs_dv, V.stride_n, V.stride_d, in_k, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     k2 = k  # with BLOCK_D2 K_j's and dK_j's second lane groups (.tiles); otherwise unread
     dk2 = dk
     if BLOCK_D2 > 0:
         tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
-        k2 = _load_block_hi(K_blk, offs_n, stride_kn, stride_kd, k_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
+        k2 = _load_block_hi(K_blk, offs_n, K.stride_n, K.stride_d, k_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
         dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
 
     b_coord = bh // H_kv
     h0_coord = (bh % H_kv) * GROUP
     if TMA:
-        Q_group = Q
-        DO_group = DO
+        Q_group = Q_ptr
+        DO_group = DO_ptr
     else:
-        Q_group = Q + b * stride_qb + h0 * stride_qh
-        DO_group = DO + b * stride_dob + h0 * stride_doh
-    SLOPES_group = ALIBI_SLOPES + b * stride_slope_b + h0 * stride_slope_h
-    MASK_group = ATTN_MASK + b * stride_mask_b + h0 * stride_mask_h
-    KINDS_col = TILE_KINDS + b * stride_kind_b + h0 * stride_kind_h + j * stride_kind_n  # read only with KINDS
-    LIST_col = TILE_LIST + b * stride_list_b + h0 * stride_list_h + j * stride_list_m  # read only with LISTED
-    DQ_group = DQ + b * stride_dqb + h0 * stride_dqh
+        Q_group = Q_ptr + b * Q.stride_b + h0 * Q.stride_h
+        DO_group = DO_ptr + b * DO.stride_b + h0 * DO.stride_h
+    SLOPES_group = None
+    if ALIBI:
+        SLOPES_group = terms.alibi + b * terms.alibi_stride_b + h0 * terms.alibi_stride_h
+    MASK_group = None
+    if BOOL_MASK or ADD_MASK:
+        MASK_group = terms.mask + b * terms.mask_stride_b + h0 * terms.mask_stride_h
+    KINDS_col = None
+    if KINDS:
+        KINDS_col = mods.kinds + b * mods.kinds_stride_b + h0 * mods.kinds_stride_h + j * mods.kinds_stride_n
+    LIST_col = None
+    if LISTED:
+        LIST_col = mods.tiles + b * mods.tiles_stride_b + h0 * mods.tiles_stride_h + j * mods.tiles_stride_m
+    DQ_group = None
+    if DQ_ATOMIC:
+        DQ_group = DQ_ptr + b * DQ.stride_b + h0 * DQ.stride_h
     if SEQLENS:
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
-        OFFSET = OFFSET * (tl.minimum(tl.load(SEQLENS_K + b), N_k) - N_q)
+        OFFSET = OFFSET * (tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k) - N_q)
     if WINDOW:
-        begin, diag_end, full_end, end = _window_query_range(start_n, N_q, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        begin, diag_end, full_end, end = _window_query_range(
+            start_n, N_q, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
+        )
     else:
         begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
         end = N_q
     if SEQLENS:
         # a key block past this batch element's length is seen by no row: no stage runs, dK_j = dV_j = 0
-        end = tl.where(start_n < tl.load(SEQLENS_K + b), end, begin)
+        end = tl.where(start_n < tl.load(bounds.SEQLENS_K + b), end, begin)
         diag_end = tl.minimum(diag_end, end)
         full_end = tl.minimum(full_end, end)
-    if LISTED:
-        # the block mask's visited query tiles, all masked (the causal, window and length bounds still apply)
-        dk, dk2, dv = _attn_bwd_dkdv_inner(
-            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-            0, tl.load(LIST_col), start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group,
-            stride_slope_h,
-            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
-            stride_dqd, scale,
-            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION,
-            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-    else:
-        # (start_m, end_m, MASK) of the three stages: the diagonal (the window's right side), the full blocks, the
-        # ragged last block (and the window's left side)
-        dk, dk2, dv = _attn_bwd_dkdv_inner(
-            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-            begin, diag_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
-            stride_dqd, scale,
-            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION,
-            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-        dk, dk2, dv = _attn_bwd_dkdv_inner(
-            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-            diag_end, full_end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
-            stride_dqd, scale,
-            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION,
-            WITH_DK, WITH_DV, TMA=TMA, MASK=False, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-        dk, dk2, dv = _attn_bwd_dkdv_inner(
-            dk, dk2, dv, k, k2, v, Q_group, DO_group, b_coord, h0_coord, LSE2_group, DELTA_group, stride_lse_h,
-            stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, GROUP,
-            full_end, end, start_n, N_q, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, SLOPES_group, stride_slope_h,
-            seed, drop_offset, drop_bh0, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_group, stride_mask_h, stride_mask_m, stride_mask_n, DQ_group, stride_dqh, stride_dqn,
-            stride_dqd, scale,
-            C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_col, stride_kind_h, stride_kind_m, LIST_col,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION,
-            WITH_DK, WITH_DV, TMA=TMA, MASK=True, DQ_ATOMIC=DQ_ATOMIC,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
+    # The query loop's stages, one call site (unrolled: each stage its own inlined loop):
+    #   0  LISTED: the block mask's visited query tiles, all masked (the causal, window and length bounds
+    #      still apply); otherwise the diagonal (the window's right side), masked
+    #   1  the full blocks, unmasked                                         (not with LISTED)
+    #   2  the ragged last block (and the window's left side), masked       (not with LISTED)
+    for stage in tl.static_range(3):
+        if stage == 0 or not LISTED:
+            if stage == 0:
+                if LISTED:
+                    lo, hi = 0, tl.load(LIST_col)  # entries of the tile list, not rows
+                else:
+                    lo, hi = begin, diag_end
+            elif stage == 1:
+                lo, hi = diag_end, full_end
+            else:
+                lo, hi = full_end, end
+            dk, dk2, dv = _attn_bwd_dkdv_inner(
+                dk,
+                dk2,
+                dv,
+                k=k,
+                k2=k2,
+                v=v,
+                Q_group=Q_group,
+                DO_group=DO_group,
+                Q=Q,
+                DO=DO,
+                DQ=DQ,
+                b_coord=b_coord,
+                h0_coord=h0_coord,
+                LSE2_group=LSE2_group,
+                DELTA_group=DELTA_group,
+                row_stats=row_stats,
+                GROUP=GROUP,
+                start_m=lo,
+                end_m=hi,
+                start_n=start_n,
+                N_q=N_q,
+                qk_scale=qk_scale,
+                OFFSET=OFFSET,
+                bounds=bounds,
+                terms=terms,
+                SLOPES_group=SLOPES_group,
+                dropout=dropout,
+                drop_offset=drop_offset,
+                drop_bh0=drop_bh0,
+                drop_N_q=drop_N_q,
+                drop_N_k=drop_N_k,
+                MASK_group=MASK_group,
+                DQ_group=DQ_group,
+                scale=scale,
+                mods=mods,
+                KINDS_col=KINDS_col,
+                LIST_col=LIST_col,
+                HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_V=HEAD_DIM_V,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N,
+                CAUSAL=CAUSAL,
+                WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP,
+                ALIBI=ALIBI,
+                DROPOUT=DROPOUT,
+                BOOL_MASK=BOOL_MASK,
+                ADD_MASK=ADD_MASK,
+                DOT_PRECISION=DOT_PRECISION,
+                WITH_DK=WITH_DK,
+                WITH_DV=WITH_DV,
+                TMA=TMA,
+                MASK=stage != 1,
+                DQ_ATOMIC=DQ_ATOMIC,
+                SCORE_MOD=SCORE_MOD,
+                SCORE_GRAD=SCORE_GRAD,
+                MASK_MOD=MASK_MOD,
+                KINDS=KINDS,
+                LISTED=LISTED,
+                BLOCK_D2=BLOCK_D2,
+            )
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key
         # alone), and no row sees them: their gradient is 0
-        seen = start_n + offs_n < tl.load(SEQLENS_K + b)
+        seen = start_n + offs_n < tl.load(bounds.SEQLENS_K + b)
         dk = tl.where(seen[:, None], dk, 0.0)
         if BLOCK_D2 > 0:
             dk2 = tl.where(seen[:, None], dk2, 0.0)
@@ -308,14 +294,14 @@ def attn_bwd_dkdv(
         # dK_j = scale * sum_i dS_ij^T Q_i (with DQ_ATOMIC each dS_ij came scaled)
         if not DQ_ATOMIC:
             dk = dk * scale
-        DK_blk = DK + b * stride_dkb + h_kv * stride_dkh + cols * stride_dkn
-        _store_block(DK_blk, dk.to(DK.dtype.element_ty), offs_n, offs_d, stride_dkn, stride_dkd, in_k, HEAD_DIM)
+        DK_blk = DK_ptr + b * DK.stride_b + h_kv * DK.stride_h + cols * DK.stride_n
+        _store_block(DK_blk, dk.to(DK_ptr.dtype.element_ty), offs_n, offs_d, DK.stride_n, DK.stride_d, in_k, HEAD_DIM)
         if BLOCK_D2 > 0:
             if not DQ_ATOMIC:
                 dk2 = dk2 * scale
-            _store_block_hi(
-                DK_blk, dk2.to(DK.dtype.element_ty), offs_n, stride_dkn, stride_dkd, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2
-            )
+            dk2 = dk2.to(DK_ptr.dtype.element_ty)
+            _store_block_hi(DK_blk, dk2, offs_n, DK.stride_n, DK.stride_d, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2)
     if WITH_DV:
-        DV_blk = DV + b * stride_dvb + h_kv * stride_dvh + cols * stride_dvn
-        _store_block(DV_blk, dv.to(DV.dtype.element_ty), offs_n, offs_dv, stride_dvn, stride_dvd, in_k, HEAD_DIM_V)
+        DV_blk = DV_ptr + b * DV.stride_b + h_kv * DV.stride_h + cols * DV.stride_n
+        dv = dv.to(DV_ptr.dtype.element_ty)
+        _store_block(DV_blk, dv, offs_n, offs_dv, DV.stride_n, DV.stride_d, in_k, HEAD_DIM_V)

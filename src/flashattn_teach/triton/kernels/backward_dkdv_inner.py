@@ -30,17 +30,14 @@ def _attn_bwd_dkdv_inner(
     v,  # V_j (BLOCK_N, BLOCK_DV)
     Q_group,  # Q of the group's first query head (row 0), likewise dO, lse2, delta; with TMA Q's and dO's descriptors
     DO_group,
+    Q,  # records.Strided of Q, dO and (with DQ_ATOMIC) the dQ buffer, for their head, row and lane strides
+    DO,
+    DQ,
     b_coord,  # with TMA: the batch element and the group's first query head, as descriptor coordinates
     h0_coord,
     LSE2_group,
     DELTA_group,
-    stride_lse_h,  # the head stride of lse2 and delta
-    stride_qh,
-    stride_qn,
-    stride_qd,
-    stride_doh,
-    stride_don,
-    stride_dod,
+    row_stats,  # records.RowStats, for the head stride of lse2 and delta
     GROUP,
     start_m,
     end_m,
@@ -48,39 +45,21 @@ def _attn_bwd_dkdv_inner(
     N_q,
     qk_scale,
     OFFSET,
-    LEFT,
-    RIGHT,
-    softcap_log2,
-    SLOPES_group,  # ALiBi slope of the group's first query head
-    stride_slope_h,
-    seed,  # dropout: the key, the group's first (b * H_q + h), the counters' N_q x N_k, threshold, 1 / (1 - p)
-    dropout_offset,
-    bh0,
-    N_q_all,
-    N_k,
-    dropout_threshold,
-    keep_scale,
-    MASK_group,  # the user's attn_mask at the group's first query head, and its strides
-    stride_mask_h,
-    stride_mask_m,
-    stride_mask_n,
-    DQ_group,  # with DQ_ATOMIC: the fp32 dQ buffer at the group's first query head, its strides, the scale
-    stride_dqh,
-    stride_dqn,
-    stride_dqd,
+    bounds,  # records.Bounds: the window's LEFT, RIGHT
+    terms,  # records.ScoreTerms: softcap_log2, the ALiBi slopes' and the user's attn_mask's strides
+    SLOPES_group,  # ALiBi slope of the group's first query head, or None
+    dropout,  # records.Dropout; the counters: offset, the group's first (b * H_q + h), the sizes N_q x N_k
+    drop_offset,
+    drop_bh0,
+    drop_N_q,
+    drop_N_k,
+    MASK_group,  # the user's attn_mask at the group's first query head, or None
+    DQ_group,  # with DQ_ATOMIC: the fp32 dQ buffer at the group's first query head, and the scale
     scale,
-    C0,  # score_mod's captured tensors, then mask_mod's (placeholders when unused)
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
+    mods,  # records.UserMods: the captured tensors of score_mod and mask_mod, the kinds' strides
     KINDS_col,  # the block mask's kinds of this key block at the group's first query head (its first query
-    stride_kind_h,  # tile), and their head and query-tile strides
-    stride_kind_m,
-    LIST_col,  # with LISTED: variants.tile_list's row of this key block (the query tiles that see it)
+    # tile), or None
+    LIST_col,  # with LISTED: variants.tile_list's row of this key block (the query tiles that see it), or None
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -146,10 +125,10 @@ def _attn_bwd_dkdv_inner(
         else:
             start = start_m + (t - g * n_steps) * BLOCK_M
             if KINDS:
-                kind = tl.load(KINDS_col + g * stride_kind_h + (start // BLOCK_M) * stride_kind_m)
+                kind = tl.load(KINDS_col + g * mods.kinds_stride_h + (start // BLOCK_M) * mods.kinds_stride_m)
                 visit = kind != KIND_SKIP
         rows = tl.cast(start, tl.int64)
-        stats = tl.cast(g, tl.int64) * stride_lse_h + rows
+        stats = tl.cast(g, tl.int64) * row_stats.stride_h + rows
         if visit:  # a SKIP tile of the block mask adds nothing
             in_q = start + offs_m < N_q
             # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
@@ -158,13 +137,13 @@ def _attn_bwd_dkdv_inner(
                 qT = tl.trans(_load_tile_tma(Q_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_D))
                 do = _load_tile_tma(DO_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_DV)
             else:
-                Q_blk = Q_group + tl.cast(g, tl.int64) * stride_qh + rows * stride_qn
-                DO_blk = DO_group + tl.cast(g, tl.int64) * stride_doh + rows * stride_don
+                Q_blk = Q_group + tl.cast(g, tl.int64) * Q.stride_h + rows * Q.stride_n
+                DO_blk = DO_group + tl.cast(g, tl.int64) * DO.stride_h + rows * DO.stride_n
                 qT = _load_block_T(
-                    Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
+                    Q_blk, offs_m, offs_d, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK
                 )
                 do = _load_block(
-                    DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+                    DO_blk, offs_m, offs_dv, DO.stride_n, DO.stride_d, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
                 )
             # lse_i * log2(e) (+inf for a row that saw no key) and delta_i: (BLOCK_M,)
             lse2 = tl.load(LSE2_group + stats + offs_m, mask=in_q, other=0.0)
@@ -174,23 +153,38 @@ def _attn_bwd_dkdv_inner(
             if BLOCK_D2 > 0:
                 # Q_i^T's second lane group (BLOCK_D2, BLOCK_M); S_ij^T += (BLOCK_N, BLOCK_D2) @ (BLOCK_D2, BLOCK_M)
                 qT2 = _load_block_hi(
-                    Q_blk, offs_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK, TRANS=True
+                    Q_blk,
+                    offs_m,
+                    Q.stride_n,
+                    Q.stride_d,
+                    in_q,
+                    HEAD_DIM,
+                    BLOCK_D,
+                    BLOCK_D2,
+                    ROWS_OK=not MASK,
+                    TRANS=True,
                 )
                 qkT = tl.dot(k2, qT2, qkT, input_precision=DOT_PRECISION)
             if SOFTCAP or ALIBI or ADD_MASK:
                 slope_log2 = 0.0
                 if ALIBI:
-                    slope_log2 = tl.load(SLOPES_group + g * stride_slope_h) * LOG2E
+                    slope_log2 = tl.load(SLOPES_group + g * terms.alibi_stride_h) * LOG2E
                 # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
                 sT, tT = _modify_scores(
-                    qkT * qk_scale, start + offs_m[None, :], offs_n[:, None], OFFSET, softcap_log2, slope_log2,
-                    SOFTCAP, ALIBI,
-                )  # fmt: skip
+                    qkT * qk_scale,
+                    start + offs_m[None, :],
+                    offs_n[:, None],
+                    OFFSET,
+                    terms.softcap_log2,
+                    slope_log2,
+                    SOFTCAP,
+                    ALIBI,
+                )
                 if ADD_MASK:
+                    mask_g = MASK_group + g * terms.mask_stride_h
                     biasT = _attn_mask_tile(
-                        MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
-                        stride_mask_m, stride_mask_n, N_q, N_k,
-                    )  # fmt: skip
+                        mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
+                    )
                     sT = sT + biasT.to(tl.float32) * LOG2E
                 if SCORE_MOD is not None:
                     sT = sT * LN2  # natural units for the user's function
@@ -200,8 +194,9 @@ def _attn_bwd_dkdv_inner(
                 q_idx = start + offs_m[None, :]  # (1, BLOCK_M) and (BLOCK_N, 1): the transposed grids
                 kv_idx = offs_n[:, None]
                 if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
-                    gradT = SCORE_GRAD(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3)
-                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
+                    c = mods.score_captures
+                    gradT = SCORE_GRAD(sT, b_coord, h0_coord + g, q_idx, kv_idx, c[0], c[1], c[2], c[3])
+                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, mods.score_captures, SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
                 pT = tl.math.exp2(sT * LOG2E - lse2[None, :])
             elif SOFTCAP or ALIBI or ADD_MASK:
@@ -214,29 +209,44 @@ def _attn_bwd_dkdv_inner(
                 if CAUSAL:
                     visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
                 if WINDOW:
-                    visible = visible & _in_window(start + offs_m[None, :], offs_n[:, None], OFFSET, LEFT, RIGHT)
+                    visible = visible & _in_window(
+                        start + offs_m[None, :], offs_n[:, None], OFFSET, bounds.LEFT, bounds.RIGHT
+                    )
                 if BOOL_MASK:
+                    mask_g = MASK_group + g * terms.mask_stride_h
                     userT = _attn_mask_tile(
-                        MASK_group + g * stride_mask_h, start, start_n, offs_m[None, :], cols[:, None],
-                        stride_mask_m, stride_mask_n, N_q, N_k,
-                    )  # fmt: skip
+                        mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
+                    )
                     visible = visible & (userT != 0)
                 if MASK_MOD is not None:
                     visible = _mask_mod_visible(
-                        visible, kind, b_coord, h0_coord + g, start + offs_m[None, :], offs_n[:, None],
-                        MC0, MC1, MC2, MC3, MASK_MOD,
-                    )  # fmt: skip
+                        visible,
+                        kind,
+                        b_coord,
+                        h0_coord + g,
+                        start + offs_m[None, :],
+                        offs_n[:, None],
+                        mods.mask_captures,
+                        MASK_MOD,
+                    )
                 pT = tl.where(visible, pT, 0.0)
             if DROPOUT:
                 # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
                 keepT = tl.trans(
                     _dropout_keep(
-                        seed, dropout_offset, bh0 + g, start + offs_m, offs_n, N_q_all, N_k, dropout_threshold
+                        dropout.seed,
+                        drop_offset,
+                        drop_bh0 + g,
+                        start + offs_m,
+                        offs_n,
+                        drop_N_q,
+                        drop_N_k,
+                        dropout.threshold,
                     )
                 )
                 # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
                 if WITH_DV:
-                    pT_dropped = tl.where(keepT, pT * keep_scale, 0.0)
+                    pT_dropped = tl.where(keepT, pT * dropout.keep_scale, 0.0)
                     dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
             elif WITH_DV:
                 # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
@@ -247,7 +257,7 @@ def _attn_bwd_dkdv_inner(
                 dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
                 if DROPOUT:
                     # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
-                    dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+                    dpT = tl.where(keepT, dpT * dropout.keep_scale, 0.0)
                 if DQ_ATOMIC:
                     # scale * dS_ij^T = P_ij^T * (scale dP_ij^T - scale delta_i): one FFMA where the plain form has
                     # an FADD, and dK_j and the dQ partial both come out scaled
@@ -273,13 +283,13 @@ def _attn_bwd_dkdv_inner(
                     # dQ_i += scale dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D), added into the fp32 buffer
                     # that every key block's program adds to; K_j's rows past the keys are 0 and add nothing
                     dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION)
-                    DQ_blk = DQ_group + tl.cast(g, tl.int64) * stride_dqh + rows * stride_dqn
-                    ptrs = DQ_blk + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+                    DQ_blk = DQ_group + tl.cast(g, tl.int64) * DQ.stride_h + rows * DQ.stride_n
+                    ptrs = DQ_blk + offs_m[:, None] * DQ.stride_n + offs_d[None, :] * DQ.stride_d
                     tl.atomic_add(ptrs, dq, mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
                     if BLOCK_D2 > 0:
                         # lanes [BLOCK_D, BLOCK_D + BLOCK_D2): (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
                         dq2 = tl.dot(tl.trans(dsT), k2, input_precision=DOT_PRECISION)
                         lanes2 = BLOCK_D + tl.arange(0, BLOCK_D2)
-                        ptrs2 = DQ_blk + offs_m[:, None] * stride_dqn + lanes2[None, :] * stride_dqd
+                        ptrs2 = DQ_blk + offs_m[:, None] * DQ.stride_n + lanes2[None, :] * DQ.stride_d
                         tl.atomic_add(ptrs2, dq2, mask=in_q[:, None] & (lanes2[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dk2, dv

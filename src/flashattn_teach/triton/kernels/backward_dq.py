@@ -27,72 +27,19 @@ def attn_bwd_dq(
     K,
     V,
     DO,
-    LSE2,
-    DELTA,
+    row_stats,
     DQ,
-    stride_qb,
-    stride_qh,
-    stride_qn,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_don,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqn,
-    stride_dqd,
     H_q,
     N_q,
     N_k,
     GROUP,
     scale,
     qk_scale,
-    OFFSET,
-    SEQLENS_K,
-    ALIBI_SLOPES,
-    stride_slope_b,
-    stride_slope_h,
-    LEFT,
-    RIGHT,
-    softcap_log2,
-    seed,
-    dropout_offset,
-    dropout_threshold,
-    keep_scale,
-    ATTN_MASK,
-    stride_mask_b,
-    stride_mask_h,
-    stride_mask_m,
-    stride_mask_n,
-    CU_SEQLENS_Q,
-    CU_SEQLENS_K,
-    stride_lse_h,
-    C0,
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
-    TILE_KINDS,
-    stride_kind_b,
-    stride_kind_h,
-    stride_kind_m,
-    stride_kind_n,
-    TILE_LIST,
-    stride_list_b,
-    stride_list_h,
-    stride_list_m,
+    bounds,
+    terms,
+    dropout,
+    packed,
+    mods,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -119,145 +66,182 @@ def attn_bwd_dq(
     BLOCK_D2: tl.constexpr = 0,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
-    query blocks first. ``DQ`` has Q's shape ``(B, H_q, N_q, D)``. With ``TMA`` ``K`` and ``V`` are tensor
-    descriptors of blocks ``(1, 1, BLOCK_N, .)``. ``SCORE_MOD``, ``SCORE_GRAD`` (its derivative; None when
-    it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2`` as in :func:`~.forward.attn_fwd`, at this
-    launch's tiles."""
+    query blocks first. ``Q, K, V, DO, DQ`` are :class:`~..records.Strided`, ``DQ`` of Q's shape ``(B, H_q,
+    N_q, D)``; with ``TMA`` the pointers of ``K`` and ``V`` are tensor descriptors of blocks ``(1, 1,
+    BLOCK_N, .)``. ``row_stats`` (:class:`~..records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
+    laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods``, ``SCORE_MOD``,
+    ``SCORE_GRAD`` (its derivative; None when it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2``
+    as in :func:`~.forward.attn_fwd`, at this launch's tiles."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; they start first (all heads' or each head's: GRID_ORDER)
     blk, bh = program_block(
-        tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
-        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
-    )  # fmt: skip
+        tl.program_id(0),
+        n_blocks,
+        tl.num_programs(0) // n_blocks,
+        N_k,
+        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        LONGEST_LAST=True,
+        ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+    )
     start_m = blk * BLOCK_M
     b = (bh // H_q).to(tl.int64)
     h = (bh % H_q).to(tl.int64)
     h_kv = h // GROUP
     b_coord = bh // H_q  # 32-bit descriptor coordinates
     h_coord = (bh % H_q) // GROUP
-    stats = bh.to(tl.int64) * stride_lse_h + start_m  # lse2 and delta are (B, H_q, N_q) contiguous
-    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, bh, N_q, N_k  # the forward's dropout counters
+    OFFSET = bounds.OFFSET
+    Q_ptr, K_ptr, V_ptr, DO_ptr, DQ_ptr = Q.ptr, K.ptr, V.ptr, DO.ptr, DQ.ptr
+    stats = bh.to(tl.int64) * row_stats.stride_h + start_m  # lse2 and delta are (B, H_q, N_q) contiguous
+    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout.offset, bh, N_q, N_k  # the forward's dropout counters
     if VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
-        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end
         if DROPOUT:
             n_seq = tl.num_programs(0) // (n_blocks * H_q)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
-                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+                packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
             )
             drop_bh = h
-        Q = Q + q_start * stride_qn
-        DO = DO + q_start * stride_don
-        DQ = DQ + q_start * stride_dqn
-        K = K + k_start * stride_kn
-        V = V + k_start * stride_vn
-        stats = h * stride_lse_h + q_start + start_m  # lse2 and delta (H_q, total_q)
+        Q_ptr = Q_ptr + q_start * Q.stride_n
+        DO_ptr = DO_ptr + q_start * DO.stride_n
+        DQ_ptr = DQ_ptr + q_start * DQ.stride_n
+        K_ptr = K_ptr + k_start * K.stride_n
+        V_ptr = V_ptr + k_start * V.stride_n
+        stats = h * row_stats.stride_h + q_start + start_m  # lse2 and delta (H_q, total_q)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = start_m + offs_m < N_q
     rows = start_m.to(tl.int64)
-    Q_blk = Q + b * stride_qb + h * stride_qh + rows * stride_qn
-    DO_blk = DO + b * stride_dob + h * stride_doh + rows * stride_don
+    Q_blk = Q_ptr + b * Q.stride_b + h * Q.stride_h + rows * Q.stride_n
+    DO_blk = DO_ptr + b * DO.stride_b + h * DO.stride_h + rows * DO.stride_n
     if TMA:
-        K_head = K
-        V_head = V
+        K_head = K_ptr
+        V_head = V_ptr
     else:
-        K_head = K + b * stride_kb + h_kv * stride_kh
-        V_head = V + b * stride_vb + h_kv * stride_vh
+        K_head = K_ptr + b * K.stride_b + h_kv * K.stride_h
+        V_head = V_ptr + b * V.stride_b + h_kv * V.stride_h
     # Q_i: (BLOCK_M, BLOCK_D), dO_i: (BLOCK_M, BLOCK_DV) and the row statistics, loaded once
-    q = _load_block(Q_blk, offs_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
-    do = _load_block(DO_blk, offs_m, offs_dv, stride_don, stride_dod, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
-    lse2 = tl.load(LSE2 + stats + offs_m, mask=in_q, other=0.0)  # lse_i * log2(e), +inf for no key
-    delta = tl.load(DELTA + stats + offs_m, mask=in_q, other=0.0)
+    q = _load_block(Q_blk, offs_m, offs_d, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    do = _load_block(DO_blk, offs_m, offs_dv, DO.stride_n, DO.stride_d, in_q, HEAD_DIM_V, BLOCK_DV, ROWS_OK=False)
+    lse2 = tl.load(row_stats.lse2 + stats + offs_m, mask=in_q, other=0.0)  # lse_i * log2(e), +inf for no key
+    delta = tl.load(row_stats.delta + stats + offs_m, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     q2 = q  # with BLOCK_D2 Q_i's and dQ_i's second lane groups (.tiles), by pointers only; otherwise unread
     dq2 = dq
     if BLOCK_D2 > 0:
         tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
-        q2 = _load_block_hi(Q_blk, offs_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
+        q2 = _load_block_hi(Q_blk, offs_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
         dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
 
-    MASK_head = ATTN_MASK + b * stride_mask_b + h * stride_mask_h
-    KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + blk * stride_kind_m  # read only with KINDS
-    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + blk * stride_list_m  # read only with LISTED
+    MASK_head = None
+    if BOOL_MASK or ADD_MASK:
+        MASK_head = terms.mask + b * terms.mask_stride_b + h * terms.mask_stride_h
+    KINDS_row = None
+    if KINDS:
+        KINDS_row = mods.kinds + b * mods.kinds_stride_b + h * mods.kinds_stride_h + blk * mods.kinds_stride_m
+    LIST_row = None
+    if LISTED:
+        LIST_row = mods.tiles + b * mods.tiles_stride_b + h * mods.tiles_stride_h + blk * mods.tiles_stride_m
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
-        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        n_keys = tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (n_keys - N_q)
     if ALIBI:
-        slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
+        slope_log2 = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h) * LOG2E
     else:
         slope_log2 = 0.0
-    # (start_n, end_n, MASK) of the stages: the window's left side, the full key blocks, then the diagonal
-    # (the window's right side) and the ragged last block
-    if LISTED:
-        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
-        dq, dq2 = _attn_bwd_dq_inner(
-            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            0, tl.load(LIST_row), start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, stride_mask_m, stride_mask_n,
-            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True,
-            MASK=True, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
+    if WINDOW:
+        begin, full_begin, full_end, end = _window_key_range(
+            start_m, n_keys, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
+        )
     else:
-        if WINDOW:
-            begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        begin = 0
+        full_begin = 0
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    # The key loop's stages, one call site (unrolled: each stage its own inlined loop):
+    #   0  LISTED: the block mask's visited tiles, all masked (the causal, window and length bounds still
+    #      apply); WINDOW: the blocks some row's left bound cuts, masked
+    #   1  the key blocks every row fully sees, unmasked                    (not with LISTED)
+    #   2  the diagonal (the window's right side) and the ragged last block (not with LISTED)
+    for stage in tl.static_range(3):
+        if (stage == 0 and (LISTED or WINDOW)) or (stage > 0 and not LISTED):
+            if stage == 0:
+                if LISTED:
+                    lo, hi = 0, tl.load(LIST_row)  # entries of the tile list, not keys
+                else:
+                    lo, hi = begin, full_begin
+            elif stage == 1:
+                lo, hi = full_begin, full_end
+            else:
+                lo, hi = full_end, end
             dq, dq2 = _attn_bwd_dq_inner(
-                dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-                begin, full_begin, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-                seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-                MASK_head, stride_mask_m, stride_mask_n,
-                b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-                BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-                SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-                MASK=True, BLOCK_D2=BLOCK_D2,
-            )  # fmt: skip
-        else:
-            full_begin = 0
-            full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-        dq, dq2 = _attn_bwd_dq_inner(
-            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            full_begin, full_end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, stride_mask_m, stride_mask_n,
-            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-            MASK=False, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-        dq, dq2 = _attn_bwd_dq_inner(
-            dq, dq2, q, q2, do, lse2, delta, K_head, V_head, b_coord, h_coord,
-            stride_kn, stride_kd, stride_vn, stride_vd,
-            full_end, end, start_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, stride_mask_m, stride_mask_n,
-            b_coord, bh % H_q, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA=TMA,
-            SCORE_MOD=SCORE_MOD, SCORE_GRAD=SCORE_GRAD, MASK_MOD=MASK_MOD, KINDS=KINDS,
-            MASK=True, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
+                dq,
+                dq2,
+                q=q,
+                q2=q2,
+                do=do,
+                lse2=lse2,
+                delta=delta,
+                K_head=K_head,
+                V_head=V_head,
+                K=K,
+                V=V,
+                b_coord=b_coord,
+                h_coord=h_coord,
+                start_n=lo,
+                end_n=hi,
+                start_m=start_m,
+                N_k=n_keys,
+                qk_scale=qk_scale,
+                OFFSET=OFFSET,
+                bounds=bounds,
+                terms=terms,
+                slope_log2=slope_log2,
+                dropout=dropout,
+                drop_offset=drop_offset,
+                drop_bh=drop_bh,
+                drop_N_q=drop_N_q,
+                drop_N_k=drop_N_k,
+                MASK_head=MASK_head,
+                b_idx=b_coord,
+                h_idx=bh % H_q,
+                mods=mods,
+                KINDS_row=KINDS_row,
+                LIST_row=LIST_row,
+                HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_V=HEAD_DIM_V,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N,
+                CAUSAL=CAUSAL,
+                WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP,
+                ALIBI=ALIBI,
+                DROPOUT=DROPOUT,
+                BOOL_MASK=BOOL_MASK,
+                ADD_MASK=ADD_MASK,
+                DOT_PRECISION=DOT_PRECISION,
+                TMA=TMA,
+                MASK=stage != 1,
+                SCORE_MOD=SCORE_MOD,
+                SCORE_GRAD=SCORE_GRAD,
+                MASK_MOD=MASK_MOD,
+                KINDS=KINDS,
+                LISTED=LISTED,
+                BLOCK_D2=BLOCK_D2,
+            )
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
-    DQ_blk = DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqn
-    _store_block(DQ_blk, dq.to(DQ.dtype.element_ty), offs_m, offs_d, stride_dqn, stride_dqd, in_q, HEAD_DIM)
+    DQ_blk = DQ_ptr + b * DQ.stride_b + h * DQ.stride_h + rows * DQ.stride_n
+    _store_block(DQ_blk, dq.to(DQ_ptr.dtype.element_ty), offs_m, offs_d, DQ.stride_n, DQ.stride_d, in_q, HEAD_DIM)
     if BLOCK_D2 > 0:
         dq2 = dq2 * scale
-        _store_block_hi(
-            DQ_blk, dq2.to(DQ.dtype.element_ty), offs_m, stride_dqn, stride_dqd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2
-        )
+        dq2 = dq2.to(DQ_ptr.dtype.element_ty)
+        _store_block_hi(DQ_blk, dq2, offs_m, DQ.stride_n, DQ.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2)

@@ -30,45 +30,30 @@ def _attn_bwd_dq_inner(
     delta,  # (BLOCK_M,) fp32, rowsum(dO_i * O_i)
     K_head,  # K and V of the key/value head (row 0); with TMA K's and V's descriptors
     V_head,
+    K,  # records.Strided of the keys and values, for their row and lane strides
+    V,
     b_coord,  # with TMA: the batch element and the key/value head, as descriptor coordinates
     h_coord,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
     start_n,
     end_n,
     start_m,
     N_k,
     qk_scale,
     OFFSET,
-    LEFT,
-    RIGHT,
-    softcap_log2,
+    bounds,  # records.Bounds: the window's LEFT, RIGHT
+    terms,  # records.ScoreTerms: softcap_log2 and the user's attn_mask's row and column strides
     slope_log2,
-    seed,  # dropout, as in _attn_bwd_dkdv_inner (bh: this program's b * H_q + h)
-    dropout_offset,
-    bh,
-    N_q,
-    N_k_all,
-    dropout_threshold,
-    keep_scale,
-    MASK_head,  # the user's attn_mask at (b, h), and its row and column strides
-    stride_mask_m,
-    stride_mask_n,
+    dropout,  # records.Dropout; the counters of this program as in _attn_bwd_dkdv_inner
+    drop_offset,
+    drop_bh,
+    drop_N_q,
+    drop_N_k,
+    MASK_head,  # the user's attn_mask at (b, h), or None
     b_idx,  # the flat batch index and the query head, as the user's functions see them (int32)
     h_idx,
-    C0,  # score_mod's captured tensors, then mask_mod's (placeholders when unused)
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
-    KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
-    stride_kind_n,
-    LIST_row,  # with LISTED: variants.tile_list's row of this query block
+    mods,  # records.UserMods: the captured tensors of score_mod and mask_mod, the kinds' key-tile stride
+    KINDS_row,  # the block mask's kinds of this query block (its first key tile), or None
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block, or None
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -109,7 +94,7 @@ def _attn_bwd_dq_inner(
         else:
             start = it
             if KINDS:
-                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask adds nothing
             in_k = start + offs_n < N_k
@@ -120,38 +105,58 @@ def _attn_bwd_dq_inner(
             else:
                 cols = tl.cast(start, tl.int64)
                 kT = _load_block_T(
-                    K_head + cols * stride_kn, offs_n, offs_d, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D,
+                    K_head + cols * K.stride_n,
+                    offs_n,
+                    offs_d,
+                    K.stride_n,
+                    K.stride_d,
+                    in_k,
+                    HEAD_DIM,
+                    BLOCK_D,
                     ROWS_OK=not MASK,
-                )  # fmt: skip
+                )
                 vT = _load_block_T(
-                    V_head + cols * stride_vn, offs_n, offs_dv, stride_vn, stride_vd, in_k, HEAD_DIM_V, BLOCK_DV,
+                    V_head + cols * V.stride_n,
+                    offs_n,
+                    offs_dv,
+                    V.stride_n,
+                    V.stride_d,
+                    in_k,
+                    HEAD_DIM_V,
+                    BLOCK_DV,
                     ROWS_OK=not MASK,
-                )  # fmt: skip
+                )
             # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
             qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
             if BLOCK_D2 > 0:
                 # K_j^T's second lane group (BLOCK_D2, BLOCK_N); S_ij += (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
                 kT2 = _load_block_hi(
-                    K_head + cols * stride_kn, offs_n, stride_kn, stride_kd, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2,
-                    ROWS_OK=not MASK, TRANS=True,
-                )  # fmt: skip
+                    K_head + cols * K.stride_n,
+                    offs_n,
+                    K.stride_n,
+                    K.stride_d,
+                    in_k,
+                    HEAD_DIM,
+                    BLOCK_D,
+                    BLOCK_D2,
+                    ROWS_OK=not MASK,
+                    TRANS=True,
+                )
                 qk = tl.dot(q2, kT2, qk, input_precision=DOT_PRECISION)
             if SOFTCAP or ALIBI or ADD_MASK:
                 s, t = _modify_scores(
-                    qk * qk_scale, offs_m[:, None], start + offs_n[None, :], OFFSET, softcap_log2, slope_log2,
-                    SOFTCAP, ALIBI,
-                )  # fmt: skip
+                    qk * qk_scale,
+                    offs_m[:, None],
+                    start + offs_n[None, :],
+                    OFFSET,
+                    terms.softcap_log2,
+                    slope_log2,
+                    SOFTCAP,
+                    ALIBI,
+                )
                 if ADD_MASK:
                     bias = _attn_mask_tile(
-                        MASK_head,
-                        start_m,
-                        start,
-                        rows[:, None],
-                        offs_n[None, :],
-                        stride_mask_m,
-                        stride_mask_n,
-                        N_q,
-                        N_k_all,
+                        MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
                 if SCORE_MOD is not None:
@@ -162,8 +167,9 @@ def _attn_bwd_dq_inner(
                 q_idx = offs_m[:, None]
                 kv_idx = start + offs_n[None, :]
                 if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
-                    grad = SCORE_GRAD(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3)
-                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD)
+                    c = mods.score_captures
+                    grad = SCORE_GRAD(s, b_idx, h_idx, q_idx, kv_idx, c[0], c[1], c[2], c[3])
+                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, mods.score_captures, SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
                 p = tl.math.exp2(s * LOG2E - lse2[:, None])
             elif SOFTCAP or ALIBI or ADD_MASK:
@@ -175,32 +181,34 @@ def _attn_bwd_dq_inner(
                 if CAUSAL:
                     visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
                 if WINDOW:
-                    visible = visible & _in_window(offs_m[:, None], start + offs_n[None, :], OFFSET, LEFT, RIGHT)
+                    visible = visible & _in_window(
+                        offs_m[:, None], start + offs_n[None, :], OFFSET, bounds.LEFT, bounds.RIGHT
+                    )
                 if BOOL_MASK:
                     user = _attn_mask_tile(
-                        MASK_head,
-                        start_m,
-                        start,
-                        rows[:, None],
-                        offs_n[None, :],
-                        stride_mask_m,
-                        stride_mask_n,
-                        N_q,
-                        N_k_all,
+                        MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     visible = visible & (user != 0)
                 if MASK_MOD is not None:
                     visible = _mask_mod_visible(
-                        visible, kind, b_idx, h_idx, offs_m[:, None], start + offs_n[None, :], MC0, MC1, MC2, MC3,
+                        visible,
+                        kind,
+                        b_idx,
+                        h_idx,
+                        offs_m[:, None],
+                        start + offs_n[None, :],
+                        mods.mask_captures,
                         MASK_MOD,
-                    )  # fmt: skip
+                    )
                 p = tl.where(visible, p, 0.0)
             # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
             dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
             if DROPOUT:
                 # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
-                keep = _dropout_keep(seed, dropout_offset, bh, offs_m, start + offs_n, N_q, N_k_all, dropout_threshold)
-                dp = tl.where(keep, dp * keep_scale, 0.0)
+                keep = _dropout_keep(
+                    dropout.seed, drop_offset, drop_bh, offs_m, start + offs_n, drop_N_q, drop_N_k, dropout.threshold
+                )
+                dp = tl.where(keep, dp * dropout.keep_scale, 0.0)
             ds = p * (dp - delta[:, None])
             if SCORE_GRAD is not None:
                 # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its

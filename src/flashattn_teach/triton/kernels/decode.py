@@ -89,16 +89,10 @@ def _decode_inner(
     q2,  # with BLOCK_D2: their second lane group (BLOCK_M, BLOCK_D2); otherwise unread
     K_head,  # key and value head (b, h_kv) of the caches; paged: head h_kv of page 0
     V_head,
-    stride_kp,  # paged: the stride of a page (K's first axis)
-    stride_kn,
-    stride_kd,
-    stride_vp,
-    stride_vn,
-    stride_vd,
+    K,  # the caches' records, for their strides (paged: stride_b steps a page)
+    V,
+    pages,  # records.Pages, or None
     table,  # paged: batch element b's row of the block table
-    stride_bt_n,
-    PAGE_SIZE,
-    num_blocks,
     start_n,
     end_n,
     split_end,
@@ -130,20 +124,22 @@ def _decode_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_j = tl.arange(0, BLOCK_N)
     if PAGED:  # the block ids one block ahead, so that the K and V loads' addresses wait for no load
-        page0, page1 = _block_ids(table, start_n, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N, WIDE_PAGES)
+        page0, page1 = _block_ids(
+            table, start_n, split_end, pages.stride_n, pages.PAGE_SIZE, pages.num_blocks, BLOCK_N, WIDE_PAGES
+        )
     for start in tl.range(start_n, end_n, BLOCK_N):
         cols = start + offs_j
         in_split = cols < split_end
         # K_j: (BLOCK_N, BLOCK_D); S = Q K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
         if PAGED:  # the keys of a block may lie in several pages: one 64-bit row offset per key
-            page, slot = _page_slots(page0, page1, start, cols, PAGE_SIZE, WIDE_PAGES)
-            K_rows, k_rows, stride_kr = K_head, page * stride_kp + slot * stride_kn, 1
+            page, slot = _page_slots(page0, page1, start, cols, pages.PAGE_SIZE, WIDE_PAGES)
+            K_rows, k_rows, stride_kr = K_head, page * K.stride_b + slot * K.stride_n, 1
         else:
-            K_rows, k_rows, stride_kr = K_head + tl.cast(start, tl.int64) * stride_kn, offs_j, stride_kn
-        k = _load_block(K_rows, k_rows, offs_d, stride_kr, stride_kd, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
+            K_rows, k_rows, stride_kr = K_head + tl.cast(start, tl.int64) * K.stride_n, offs_j, K.stride_n
+        k = _load_block(K_rows, k_rows, offs_d, stride_kr, K.stride_d, in_split, HEAD_DIM, BLOCK_D, ROWS_OK=not MASK)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if BLOCK_D2 > 0:  # S += Q[:, BLOCK_D:] K_j[:, BLOCK_D:]^T: (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
-            k2 = _load_block_hi(K_rows, k_rows, stride_kr, stride_kd, in_split, HEAD_DIM, BLOCK_D, BLOCK_D2, not MASK)
+            k2 = _load_block_hi(K_rows, k_rows, stride_kr, K.stride_d, in_split, HEAD_DIM, BLOCK_D, BLOCK_D2, not MASK)
             s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
         # s2 = scale log2(e) q.k, scaled before the max (the scale may be negative)
         s = s * qk_scale
@@ -166,18 +162,25 @@ def _decode_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         # V_j: (BLOCK_N, BLOCK_DV); acc = alpha acc + P V_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV)
         if PAGED:
-            v_rows = page * stride_vp + slot * stride_vn
-            v = _load_block(V_head, v_rows, offs_dv, 1, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
+            v_rows = page * V.stride_b + slot * V.stride_n
+            v = _load_block(V_head, v_rows, offs_dv, 1, V.stride_d, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK)
         else:
-            V_block = V_head + tl.cast(start, tl.int64) * stride_vn
+            V_block = V_head + tl.cast(start, tl.int64) * V.stride_n
             v = _load_block(
-                V_block, offs_j, offs_dv, stride_vn, stride_vd, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
+                V_block, offs_j, offs_dv, V.stride_n, V.stride_d, in_split, HEAD_DIM_V, BLOCK_DV, ROWS_OK=not MASK
             )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
         if PAGED:
             page0, page1 = _block_ids(
-                table, start + BLOCK_N, split_end, stride_bt_n, PAGE_SIZE, num_blocks, BLOCK_N, WIDE_PAGES
+                table,
+                start + BLOCK_N,
+                split_end,
+                pages.stride_n,
+                pages.PAGE_SIZE,
+                pages.num_blocks,
+                BLOCK_N,
+                WIDE_PAGES,
             )
     return acc, l_i, m_i
 
@@ -189,48 +192,16 @@ def decode_split_fwd(
     V,
     O,
     LSE,
-    CACHE_SEQLENS,
-    ALIBI_SLOPES,
-    BLOCK_TABLE,
-    CACHE_LEFTPAD,
-    SINK_LOGITS,
-    stride_qb,
-    stride_qh,
-    stride_qn,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_os,
-    stride_ob,
-    stride_oh,
-    stride_on,
-    stride_od,
-    stride_ls,
-    stride_lb,
-    stride_lh,
-    stride_ln,
-    stride_slope_b,
-    stride_slope_h,
-    stride_bt_b,
-    stride_bt_n,
-    PAGE_SIZE,
-    num_blocks,
+    lengths,
+    pages,
+    terms,
+    SINK,
     H_kv,
     GROUP,
-    N_new,
-    N_new_kv,
-    N_max,
     num_splits,
     qk_scale,
     LEFT,
     RIGHT,
-    softcap_log2,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -246,20 +217,21 @@ def decode_split_fwd(
     LEFTPAD: tl.constexpr,
     SINKS: tl.constexpr,
 ):
-    """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``.
+    """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``; the records of :mod:`..records`.
 
     ``Q (B, H_q, N_new, D)``; ``K, V (B, H_kv, N_max, .)``, the caches; ``O (num_splits, B, H_q, N_new,
-    D_v)`` and ``LSE (num_splits, B, H_q, N_new)``: fp32 partials, or with one split the final outputs
-    viewed with a leading axis of 1, any strides. ``CACHE_SEQLENS (B,)`` int32, clamped here to
-    ``[0, N_max - N_new_kv]`` so no key is read past the cache. ``qk_scale = scale log2(e)``; ``LEFT,
-    RIGHT``: the window with causal folded in; ``ALIBI_SLOPES`` fp32 at ``b stride_slope_b + h
-    stride_slope_h`` with ``ALIBI``; ``softcap_log2 = softcap log2(e)`` with ``SOFTCAP``.
-    ``PAGED``: ``K, V (num_blocks, H_kv, PAGE_SIZE, .)`` (``stride_kb``, ``stride_vb`` step a page), batch
-    element b's pages at ``BLOCK_TABLE + b stride_bt_b + n stride_bt_n`` (int32), ``N_max = max_blocks
-    PAGE_SIZE``; ``WIDE_PAGES``: ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``LEFTPAD``:
-    ``CACHE_LEFTPAD (B,)`` int32, clamped here to ``[0, L_b]``. ``SINKS``: ``SINK_LOGITS (H_q,)`` fp32,
-    contiguous. ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the
-    values' ``BLOCK_DV`` stays one padded group."""
+    D_v)`` and ``LSE (num_splits, B, H_q, N_new, 1)`` (:class:`~..records.Partials`): fp32 partials, or with
+    one split the final outputs viewed with a leading axis of 1, any strides. ``lengths``
+    (:class:`~..records.CacheLengths`): ``cache_seqlens (B,)`` int32, clamped here to ``[0, N_max -
+    N_new_kv]`` so no key is read past the cache; with ``LEFTPAD`` ``cache_leftpad (B,)`` int32, clamped
+    here to ``[0, L_b]``. ``qk_scale = scale log2(e)``; ``LEFT, RIGHT``: the window with causal folded in;
+    ``terms`` (:class:`~..records.ScoreTerms`): ALiBi slopes with ``ALIBI``, ``softcap_log2 = softcap
+    log2(e)`` with ``SOFTCAP``. ``PAGED``: ``K, V (num_blocks, H_kv, PAGE_SIZE, .)`` (``stride_b`` steps a
+    page), ``pages`` (:class:`~..records.Pages`), ``N_max = max_blocks PAGE_SIZE``; ``WIDE_PAGES``:
+    ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``SINKS``: ``SINK (H_q,)`` fp32, contiguous.
+    ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the values'
+    ``BLOCK_DV`` stays one padded group."""
+    N_new = lengths.N_new
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -268,12 +240,13 @@ def decode_split_fwd(
     h_kv = pid // m_blocks % H_kv
 
     # L_b = cache_seqlens[b] + N_new_kv; query row n at position p = L_b - N_new + n
-    L = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0), N_max - N_new_kv) + N_new_kv
+    L = tl.minimum(tl.maximum(tl.load(lengths.cache_seqlens + b), 0), lengths.N_max - lengths.N_new_kv)
+    L = L + lengths.N_new_kv
     p_first = L - N_new
     # the keys some row sees: [lo, L), cut into num_splits ranges of whole blocks
     lo = tl.minimum(tl.maximum(p_first - LEFT, 0), L)
     if LEFTPAD:  # keys [0, cache_leftpad[b]) are padding; split boundaries start at or after it
-        lo = tl.maximum(lo, tl.minimum(tl.maximum(tl.load(CACHE_LEFTPAD + b), 0), L))
+        lo = tl.maximum(lo, tl.minimum(tl.maximum(tl.load(lengths.cache_leftpad + b), 0), L))
     blocks_per_split = tl.cdiv(tl.cdiv(L - lo, BLOCK_N), num_splits)
     split_begin = tl.minimum(lo + s * blocks_per_split * BLOCK_N, L)
     split_end = tl.minimum(split_begin + blocks_per_split * BLOCK_N, L)
@@ -289,27 +262,27 @@ def decode_split_fwd(
     p_hi = tl.max(tl.where(in_rows, pos, p_first), 0)
 
     # Q rows: (BLOCK_M, BLOCK_D), loaded once; each row its own (head, query), at a 64-bit offset from Q
-    q_rows = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + n.to(tl.int64) * stride_qn
-    q = _load_block(Q, q_rows, tl.arange(0, BLOCK_D), 1, stride_qd, in_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+    q_rows = b.to(tl.int64) * Q.stride_b + h.to(tl.int64) * Q.stride_h + n.to(tl.int64) * Q.stride_n
+    q = _load_block(Q.ptr, q_rows, tl.arange(0, BLOCK_D), 1, Q.stride_d, in_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
     q2 = q  # with BLOCK_D2 the queries' second lane group (BLOCK_M, BLOCK_D2); otherwise unread
     if BLOCK_D2 > 0:
-        q2 = _load_block_hi(Q, q_rows, 1, stride_qd, in_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
+        q2 = _load_block_hi(Q.ptr, q_rows, 1, Q.stride_d, in_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
     if ALIBI:
-        slopes = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h, mask=in_rows, other=0.0)
+        slopes = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h, mask=in_rows, other=0.0)
         slope_log2 = (slopes * LOG2E)[:, None]
     else:
         slope_log2 = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
 
+    table = None
     if PAGED:  # pages hold keys of any batch element: b enters through its row of the block table
-        K_head = K + h_kv.to(tl.int64) * stride_kh
-        V_head = V + h_kv.to(tl.int64) * stride_vh
-        table = BLOCK_TABLE + b.to(tl.int64) * stride_bt_b
+        K_head = K.ptr + h_kv.to(tl.int64) * K.stride_h
+        V_head = V.ptr + h_kv.to(tl.int64) * V.stride_h
+        table = pages.table + b.to(tl.int64) * pages.stride_b
     else:
-        K_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-        V_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-        table = BLOCK_TABLE
+        K_head = K.ptr + b.to(tl.int64) * K.stride_b + h_kv.to(tl.int64) * K.stride_h
+        V_head = V.ptr + b.to(tl.int64) * V.stride_b + h_kv.to(tl.int64) * V.stride_h
     if SINKS:  # the sink as a key of score sink_h and value 0, folded in once per row: by split 0
-        sink = tl.load(SINK_LOGITS + h, mask=in_rows, other=0.0) * LOG2E
+        sink = tl.load(SINK + h, mask=in_rows, other=0.0) * LOG2E
         m_i = tl.where(s == 0, sink, float("-inf"))
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + (s == 0).to(tl.float32)
     else:
@@ -317,28 +290,43 @@ def decode_split_fwd(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     begin, full_begin, full_end, end = _split_key_runs(split_begin, split_end, p_lo, p_hi, LEFT, RIGHT, BLOCK_N)
-    # the blocks a left bound cuts, those every row sees whole, those a right bound or the split's end cuts
-    acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        table, stride_bt_n, PAGE_SIZE, num_blocks,
-        begin, full_begin, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
-        MASK=True,
-    )  # fmt: skip
-    acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        table, stride_bt_n, PAGE_SIZE, num_blocks,
-        full_begin, full_end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
-        MASK=False,
-    )  # fmt: skip
-    acc, l_i, m_i = _decode_inner(
-        acc, l_i, m_i, q, q2, K_head, V_head, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        table, stride_bt_n, PAGE_SIZE, num_blocks,
-        full_end, end, split_end, pos, LEFT, RIGHT, qk_scale, softcap_log2, slope_log2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_D2, BLOCK_DV, BLOCK_N, SOFTCAP, ALIBI, DOT_PRECISION, PAGED, WIDE_PAGES,
-        MASK=True,
-    )  # fmt: skip
+    # three runs: the blocks a left bound cuts (masked), those every row sees whole, those a right bound or
+    # the split's end cuts (masked); the loop is unrolled, each run its own inlined loop
+    for run in tl.static_range(3):
+        acc, l_i, m_i = _decode_inner(
+            acc,
+            l_i,
+            m_i,
+            q=q,
+            q2=q2,
+            K_head=K_head,
+            V_head=V_head,
+            K=K,
+            V=V,
+            pages=pages,
+            table=table,
+            start_n=begin if run == 0 else full_begin if run == 1 else full_end,
+            end_n=full_begin if run == 0 else full_end if run == 1 else end,
+            split_end=split_end,
+            pos=pos,
+            LEFT=LEFT,
+            RIGHT=RIGHT,
+            qk_scale=qk_scale,
+            softcap_log2=terms.softcap_log2,
+            slope_log2=slope_log2,
+            HEAD_DIM=HEAD_DIM,
+            HEAD_DIM_V=HEAD_DIM_V,
+            BLOCK_D=BLOCK_D,
+            BLOCK_D2=BLOCK_D2,
+            BLOCK_DV=BLOCK_DV,
+            BLOCK_N=BLOCK_N,
+            SOFTCAP=SOFTCAP,
+            ALIBI=ALIBI,
+            DOT_PRECISION=DOT_PRECISION,
+            PAGED=PAGED,
+            WIDE_PAGES=WIDE_PAGES,
+            MASK=run != 1,
+        )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of
     # this split (l_i = 0, acc = 0) gets O = 0 and lse = -inf, which the combine weighs 0 (with sinks,
@@ -346,10 +334,12 @@ def decode_split_fwd(
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    lse_rows = s.to(tl.int64) * stride_ls + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + n * stride_ln
-    tl.store(LSE + lse_rows, lse, mask=in_rows)
-    o_rows = s.to(tl.int64) * stride_os + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + n * stride_on
-    _store_block(O, o.to(O.dtype.element_ty), o_rows, tl.arange(0, BLOCK_DV), 1, stride_od, in_rows, HEAD_DIM_V)
+    lse_rows = s.to(tl.int64) * LSE.stride_s + b.to(tl.int64) * LSE.stride_b + h.to(tl.int64) * LSE.stride_h
+    lse_rows = lse_rows + n * LSE.stride_n
+    tl.store(LSE.ptr + lse_rows, lse, mask=in_rows)
+    o_rows = s.to(tl.int64) * O.stride_s + b.to(tl.int64) * O.stride_b + h.to(tl.int64) * O.stride_h + n * O.stride_n
+    o = o.to(O.ptr.dtype.element_ty)
+    _store_block(O.ptr, o, o_rows, tl.arange(0, BLOCK_DV), 1, O.stride_d, in_rows, HEAD_DIM_V)
 
 
 @triton.jit

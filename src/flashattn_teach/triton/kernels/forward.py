@@ -80,69 +80,17 @@ def attn_fwd(
     V,
     O,
     LSE,
-    stride_qb,
-    stride_qh,
-    stride_qn,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_on,
-    stride_od,
     H_q,
     N_q,
     N_k,
     GROUP,
     qk_scale,
-    OFFSET,
-    SEQLENS_K,
-    ALIBI_SLOPES,
-    stride_slope_b,
-    stride_slope_h,
-    LEFT,
-    RIGHT,
-    softcap_log2,
-    seed,
-    dropout_offset,
-    dropout_threshold,
-    keep_scale,
-    ATTN_MASK,
-    stride_mask_b,
-    stride_mask_h,
-    stride_mask_m,
-    stride_mask_n,
-    CU_SEQLENS_Q,
-    CU_SEQLENS_K,
-    stride_lse_h,
-    C0,
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
-    TILE_KINDS,
-    stride_kind_b,
-    stride_kind_h,
-    stride_kind_m,
-    stride_kind_n,
-    TILE_LIST,
-    stride_list_b,
-    stride_list_h,
-    stride_list_m,
-    Q_DESCALE,
-    K_DESCALE,
-    V_DESCALE,
-    stride_descale_b,
-    stride_descale_h,
+    bounds,
+    terms,
+    dropout,
+    packed,
+    mods,
+    descales,
     SINK,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
@@ -173,47 +121,43 @@ def attn_fwd(
     BLOCK_D2: tl.constexpr = 0,
     SINKS: tl.constexpr = False,
 ):
-    """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest.
+    """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest. The
+    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read.
 
-    ``Q, O (B, H_q, N_q, .)`` with any strides; ``K, V (B, H_kv, N_k, .)``: tensors with any strides, or
-    with ``TMA`` tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE (B, H_q, N_q)``
-    contiguous fp32. Query head h reads key/value head h // GROUP. ``qk_scale = |scale| * log2(e)``;
-    ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| * (-Q) K^T``); with ``SOFTCAP`` or
-    ``ALIBI`` instead ``qk_scale = scale * log2(e)`` and Q as given.
+    ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` (:class:`~..records.Strided`): any strides, and with
+    ``TMA`` the pointers of ``K, V`` are tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE``
+    (:class:`~..records.Lse`) ``(B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h //
+    GROUP. ``qk_scale = |scale| * log2(e)``; ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| *
+    (-Q) K^T``); with ``SOFTCAP`` or ``ALIBI`` instead ``qk_scale = scale * log2(e)`` and Q as given.
 
-    Variants (see :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded in, ``CAUSAL`` then
-    False); ``SOFTCAP`` with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with ``ALIBI_SLOPES`` fp32
-    read at ``b * stride_slope_b + h * stride_slope_h``; ``SEQLENS`` with ``SEQLENS_K (B,)`` int32, and
-    ``OFFSET`` then 1 for bottom-right alignment and 0 for top-left (``off_b = OFFSET * (seqlens_k[b] -
-    N_q)``: each batch element aligned to its own length, as flash-attn does). The pointers of unused
-    variants are never read. ``DROPOUT`` with the key ``seed, dropout_offset``, the ``dropout_threshold``
-    of :class:`flashattn_teach.dropout.DropoutKey` and ``keep_scale = 1 / (1 - p)``. ``BOOL_MASK``
-    (uint8, nonzero: visible) or ``ADD_MASK`` with ``ATTN_MASK (B, H_q, N_q, N_k)`` at any strides (0
-    where it broadcasts).
+    ``bounds`` (:class:`~..records.Bounds`, :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded
+    in, ``CAUSAL`` then False); ``SEQLENS`` with ``SEQLENS_K (B,)`` int32, and ``OFFSET`` then 1 for
+    bottom-right alignment and 0 for top-left (``off_b = OFFSET * (seqlens_k[b] - N_q)``: each batch element
+    aligned to its own length, as flash-attn does). ``terms`` (:class:`~..records.ScoreTerms`): ``SOFTCAP``
+    with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with its slopes; ``BOOL_MASK`` (uint8, nonzero:
+    visible) or ``ADD_MASK`` with the mask ``(B, H_q, N_q, N_k)`` at any strides (0 where it broadcasts).
+    ``DROPOUT`` with ``dropout`` (:class:`~..records.Dropout`).
 
-    ``SCORE_MOD``, ``MASK_MOD`` (:mod:`.usermods`): the user's functions, compiled, with the pointers of
-    their captured tensors ``C0..C3`` and ``MC0..MC3`` (placeholders where unused); ``KINDS`` with
-    ``TILE_KINDS (B|1, H_q|1, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at
-    this launch's tiles, read at ``b * stride_kind_b + h * stride_kind_h + i * stride_kind_m + j *
-    stride_kind_n`` (strides 0 where it broadcasts); with ``LISTED`` the key loop is one masked stage over
-    ``TILE_LIST``, :func:`flashattn_teach.triton.variants.tile_list` of those kinds, read at ``b *
-    stride_list_b + h * stride_list_h + i * stride_list_m``: a SKIP tile takes no iteration. The launcher
-    passes none of them with ``VARLEN`` or ``WS``.
+    ``SCORE_MOD``, ``MASK_MOD`` (:mod:`.usermods`): the user's functions, compiled, with their captured
+    tensors in ``mods`` (:class:`~..records.UserMods`); ``KINDS`` with its ``kinds (B|1, H_q|1, cdiv(N_q,
+    BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at this launch's tiles; with ``LISTED``
+    the key loop is one masked stage over its ``tiles``, :func:`flashattn_teach.triton.variants.tile_list`
+    of those kinds: a SKIP tile takes no iteration. The launcher passes none of them with ``VARLEN`` or
+    ``WS``.
 
     ``SINKS``: attention sinks, ``SINK (H_q,)`` fp32, one logit per query head in the units of the scaled
     scores (:mod:`flashattn_teach._validate.sinks`): each row's state starts with it as a key of value 0.
 
-    ``VARLEN``: packed sequences, ``CU_SEQLENS_Q, CU_SEQLENS_K (B + 1,)`` int32. The tensors are the
-    ``(1, H, total, .)`` views of the packed ones, passed with batch strides 0; ``b`` is the sequence,
-    ``N_q, N_k`` are ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right
-    alignment and 0 for top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``stride_lse_h`` (without
-    ``VARLEN``, ``N_q``). Each program moves its bases to the sequence's start rows (:func:`_sequence`).
+    ``VARLEN``: packed sequences (:class:`~..records.Packed`). The tensors are the ``(1, H, total, .)`` views
+    of the packed ones, passed with batch strides 0; ``b`` is the sequence, ``N_q, N_k`` are
+    ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right alignment and 0 for
+    top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``LSE.stride_h`` (without ``VARLEN``, ``N_q``).
+    Each program moves its bases to the sequence's start rows (:func:`_sequence`).
 
     ``FP8`` (FA3's FP8 forward, :mod:`flashattn_teach._validate.fp8`): ``Q, K, V`` e4m3, ``O`` bf16, and
-    ``Q_DESCALE, K_DESCALE, V_DESCALE (B, H_kv)`` fp32 read at ``b * stride_descale_b + h_kv *
-    stride_descale_h``; ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q`` False). Both products run on
-    e4m3 operands (P_ij is cast to V's dtype in the loop) with fp32 accumulators. Not with ``VARLEN`` or
-    ``WS``; the pointers are placeholders without ``FP8``.
+    ``descales`` (:class:`~..records.Descales`); ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q``
+    False). Both products run on e4m3 operands (P_ij is cast to V's dtype in the loop) with fp32
+    accumulators. Not with ``VARLEN`` or ``WS``.
 
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is two lane groups, ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`),
     the second through pointers or, with ``WS``, by its own in-kernel descriptors (not with ``TMA``).
@@ -221,70 +165,79 @@ def attn_fwd(
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the longest key ranges start first (all heads' or each head's: GRID_ORDER), the short ones fill the tail
     i, pid_bh = program_block(
-        tl.program_id(0), n_blocks, tl.num_programs(0) // n_blocks, N_k,
-        ORDER=GRID_ORDER if CAUSAL else INDEX, LONGEST_LAST=True, ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
-    )  # fmt: skip
+        tl.program_id(0),
+        n_blocks,
+        tl.num_programs(0) // n_blocks,
+        N_k,
+        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        LONGEST_LAST=True,
+        ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
+    )
     start_m = i * BLOCK_M
     b = pid_bh // H_q
     h = pid_bh % H_q
     h_kv = h // GROUP
-    LSE_head = LSE + pid_bh.to(tl.int64) * stride_lse_h  # lse (B, H_q, N_q) contiguous
+    OFFSET = bounds.OFFSET
+    Q_ptr, K_ptr, V_ptr, O_ptr = Q.ptr, K.ptr, V.ptr, O.ptr
+    LSE_head = LSE.ptr + pid_bh.to(tl.int64) * LSE.stride_h  # lse (B, H_q, N_q) contiguous
     # the dropout counter's (offset, b * H_q + h, N_q, N_k) (flashattn_teach.dropout)
-    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout_offset, pid_bh, N_q, N_k
+    drop_offset, drop_bh, drop_N_q, drop_N_k = dropout.offset, pid_bh, N_q, N_k
     if VARLEN:
-        q_start, k_start, N_q, N_k, OFFSET = _sequence(CU_SEQLENS_Q, CU_SEQLENS_K, b, OFFSET)
+        q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end (the grid spans the longest one)
         if DROPOUT:  # counters of the packed matrix, one batch element: head h, rows and columns shifted
             n_seq = tl.num_programs(0) // (n_blocks * H_q)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
-                CU_SEQLENS_Q, CU_SEQLENS_K, n_seq, q_start, k_start, dropout_offset
+                packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
             )
             drop_bh = h
         # the batch strides are 0: the sequence's start rows move the bases instead
-        Q = Q + q_start * stride_qn
-        O = O + q_start * stride_on
-        K = K + k_start * stride_kn
-        V = V + k_start * stride_vn
-        LSE_head = LSE + h.to(tl.int64) * stride_lse_h + q_start  # lse (H_q, total_q)
+        Q_ptr = Q_ptr + q_start * Q.stride_n
+        O_ptr = O_ptr + q_start * O.stride_n
+        K_ptr = K_ptr + k_start * K.stride_n
+        V_ptr = V_ptr + k_start * V.stride_n
+        LSE_head = LSE.ptr + h.to(tl.int64) * LSE.stride_h + q_start  # lse (H_q, total_q)
     # 64-bit: batch and head offsets of large tensors overflow int32
-    Q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    O_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    Q_head = Q_ptr + b.to(tl.int64) * Q.stride_b + h.to(tl.int64) * Q.stride_h
+    O_head = O_ptr + b.to(tl.int64) * O.stride_b + h.to(tl.int64) * O.stride_h
     if WS:
         # descriptors of this head's (N_k, D) keys and values, made here: the warp specialiser needs them
         # in the kernel (launch.py gives triton a scratch allocator for them); rows past N_k read zeros
         K_src = tl.make_tensor_descriptor(
-            K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+            K_ptr + b.to(tl.int64) * K.stride_b + h_kv.to(tl.int64) * K.stride_h,
             shape=[N_k, HEAD_DIM],
-            strides=[stride_kn, 1],
+            strides=[K.stride_n, 1],
             block_shape=[BLOCK_N, BLOCK_D],
         )
         V_src = tl.make_tensor_descriptor(
-            V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh,
+            V_ptr + b.to(tl.int64) * V.stride_b + h_kv.to(tl.int64) * V.stride_h,
             shape=[N_k, HEAD_DIM_V],
-            strides=[stride_vn, 1],
+            strides=[V.stride_n, 1],
             block_shape=[BLOCK_N, BLOCK_DV],
         )
     elif TMA:
-        K_src = K
-        V_src = V
+        K_src = K_ptr
+        V_src = V_ptr
     else:
-        K_src = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-        V_src = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+        K_src = K_ptr + b.to(tl.int64) * K.stride_b + h_kv.to(tl.int64) * K.stride_h
+        V_src = V_ptr + b.to(tl.int64) * V.stride_b + h_kv.to(tl.int64) * V.stride_h
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = offs_m < N_q
     # Q_i: (BLOCK_M, BLOCK_D), loaded once and kept on chip for the whole key loop
-    Q_block = Q_head + tl.cast(start_m, tl.int64) * stride_qn
+    Q_block = Q_head + tl.cast(start_m, tl.int64) * Q.stride_n
     if WS:  # the pass takes no pointer load into the producer: Q_i by a descriptor too
         Q_desc = tl.make_tensor_descriptor(
-            Q_head, shape=[N_q, HEAD_DIM], strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D]
+            Q_head, shape=[N_q, HEAD_DIM], strides=[Q.stride_n, 1], block_shape=[BLOCK_M, BLOCK_D]
         )
         q = Q_desc.load([start_m, 0])  # rows past N_q and lanes past HEAD_DIM read 0
     else:
-        q = _load_block(Q_block, offs_m - start_m, offs_d, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False)
+        q = _load_block(
+            Q_block, offs_m - start_m, offs_d, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, ROWS_OK=False
+        )
     # with BLOCK_D2 the head dim's second lane group (.tiles), of Q_i and of each K_j: with WS by boxes of
     # BLOCK_D2 lanes read at lane BLOCK_D, else through pointers (not by host descriptors); otherwise unread
     q2 = q
@@ -293,25 +246,25 @@ def attn_fwd(
         tl.static_assert(not TMA, "a split head dim's second lane group has no host descriptor")
         if WS:
             q2 = tl.make_tensor_descriptor(
-                Q_head, shape=[N_q, HEAD_DIM], strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D2]
+                Q_head, shape=[N_q, HEAD_DIM], strides=[Q.stride_n, 1], block_shape=[BLOCK_M, BLOCK_D2]
             ).load([start_m, BLOCK_D])
             K2_src = tl.make_tensor_descriptor(
-                K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh,
+                K_ptr + b.to(tl.int64) * K.stride_b + h_kv.to(tl.int64) * K.stride_h,
                 shape=[N_k, HEAD_DIM],
-                strides=[stride_kn, 1],
+                strides=[K.stride_n, 1],
                 block_shape=[BLOCK_N, BLOCK_D2],
             )
         else:
             q2 = _load_block_hi(
-                Q_block, offs_m - start_m, stride_qn, stride_qd, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
+                Q_block, offs_m - start_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
             )
     if NEGATE_Q:
         q = -q
         q2 = -q2
     if FP8:
         # the descales join the scale: scale * q.k * qd * kd = (scale * qd * kd) * q_fp8.k_fp8 (FA3)
-        descale_at = b * stride_descale_b + h_kv * stride_descale_h
-        qk_scale = qk_scale * tl.load(Q_DESCALE + descale_at) * tl.load(K_DESCALE + descale_at)
+        descale_at = b * descales.stride_b + h_kv * descales.stride_h
+        qk_scale = qk_scale * tl.load(descales.q + descale_at) * tl.load(descales.k + descale_at)
         # the loop needs qk_scale >= 0 (its row max is taken before scaling): a negative product's sign
         # moves into Q, exactly, by flipping e4m3's sign bit (the host never reads the descales: no sync)
         flip = tl.where(qk_scale < 0, 0x80, 0).to(tl.uint8)
@@ -329,76 +282,107 @@ def attn_fwd(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    MASK_head = ATTN_MASK + b.to(tl.int64) * stride_mask_b + h.to(tl.int64) * stride_mask_h
+    MASK_head = None
+    if BOOL_MASK or ADD_MASK:
+        MASK_head = terms.mask + b.to(tl.int64) * terms.mask_stride_b + h.to(tl.int64) * terms.mask_stride_h
     n_keys = N_k  # the keys that exist for this batch element
     if SEQLENS:
-        n_keys = tl.minimum(tl.load(SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
+        n_keys = tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (n_keys - N_q)
     if ALIBI:
-        slope_log2 = tl.load(ALIBI_SLOPES + b * stride_slope_b + h * stride_slope_h) * LOG2E
+        slope_log2 = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h) * LOG2E
     else:
         slope_log2 = 0.0
 
-    KINDS_row = TILE_KINDS + b * stride_kind_b + h * stride_kind_h + i * stride_kind_m  # read only with KINDS
-    LIST_row = TILE_LIST + b * stride_list_b + h * stride_list_h + i * stride_list_m  # read only with LISTED
+    KINDS_row = None
+    if KINDS:
+        KINDS_row = mods.kinds + b * mods.kinds_stride_b + h * mods.kinds_stride_h + i * mods.kinds_stride_m
+    LIST_row = None
+    if LISTED:
+        LIST_row = mods.tiles + b * mods.tiles_stride_b + h * mods.tiles_stride_h + i * mods.tiles_stride_m
     if WINDOW:
-        begin, full_begin, full_end, end = _window_key_range(start_m, n_keys, OFFSET, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        begin, full_begin, full_end, end = _window_key_range(
+            start_m, n_keys, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
+        )
     else:
         begin = 0
         full_begin = 0
         full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-    # The warp-specialised build runs every key block in one loop: with a second loop in the kernel,
-    # specialised or not, the pass fails. The loop is masked unless ``EVEN_N`` says every row sees every key
-    # of every block (not causal, no window, no seqlens_k, N_k a multiple of BLOCK_N). Without WS the first
-    # masked stage holds the key blocks some row's left window bound cuts (none without a window).
-    first_end = full_begin
-    if WS:
-        first_end = end
-    if LISTED:
-        # the block mask's visited tiles, all masked (the causal, window and length bounds still apply)
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            0, tl.load(LIST_row), offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, LISTED=True, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-    elif WINDOW or WS:
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            begin, first_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=not EVEN_N, WS=WS,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-    if not (WS or LISTED):  # the key blocks every row fully sees, unmasked; then the diagonal and the ragged last block
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            full_begin, full_end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=False,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, q2, K_src, K2_src, V_src, b, h_kv, stride_kn, stride_kd, stride_vn, stride_vd,
-            full_end, end, offs_m, n_keys, qk_scale, OFFSET, LEFT, RIGHT, softcap_log2, slope_log2,
-            seed, drop_offset, drop_bh, drop_N_q, drop_N_k, dropout_threshold, keep_scale,
-            MASK_head, start_m, stride_mask_m, stride_mask_n,
-            h, C0, C1, C2, C3, MC0, MC1, MC2, MC3, KINDS_row, stride_kind_n, LIST_row,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-            BOOL_MASK, ADD_MASK, DOT_PRECISION, TMA, MASK=True,
-            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, KINDS=KINDS, BLOCK_D2=BLOCK_D2,
-        )  # fmt: skip
+    # The key loop's stages, one call site (unrolled: each stage its own inlined loop):
+    #   0  LISTED: the block mask's visited tiles, all masked (the causal, window and length bounds still
+    #      apply); WS: every key block in one loop (with a second loop in the kernel, specialised or not, the
+    #      pass fails), masked unless EVEN_N says every row sees every key of every block (not causal, no
+    #      window, no seqlens_k, N_k a multiple of BLOCK_N); WINDOW: the blocks some row's left bound cuts
+    #   1  the key blocks every row fully sees, unmasked                    (not with WS or LISTED)
+    #   2  the diagonal and the ragged last block, masked                   (not with WS or LISTED)
+    for stage in tl.static_range(3):
+        if (stage == 0 and (LISTED or WINDOW or WS)) or (stage > 0 and not (WS or LISTED)):
+            if stage == 0:
+                if LISTED:
+                    lo, hi = 0, tl.load(LIST_row)  # entries of the tile list, not keys
+                else:
+                    lo, hi = begin, end if WS else full_begin
+            elif stage == 1:
+                lo, hi = full_begin, full_end
+            else:
+                lo, hi = full_end, end
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc,
+                l_i,
+                m_i,
+                q=q,
+                q2=q2,
+                K_src=K_src,
+                K2_src=K2_src,
+                V_src=V_src,
+                K=K,
+                V=V,
+                b=b,
+                h=h,
+                h_kv=h_kv,
+                start_n=lo,
+                end_n=hi,
+                offs_m=offs_m,
+                N_k=n_keys,
+                qk_scale=qk_scale,
+                OFFSET=OFFSET,
+                bounds=bounds,
+                terms=terms,
+                slope_log2=slope_log2,
+                dropout=dropout,
+                drop_offset=drop_offset,
+                drop_bh=drop_bh,
+                drop_N_q=drop_N_q,
+                drop_N_k=drop_N_k,
+                MASK_head=MASK_head,
+                offs_m0=start_m,
+                mods=mods,
+                KINDS_row=KINDS_row,
+                LIST_row=LIST_row,
+                HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_V=HEAD_DIM_V,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N,
+                CAUSAL=CAUSAL,
+                WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP,
+                ALIBI=ALIBI,
+                DROPOUT=DROPOUT,
+                BOOL_MASK=BOOL_MASK,
+                ADD_MASK=ADD_MASK,
+                DOT_PRECISION=DOT_PRECISION,
+                TMA=TMA,
+                MASK=stage == 2 or (stage == 0 and (LISTED or not EVEN_N)),
+                WS=WS,
+                SCORE_MOD=SCORE_MOD,
+                MASK_MOD=MASK_MOD,
+                KINDS=KINDS,
+                LISTED=LISTED,
+                BLOCK_D2=BLOCK_D2,
+            )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).
     # A row that saw no key has l_i = 0 and acc = 0: it gets O = 0 and lse = -inf (with SINKS, l_i = 1 and
@@ -406,8 +390,9 @@ def attn_fwd(
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     if FP8:
-        o = o * tl.load(V_DESCALE + descale_at)  # O = vd * (P_fp8 V_fp8) / l: V's descale, once per row
+        o = o * tl.load(descales.v + descale_at)  # O = vd * (P_fp8 V_fp8) / l: V's descale, once per row
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     tl.store(LSE_head + offs_m, lse, mask=in_q)
-    O_block = O_head + tl.cast(start_m, tl.int64) * stride_on
-    _store_block(O_block, o.to(O.dtype.element_ty), offs_m - start_m, offs_dv, stride_on, stride_od, in_q, HEAD_DIM_V)
+    O_block = O_head + tl.cast(start_m, tl.int64) * O.stride_n
+    o = o.to(O_ptr.dtype.element_ty)
+    _store_block(O_block, o, offs_m - start_m, offs_dv, O.stride_n, O.stride_d, in_q, HEAD_DIM_V)

@@ -75,45 +75,30 @@ def _attn_fwd_inner(
     K_src,
     K2_src,  # with BLOCK_D2: the keys' second lane group, K_src's pointer or with WS a box of BLOCK_D2 lanes
     V_src,
+    K,  # records.Strided of the keys and values, for their row and lane strides
+    V,
     b,
+    h,  # the query head, as the user's functions see it (int32; ``b`` is the flat batch index)
     h_kv,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
     start_n,
     end_n,
     offs_m,
     N_k,
     qk_scale,
     OFFSET,
-    LEFT,
-    RIGHT,
-    softcap_log2,
+    bounds,  # records.Bounds: the window's LEFT, RIGHT
+    terms,  # records.ScoreTerms: softcap_log2 and the user's attn_mask's row and column strides
     slope_log2,
-    seed,  # dropout: the key and this program's (b * H_q + h), the counters' sizes N_q x N_k, threshold
-    dropout_offset,
-    bh,
-    N_q,
-    N_k_all,
-    dropout_threshold,
-    keep_scale,
-    MASK_head,  # the user's attn_mask at (b, h), the block's first row, and the mask's row and column strides
-    offs_m0,
-    stride_mask_m,
-    stride_mask_n,
-    h,  # the query head, as the user's functions see it (int32; ``b`` is the flat batch index)
-    C0,  # score_mod's captured tensors (placeholders when unused), then mask_mod's
-    C1,
-    C2,
-    C3,
-    MC0,
-    MC1,
-    MC2,
-    MC3,
-    KINDS_row,  # the block mask's kinds of this query block (its first key tile), and their key-tile stride
-    stride_kind_n,
-    LIST_row,  # with LISTED: variants.tile_list's row of this query block
+    dropout,  # records.Dropout: seed, threshold, keep_scale (its offset: drop_offset)
+    drop_offset,  # the dropout counters of this program: offset, (b * H_q + h), sizes N_q x N_k
+    drop_bh,
+    drop_N_q,
+    drop_N_k,
+    MASK_head,  # the user's attn_mask at (b, h), or None
+    offs_m0,  # the block's first row
+    mods,  # records.UserMods: the captured tensors of score_mod and mask_mod, the kinds' key-tile stride
+    KINDS_row,  # the block mask's kinds of this query block (its first key tile), or None
+    LIST_row,  # with LISTED: variants.tile_list's row of this query block, or None
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -177,12 +162,12 @@ def _attn_fwd_inner(
         else:
             start = it if MASK else start_n + it * BLOCK_N
             if KINDS:
-                kind = tl.load(KINDS_row + (start // BLOCK_N) * stride_kind_n)
+                kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask: nothing of it is loaded or computed
             # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
             k = _load_kv_block(
-                K_src, b, h_kv, start, N_k, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
+                K_src, b, h_kv, start, N_k, K.stride_n, K.stride_d, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
             )
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             if BLOCK_D2 > 0:
@@ -191,28 +176,36 @@ def _attn_fwd_inner(
                     k2 = K2_src.load([start, BLOCK_D])  # lanes [BLOCK_D, BLOCK_D + BLOCK_D2); zeros past the ends
                 else:
                     rows = tl.arange(0, BLOCK_N)
+                    K2_block = K2_src + tl.cast(start, tl.int64) * K.stride_n
+                    in_k = start + rows < N_k
                     k2 = _load_block_hi(
-                        K2_src + tl.cast(start, tl.int64) * stride_kn, rows, stride_kn, stride_kd, start + rows < N_k,
-                        HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK,
-                    )  # fmt: skip
+                        K2_block, rows, K.stride_n, K.stride_d, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK
+                    )
                 s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
             offs_n = start + tl.arange(0, BLOCK_N)
             if SOFTCAP or ALIBI or ADD_MASK:
                 s, _ = _modify_scores(
-                    s * qk_scale, offs_m[:, None], offs_n[None, :], OFFSET, softcap_log2, slope_log2, SOFTCAP, ALIBI
+                    s * qk_scale,
+                    offs_m[:, None],
+                    offs_n[None, :],
+                    OFFSET,
+                    terms.softcap_log2,
+                    slope_log2,
+                    SOFTCAP,
+                    ALIBI,
                 )
                 if ADD_MASK:
                     bias = _attn_mask_tile(
-                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
                 s_scale = 1.0
                 if SCORE_MOD is not None:
-                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, SCORE_MOD)
                     s_scale = LOG2E
             elif SCORE_MOD is not None:
                 # natural units straight from the product (no log2 detour); LOG2E joins the exponent's FFMA
-                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], C0, C1, C2, C3, SCORE_MOD)
+                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, SCORE_MOD)
                 s_scale = LOG2E
             else:
                 s_scale = qk_scale
@@ -221,15 +214,15 @@ def _attn_fwd_inner(
                 if CAUSAL:
                     visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
                 if WINDOW:
-                    visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, LEFT, RIGHT)
+                    visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, bounds.LEFT, bounds.RIGHT)
                 if BOOL_MASK:
                     user = _attn_mask_tile(
-                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], stride_mask_m, stride_mask_n, N_q, N_k
+                        MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     visible = visible & (user != 0)
                 if MASK_MOD is not None:
                     visible = _mask_mod_visible(
-                        visible, kind, b, h, offs_m[:, None], offs_n[None, :], MC0, MC1, MC2, MC3, MASK_MOD
+                        visible, kind, b, h, offs_m[:, None], offs_n[None, :], mods.mask_captures, MASK_MOD
                     )
                 s = tl.where(visible, s, float("-inf"))
                 s_max = tl.max(s, 1)
@@ -257,11 +250,13 @@ def _attn_fwd_inner(
             if DROPOUT:
                 # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
                 # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
-                keep = _dropout_keep(seed, dropout_offset, bh, offs_m, offs_n, N_q, N_k_all, dropout_threshold)
-                p = tl.where(keep, p * keep_scale, 0.0)
+                keep = _dropout_keep(
+                    dropout.seed, drop_offset, drop_bh, offs_m, offs_n, drop_N_q, drop_N_k, dropout.threshold
+                )
+                p = tl.where(keep, p * dropout.keep_scale, 0.0)
             # V_j: (BLOCK_N, BLOCK_DV)
             v = _load_kv_block(
-                V_src, b, h_kv, start, N_k, stride_vn, stride_vd, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
+                V_src, b, h_kv, start, N_k, V.stride_n, V.stride_d, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
             )
             # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
             # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)

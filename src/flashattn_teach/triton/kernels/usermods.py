@@ -13,7 +13,8 @@ exponent's FFMA as ``qk_scale`` does in the plain kernel, so a softcap written a
 its own arithmetic costs (docs: the loop profile's ``--score-mod`` rows).
 
 ``b`` is the flat batch index and ``h`` the query head (int32 scalars), ``q_idx`` and ``kv_idx`` the
-absolute query and key positions as broadcast index tensors, ``C0..C3`` the captured tensors' pointers.
+absolute query and key positions as broadcast index tensors, ``C0..C3`` the captured tensors' pointers
+(the kernels hold them as a tuple of four in :class:`flashattn_teach.triton.records.UserMods`).
 The backward kernels work on transposed tiles (keys along rows) and pass ``q_idx (1, BLOCK_M)``, ``kv_idx
 (BLOCK_N, 1)``: the generated functions are elementwise with broadcasting, so the result is the transpose.
 
@@ -37,15 +38,16 @@ KIND_FULL = tl.constexpr(2)
 
 
 @triton.jit
-def _score_mod(s, b, h, q_idx, kv_idx, C0, C1, C2, C3, SCORE_MOD: tl.constexpr):
-    """``score_mod(s, ...)`` on natural-unit scores ``s`` (fp32); the result, in natural units, may be -inf
-    (the kernels' arithmetic is guarded for it)."""
-    return SCORE_MOD(s, b, h, q_idx, kv_idx, C0, C1, C2, C3).to(tl.float32)
+def _score_mod(s, b, h, q_idx, kv_idx, captures, SCORE_MOD: tl.constexpr):
+    """``score_mod(s, ...)`` on natural-unit scores ``s`` (fp32), with its four captured tensors'
+    pointers ``captures`` (None in unused slots); the result, in natural units, may be -inf (the kernels'
+    arithmetic is guarded for it)."""
+    return SCORE_MOD(s, b, h, q_idx, kv_idx, captures[0], captures[1], captures[2], captures[3]).to(tl.float32)
 
 
 @triton.jit
-def _mask_mod_visible(visible, kind, b, h, q_idx, kv_idx, C0, C1, C2, C3, MASK_MOD: tl.constexpr):
+def _mask_mod_visible(visible, kind, b, h, q_idx, kv_idx, captures, MASK_MOD: tl.constexpr):
     """``visible & (kind == FULL or mask_mod(b, h, q_idx, kv_idx))``: a FULL tile takes the built-in masks
     alone; ``kind`` is :data:`KIND_PARTIAL` (a constant) without a block mask."""
-    user = MASK_MOD(b, h, q_idx, kv_idx, C0, C1, C2, C3) != 0
+    user = MASK_MOD(b, h, q_idx, kv_idx, captures[0], captures[1], captures[2], captures[3]) != 0
     return visible & (user | (kind == KIND_FULL))

@@ -1,0 +1,213 @@
+"""The kernels' arguments as named records, built by name on the host and read by name in the kernels (as
+FlashAttention's CuTe code passes its ``kernel_args``): a tensor and its strides are one :class:`Strided`,
+and each variant of the mask contract one record, or None where the call does not use it.
+
+    Strided        a (B, H, N, X) tensor (or a tensor descriptor) and its four strides
+    Lse            lse's pointer and its head stride (``N_q``, or ``total_q`` with packed sequences)
+    RowStats       the backward's lse2 and delta, laid out as lse, and their head stride
+    Bounds         where each row's keys stop: OFFSET, the window's LEFT and RIGHT, SEQLENS_K (or None)
+    ScoreTerms     what changes a score: softcap (in log2 units), ALiBi slopes, the user's attn_mask
+    Dropout        the key of :class:`flashattn_teach.dropout.DropoutKey` as the kernels draw it
+    Packed         packed sequences' ``cu_seqlens_q, cu_seqlens_k (B + 1,)`` int32
+    UserMods       score_mod's and mask_mod's captured tensors, the block mask's tile kinds and tile list
+    Descales       an FP8 call's Q, K, V descales (B, H_kv) fp32 and their strides
+    Partials       the decode kernel's split outputs (num_splits, B, H_q, N_new, X) and their strides
+    Pages          a paged cache's block table and page sizes (the decode kernel)
+    CacheLengths   a decode step's lengths: the cache's, its left padding, the new rows'
+
+The records are :class:`typing.NamedTuple`: ``@triton.jit`` takes them as kernel arguments and as
+arguments of the helpers a kernel calls, and specialises each field as it would a plain argument (an
+integer equal to 1 becomes a constant, one divisible by 16 gets the divisibility attribute, None becomes a
+``constexpr`` None), so a record changes no specialisation and no Triton IR (the TTGIR of a masked dK/dV
+and of a forward matched the positional kernels' line for line); the parameters' order differs, which moves
+ptxas's schedule by a few instructions either way (``benchmarks/results/kernel_args``). A field that is
+None is never read: the kernel reaches it only under the ``tl.constexpr`` flag of its variant (no
+placeholder pointer stands in for an unused tensor).
+
+The records are flat: no record holds a record (a tuple of tensors, the captures, is the one nesting). Inside
+a record every integer equal to 1 becomes a constant, ``do_not_specialize`` or not, and triton 3.6 loses
+such a constant one level down: its ``ASTFunction.deserialize`` sets a record's runtime fields first and its
+constants after, and each ``tuple._setitem`` rebuilds only that tuple's type, so an outer record whose own
+None field (an unused ALiBi) is set after its inner record's values but before the inner constant keeps the
+inner field typed ``constexpr[None]``; every ``if`` or ``for`` region then clones the record from that type
+(``enter_sub_region``), and a mask's key stride of 1 reached ``_attn_mask_tile`` as None. Triton 3.9 sets
+each field in one pass and is not affected. ``ScoreTerms`` and ``UserMods`` therefore carry each table and
+its strides as fields of their own (``mask``, ``mask_stride_m``, ...).
+
+Which triton takes them (checked before this module was written, 2026-12-06, on a machine without a GPU):
+triton 3.4.0, 3.6.0 and 3.9.0 accept NamedTuples as ``@triton.jit`` kernel parameters and as parameters of
+``@triton.jit`` helpers, None fields and tensor descriptors in a field, both in the
+interpreter (``TRITON_INTERPRET=1``) and in ahead-of-time compiles (the capture of
+:mod:`flashattn_teach.tools.kernels.specialize`, whose compile request then holds a nested ``signature``
+and ``constexprs`` keyed by paths such as ``(0, 4)``); triton 3.4's launcher flattens tuple arguments
+(``make_launcher``'s ``_flatten_signature``), and triton 3.4 compiled these kernels for sm_90 (the forward
+and both backwards, plain and with every variant and dropout). A plain tuple is refused by name (``t.ptr``
+of a tuple), so every record is named. The floor stays triton 3.4. No GPU launched a record yet.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from torch import Tensor
+
+LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); kernels.masking.LOG2E is the kernels' copy, behind a triton import
+
+
+class Strided(NamedTuple):
+    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements. The head and row
+    strides come first: a loop over a group's heads reads the two, and the kernel's parameter buffer then
+    holds them as one aligned 8-byte pair (one ``LDC.64``)."""
+
+    ptr: Any
+    stride_h: int
+    stride_n: int
+    stride_b: int
+    stride_d: int
+
+
+def strided(t: Any, strides: tuple[int, ...] | None = None, *, varlen: bool = False) -> Strided:
+    """``t`` (B, H, N, X) with its strides (or ``strides``, those of the tensor a descriptor ``t`` reads). With
+    packed sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose
+    start row moves the base pointer instead: the batch stride is passed as 0."""
+    b, h, n, x = t.stride() if strides is None else strides
+    return Strided(t, stride_h=h, stride_n=n, stride_b=0 if varlen else b, stride_d=x)
+
+
+class Partials(NamedTuple):
+    """The decode kernel's split outputs ``(num_splits, B, H_q, N_new, X)`` and their strides (lse as
+    ``(num_splits, B, H_q, N_new, 1)``)."""
+
+    ptr: Tensor
+    stride_s: int
+    stride_b: int
+    stride_h: int
+    stride_n: int
+    stride_d: int
+
+
+class Lse(NamedTuple):
+    """``lse (B, H_q, N_q)`` fp32, contiguous, or ``(H_q, total_q)`` with packed sequences: ``stride_h``."""
+
+    ptr: Any
+    stride_h: int
+
+
+class RowStats(NamedTuple):
+    """The backward's row statistics ``lse2 = lse * log2(e)`` and ``delta = rowsum(dO * O)``, each laid out as
+    :class:`Lse` (``(B, H_q, N_q)`` contiguous fp32, or ``(H_q, total_q)``), with their head stride."""
+
+    lse2: Tensor
+    delta: Tensor
+    stride_h: int
+
+
+class Bounds(NamedTuple):
+    """Where each query row's keys stop: row i sees key j iff ``i + OFFSET - LEFT <= j <= i + OFFSET + RIGHT``
+    (:mod:`.kernels.masking`; LEFT, RIGHT are :data:`flashattn_teach.triton.variants.UNBOUNDED` without a
+    window) and ``j < SEQLENS_K[b]`` (int32 ``(B,)``, or None)."""
+
+    OFFSET: int
+    LEFT: int
+    RIGHT: int
+    SEQLENS_K: Tensor | None
+
+
+class ScoreTerms(NamedTuple):
+    """What changes a score: ``softcap_log2 = softcap * log2(e)`` (1.0 without); ALiBi's slopes ``(1 or B,
+    H_q)`` fp32 (or ``(H_q,)``), read at ``b * alibi_stride_b + h * alibi_stride_h``; the user's ``attn_mask
+    (B, H_q, N_q, N_k)`` (uint8 for a bool mask, else additive in its dtype), read at ``b * mask_stride_b +
+    h * mask_stride_h + i * mask_stride_m + j * mask_stride_n`` (strides 0 along broadcast dims). A table
+    and its strides are None together when unset. Flat, not a record of records: see the module's note."""
+
+    softcap_log2: float
+    alibi: Tensor | None
+    alibi_stride_b: int | None
+    alibi_stride_h: int | None
+    mask: Tensor | None
+    mask_stride_b: int | None
+    mask_stride_h: int | None
+    mask_stride_m: int | None
+    mask_stride_n: int | None
+
+
+def score_terms(softcap: float | None, slopes: Tensor | None, attn_mask: Tensor | None) -> ScoreTerms:
+    """:class:`ScoreTerms` of a call: ``slopes`` ``(H_q,)`` or ``(1 or B, H_q)`` (batch stride 0 where one row
+    serves every batch element), ``attn_mask`` at its own strides, each None when unset."""
+    alibi: tuple[Tensor | None, int | None, int | None] = (None, None, None)
+    if slopes is not None:
+        one_row = slopes.dim() == 1 or slopes.shape[0] == 1
+        alibi = (slopes, 0 if one_row else slopes.stride(0), slopes.stride(-1))
+    mask: tuple[int | None, ...] = (None,) * 4 if attn_mask is None else tuple(attn_mask.stride())
+    return ScoreTerms(1.0 if softcap is None else softcap * LOG2E, *alibi, attn_mask, *mask)
+
+
+class Dropout(NamedTuple):
+    """The draw of :mod:`flashattn_teach.dropout`: ``seed``, the counters' ``offset``, ``threshold = round(p
+    2^31)`` and ``keep_scale = 1 / (1 - p)``."""
+
+    seed: int
+    offset: int
+    threshold: int
+    keep_scale: float
+
+
+class Packed(NamedTuple):
+    """Packed sequences: ``cu_seqlens_q, cu_seqlens_k (B + 1,)`` int32."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+
+
+class UserMods(NamedTuple):
+    """FlexAttention's functions' data: the captured tensors of score_mod and of mask_mod (four each, None in
+    the unused ones); a block mask's tile ``kinds`` at the launch's tiles, int8 ``(B|1, H|1, T_r, T_c)``
+    read at ``b * kinds_stride_b + h * kinds_stride_h + r * kinds_stride_m + c * kinds_stride_n``; with
+    ``LISTED`` each tile's ``tiles`` to visit (:func:`flashattn_teach.triton.variants.tile_list`), int32
+    ``(B|1, H|1, T, 1 + T')`` read at ``b * tiles_stride_b + h * tiles_stride_h + r * tiles_stride_m``
+    (strides 0 along broadcast dims). A table and its strides are None together when unset."""
+
+    score_captures: tuple[Tensor | None, ...]
+    mask_captures: tuple[Tensor | None, ...]
+    kinds: Tensor | None
+    kinds_stride_b: int | None
+    kinds_stride_h: int | None
+    kinds_stride_m: int | None
+    kinds_stride_n: int | None
+    tiles: Tensor | None
+    tiles_stride_b: int | None
+    tiles_stride_h: int | None
+    tiles_stride_m: int | None
+
+
+class Descales(NamedTuple):
+    """An FP8 call's descales ``q, k, v (B, H_kv)`` fp32, contiguous, read at ``b * stride_b + h_kv * stride_h``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    stride_b: int
+    stride_h: int
+
+
+class Pages(NamedTuple):
+    """A paged cache (flash-attn's ``block_table``): batch element b's pages at ``table + b * stride_b + n *
+    stride_n`` (int32), ``PAGE_SIZE`` keys a page, ``num_blocks`` pages in the cache."""
+
+    table: Tensor
+    stride_b: int
+    stride_n: int
+    PAGE_SIZE: int
+    num_blocks: int
+
+
+class CacheLengths(NamedTuple):
+    """A decode step's lengths: ``cache_seqlens (B,)`` int32 before the step's ``N_new_kv`` appended rows,
+    ``cache_leftpad (B,)`` int32 (or None), ``N_new`` new queries, ``N_max`` rows the cache holds."""
+
+    cache_seqlens: Tensor
+    cache_leftpad: Tensor | None
+    N_new: int
+    N_new_kv: int
+    N_max: int
