@@ -339,7 +339,7 @@ def test_the_replay_follows_the_replayed_element_s_diagonal(batch_index):
     assert r.diagonal_offset == int(lengths[batch_index]) - 4
     want = rule(q[:, None], k[:, None], v[:, None], lengths)[0][batch_index, 0, 2:4]
     steps = list(r.steps)
-    torch.testing.assert_close(steps[-1].O_partial, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(steps[-1]["O_partial"], want, atol=1e-12, rtol=0)
     torch.testing.assert_close(r.steps.O_final, want, atol=1e-12, rtol=0)
     visited = {s.j for s in steps}  # key block j holds keys 2j, 2j + 1; rows 2-3 see keys <= 2 + off_b + 1
     assert visited == set(range((int(lengths[batch_index]) - 4 + 3) // 2 + 1))
