@@ -14,8 +14,8 @@ from teaching import teaching_inputs
 
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import replay
-from flashattn_teach.replay.backward_png import MAX_PNG_STEPS, render_backward_png, step_paths, tile_states
 from flashattn_teach.replay.backward_replay import backward_of
+from flashattn_teach.replay.png.backward import MAX_PNG_STEPS, render_backward_png, step_paths, tile_states
 from flashattn_teach.replay.step import TileState
 
 from replay_cli import main

@@ -11,7 +11,7 @@ import torch
 
 from flashattn_teach.replay import replay_decode
 from flashattn_teach.replay.manifest import decode_to_experiment, schema
-from flashattn_teach.replay.png import render_decode_png, slot_label
+from flashattn_teach.replay.png.decode import render_decode_png, slot_label
 from flashattn_teach.replay.table import render_table
 
 

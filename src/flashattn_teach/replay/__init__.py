@@ -24,7 +24,7 @@ that serves the three:
                                             replay.schema.json, with "replayKind" and each step's "stepKind"
                                             (manifest.py), the self-contained page
                                             (html.py, page*.js: a backward is a tab of the forward's page) and
-                                            the picture (png.py; backward_png.py: one per step), for any r
+                                            the picture (png/: one module per scenario), for any r
     step.equations                          an UPDATE's: FA2 Alg. 1's lines with its numbers, per query row
                                             (equations.py); key-major: FA1 Alg. 1's (equations_key_major.py);
                                             what the table, picture and page show of them: equations_view.py

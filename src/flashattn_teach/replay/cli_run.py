@@ -1,6 +1,6 @@
 """The three subcommands of ``flashattn-teach replay`` run: each replays its scenario and writes ``--format``.
 
-``backward --format png`` draws one picture per step (:mod:`.backward_png`): ``--step n`` that step to
+``backward --format png`` draws one picture per step (:mod:`.png.backward`): ``--step n`` that step to
 ``--out``; without it every step of both passes to ``OUT_stepNN.png`` and the preprocess and the result to
 ``--out``, and it prints the files it wrote. ``backward --format html`` writes the replay page opened on its
 "Backward" view, beside the forward of query block 0.
@@ -129,7 +129,7 @@ def _backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Ten
     r = forward_of(args, q, k, v)
     br: BackwardReplay = backward_of(r, dO=dO)
     if args.format == "png":  # --out is required for png (checked with the other options)
-        from .backward_png import MAX_PNG_STEPS, step_paths, steps_of
+        from .png.backward import MAX_PNG_STEPS, step_paths, steps_of
 
         total = len(steps_of(br))
         if args.step is not None and args.step > total:

@@ -15,7 +15,6 @@ Steps are numbered 1 to ``total`` as ``--step`` counts them: the dK/dV pass's st
 All steps at once: ``path`` holds the preprocess and the result, ``<stem>_stepNN.png`` each step
 (:func:`step_paths`).
 
-Uses ``matplotlib.figure.Figure`` directly, not pyplot, as :mod:`.png` does.
 """
 
 from __future__ import annotations
@@ -28,16 +27,16 @@ from typing import Any
 
 from torch import Tensor
 
-from ..errors import AttentionValueError
-from .backward_replay import BackwardReplay
-from .html import LEGEND_COLOURS
-from .step import Step, StepEquation, StepKind, TileState
+from ...errors import AttentionValueError
+from ..backward_replay import BackwardReplay
+from ..html import LEGEND_COLOURS
+from ..step import Step, StepEquation, StepKind, TileState
+from .common import DPI, legend_handles, save, text_block
 
 __all__ = ["MAX_PNG_STEPS", "render_backward_png", "step_paths", "steps_of"]
 
 MAX_PNG_STEPS = 48  # pictures of one call (both passes); a larger backward: one step at a time, or table/JSON
 EQUATION_WIDTH = 110  # characters per line of the equations' text: 110 x 0.6 x 9 pt = 8.3 inches
-DPI = 130
 FIGURE_WIDTH = 12  # inches: 1560 pixels at DPI
 TEXT_POINTS, TITLE_POINTS = 9, 10  # the equations' and the titles' type size, legible at 100% zoom
 LINE_INCHES = 1.25 * TEXT_POINTS / 72  # one line of the equations' text
@@ -67,7 +66,6 @@ def tile_states(br: BackwardReplay, steps: list[Step], n: int) -> list[list[Tile
 
 def _grid(ax: Any, states: list[list[TileState]], legend: bool) -> None:
     from matplotlib.colors import to_rgb
-    from matplotlib.patches import Patch
 
     ax.imshow([[to_rgb(LEGEND_COLOURS[s]) for s in row] for row in states], interpolation="nearest")
     for r in range(len(states) + 1):
@@ -80,8 +78,13 @@ def _grid(ax: Any, states: list[list[TileState]], legend: bool) -> None:
     ax.set_xlabel("key block j", fontsize=TEXT_POINTS - 1)
     ax.set_ylabel("query block i", fontsize=TEXT_POINTS - 1)
     if legend:  # to the right of the grid, one state a line
-        handles = [Patch(facecolor=colour, edgecolor="#888", label=s.value) for s, colour in LEGEND_COLOURS.items()]
-        ax.legend(handles=handles, fontsize=TEXT_POINTS - 1, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        ax.legend(
+            handles=legend_handles(),
+            fontsize=TEXT_POINTS - 1,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1),
+            frameon=False,
+        )
 
 
 def cell_text(x: float) -> str:
@@ -175,11 +178,7 @@ def _step_figure(br: BackwardReplay, steps: list[Step], n: int) -> Any:
     label = "key row" if s.step_kind is StepKind.DKDV else "query row"
     for left, (name, acc) in zip((0.7, 6.5), s.accumulators.items(), strict=False):
         _matrix(_axes(fig, left, row1, 5.1, 1.6), f"{name} after this step", acc, rows, label, "feature")
-    ax = _axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines))
-    ax.axis("off")
-    ax.text(
-        0, 1, "\n".join(lines), va="top", ha="left", fontsize=TEXT_POINTS, family="monospace", transform=ax.transAxes
-    )
+    text_block(_axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines)), lines, TEXT_POINTS)
     (r0, r1), (c0, c1) = s.rows, s.cols
     fig.suptitle(
         f"step {n + 1} of {len(steps)} · {s.step_kind.title} · tile (i={s.i}, j={s.j}) · query rows "
@@ -218,11 +217,7 @@ def _result_figure(br: BackwardReplay, files: list[Path]) -> Any:
         f"The steps: dK/dV pass {files[0].name} to {files[dkdv - 1].name}" if dkdv else "The steps:",
         f"           dQ pass {files[dkdv].name} to {files[-1].name}" if dkdv < len(files) else "",
     ]
-    ax = _axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines))
-    ax.axis("off")
-    ax.text(
-        0, 1, "\n".join(lines), va="top", ha="left", fontsize=TEXT_POINTS, family="monospace", transform=ax.transAxes
-    )
+    text_block(_axes(fig, 0.3, text, FIGURE_WIDTH - 0.6, LINE_INCHES * len(lines)), lines, TEXT_POINTS)
     fig.suptitle(
         f"{_heading(br)}\nthe preprocess and the result",
         fontsize=TITLE_POINTS + 1,
@@ -250,10 +245,6 @@ def render_backward_png(br: BackwardReplay, path: str | Path, *, step: int | Non
         )
     path = Path(path)
     if step is not None:
-        _step_figure(br, steps, step - 1).savefig(path, dpi=dpi)
-        return [path]
-    files = step_paths(path, total)
-    for n, file in enumerate(files):
-        _step_figure(br, steps, n).savefig(file, dpi=dpi)
-    _result_figure(br, files).savefig(path, dpi=dpi)
-    return [path, *files]
+        return [save(_step_figure(br, steps, step - 1), path, dpi)]
+    files = [save(_step_figure(br, steps, n), file, dpi) for n, file in enumerate(step_paths(path, total))]
+    return [save(_result_figure(br, files), path, dpi), *files]
