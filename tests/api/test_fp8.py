@@ -202,3 +202,22 @@ def test_explain_plans_an_fp8_call_as_flash_attention_runs_it() -> None:
     assert p.backend == "query_major" and "FP8 emulation" in p.reason
     with pytest.raises(AttentionValueError, match="dropout_p"):
         fa.explain(q8, k8, v8, dropout_p=0.1, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+def test_a_call_that_is_not_fp8_is_answered_before_its_refusals_are_gathered() -> None:
+    from flashattn_teach._validate.fp8 import check_fp8, fp8_call
+    from flashattn_teach.api.attention import check_descales
+
+    q8, qd, k8, _, v8, _ = quantised(1, 2, 1, 16, 16, 64)
+    q, k, v = q8.bfloat16(), k8.bfloat16(), v8.bfloat16()
+    # dropout and a mask would be refused in an FP8 call; here the call is not FP8: None, no refusal
+    options = {"q_descale": None, "k_descale": None, "v_descale": None, "dropout_p": 0.1}
+    options |= {"attn_mask": torch.ones(16, 16, dtype=torch.bool), "score_mod": None, "mask_mod": None}
+    assert check_descales(q, k, v, options | {"block_mask": None}) is None  # type: ignore[arg-type]
+    # fp8_call is check_fp8's own question: a descale given or a float8 input makes the call FP8
+    for inputs, descales in (((q, k, v), (None, qd, None)), ((q, k8, v), (None, None, None))):
+        assert fp8_call(*inputs, descales)
+        with pytest.raises(AttentionTypeError, match="FP8 call"):
+            check_fp8(*inputs, descales, refused={})
+    assert not fp8_call(q, k, v, (None, None, None))
+    assert check_fp8(q, k, v, (None, None, None), refused={"dropout_p": True}) is None

@@ -33,6 +33,17 @@ def test_is_causal_given_to_flash_attention_names_causal():
     )
 
 
+def test_the_hint_comes_before_any_other_refusal_and_costs_flash_attention_no_layer():
+    q, k, v = _qkv()
+    # another unknown keyword first, or with causal= as well: the hint still names the spelling, as it did
+    # when it was its own wrapper around the call
+    for keywords in ({"bogus": 1, "is_causal": True}, {"is_causal": True, "causal": True}):
+        with pytest.raises(TypeError, match=r"'is_causal': flash_attention spells it causal="):
+            fa.flash_attention(q, k, v, **keywords)
+    # one wrapper between the caller and the body: the hint is asked only on the refusal path
+    assert not hasattr(fa.flash_attention.__wrapped__, "__wrapped__")
+
+
 def test_causal_given_to_scaled_dot_product_attention_names_is_causal():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match=r"'causal': scaled_dot_product_attention spells it is_causal="):

@@ -53,6 +53,14 @@ def is_fp8(t: object) -> bool:
     return isinstance(t, Tensor) and t.dtype in _FLOAT8
 
 
+def fp8_call(q: object, k: object, v: object, descales: tuple[object, object, object]) -> bool:
+    """Whether a call is FP8, which :func:`check_fp8` then checks: a descale given or a float8 input. Every
+    call asks, so no generators."""
+    if descales[0] is None and descales[1] is None and descales[2] is None:
+        return is_fp8(q) or is_fp8(k) or is_fp8(v)
+    return True
+
+
 def check_fp8(
     q: Tensor,
     k: Tensor,
@@ -68,9 +76,8 @@ def check_fp8(
     Raises :class:`~flashattn_teach.errors.AttentionTypeError` for a dtype that is not e4m3 (or inputs
     that mix float8 and not) and :class:`~flashattn_teach.errors.AttentionValueError` for shapes, devices,
     options, and gradients asked for (the FP8 forward has no backward)."""
-    if descales[0] is None and descales[1] is None and descales[2] is None:  # every call asks: no generators
-        if not (is_fp8(q) or is_fp8(k) or is_fp8(v)):
-            return None
+    if not fp8_call(q, k, v, descales):
+        return None
     inputs = {"q": q, "k": k, "v": v}
     for name, t in inputs.items():
         if not isinstance(t, Tensor) or t.dtype != FP8_DTYPE:

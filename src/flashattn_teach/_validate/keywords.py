@@ -25,6 +25,7 @@ from typing import Annotated, Any, TypeVar, cast, get_args, get_origin
 from typing_extensions import NotRequired, Required, get_type_hints, is_typeddict
 
 from ..errors import AttentionTypeError
+from .spelling import misspelt
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R")
@@ -81,20 +82,30 @@ def takes_keywords(**defaults: object) -> Callable[[F], F]:
     return wrap
 
 
-def collects_keywords(**defaults: object) -> Callable[[Callable[..., R]], Callable[..., R]]:
+def collects_keywords(
+    *, hints: dict[str, tuple[str, str]] | None = None, **defaults: object
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """:func:`takes_keywords` for a function whose typed signatures are its ``@overload`` s (each with
     ``**options: Unpack[SomeKeywords]``) and whose body takes them whole, ``f(..., *, options: SomeKeywords)``:
     the wrapper collects the keywords into that one dict, defaults filled, instead of passing each by name
     (Python matches a keyword passed through ``**`` against every named parameter: about a microsecond for
-    twenty keywords, on every call)."""
+    twenty keywords, on every call). ``hints``: ``{wrong: (right, whose)}``, a keyword spelt as another API
+    spells it, answered with :func:`~flashattn_teach._validate.spelling.misspelt`'s error before any other
+    refusal (as :func:`~flashattn_teach._validate.spelling.spelling_hint` would, without its layer on every call)."""
 
     def wrap(function: Callable[..., R]) -> Callable[..., R]:
-        return cast(Callable[..., R], _wrapped(function, defaults, whole=True))
+        return cast(Callable[..., R], _wrapped(function, defaults, whole=True, spellings=hints or {}))
 
     return wrap
 
 
-def _wrapped(function: Callable[..., Any], defaults: dict[str, object], *, whole: bool) -> Callable[..., Any]:
+def _wrapped(
+    function: Callable[..., Any],
+    defaults: dict[str, object],
+    *,
+    whole: bool,
+    spellings: dict[str, tuple[str, str]] | None = None,
+) -> Callable[..., Any]:
     signature = inspect.signature(function)
     hints = get_type_hints(function, include_extras=True)
     if whole:
@@ -116,8 +127,13 @@ def _wrapped(function: Callable[..., Any], defaults: dict[str, object], *, whole
     shared = frozenset(table)
     named = frozenset(p.name for p in own if p.kind is not inspect.Parameter.POSITIONAL_ONLY)
     name = function.__name__
+    spellings = spellings or {}
+    assert not set(spellings) & (shared | named), f"{name}: a hint for a keyword it takes: {set(spellings)}"
 
     def refused(kwargs: dict[str, Any]) -> TypeError:
+        for wrong, (right, whose) in spellings.items():
+            if wrong in kwargs:
+                return misspelt(name, wrong, right, whose=whose)
         unknown = [k for k in kwargs if k not in shared and k not in named]
         if unknown:
             return unexpected_keyword(name, unknown[0], shared | named)

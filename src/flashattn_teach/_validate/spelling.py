@@ -20,12 +20,19 @@ def spelling_hint(wrong: str, right: str, *, whose: str) -> Callable[[Callable[P
         @functools.wraps(function)
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             if wrong in kwargs:
-                raise AttentionTypeError(
-                    f"{function.__name__}() got an unexpected keyword argument '{wrong}': "
-                    f"{function.__name__} spells it {right}= ({wrong}= is {whose})"
-                )
+                raise misspelt(function.__name__, wrong, right, whose=whose)
             return function(*args, **kwargs)
 
         return call
 
     return wrap
+
+
+def misspelt(function: str, wrong: str, right: str, *, whose: str) -> AttentionTypeError:
+    """The error for ``function(wrong=...)``: Python's words, then the function's own spelling ``right=``
+    (:func:`spelling_hint`; :func:`flashattn_teach._validate.keywords.collects_keywords` takes the same as
+    ``hints``, asked only once a keyword is refused)."""
+    return AttentionTypeError(
+        f"{function}() got an unexpected keyword argument '{wrong}': "
+        f"{function} spells it {right}= ({wrong}= is {whose})"
+    )

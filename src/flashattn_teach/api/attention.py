@@ -20,7 +20,7 @@ from typing_extensions import Unpack
 
 from .._autocast import cast_inputs
 from .._options import AttentionKeywords, AttentionOptions, make_options
-from .._validate.fp8 import Fp8Descale, check_fp8
+from .._validate.fp8 import Fp8Descale, check_fp8, fp8_call
 from .._validate.inputs import check_bool
 from .._validate.keywords import Default, collects_keywords
 from .._validate.spelling import spelling_hint
@@ -49,8 +49,7 @@ def flash_attention(
 ) -> tuple[Tensor, Tensor]: ...
 
 
-@spelling_hint("is_causal", "causal", whose="torch's scaled_dot_product_attention's spelling")
-@collects_keywords(enable_gqa=True)
+@collects_keywords(hints={"is_causal": ("causal", "torch's scaled_dot_product_attention's spelling")}, enable_gqa=True)
 def flash_attention(
     q: Tensor, k: Tensor, v: Tensor, *, options: FlashAttentionKeywords, return_lse: bool = False
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -145,7 +144,10 @@ def flash_attention(
 
 def check_descales(q: Tensor, k: Tensor, v: Tensor, options: FlashAttentionKeywords) -> Fp8Descale | None:
     """An FP8 call's descales, checked (:func:`flashattn_teach._validate.fp8.check_fp8`), refusing by name what
-    the FP8 forward does not take; None for any other call."""
+    the FP8 forward does not take; None for any other call (asked first, before the refusals are gathered)."""
+    descales = (options["q_descale"], options["k_descale"], options["v_descale"])
+    if not fp8_call(q, k, v, descales):
+        return None
     refused = {
         "dropout_p": options["dropout_p"] != 0.0,
         "attn_mask": options["attn_mask"] is not None,
@@ -153,7 +155,6 @@ def check_descales(q: Tensor, k: Tensor, v: Tensor, options: FlashAttentionKeywo
         "mask_mod": options["mask_mod"] is not None,
         "block_mask": options["block_mask"] is not None,
     }
-    descales = (options["q_descale"], options["k_descale"], options["v_descale"])
     return check_fp8(q, k, v, descales, refused=refused)
 
 

@@ -89,7 +89,7 @@ def check_backend(backend: object) -> str:
 def public_backend(backend: object) -> str:
     """:func:`check_backend` for a public function; while compiling, a deprecated spelling is passed on as
     it is, and the op warns when it runs (dynamo cannot trace the warning's walk over the frames)."""
-    if torch.compiler.is_compiling() and isinstance(backend, str) and backend in RENAMED:
+    if isinstance(backend, str) and backend in RENAMED and torch.compiler.is_compiling():  # the cheap question first
         return backend
     return check_backend(backend)
 

@@ -63,7 +63,8 @@ def with_block_mask(opts: AttentionOptions, device: torch.device) -> AttentionOp
 def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of checked inputs by the planned backend; a call with dropout draws its key here, once,
     unless ``opts`` carries one already, and a ``mask_mod`` is classified here (:func:`with_block_mask`)."""
-    opts = with_block_mask(opts.with_dropout(), q.device)
+    if opts.dropout_p != 0.0 or opts.mask.mods is not None:  # a plain call has neither to add (two calls fewer)
+        opts = with_block_mask(opts.with_dropout(), q.device)
     if p.backend == "dense":
         return dense_forward(q, k, v, opts)
     if p.backend == "triton":
