@@ -3,7 +3,8 @@
 # default paths' correctness in its own process with a timeout, so a hang is HANG and a crash ERROR and the
 # rest still runs, then the headline timings; it plans 267 s and is cut at FIRST_LIGHT_TIMEOUT, default 290),
 # then, while SUITE_SECONDS (default 300, the GPU time of a short slot) leaves at least MIN_PART_SECONDS (30)
-# for a part: the GPU tests, a trimmed benchmark (bf16, head dims 64 and 128, causal and not, N = 2k and 8k),
+# for a part: the kernel trace (benchmarks/gpu_trace.py), the GPU tests, a trimmed benchmark (bf16, head dims 64
+# and 128, causal and not, N = 2k and 8k),
 # the variant rows (benchmarks/bench_gpu_variants.py) and the decode rows (benchmarks/bench_decode.py). A longer
 # slot runs them all: SUITE_SECONDS=900 bash benchmarks/run_gpu_suite.sh.
 #
@@ -15,7 +16,7 @@
 #     python benchmarks/estimates.py loops.txt benchmarks/results/gpu/<run>/bench/attention.csv
 #
 # Outputs, under $OUT when it is set, else under benchmarks/results/local/ (untracked; copy what you commit to
-# benchmarks/results/gpu/): first-light/ (first-light.json, first-light.txt), first-light.log,
+# benchmarks/results/gpu/): first-light/ (first-light.json, first-light.txt), first-light.log, trace/, trace.log,
 # gpu-tests.{log,xml} (or gpu-checks.log), bench.log, bench/, variants.log, variants/, decode.log, decode/.
 # Needs only python3 with torch and triton: no network, no pip install. Triton compiles each kernel once per
 # machine (its on-disk cache is shared by the first light's precompile, the tests and the benchmarks).
@@ -80,6 +81,16 @@ rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ]; then
     echo "first light: exit $rc (1: a FAIL, ERROR or HANG, listed above; 124: cut by its timeout)"
     status=1
+fi
+
+# The kernel's own numbers (benchmarks/gpu_trace.py): the teaching example scaled to the kernel's smallest tile,
+# traced in bf16, its JSON and tables for readers without a GPU (issue 39). Seconds; not counted in the exit status.
+if room "Kernel trace"; then
+    echo "== Kernel trace (benchmarks/gpu_trace.py: the trace build's numbers beside the reference's, bf16)"
+    timeout "$(budget "${TRACE_TIMEOUT:-60}")" "$PY" benchmarks/gpu_trace.py --out "$OUT_DIR/trace" 2>&1 |
+        tee "$OUT_DIR/trace.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -ne 0 ] && echo "kernel trace: exit $rc (124 is a timeout; each case's error is in $OUT_DIR/trace.log)"
 fi
 
 # The GPU tests (pytest -m gpu), or the same checks without pytest. Counted in the exit status.
