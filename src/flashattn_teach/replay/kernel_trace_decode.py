@@ -14,14 +14,13 @@ last also ``O_partial``, the kernel's ``O_s``), each MERGE the kernel's partial 
 
 The kernel cuts its keys into whole key blocks per split and tiles in powers of two >= 16, so the replay is made
 at the kernel's ``BLOCK_N`` and split ranges (:data:`NOTE` and the replay's note say what changed). On a CPU the
-kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set here before its module's first import).
+kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before its module's first import:
+:func:`~flashattn_teach.serving.launch_trace.import_kernel`).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -47,21 +46,13 @@ NOTE = (
     "rounded to float32. (3) The split boundaries: the kernel gives each split ceil(blocks / num_splits) whole "
     "key blocks of BLOCK_N keys (a power of two >= 16), the replay here uses the same. (4) The merge's order "
     "and form: the combine kernel folds the float32 partials split after split as an online softmax in base e "
-    "(m, l, acc), the reference merges pairs (O, lse) in float64; only the partials and the result are traced."
+    "(m, l, acc), the reference merges pairs (O, lse) in its own dtype; only the partials and the result are traced."
 )
 
 
 def kernel_block_n(block_n: int) -> int:
     """The kernel's ``BLOCK_N`` for a replay's: rounded up to a power of two >= 16 (``tl.dot``'s minimum)."""
     return max(16, 1 << (block_n - 1).bit_length())
-
-
-def _import_kernel() -> None:
-    """Import the decode kernel, in Triton's interpreter on a machine without a GPU (the flag is read when the
-    kernels are decorated, so it must be set before their module's first import)."""
-    if "flashattn_teach.triton.kernels.decode" not in sys.modules and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    from ..triton.kernels import decode  # noqa: F401  (decorated now, under the flag)
 
 
 @dataclass(frozen=True)
@@ -138,7 +129,7 @@ def run_decode_trace(
     """Run the decode kernel's trace build (checked inputs, a ``serving.checks.DecodeStep``; what the trace
     build does not run refused by name) at the kernel's ``BLOCK_N`` for ``block_n``; float64 inputs are rounded
     to float32 for it. Returns the trace and a note saying what the replay takes from the kernel."""
-    _import_kernel()
+    launch_trace.import_kernel()
     launch_trace.check_trace_step(step)
     kernel_n = kernel_block_n(block_n)
     tiles = f"The kernel's key blocks are {kernel_n} keys (a power of two >= 16), not {block_n}: " * (

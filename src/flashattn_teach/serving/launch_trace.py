@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +28,7 @@ from ..triton.support import decode_unsupported_reason
 from .checks import DecodeStep
 from .launch import TEST_DECODE_CONFIG, append_on_device, decode_config, device_seqlens, launch_decode
 
-__all__ = ["DecodeTrace", "kernel_split_ranges", "trace_decode"]
+__all__ = ["DecodeTrace", "import_kernel", "kernel_split_ranges", "trace_decode"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,14 @@ class DecodeTrace:
     lse: Tensor
     block_n: int
     num_splits: int
+
+
+def import_kernel() -> None:
+    """Import the decode kernel, in Triton's interpreter on a machine without a GPU, so that a replay can trace
+    it on a CPU (the flag is read when the kernels are decorated: it must be set before their first import)."""
+    if "flashattn_teach.triton.kernels.decode" not in sys.modules and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from ..triton.kernels import decode  # noqa: F401  (decorated now, under the flag)
 
 
 def kernel_split_ranges(lo: int, L: int, num_splits: int, block_n: int) -> tuple[tuple[int, int], ...]:
