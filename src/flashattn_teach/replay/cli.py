@@ -114,6 +114,7 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-splits", type=positive_int, default=3, help="split-KV key ranges (default 3)")
     p.add_argument("--cache-size", type=positive_int, default=None, help="N_max (default cache-len + new-kv + 2)")
     p.add_argument("--merge-order", type=counts, default=None, metavar="S,S,...", help="the splits' merge order")
+    p.add_argument("--source", choices=SOURCES, default="reference", help="triton: the decode kernel's own numbers")
 
 
 @functools.cache

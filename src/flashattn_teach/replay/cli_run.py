@@ -193,5 +193,6 @@ def _decode(args: argparse.Namespace) -> None:
         alibi_slopes=None if slopes is None else torch.tensor(slopes, dtype=torch.float64).reshape(-1, 1),
         merge_order=args.merge_order,
         sinks=None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64),
+        source=args.source,
     )
     render(r, args)

@@ -39,13 +39,13 @@ def merge_step(
 ) -> Step:
     """MERGE ``index``: ``a = (O_a, lse_a)`` of the splits ``merged`` with ``b = (O_b, lse_b)`` of split ``split``
     (None: the attention sink, ``O_b = 0``, ``lse_b = sink_h``), by :func:`flashattn_teach.merge_attention_states`.
-    Its terms: ``lse_a, lse_b, lse, w_a, w_b (N_new,)`` and ``O (N_new, D_v)``; its equations give each but the
-    inputs with the numbers put in, then the result (a row with ``lse = -inf`` saw no key: its weights are 0,
-    as the code takes them, not ``exp(-inf - -inf)``); ``max_diff`` is ``max |O - O_final|`` over every row."""
+    Its terms: ``lse_a, lse_b, lse, w_a, w_b (N_new,)`` and ``O, O_a, O_b (N_new, D_v)``; its equations give each
+    but the inputs with the numbers put in, then the result (a row with ``lse = -inf`` saw no key: its weights are
+    0, as the code takes them, not ``exp(-inf - -inf)``); ``max_diff`` is ``max |O - O_final|`` over every row."""
     (O_a, lse_a), (O_b, lse_b) = a, b
     O, lse = merge_attention_states(O_a, lse_a, O_b, lse_b)
     w_a, w_b = merge_weights(lse_a, lse_b, lse)
-    terms = {"lse_a": lse_a, "lse_b": lse_b, "lse": lse, "w_a": w_a, "w_b": w_b, "O": O}
+    terms = {"lse_a": lse_a, "lse_b": lse_b, "lse": lse, "w_a": w_a, "w_b": w_b, "O": O, "O_a": O_a, "O_b": O_b}
     max_diff = float((O - O_final).abs().max())
     equations = (
         StepEquation(

@@ -29,8 +29,8 @@ per row after the splits' merges, as the decode adds it: one more merge with ``(
 whose weight ``w_b = exp(sink_h - lse)`` is the sink's share of the row (:func:`.decode_merges.merge_sink`).
 
 Empty ranges (more splits than keys) are not run and not merged, as in :mod:`flashattn_teach.serving.api`. The caches
-are not
-written: the replay reads a copy with ``k, v`` in place.
+are not written: the replay reads a copy with ``k, v`` in place. ``source="triton"``: the steps also carry the
+decode kernel's own numbers (``step.kernel``, :mod:`.kernel_trace_decode`), at its ``BLOCK_N`` and split ranges.
 """
 
 from __future__ import annotations
@@ -50,13 +50,21 @@ from .._validate.sinks import check_sinks
 from ..core.online_softmax import init_state, log_sum_exp
 from ..errors import AttentionValueError
 from ..reference.dense import dense_forward
-from ..serving.checks import check_cache_inputs, check_cache_seqlens, check_decode_alibi, check_num_splits, check_room
+from ..serving.checks import (
+    DecodeStep,
+    check_cache_inputs,
+    check_cache_seqlens,
+    check_decode_alibi,
+    check_num_splits,
+    check_room,
+)
 from ..serving.page_checks import check_block_ids, check_block_table, check_page_shapes
 from ..serving.pages import element_caches
 from ..serving.ranges import range_options
 from ..serving.splitkv import default_num_splits, split_ranges
 from .decode_merges import check_merge_order, fold_merges, merge_sink
 from .inputs import check_index
+from .kernel_trace_decode import DecodeKernelTrace, kernel_block_n, run_decode_trace
 from .step import Step
 from .steps import Steps
 
@@ -125,6 +133,9 @@ class DecodeReplay:
     page_size: int | None = None  # a paged cache: slots per page
     pages: tuple[int, ...] = ()  # the block ids of the element's pages [0, ceil(L / page_size)), in key order
     sink: float | None = None  # sink_h of the replayed head, merged in last; None without sinks
+    source: str = "reference"  # "triton": steps carry the decode kernel's numbers (.kernel_trace_decode)
+    note: str = ""  # source="triton": what the replay changed to follow the kernel (its BLOCK_N, the dtype)
+    kernel: DecodeKernelTrace | None = None  # source="triton": the trace its steps read (and the kernel's O, lse)
     # notebook.decode_notebook_html, installed by the trace package's __init__: notebook imports this module
     # (through html), so this module cannot import it (no import cycles).
     notebook_page: ClassVar[Callable[[DecodeReplay], str] | None] = None
@@ -252,6 +263,7 @@ def replay_decode(
     merge_order: Sequence[int] | None = None,
     block_table: Tensor | None = None,
     sinks: Tensor | None = None,
+    source: str = "reference",
 ) -> DecodeReplay:
     """Replay one step of ``flash_attention_with_kvcache`` for batch element ``batch_index``, query head
     ``head``: the tile updates of each split-KV range, then the merges.
@@ -268,6 +280,10 @@ def replay_decode(
         block_table: ``(B, max_blocks)`` for a paged cache, ``k_cache, v_cache`` then pools of pages
             ``(num_blocks, H_kv, page_size, D)``, as for the decode call.
         sinks: ``(H_q,)`` attention sinks, as for the decode call; head ``head``'s joins after the merges.
+        source: ``"reference"``, or ``"triton"``: every step also carries the decode kernel's numbers
+            (``step.kernel``, ``step.kernel_diff``; :mod:`.kernel_trace_decode`), the replay made at the kernel's
+            ``BLOCK_N`` (``block_n`` rounded up to a power of two >= 16) and split ranges; contiguous caches, no
+            sinks, the kernel's merge order; float32 or float16 on a CPU (Triton's interpreter).
 
     Returns:
         A :class:`DecodeReplay`, computed in float64 for float64 inputs and float32 otherwise; the oracle
@@ -286,14 +302,21 @@ def replay_decode(
     b = check_index("batch_index", batch_index, B, f"batch size B={B}")
     h = check_index("head", head, H_q, f"H_q={H_q} query heads")
     capacity = "k_cache.shape[2]" if table is None else "block_table.shape[1] * page_size"
-    n = check_cache_seqlens(cache_seqlens, B, N_max, q.device, capacity=capacity)[b]
+    lengths = check_cache_seqlens(cache_seqlens, B, N_max, q.device, capacity=capacity)
+    n = lengths[b]
     N_new_kv = 0 if k is None else k.shape[2]
     check_room([n], N_new_kv, N_max)
     if table is not None:
         check_block_ids(table[b : b + 1].cpu(), [n + N_new_kv], k_cache.shape[2], k_cache.shape[0])
     _, block_n = validate_block_sizes(N_new, block_n)
     splits = check_num_splits(num_splits) or default_num_splits(q, k_cache, n + N_new_kv)
+    if source not in ("reference", "triton"):
+        raise AttentionValueError(f"source must be 'reference' or 'triton', got {source!r}")
+    if source == "triton":  # the cap on the splits of the kernel's BLOCK_N (launch.triton_decode's)
+        splits = min(splits, -(-N_max // kernel_block_n(block_n)))
     order = check_merge_order(merge_order, splits)
+    if source == "triton" and order != sorted(order):
+        raise AttentionValueError(f'source="triton": the kernel merges its splits in order, got merge_order {order}')
     slopes = check_decode_alibi(alibi_slopes, B, H_q, q.device)
     sinks = check_sinks(sinks, H_q, q.device)
     sink = None if sinks is None else sinks[h].reshape(1).double()  # (1,): the replayed head's sink_h
@@ -306,6 +329,13 @@ def replay_decode(
         alibi_slopes=slope,
     )
 
+    kernel, note = None, ""
+    if source == "triton":  # the kernel's trace first: it refuses what it does not run before any work
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=q.device)
+        s = settings
+        step = DecodeStep(s.causal, s.scale, s.window, s.softcap, splits, "triton", seqlens, slopes, table, None, sinks)
+        kernel, note = run_decode_trace(q, k_cache, v_cache, k, v, step, batch=b, head=h, block_n=block_n)
+        block_n = kernel.block_n
     L = n + N_new_kv
     dt = compute_dtype(q.dtype)  # float64 for float64 inputs, else float32, as the references
     h_kv = h // (H_q // H_kv)
@@ -340,7 +370,9 @@ def replay_decode(
     # The keys some row's window reaches, cut into ranges exactly as decode.py cuts them.
     left = settings.window[0]
     lo = 0 if left < 0 else min(max(0, L - N_new - left), L)
-    ranges = tuple((lo + a, lo + c) for a, c in split_ranges(L - lo, splits))
+    ranges = (
+        tuple((lo + a, lo + c) for a, c in split_ranges(L - lo, splits)) if kernel is None else kernel.ranges(lo, L)
+    )
     qc, kc, vc = q1.to(dt), k1.to(dt), v1.to(dt)
     parts = tuple(
         _split(s, r, qc, kc, vc, O_final, settings, block_n=block_n) for s, r in enumerate(ranges) if r[0] < r[1]
@@ -353,6 +385,8 @@ def replay_decode(
         merged = tuple(s for s in order if any(p.index == s for p in parts))
         last = merge_sink(len(merges), merged, O, lse, sink, O_final)
         merges, O, lse = (*merges, last), last["O"], last["lse"]
+    if kernel is not None:  # each split's updates read its records, each merge the kernel's partials
+        parts, merges = kernel.attach(parts, merges)
     return DecodeReplay(
         cache_len=n,
         N_new_kv=N_new_kv,
@@ -379,4 +413,7 @@ def replay_decode(
         page_size=None if table is None else k_cache.shape[2],
         pages=pages,
         sink=None if sink is None else float(sink),
+        source=source,
+        note=note,
+        kernel=kernel,
     )

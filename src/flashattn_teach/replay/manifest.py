@@ -42,6 +42,7 @@ from .backward_replay import PASSES, BackwardReplay, backward_of
 from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
 from .kernel_view import kernel_case, kernel_head
+from .kernel_view_decode import decode_kernel_head, kernel_terms_json
 from .replay import Replay
 from .step import Step, StepEquation, StepKind
 
@@ -231,7 +232,7 @@ def _decode_case(r: DecodeReplay, split: SplitReplay, step: Step, number: int) -
             "update": step.index + 1,
             "kind": step.tile_kind.value,
         },
-    }
+    } | ({"kernel": kernel_terms_json(step)} if step.kernel else {})  # source="triton" (.kernel_view_decode)
 
 
 def _decode_cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
@@ -304,7 +305,7 @@ def merge_json(m: Step) -> dict[str, Any]:
         "weightB": json_values(m["w_b"]),
         "output": json_rows(m["O"]),
         "maxDiff": m.max_diff,
-    }
+    } | ({"kernel": kernel_terms_json(m)} if m.kernel else {})
 
 
 def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
@@ -316,7 +317,7 @@ def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
         "controlLabel": CONTROL_LABEL,
         "cases": list(_decode_cases(r)),
         "decode": _decode(r),
-    }
+    } | ({"kernel": decode_kernel_head(r)} if r.source == "triton" else {})
 
 
 def write_decode_json(r: DecodeReplay, file: IO[str], *, indent: int | None = 2) -> None:

@@ -33,7 +33,9 @@ from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
 from .kernel_trace import NOTE
+from .kernel_trace_decode import NOTE as DECODE_NOTE
 from .kernel_view import KERNEL_SOURCE, kernel_table
+from .kernel_view_decode import DECODE_KERNEL_SOURCE, decode_kernel_table
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
@@ -386,10 +388,17 @@ def _decode(console: Any, r: DecodeReplay, narrow: bool) -> None:
         updates = _listing(UPDATE_COLUMNS, [_update_row(step) for step in split], narrow, head=4)
         n = len(split)
         title = f"Split {split.index} · keys {span(*split.keys)} · {n} tile update{'s' * (n != 1)}"
-        console.print(Panel(Group(updates, result), title=title, title_align="left"))
+        kernel = [decode_kernel_table(split, "Kernel (decode.py) beside the reference")] if r.kernel else []
+        console.print(Panel(Group(updates, result, *kernel), title=title, title_align="left"))
     if r.merges:
         console.print(_listing(MERGE_COLUMNS, [_merge_row(m) for m in r.merges], narrow, head=3, title=MERGES_TITLE))
+        if r.kernel:
+            console.print(
+                decode_kernel_table(r.merges, "Merges: the kernel's partials and result beside the reference")
+            )
     console.print(
         f"merged O against the dense float64 output of the step: max difference [bold]{r.max_diff:.3e}[/bold]; "
         f"lse = {numbers(r.lse)} (dense {numbers(r.lse_final)})"
     )
+    if r.kernel:
+        console.print(f"Kernel: {DECODE_KERNEL_SOURCE}. {r.note} {DECODE_NOTE}")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -51,6 +52,9 @@ from ..triton.support import decode_unsupported_reason
 from ..triton.variants import UNBOUNDED
 from .checks import DecodeStep, check_seqlens_tensor
 from .splitkv import default_num_splits
+
+if TYPE_CHECKING:  # the launcher imports triton only when it launches
+    from ..triton.kernels.trace_decode import DecodeTraceRecord
 
 
 @dataclass(frozen=True)
@@ -244,11 +248,15 @@ def launch_decode(
     block_table: Tensor | None = None,
     cache_leftpad: Tensor | None = None,
     sinks: Tensor | None = None,
+    trace: DecodeTraceRecord | None = None,
+    partials: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Allocate and launch (the new entries already appended): the split kernel on ``num_splits >= 1``
     splits, then the combine when there are several. ``seqlens`` int32 ``(B,)``, the lengths before the
     step's ``N_new_kv`` new entries; ``block_table``, ``cache_leftpad``, ``sinks`` as :func:`triton_decode`
-    takes them."""
+    takes them. ``trace``: run the kernel's trace build (:mod:`.trace`); ``partials``: float32 ``(num_splits, B,
+    H_q, N_new, D_v)`` and ``(num_splits, B, H_q, N_new)`` buffers for the splits' outputs when there are
+    several (default: allocated here), which a trace's reader keeps."""
     import triton
 
     from ..triton.kernels.decode import decode_combine, decode_split_fwd
@@ -264,6 +272,8 @@ def launch_decode(
         return O, lse.fill_(float("-inf"))
     if num_splits == 1:  # the split kernel writes the final outputs: no partials, no combine
         O_part, lse_part = O.unsqueeze(0), lse.unsqueeze(0)
+    elif partials is not None:
+        O_part, lse_part = partials
     else:
         O_part = torch.empty((num_splits, B, H_q, N_new, D_v), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, H_q, N_new), dtype=torch.float32, device=q.device)
@@ -314,6 +324,8 @@ def launch_decode(
         WIDE_PAGES=block_table is not None and N_rows >= config.BLOCK_N,
         LEFTPAD=cache_leftpad is not None,
         SINKS=sinks is not None,
+        Trace=trace,  # None: a constant, and the trace build compiles to nothing
+        TRACE=trace is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

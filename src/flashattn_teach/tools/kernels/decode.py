@@ -125,7 +125,9 @@ def requests(
             alibi_slopes=torch.empty(SAMPLE_HEADS),
             num_splits=SAMPLE_SPLITS,
             config=config,
-            **paged,
+            block_table=paged["block_table"],
+            cache_leftpad=paged["cache_leftpad"],
+            sinks=paged["sinks"],
         ),
         arch,
     )

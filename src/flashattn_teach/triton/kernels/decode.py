@@ -58,6 +58,7 @@ from .forward import LN2, LOG2E
 from .masking import _in_window, _modify_scores
 from .pages import _block_ids, _page_slots
 from .tiles import _load_block, _load_block_hi, _store_block
+from .trace_decode import _trace_block, _trace_rows
 
 
 @triton.jit
@@ -114,6 +115,8 @@ def _decode_inner(
     PAGED: tl.constexpr,
     WIDE_PAGES: tl.constexpr,
     MASK: tl.constexpr,
+    trace=None,  # TRACE: where the rows' records go (.trace_decode._trace_rows)
+    TRACE: tl.constexpr = False,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
     ``MASK``: scores of keys a row does not see, or past ``split_end``, become -inf (and are not read).
@@ -171,6 +174,8 @@ def _decode_inner(
             )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
+        if TRACE:
+            _trace_block(trace, s, m_i, l_i, alpha, acc, start, BLOCK_N)
         if PAGED:
             page0, page1 = _block_ids(
                 table,
@@ -216,6 +221,8 @@ def decode_split_fwd(
     WIDE_PAGES: tl.constexpr,
     LEFTPAD: tl.constexpr,
     SINKS: tl.constexpr,
+    Trace=None,
+    TRACE: tl.constexpr = False,
 ):
     """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``; the records of :mod:`..records`.
 
@@ -230,7 +237,8 @@ def decode_split_fwd(
     page), ``pages`` (:class:`~..records.Pages`), ``N_max = max_blocks PAGE_SIZE``; ``WIDE_PAGES``:
     ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``SINKS``: ``SINK (H_q,)`` fp32, contiguous.
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the values'
-    ``BLOCK_DV`` stays one padded group."""
+    ``BLOCK_DV`` stays one padded group. ``TRACE``: the trace build, ``Trace`` a
+    :class:`~.trace_decode.DecodeTraceRecord` (None, a constant, without it)."""
     N_new = lengths.N_new
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)
@@ -289,6 +297,9 @@ def decode_split_fwd(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    trace = None
+    if TRACE:  # the traced head's rows (.trace_decode)
+        trace = _trace_rows(Trace, b, h, n, in_rows, s, split_begin, N_new, BLOCK_N + 3 + BLOCK_DV)
     begin, full_begin, full_end, end = _split_key_runs(split_begin, split_end, p_lo, p_hi, LEFT, RIGHT, BLOCK_N)
     # three runs: the blocks a left bound cuts (masked), those every row sees whole, those a right bound or
     # the split's end cuts (masked); the loop is unrolled, each run its own inlined loop
@@ -326,6 +337,8 @@ def decode_split_fwd(
             PAGED=PAGED,
             WIDE_PAGES=WIDE_PAGES,
             MASK=run != 1,
+            trace=trace,
+            TRACE=TRACE,
         )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O = acc / l_i, lse = m_i + log(l_i); a row that saw no key of

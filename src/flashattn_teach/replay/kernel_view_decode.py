@@ -1,0 +1,102 @@
+"""The decode kernel's numbers beside the reference's (``replay_decode(..., source="triton")``,
+:mod:`.kernel_trace_decode`), as the table and the JSON show them.
+
+Per step and per traced term, two columns and their difference:
+
+    reference   the replay's own term (float64 from float64 inputs, else float32)
+    kernel      the kernel's record of it, in base e (m_i and S_ij: base 2 times ln 2)
+    difference  max |kernel - reference| over the term (equal infinities count 0)
+
+A split's UPDATE traces ``S_ij, m_i, l_i, alpha, acc_new`` (its last also ``O_partial``, the kernel's partial
+``O_s``); a MERGE the partials it merges (``O_a, lse_a`` on the first, ``O_b, lse_b``) and, on the last, the
+kernel's merged ``O, lse``. The JSON writes every value; the table the vectors whole and a matrix's first row.
+Eight significant digits: what differs is in the last ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from torch import Tensor
+
+from .decode_replay import DecodeReplay
+from .kernel_trace_decode import NOTE
+from .step import Step, StepKind
+
+__all__ = ["DECODE_KERNEL_SOURCE", "decode_kernel_head", "decode_kernel_table", "kernel_terms_json"]
+
+DECODE_KERNEL_SOURCE = "triton/kernels/decode.py (the split-KV decode kernel), its trace build: TRACE=True"
+
+
+def _json(t: Tensor) -> Any:
+    """Nested lists, ``-inf`` (a masked score, an empty row's maximum or lse) as None."""
+    if t.dim() == 0:
+        x = float(t)
+        return None if x == -math.inf else x
+    return [_json(x) for x in t]
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # strict JSON: a -inf against a finite value is written null
+
+
+def kernel_terms_json(step: Step) -> dict[str, Any]:
+    """A step's ``"kernel"``: per traced term its reference values, the kernel's and their largest difference."""
+    diff = step.kernel_diff
+    return {
+        "terms": [
+            {
+                "name": name,
+                "reference": _json(step[name]),
+                "kernel": _json(mine),
+                "maxDiff": _finite_or_none(diff[name]),
+            }
+            for name, mine in step.kernel.items()
+        ]
+    }
+
+
+def decode_kernel_head(r: DecodeReplay) -> dict[str, Any]:
+    """The document's ``"kernel"``: what ran, its tiles and splits, its merged result against the replay's, and
+    what explains the differences."""
+    assert r.kernel is not None
+    O, lse = r.kernel.trace.O.double(), r.kernel.trace.lse.double()
+    return {
+        "source": DECODE_KERNEL_SOURCE,
+        "blockN": r.block_n,
+        "numSplits": r.num_splits,
+        "ranges": [list(keys) for keys in r.ranges],
+        "output": _json(O),
+        "lse": _json(lse),
+        "maxDiffOutput": float((O - r.O.double()).abs().max()) if O.numel() else 0.0,
+        "tiles": r.note,
+        "note": NOTE,
+    }
+
+
+def _digits(t: Tensor) -> str:
+    x = float(t)
+    return "-inf" if x == -math.inf else f"{x:.8g}"
+
+
+def _cells(t: Tensor) -> str:
+    """A vector whole, a matrix by its first row."""
+    return " ".join(_digits(x) for x in (t if t.dim() <= 1 else t[0]))
+
+
+def decode_kernel_table(steps: Iterable[Step], title: str):
+    """One table of ``steps``' traced terms: the step, the term, the reference, the kernel, the difference."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, title=title, title_justify="left")
+    for column in ("step", "term", "reference", "kernel", "max |difference|"):
+        table.add_column(column, justify="left" if column in ("step", "term") else "right")
+    for step in steps:
+        label = f"update {step.index + 1}" if step.step_kind is StepKind.UPDATE else f"merge {step.label}"
+        for name, mine in step.kernel.items():
+            shown = name if mine.dim() <= 1 else f"{name} (row 0)"
+            table.add_row(label, shown, _cells(step[name]), _cells(mine), f"{step.kernel_diff[name]:.3g}")
+            label = ""
+    return table
