@@ -7,6 +7,8 @@ multiplied by 8 and the width by 4: ``(1, 48, 16)``, 16 x 16 tiles, three key bl
 
     forward-plain    query block 0 through key blocks 0, 1, 2 (no mask)
     forward-causal   query block 2 (top-left causal): two full key blocks, then the diagonal's masked one
+    decode           one decode step: the last query row against the first 47 keys as a cache (room for 48) and
+                     the last key and value appended, three splits of one key block each, then their merges
 
 Each case writes ``CASE.json`` (the replay's schema: every step's ``"kernel"`` terms beside the reference's and
 their largest difference) and ``CASE.txt`` (the table), with ``--html`` also ``CASE.html`` (the page, its panel
@@ -53,7 +55,16 @@ def cases() -> dict[str, Callable[..., object]]:
     def causal(q, k, v):
         return replay(q, k, v, block_m=TILE, block_n=TILE, query_block=2, causal=True, source="triton")
 
-    return {"forward-plain": plain, "forward-causal": causal}
+    def decode(q, k, v):
+        from flashattn_teach.replay import replay_decode
+
+        q1, (k_cache, v_cache) = q[:, None, -1:], (t[:, None].clone() for t in (k, v))  # (1, 1, ., D)
+        k_new, v_new = k_cache[:, :, -1:].clone(), v_cache[:, :, -1:].clone()
+        return replay_decode(
+            q1, k_cache, v_cache, k_new, v_new, cache_seqlens=N - 1, block_n=TILE, num_splits=3, source="triton"
+        )
+
+    return {"forward-plain": plain, "forward-causal": causal, "decode": decode}
 
 
 def write_case(name: str, r: object, out: Path, html: bool) -> dict[str, float]:

@@ -49,6 +49,17 @@ def test_the_traced_run_writes_the_kernels_numbers_beside_the_reference(tmp_path
         assert (tmp_path / f"{name}.txt").read_text().count("Kernel") >= steps
     summary = (tmp_path / "trace.txt").read_text()
     assert "forward-plain: S_ij" in summary and "ERROR" not in summary
+    assert json.loads((tmp_path / "decode.json").read_text())["replayKind"] == "decode"
+    (line,) = [x for x in summary.splitlines() if x.startswith("decode: ")]
+    worst = {t: float(d) for t, d in (part.split() for part in line.removeprefix("decode: ").split(", "))}
+    assert {"S_ij", "m_i", "l_i", "alpha", "acc_new", "O_partial", "O", "lse"} <= set(worst), worst
+    for term, d in worst.items():
+        if term.startswith("O"):  # normalised: weights summing to 1, each rounded to fp16 before the MMA
+            assert d <= 2**-11 * v_max * 1.01, (term, d)
+        elif term == "acc_new":  # unnormalised over one split's 16 keys: l_i <= 16
+            assert d <= 2**-11 * 16 * v_max, (term, d)
+        else:  # scores, statistics and lse: fp32 arithmetic on the same operands
+            assert d <= 1e-5, (term, d)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
