@@ -272,5 +272,5 @@ def trace_of(
     production kernel the whole batch, with the replayed element's programs traced."""
     if kernel == "production":
         return run_production_trace(head, *raw)
-    picked = (pick_matrix(t, n, head.batch_index) for t, n in zip(raw, ("query", "key", "value"), strict=True))
-    return run_trace(*picked, causal, scale, *tile)
+    q, k, v = (pick_matrix(t, n, head.batch_index) for t, n in zip(raw, ("query", "key", "value"), strict=True))
+    return run_trace(q, k, v, causal, scale, *tile)
