@@ -33,6 +33,7 @@ pytest.importorskip("triton")
 
 import torch
 
+from flashattn_teach.dropout import DropoutKey
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay import replay
 from flashattn_teach.replay.kernel_trace import KERNEL_TERMS, PRODUCTION_NOTE
@@ -220,6 +221,9 @@ def test_the_launch_refuses_a_trace_of_what_the_trace_build_does_not_trace() -> 
     assert traced_tile(TEST_CONFIG, PLAIN, fp8=False) == TEST_CONFIG.forward.by_pointers()
     with pytest.raises(AttentionValueError, match=r"traces plain and causal attention .* asks for FP8"):
         traced_tile(TEST_CONFIG, PLAIN, fp8=True)
+    dropped = dataclasses.replace(PLAIN, dropout=DropoutKey(p=0.1))
+    with pytest.raises(AttentionValueError, match=r"attn_mask and sinks, on the pointer path; .* asks for dropout:"):
+        traced_tile(TEST_CONFIG, dropped, fp8=False)
 
 
 def test_the_cli_writes_the_page_with_both_columns(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ SCRIPT = textwrap.dedent(
             print(name, off == old, "-", old.count("STG"), "-")
             continue
         shape = trace_shape(200, 130, 64, traced_tile(config, var, False))
-        on = sass(lambda: run(forward_trace(torch.empty(shape), 0, 1, shape)))
+        on = sass(lambda: run(forward_trace(torch.empty(shape), shape, h=1)))
         print(name, off == old, on != old, old.count("STG"), on.count("STG"))
     """
 )

@@ -259,7 +259,7 @@ def run_production_trace(head: OneHead, q: Tensor, k: Tensor, v: Tensor) -> Kern
         config=config,
         variants=variants,
         sinks=None if head.sink is None else head.sink.to(device=q.device, dtype=torch.float32),
-        trace=forward_trace(buffer, head.batch_index, 0, shape),
+        trace=forward_trace(buffer, shape, b=head.batch_index),
     )
     return KernelTrace(buffer.cpu(), tile.BLOCK_M, tile.BLOCK_N, s.D_v)
 

@@ -4,9 +4,9 @@
 the programs of head ``(b, h)`` write, after each key block ``j``, their rows' state into ``buffer[i, j]``
 (:mod:`.kernels.trace` gives the record's layout, the one ``core/kernel.py``'s trace build writes). The trace build
 runs the pointer path of the forward's configuration (:func:`traced_tile`: neither TMA nor warp specialisation,
-whose loops hold no store of this kind) and every variant of the mask contract that path runs, but not packed
-sequences, FP8 or dropout, which no replay reproduces. With ``trace=None`` (the default) the kernel compiles as
-it did before the trace build (``tests/triton/test_triton_trace_sass.py``).
+whose loops hold no store of this kind) and the mask contract's variants the replay reproduces: not packed
+sequences, FP8, dropout, nor FlexAttention's score_mod and block masks. With ``trace=None`` (the default) the
+kernel compiles as it did before the trace build (``tests/triton/test_triton_trace_sass.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from .variants import KernelVariants
 __all__ = ["TRACED", "ForwardTrace", "forward_trace", "trace_shape", "traced_tile"]
 
 TRACED = (
-    "plain and causal attention (either alignment), window, softcap, ALiBi, seqlens_k, attn_mask, sinks, "
-    "score_mod and block masks, on the pointer path"
+    "plain and causal attention (either alignment), window, softcap, ALiBi, seqlens_k, attn_mask and sinks, on the "
+    "pointer path"
 )
 
 
@@ -46,8 +46,9 @@ def trace_shape(N_q: int, N_k: int, D_v: int, c: KernelConfig) -> tuple[int, int
     return T_r, T_c, c.BLOCK_M, c.BLOCK_N + 3 + block_d(D_v)
 
 
-def forward_trace(buffer: Tensor, b: int, h: int, want: tuple[int, int, int, int]) -> ForwardTrace:
-    """The record of ``buffer`` for head ``(b, h)``, checked against the shape ``want`` (:func:`trace_shape`)."""
+def forward_trace(buffer: Tensor, want: tuple[int, int, int, int], *, b: int = 0, h: int = 0) -> ForwardTrace:
+    """The record of ``buffer`` for the programs of head ``(b, h)`` (every query block ``i`` of it), checked
+    against the shape ``want`` (:func:`trace_shape`)."""
     if tuple(buffer.shape) != want or buffer.dtype != torch.float32 or not buffer.is_contiguous():
         got = f"{buffer.dtype} {tuple(buffer.shape)}"
         raise AttentionValueError(f"trace.buffer must be contiguous float32 of shape {want} (trace_shape); got {got}")
@@ -57,8 +58,8 @@ def forward_trace(buffer: Tensor, b: int, h: int, want: tuple[int, int, int, int
 def traced_tile(config: AttentionConfig, variants: KernelVariants, fp8: bool) -> KernelConfig:
     """The forward's tile for a trace build, ``config.forward`` by pointers, or a named error for what it does
     not trace."""
-    refused = [name for name, used in (("packed sequences", variants.varlen), ("FP8", fp8)) if used]
-    refused += ["dropout"] * variants.has_dropout
+    asked = (("packed sequences", variants.varlen), ("FP8", fp8), ("dropout", variants.has_dropout))
+    refused = [name for name, used in (*asked, ("score_mod or a block mask", variants.user_mods)) if used]
     if refused:
         raise AttentionValueError(
             f"the forward's trace build traces {TRACED}; this call asks for {' and '.join(refused)}: leave them "
