@@ -24,6 +24,7 @@ a sum, each rounded once to float32, on numbers no larger than the modified scor
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -233,3 +234,16 @@ def test_the_cli_writes_the_page_with_both_columns(tmp_path: Path) -> None:
     page = out.read_text()
     assert "triton/kernels/forward.py (the production kernel)" in page and PRODUCTION_NOTE[:60] in page
     assert page.count('"kernel": {"terms"') + page.count('"kernel":{"terms"') >= 2  # one per case: both columns
+
+
+def test_the_cli_json_is_schema_valid_and_names_the_production_kernel(capsys) -> None:
+    from flashattn_teach.replay.manifest import schema
+
+    argv = ["forward", "--source", "triton", "--kernel", "production", "--window", "8,0", "--seq-len", "40"]
+    assert main([*argv, "--head-dim", "16", "--dtype", "float32", "--format", "json", "--extensions"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pytest.importorskip("jsonschema").Draft202012Validator(schema()).validate(doc)
+    assert doc["kernel"]["note"] == PRODUCTION_NOTE and (doc["kernel"]["blockM"], doc["kernel"]["blockN"]) == (BM, BN)
+    for case in doc["cases"]:
+        assert [t["name"] for t in case["kernel"]["terms"]] == list(KERNEL_TERMS)
+        assert all(t["maxDiff"] is not None and t["maxDiff"] < 1e-5 for t in case["kernel"]["terms"])  # float32
