@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from flashattn_teach.replay.kernel_trace import KERNEL_TERMS, NOTE
+from flashattn_teach.replay.kernel_trace import KERNEL_TERMS, NOTE, PRODUCTION_NOTE
 from flashattn_teach.replay.manifest import schema
 
 from replay_cli import main
@@ -98,6 +98,21 @@ def test_the_page_shows_both_columns_at_every_update(browser, tmp_path, capsys) 
         assert page["note"] == NOTE and "tiles 16 × 16" in page["meta"]
     # a diff that is not zero shows as one: the float32 sums differ in their last bits somewhere
     assert any(float(r["difference"]) > 0 for r in page["rows"])
+
+
+def test_the_page_shows_the_production_kernels_columns(browser, tmp_path, capsys) -> None:
+    """``--kernel production``: its 32 x 16 tile (the interpreter's), so query block 1 of 16 rows is the kernel's
+    query block 0 (rows 0-31), two updates under causal."""
+    argv = [*MULTI.split(), "--source", "triton", "--kernel", "production"]
+    doc = cli_json(argv, capsys)
+    assert len(doc["cases"]) == 2 and doc["kernel"]["blockM"] == 32 and "row 16" in doc["kernel"]["tiles"]
+    page_path = tmp_path / "production.html"
+    assert main([*argv, "--format", "html", "--out", str(page_path)]) == 0
+    browser.open(page_path)
+    browser.evaluate('document.getElementById("next").click()')
+    page = browser.evaluate(READ_KERNEL)
+    check_page(page, doc["cases"][1], 0)
+    assert page["note"] == PRODUCTION_NOTE and "tiles 32 × 16" in page["meta"]
 
 
 def test_the_page_of_the_reference_has_no_kernel_panel(browser, tmp_path) -> None:

@@ -34,6 +34,7 @@ from .._cli_types import (
 )
 from .cli_common import DTYPES, FORMATS, counts, error, floats, make_inputs, sinks_error, window
 from .cli_run import run_backward, run_decode, run_forward
+from .kernel_trace import KERNELS
 from .replay import ORDERS, SOURCES
 
 SCENARIOS = ("forward", "backward", "decode")
@@ -103,6 +104,7 @@ def _add_options(p: argparse.ArgumentParser, scenario: str) -> None:
             default="reference",
             help="triton: the tutorial kernel's own numbers (core/kernel.py's trace build) beside the reference's",
         )
+        p.add_argument("--kernel", choices=KERNELS, default="core", help="--source triton: core, or production")
         p.add_argument("--extensions", action="store_true", help="--format json: add skipped tiles and equations")
 
 

@@ -47,6 +47,7 @@ def forward_of(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor) -> Rep
         scale=args.scale,
         order=getattr(args, "order", "query_major"),
         source=getattr(args, "source", "reference"),
+        kernel=getattr(args, "kernel", "core"),
         batch_index=args.batch_index,
         window=masks.window,
         softcap=masks.softcap,

@@ -23,13 +23,15 @@ from typing import Any
 
 from torch import Tensor
 
-from .kernel_trace import KERNEL_TERMS, NOTE
+from .kernel_trace import KERNEL_TERMS, NOTE, PRODUCTION_NOTE
 from .replay import Replay
 from .step import Step
 
-__all__ = ["KERNEL_SOURCE", "build_view", "kernel_case", "kernel_head", "kernel_lines", "kernel_table"]
+__all__ = ["KERNEL_SOURCE", "build_view", "kernel_case", "kernel_head", "kernel_lines", "kernel_table", "kernel_text"]
 
 KERNEL_SOURCE = "core/kernel.py (the tutorial kernel), its trace build: TRACE=True"
+PRODUCTION_SOURCE = "triton/kernels/forward.py (the production kernel), its trace build: TRACE=True, by pointers"
+SOURCES = {"core": (KERNEL_SOURCE, NOTE), "production": (PRODUCTION_SOURCE, PRODUCTION_NOTE)}  # Replay.kernel's
 VECTORS = ("m_i", "l_i", "alpha")  # (Br,): one number per query row
 
 
@@ -63,13 +65,14 @@ def kernel_case(step: Step) -> dict[str, Any]:
 
 def kernel_head(replay: Replay) -> dict[str, Any]:
     """The document's ``"kernel"``: what ran, its tile sizes, and what explains the differences."""
-    return {
-        "source": KERNEL_SOURCE,
-        "blockM": replay.block_m,
-        "blockN": replay.block_n,
-        "tiles": replay.note,
-        "note": NOTE,
-    }
+    source, note = SOURCES[replay.kernel]
+    return {"source": source, "blockM": replay.block_m, "blockN": replay.block_n, "tiles": replay.note, "note": note}
+
+
+def kernel_text(replay: Replay) -> str:
+    """The table's line under the updates: what ran, its tiles, and what explains the differences."""
+    source, note = SOURCES[replay.kernel]
+    return f"Kernel: {source}. {replay.note} {note}".replace("  ", " ")
 
 
 def build_view(replay: Replay, options: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -84,11 +87,12 @@ def _digits(t: Tensor) -> str:
     return "-inf" if x == -math.inf else f"{x:.8g}"
 
 
-def kernel_table(step: Step):
+def kernel_table(step: Step, kernel: str = "core"):
     """The table's panel: per term (the tiles by their first row) the reference, the kernel and the difference."""
     from rich.table import Table
 
-    table = Table(box=None, pad_edge=False, title="Kernel (core/kernel.py) beside the reference", title_justify="left")
+    title = f"Kernel ({SOURCES[kernel][0].split()[0]}) beside the reference"
+    table = Table(box=None, pad_edge=False, title=title, title_justify="left")
     for column in ("term", "reference", "kernel", "max |difference|"):
         table.add_column(column, justify="left" if column == "term" else "right")
     r0 = step.rows[0]
@@ -107,7 +111,7 @@ def kernel_lines(step: Step) -> list[str]:
     largest difference over the tile; none for a step of the reference alone."""
     if not step.kernel:
         return []
-    lines = ["", "kernel (core/kernel.py) beside the reference, first value of each term:"]
+    lines = ["", "kernel beside the reference, first value of each term:"]
     for name in KERNEL_TERMS:
         ref, mine = step[name].reshape(-1)[0], step.kernel[name].reshape(-1)[0]
         diff = step.kernel_diff[name]

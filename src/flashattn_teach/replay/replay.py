@@ -60,7 +60,7 @@ from ..masks.spec import MaskSpec
 from ..reference.dense import dense_attention
 from ..reference.scores import score_tile
 from .inputs import ReplayKeywords, check_index, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .kernel_trace import check_traceable, kernel_inputs, kernel_tiles, run_trace
+from .kernel_trace import check_traceable, kernel_inputs, kernel_tiles, production_tiles, trace_of
 from .schedule import ORDERS, Schedule, Skipped, Tile, blocks
 from .step import Step, TileState
 from .steps import Steps
@@ -103,7 +103,8 @@ class Replay:
     batch_index: int = 0
     sink: float | None = None  # sink_h of the replayed head, or None without a sink
     call: ReplayCall | None = field(default=None, repr=False, compare=False)  # how replay() was called
-    source: str = "reference"  # "triton": each step also carries the tutorial kernel's numbers (.kernel_trace)
+    source: str = "reference"  # "triton": each step also carries a kernel's numbers (.kernel_trace)
+    kernel: str = "core"  # with source="triton": the tutorial kernel ("core") or "production" (triton/kernels/)
     note: str = ""  # what the renderers should say about this replay (the kernel's tile sizes)
 
     # notebook.notebook_html, installed by the trace package's __init__: notebook imports this module (through
@@ -263,6 +264,7 @@ def replay(
     query_block: int = 0,
     order: str = "query_major",
     source: str = "reference",
+    kernel: str = "core",
     **options: Unpack[ReplayKeywords],
 ) -> Replay:
     """Replay query block ``query_block`` of ``attention(q, k, v)`` one tile update at a time.
@@ -296,6 +298,8 @@ def replay(
             (:mod:`flashattn_teach.core.kernel`) computed for the same tile, ``step.kernel`` and
             ``step.kernel_diff`` (:mod:`.kernel_trace`), at the kernel's tile sizes (powers of two >= 16); plain
             or causal attention, float32 or float16 on a CPU (Triton's interpreter), also bfloat16 on a GPU.
+        kernel: with ``source="triton"``, ``"core"`` (the tutorial kernel) or ``"production"``: the production
+            forward (``triton/kernels/forward.py``) at its launcher's tile, also with the mask contract's variants.
 
     Returns:
         A :class:`Replay`, computed in float64 for float64 inputs and float32 otherwise (as the
@@ -307,24 +311,27 @@ def replay(
     """
     if source not in SOURCES:
         raise AttentionValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source == "reference" and kernel != "core":
+        raise AttentionValueError(f'kernel={kernel!r} picks the traced kernel of source="triton"; pass both')
     call = ReplayCall(q, k, v, query_block, order, options)
-    return forward_replay(call) if source == "reference" else kernel_replay(call)
+    return forward_replay(call) if source == "reference" else kernel_replay(call, kernel)
 
 
-def kernel_replay(call: ReplayCall) -> Replay:
+def kernel_replay(call: ReplayCall, kernel: str = "core") -> Replay:
     """``source="triton"``: the replay at the kernel's tile sizes, each step with the kernel's trace of its tile."""
     head = one_head_call(call.q, call.k, call.v, call.options)
-    check_traceable(call.order, head, call.q, call.k, call.options["causal_align"])
+    check_traceable(call.order, head, call.q, call.k, call.options["causal_align"], kernel)
     sizes = f"N_q={head.q.shape[0]}, block_m={head.block_m}"
     check_index("query_block", call.query_block, blocks(head.q.shape[0], head.block_m), sizes)  # before re-tiling
-    kernel_m, kernel_n, i, tiles = kernel_tiles(head, call.query_block)
+    raw, rounded = kernel_inputs(call.q, call.k, call.v)  # the inputs' own dtype (float64: float32)
+    tile = production_tiles(head, *raw) if kernel == "production" else None
+    kernel_m, kernel_n, i, tiles = kernel_tiles(head, call.query_block, tile)
     options = cast(ReplayKeywords, call.options | {"block_m": kernel_m, "block_n": kernel_n})
     ref = forward_replay(ReplayCall(call.q, call.k, call.v, i, call.order, options))
-    picked = (pick_matrix(t, n, ref.batch_index) for t, n in zip(ref.inputs, ("query", "key", "value"), strict=True))
-    raw, rounded = kernel_inputs(*picked)  # the replayed element, the inputs' own dtype (float64: float32)
-    trace = run_trace(*raw, ref.causal, ref.scale, kernel_m, kernel_n)
+    trace = trace_of(kernel, head, raw, (kernel_m, kernel_n), ref.causal, ref.scale)
     steps = dataclasses.replace(ref.steps, kernel_terms=trace.terms)
-    return dataclasses.replace(ref, steps=steps, source="triton", note=" ".join([tiles, rounded]).strip())
+    note = " ".join([tiles, rounded]).strip()
+    return dataclasses.replace(ref, steps=steps, source="triton", kernel=kernel, note=note)
 
 
 def forward_replay(call: ReplayCall) -> Replay:

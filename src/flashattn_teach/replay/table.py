@@ -32,9 +32,8 @@ from typing import IO, Any
 from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
-from .kernel_trace import NOTE
 from .kernel_trace_decode import NOTE as DECODE_NOTE
-from .kernel_view import KERNEL_SOURCE, kernel_table
+from .kernel_view import kernel_table, kernel_text
 from .kernel_view_decode import DECODE_KERNEL_SOURCE, decode_kernel_table
 from .manifest import span
 from .memory import memory_figure
@@ -193,7 +192,7 @@ def _forward(console: Any, replay: Replay, narrow: bool) -> None:
                     _grid(replay, step, narrow),
                     _stats(step, narrow),
                     _equations(replay, step, narrow),
-                    *([kernel_table(step)] if step.kernel else []),
+                    *([kernel_table(step, replay.kernel)] if step.kernel else []),
                     error,
                     memory_panel(memory, step.index, narrow=narrow),
                 ),
@@ -203,7 +202,7 @@ def _forward(console: Any, replay: Replay, narrow: bool) -> None:
         )
     console.print(summary)
     if replay.source == "triton":
-        console.print(f"Kernel: {KERNEL_SOURCE}. {replay.note} {NOTE}".replace("  ", " "))
+        console.print(kernel_text(replay))
     share = replay.sink_share()
     if share is not None:
         rows = ", ".join(f"row {r0 + r}: {numbers(float(x))}" for r, x in enumerate(share.tolist()))

@@ -28,6 +28,7 @@ from .configs import (
     shipped_config,
 )
 from .devices import launches_on_device
+from .forward_trace import ForwardTrace, traced_tile
 from .provenance import as_tried
 from .records import Descales, Lse, RowStats, strided
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
@@ -127,12 +128,13 @@ def forward(
     variants: KernelVariants = PLAIN,
     descale: Fp8Descale | None = None,
     sinks: Tensor | None = None,
+    trace: ForwardTrace | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``q (B, H_q, N_q, D)``, ``k (B, H_kv, N_k, D)``, ``v (B, H_kv, N_k, D_v)`` -> ``O (B, H_q, N_q, D_v)``
     in q's dtype and ``lse (B, H_q, N_q)`` in float32. ``variants``: window, softcap, ALiBi, ``seqlens_k``
     (a window carries causal in its right side, so ``causal`` is then ignored). ``descale``: an FP8 call's
     factors (e4m3 inputs, checked by :mod:`flashattn_teach._validate.fp8`): ``O`` is then bfloat16, as FA3's.
-    ``sinks (H_q,)``: attention sinks, read in fp32 (``lse`` includes them)."""
+    ``sinks (H_q,)``: attention sinks, read in fp32 (``lse`` includes them). ``trace``: :mod:`.forward_trace`."""
     import triton
 
     from .kernels.forward import LOG2E, attn_fwd
@@ -142,7 +144,7 @@ def forward(
     o = torch.empty((B, s.H_q, s.N_q, s.D_v), dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
     var = variants.varlen
-    c, ws = forward_tile(config.forward, q, k, v, variants)
+    c, ws = (traced_tile(config, variants, fp8), False) if trace else forward_tile(config.forward, q, k, v, variants)
     D_pad, D2 = lane_groups(s.D)
     if D2 and not ws:  # a split head dim's lane groups: by in-kernel descriptors or pointers (kernels/tiles.py)
         c = c.by_pointers()
@@ -182,6 +184,7 @@ def forward(
         mods=variants.mods_record(q.device, c.BLOCK_M, c.BLOCK_N, N_q, N_k, listed=True),
         descales=None if descale is None else descale_record(descale),
         SINK=None if sinks is None else sinks.to(torch.float32).contiguous(),
+        trace=trace,
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
@@ -211,6 +214,7 @@ def forward(
         LISTED=variants.has_kinds,
         FP8=fp8,
         SINKS=sinks is not None,
+        TRACE=trace is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

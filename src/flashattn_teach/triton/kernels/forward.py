@@ -92,6 +92,7 @@ def attn_fwd(
     mods,
     descales,
     SINK,
+    trace,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,6 +121,7 @@ def attn_fwd(
     FP8: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
     SINKS: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest. The
     records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read.
@@ -161,6 +163,9 @@ def attn_fwd(
 
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is two lane groups, ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`),
     the second through pointers or, with ``WS``, by its own in-kernel descriptors (not with ``TMA``).
+
+    ``TRACE`` (issue 39; the launcher then runs the pointer path, neither ``TMA`` nor ``WS``): the programs of
+    head ``(trace.b, trace.h)`` store each key block's state into ``trace`` (:mod:`.trace`); None otherwise.
     """
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the longest key ranges start first (all heads' or each head's: GRID_ORDER), the short ones fill the tail
@@ -360,6 +365,7 @@ def attn_fwd(
                 mods=mods,
                 KINDS_row=KINDS_row,
                 LIST_row=LIST_row,
+                trace=trace,
                 HEAD_DIM=HEAD_DIM,
                 HEAD_DIM_V=HEAD_DIM_V,
                 BLOCK_D=BLOCK_D,
@@ -382,6 +388,7 @@ def attn_fwd(
                 KINDS=KINDS,
                 LISTED=LISTED,
                 BLOCK_D2=BLOCK_D2,
+                TRACE=TRACE,
             )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).

@@ -22,6 +22,7 @@ from triton import language as tl
 from .dropout import _dropout_keep
 from .masking import LN2, LOG2E, _attn_mask_tile, _in_window, _modify_scores
 from .tiles import _load_block, _load_block_hi, _load_tile_tma
+from .trace import _trace_block
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 __all__ = ["LN2", "LOG2E", "_attn_fwd_inner", "_load_kv_block"]
@@ -99,6 +100,7 @@ def _attn_fwd_inner(
     mods,  # records.UserMods: the captured tensors of score_mod and mask_mod, the kinds' key-tile stride
     KINDS_row,  # the block mask's kinds of this query block (its first key tile), or None
     LIST_row,  # with LISTED: variants.tile_list's row of this query block, or None
+    trace,  # with TRACE: the trace record (.trace.ForwardTrace), or None
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -121,6 +123,7 @@ def _attn_fwd_inner(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    TRACE: tl.constexpr = False,
 ):
     """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
 
@@ -138,7 +141,8 @@ def _attn_fwd_inner(
     unmasked stage then guards its row statistics (a row whose scores are all -inf keeps ``m = -inf``).
     ``KINDS``: a block mask's tile kinds; a SKIP tile is passed over, a FULL one runs without ``MASK_MOD``.
     ``LISTED``: ``[start_n, end_n)`` counts entries of ``LIST_row`` (the tiles to visit, with their kinds)
-    rather than keys; no branch then sits in the loop.
+    rather than keys; no branch then sits in the loop. ``TRACE``: each block's state after its update goes to
+    ``trace`` (:func:`.trace._trace_block`), the scores as ``s * s_scale``, base 2 with the scale folded in.
     """
     nat_scale = qk_scale * LN2  # scale * q.k in natural units, for score_mod without built-in modifiers
     if BOOL_MASK or ADD_MASK:
@@ -263,4 +267,6 @@ def _attn_fwd_inner(
             acc = acc * alpha[:, None]
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
             m_i = m_new
+            if TRACE:
+                _trace_block(trace, s * s_scale, m_i, l_i, alpha, acc, b, h, offs_m0, start, BLOCK_N=BLOCK_N)
     return acc, l_i, m_i
