@@ -7,6 +7,8 @@ multiplied by 8 and the width by 4: ``(1, 48, 16)``, 16 x 16 tiles, three key bl
 
     forward-plain    query block 0 through key blocks 0, 1, 2 (no mask)
     forward-causal   query block 2 (top-left causal): two full key blocks, then the diagonal's masked one
+    forward-production   forward-causal's query rows in the production kernel (triton/kernels/forward.py), at its
+                     own tile (the launcher's for this head dim, read by pointers): the ladder's other rung
     decode           one decode step: the last query row against the first 47 keys as a cache (room for 48) and
                      the last key and value appended, three splits of one key block each, then their merges
 
@@ -55,6 +57,10 @@ def cases() -> dict[str, Callable[..., object]]:
     def causal(q, k, v):
         return replay(q, k, v, block_m=TILE, block_n=TILE, query_block=2, causal=True, source="triton")
 
+    def production(q, k, v):
+        kw = {"query_block": 2, "causal": True, "source": "triton", "kernel": "production"}
+        return replay(q, k, v, block_m=TILE, block_n=TILE, **kw)
+
     def decode(q, k, v):
         from flashattn_teach.replay import replay_decode
 
@@ -64,7 +70,7 @@ def cases() -> dict[str, Callable[..., object]]:
             q1, k_cache, v_cache, k_new, v_new, cache_seqlens=N - 1, block_n=TILE, num_splits=3, source="triton"
         )
 
-    return {"forward-plain": plain, "forward-causal": causal, "decode": decode}
+    return {"forward-plain": plain, "forward-causal": causal, "forward-production": production, "decode": decode}
 
 
 def write_case(name: str, r: object, out: Path, html: bool) -> dict[str, float]:
