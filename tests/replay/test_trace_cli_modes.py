@@ -31,6 +31,7 @@ VALUES = {
     "--scale": ["0.5"],
     "--order": ["query_major"],
     "--source": ["reference"],
+    "--deterministic": [],
     "--window": ["1,1"],
     "--softcap": ["2"],
     "--alibi": ["0.5"],

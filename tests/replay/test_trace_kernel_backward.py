@@ -69,9 +69,7 @@ def error_bounds(br, causal: bool, u_in: float) -> dict[str, torch.Tensor]:
     e_delta = (2 * (D_v + 2) * U32 + u_in) * (dO.abs() * m["O"].abs()).sum(-1)
     delta = (dO * m["O"]).sum(-1)
     e_dS = (
-        e_P * (m["dP"] - delta[:, None]).abs()
-        + m["P"] * (e_dP + e_delta[:, None])
-        + (8 * U32 + u_in) * m["dS"].abs()
+        e_P * (m["dP"] - delta[:, None]).abs() + m["P"] * (e_dP + e_delta[:, None]) + (8 * U32 + u_in) * m["dS"].abs()
     )
     return {"P": m["P"], "dS": m["dS"], "e_P": e_P, "e_dP": e_dP, "e_dS": e_dS}
 

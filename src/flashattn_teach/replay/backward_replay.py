@@ -317,9 +317,10 @@ def backward_from(
     dt = torch.float32 if q.dtype == torch.float64 else q.dtype  # the kernels' dtype: float64 rounded to float32
     dO_k = ref.dO.to(dt)  # the kernels' dO; the reference then takes the same numbers
     ref = dataclasses.replace(ref, dO=dO_k.to(ref.dO.dtype), delta=(dO_k.to(ref.dO.dtype) * ref.O).sum(-1))
-    qkv = (pick_matrix(t, n, ref.batch_index).to(dt) for t, n in zip((q, k, v), ("query", "key", "value"), strict=True))
+    names = ("query", "key", "value")
+    q_k, k_k, v_k = (pick_matrix(t, n, ref.batch_index).to(dt) for t, n in zip((q, k, v), names, strict=True))
     trace = run_backward_trace(
-        (*qkv, ref.O.to(dt), ref.lse.float(), dO_k),
+        (q_k, k_k, v_k, ref.O.to(dt), ref.lse.float(), dO_k),
         causal=head.options.causal,
         causal_align=options["causal_align"],
         scale=ref.scale,

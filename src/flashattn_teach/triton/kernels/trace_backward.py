@@ -37,7 +37,7 @@ def _selected(Trace, b, h):
 
 
 @triton.jit
-def _store_columns(rec, W, col0, tile):
+def _store_columns(rec, W, col0, tile) -> None:
     """``tile (R, C)`` into columns ``[col0, col0 + C)`` of the records' rows ``rec + r * W``."""
     R: tl.constexpr = tile.shape[0]
     C: tl.constexpr = tile.shape[1]
@@ -45,7 +45,7 @@ def _store_columns(rec, W, col0, tile):
 
 
 @triton.jit
-def _trace_dkdv(Trace, b, h, i, j, pT, dpT, dsT, dk, dv, dq):
+def _trace_dkdv(Trace, b, h, i, j, pT, dpT, dsT, dk, dv, dq) -> None:
     """The dK/dV program's step ``(j, i)`` after its update: ``P^T, dP^T, dS^T (BLOCK_N, BLOCK_M)``, ``dK_j
     (BLOCK_N, BLOCK_D)``, ``dV_j (BLOCK_N, BLOCK_DV)``; with the one-kernel backward also its dQ partial ``dq
     (BLOCK_M, BLOCK_D)`` (else None) and the order it reached dQ."""
@@ -70,7 +70,7 @@ def _trace_dkdv(Trace, b, h, i, j, pT, dpT, dsT, dk, dv, dq):
 
 
 @triton.jit
-def _trace_dq(Trace, b, h, i, j, p, dp, ds, part, dq):
+def _trace_dq(Trace, b, h, i, j, p, dp, ds, part, dq) -> None:
     """The dQ program's step ``(i, j)`` after its update: ``P, dP, dS (BLOCK_M, BLOCK_N)``, the step's ``dS_ij
     K_j`` and ``dQ_i (BLOCK_M, BLOCK_D)``, both unscaled."""
     if _selected(Trace, b, h):
