@@ -220,3 +220,20 @@ def test_the_command_line_writes_the_kernels_column(tmp_path) -> None:
     assert main([*argv, "--source", "triton", "--format", "table", "--out", str(table)]) == 0
     text = table.read_text()
     assert "beside the reference" in text and "dK_j" in text and "max |difference|" in text
+
+
+def test_the_png_lines_and_the_json_say_where_each_dq_partial_arrived() -> None:
+    from flashattn_teach.replay.kernel_view_backward import kernel_case, kernel_lines
+
+    q, k, v = inputs(40, 37, 16, torch.float32)
+    br = replay_backward(q, k, v, block_m=32, block_n=16, source="triton")
+    assert br.kernel is not None
+    for step in br.dq_steps():
+        place = br.kernel.order(step.i, step.j)
+        assert place is not None and kernel_case(br, step)["order"] == place
+        assert f"place {place} of the atomic adds" in kernel_lines(br, step)[1]
+        assert [line.split()[0] for line in kernel_lines(br, step)[2:]] == list(TERMS[StepKind.DQ])
+    step = next(iter(br.dkdv_steps()))
+    assert "order" not in kernel_case(br, step) and "atomic" not in kernel_lines(br, step)[1]
+    plain = next(iter(replay_backward(q, k, v, block_m=32, block_n=16).dq_steps()))
+    assert kernel_lines(br, plain) == []

@@ -1,7 +1,8 @@
 """The backward kernels' numbers beside the reference's (``replay_backward(..., source="triton")``,
 :mod:`.kernel_trace_backward`), as the backward's renderers show them: the JSON's per-step ``"kernel"``
 (:func:`kernel_case`) and the document's ``"kernel"`` (:func:`kernel_head`), the table's panel under each dK/dV and
-dQ step (:func:`kernel_table`, each term by the first values of its first row).
+dQ step (:func:`kernel_table`, each term by the first values of its first row) and the PNG's lines under each
+step's equations (:func:`kernel_lines`).
 
 Per step and per traced term (dK/dV: ``P_ij, dP_ij, dS_ij, dV_j, dK_j``; dQ: ``P_ij, dP_ij, dS_ij, dQ_i``), two
 columns and their difference: the reference's term, the kernel's record of it (in the reference's units), and
@@ -20,7 +21,7 @@ from .backward_replay import BackwardReplay
 from .kernel_trace_backward import KERNEL_SOURCE, NOTE
 from .step import Step, StepKind
 
-__all__ = ["kernel_case", "kernel_head", "kernel_table"]
+__all__ = ["kernel_case", "kernel_head", "kernel_lines", "kernel_table"]
 
 
 SHOWN = 4  # the table's values of each term: its first row's first four (the difference is over the whole tile)
@@ -87,3 +88,19 @@ def kernel_table(br: BackwardReplay, step: Step):
         more = ", ..." if ref.shape[1] > SHOWN else ""
         table.add_row(f"{name} (row {first}{more})", *cells, f"{step.kernel_diff[name]:.3g}")
     return table
+
+
+def kernel_lines(br: BackwardReplay, step: Step) -> list[str]:
+    """The PNG's lines under a step's equations: per term its first value in both columns and the largest
+    difference over the tile (and a dQ partial's place among the atomic adds); none for a step of the reference."""
+    if not step.kernel:
+        return []
+    order = None if br.kernel is None or step.step_kind is not StepKind.DQ else br.kernel.order(step.i, step.j)
+    where = "" if order is None else f" (this dQ partial reached dQ at place {order} of the atomic adds)"
+    lines = ["", f"the kernels beside the reference, first value of each term{where}:"]
+    for name, mine in step.kernel.items():
+        ref, diff = step[name].reshape(-1)[0], step.kernel_diff[name]
+        lines.append(
+            f"  {name:6s} {_digits(ref):>16s} {_digits(mine.reshape(-1)[0]):>16s}   max |difference| {diff:.3g}"
+        )
+    return lines
