@@ -31,6 +31,7 @@ import torch
 from flashattn_teach.errors import AttentionValueError
 from flashattn_teach.replay.backward_replay import replay_backward
 from flashattn_teach.replay.kernel_trace_backward import TERMS
+from flashattn_teach.replay.manifest import schema
 from flashattn_teach.replay.step import StepKind
 
 U32, U16 = 2.0**-24, 2.0**-11
@@ -213,7 +214,9 @@ def test_the_command_line_writes_the_kernels_column(tmp_path) -> None:
     argv = ["replay", "backward", "--seq-len", "20", "--head-dim", "16", "--block-m", "16", "--block-n", "16"]
     assert main([*argv, "--source", "triton", "--format", "json", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert "note" in doc["kernel"] and doc["kernel"]["dqOrder"]
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator(schema()).validate(doc)  # replay.schema.json, with the kernels' keys
+    assert "note" in doc["kernel"] and doc["kernel"]["dqOrder"] and doc["kernel"]["dqOrderMoves"] is not None
     traced = [s for s in doc["steps"] if s["stepKind"] != "preprocess"]
     assert traced and all({t["name"] for t in s["kernel"]["terms"]} >= {"P_ij", "dS_ij"} for s in traced)
     table = tmp_path / "bwd.txt"
@@ -237,3 +240,20 @@ def test_the_png_lines_and_the_json_say_where_each_dq_partial_arrived() -> None:
     assert "order" not in kernel_case(br, step) and "atomic" not in kernel_lines(br, step)[1]
     plain = next(iter(replay_backward(q, k, v, block_m=32, block_n=16).dq_steps()))
     assert kernel_lines(br, plain) == []
+
+
+def test_the_atomics_order_moves_dq_by_rounding_alone() -> None:
+    q, k, v = inputs(40, 64, 16, torch.float32)  # four key blocks: four partials per query row
+    br = replay_backward(q, k, v, block_m=32, block_n=16, source="triton")
+    kt = br.kernel
+    assert kt is not None
+    moved = kt.order_moves_dq()
+    assert moved is not None and moved > 0  # another order, other last bits
+    # and no more than the rounding of a 4-term float32 sum: 2 * 3 u sum |partials|, over every row and lane
+    for i in range(kt.trace.T_r):
+        total = sum(kt.trace.partials()[j, i, :, :16].double().abs() for j in range(kt.trace.T_c))
+        js = [j for a, j, _ in kt.arrivals() if a == i]
+        diff = (kt.dq_summed(i, js) - kt.dq_summed(i, js[::-1])).double().abs()
+        assert bool((diff <= 6 * U32 * total).all())
+    two_kernel = replay_backward(q, k, v, block_m=32, block_n=16, source="triton", deterministic=True)
+    assert two_kernel.kernel is not None and two_kernel.kernel.order_moves_dq() is None

@@ -146,6 +146,27 @@ class KernelBackwardTrace:
         tiles = [(i, j, self.order(i, j)) for i in range(self.trace.T_r) for j in range(self.trace.T_c)]
         return sorted(((i, j, n) for i, j, n in tiles if n is not None), key=lambda t: t[2])
 
+    def dq_summed(self, i: int, js: list[int]) -> Tensor:
+        """Query block ``i``'s dQ rows had its partials arrived in the order ``js`` (key blocks): summed in float32
+        in that order, as the atomic adds would sum them. ``(BLOCK_M, D)``; what a different order does to dQ."""
+        parts = [self.trace.partials()[j, i, :, : self.D] for j in js]  # each (BLOCK_M, D), float32
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total = total + part
+        return total
+
+    def order_moves_dq(self) -> float | None:
+        """``max |dQ - dQ'|`` over the query blocks, dQ summed in the traced arrival order and dQ' in its reverse:
+        how far the atomics' order alone moves dQ; None without atomics."""
+        if not self.fused:
+            return None
+        moved = 0.0
+        for i in range(self.trace.T_r):
+            js = [j for a, j, _ in self.arrivals() if a == i]
+            if js:
+                moved = max(moved, float((self.dq_summed(i, js) - self.dq_summed(i, js[::-1])).abs().max()))
+        return moved
+
     @functools.cached_property
     def _dq_after(self) -> dict[tuple[int, int], Tensor]:
         """Per tile ``(i, j)``, dQ's rows of query block ``i`` just after its partial arrived: the block's partials

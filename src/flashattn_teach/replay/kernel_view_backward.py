@@ -61,6 +61,7 @@ def kernel_head(br: BackwardReplay) -> dict[str, Any]:
         "blockN": br.block_n,
         "oneKernel": br.kernel.fused,
         "dqOrder": [list(t) for t in br.kernel.arrivals()],  # (i, j, order) in arrival order
+        "dqOrderMoves": br.kernel.order_moves_dq(),  # max |dQ - dQ summed in the reverse order|; None: no atomics
         "tiles": br.note,
         "note": NOTE,
     }

@@ -303,7 +303,12 @@ def _backward(console: Any, br: BackwardReplay, narrow: bool) -> None:
     console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")
     if br.source == "triton":
         head = backward_kernel_head(br)
-        console.print(f"Kernels: {head['source']}. {head['tiles']} {head['note']}".replace("  ", " "))
+        moved = (
+            ""
+            if head["dqOrderMoves"] is None
+            else f" Summed in the reverse order, dQ moves by up to {head['dqOrderMoves']:.3g}."
+        )
+        console.print(f"Kernels: {head['source']}. {head['tiles']} {head['note']}{moved}".replace("  ", " "))
 
 
 # A decode step: the cache, each split's UPDATEs, the MERGEs. ROLE_GLYPHS: a cache slot's role, one letter narrow.
