@@ -364,7 +364,6 @@ def _step(step: Step) -> dict[str, Any]:
 
 def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
     """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
-    # the PREPROCESS, then the passes' tiles; with source="triton" each tile's kernel numbers (.kernel_view_backward)
     steps = [_step(s) | ({"kernel": backward_kernel_case(br, s)} if s.kernel else {}) for s in br.all_steps()]
     mine, oracle = br.gradients(), br.oracle()
     return {

@@ -29,13 +29,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from . import kernel_view_backward
 from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
 from .kernel_trace import NOTE
 from .kernel_view import KERNEL_SOURCE, kernel_table
-from .kernel_view_backward import kernel_head as backward_kernel_head
-from .kernel_view_backward import kernel_table as backward_kernel_table
 from .manifest import span
 from .memory import memory_figure
 from .memory_table import memory_panel
@@ -297,12 +296,12 @@ def _backward(console: Any, br: BackwardReplay, narrow: bool) -> None:
         for step in steps:
             console.print(_step_panel(step, len(steps), narrow))
             if step.kernel:  # source="triton": the kernels' numbers beside the reference's
-                console.print(backward_kernel_table(br, step))
+                console.print(kernel_view_backward.kernel_table(br, step))
     console.print(_errors(br))
     worst = max(br.max_error().values())
     console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")
     if br.source == "triton":
-        head = backward_kernel_head(br)
+        head = kernel_view_backward.kernel_head(br)
         moved = (
             ""
             if head["dqOrderMoves"] is None
