@@ -291,7 +291,7 @@ def backward(
     # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path has none
     dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else None
     tile = config.backward_fused if fused and config.backward_fused is not None else dkdv_config
-    c, tma = launch_tile(tile.by_pointers() if D2 or trace is not None else tile, q, do, varlen=var)  # Q_i, dO_i by TMA
+    c, tma = launch_tile(tile.by_pointers() if D2 or trace else tile, q, do, varlen=var)  # Q_i, dO_i by TMA
     check_trace_tile(trace, "backward_dkdv", c)
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
@@ -361,9 +361,7 @@ def backward(
         return dq_acc.to(q.dtype), dk, dv
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
-    c, tma = launch_tile(
-        dq_config.by_pointers() if D2 or trace is not None else dq_config, k, v, varlen=var
-    )  # K_j, V_j too
+    c, tma = launch_tile(dq_config.by_pointers() if D2 or trace else dq_config, k, v, varlen=var)  # K_j, V_j too
     check_trace_tile(trace, "backward_dq", c)
     check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
