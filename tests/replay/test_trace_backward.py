@@ -228,7 +228,9 @@ def test_backward_of_carries_every_option_of_replay():
     shared = set(ReplayKeywords.__annotations__)
     forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
     assert shared == forward - {"query_block", "order", "source"}  # source="triton": the forward kernel only
-    assert shared == set(inspect.signature(replay_backward).parameters) - {"q", "k", "v", "dO", "seed"}
+    # replay_backward's own: dO, seed, and source and deterministic (the backward kernels' trace)
+    own = {"q", "k", "v", "dO", "seed", "source", "deterministic"}
+    assert shared == set(inspect.signature(replay_backward).parameters) - own
     # And the options arrive: a backward of the forward's causal, windowed, capped call, against a direct one.
     q, k, v = (torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in range(3))
     kw = {"block_m": 2, "block_n": 3, "causal": True, "window": (1, 0), "softcap": 2.0, "scale": 0.7}

@@ -32,6 +32,7 @@ VALUES = {
     "--order": ["query_major"],
     "--source": ["reference"],
     "--kernel": ["core"],
+    "--deterministic": [],
     "--window": ["1,1"],
     "--softcap": ["2"],
     "--alibi": ["0.5"],

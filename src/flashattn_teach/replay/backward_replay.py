@@ -27,10 +27,11 @@ replay (:mod:`.replay`). :meth:`BackwardReplay.oracle` differentiates dense atte
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor
@@ -43,7 +44,8 @@ from ..masks.spec import Tiling
 from ..reference.dense import dense_attention
 from ..reference.scores import score_hook, score_tile
 from .inputs import ReplayKeywords, one_head_call, pick_matrix, rows_mask, rows_tensors
-from .replay import Replay, rows_score_mod
+from .kernel_trace_backward import KernelBackwardTrace, check_traceable, kernel_blocks, run_backward_trace
+from .replay import SOURCES, Replay, rows_score_mod
 from .schedule import visited_key_blocks
 from .step import ACCUMULATORS, Step, StepEquation, StepKind, numbers
 
@@ -82,6 +84,9 @@ class BackwardReplay:
     block_m: int
     block_n: int
     sink: Tensor | None = None  # (1,): the head's sink logit, or None
+    source: str = "reference"  # "triton": each dK/dV and dQ step also carries the kernels' numbers, step.kernel
+    kernel: KernelBackwardTrace | None = None  # the kernels' trace (.kernel_trace_backward), with source="triton"
+    note: str = ""  # with source="triton": the kernels' tiles where they differ from the requested ones
 
     def _tile(self, i: int, j: int) -> TileGrads:
         """Tile (i, j) by ``core.backward.tile_terms``, with the mask contract's features around it, and the
@@ -134,7 +139,7 @@ class BackwardReplay:
         t = tile.t
         terms = {"S_ij": t.S, "P_ij": t.P, "dP_ij": t.dP, "dS_ij": t.dS, **acc}
         assert tuple(acc) == ACCUMULATORS[step_kind]
-        return Step(
+        step = Step(
             step_kind=step_kind,
             index=index,
             terms=terms,
@@ -145,6 +150,7 @@ class BackwardReplay:
             cols=self.tiling.col_blocks[j],
             kind=self.tiling.kind(i, j, b=self.batch_index, h=0),
         )
+        return step if self.kernel is None else dataclasses.replace(step, kernel=self.kernel.terms(step))
 
     def _visits(self) -> dict[int, list[int]]:
         return {i: list(js) for i, js in enumerate(visited_key_blocks(self.tiling, b=self.batch_index))}
@@ -264,15 +270,73 @@ class BackwardReplay:
 
 @takes_keywords()
 def replay_backward(
-    q: Tensor, k: Tensor, v: Tensor, dO: Tensor | None = None, *, seed: int = 0, **options: Unpack[ReplayKeywords]
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dO: Tensor | None = None,
+    *,
+    seed: int = 0,
+    source: str = "reference",
+    deterministic: bool = False,
+    **options: Unpack[ReplayKeywords],
 ) -> BackwardReplay:
     """Replay the backward of one head of ``attention(q, k, v)``: shapes, mask contract, ``cu_seqlens``,
     ``sinks``, ``block_mask`` and ``score_mod`` as :func:`.replay.replay`, checked the same way (the gradients
     of tensors a ``score_mod`` captures are not replayed). ``dO``: ``(N_q, D_v)`` (or ``(B, N_q, D_v)``, element
     ``batch_index`` taken), default ``randn`` from ``torch.Generator().manual_seed(seed)`` (which draws
     the numbers ``torch.manual_seed(seed)`` would: inputs made that way with the same seed start alike, so the
-    command line passes ``dO`` as the fourth ``randn`` after q, k, v)."""
-    return backward_replay(q, k, v, dO, seed, options)
+    command line passes ``dO`` as the fourth ``randn`` after q, k, v).
+
+    ``source="triton"``: each dK/dV and dQ step also carries the production backward kernels' own numbers for the
+    same tile, ``step.kernel`` and ``step.kernel_diff`` (:mod:`.kernel_trace_backward`), at the kernels' tiles
+    (powers of two >= 16); plain or causal attention, float32 or float16 on a CPU (Triton's interpreter), also
+    bfloat16 on a GPU. ``deterministic``: trace the two-kernel backward (a dQ program) rather than the one-kernel
+    backward (dQ by atomic adds)."""
+    return backward_from(q, k, v, dO, seed, options, source, deterministic)
+
+
+def backward_from(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dO: Tensor | None,
+    seed: int,
+    options: ReplayKeywords,
+    source: str,
+    deterministic: bool,
+) -> BackwardReplay:
+    """The backward replay of ``source`` (:data:`.replay.SOURCES`): the reference's, or with the kernels' trace."""
+    if source not in SOURCES:
+        raise AttentionValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source == "reference":
+        return backward_replay(q, k, v, dO, seed, options)
+    head = one_head_call(q, k, v, options)
+    check_traceable(head, q)
+    kernel_m, kernel_n = kernel_blocks(head.block_m, head.block_n)
+    ref = backward_replay(q, k, v, dO, seed, cast(ReplayKeywords, options | {"block_m": kernel_m, "block_n": kernel_n}))
+    dt = torch.float32 if q.dtype == torch.float64 else q.dtype  # the kernels' dtype: float64 rounded to float32
+    dO_k = ref.dO.to(dt)  # the kernels' dO; the reference then takes the same numbers
+    ref = dataclasses.replace(ref, dO=dO_k.to(ref.dO.dtype), delta=(dO_k.to(ref.dO.dtype) * ref.O).sum(-1))
+    names = ("query", "key", "value")
+    q_k, k_k, v_k = (pick_matrix(t, n, ref.batch_index).to(dt) for t, n in zip((q, k, v), names, strict=True))
+    trace = run_backward_trace(
+        (q_k, k_k, v_k, ref.O.to(dt), ref.lse.float(), dO_k),
+        causal=head.options.causal,
+        causal_align=options["causal_align"],
+        scale=ref.scale,
+        block_m=kernel_m,
+        block_n=kernel_n,
+        deterministic=deterministic,
+    )
+    note = ""
+    if (kernel_m, kernel_n) != (head.block_m, head.block_n):
+        note = (
+            f"The kernels tile {kernel_m} x {kernel_n} (powers of two >= 16, tl.dot's minimum), not the requested "
+            f"{head.block_m} x {head.block_n}: this replay uses the kernels' tiles."
+        )
+    if q.dtype == torch.float64:
+        note += " The kernels compute in float32 at most: they ran on the float64 inputs rounded to float32."
+    return dataclasses.replace(ref, source="triton", kernel=trace, note=note.strip())
 
 
 def backward_replay(
@@ -319,8 +383,11 @@ def backward_replay(
     )
 
 
-def backward_of(r: Replay, *, dO: Tensor | None = None, seed: int = 0) -> BackwardReplay:
-    """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`)."""
+def backward_of(
+    r: Replay, *, dO: Tensor | None = None, seed: int = 0, source: str = "reference", deterministic: bool = False
+) -> BackwardReplay:
+    """The backward replay of the inputs and options of the forward replay ``r`` (made by :func:`.replay.replay`);
+    ``source`` and ``deterministic`` as :func:`replay_backward`'s."""
     q, k, v = r.inputs
     assert r.call is not None  # r.inputs raised otherwise
-    return backward_replay(q, k, v, dO, seed, r.call.options)  # the forward's keywords, whole
+    return backward_from(q, k, v, dO, seed, r.call.options, source, deterministic)  # the forward's keywords, whole

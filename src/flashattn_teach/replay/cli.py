@@ -106,6 +106,16 @@ def _add_options(p: argparse.ArgumentParser, scenario: str) -> None:
         )
         p.add_argument("--kernel", choices=KERNELS, default="core", help="--source triton: core, or production")
         p.add_argument("--extensions", action="store_true", help="--format json: add skipped tiles and equations")
+    if scenario == "backward":
+        p.add_argument(
+            "--source",
+            choices=SOURCES,
+            default="reference",
+            help="triton: the production dK/dV and dQ kernels' own numbers (their trace build) beside the reference's",
+        )
+        p.add_argument(
+            "--deterministic", action="store_true", help="--source triton: the two-kernel backward, not dQ by atomics"
+        )
 
 
 def _add_decode_options(p: argparse.ArgumentParser) -> None:

@@ -46,7 +46,7 @@ def forward_of(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor) -> Rep
         causal_align=args.causal_align or "top_left",
         scale=args.scale,
         order=getattr(args, "order", "query_major"),
-        source=getattr(args, "source", "reference"),
+        source=args.source if args.scenario == "forward" else "reference",  # the backward's page: the reference's
         kernel=getattr(args, "kernel", "core"),
         batch_index=args.batch_index,
         window=masks.window,
@@ -128,7 +128,7 @@ def run_backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: 
 
 def _backward(args: argparse.Namespace, q: Tensor, k: Tensor, v: Tensor, dO: Tensor) -> str | None:
     r = forward_of(args, q, k, v)
-    br: BackwardReplay = backward_of(r, dO=dO)
+    br: BackwardReplay = backward_of(r, dO=dO, source=args.source, deterministic=args.deterministic)
     if args.format == "png":  # --out is required for png (checked with the other options)
         from .png.backward import MAX_PNG_STEPS, step_paths, steps_of
 

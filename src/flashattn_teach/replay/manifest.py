@@ -43,6 +43,8 @@ from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
 from .kernel_view import kernel_case, kernel_head
 from .kernel_view_decode import decode_kernel_head, kernel_terms_json
+from .kernel_view_backward import kernel_case as backward_kernel_case
+from .kernel_view_backward import kernel_head as backward_kernel_head
 from .replay import Replay
 from .step import Step, StepEquation, StepKind
 
@@ -363,7 +365,7 @@ def _step(step: Step) -> dict[str, Any]:
 
 def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
     """The backward replay ``br`` as a JSON-ready dict (see the module docstring)."""
-    steps = [_step(s) for s in br.all_steps()]  # the PREPROCESS, then the passes' tiles
+    steps = [_step(s) | ({"kernel": backward_kernel_case(br, s)} if s.kernel else {}) for s in br.all_steps()]
     mine, oracle = br.gradients(), br.oracle()
     return {
         "replayKind": br.replay_kind,
@@ -391,7 +393,7 @@ def to_backward_json(br: BackwardReplay) -> dict[str, Any]:
         "gradients": {name: nested(t) for name, t in mine.items()},
         "oracle": {name: nested(t) for name, t in oracle.items()},
         "maxError": {name: float((mine[name].double() - oracle[name]).abs().max()) for name in mine},
-    }
+    } | ({"kernel": backward_kernel_head(br)} if br.source == "triton" else {})
 
 
 def write_backward_json(br: BackwardReplay, file: IO[str]) -> None:

@@ -15,7 +15,8 @@ Flash-Decoding's merge) and read as ``step["m_i"]``:
     DQ          S_ij, P_ij, dP_ij, dS_ij, and the accumulator after it, dQ_i
 
 A forward replay with ``source="triton"`` also gives each UPDATE ``step.kernel``, the tutorial kernel's own
-``S_ij, m_i, l_i, alpha, acc_new`` for the same tile (:mod:`.kernel_trace`), and ``step.kernel_diff``.
+``S_ij, m_i, l_i, alpha, acc_new`` for the same tile (:mod:`.kernel_trace`), and ``step.kernel_diff``; a backward
+replay's DKDV and DQ steps the production backward kernels' (:mod:`.kernel_trace_backward`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from . import kernel_view_backward
 from .backward_replay import BackwardReplay
 from .decode_replay import DecodeReplay, KeyRole
 from .equations_view import replay_equations
@@ -295,9 +296,19 @@ def _backward(console: Any, br: BackwardReplay, narrow: bool) -> None:
     for steps in (list(br.dkdv_steps()), list(br.dq_steps())):
         for step in steps:
             console.print(_step_panel(step, len(steps), narrow))
+            if step.kernel:  # source="triton": the kernels' numbers beside the reference's
+                console.print(kernel_view_backward.kernel_table(br, step))
     console.print(_errors(br))
     worst = max(br.max_error().values())
     console.print(f"max |grad - oracle| over every gradient: [bold]{worst:.3e}[/bold]")
+    if br.source == "triton":
+        head = kernel_view_backward.kernel_head(br)
+        moved = (
+            ""
+            if head["dqOrderMoves"] is None
+            else f" Summed in the reverse order, dQ moves by up to {head['dqOrderMoves']:.3g}."
+        )
+        console.print(f"Kernels: {head['source']}. {head['tiles']} {head['note']}{moved}".replace("  ", " "))
 
 
 # A decode step: the cache, each split's UPDATEs, the MERGEs. ROLE_GLYPHS: a cache slot's role, one letter narrow.

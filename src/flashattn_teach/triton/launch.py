@@ -32,6 +32,7 @@ from .forward_trace import ForwardTrace, traced_tile
 from .provenance import as_tried
 from .records import Descales, Lse, RowStats, strided
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
+from .trace_backward import BackwardTrace, check_trace, check_trace_tile
 from .variants import PLAIN, KernelVariants
 
 
@@ -237,6 +238,7 @@ def backward(
     config: AttentionConfig,
     variants: KernelVariants = PLAIN,
     deterministic: bool = False,
+    trace: BackwardTrace | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in the kernels' layout: ``dq (B, H_q, N_q, D)``, ``dk, dv (B, H_kv, N_k, .)``, each in
     its input's dtype. With grouped-query attention ``dk, dv`` are already summed over the group.
@@ -244,7 +246,8 @@ def backward(
 
     The one-kernel backward (``config.backward_fused``) runs unless ``deterministic``, the config has no
     such tile or ``N_q`` is below its ``BLOCK_M`` (:func:`fused_backward`); otherwise the dK/dV and dQ
-    kernels. Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`)."""
+    kernels. Each kernel runs on a one-dimensional grid of ``n_blocks * B * H`` programs (see :mod:`.backward`).
+    ``trace``: the kernels' trace build (:mod:`.trace_backward`) fills it, through pointers."""
     import triton
 
     from .kernels.backward import attn_bwd_preprocess
@@ -253,6 +256,7 @@ def backward(
     from .kernels.forward import LOG2E
 
     dkdv_config, dq_config = check_backward_config(config, q, s)
+    check_trace(trace, s, variants, q.shape[0])
     B = q.shape[0]
     (D_pad, D2), Dv_pad = lane_groups(s.D), block_d(s.D_v)
     offset = _offset(s, causal_align, variants)
@@ -267,7 +271,7 @@ def backward(
     lse2 = torch.empty_like(delta)
     c = config.backward_preprocess
     check_tile_offsets("backward_preprocess", c.BLOCK_M, o=o, do=do)
-    row_stats = RowStats(lse2, delta, stride_h=lse2.shape[-1])  # as lse: (B, H_q, N_q), or (1, H_q, total_q) packed
+    row_stats = RowStats(lse2, delta, lse2.shape[-1], None if trace is None else trace.buffer)  # as lse, or packed
     attn_bwd_preprocess[(triton.cdiv(s.N_q, c.BLOCK_M) * B * s.H_q,)](
         strided(o),
         strided(do),
@@ -291,7 +295,8 @@ def backward(
     # the one-kernel backward adds dQ partials into a zeroed fp32 buffer (B, H_q, N_q, D); the other path has none
     dq_acc = torch.zeros((B, s.H_q, s.N_q, s.D), dtype=torch.float32, device=q.device) if fused else None
     tile = config.backward_fused if fused and config.backward_fused is not None else dkdv_config
-    c, tma = launch_tile(tile.by_pointers() if D2 else tile, q, do, varlen=var)  # Q_i, dO_i by TMA (unless split)
+    c, tma = launch_tile(tile.by_pointers() if D2 or trace else tile, q, do, varlen=var)  # Q_i, dO_i by TMA
+    check_trace_tile(trace, "backward_dkdv", c)
     check_tile_offsets("backward_dkdv", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dkdv", c.BLOCK_N, k=k, v=v)
     q_src = descriptor(q, c.BLOCK_M, D_pad) if tma else q
@@ -350,6 +355,7 @@ def backward(
             MASK_MOD=variants.mask_mod_fn,
             KINDS=variants.has_kinds,
             LISTED=listed_columns,
+            TRACE=trace is not None,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -359,7 +365,8 @@ def backward(
         return dq_acc.to(q.dtype), dk, dv
 
     dq = torch.empty((B, s.H_q, s.N_q, s.D), dtype=q.dtype, device=q.device)
-    c, tma = launch_tile(dq_config.by_pointers() if D2 else dq_config, k, v, varlen=var)  # K_j, V_j likewise
+    c, tma = launch_tile(dq_config.by_pointers() if D2 or trace else dq_config, k, v, varlen=var)  # K_j, V_j too
+    check_trace_tile(trace, "backward_dq", c)
     check_tile_offsets("backward_dq", c.BLOCK_M, q=q, do=do)
     check_tile_offsets("backward_dq", c.BLOCK_N, k=k, v=v)
     k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
@@ -406,6 +413,7 @@ def backward(
         MASK_MOD=variants.mask_mod_fn,
         KINDS=variants.has_kinds,
         LISTED=variants.has_kinds,
+        TRACE=trace is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

@@ -96,11 +96,13 @@ class Lse(NamedTuple):
 
 class RowStats(NamedTuple):
     """The backward's row statistics ``lse2 = lse * log2(e)`` and ``delta = rowsum(dO * O)``, each laid out as
-    :class:`Lse` (``(B, H_q, N_q)`` contiguous fp32, or ``(H_q, total_q)``), with their head stride."""
+    :class:`Lse` (``(B, H_q, N_q)`` contiguous fp32, or ``(H_q, total_q)``), with their head stride. ``trace``
+    rides here so that the trace build adds no kernel argument (the dK/dV kernel takes the most, 20)."""
 
     lse2: Tensor
     delta: Tensor
     stride_h: int
+    trace: Tensor | None = None  # the backward's trace build (kernels.trace_backward): its buffer; None, a constant
 
 
 class Bounds(NamedTuple):

@@ -30,6 +30,7 @@ from torch import Tensor
 from ...errors import AttentionValueError
 from ..backward_replay import BackwardReplay
 from ..html import LEGEND_COLOURS
+from ..kernel_view_backward import kernel_lines
 from ..step import Step, StepEquation, StepKind, TileState
 from .common import DPI, legend_handles, save, text_block
 
@@ -164,7 +165,7 @@ def _step_figure(br: BackwardReplay, steps: list[Step], n: int) -> Any:
     from matplotlib.figure import Figure
 
     s = steps[n]
-    lines = equation_lines(s)
+    lines = equation_lines(s) + kernel_lines(br, s)  # source="triton": the kernels' numbers too
     row0, row1, text = 0.95, 0.95 + 2.2 + 0.8, 0.95 + 2.2 + 0.8 + 1.6 + 0.7  # tops, inches
     fig = Figure(figsize=(FIGURE_WIDTH, text + LINE_INCHES * len(lines) + 0.2))
     _grid(_axes(fig, 0.7, row0, 1.9, 2.2), tile_states(br, steps, n), legend=True)

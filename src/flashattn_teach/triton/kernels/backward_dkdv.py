@@ -75,6 +75,7 @@ def attn_bwd_dkdv(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    TRACE: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``Q, K, V, DO, DK, DV`` are
     :class:`~..records.Strided`, ``DK, DV`` of K's and V's shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
@@ -91,9 +92,13 @@ def attn_bwd_dkdv(
     kinds at this launch's tiles; ``LISTED`` with ``mods.tiles`` the list of each key block's visited query
     tiles (:func:`flashattn_teach.triton.variants.tile_list` of the transposed kinds, row ``j`` at ``b *
     stride_b + h0 * stride_h + j * stride_m``), one for the whole group. ``BLOCK_D2`` as in
-    :func:`~.forward.attn_fwd`: K_j, dK_j (and the dQ partial) in two lane groups, by pointers only."""
+    :func:`~.forward.attn_fwd`: K_j, dK_j (and the dQ partial) in two lane groups, by pointers only.
+
+    ``TRACE``: the trace build (:mod:`.trace_backward`): the program of the head ``row_stats.trace`` names
+    writes each step's ``P, dP, dS, dK_j, dV_j`` (and dQ partial) there; through pointers, unsplit, one lane group."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
+    tl.static_assert(not TRACE or (WITH_DK and WITH_DV and not TMA and BLOCK_D2 == 0), "the trace build's path")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
     # causal: the first key blocks are seen by the most queries; they start first (all heads' or each head's:
     # GRID_ORDER, .grid). A program reads the query and dO rows of GROUP query heads.
@@ -279,6 +284,7 @@ def attn_bwd_dkdv(
                 KINDS=KINDS,
                 LISTED=LISTED,
                 BLOCK_D2=BLOCK_D2,
+                TRACE=TRACE,
             )
     if SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key

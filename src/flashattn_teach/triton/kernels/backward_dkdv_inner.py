@@ -17,6 +17,7 @@ from .dropout import _dropout_keep
 from .forward import LOG2E
 from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
 from .tiles import _load_block, _load_block_hi, _load_block_T, _load_tile_tma
+from .trace_backward import _trace_dkdv
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
@@ -85,6 +86,7 @@ def _attn_bwd_dkdv_inner(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    TRACE: tl.constexpr = False,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
     (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
@@ -292,4 +294,12 @@ def _attn_bwd_dkdv_inner(
                         lanes2 = BLOCK_D + tl.arange(0, BLOCK_D2)
                         ptrs2 = DQ_blk + offs_m[:, None] * DQ.stride_n + lanes2[None, :] * DQ.stride_d
                         tl.atomic_add(ptrs2, dq2, mask=in_q[:, None] & (lanes2[None, :] < HEAD_DIM), sem="relaxed")
+                if TRACE:  # the step's state, after its updates (.trace_backward)
+                    dq_traced = None
+                    if DQ_ATOMIC:
+                        dq_traced = dq
+                    i = start // BLOCK_M
+                    _trace_dkdv(
+                        row_stats.trace, b_coord, h0_coord + g, i, start_n // BLOCK_N, pT, dpT, dsT, dk, dv, dq_traced
+                    )
     return dk, dk2, dv

@@ -64,6 +64,7 @@ def attn_bwd_dq(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    TRACE: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``Q, K, V, DO, DQ`` are :class:`~..records.Strided`, ``DQ`` of Q's shape ``(B, H_q,
@@ -71,8 +72,10 @@ def attn_bwd_dq(
     BLOCK_N, .)``. ``row_stats`` (:class:`~..records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
     laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods``, ``SCORE_MOD``,
     ``SCORE_GRAD`` (its derivative; None when it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2``
-    as in :func:`~.forward.attn_fwd`, at this launch's tiles."""
+    as in :func:`~.forward.attn_fwd`, at this launch's tiles. ``TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`:
+    each step's ``P, dP, dS``, its ``dS_ij K_j`` and ``dQ_i``."""
     tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
+    tl.static_assert(not TRACE or (not TMA and BLOCK_D2 == 0), "the trace build runs through pointers, one lane group")
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; they start first (all heads' or each head's: GRID_ORDER)
     blk, bh = program_block(
@@ -235,6 +238,8 @@ def attn_bwd_dq(
                 KINDS=KINDS,
                 LISTED=LISTED,
                 BLOCK_D2=BLOCK_D2,
+                Trace=row_stats.trace,
+                TRACE=TRACE,
             )
 
     # dQ_i = scale * sum_j dS_ij K_j

@@ -16,6 +16,7 @@ from .dropout import _dropout_keep
 from .forward import LOG2E
 from .masking import LN2, _attn_mask_tile, _in_window, _modify_scores
 from .tiles import _load_block_hi, _load_block_T, _load_tile_tma
+from .trace_backward import _trace_dq
 from .usermods import KIND_PARTIAL, KIND_SKIP, _mask_mod_visible, _score_mod
 
 
@@ -76,6 +77,8 @@ def _attn_bwd_dq_inner(
     KINDS: tl.constexpr = False,
     LISTED: tl.constexpr = False,
     BLOCK_D2: tl.constexpr = 0,
+    Trace=None,
+    TRACE: tl.constexpr = False,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
     the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
@@ -221,4 +224,7 @@ def _attn_bwd_dq_inner(
             if BLOCK_D2 > 0:
                 # the second lane group: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
                 dq2 = tl.dot(ds.to(kT.dtype), tl.trans(kT2), dq2, input_precision=DOT_PRECISION)
+            if TRACE:  # the step's own dS_ij K_j, one more MMA of the trace build, then its state (.trace_backward)
+                part = tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
+                _trace_dq(Trace, b_idx, h_idx, start_m // BLOCK_M, start // BLOCK_N, p, dp, ds.to(kT.dtype), part, dq)
     return dq, dq2
