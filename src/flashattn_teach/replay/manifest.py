@@ -42,9 +42,9 @@ from .backward_replay import PASSES, BackwardReplay, backward_of
 from .decode_replay import DecodeReplay, SplitReplay
 from .equations import step_json
 from .kernel_view import kernel_case, kernel_head
-from .kernel_view_decode import decode_kernel_head, kernel_terms_json
 from .kernel_view_backward import kernel_case as backward_kernel_case
 from .kernel_view_backward import kernel_head as backward_kernel_head
+from .kernel_view_decode import decode_kernel_head, kernel_terms_json
 from .replay import Replay
 from .step import Step, StepEquation, StepKind
 
