@@ -227,7 +227,7 @@ def test_backward_of_carries_every_option_of_replay():
 
     shared = set(ReplayKeywords.__annotations__)
     forward = set(inspect.signature(replay).parameters) - {"q", "k", "v"}
-    assert shared == forward - {"query_block", "order", "source"}  # source="triton": the forward kernel only
+    assert shared == forward - {"query_block", "order", "source", "kernel"}  # the forward kernel: its own keywords
     # replay_backward's own: dO, seed, and source and deterministic (the backward kernels' trace)
     own = {"q", "k", "v", "dO", "seed", "source", "deterministic"}
     assert shared == set(inspect.signature(replay_backward).parameters) - own
