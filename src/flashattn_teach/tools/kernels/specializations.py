@@ -64,11 +64,18 @@ def kernel_label(c: Captured) -> str:
     return "backward_fused" if name == "backward_dkdv" and c.request.constants().get("DQ_ATOMIC") else name
 
 
+# The trace build's switches when it is off (issue 39): not part of what names a specialisation, since with them off
+# every kernel compiles to the SASS it had before they existed (tests/triton/test_triton_trace*_sass.py).
+TRACE_OFF = {"TRACE": False, "trace": None, "Trace": None}  # forward: trace; decode: Trace (backward: a None field)
+
+
 def specialisation_id(c: Captured) -> str:
-    """What names a specialisation across kernel edits (no source hash): kernel, signature, constants,
-    divisibility attributes, warps and stages, hashed (the committed JSON's ``id``)."""
+    """What names a specialisation across kernel edits (no source hash): kernel, signature, constants (but the
+    trace build's switches when off, :data:`TRACE_OFF`), divisibility attributes, warps and stages, hashed (the
+    committed JSON's ``id``)."""
     r = c.request
-    consts = ",".join(f"{k}={v!r}" for k, v in sorted(r.constants().items()))
+    constants = {k: v for k, v in r.constants().items() if k not in TRACE_OFF or v != TRACE_OFF[k]}
+    consts = ",".join(f"{k}={v!r}" for k, v in sorted(constants.items()))
     sig = ",".join(f"{k}:{v}" for k, v in r.flat_signature().items() if v != "constexpr")
     div = ",".join(sorted(r.divisible_by_16()))
     return short_id(f"{r.name}|{sig}|{consts}|div16:{div}|w{r.options.num_warps}s{r.options.num_stages}")
