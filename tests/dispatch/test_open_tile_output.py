@@ -146,3 +146,14 @@ def test_the_kept_scales_are_bounded():
     for n in range(200):
         scale_tensor(1.0 + n, torch.float32)
         assert len(scores._SCALES) <= 64
+
+
+def test_fake_tensors_take_the_scale_as_a_number():
+    """A tensor subclass (here FakeTensor, as shape propagation and export make them) refuses the kept real
+    0-d scale as an operand: it takes the Python number, and the call gives torch's output shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = torch.randn(1, 8, 16, 64), torch.randn(1, 8, 16, 64), torch.randn(1, 8, 16, 32)
+        O = fa.flash_attention(q, k, v)
+        assert O.shape == (1, 8, 16, 32) and O.dtype == torch.float32

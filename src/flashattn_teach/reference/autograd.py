@@ -120,7 +120,9 @@ def open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, with_lse:
     dt = compute_dtype(q.dtype)
     qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
     # Q scaled first, as score_tile does: q k^T may overflow where (scale q) k^T does not
-    qs = qc * scale_tensor(s.scale, dt)  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
+    # the kept 0-d scale for plain tensors only: a subclass (FakeTensor, FunctionalTensor) refuses a real operand
+    scale = scale_tensor(s.scale, dt) if type(qc) is Tensor else s.scale
+    qs = qc * scale  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
     lead = qs.shape[:-2]
     # one head layout, (n = B H, N, D) views of it: the scaled Q keeps q's strides (a (B, N, H, D) tensor's
     # transpose takes matmul's path, as do empty calls)
