@@ -138,7 +138,7 @@ def flash_attention(
         )
         O, lse = ops.call(q, k, v, args)
     else:
-        O, lse = runner.run(planner.plan(q, k, v, opts, backend), q, k, v, opts)
+        O, lse = runner.run(planner.plan(q, k, v, opts, backend), q, k, v, opts, lse_wanted)
     return (O, lse) if lse_wanted else O
 
 
@@ -217,5 +217,5 @@ def scaled_dot_product_attention(
         args = ops.AttentionArgs.of_call(opts, "auto", scale_given=scale is not None, alibi_slopes=None, seqlens_k=None)
         O, _ = ops.call(query, key, value, args)
     else:
-        O, _ = runner.run(planner.plan(query, key, value, opts), query, key, value, opts)
+        O, _ = runner.run(planner.plan(query, key, value, opts), query, key, value, opts, False)  # lse unread
     return O

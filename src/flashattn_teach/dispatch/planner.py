@@ -139,7 +139,8 @@ def dense_only(opts: AttentionOptions) -> str | None:
 def plan(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, backend: str = "auto") -> Plan:
     """Choose a backend for checked inputs; raises ``NotImplementedError`` for a named backend that cannot run
     the call. A plain call's plan is kept with its options (:func:`_memo_key`)."""
-    backend = check_backend(backend)
+    if backend != "auto":  # the default needs no check (public functions checked theirs already)
+        backend = check_backend(backend)
     key = _memo_key(q, opts, backend)
     if key is None:
         return _plan(q, k, v, opts, backend)

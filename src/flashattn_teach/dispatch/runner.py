@@ -23,7 +23,14 @@ from torch import Tensor
 from .._options import AttentionOptions
 from ..flex.block_mask_args import DEFAULT_BLOCK_SIZE
 from ..flex.block_mask_build import classified_block_mask
-from ..reference.autograd import TiledAttentionFunction, TileLoop, differentiable, tensor_inputs
+from ..reference.autograd import (
+    TiledAttentionFunction,
+    TileLoop,
+    differentiable,
+    one_open_tile,
+    open_tile,
+    tensor_inputs,
+)
 from ..reference.dense import dense_forward
 from ..reference.workers import chunk_pool
 from .planner import Plan, batched, tiles, transforms_active
@@ -60,9 +67,15 @@ def with_block_mask(opts: AttentionOptions, device: torch.device) -> AttentionOp
     return replace(opts, mask=replace(opts.mask, mods=replace(mods, block_mask=bm), _tilings={}))
 
 
-def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tuple[Tensor, Tensor]:
+def run(
+    p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, with_lse: bool = True
+) -> tuple[Tensor, Tensor]:
     """``(O, lse)`` of checked inputs by the planned backend; a call with dropout draws its key here, once,
-    unless ``opts`` carries one already, and a ``mask_mod`` is classified here (:func:`with_block_mask`)."""
+    unless ``opts`` carries one already, and a ``mask_mod`` is classified here (:func:`with_block_mask`).
+    ``with_lse=False``: the caller drops ``lse`` (``flash_attention`` without ``return_lse``, the SDPA
+    drop-in), so a call on the one open tile that no derivative can reach skips it, and ``lse`` is then
+    :data:`~flashattn_teach.reference.scores.NO_LSE` (zero elements); every other call computes it anyway.
+    Positional, so that a test's recorder ``lambda p, *args: run(p, *args)`` passes it on."""
     if opts.dropout_p != 0.0 or opts.mask.mods is not None:  # a plain call has neither to add (two calls fewer)
         opts = with_block_mask(opts.with_dropout(), q.device)
     if p.backend == "dense":
@@ -75,14 +88,16 @@ def run(p: Plan, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions) -> tup
         from ..triton import triton_forward
 
         return triton_forward(q, k, v, opts)
-    folded = None if transforms_active() else fold(q, k, v, opts)
-    # one query per head: the query heads of a key/value head as its rows (rows.py)
+    # one query per head: the query heads of a key/value head as its rows (rows.py; N_q == 1 its first question)
+    folded = None if opts.shapes.N_q != 1 or transforms_active() else fold(q, k, v, opts)
     q_in, opts_in = (q, opts) if folded is None else folded
     loop = _loop(p, opts_in)
     # attend()'s choice, in place (one layer fewer): the autograd function when a derivative can reach the
-    # call, else its forward alone
+    # call, else its forward alone (the open tile's directly, with lse only when it is read)
     if differentiable(q_in, k, v, opts_in):
         O, lse = TiledAttentionFunction.apply(q_in, k, v, opts_in, loop, *tensor_inputs(opts_in))
+    elif one_open_tile(opts_in, loop):
+        O, lse = open_tile(q_in, k, v, opts_in, with_lse or folded is not None)  # unfold reads lse
     else:
         O, lse = TiledAttentionFunction.forward(q_in, k, v, opts_in, loop, opts_in.sinks)
     return (O, lse) if folded is None else unfold(O, lse, q.shape[1])

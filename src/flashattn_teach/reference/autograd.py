@@ -25,7 +25,7 @@ from .forward_ad import jvp_grouped
 from .key_major import key_major_forward
 from .parallel import parallel_backward, parallel_forward
 from .query_major import query_major_forward
-from .scores import soft_cap, whole_row
+from .scores import scale_tensor, soft_cap, whole_row
 from .workers import default_workers
 
 FORWARDS = {"query_major": query_major_forward, "key_major": key_major_forward}
@@ -86,11 +86,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, loop: TileLo
     return TiledAttentionFunction.forward(q, k, v, opts, loop, opts.sinks)
 
 
-def _one_open_tile(opts: AttentionOptions, loop: TileLoop) -> bool:
+def one_open_tile(opts: AttentionOptions, loop: TileLoop) -> bool:
     """Whether the query-major loop would take one tile that every row sees whole (no mask, no bias, no
     dropout, no sinks: ``whole_row`` starts from ``m = -inf``) on heads that ``torch.matmul`` broadcasts as
-    they stand (``H_kv`` is ``H_q`` or 1; the batch dimensions broadcast in it as in the checks). The cheap
-    questions first: a small call asks on every step."""
+    they stand (``H_kv`` is ``H_q`` or 1; the batch dimensions broadcast in it as in the checks): then
+    :func:`open_tile` runs the call. The cheap questions first: a small call asks on every step."""
     s, spec = opts.shapes, opts.mask
     if loop.order != "query_major" or s.N_q > loop.block_m or not 0 < s.N_k <= loop.block_n:
         return False
@@ -101,6 +101,47 @@ def _one_open_tile(opts: AttentionOptions, loop: TileLoop) -> bool:
     if spec.attn_mask is not None or spec.packed is not None:
         return False  # what is left of MaskSpec.variants is the softcap, which the tile takes
     return s.H_kv == s.H_q or s.H_kv == 1
+
+
+def open_tile(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, with_lse: bool = True) -> tuple[Tensor, Tensor]:
+    """``(O, lse)`` of a call :func:`one_open_tile` admits: the loop's one step on the user layout (a small
+    call's layout work and tile plan cost more than its arithmetic), in the compute dtype. ``with_lse=False``
+    (a caller that drops ``lse`` and no derivative to come: ``dispatch/runner.py``) skips ``lse``'s four
+    torch ops and gives :data:`~flashattn_teach.reference.scores.NO_LSE` in its place; ``O`` is the same.
+
+    When ``q, k, v`` have the same leading dimensions (the common ``(B, H, N, D)`` call) the products are
+    ``torch.bmm`` on ``(B H, N, D)`` views: the kernel ``torch.matmul`` reaches, without its expands and
+    reshapes (eight torch ops a call fewer). Other layouts (one key/value head, batch broadcast, mixed ranks)
+    take ``torch.matmul``'s broadcast."""
+    if torch._C._is_any_autocast_enabled():  # its products run in the compute dtype (_autocast.py)
+        with autocast_off(q.device.type):
+            return open_tile(q, k, v, opts, with_lse)
+    s = opts.shapes
+    dt = compute_dtype(q.dtype)
+    qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
+    # Q scaled first, as score_tile does: q k^T may overflow where (scale q) k^T does not
+    # the kept 0-d scale for plain tensors only: a subclass (FakeTensor, FunctionalTensor) refuses a real operand
+    scale = scale_tensor(s.scale, dt) if type(qc) is Tensor else s.scale
+    qs = qc * scale  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
+    lead = qs.shape[:-2]
+    # one head layout, (n = B H, N, D) views of it: the scaled Q keeps q's strides (a (B, N, H, D) tensor's
+    # transpose takes matmul's path, as do empty calls)
+    flat = lead == kc.shape[:-2] == vc.shape[:-2] and qs.numel() > 0 and qs.is_contiguous()
+    if flat:
+        n = qs.numel() // (s.N_q * s.D)
+        qs3, kc3, vc3 = qs.view(n, s.N_q, s.D), kc.reshape(n, s.N_k, s.D), vc.reshape(n, s.N_k, s.D_v)
+        S = torch.bmm(qs3, kc3.mT)  # (n, N_q, D) @ (n, D, N_k) -> (n, N_q, N_k)
+        out = qs3 if s.D == s.D_v else None  # O written into the scaled Q: two buffers a call (whole_row's note)
+    else:
+        qs3, vc3 = qs, vc  # heads broadcast by torch.matmul
+        S = torch.matmul(qs, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
+        out = qs if qs.shape == s.out_shape else None
+    softcap = opts.mask.softcap
+    O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc3, out, with_lse=with_lse, bmm=flat)
+    if flat:  # back to the user's leading dimensions; O is already there when written into the scaled Q
+        O = qs if O is qs3 else O.view(*lead, s.N_q, s.D_v)
+        lse = lse.view(*lead, s.N_q) if with_lse else lse
+    return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
 
 
 class TiledAttentionFunction(torch.autograd.Function):
@@ -119,21 +160,8 @@ class TiledAttentionFunction(torch.autograd.Function):
         if sinks is not opts.sinks:  # a torch.func transform hands its own wrapper of the sinks
             opts = opts.with_sinks(sinks)
         s = opts.shapes
-        if _one_open_tile(opts, loop):
-            if torch._C._is_any_autocast_enabled():  # its products run in the compute dtype (_autocast.py)
-                with autocast_off(q.device.type):
-                    return TiledAttentionFunction.forward(q, k, v, opts, loop, sinks, *captures)
-            # The loop's one step on the user layout (a small call's layout work and tile plan cost more than
-            # its arithmetic), in the compute dtype; written out here, not in a helper: one layer fewer.
-            dt = compute_dtype(q.dtype)
-            qc, kc, vc = (q, k, v) if q.dtype == dt else (q.to(dt), k.to(dt), v.to(dt))  # one dtype for all
-            # Q scaled first, as score_tile does: q k^T may overflow where (scale q) k^T does not
-            qs = qc * s.scale  # (.., N_q, D), a new tensor; O is written into it when it has O's shape
-            S = torch.matmul(qs, kc.mT)  # (.., N_q, D) @ (.., D, N_k) -> (.., N_q, N_k)
-            softcap = opts.mask.softcap
-            out = qs if qs.shape == s.out_shape else None  # two buffers a call, S and O (whole_row's note)
-            O, lse = whole_row(S if softcap is None else soft_cap(S, softcap), vc, out)
-            return (O if O.dtype == q.dtype else O.to(q.dtype)), lse
+        if one_open_tile(opts, loop):
+            return open_tile(q, k, v, opts)
         qg, kg, vg = to_grouped(q, k, v, s)
         tiling = opts.mask.tiling(loop.block_m, loop.block_n)
         with autocast_off(q.device.type):
