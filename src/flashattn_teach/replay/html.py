@@ -36,6 +36,7 @@ from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
+from .kernel_view_decode import decode_kernel_head, kernel_terms_json
 from .manifest import decode_to_experiment, json_number, json_rows, json_values, merge_json, to_experiment
 from .page_views import VIEWS
 from .replay import Replay
@@ -238,6 +239,8 @@ def _tile(split: SplitReplay, step: Step) -> dict[str, Any]:
     }
     if step.last:  # the split's partial result, as the merges read it
         event["partial"] = {"output": json_rows(split.O_s), "lse": json_values(split.lse_s)}
+    if step.kernel:  # source="triton": the kernel's terms beside the reference's (a merge's come with merge_json)
+        event["kernel"] = kernel_terms_json(step)
     return event
 
 
@@ -331,8 +334,9 @@ def _events(r: DecodeReplay) -> list[dict[str, Any]]:
 
 
 def build_decode_view(r: DecodeReplay) -> dict[str, Any]:
-    """The decode page's payload: the step's sizes, every cache slot, and the events the page steps through."""
-    return {
+    """The decode page's payload: the step's sizes, every cache slot, and the events the page steps through;
+    with ``source="triton"`` the kernel's head too (``"kernel"``, its terms in each event's ``"kernel"``)."""
+    view: dict[str, Any] = {
         "title": DECODE_TITLE,
         "source": SOURCE,
         "labels": r.labels(),
@@ -354,6 +358,7 @@ def build_decode_view(r: DecodeReplay) -> dict[str, Any]:
         "visible": ["".join("1" if x else "0" for x in row) for row in r.visible.tolist()],
         "events": _events(r),
     }
+    return view | ({"kernel": decode_kernel_head(r)} if r.source == "triton" else {})
 
 
 def render_decode_html(r: DecodeReplay) -> str:
@@ -369,7 +374,7 @@ def render_decode_html(r: DecodeReplay) -> str:
         data=decode_to_experiment(r),
         enums=enums,
         views={"decode": build_decode_view(r)},
-        scripts=["page.js", "page_decode.js"],
-        styles=["page.css", "page_decode.css"],
+        scripts=["page.js", "page_kernel.js", "page_decode.js"],  # page_kernel.js: the kernel's panel's renderer
+        styles=["page.css", "page_decode.css", "page_kernel.css"],
         legend=legend,
     )
