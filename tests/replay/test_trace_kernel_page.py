@@ -93,6 +93,24 @@ def check_terms(rows: list[dict], terms: list[dict], label) -> None:
         assert float(row["difference"]) == pytest.approx(diff, rel=5.01e-3, abs=1e-300), (name, row)  # 3 digits
 
 
+def assert_fits_a_phone(browser, page_path, panel: str, next_id: str, clicks: int) -> None:
+    """At a phone's width (390 px), after ``clicks`` of ``#next_id``, the kernel panel ``#panel`` is shown and
+    nothing in it reaches past the page's width unclipped (the layout test's probe, on the panel alone)."""
+    from test_trace_layout import EMPTY, OVERFLOWING
+
+    browser.open(page_path, width=390, height=900)
+    for _ in range(clicks):
+        browser.evaluate(f'document.getElementById("{next_id}").click()')
+    assert browser.evaluate(f'document.getElementById("{panel}").hidden') is False
+    in_panel = OVERFLOWING.replace(
+        'document.body.querySelectorAll("*")', f'document.getElementById("{panel}").querySelectorAll("*")'
+    )
+    assert in_panel != OVERFLOWING
+    overflow = browser.evaluate(in_panel)
+    assert not overflow["found"] and overflow["scrollWidth"] <= overflow["innerWidth"], overflow
+    assert browser.evaluate(EMPTY) == []
+
+
 def check_page(page: dict, case: dict, row_start: int) -> None:
     """Every number of the forward panel is the case's JSON; its rows are the query rows from ``row_start``."""
     check_terms(page["rows"], case["kernel"]["terms"], lambda _, n: row_start + n)

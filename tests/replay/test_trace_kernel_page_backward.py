@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from test_trace_kernel_page import check_terms, read_panel
+from test_trace_kernel_page import assert_fits_a_phone, check_terms, read_panel
 
 from flashattn_teach.replay.kernel_trace_backward import NOTE
 
@@ -61,6 +61,7 @@ def test_every_backward_step_shows_the_kernels_numbers_of_the_json(browser, tmp_
             assert not any(m.startswith("Atomics") for m in page["metas"])
     assert sorted(places) == list(range(len(head["dqOrder"]))) and len(places) > 1
     assert max(differences) > 0  # float32 kernels against a float64 reference: a difference shows as one
+    assert_fits_a_phone(browser, page_path, "bwd-kernel", "bwd-next", len(steps) - 1)
 
 
 def test_the_backward_page_of_the_reference_has_no_kernel_panel(browser, tmp_path) -> None:

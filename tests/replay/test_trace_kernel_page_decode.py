@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("triton")
 
 import torch
-from test_trace_kernel_page import check_terms, read_panel
+from test_trace_kernel_page import assert_fits_a_phone, check_terms, read_panel
 
 from flashattn_teach.replay import replay_decode
 from flashattn_teach.replay.kernel_trace_decode import NOTE
@@ -50,6 +50,7 @@ def test_every_update_and_merge_shows_the_kernels_numbers_of_the_json(browser, t
         differences += [float(row["difference"]) for row in page["rows"]]
     assert {"O", "lse"} <= {t["name"] for t in merges[-1]["kernel"]["terms"]}  # the kernel's merged O and lse
     assert max(differences) > 0  # a float32 kernel against a float64 reference: a difference shows as one
+    assert_fits_a_phone(browser, page_path, "dec-kernel", "dec-next", len(events) - 1)
 
 
 def test_the_decode_page_of_the_reference_has_no_kernel_panel(browser, tmp_path) -> None:

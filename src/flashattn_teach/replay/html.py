@@ -5,7 +5,8 @@ data (``#view-data``, ``{key: payload}``), and draws them with the scripts ``pag
 steppers, keys) and one ``page_<view>.js`` per view, with the styles ``page.css`` and ``page_<view>.css``
 (package data next to this file), all inlined; a Content-Security-Policy of ``default-src 'none'`` forbids
 every network fetch. :func:`fill_page` fills that template for any page: the decode step's page
-(:func:`render_decode_html`, below) is ``page.js`` with ``page_decode.js`` instead of the forward view.
+(:func:`render_decode_html`, below) is ``page.js`` with ``page_decode.js`` instead of the forward view (and
+``page_kernel.js``, whose renderer draws the decode kernel's numbers with ``source="triton"``).
 :func:`render_html` draws any of the three scenarios: a forward replay (its page, the backward a tab of it),
 a backward one (the same page opened on its Backward tab) or a decode step.
 
