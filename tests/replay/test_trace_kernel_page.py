@@ -15,15 +15,25 @@ from flashattn_teach.replay.manifest import schema
 
 from replay_cli import main
 
-READ_KERNEL = """(() => ({
-  counter: document.getElementById("counter").textContent,
-  rows: [...document.querySelectorAll("#kernel-terms tr[data-term]")].map(r => ({
-    term: r.dataset.term, row: Number(r.dataset.row),
+
+def read_panel(panel: str, table: str, counter: str = "counter") -> str:
+    """The script that reads the kernel panel ``#panel`` (its table ``#table``; the view's stepper's counter
+    ``#counter``): whether it is hidden, its rows, its note and its meta lines."""
+    return f"""(() => ({{
+  counter: document.getElementById("{counter}").textContent,
+  hidden: document.getElementById("{panel}").hidden,
+  rows: [...document.querySelectorAll("#{table} tr[data-term]")].map(r => ({{
+    term: r.dataset.term, row: r.dataset.row,
     reference: r.querySelector(".reference").textContent, kernel: r.querySelector(".kernel").textContent,
-    difference: r.querySelector(".difference").textContent})),
-  note: document.querySelector("#kernel .kernel-note").textContent,
-  meta: document.querySelector("#kernel .meta").textContent,
-}))()"""
+    difference: r.querySelector(".difference").textContent}})),
+  note: document.querySelector("#{panel} .kernel-note")?.textContent ?? null,
+  meta: document.querySelector("#{panel} .meta")?.textContent ?? null,
+  metas: [...document.querySelectorAll("#{panel} p.meta")].map(p => p.textContent),
+}}))()"""
+
+
+READ_KERNEL = read_panel("kernel", "kernel-terms")
+
 # 40 rows and keys, D = 16, float32, causal: query block 1 of the kernel's 16 x 16 tiles has two updates
 MULTI = "forward --dtype float32 --seq-len 40 --head-dim 16 --block-m 16 --block-n 16 --causal --query-block 1"
 
@@ -64,14 +74,15 @@ def test_the_cli_refuses_what_the_kernel_cannot_run(capsys) -> None:
     assert 'order="query_major"' in capsys.readouterr().err
 
 
-def check_page(page: dict, case: dict, row_start: int) -> None:
-    """Every number of the panel is the case's JSON to 8 significant digits; every difference its max."""
+def check_terms(rows: list[dict], terms: list[dict], label) -> None:
+    """The panel's ``rows`` are ``terms``' (the JSON's) row by row: each number to 8 significant digits (the
+    page's), each difference the max over the row to its 3 digits; ``label(name, n)`` the n-th row's label."""
     expected = []
-    for term in case["kernel"]["terms"]:
+    for term in terms:
         for n, (r, k) in enumerate(zip(rows_of(term["reference"]), rows_of(term["kernel"]), strict=True)):
-            expected.append((term["name"], row_start + n, r, k))
-    assert [(row["term"], row["row"]) for row in page["rows"]] == [e[:2] for e in expected]
-    for row, (name, _, ref, mine) in zip(page["rows"], expected, strict=True):
+            expected.append((term["name"], str(label(term["name"], n)), r, k))
+    assert [(row["term"], row["row"]) for row in rows] == [e[:2] for e in expected]
+    for row, (name, _, ref, mine) in zip(rows, expected, strict=True):
         for text, values in ((row["reference"], ref), (row["kernel"], mine)):
             shown = text.split(" ")
             assert len(shown) == len(values), (name, text)
@@ -80,6 +91,29 @@ def check_page(page: dict, case: dict, row_start: int) -> None:
         pairs = zip(ref, mine, strict=True)
         diff = max(0.0 if a == b else (math.inf if None in (a, b) else abs(a - b)) for a, b in pairs)
         assert float(row["difference"]) == pytest.approx(diff, rel=5.01e-3, abs=1e-300), (name, row)  # 3 digits
+
+
+def assert_fits_a_phone(browser, page_path, panel: str, next_id: str, clicks: int) -> None:
+    """At a phone's width (390 px), after ``clicks`` of ``#next_id``, the kernel panel ``#panel`` is shown and
+    nothing in it reaches past the page's width unclipped (the layout test's probe, on the panel alone)."""
+    from test_trace_layout import EMPTY, OVERFLOWING
+
+    browser.open(page_path, width=390, height=900)
+    for _ in range(clicks):
+        browser.evaluate(f'document.getElementById("{next_id}").click()')
+    assert browser.evaluate(f'document.getElementById("{panel}").hidden') is False
+    in_panel = OVERFLOWING.replace(
+        'document.body.querySelectorAll("*")', f'document.getElementById("{panel}").querySelectorAll("*")'
+    )
+    assert in_panel != OVERFLOWING
+    overflow = browser.evaluate(in_panel)
+    assert not overflow["found"] and overflow["scrollWidth"] <= overflow["innerWidth"], overflow
+    assert browser.evaluate(EMPTY) == []
+
+
+def check_page(page: dict, case: dict, row_start: int) -> None:
+    """Every number of the forward panel is the case's JSON; its rows are the query rows from ``row_start``."""
+    check_terms(page["rows"], case["kernel"]["terms"], lambda _, n: row_start + n)
 
 
 def test_the_page_shows_both_columns_at_every_update(browser, tmp_path, capsys) -> None:

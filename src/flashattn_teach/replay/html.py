@@ -5,7 +5,8 @@ data (``#view-data``, ``{key: payload}``), and draws them with the scripts ``pag
 steppers, keys) and one ``page_<view>.js`` per view, with the styles ``page.css`` and ``page_<view>.css``
 (package data next to this file), all inlined; a Content-Security-Policy of ``default-src 'none'`` forbids
 every network fetch. :func:`fill_page` fills that template for any page: the decode step's page
-(:func:`render_decode_html`, below) is ``page.js`` with ``page_decode.js`` instead of the forward view.
+(:func:`render_decode_html`, below) is ``page.js`` with ``page_decode.js`` instead of the forward view (and
+``page_kernel.js``, whose renderer draws the decode kernel's numbers with ``source="triton"``).
 :func:`render_html` draws any of the three scenarios: a forward replay (its page, the backward a tab of it),
 a backward one (the same page opened on its Backward tab) or a decode step.
 
@@ -36,6 +37,7 @@ from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
+from .kernel_view_decode import decode_kernel_head, kernel_terms_json
 from .manifest import decode_to_experiment, json_number, json_rows, json_values, merge_json, to_experiment
 from .page_views import VIEWS
 from .replay import Replay
@@ -238,6 +240,8 @@ def _tile(split: SplitReplay, step: Step) -> dict[str, Any]:
     }
     if step.last:  # the split's partial result, as the merges read it
         event["partial"] = {"output": json_rows(split.O_s), "lse": json_values(split.lse_s)}
+    if step.kernel:  # source="triton": the kernel's terms beside the reference's (a merge's come with merge_json)
+        event["kernel"] = kernel_terms_json(step)
     return event
 
 
@@ -331,8 +335,9 @@ def _events(r: DecodeReplay) -> list[dict[str, Any]]:
 
 
 def build_decode_view(r: DecodeReplay) -> dict[str, Any]:
-    """The decode page's payload: the step's sizes, every cache slot, and the events the page steps through."""
-    return {
+    """The decode page's payload: the step's sizes, every cache slot, and the events the page steps through;
+    with ``source="triton"`` the kernel's head too (``"kernel"``, its terms in each event's ``"kernel"``)."""
+    view: dict[str, Any] = {
         "title": DECODE_TITLE,
         "source": SOURCE,
         "labels": r.labels(),
@@ -354,6 +359,7 @@ def build_decode_view(r: DecodeReplay) -> dict[str, Any]:
         "visible": ["".join("1" if x else "0" for x in row) for row in r.visible.tolist()],
         "events": _events(r),
     }
+    return view | ({"kernel": decode_kernel_head(r)} if r.source == "triton" else {})
 
 
 def render_decode_html(r: DecodeReplay) -> str:
@@ -369,7 +375,7 @@ def render_decode_html(r: DecodeReplay) -> str:
         data=decode_to_experiment(r),
         enums=enums,
         views={"decode": build_decode_view(r)},
-        scripts=["page.js", "page_decode.js"],
-        styles=["page.css", "page_decode.css"],
+        scripts=["page.js", "page_kernel.js", "page_decode.js"],  # page_kernel.js: the kernel's panel's renderer
+        styles=["page.css", "page_decode.css", "page_kernel.css"],
         legend=legend,
     )

@@ -1,5 +1,8 @@
 """The decode kernel's numbers beside the reference's (``replay_decode(..., source="triton")``,
-:mod:`.kernel_trace_decode`), as the table and the JSON show them.
+:mod:`.kernel_trace_decode`), as every renderer shows them: the JSON's per-case and per-merge ``"kernel"``
+(:func:`kernel_terms_json`) and the document's (:func:`decode_kernel_head`), the table's panels
+(:func:`decode_kernel_table`), the page's panel (``page_kernel.js``, from the same JSON) and the PNG's lines under
+the tables, per tile update and merge (:func:`decode_kernel_lines`).
 
 Per step and per traced term, two columns and their difference:
 
@@ -25,7 +28,13 @@ from .decode_replay import DecodeReplay
 from .kernel_trace_decode import NOTE
 from .step import Step, StepKind
 
-__all__ = ["DECODE_KERNEL_SOURCE", "decode_kernel_head", "decode_kernel_table", "kernel_terms_json"]
+__all__ = [
+    "DECODE_KERNEL_SOURCE",
+    "decode_kernel_head",
+    "decode_kernel_lines",
+    "decode_kernel_table",
+    "kernel_terms_json",
+]
 
 DECODE_KERNEL_SOURCE = "triton/kernels/decode.py (the split-KV decode kernel), its trace build: TRACE=True"
 
@@ -100,3 +109,21 @@ def decode_kernel_table(steps: Iterable[Step], title: str):
             table.add_row(label, shown, _cells(step[name]), _cells(mine), f"{step.kernel_diff[name]:.3g}")
             label = ""
     return table
+
+
+def decode_kernel_lines(r: DecodeReplay) -> list[list[str]]:
+    """The PNG's lines, one block per tile update and merge: its label, then per traced term row 0's first value
+    in both columns and the largest difference over the term; none for a replay of the reference."""
+    if r.kernel is None:
+        return []
+    labelled = [(f"split {split.index} · update {step.index + 1}", step) for split in r.splits for step in split]
+    labelled += [(f"merge {m.index + 1} · {m.label}", m) for m in r.merges]
+    blocks = []
+    for label, step in labelled:
+        lines = [label]
+        for name, mine in step.kernel.items():
+            ref, first = step[name].reshape(-1)[0], mine.reshape(-1)[0]
+            diff = step.kernel_diff[name]
+            lines.append(f"  {name:9s} {_digits(ref):>15s} {_digits(first):>15s}   max |difference| {diff:.3g}")
+        blocks.append(lines)
+    return blocks

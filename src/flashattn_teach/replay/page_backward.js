@@ -1,7 +1,8 @@
 // The backward view (manifest.py: to_backward_json): FlashAttention-2 Alg. 2 one step at a time — the preprocess
 // (delta), every dK/dV step, every dQ step, then the gradients against float64 autograd. Each step shows its
 // tile on the (T_r, T_c) grid, the tile's P_ij, dP_ij, dS_ij, the accumulators after it, and its equations
-// with their numbers.
+// with their numbers. With source="triton" each dK/dV and dQ step also shows the kernels' terms beside the
+// reference's (d.kernel, step.kernel: kernel_view_backward.py), drawn by page_kernel.js's Page.kernelPanel.
 (() => {
   const {enums, fmt, el} = Page;
   const STATE = enums.TileState;
@@ -21,6 +22,9 @@
     const equations = el("ol", {className: "bwd-equations", id: "bwd-equations"});
     const equationsTitle = el("h2", {textContent: "Equations (FA2 Alg. 2), with the numbers"});
     const result = el("div", {id: "bwd-result"});
+    const K = d.kernel, kernelBody = el("div", {className: "panel-body"});  // K: absent for the reference alone
+    const kernel = K ? el("div", {className: "panel", id: "bwd-kernel"},
+      el("h2", {textContent: "Kernels beside reference"}), kernelBody) : null;
 
     // Tile (i, j) at step n: the current tile, tiles of earlier steps of the same pass (ACCUMULATED when they
     // fed the same accumulator: the same j for dK/dV, the same i for dQ), SKIP tiles, the rest pending.
@@ -91,6 +95,25 @@
       matrices.replaceChildren(...names.flatMap(n => [matrix(n, d.gradients[n]), matrix(`${n} (oracle)`, d.oracle[n])]));
     }
 
+    // The kernels' terms at a dK/dV or dQ step: dV_j and dK_j by key row, the rest by query row; a dQ partial of
+    // the one-kernel backward also its place among the atomic adds, and the partials of its query block before it.
+    const shown = x => x === null ? "∞" : Number(x).toPrecision(3);
+    function drawKernel(step) {
+      if (!kernel) return;
+      kernel.hidden = !(step && step.kernel);
+      if (kernel.hidden) return;
+      const meta = [`${K.source}, tiles ${K.blockM} × ${K.blockN}. ${K.tiles}`];
+      const order = step.kernel.order;
+      if (order !== undefined) {
+        const before = K.dqOrder.filter(([i, , n]) => i === step.i && n < order).map(([, j]) => `j=${j}`);
+        meta.push(`Atomics: this dQ partial reached dQ at place ${order} of the ${K.dqOrder.length} atomic adds ` +
+          `(0 first); dQ_i after it holds ${before.length ? `the partials of ${before.join(", ")} and this one`
+          : "this partial alone"}. Summed in the reverse order, dQ would move by up to ${shown(K.dqOrderMoves)}.`);
+      }
+      Page.kernelPanel(kernelBody, step.kernel, {id: "bwd-kernel-terms", meta, note: K.note,
+        rowOf: (name, n) => name === "dV_j" || name === "dK_j" ? `key ${step.cols[0] + n}` : `query ${step.rows[0] + n}`});
+    }
+
     const s = Page.stepper(section, total, "Backward step", n => {
       const step = d.steps[n];
       result.hidden = n < d.steps.length;
@@ -115,6 +138,7 @@
           ...Object.entries(step.acc).map(([name, values]) => matrix(name, values, `${name} after this step`)));
         drawEquations(step.equations);
       }
+      drawKernel(step && step.stepKind !== PASS.PREPROCESS ? step : null);
       drawGrid(n);
       section.dataset.step = n;
     }, {prev: "bwd-prev", next: "bwd-next", counter: "bwd-counter"});
@@ -122,7 +146,7 @@
       `BLOCK_M=${d.blockM}, BLOCK_N=${d.blockN} · scale ${fmt(d.scale)}` +
       (d.softcap === null ? "" : ` · softcap ${fmt(d.softcap)}`) + (d.sink === null ? "" : ` · sink ${fmt(d.sink)}`)}),
       label, position, el("div", {className: "layout"}, el("div", {}, grid, legend), matrices),
-      result, equationsTitle, equations);
+      result, equationsTitle, equations, ...(kernel ? [kernel] : []));
     s.go(0);
     return s;
   }, "Tile replay: backward (FA2 Alg. 2), every tile of both passes");

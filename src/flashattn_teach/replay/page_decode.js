@@ -1,7 +1,9 @@
 // The decode step's page (html.py): every split's tile updates, then the merges of the split results,
 // the sink merged in last when there is one, and the result against the dense oracle. The cache strip shows
 // each slot's role (old, new, unused), split and, in a paged cache, page, block id and slot; the current
-// event's keys are highlighted. Equations come with their numbers, one query row at a time.
+// event's keys are highlighted. Equations come with their numbers, one query row at a time. With source="triton"
+// each tile update and merge also shows the kernel's terms beside the reference's (d.kernel, e.kernel:
+// kernel_view_decode.py; the partials, the merged O and lse), drawn by page_kernel.js's Page.kernelPanel.
 (() => {
   const {enums, fmt, el, substituted} = Page;
   const EVENT = enums.DecodeEvent, STATE = enums.TileState, ROLE = enums.KeyRole;
@@ -27,6 +29,20 @@
     const body = el("div", {className: "dec-body", id: "dec-body"});
     const equationsTitle = el("h2", {id: "dec-equations-title"});
     const equations = el("ol", {className: "dec-equations", id: "dec-equations"});
+    const K = d.kernel, kernelBody = el("div", {className: "panel-body"});  // K: absent for the reference alone
+    const kernel = K ? el("div", {className: "panel", id: "dec-kernel"},
+      el("h2", {textContent: "Kernel beside reference"}), kernelBody) : null;
+
+    // The kernel's terms at a tile update or merge, one query row a row (a merge's: the kernel's partials, the
+    // last merge also its merged O and lse; the combine kernel's running values between merges are not traced).
+    function drawKernel(e) {
+      if (!kernel) return;
+      kernel.hidden = !e.kernel;
+      if (kernel.hidden) return;
+      const meta = [`${K.source}, BLOCK_N ${K.blockN}, ${K.numSplits} splits: keys ` +
+        K.ranges.map(([a, b]) => a < b ? `${a}–${b - 1}` : "none").join(", ") + `. ${K.tiles}`];
+      Page.kernelPanel(kernelBody, e.kernel, {id: "dec-kernel-terms", meta, note: K.note, rowOf: (_, n) => `q${n}`});
+    }
 
     // The state of cache slot j (or of the sink, j = "sink") at event n.
     function slotState(n, j) {
@@ -163,10 +179,12 @@
       if (e.event === EVENT.TILE) showTile(e);
       else if (e.event === EVENT.MERGE) showMerge(e);
       else showResult(e);
+      drawKernel(e);
     }
 
     const s = Page.stepper(section, events.length, "Event", show, {prev: "dec-prev", next: "dec-next", counter: "dec-counter"});
-    section.append(label, position, el("div", {className: "scroll"}, cache), legend, body, equationsTitle, rows, equations);
+    section.append(label, position, el("div", {className: "scroll"}, cache), legend, body, equationsTitle, rows, equations,
+      ...(kernel ? [kernel] : []));
     s.go(0);
     return s;
   });

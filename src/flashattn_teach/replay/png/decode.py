@@ -1,7 +1,9 @@
 """A decode step as a picture (matplotlib): the ``N_new x N_max`` scores of the step coloured by split (pale
 where masked, grey where the slot is unused), the key roles above and the tiles inside each split, a paged cache's
 page boundaries and block ids; then each split's tile updates (``m_i``, ``l_i``, the error) and the merges
-(``lse_a``, ``lse_b``, ``lse``, the weights); right, the error after every event on a log scale.
+(``lse_a``, ``lse_b``, ``lse``, the weights); right, the error after every event on a log scale. With
+``source="triton"``, under the tables, the kernel beside the reference at each tile update and merge: per traced
+term its first value in both columns and the largest difference (:func:`.kernel_view_decode.decode_kernel_lines`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from torch import Tensor
 
 from ...errors import AttentionValueError
 from ..decode_replay import DecodeReplay, KeyRole
+from ..kernel_view_decode import decode_kernel_lines
 from ..manifest import span
-from .common import DPI, fmt, pale, save
+from .common import DPI, fmt, pale, save, text_block
 
 SPLIT_COLOURS = ("#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#bc80bd")
 UNUSED_COLOUR = "#e0e0e0"
@@ -23,6 +26,8 @@ PAGE_COLOUR = "#1565c0"  # a paged cache: page boundaries and each slot's block 
 MAX_DRAWN_KEYS = 48  # one column per cache slot, with its label
 MAX_DRAWN_ROWS = 40  # table rows: tile updates and merges
 FLOOR = 1e-18  # an error of exactly 0 drawn on the log scale
+KERNEL_COLUMNS = 2  # source="triton": the kernel's lines, its steps' blocks in this many columns
+LINE_HEIGHT = 0.125  # inches per line of 6.5-point monospace
 
 
 def _vec(t: Tensor) -> str:
@@ -155,6 +160,31 @@ def _errors(ax: Any, r: DecodeReplay) -> None:
     ax.set_title("max |O − O_final| after each event (log)", fontsize=9, loc="left")
 
 
+def _kernel_columns(blocks: list[list[str]]) -> list[list[str]]:
+    """The kernel's blocks of lines, one per step, in order in up to :data:`KERNEL_COLUMNS` columns of about equal
+    length (a block stays whole: it starts the next column when its middle would pass the column's share)."""
+    share = sum(len(b) + 1 for b in blocks) / KERNEL_COLUMNS
+    columns: list[list[str]] = []
+    for block in blocks:
+        if not columns or (len(columns) < KERNEL_COLUMNS and len(columns[-1]) + len(block) / 2 > share):
+            columns.append([])
+        columns[-1] += [*block, ""]
+    return columns
+
+
+def _kernel(fig: Any, cell: Any, columns: list[list[str]]) -> None:
+    """The kernel beside the reference under the tables: one text block per column."""
+    axes = cell.subgridspec(1, KERNEL_COLUMNS).subplots()
+    axes[0].set_title(
+        "the kernel (triton/kernels/decode.py) beside the reference: each term's first value, reference then "
+        "kernel, and max |difference| over the term",
+        fontsize=9,
+        loc="left",
+    )
+    for n, ax in enumerate(axes):
+        text_block(ax, columns[n] if n < len(columns) else [], 6.5)
+
+
 def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = DPI) -> Path:
     """Write ``r`` as a PNG to ``path``: the cache, the tile updates and merges, the error."""
     updates, merges = _updates(r), _merge_rows(r)
@@ -167,13 +197,16 @@ def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = DPI) -> P
     from matplotlib.figure import Figure
 
     grid_h, updates_h, merges_h = 0.9 + 0.4 * r.N_new, 0.3 + 0.24 * (len(updates) + 1), 0.4 + 0.24 * (len(merges) + 1)
-    fig = Figure(figsize=(12, 1.2 + grid_h + updates_h + merges_h), layout="constrained")
-    grid = fig.add_gridspec(3, 2, height_ratios=(grid_h, updates_h, merges_h), width_ratios=(2.2, 1))
+    columns = _kernel_columns(decode_kernel_lines(r))  # [] for the reference alone
+    kernel_h = 0.6 + LINE_HEIGHT * max((len(c) for c in columns), default=0)
+    heights = (grid_h, updates_h, merges_h, *([kernel_h] if columns else []))
+    fig = Figure(figsize=(12, 1.2 + sum(heights)), layout="constrained")
+    grid = fig.add_gridspec(len(heights), 2, height_ratios=heights, width_ratios=(2.2, 1))
     _cache(fig.add_subplot(grid[0, :]), r)
     rows = f"(q0{', …' * (r.N_new > 2)}{f', q{r.N_new - 1}' * (r.N_new > 1)})"
     header = ["split", "update", "keys", "tile", f"m_i {rows}", "l_i", "lse_s = m_i + log l_i", "max |O_s − O_final|"]
     _table(fig.add_subplot(grid[1, 0]), header, updates, "tile updates inside each split (online softmax)")
-    _errors(fig.add_subplot(grid[1:, 1]), r)
+    _errors(fig.add_subplot(grid[1:3, 1]), r)
     if merges:
         header = [
             "a + b",
@@ -190,6 +223,8 @@ def render_decode_png(r: DecodeReplay, path: str | Path, *, dpi: int = DPI) -> P
             merges,
             "merges: lse = log(exp(lse_a) + exp(lse_b)), O = w_a O_a + w_b O_b",
         )
+    if columns:
+        _kernel(fig, grid[3, :], columns)
     fig.suptitle(
         f"Decode step replay · {r.cache_len} cached + {r.N_new_kv} new keys, N_new={r.N_new} · "
         f"num_splits={r.num_splits}, BLOCK_N={r.block_n}"
