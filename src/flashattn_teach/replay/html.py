@@ -37,7 +37,8 @@ from ..errors import AttentionValueError
 from ..masks.causal import TileKind
 from .decode_replay import DecodeReplay, KeyRole, SplitReplay
 from .equations import step_json
-from .kernel_view_decode import decode_kernel_head, kernel_terms_json
+from .kernel_view import kernel_case
+from .kernel_view_decode import decode_kernel_head
 from .manifest import decode_to_experiment, json_number, json_rows, json_values, merge_json, to_experiment
 from .page_views import VIEWS
 from .replay import Replay
@@ -241,7 +242,7 @@ def _tile(split: SplitReplay, step: Step) -> dict[str, Any]:
     if step.last:  # the split's partial result, as the merges read it
         event["partial"] = {"output": json_rows(split.O_s), "lse": json_values(split.lse_s)}
     if step.kernel:  # source="triton": the kernel's terms beside the reference's (a merge's come with merge_json)
-        event["kernel"] = kernel_terms_json(step)
+        event["kernel"] = kernel_case(step)
     return event
 
 

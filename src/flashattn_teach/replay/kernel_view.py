@@ -27,7 +27,16 @@ from .kernel_trace import KERNEL_TERMS, NOTE, PRODUCTION_NOTE
 from .replay import Replay
 from .step import Step
 
-__all__ = ["KERNEL_SOURCE", "build_view", "kernel_case", "kernel_head", "kernel_lines", "kernel_table", "kernel_text"]
+__all__ = [
+    "KERNEL_SOURCE",
+    "build_view",
+    "kernel_case",
+    "kernel_head",
+    "kernel_lines",
+    "kernel_table",
+    "kernel_text",
+    "tensor_json",
+]
 
 KERNEL_SOURCE = "core/kernel.py (the tutorial kernel), its trace build: TRACE=True"
 PRODUCTION_SOURCE = "triton/kernels/forward.py (the production kernel), its trace build: TRACE=True, by pointers"
@@ -35,12 +44,12 @@ SOURCES = {"core": (KERNEL_SOURCE, NOTE), "production": (PRODUCTION_SOURCE, PROD
 VECTORS = ("m_i", "l_i", "alpha")  # (Br,): one number per query row
 
 
-def _json(t: Tensor) -> Any:
-    """Nested lists, ``-inf`` (a masked score, an empty row's maximum) as None."""
+def tensor_json(t: Tensor) -> Any:
+    """Nested lists, ``-inf`` (a masked score, an empty row's maximum or lse) as None."""
     if t.dim() == 0:
         x = float(t)
         return None if x == -math.inf else x
-    return [_json(x) for x in t]
+    return [tensor_json(x) for x in t]
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -48,17 +57,18 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def kernel_case(step: Step) -> dict[str, Any]:
-    """A case's ``"kernel"``: per traced term its reference values, the kernel's and their largest difference."""
+    """A step's ``"kernel"``, any scenario's: per traced term, in the order the trace gives them, its reference
+    values, the kernel's and their largest difference."""
     diff = step.kernel_diff
     return {
         "terms": [
             {
                 "name": name,
-                "reference": _json(step[name]),
-                "kernel": _json(step.kernel[name]),
+                "reference": tensor_json(step[name]),
+                "kernel": tensor_json(mine),
                 "maxDiff": _finite_or_none(diff[name]),
             }
-            for name in KERNEL_TERMS
+            for name, mine in step.kernel.items()
         ]
     }
 

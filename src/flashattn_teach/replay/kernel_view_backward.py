@@ -12,13 +12,13 @@ partial reached dQ by the atomic adds (``order``), and the document lists every 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import Tensor
 
 from .backward_replay import BackwardReplay
 from .kernel_trace_backward import KERNEL_SOURCE, NOTE
+from .kernel_view import kernel_case as step_kernel_case
 from .step import Step, StepKind
 
 __all__ = ["kernel_case", "kernel_head", "kernel_lines", "kernel_table"]
@@ -27,25 +27,10 @@ __all__ = ["kernel_case", "kernel_head", "kernel_lines", "kernel_table"]
 SHOWN = 4  # the table's values of each term: its first row's first four (the difference is over the whole tile)
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None  # strict JSON
-
-
 def kernel_case(br: BackwardReplay, step: Step) -> dict[str, Any]:
-    """A step's ``"kernel"``: per traced term the reference's values, the kernel's and their largest difference;
-    a dQ step of the one-kernel backward also its partial's ``order``."""
-    diff = step.kernel_diff
-    case: dict[str, Any] = {
-        "terms": [
-            {
-                "name": name,
-                "reference": step[name].tolist(),
-                "kernel": mine.tolist(),
-                "maxDiff": _finite_or_none(diff[name]),
-            }
-            for name, mine in step.kernel.items()
-        ]
-    }
+    """A step's ``"kernel"`` (:func:`.kernel_view.kernel_case`); a dQ step of the one-kernel backward also its
+    partial's ``order``."""
+    case = step_kernel_case(step)
     order = None if br.kernel is None or step.step_kind is not StepKind.DQ else br.kernel.order(step.i, step.j)
     if order is not None:
         case["order"] = order

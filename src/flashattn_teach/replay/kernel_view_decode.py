@@ -1,6 +1,6 @@
 """The decode kernel's numbers beside the reference's (``replay_decode(..., source="triton")``,
 :mod:`.kernel_trace_decode`), as every renderer shows them: the JSON's per-case and per-merge ``"kernel"``
-(:func:`kernel_terms_json`) and the document's (:func:`decode_kernel_head`), the table's panels
+(:func:`.kernel_view.kernel_case`) and the document's (:func:`decode_kernel_head`), the table's panels
 (:func:`decode_kernel_table`), the page's panel (``page_kernel.js``, from the same JSON) and the PNG's lines under
 the tables, per tile update and merge (:func:`decode_kernel_lines`).
 
@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .decode_replay import DecodeReplay
 from .kernel_trace_decode import NOTE
+from .kernel_view import tensor_json
 from .step import Step, StepKind
 
 __all__ = [
@@ -33,38 +34,9 @@ __all__ = [
     "decode_kernel_head",
     "decode_kernel_lines",
     "decode_kernel_table",
-    "kernel_terms_json",
 ]
 
 DECODE_KERNEL_SOURCE = "triton/kernels/decode.py (the split-KV decode kernel), its trace build: TRACE=True"
-
-
-def _json(t: Tensor) -> Any:
-    """Nested lists, ``-inf`` (a masked score, an empty row's maximum or lse) as None."""
-    if t.dim() == 0:
-        x = float(t)
-        return None if x == -math.inf else x
-    return [_json(x) for x in t]
-
-
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None  # strict JSON: a -inf against a finite value is written null
-
-
-def kernel_terms_json(step: Step) -> dict[str, Any]:
-    """A step's ``"kernel"``: per traced term its reference values, the kernel's and their largest difference."""
-    diff = step.kernel_diff
-    return {
-        "terms": [
-            {
-                "name": name,
-                "reference": _json(step[name]),
-                "kernel": _json(mine),
-                "maxDiff": _finite_or_none(diff[name]),
-            }
-            for name, mine in step.kernel.items()
-        ]
-    }
 
 
 def decode_kernel_head(r: DecodeReplay) -> dict[str, Any]:
@@ -77,8 +49,8 @@ def decode_kernel_head(r: DecodeReplay) -> dict[str, Any]:
         "blockN": r.block_n,
         "numSplits": r.num_splits,
         "ranges": [list(keys) for keys in r.ranges],
-        "output": _json(O),
-        "lse": _json(lse),
+        "output": tensor_json(O),
+        "lse": tensor_json(lse),
         "maxDiffOutput": float((O - r.O.double()).abs().max()) if O.numel() else 0.0,
         "tiles": r.note,
         "note": NOTE,

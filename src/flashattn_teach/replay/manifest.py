@@ -44,7 +44,7 @@ from .equations import step_json
 from .kernel_view import kernel_case, kernel_head
 from .kernel_view_backward import kernel_case as backward_kernel_case
 from .kernel_view_backward import kernel_head as backward_kernel_head
-from .kernel_view_decode import decode_kernel_head, kernel_terms_json
+from .kernel_view_decode import decode_kernel_head
 from .replay import Replay
 from .step import Step, StepEquation, StepKind
 
@@ -234,7 +234,7 @@ def _decode_case(r: DecodeReplay, split: SplitReplay, step: Step, number: int) -
             "update": step.index + 1,
             "kind": step.tile_kind.value,
         },
-    } | ({"kernel": kernel_terms_json(step)} if step.kernel else {})  # source="triton" (.kernel_view_decode)
+    } | ({"kernel": kernel_case(step)} if step.kernel else {})  # source="triton" (.kernel_view_decode)
 
 
 def _decode_cases(r: DecodeReplay) -> Iterator[dict[str, Any]]:
@@ -307,7 +307,7 @@ def merge_json(m: Step) -> dict[str, Any]:
         "weightB": json_values(m["w_b"]),
         "output": json_rows(m["O"]),
         "maxDiff": m.max_diff,
-    } | ({"kernel": kernel_terms_json(m)} if m.kernel else {})
+    } | ({"kernel": kernel_case(m)} if m.kernel else {})
 
 
 def decode_to_experiment(r: DecodeReplay) -> dict[str, Any]:
