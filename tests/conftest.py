@@ -20,8 +20,11 @@ subprocesses on two cores put several such threads on each core, and with the de
 waits at a region's barrier spins on the core its partner needs. Measured on the 2-core machine, two
 processes at once: 1500 small attention steps 285 s of wall and 52 s of CPU each by default, 7 s and 4.5 s
 passive; tests/reference/test_reference_properties.py 48 s -> 17 s. The thread count is unchanged (the CPU
-reference's default worker count reads it). libgomp reads the variable when torch loads it, so it is set
-before ``import torch`` here; the workers and subprocesses inherit it.
+reference's default worker count reads it). numpy's OpenBLAS (the Triton interpreter's ``tl.dot``) runs one
+thread a process (``OPENBLAS_NUM_THREADS=1``): its threads spin the same way, and a 128 x 128 product is
+large enough to be split; two processes at once, 5000 such products: 43 s of wall and 14 s of CPU each with
+its default two threads, 0.9 s and 0.3 s with one. Both libraries read their variable when they load, so
+both are set before ``import torch`` here (which loads both); the workers and subprocesses inherit them.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from pathlib import Path
 
 import pytest
 
-# Before torch loads libgomp (see the module docstring); a policy already in the environment is kept
+# Before torch loads libgomp and numpy OpenBLAS (see the module docstring); values already set are kept
 OMP_WAIT = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+OPENBLAS_THREADS = os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
