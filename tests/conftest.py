@@ -73,6 +73,13 @@ START_FIRST = (
     "triton/test_triton_decode_split_lanes.py",
     "triton/test_triton_loops.py",
     "triton/test_triton_decode.py",
+    # one compile subprocess of 15-60 s each and few tests: by their number of tests they came last
+    "triton/test_triton_split_head_dim_compile.py",
+    "triton/test_triton_flex_loops.py",
+    "triton/test_triton_compile_fp8.py",
+    "core/test_core_kernel_compile.py",
+    "core/test_core_kernel_trace_sass.py",
+    "triton/test_triton_loops_ws.py",
 )
 
 
