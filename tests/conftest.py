@@ -73,7 +73,10 @@ START_FIRST = (
     "triton/test_triton_decode_split_lanes.py",
     "triton/test_triton_loops.py",
     "triton/test_triton_decode.py",
-    # one compile subprocess of 15-60 s each and few tests: by their number of tests they came last
+    # one compile subprocess of 15-60 s or more each and few tests: by their number of tests they came last
+    "triton/test_triton_trace_backward_sass.py",
+    "triton/test_triton_trace_sass.py",
+    "triton/test_triton_trace_decode_sass.py",
     "triton/test_triton_split_head_dim_compile.py",
     "triton/test_triton_flex_loops.py",
     "triton/test_triton_compile_fp8.py",
