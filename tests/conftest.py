@@ -12,6 +12,19 @@ a module's shared compiles and browser stay in one process). Naming files, ``-n`
 workers longest first: those of ``START_FIRST`` (ahead-of-time compiles: their subprocesses wait on ptxas and
 cuobjdump for minutes), then the rest by their number of tests (pytest-xdist's own order), so that no long
 file starts last while the other worker has nothing left.
+
+Every process of the run (the workers, their compile and CLI subprocesses) waits for OpenMP passively
+(``OMP_WAIT_POLICY=PASSIVE``, unless the environment already names a policy). torch's CPU ops run in OpenMP
+regions of ``torch.get_num_threads()`` threads (two on the target machine); two workers and their
+subprocesses on two cores put several such threads on each core, and with the default policy a thread that
+waits at a region's barrier spins on the core its partner needs. Measured on the 2-core machine, two
+processes at once: 1500 small attention steps 285 s of wall and 52 s of CPU each by default, 7 s and 4.5 s
+passive; tests/reference/test_reference_properties.py 48 s -> 17 s. The thread count is unchanged (the CPU
+reference's default worker count reads it). numpy's OpenBLAS (the Triton interpreter's ``tl.dot``) runs one
+thread a process (``OPENBLAS_NUM_THREADS=1``): its threads spin the same way, and a 128 x 128 product is
+large enough to be split; two processes at once, 5000 such products: 43 s of wall and 14 s of CPU each with
+its default two threads, 0.9 s and 0.3 s with one. Both libraries read their variable when they load, so
+both are set before ``import torch`` here (which loads both); the workers and subprocesses inherit them.
 """
 
 from __future__ import annotations
@@ -21,7 +34,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
+
+# Before torch loads libgomp and numpy OpenBLAS (see the module docstring); values already set are kept
+OMP_WAIT = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+OPENBLAS_THREADS = os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -55,6 +73,16 @@ START_FIRST = (
     "triton/test_triton_decode_split_lanes.py",
     "triton/test_triton_loops.py",
     "triton/test_triton_decode.py",
+    # one compile subprocess of 15-60 s or more each and few tests: by their number of tests they came last
+    "triton/test_triton_trace_backward_sass.py",
+    "triton/test_triton_trace_sass.py",
+    "triton/test_triton_trace_decode_sass.py",
+    "triton/test_triton_split_head_dim_compile.py",
+    "triton/test_triton_flex_loops.py",
+    "triton/test_triton_compile_fp8.py",
+    "core/test_core_kernel_compile.py",
+    "core/test_core_kernel_trace_sass.py",
+    "triton/test_triton_loops_ws.py",
 )
 
 

@@ -1,5 +1,6 @@
 """tests/conftest.py runs the whole suite (a plain ``pytest``) on two xdist workers, one file to a worker, and a
-run that names files in one process, the compile files first. Checked on small projects that use this conftest."""
+run that names files in one process, the compile files first, every process waiting for OpenMP passively.
+Checked on small projects that use this conftest."""
 
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 PROBE = """
+import os
+
 def test_{name}_one():
-    pass
+    # what this process's torch and numpy read when they loaded OpenMP and OpenBLAS
+    policy = [os.environ.get(name, "unset") for name in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")]
+    with open(os.environ["POLICY_FILE"], "a") as f:
+        f.write(" ".join(policy) + "\\n")
 
 def test_{name}_two():
     pass
 """
 
 
-def _run(project: Path, *args: str) -> dict[str, str]:
-    """``pytest ARGS`` in ``project``: test name -> the worker that ran it ("none": the main process)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
+def _run(project: Path, *args: str, **extra: str) -> dict[str, str]:
+    """``pytest ARGS`` in ``project`` (environment: this one's less pytest's, hypothesis's and OpenMP's, plus
+    ``extra``): test name -> the worker that ran it ("none": the main process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_", "OMP_", "OPENBLAS_"))}
+    env.update(POLICY_FILE=str(project / "policy.txt"), **extra)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args]
     done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -51,8 +59,14 @@ def test_the_whole_suite_runs_on_two_workers_one_file_each(tmp_path: Path) -> No
     whole = _run(tmp_path)
     assert set(whole.values()) <= {"gw0", "gw1"}, whole
     assert whole["test_a_one"] == whole["test_a_two"] and whole["test_b_one"] == whole["test_b_two"], whole
+    # the workers wait for OpenMP passively and run OpenBLAS on one thread (conftest's docstring: why)
+    assert (tmp_path / "policy.txt").read_text().splitlines() == ["PASSIVE 1", "PASSIVE 1"]
 
-    assert set(_run(tmp_path, "tests/test_a.py", "tests/test_b.py").values()) == {"none"}
+    # one process; what the environment sets is kept
+    (tmp_path / "policy.txt").unlink()
+    named = _run(tmp_path, "tests/test_a.py", "tests/test_b.py", OMP_WAIT_POLICY="ACTIVE", OPENBLAS_NUM_THREADS="2")
+    assert set(named.values()) == {"none"}
+    assert (tmp_path / "policy.txt").read_text().splitlines() == ["ACTIVE 2", "ACTIVE 2"]
 
 
 ORDER_PROBE = """
