@@ -63,8 +63,8 @@ def attn_bwd_dkdv(
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``Q, K, V, DO, DK, DV`` are
     :class:`~..records.Strided`, ``DK, DV`` of K's and V's shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
     GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv. ``row_stats`` as in
-    :func:`~.backward_dq.attn_bwd_dq`; the variants' records as in :func:`~.forward.attn_fwd`; ``qk_scale =
-    scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor
+    :func:`~.backward_dq.attn_bwd_dq`; the variants' records and flags ``F`` as in :func:`~.forward.attn_fwd`;
+    ``qk_scale = scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor
     descriptors of blocks ``(1, 1, BLOCK_M, .)``.
 
     ``DQ_ATOMIC``: the one-kernel backward. Each step also adds its dQ partial ``scale dS_ij K_j`` into

@@ -53,10 +53,11 @@ def attn_bwd_dq(
     query blocks first. ``Q, K, V, DO, DQ`` are :class:`~..records.Strided`, ``DQ`` of Q's shape ``(B, H_q,
     N_q, D)``; with ``TMA`` the pointers of ``K`` and ``V`` are tensor descriptors of blocks ``(1, 1,
     BLOCK_N, .)``. ``row_stats`` (:class:`~..records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
-    laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods``, ``SCORE_MOD``,
-    ``SCORE_GRAD`` (its derivative; None when it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2``
-    as in :func:`~.forward.attn_fwd`, at this launch's tiles. ``TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`:
-    each step's ``P, dP, dS``, its ``dS_ij K_j`` and ``dQ_i``."""
+    laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods`` and the flags ``F``
+    (``F.SCORE_MOD``, ``F.MASK_MOD``, ``F.KINDS``, ``F.LISTED``, ``F.BLOCK_D2`` ...) as in
+    :func:`~.forward.attn_fwd`, at this launch's tiles; ``SCORE_GRAD``: score_mod's derivative (None when it is
+    1). ``F.TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`: each step's ``P, dP, dS``, its ``dS_ij K_j``
+    and ``dQ_i``."""
     tl.static_assert(not (F.TMA and F.VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(
         not F.TRACE or (not F.TMA and F.BLOCK_D2 == 0), "the trace build runs through pointers, one lane group"

@@ -107,7 +107,8 @@ def attn_fwd(
     SINKS: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest. The
-    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read.
+    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read. ``F``:
+    the variant flags (:class:`flashattn_teach.triton.flags.Flags`), read ``F.CAUSAL``, ``F.WINDOW``, ...
 
     ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` (:class:`~..records.Strided`): any strides, and with
     ``TMA`` the pointers of ``K, V`` are tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE``

@@ -111,7 +111,8 @@ def _attn_fwd_inner(
     MASK: tl.constexpr,
     WS: tl.constexpr = False,
 ):
-    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
+    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10). ``F``: the
+    kernel's flags record (:class:`flashattn_teach.triton.flags.Flags`), passed whole.
 
     ``MASK`` selects the stage: False for blocks every row may fully see (no mask, no bounds check),
     True for the diagonal and the ragged last block, where scores of invisible keys become -inf.
