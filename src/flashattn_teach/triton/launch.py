@@ -161,6 +161,9 @@ def forward(
     # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd); the
     # FP8 build moves the sign of scale * qd * kd itself
     signed = variants.modifies_scores or fp8
+    flags = kernel_flags(
+        variants, causal=causal, config=config, block_d2=D2, precision=dot_precision(q.dtype), trace=trace is not None
+    )
     attn_fwd[grid](
         strided(q, varlen=var),
         strided(K_src, k.stride(), varlen=var),
@@ -186,14 +189,7 @@ def forward(
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
-        F=kernel_flags(
-            variants,
-            causal=causal,
-            config=config,
-            block_d2=D2,
-            precision=dot_precision(q.dtype),
-            trace=trace is not None,
-        )._replace(TMA=host_descriptors),
+        F=flags._replace(TMA=host_descriptors),
         NEGATE_Q=s.scale < 0 and not signed,
         WS=ws,
         # the specialised build's one loop needs no mask when every row sees every key of every block
