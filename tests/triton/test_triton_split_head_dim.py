@@ -57,7 +57,10 @@ class _Spy:
 
     def __getitem__(self, grid):
         def launch_it(*args, **kwargs):
-            self.seen.append({k: kwargs[k] for k in ("HEAD_DIM", "BLOCK_D", "BLOCK_D2")})
+            # BLOCK_D2 rides in the flags record F (triton/flags.py)
+            self.seen.append(
+                {"HEAD_DIM": kwargs["HEAD_DIM"], "BLOCK_D": kwargs["BLOCK_D"], "BLOCK_D2": kwargs["F"].BLOCK_D2}
+            )
             return self.kernel[grid](*args, **kwargs)
 
         return launch_it

@@ -34,13 +34,15 @@ SCRIPT = textwrap.dedent(
     from flashattn_teach.triton.trace_backward import BackwardTrace
 
     class Untraced:
-        # the old kernel in the new one's place: the same launch, less the TRACE it does not take
+        # the old kernel in the new one's place: the same launch, the flags record F spelt out as the old
+        # kernel's keywords, less the TRACE it does not take
         def __init__(self, kernel):
             self.kernel = kernel
         def __getitem__(self, grid):
-            def call(*args, TRACE, **kwargs):
-                assert TRACE is False
-                return self.kernel[grid](*args, **kwargs)
+            def call(*args, F, **kwargs):
+                assert F.TRACE is False
+                flags = {name: value for name, value in F._asdict().items() if name != "TRACE"}
+                return self.kernel[grid](*args, **flags, **kwargs)
             return call
 
     B, H, N, D = 1, 2, 256, 64

@@ -5,8 +5,9 @@ verbatim in ``fixtures/forward_untraced.py`` and ``fixtures/forward_inner_untrac
 
 The old kernel is launched by the same launcher, with the same arguments: the test puts it in the place of
 ``kernels.forward.attn_fwd`` (which ``launch.forward`` imports at each call) behind a stand-in that drops the two
-trace arguments after checking they are off. Cases: the pointer path (the one a trace build runs) plain, causal
-and with a sliding window (a masked variant, its third stage), and the shipped sm_90 tile (TMA and warp
+trace arguments after checking they are off and spells the flags record ``F`` (:mod:`flashattn_teach.triton.flags`)
+out as the old kernel's keywords. Cases: the pointer path (the one a trace build runs) plain, causal and with a
+sliding window (a masked variant, its third stage), and the shipped sm_90 tile (TMA and warp
 specialisation) plain. The negative control: the trace build (``TRACE=True``) of each pointer case differs and
 has more global stores (``STG``). Why SASS, and why a copy rather than ``git show``: see
 ``tests/core/test_core_kernel_trace_sass.py``. Compiled ahead of time in one subprocess without
@@ -41,9 +42,11 @@ SCRIPT = textwrap.dedent(
         def __getitem__(self, grid):
             run = forward_untraced.attn_fwd[grid]
 
-            def launch_old(*args, trace, TRACE, **kwargs):
-                assert trace is None and TRACE is False
-                return run(*args, **kwargs)
+            def launch_old(*args, trace, F, **kwargs):
+                # the flags record spelt out as the old kernel's keywords, less the TRACE it does not take
+                assert trace is None and F.TRACE is False
+                flags = {name: value for name, value in F._asdict().items() if name != "TRACE"}
+                return run(*args, **flags, **kwargs)
 
             return launch_old
 

@@ -15,7 +15,6 @@ from .._validate.fp8 import Fp8Descale
 from .._validate.inputs import AttentionShapes
 from ..errors import AttentionValueError
 from ..masks.causal import diagonal_offset
-from ..masks.grid import LONGEST, PER_HEAD
 from .configs import (
     TEST_CONFIG,
     AttentionConfig,
@@ -28,6 +27,7 @@ from .configs import (
     shipped_config,
 )
 from .devices import launches_on_device
+from .flags import kernel_flags
 from .forward_trace import ForwardTrace, traced_tile
 from .provenance import as_tried
 from .records import Descales, Lse, RowStats, strided
@@ -56,12 +56,6 @@ def arch_config(
         attn_mask=variants.attn_mask is not None,
     )  # fmt: skip
     return as_tried(row) if tried else row
-
-
-def grid_order(config: AttentionConfig) -> int:
-    """The kernels' ``GRID_ORDER`` under causal (:mod:`.kernels.grid`): all heads' longest blocks first where
-    ``config.longest_first``, else each head's blocks longest first (the order that ran on a GPU)."""
-    return LONGEST if config.longest_first else PER_HEAD
 
 
 def to_4d(t: Tensor, s: AttentionShapes, heads: int) -> Tensor:
@@ -167,6 +161,9 @@ def forward(
     # without score modifiers the scale's sign moves into Q and |scale| into the exponent (see attn_fwd); the
     # FP8 build moves the sign of scale * qd * kd itself
     signed = variants.modifies_scores or fp8
+    flags = kernel_flags(
+        variants, causal=causal, config=config, block_d2=D2, precision=dot_precision(q.dtype), trace=trace is not None
+    )
     attn_fwd[grid](
         strided(q, varlen=var),
         strided(K_src, k.stride(), varlen=var),
@@ -189,33 +186,16 @@ def forward(
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
-        BLOCK_D2=D2,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
-        CAUSAL=causal and not variants.window,
-        DOT_PRECISION=dot_precision(q.dtype),
+        F=flags._replace(TMA=host_descriptors),
         NEGATE_Q=s.scale < 0 and not signed,
-        TMA=host_descriptors,
-        WINDOW=variants.window,
-        SOFTCAP=variants.has_softcap,
-        ALIBI=variants.has_alibi,
-        SEQLENS=variants.has_seqlens,
-        DROPOUT=variants.has_dropout,
-        BOOL_MASK=variants.bool_mask,
-        ADD_MASK=variants.additive_mask,
-        VARLEN=var,
         WS=ws,
-        GRID_ORDER=grid_order(config),
         # the specialised build's one loop needs no mask when every row sees every key of every block
         EVEN_N=ws and N_k % c.BLOCK_N == 0 and not (causal or variants.window or variants.has_seqlens),
-        SCORE_MOD=variants.score_mod_fn,
-        MASK_MOD=variants.mask_mod_fn,
-        KINDS=variants.has_kinds,
-        LISTED=variants.has_kinds,
         FP8=fp8,
         SINKS=sinks is not None,
-        TRACE=trace is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )
@@ -264,7 +244,9 @@ def backward(
     N_q, N_k = _grid_lengths(s, variants)
     n_seq = variants.batch(B)
     qk_scale = s.scale * LOG2E.value
-    precision = dot_precision(q.dtype)
+    flags = kernel_flags(
+        variants, causal=causal, config=config, block_d2=D2, precision=dot_precision(q.dtype), trace=trace is not None
+    )
 
     # delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf for a row that saw no key), as lse: (B, H_q, N_q)
     delta = torch.empty((B, s.H_q, s.N_q), dtype=torch.float32, device=q.device)
@@ -331,31 +313,14 @@ def backward(
             HEAD_DIM=s.D,
             HEAD_DIM_V=s.D_v,
             BLOCK_D=D_pad,
-            BLOCK_D2=D2,
             BLOCK_DV=Dv_pad,
             BLOCK_M=c.BLOCK_M,
             BLOCK_N=c.BLOCK_N,
-            CAUSAL=causal and not variants.window,
-            DOT_PRECISION=precision,
+            F=flags._replace(TMA=tma, LISTED=listed_columns),
             WITH_DK=with_dk,
             WITH_DV=with_dv,
-            WINDOW=variants.window,
-            SOFTCAP=variants.has_softcap,
-            ALIBI=variants.has_alibi,
-            SEQLENS=variants.has_seqlens,
-            DROPOUT=variants.has_dropout,
-            BOOL_MASK=variants.bool_mask,
-            ADD_MASK=variants.additive_mask,
-            VARLEN=var,
-            TMA=tma,
             DQ_ATOMIC=fused,
-            GRID_ORDER=grid_order(config),
-            SCORE_MOD=variants.score_mod_fn,
             SCORE_GRAD=variants.score_grad_fn,
-            MASK_MOD=variants.mask_mod_fn,
-            KINDS=variants.has_kinds,
-            LISTED=listed_columns,
-            TRACE=trace is not None,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -392,28 +357,11 @@ def backward(
         HEAD_DIM=s.D,
         HEAD_DIM_V=s.D_v,
         BLOCK_D=D_pad,
-        BLOCK_D2=D2,
         BLOCK_DV=Dv_pad,
         BLOCK_M=c.BLOCK_M,
         BLOCK_N=c.BLOCK_N,
-        CAUSAL=causal and not variants.window,
-        DOT_PRECISION=precision,
-        WINDOW=variants.window,
-        SOFTCAP=variants.has_softcap,
-        ALIBI=variants.has_alibi,
-        SEQLENS=variants.has_seqlens,
-        DROPOUT=variants.has_dropout,
-        BOOL_MASK=variants.bool_mask,
-        ADD_MASK=variants.additive_mask,
-        VARLEN=var,
-        TMA=tma,
-        GRID_ORDER=grid_order(config),
-        SCORE_MOD=variants.score_mod_fn,
+        F=flags._replace(TMA=tma),
         SCORE_GRAD=variants.score_grad_fn,
-        MASK_MOD=variants.mask_mod_fn,
-        KINDS=variants.has_kinds,
-        LISTED=variants.has_kinds,
-        TRACE=trace is not None,
         num_warps=c.num_warps,
         num_stages=c.num_stages,
     )

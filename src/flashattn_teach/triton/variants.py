@@ -7,8 +7,9 @@ window, ``seqlens_k``), :class:`~.records.ScoreTerms` (softcap, ALiBi, the user'
 constexpr flags are ``WINDOW, SOFTCAP, ALIBI, SEQLENS, DROPOUT, BOOL_MASK, ADD_MASK, VARLEN`` (see
 :mod:`.kernels.masking`, :mod:`.kernels.dropout` and :mod:`.varlen`), and ``SCORE_MOD, SCORE_GRAD,
 MASK_MOD`` (the user's functions compiled by :mod:`flashattn_teach.triton.usermod`, or None) and ``KINDS``
-(see :mod:`.kernels.usermods`). A variant that is not set is None in its record, never read, so a call
-without variants compiles to the plain kernel.
+(see :mod:`.kernels.usermods`), which :func:`flashattn_teach.triton.flags.kernel_flags` gathers into the
+kernels' one flags record. A variant that is not set is None in its record, never read, so a call without
+variants compiles to the plain kernel.
 """
 
 from __future__ import annotations

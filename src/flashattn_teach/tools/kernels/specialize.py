@@ -77,12 +77,16 @@ class CompileRequest:
     def constants(self) -> dict[str, Any]:
         """Constant arguments by name (constexpr parameters and integers the JIT turned into constants), a
         record's fields by dotted name (``Q.stride_d``); a record's field that is None (an unused variant) is
-        left out."""
-        return {
-            self.path_name(path): value
-            for path, value in self.constexprs.items()
-            if value is not None or len(path) == 1
-        }
+        left out. A ``tl.constexpr`` record, the kernels' :class:`~flashattn_teach.triton.flags.Flags`, gives
+        each field under its bare name (``CAUSAL``), the name it had as a parameter of its own."""
+        named: dict[str, Any] = {}
+        for path, value in self.constexprs.items():
+            fields = getattr(value, "_fields", None)
+            if len(path) == 1 and fields is not None:
+                named.update(zip(fields, value, strict=True))
+            elif value is not None or len(path) == 1:
+                named[self.path_name(path)] = value
+        return named
 
     def divisible_by_16(self) -> list[str]:
         return [self.path_name(path) for path, a in self.attrs.items() if ["tt.divisibility", 16] in a]

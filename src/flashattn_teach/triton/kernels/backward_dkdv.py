@@ -54,34 +54,17 @@ def attn_bwd_dkdv(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    F: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
-    WINDOW: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False,
-    ALIBI: tl.constexpr = False,
-    SEQLENS: tl.constexpr = False,
-    DROPOUT: tl.constexpr = False,
-    BOOL_MASK: tl.constexpr = False,
-    ADD_MASK: tl.constexpr = False,
-    VARLEN: tl.constexpr = False,
-    TMA: tl.constexpr = False,
     DQ_ATOMIC: tl.constexpr = False,
-    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
-    SCORE_MOD: tl.constexpr = None,
     SCORE_GRAD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
-    TRACE: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``Q, K, V, DO, DK, DV`` are
     :class:`~..records.Strided`, ``DK, DV`` of K's and V's shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
     GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv. ``row_stats`` as in
-    :func:`~.backward_dq.attn_bwd_dq`; the variants' records as in :func:`~.forward.attn_fwd`; ``qk_scale =
-    scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor
+    :func:`~.backward_dq.attn_bwd_dq`; the variants' records and flags ``F`` as in :func:`~.forward.attn_fwd`;
+    ``qk_scale = scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor
     descriptors of blocks ``(1, 1, BLOCK_M, .)``.
 
     ``DQ_ATOMIC``: the one-kernel backward. Each step also adds its dQ partial ``scale dS_ij K_j`` into
@@ -96,9 +79,9 @@ def attn_bwd_dkdv(
 
     ``TRACE``: the trace build (:mod:`.trace_backward`): the program of the head ``row_stats.trace`` names
     writes each step's ``P, dP, dS, dK_j, dV_j`` (and dQ partial) there; through pointers, unsplit, one lane group."""
-    tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
+    tl.static_assert(not (F.TMA and F.VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
-    tl.static_assert(not TRACE or (WITH_DK and WITH_DV and not TMA and BLOCK_D2 == 0), "the trace build's path")
+    tl.static_assert(not F.TRACE or (WITH_DK and WITH_DV and not F.TMA and F.BLOCK_D2 == 0), "the trace build's path")
     n_blocks = tl.cdiv(N_k, BLOCK_N)
     # causal: the first key blocks are seen by the most queries; they start first (all heads' or each head's:
     # GRID_ORDER, .grid). A program reads the query and dO rows of GROUP query heads.
@@ -107,7 +90,7 @@ def attn_bwd_dkdv(
         n_blocks,
         tl.num_programs(0) // n_blocks,
         N_q * GROUP,
-        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        ORDER=F.GRID_ORDER if F.CAUSAL else INDEX,
         LONGEST_LAST=False,
         ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )
@@ -123,12 +106,12 @@ def attn_bwd_dkdv(
     LSE2_group = row_stats.lse2 + (b * H_q + h0) * row_stats.stride_h  # lse2 and delta (B, H_q, N_q) contiguous
     DELTA_group = row_stats.delta + (b * H_q + h0) * row_stats.stride_h
     drop_offset, drop_bh0, drop_N_q, drop_N_k = dropout.offset, b * H_q + h0, N_q, N_k  # the forward's counters
-    if VARLEN:
+    if F.VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
         q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_n >= N_k:
             return  # a key block past this sequence's end
-        if DROPOUT:
+        if F.DROPOUT:
             n_seq = tl.num_programs(0) // (n_blocks * H_kv)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
                 packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
@@ -153,7 +136,7 @@ def attn_bwd_dkdv(
     K_blk = K_ptr + b * K.stride_b + h_kv * K.stride_h + cols * K.stride_n
     V_blk = V_ptr + b * V.stride_b + h_kv * V.stride_h + cols * V.stride_n
     k_rows = in_k
-    if SEQLENS and DQ_ATOMIC:
+    if F.SEQLENS and DQ_ATOMIC:
         # keys past seqlens_k[b] read 0: their dQ partials vanish (their own dK_j, dV_j rows are zeroed below)
         k_rows = in_k & (start_n + offs_n < tl.load(bounds.SEQLENS_K + b))
     k = _load_block(K_blk, offs_n, offs_d, K.stride_n, K.stride_d, k_rows, HEAD_DIM, BLOCK_D, ROWS_OK=False)
@@ -162,45 +145,45 @@ def attn_bwd_dkdv(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     k2 = k  # with BLOCK_D2 K_j's and dK_j's second lane groups (.tiles); otherwise unread
     dk2 = dk
-    if BLOCK_D2 > 0:
-        tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
-        k2 = _load_block_hi(K_blk, offs_n, K.stride_n, K.stride_d, k_rows, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
-        dk2 = tl.zeros([BLOCK_N, BLOCK_D2], dtype=tl.float32)
+    if F.BLOCK_D2 > 0:
+        tl.static_assert(not F.TMA, "a split head dim reads its two lane groups through pointers")
+        k2 = _load_block_hi(K_blk, offs_n, K.stride_n, K.stride_d, k_rows, HEAD_DIM, BLOCK_D, F.BLOCK_D2, ROWS_OK=False)
+        dk2 = tl.zeros([BLOCK_N, F.BLOCK_D2], dtype=tl.float32)
 
     b_coord = bh // H_kv
     h0_coord = (bh % H_kv) * GROUP
-    if TMA:
+    if F.TMA:
         Q_group = Q_ptr
         DO_group = DO_ptr
     else:
         Q_group = Q_ptr + b * Q.stride_b + h0 * Q.stride_h
         DO_group = DO_ptr + b * DO.stride_b + h0 * DO.stride_h
     SLOPES_group = None
-    if ALIBI:
+    if F.ALIBI:
         SLOPES_group = terms.alibi + b * terms.alibi_stride_b + h0 * terms.alibi_stride_h
     MASK_group = None
-    if BOOL_MASK or ADD_MASK:
+    if F.BOOL_MASK or F.ADD_MASK:
         MASK_group = terms.mask + b * terms.mask_stride_b + h0 * terms.mask_stride_h
     KINDS_col = None
-    if KINDS:
+    if F.KINDS:
         KINDS_col = mods.kinds + b * mods.kinds_stride_b + h0 * mods.kinds_stride_h + j * mods.kinds_stride_n
     LIST_col = None
-    if LISTED:
+    if F.LISTED:
         LIST_col = mods.tiles + b * mods.tiles_stride_b + h0 * mods.tiles_stride_h + j * mods.tiles_stride_m
     DQ_group = None
     if DQ_ATOMIC:
         DQ_group = DQ_ptr + b * DQ.stride_b + h0 * DQ.stride_h
-    if SEQLENS:
+    if F.SEQLENS:
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k) - N_q)
-    if WINDOW:
+    if F.WINDOW:
         begin, diag_end, full_end, end = _window_query_range(
             start_n, N_q, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
         )
     else:
-        begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        begin, diag_end, full_end = _causal_query_range(start_n, N_q, OFFSET, BLOCK_M, BLOCK_N, F.CAUSAL)
         end = N_q
-    if SEQLENS:
+    if F.SEQLENS:
         # a key block past this batch element's length is seen by no row: no stage runs, dK_j = dV_j = 0
         end = tl.where(start_n < tl.load(bounds.SEQLENS_K + b), end, begin)
         diag_end = tl.minimum(diag_end, end)
@@ -211,9 +194,9 @@ def attn_bwd_dkdv(
     #   1  the full blocks, unmasked                                         (not with LISTED)
     #   2  the ragged last block (and the window's left side), masked       (not with LISTED)
     for stage in tl.static_range(3):
-        if stage == 0 or not LISTED:
+        if stage == 0 or not F.LISTED:
             if stage == 0:
-                if LISTED:
+                if F.LISTED:
                     lo, hi = 0, tl.load(LIST_col)  # entries of the tile list, not rows
                 else:
                     lo, hi = begin, diag_end
@@ -265,33 +248,19 @@ def attn_bwd_dkdv(
                 BLOCK_DV=BLOCK_DV,
                 BLOCK_M=BLOCK_M,
                 BLOCK_N=BLOCK_N,
-                CAUSAL=CAUSAL,
-                WINDOW=WINDOW,
-                SOFTCAP=SOFTCAP,
-                ALIBI=ALIBI,
-                DROPOUT=DROPOUT,
-                BOOL_MASK=BOOL_MASK,
-                ADD_MASK=ADD_MASK,
-                DOT_PRECISION=DOT_PRECISION,
+                F=F,
                 WITH_DK=WITH_DK,
                 WITH_DV=WITH_DV,
-                TMA=TMA,
                 MASK=stage != 1,
                 DQ_ATOMIC=DQ_ATOMIC,
-                SCORE_MOD=SCORE_MOD,
                 SCORE_GRAD=SCORE_GRAD,
-                MASK_MOD=MASK_MOD,
-                KINDS=KINDS,
-                LISTED=LISTED,
-                BLOCK_D2=BLOCK_D2,
-                TRACE=TRACE,
             )
-    if SEQLENS:
+    if F.SEQLENS:
         # keys past the length were summed like visible ones (a key's row of dK, dV depends on that key
         # alone), and no row sees them: their gradient is 0
         seen = start_n + offs_n < tl.load(bounds.SEQLENS_K + b)
         dk = tl.where(seen[:, None], dk, 0.0)
-        if BLOCK_D2 > 0:
+        if F.BLOCK_D2 > 0:
             dk2 = tl.where(seen[:, None], dk2, 0.0)
         dv = tl.where(seen[:, None], dv, 0.0)
 
@@ -302,11 +271,11 @@ def attn_bwd_dkdv(
             dk = dk * scale
         DK_blk = DK_ptr + b * DK.stride_b + h_kv * DK.stride_h + cols * DK.stride_n
         _store_block(DK_blk, dk.to(DK_ptr.dtype.element_ty), offs_n, offs_d, DK.stride_n, DK.stride_d, in_k, HEAD_DIM)
-        if BLOCK_D2 > 0:
+        if F.BLOCK_D2 > 0:
             if not DQ_ATOMIC:
                 dk2 = dk2 * scale
             dk2 = dk2.to(DK_ptr.dtype.element_ty)
-            _store_block_hi(DK_blk, dk2, offs_n, DK.stride_n, DK.stride_d, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2)
+            _store_block_hi(DK_blk, dk2, offs_n, DK.stride_n, DK.stride_d, in_k, HEAD_DIM, BLOCK_D, F.BLOCK_D2)
     if WITH_DV:
         DV_blk = DV_ptr + b * DV.stride_b + h_kv * DV.stride_h + cols * DV.stride_n
         dv = dv.to(DV_ptr.dtype.element_ty)

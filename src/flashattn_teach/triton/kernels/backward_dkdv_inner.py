@@ -67,26 +67,12 @@ def _attn_bwd_dkdv_inner(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    BOOL_MASK: tl.constexpr,
-    ADD_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    F: tl.constexpr,
     WITH_DK: tl.constexpr,
     WITH_DV: tl.constexpr,
-    TMA: tl.constexpr,
     MASK: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,
-    SCORE_MOD: tl.constexpr = None,
     SCORE_GRAD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
-    TRACE: tl.constexpr = False,
 ):
     """Accumulate query blocks ``[start_m, end_m)`` of each of the ``GROUP`` query heads into ``dK_j, dV_j``
     (only the one of them named by ``WITH_DK`` / ``WITH_DV`` when the two are computed by separate programs).
@@ -107,26 +93,26 @@ def _attn_bwd_dkdv_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     # an empty stage (end_m <= start_m) has no steps; the divisor is kept >= 1 so that no code the compiler
     # moves out of an empty loop divides by zero
-    if LISTED:
+    if F.LISTED:
         n_steps = tl.maximum(end_m - start_m, 0)
     else:
         n_steps = tl.maximum(tl.cdiv(end_m - start_m, BLOCK_M), 0)
     # the masked stages run a block or two per key block; by TMA they run unpipelined, which leaves more
     # registers to the tile (through pointers one stage would hold the loaded tiles in registers instead)
-    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and TMA and not LISTED else None):
+    for t in tl.range(0, GROUP * n_steps, num_stages=1 if MASK and F.TMA and not F.LISTED else None):
         if GROUP == 1:
             g = 0  # the JIT makes GROUP = 1 a constant: no division without grouped-query attention
         else:
             g = t // tl.maximum(n_steps, 1)
         kind = KIND_PARTIAL
         visit = True
-        if LISTED:
+        if F.LISTED:
             code = tl.load(LIST_col + 1 + start_m + (t - g * n_steps))  # (i << 2) | kind
             start = (code >> 2) * BLOCK_M
             kind = code & 3
         else:
             start = start_m + (t - g * n_steps) * BLOCK_M
-            if KINDS:
+            if F.KINDS:
                 kind = tl.load(KINDS_col + g * mods.kinds_stride_h + (start // BLOCK_M) * mods.kinds_stride_m)
                 visit = kind != KIND_SKIP
         rows = tl.cast(start, tl.int64)
@@ -134,7 +120,7 @@ def _attn_bwd_dkdv_inner(
         if visit:  # a SKIP tile of the block mask adds nothing
             in_q = start + offs_m < N_q
             # Q_i^T: (BLOCK_D, BLOCK_M); dO_i: (BLOCK_M, BLOCK_DV)
-            if TMA:
+            if F.TMA:
                 # the copy engine fills rows past N_q and lanes past D with zeros; no address arithmetic here
                 qT = tl.trans(_load_tile_tma(Q_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_D))
                 do = _load_tile_tma(DO_group, b_coord, h0_coord + g, start, BLOCK_M, BLOCK_DV)
@@ -151,8 +137,8 @@ def _attn_bwd_dkdv_inner(
             lse2 = tl.load(LSE2_group + stats + offs_m, mask=in_q, other=0.0)
             delta = tl.load(DELTA_group + stats + offs_m, mask=in_q, other=0.0)
             # S_ij^T = K_j Q_i^T: (BLOCK_N, BLOCK_D) @ (BLOCK_D, BLOCK_M) -> (BLOCK_N, BLOCK_M)
-            qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)
-            if BLOCK_D2 > 0:
+            qkT = tl.dot(k, qT, input_precision=F.DOT_PRECISION)
+            if F.BLOCK_D2 > 0:
                 # Q_i^T's second lane group (BLOCK_D2, BLOCK_M); S_ij^T += (BLOCK_N, BLOCK_D2) @ (BLOCK_D2, BLOCK_M)
                 qT2 = _load_block_hi(
                     Q_blk,
@@ -162,14 +148,14 @@ def _attn_bwd_dkdv_inner(
                     in_q,
                     HEAD_DIM,
                     BLOCK_D,
-                    BLOCK_D2,
+                    F.BLOCK_D2,
                     ROWS_OK=not MASK,
                     TRANS=True,
                 )
-                qkT = tl.dot(k2, qT2, qkT, input_precision=DOT_PRECISION)
-            if SOFTCAP or ALIBI or ADD_MASK:
+                qkT = tl.dot(k2, qT2, qkT, input_precision=F.DOT_PRECISION)
+            if F.SOFTCAP or F.ALIBI or F.ADD_MASK:
                 slope_log2 = 0.0
-                if ALIBI:
+                if F.ALIBI:
                     slope_log2 = tl.load(SLOPES_group + g * terms.alibi_stride_h) * LOG2E
                 # the scores as the forward modified them, in log2 units; tT = tanh(.) of the softcap
                 sT, tT = _modify_scores(
@@ -179,48 +165,48 @@ def _attn_bwd_dkdv_inner(
                     OFFSET,
                     terms.softcap_log2,
                     slope_log2,
-                    SOFTCAP,
-                    ALIBI,
+                    F.SOFTCAP,
+                    F.ALIBI,
                 )
-                if ADD_MASK:
+                if F.ADD_MASK:
                     mask_g = MASK_group + g * terms.mask_stride_h
                     biasT = _attn_mask_tile(
                         mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
                     )
                     sT = sT + biasT.to(tl.float32) * LOG2E
-                if SCORE_MOD is not None:
+                if F.SCORE_MOD is not None:
                     sT = sT * LN2  # natural units for the user's function
-            elif SCORE_MOD is not None:
+            elif F.SCORE_MOD is not None:
                 sT = qkT * (qk_scale * LN2)  # scale * q.k
-            if SCORE_MOD is not None:
+            if F.SCORE_MOD is not None:
                 q_idx = start + offs_m[None, :]  # (1, BLOCK_M) and (BLOCK_N, 1): the transposed grids
                 kv_idx = offs_n[:, None]
                 if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
                     c = mods.score_captures
                     gradT = SCORE_GRAD(sT, b_coord, h0_coord + g, q_idx, kv_idx, c[0], c[1], c[2], c[3])
-                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, mods.score_captures, SCORE_MOD)
+                sT = _score_mod(sT, b_coord, h0_coord + g, q_idx, kv_idx, mods.score_captures, F.SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
                 pT = tl.math.exp2(sT * LOG2E - lse2[None, :])
-            elif SOFTCAP or ALIBI or ADD_MASK:
+            elif F.SOFTCAP or F.ALIBI or F.ADD_MASK:
                 pT = tl.math.exp2(sT - lse2[None, :])
             else:
                 # P_ij^T = exp(S_ij^T - lse_i), the scale folded into one FFMA per score
                 pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
-            if MASK or BOOL_MASK or MASK_MOD is not None:
+            if MASK or F.BOOL_MASK or F.MASK_MOD is not None:
                 visible = in_q[None, :]
-                if CAUSAL:
+                if F.CAUSAL:
                     visible = visible & (offs_n[:, None] <= start + offs_m[None, :] + OFFSET)
-                if WINDOW:
+                if F.WINDOW:
                     visible = visible & _in_window(
                         start + offs_m[None, :], offs_n[:, None], OFFSET, bounds.LEFT, bounds.RIGHT
                     )
-                if BOOL_MASK:
+                if F.BOOL_MASK:
                     mask_g = MASK_group + g * terms.mask_stride_h
                     userT = _attn_mask_tile(
                         mask_g, start, start_n, offs_m[None, :], cols[:, None], terms, N_q, drop_N_k
                     )
                     visible = visible & (userT != 0)
-                if MASK_MOD is not None:
+                if F.MASK_MOD is not None:
                     visible = _mask_mod_visible(
                         visible,
                         kind,
@@ -229,10 +215,10 @@ def _attn_bwd_dkdv_inner(
                         start + offs_m[None, :],
                         offs_n[:, None],
                         mods.mask_captures,
-                        MASK_MOD,
+                        F.MASK_MOD,
                     )
                 pT = tl.where(visible, pT, 0.0)
-            if DROPOUT:
+            if F.DROPOUT:
                 # the forward's keep mask Z, drawn again: (BLOCK_M, BLOCK_N) -> (BLOCK_N, BLOCK_M)
                 keepT = tl.trans(
                     _dropout_keep(
@@ -249,15 +235,15 @@ def _attn_bwd_dkdv_inner(
                 # dV_j += (P_ij * Z / (1 - p))^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
                 if WITH_DV:
                     pT_dropped = tl.where(keepT, pT * dropout.keep_scale, 0.0)
-                    dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+                    dv = tl.dot(pT_dropped.to(do.dtype), do, dv, input_precision=F.DOT_PRECISION)
             elif WITH_DV:
                 # dV_j += P_ij^T dO_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV); P cast to dO's dtype for the MMA
-                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=F.DOT_PRECISION)
             if WITH_DK:
                 # dP_ij^T = V_j dO_i^T: (BLOCK_N, BLOCK_DV) @ (BLOCK_DV, BLOCK_M) -> (BLOCK_N, BLOCK_M), after the dV
                 # update so that the scores' and dP's tiles are not live at once
-                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-                if DROPOUT:
+                dpT = tl.dot(v, tl.trans(do), input_precision=F.DOT_PRECISION)
+                if F.DROPOUT:
                     # the gradient reaching P: dP_ij * Z / (1 - p); delta = rowsum(dO * O) is rowsum(P * that)
                     dpT = tl.where(keepT, dpT * dropout.keep_scale, 0.0)
                 if DQ_ATOMIC:
@@ -270,31 +256,31 @@ def _attn_bwd_dkdv_inner(
                 if SCORE_GRAD is not None:
                     # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
                     # derivative need not be finite: 0 where P is
-                    dsT = tl.where(pT == 0.0, 0.0, dsT * gradT) if ADD_MASK else dsT * gradT
-                if SOFTCAP:
+                    dsT = tl.where(pT == 0.0, 0.0, dsT * gradT) if F.ADD_MASK else dsT * gradT
+                if F.SOFTCAP:
                     # d(c tanh(x / c)) / dx = 1 - tanh^2: the gradient reaching the scaled score x
                     dsT = dsT * (1.0 - tT * tT)
                 dsT = dsT.to(qT.dtype)
                 # dK_j += dS_ij^T Q_i: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D); without DQ_ATOMIC the scale is
                 # applied once at the end
-                dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=DOT_PRECISION)
-                if BLOCK_D2 > 0:
+                dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=F.DOT_PRECISION)
+                if F.BLOCK_D2 > 0:
                     # the second lane group: (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D2)
-                    dk2 = tl.dot(dsT, tl.trans(qT2), dk2, input_precision=DOT_PRECISION)
+                    dk2 = tl.dot(dsT, tl.trans(qT2), dk2, input_precision=F.DOT_PRECISION)
                 if DQ_ATOMIC:
                     # dQ_i += scale dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D), added into the fp32 buffer
                     # that every key block's program adds to; K_j's rows past the keys are 0 and add nothing
-                    dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION)
+                    dq = tl.dot(tl.trans(dsT), k, input_precision=F.DOT_PRECISION)
                     DQ_blk = DQ_group + tl.cast(g, tl.int64) * DQ.stride_h + rows * DQ.stride_n
                     ptrs = DQ_blk + offs_m[:, None] * DQ.stride_n + offs_d[None, :] * DQ.stride_d
                     tl.atomic_add(ptrs, dq, mask=in_q[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
-                    if BLOCK_D2 > 0:
+                    if F.BLOCK_D2 > 0:
                         # lanes [BLOCK_D, BLOCK_D + BLOCK_D2): (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
-                        dq2 = tl.dot(tl.trans(dsT), k2, input_precision=DOT_PRECISION)
-                        lanes2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+                        dq2 = tl.dot(tl.trans(dsT), k2, input_precision=F.DOT_PRECISION)
+                        lanes2 = BLOCK_D + tl.arange(0, F.BLOCK_D2)
                         ptrs2 = DQ_blk + offs_m[:, None] * DQ.stride_n + lanes2[None, :] * DQ.stride_d
                         tl.atomic_add(ptrs2, dq2, mask=in_q[:, None] & (lanes2[None, :] < HEAD_DIM), sem="relaxed")
-                if TRACE:  # the step's state, after its updates (.trace_backward)
+                if F.TRACE:  # the step's state, after its updates (.trace_backward)
                     dq_traced = None
                     if DQ_ATOMIC:
                         dq_traced = dq

@@ -46,36 +46,22 @@ def attn_bwd_dq(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    WINDOW: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False,
-    ALIBI: tl.constexpr = False,
-    SEQLENS: tl.constexpr = False,
-    DROPOUT: tl.constexpr = False,
-    BOOL_MASK: tl.constexpr = False,
-    ADD_MASK: tl.constexpr = False,
-    VARLEN: tl.constexpr = False,
-    TMA: tl.constexpr = False,
-    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
-    SCORE_MOD: tl.constexpr = None,
+    F: tl.constexpr,
     SCORE_GRAD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
-    TRACE: tl.constexpr = False,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
     query blocks first. ``Q, K, V, DO, DQ`` are :class:`~..records.Strided`, ``DQ`` of Q's shape ``(B, H_q,
     N_q, D)``; with ``TMA`` the pointers of ``K`` and ``V`` are tensor descriptors of blocks ``(1, 1,
     BLOCK_N, .)``. ``row_stats`` (:class:`~..records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
-    laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods``, ``SCORE_MOD``,
-    ``SCORE_GRAD`` (its derivative; None when it is 1), ``MASK_MOD``, ``KINDS``, ``LISTED`` and ``BLOCK_D2``
-    as in :func:`~.forward.attn_fwd`, at this launch's tiles. ``TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`:
-    each step's ``P, dP, dS``, its ``dS_ij K_j`` and ``dQ_i``."""
-    tl.static_assert(not (TMA and VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
-    tl.static_assert(not TRACE or (not TMA and BLOCK_D2 == 0), "the trace build runs through pointers, one lane group")
+    laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods`` and the flags ``F``
+    (``F.SCORE_MOD``, ``F.MASK_MOD``, ``F.KINDS``, ``F.LISTED``, ``F.BLOCK_D2`` ...) as in
+    :func:`~.forward.attn_fwd`, at this launch's tiles; ``SCORE_GRAD``: score_mod's derivative (None when it is
+    1). ``F.TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`: each step's ``P, dP, dS``, its ``dS_ij K_j``
+    and ``dQ_i``."""
+    tl.static_assert(not (F.TMA and F.VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
+    tl.static_assert(
+        not F.TRACE or (not F.TMA and F.BLOCK_D2 == 0), "the trace build runs through pointers, one lane group"
+    )
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the last query blocks see the most keys; they start first (all heads' or each head's: GRID_ORDER)
     blk, bh = program_block(
@@ -83,7 +69,7 @@ def attn_bwd_dq(
         n_blocks,
         tl.num_programs(0) // n_blocks,
         N_k,
-        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        ORDER=F.GRID_ORDER if F.CAUSAL else INDEX,
         LONGEST_LAST=True,
         ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )
@@ -97,12 +83,12 @@ def attn_bwd_dq(
     Q_ptr, K_ptr, V_ptr, DO_ptr, DQ_ptr = Q.ptr, K.ptr, V.ptr, DO.ptr, DQ.ptr
     stats = bh.to(tl.int64) * row_stats.stride_h + start_m  # lse2 and delta are (B, H_q, N_q) contiguous
     drop_offset, drop_bh, drop_N_q, drop_N_k = dropout.offset, bh, N_q, N_k  # the forward's dropout counters
-    if VARLEN:
+    if F.VARLEN:
         # as in the forward: N_q, N_k and OFFSET become the sequence's, the bases move to its start rows
         q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end
-        if DROPOUT:
+        if F.DROPOUT:
             n_seq = tl.num_programs(0) // (n_blocks * H_q)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
                 packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
@@ -121,7 +107,7 @@ def attn_bwd_dq(
     rows = start_m.to(tl.int64)
     Q_blk = Q_ptr + b * Q.stride_b + h * Q.stride_h + rows * Q.stride_n
     DO_blk = DO_ptr + b * DO.stride_b + h * DO.stride_h + rows * DO.stride_n
-    if TMA:
+    if F.TMA:
         K_head = K_ptr
         V_head = V_ptr
     else:
@@ -135,46 +121,46 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     q2 = q  # with BLOCK_D2 Q_i's and dQ_i's second lane groups (.tiles), by pointers only; otherwise unread
     dq2 = dq
-    if BLOCK_D2 > 0:
-        tl.static_assert(not TMA, "a split head dim reads its two lane groups through pointers")
-        q2 = _load_block_hi(Q_blk, offs_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False)
-        dq2 = tl.zeros([BLOCK_M, BLOCK_D2], dtype=tl.float32)
+    if F.BLOCK_D2 > 0:
+        tl.static_assert(not F.TMA, "a split head dim reads its two lane groups through pointers")
+        q2 = _load_block_hi(Q_blk, offs_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, F.BLOCK_D2, ROWS_OK=False)
+        dq2 = tl.zeros([BLOCK_M, F.BLOCK_D2], dtype=tl.float32)
 
     MASK_head = None
-    if BOOL_MASK or ADD_MASK:
+    if F.BOOL_MASK or F.ADD_MASK:
         MASK_head = terms.mask + b * terms.mask_stride_b + h * terms.mask_stride_h
     KINDS_row = None
-    if KINDS:
+    if F.KINDS:
         KINDS_row = mods.kinds + b * mods.kinds_stride_b + h * mods.kinds_stride_h + blk * mods.kinds_stride_m
     LIST_row = None
-    if LISTED:
+    if F.LISTED:
         LIST_row = mods.tiles + b * mods.tiles_stride_b + h * mods.tiles_stride_h + blk * mods.tiles_stride_m
     n_keys = N_k  # the keys that exist for this batch element
-    if SEQLENS:
+    if F.SEQLENS:
         n_keys = tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (n_keys - N_q)
-    if ALIBI:
+    if F.ALIBI:
         slope_log2 = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h) * LOG2E
     else:
         slope_log2 = 0.0
-    if WINDOW:
+    if F.WINDOW:
         begin, full_begin, full_end, end = _window_key_range(
             start_m, n_keys, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
         )
     else:
         begin = 0
         full_begin = 0
-        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, F.CAUSAL)
     # The key loop's stages, one call site (unrolled: each stage its own inlined loop):
     #   0  LISTED: the block mask's visited tiles, all masked (the causal, window and length bounds still
     #      apply); WINDOW: the blocks some row's left bound cuts, masked
     #   1  the key blocks every row fully sees, unmasked                    (not with LISTED)
     #   2  the diagonal (the window's right side) and the ragged last block (not with LISTED)
     for stage in tl.static_range(3):
-        if (stage == 0 and (LISTED or WINDOW)) or (stage > 0 and not LISTED):
+        if (stage == 0 and (F.LISTED or F.WINDOW)) or (stage > 0 and not F.LISTED):
             if stage == 0:
-                if LISTED:
+                if F.LISTED:
                     lo, hi = 0, tl.load(LIST_row)  # entries of the tile list, not keys
                 else:
                     lo, hi = begin, full_begin
@@ -222,31 +208,17 @@ def attn_bwd_dq(
                 BLOCK_DV=BLOCK_DV,
                 BLOCK_M=BLOCK_M,
                 BLOCK_N=BLOCK_N,
-                CAUSAL=CAUSAL,
-                WINDOW=WINDOW,
-                SOFTCAP=SOFTCAP,
-                ALIBI=ALIBI,
-                DROPOUT=DROPOUT,
-                BOOL_MASK=BOOL_MASK,
-                ADD_MASK=ADD_MASK,
-                DOT_PRECISION=DOT_PRECISION,
-                TMA=TMA,
+                F=F,
                 MASK=stage != 1,
-                SCORE_MOD=SCORE_MOD,
                 SCORE_GRAD=SCORE_GRAD,
-                MASK_MOD=MASK_MOD,
-                KINDS=KINDS,
-                LISTED=LISTED,
-                BLOCK_D2=BLOCK_D2,
                 Trace=row_stats.trace,
-                TRACE=TRACE,
             )
 
     # dQ_i = scale * sum_j dS_ij K_j
     dq = dq * scale
     DQ_blk = DQ_ptr + b * DQ.stride_b + h * DQ.stride_h + rows * DQ.stride_n
     _store_block(DQ_blk, dq.to(DQ_ptr.dtype.element_ty), offs_m, offs_d, DQ.stride_n, DQ.stride_d, in_q, HEAD_DIM)
-    if BLOCK_D2 > 0:
+    if F.BLOCK_D2 > 0:
         dq2 = dq2 * scale
         dq2 = dq2.to(DQ_ptr.dtype.element_ty)
-        _store_block_hi(DQ_blk, dq2, offs_m, DQ.stride_n, DQ.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2)
+        _store_block_hi(DQ_blk, dq2, offs_m, DQ.stride_n, DQ.stride_d, in_q, HEAD_DIM, BLOCK_D, F.BLOCK_D2)

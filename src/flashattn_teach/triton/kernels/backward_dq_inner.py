@@ -61,24 +61,10 @@ def _attn_bwd_dq_inner(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    BOOL_MASK: tl.constexpr,
-    ADD_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    F: tl.constexpr,
     MASK: tl.constexpr,
-    SCORE_MOD: tl.constexpr = None,
     SCORE_GRAD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
     Trace=None,
-    TRACE: tl.constexpr = False,
 ):
     """Accumulate key blocks ``[start_n, end_n)`` into ``dQ_i``; ``MASK`` as in :func:`_attn_bwd_dkdv_inner`,
     the user's functions and the tile kinds as in :func:`~.forward_inner._attn_fwd_inner`."""
@@ -87,22 +73,22 @@ def _attn_bwd_dq_inner(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for it in tl.range(start_n, end_n, 1 if LISTED else BLOCK_N):
+    for it in tl.range(start_n, end_n, 1 if F.LISTED else BLOCK_N):
         kind = KIND_PARTIAL
         visit = True
-        if LISTED:  # [start_n, end_n) counts entries of LIST_row, each (j << 2) | kind
+        if F.LISTED:  # [start_n, end_n) counts entries of LIST_row, each (j << 2) | kind
             code = tl.load(LIST_row + 1 + it)
             start = (code >> 2) * BLOCK_N
             kind = code & 3
         else:
             start = it
-            if KINDS:
+            if F.KINDS:
                 kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask adds nothing
             in_k = start + offs_n < N_k
             # K_j^T: (BLOCK_D, BLOCK_N), V_j^T: (BLOCK_DV, BLOCK_N)
-            if TMA:
+            if F.TMA:
                 kT = tl.trans(_load_tile_tma(K_head, b_coord, h_coord, start, BLOCK_N, BLOCK_D))
                 vT = tl.trans(_load_tile_tma(V_head, b_coord, h_coord, start, BLOCK_N, BLOCK_DV))
             else:
@@ -130,8 +116,8 @@ def _attn_bwd_dq_inner(
                     ROWS_OK=not MASK,
                 )
             # S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N); P_ij = exp(S_ij - lse_i), one FFMA a score
-            qk = tl.dot(q, kT, input_precision=DOT_PRECISION)
-            if BLOCK_D2 > 0:
+            qk = tl.dot(q, kT, input_precision=F.DOT_PRECISION)
+            if F.BLOCK_D2 > 0:
                 # K_j^T's second lane group (BLOCK_D2, BLOCK_N); S_ij += (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
                 kT2 = _load_block_hi(
                     K_head + cols * K.stride_n,
@@ -141,12 +127,12 @@ def _attn_bwd_dq_inner(
                     in_k,
                     HEAD_DIM,
                     BLOCK_D,
-                    BLOCK_D2,
+                    F.BLOCK_D2,
                     ROWS_OK=not MASK,
                     TRANS=True,
                 )
-                qk = tl.dot(q2, kT2, qk, input_precision=DOT_PRECISION)
-            if SOFTCAP or ALIBI or ADD_MASK:
+                qk = tl.dot(q2, kT2, qk, input_precision=F.DOT_PRECISION)
+            if F.SOFTCAP or F.ALIBI or F.ADD_MASK:
                 s, t = _modify_scores(
                     qk * qk_scale,
                     offs_m[:, None],
@@ -154,45 +140,45 @@ def _attn_bwd_dq_inner(
                     OFFSET,
                     terms.softcap_log2,
                     slope_log2,
-                    SOFTCAP,
-                    ALIBI,
+                    F.SOFTCAP,
+                    F.ALIBI,
                 )
-                if ADD_MASK:
+                if F.ADD_MASK:
                     bias = _attn_mask_tile(
                         MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
-                if SCORE_MOD is not None:
+                if F.SCORE_MOD is not None:
                     s = s * LN2  # natural units for the user's function
-            elif SCORE_MOD is not None:
+            elif F.SCORE_MOD is not None:
                 s = qk * (qk_scale * LN2)  # scale * q.k
-            if SCORE_MOD is not None:
+            if F.SCORE_MOD is not None:
                 q_idx = offs_m[:, None]
                 kv_idx = start + offs_n[None, :]
                 if SCORE_GRAD is not None:  # d score_mod / d score at the score it was given
                     c = mods.score_captures
                     grad = SCORE_GRAD(s, b_idx, h_idx, q_idx, kv_idx, c[0], c[1], c[2], c[3])
-                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, mods.score_captures, SCORE_MOD)
+                s = _score_mod(s, b_idx, h_idx, q_idx, kv_idx, mods.score_captures, F.SCORE_MOD)
                 # exp2(-inf - lse2) = 0: a score_mod's -inf needs no guard here
                 p = tl.math.exp2(s * LOG2E - lse2[:, None])
-            elif SOFTCAP or ALIBI or ADD_MASK:
+            elif F.SOFTCAP or F.ALIBI or F.ADD_MASK:
                 p = tl.math.exp2(s - lse2[:, None])
             else:
                 p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-            if MASK or BOOL_MASK or MASK_MOD is not None:
+            if MASK or F.BOOL_MASK or F.MASK_MOD is not None:
                 visible = in_k[None, :]
-                if CAUSAL:
+                if F.CAUSAL:
                     visible = visible & (start + offs_n[None, :] <= offs_m[:, None] + OFFSET)
-                if WINDOW:
+                if F.WINDOW:
                     visible = visible & _in_window(
                         offs_m[:, None], start + offs_n[None, :], OFFSET, bounds.LEFT, bounds.RIGHT
                     )
-                if BOOL_MASK:
+                if F.BOOL_MASK:
                     user = _attn_mask_tile(
                         MASK_head, start_m, start, rows[:, None], offs_n[None, :], terms, drop_N_q, drop_N_k
                     )
                     visible = visible & (user != 0)
-                if MASK_MOD is not None:
+                if F.MASK_MOD is not None:
                     visible = _mask_mod_visible(
                         visible,
                         kind,
@@ -201,12 +187,12 @@ def _attn_bwd_dq_inner(
                         offs_m[:, None],
                         start + offs_n[None, :],
                         mods.mask_captures,
-                        MASK_MOD,
+                        F.MASK_MOD,
                     )
                 p = tl.where(visible, p, 0.0)
             # dP_ij = dO_i V_j^T: (BLOCK_M, BLOCK_DV) @ (BLOCK_DV, BLOCK_N); dS_ij = P_ij * (dP_ij - delta_i)
-            dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
-            if DROPOUT:
+            dp = tl.dot(do, vT, input_precision=F.DOT_PRECISION)
+            if F.DROPOUT:
                 # the gradient reaching P through the forward's keep mask: dP_ij * Z / (1 - p)
                 keep = _dropout_keep(
                     dropout.seed, drop_offset, drop_bh, offs_m, start + offs_n, drop_N_q, drop_N_k, dropout.threshold
@@ -216,15 +202,15 @@ def _attn_bwd_dq_inner(
             if SCORE_GRAD is not None:
                 # dS_raw = dS * d score_mod / d score; an additive mask's -inf may reach score_mod, where its
                 # derivative need not be finite: 0 where P is
-                ds = tl.where(p == 0.0, 0.0, ds * grad) if ADD_MASK else ds * grad
-            if SOFTCAP:
+                ds = tl.where(p == 0.0, 0.0, ds * grad) if F.ADD_MASK else ds * grad
+            if F.SOFTCAP:
                 ds = ds * (1.0 - t * t)  # through the softcap's tanh, as in the dK/dV pass
             # dQ_i += dS_ij K_j: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D); the scale is applied once at the end
-            dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
-            if BLOCK_D2 > 0:
+            dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=F.DOT_PRECISION)
+            if F.BLOCK_D2 > 0:
                 # the second lane group: (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D2)
-                dq2 = tl.dot(ds.to(kT.dtype), tl.trans(kT2), dq2, input_precision=DOT_PRECISION)
-            if TRACE:  # the step's own dS_ij K_j, one more MMA of the trace build, then its state (.trace_backward)
-                part = tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
+                dq2 = tl.dot(ds.to(kT.dtype), tl.trans(kT2), dq2, input_precision=F.DOT_PRECISION)
+            if F.TRACE:  # the step's own dS_ij K_j, one more MMA of the trace build, then its state (.trace_backward)
+                part = tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=F.DOT_PRECISION)
                 _trace_dq(Trace, b_idx, h_idx, start_m // BLOCK_M, start // BLOCK_N, p, dp, ds.to(kT.dtype), part, dq)
     return dq, dq2

@@ -99,32 +99,16 @@ def attn_fwd(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    F: tl.constexpr,
     NEGATE_Q: tl.constexpr,
-    TMA: tl.constexpr,
-    WINDOW: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False,
-    ALIBI: tl.constexpr = False,
-    SEQLENS: tl.constexpr = False,
-    DROPOUT: tl.constexpr = False,
-    BOOL_MASK: tl.constexpr = False,
-    ADD_MASK: tl.constexpr = False,
-    VARLEN: tl.constexpr = False,
     WS: tl.constexpr = False,
-    GRID_ORDER: tl.constexpr = 2,  # under causal: LONGEST (2) or PER_HEAD (1), see .grid
     EVEN_N: tl.constexpr = False,
-    SCORE_MOD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
     FP8: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
     SINKS: tl.constexpr = False,
-    TRACE: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest. The
-    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read.
+    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read. ``F``:
+    the variant flags (:class:`flashattn_teach.triton.flags.Flags`), read ``F.CAUSAL``, ``F.WINDOW``, ...
 
     ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` (:class:`~..records.Strided`): any strides, and with
     ``TMA`` the pointers of ``K, V`` are tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE``
@@ -174,7 +158,7 @@ def attn_fwd(
         n_blocks,
         tl.num_programs(0) // n_blocks,
         N_k,
-        ORDER=GRID_ORDER if CAUSAL else INDEX,
+        ORDER=F.GRID_ORDER if F.CAUSAL else INDEX,
         LONGEST_LAST=True,
         ROW_BYTES=2 * (HEAD_DIM + HEAD_DIM_V),
     )
@@ -187,11 +171,11 @@ def attn_fwd(
     LSE_head = LSE.ptr + pid_bh.to(tl.int64) * LSE.stride_h  # lse (B, H_q, N_q) contiguous
     # the dropout counter's (offset, b * H_q + h, N_q, N_k) (flashattn_teach.dropout)
     drop_offset, drop_bh, drop_N_q, drop_N_k = dropout.offset, pid_bh, N_q, N_k
-    if VARLEN:
+    if F.VARLEN:
         q_start, k_start, N_q, N_k, OFFSET = _sequence(packed.cu_seqlens_q, packed.cu_seqlens_k, b, OFFSET)
         if start_m >= N_q:
             return  # a query block past this sequence's end (the grid spans the longest one)
-        if DROPOUT:  # counters of the packed matrix, one batch element: head h, rows and columns shifted
+        if F.DROPOUT:  # counters of the packed matrix, one batch element: head h, rows and columns shifted
             n_seq = tl.num_programs(0) // (n_blocks * H_q)
             drop_offset, drop_N_q, drop_N_k = _packed_dropout(
                 packed.cu_seqlens_q, packed.cu_seqlens_k, n_seq, q_start, k_start, dropout.offset
@@ -221,7 +205,7 @@ def attn_fwd(
             strides=[V.stride_n, 1],
             block_shape=[BLOCK_N, BLOCK_DV],
         )
-    elif TMA:
+    elif F.TMA:
         K_src = K_ptr
         V_src = V_ptr
     else:
@@ -247,21 +231,21 @@ def attn_fwd(
     # BLOCK_D2 lanes read at lane BLOCK_D, else through pointers (not by host descriptors); otherwise unread
     q2 = q
     K2_src = K_src
-    if BLOCK_D2 > 0:
-        tl.static_assert(not TMA, "a split head dim's second lane group has no host descriptor")
+    if F.BLOCK_D2 > 0:
+        tl.static_assert(not F.TMA, "a split head dim's second lane group has no host descriptor")
         if WS:
             q2 = tl.make_tensor_descriptor(
-                Q_head, shape=[N_q, HEAD_DIM], strides=[Q.stride_n, 1], block_shape=[BLOCK_M, BLOCK_D2]
+                Q_head, shape=[N_q, HEAD_DIM], strides=[Q.stride_n, 1], block_shape=[BLOCK_M, F.BLOCK_D2]
             ).load([start_m, BLOCK_D])
             K2_src = tl.make_tensor_descriptor(
                 K_ptr + b.to(tl.int64) * K.stride_b + h_kv.to(tl.int64) * K.stride_h,
                 shape=[N_k, HEAD_DIM],
                 strides=[K.stride_n, 1],
-                block_shape=[BLOCK_N, BLOCK_D2],
+                block_shape=[BLOCK_N, F.BLOCK_D2],
             )
         else:
             q2 = _load_block_hi(
-                Q_block, offs_m - start_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=False
+                Q_block, offs_m - start_m, Q.stride_n, Q.stride_d, in_q, HEAD_DIM, BLOCK_D, F.BLOCK_D2, ROWS_OK=False
             )
     if NEGATE_Q:
         q = -q
@@ -274,7 +258,7 @@ def attn_fwd(
         # moves into Q, exactly, by flipping e4m3's sign bit (the host never reads the descales: no sync)
         flip = tl.where(qk_scale < 0, 0x80, 0).to(tl.uint8)
         q = (q.to(tl.uint8, bitcast=True) ^ flip).to(q.dtype, bitcast=True)
-        if BLOCK_D2 > 0:
+        if F.BLOCK_D2 > 0:
             q2 = (q2.to(tl.uint8, bitcast=True) ^ flip).to(q2.dtype, bitcast=True)
         qk_scale = tl.abs(qk_scale)
 
@@ -288,32 +272,32 @@ def attn_fwd(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     MASK_head = None
-    if BOOL_MASK or ADD_MASK:
+    if F.BOOL_MASK or F.ADD_MASK:
         MASK_head = terms.mask + b.to(tl.int64) * terms.mask_stride_b + h.to(tl.int64) * terms.mask_stride_h
     n_keys = N_k  # the keys that exist for this batch element
-    if SEQLENS:
+    if F.SEQLENS:
         n_keys = tl.minimum(tl.load(bounds.SEQLENS_K + b), N_k)  # keys past this batch element's length are invisible
         # OFFSET is the alignment (1: bottom-right, 0: top-left): off_b = seqlens_k[b] - N_q, flash-attn's
         OFFSET = OFFSET * (n_keys - N_q)
-    if ALIBI:
+    if F.ALIBI:
         slope_log2 = tl.load(terms.alibi + b * terms.alibi_stride_b + h * terms.alibi_stride_h) * LOG2E
     else:
         slope_log2 = 0.0
 
     KINDS_row = None
-    if KINDS:
+    if F.KINDS:
         KINDS_row = mods.kinds + b * mods.kinds_stride_b + h * mods.kinds_stride_h + i * mods.kinds_stride_m
     LIST_row = None
-    if LISTED:
+    if F.LISTED:
         LIST_row = mods.tiles + b * mods.tiles_stride_b + h * mods.tiles_stride_h + i * mods.tiles_stride_m
-    if WINDOW:
+    if F.WINDOW:
         begin, full_begin, full_end, end = _window_key_range(
             start_m, n_keys, OFFSET, bounds.LEFT, bounds.RIGHT, BLOCK_M, BLOCK_N
         )
     else:
         begin = 0
         full_begin = 0
-        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+        full_end, end = _causal_key_range(start_m, n_keys, OFFSET, BLOCK_M, BLOCK_N, F.CAUSAL)
     # The key loop's stages, one call site (unrolled: each stage its own inlined loop):
     #   0  LISTED: the block mask's visited tiles, all masked (the causal, window and length bounds still
     #      apply); WS: every key block in one loop (with a second loop in the kernel, specialised or not, the
@@ -322,9 +306,9 @@ def attn_fwd(
     #   1  the key blocks every row fully sees, unmasked                    (not with WS or LISTED)
     #   2  the diagonal and the ragged last block, masked                   (not with WS or LISTED)
     for stage in tl.static_range(3):
-        if (stage == 0 and (LISTED or WINDOW or WS)) or (stage > 0 and not (WS or LISTED)):
+        if (stage == 0 and (F.LISTED or F.WINDOW or WS)) or (stage > 0 and not (WS or F.LISTED)):
             if stage == 0:
-                if LISTED:
+                if F.LISTED:
                     lo, hi = 0, tl.load(LIST_row)  # entries of the tile list, not keys
                 else:
                     lo, hi = begin, end if WS else full_begin
@@ -372,23 +356,9 @@ def attn_fwd(
                 BLOCK_DV=BLOCK_DV,
                 BLOCK_M=BLOCK_M,
                 BLOCK_N=BLOCK_N,
-                CAUSAL=CAUSAL,
-                WINDOW=WINDOW,
-                SOFTCAP=SOFTCAP,
-                ALIBI=ALIBI,
-                DROPOUT=DROPOUT,
-                BOOL_MASK=BOOL_MASK,
-                ADD_MASK=ADD_MASK,
-                DOT_PRECISION=DOT_PRECISION,
-                TMA=TMA,
-                MASK=stage == 2 or (stage == 0 and (LISTED or not EVEN_N)),
+                F=F,
+                MASK=stage == 2 or (stage == 0 and (F.LISTED or not EVEN_N)),
                 WS=WS,
-                SCORE_MOD=SCORE_MOD,
-                MASK_MOD=MASK_MOD,
-                KINDS=KINDS,
-                LISTED=LISTED,
-                BLOCK_D2=BLOCK_D2,
-                TRACE=TRACE,
             )
 
     # Epilogue (FA2 Alg. 1 lines 12-13): O_i = acc / l_i, lse_i = m_i + log(l_i).

@@ -107,25 +107,12 @@ def _attn_fwd_inner(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    BOOL_MASK: tl.constexpr,
-    ADD_MASK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    F: tl.constexpr,
     MASK: tl.constexpr,
     WS: tl.constexpr = False,
-    SCORE_MOD: tl.constexpr = None,
-    MASK_MOD: tl.constexpr = None,
-    KINDS: tl.constexpr = False,
-    LISTED: tl.constexpr = False,
-    BLOCK_D2: tl.constexpr = 0,
-    TRACE: tl.constexpr = False,
 ):
-    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10).
+    """Fold key/value blocks ``[start_n, end_n)`` into ``(acc, l_i, m_i)`` (FA2 Alg. 1 lines 6-10). ``F``: the
+    kernel's flags record (:class:`flashattn_teach.triton.flags.Flags`), passed whole.
 
     ``MASK`` selects the stage: False for blocks every row may fully see (no mask, no bounds check),
     True for the diagonal and the ragged last block, where scores of invisible keys become -inf.
@@ -145,12 +132,12 @@ def _attn_fwd_inner(
     ``trace`` (:func:`.trace._trace_block`), the scores as ``s * s_scale``, base 2 with the scale folded in.
     """
     nat_scale = qk_scale * LN2  # scale * q.k in natural units, for score_mod without built-in modifiers
-    if BOOL_MASK or ADD_MASK:
+    if F.BOOL_MASK or F.ADD_MASK:
         rows = tl.arange(0, BLOCK_M)  # in-tile offsets of the attn_mask tile, whose first row is offs_m0
         cols = tl.arange(0, BLOCK_N)
     # the unmasked stage loops over a block counter, which compiles to fewer instructions an iteration; the
     # masked stage over key offsets, since a counter there spilled registers in some tiles (docs/loop-profile.md)
-    if LISTED:
+    if F.LISTED:
         lo, hi, step = start_n, end_n, 1
     elif MASK:
         lo, hi, step = start_n, end_n, BLOCK_N
@@ -159,22 +146,22 @@ def _attn_fwd_inner(
     for it in tl.range(lo, hi, step, warp_specialize=WS):
         kind = KIND_PARTIAL
         visit = True
-        if LISTED:
+        if F.LISTED:
             code = tl.load(LIST_row + 1 + it)  # (j << 2) | kind
             start = (code >> 2) * BLOCK_N
             kind = code & 3
         else:
             start = it if MASK else start_n + it * BLOCK_N
-            if KINDS:
+            if F.KINDS:
                 kind = tl.load(KINDS_row + (start // BLOCK_N) * mods.kinds_stride_n)
                 visit = kind != KIND_SKIP
         if visit:  # a SKIP tile of the block mask: nothing of it is loaded or computed
             # K_j: (BLOCK_N, BLOCK_D); S_ij = Q_i K_j^T: (BLOCK_M, BLOCK_D) @ (BLOCK_D, BLOCK_N) -> (BLOCK_M, BLOCK_N)
             k = _load_kv_block(
-                K_src, b, h_kv, start, N_k, K.stride_n, K.stride_d, HEAD_DIM, BLOCK_N, BLOCK_D, TMA, MASK, WS
+                K_src, b, h_kv, start, N_k, K.stride_n, K.stride_d, HEAD_DIM, BLOCK_N, BLOCK_D, F.TMA, MASK, WS
             )
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            if BLOCK_D2 > 0:
+            s = tl.dot(q, tl.trans(k), input_precision=F.DOT_PRECISION)
+            if F.BLOCK_D2 > 0:
                 # S_ij += Q_i[:, BLOCK_D:] K_j[:, BLOCK_D:]^T: (BLOCK_M, BLOCK_D2) @ (BLOCK_D2, BLOCK_N)
                 if WS:
                     k2 = K2_src.load([start, BLOCK_D])  # lanes [BLOCK_D, BLOCK_D + BLOCK_D2); zeros past the ends
@@ -183,11 +170,11 @@ def _attn_fwd_inner(
                     K2_block = K2_src + tl.cast(start, tl.int64) * K.stride_n
                     in_k = start + rows < N_k
                     k2 = _load_block_hi(
-                        K2_block, rows, K.stride_n, K.stride_d, in_k, HEAD_DIM, BLOCK_D, BLOCK_D2, ROWS_OK=not MASK
+                        K2_block, rows, K.stride_n, K.stride_d, in_k, HEAD_DIM, BLOCK_D, F.BLOCK_D2, ROWS_OK=not MASK
                     )
-                s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
+                s = tl.dot(q2, tl.trans(k2), s, input_precision=F.DOT_PRECISION)
             offs_n = start + tl.arange(0, BLOCK_N)
-            if SOFTCAP or ALIBI or ADD_MASK:
+            if F.SOFTCAP or F.ALIBI or F.ADD_MASK:
                 s, _ = _modify_scores(
                     s * qk_scale,
                     offs_m[:, None],
@@ -195,38 +182,38 @@ def _attn_fwd_inner(
                     OFFSET,
                     terms.softcap_log2,
                     slope_log2,
-                    SOFTCAP,
-                    ALIBI,
+                    F.SOFTCAP,
+                    F.ALIBI,
                 )
-                if ADD_MASK:
+                if F.ADD_MASK:
                     bias = _attn_mask_tile(
                         MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     s = s + bias.to(tl.float32) * LOG2E
                 s_scale = 1.0
-                if SCORE_MOD is not None:
-                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, SCORE_MOD)
+                if F.SCORE_MOD is not None:
+                    s = _score_mod(s * LN2, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, F.SCORE_MOD)
                     s_scale = LOG2E
-            elif SCORE_MOD is not None:
+            elif F.SCORE_MOD is not None:
                 # natural units straight from the product (no log2 detour); LOG2E joins the exponent's FFMA
-                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, SCORE_MOD)
+                s = _score_mod(s * nat_scale, b, h, offs_m[:, None], offs_n[None, :], mods.score_captures, F.SCORE_MOD)
                 s_scale = LOG2E
             else:
                 s_scale = qk_scale
-            if MASK or BOOL_MASK or ADD_MASK or MASK_MOD is not None:
+            if MASK or F.BOOL_MASK or F.ADD_MASK or F.MASK_MOD is not None:
                 visible = (offs_n < N_k)[None, :]
-                if CAUSAL:
+                if F.CAUSAL:
                     visible = visible & (offs_n[None, :] <= offs_m[:, None] + OFFSET)
-                if WINDOW:
+                if F.WINDOW:
                     visible = visible & _in_window(offs_m[:, None], offs_n[None, :], OFFSET, bounds.LEFT, bounds.RIGHT)
-                if BOOL_MASK:
+                if F.BOOL_MASK:
                     user = _attn_mask_tile(
                         MASK_head, offs_m0, start, rows[:, None], cols[None, :], terms, drop_N_q, N_k
                     )
                     visible = visible & (user != 0)
-                if MASK_MOD is not None:
+                if F.MASK_MOD is not None:
                     visible = _mask_mod_visible(
-                        visible, kind, b, h, offs_m[:, None], offs_n[None, :], mods.mask_captures, MASK_MOD
+                        visible, kind, b, h, offs_m[:, None], offs_n[None, :], mods.mask_captures, F.MASK_MOD
                     )
                 s = tl.where(visible, s, float("-inf"))
                 s_max = tl.max(s, 1)
@@ -236,7 +223,7 @@ def _attn_fwd_inner(
                 m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 # P_ij = exp2(S * qk_scale - m_new), 0 for invisible keys (also when qk_scale = 0)
                 p = tl.math.exp2(tl.where(visible, s * s_scale - m_new_safe[:, None], float("-inf")))
-            elif SCORE_MOD is not None:
+            elif F.SCORE_MOD is not None:
                 # every key is visible but score_mod may give -inf: for a whole row too, which keeps m = -inf
                 m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
                 m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -251,7 +238,7 @@ def _attn_fwd_inner(
             alpha = tl.math.exp2(m_i - m_new_safe)
             # l_new = alpha * l_i + rowsum(P_ij)
             l_i = l_i * alpha + tl.sum(p, 1)
-            if DROPOUT:
+            if F.DROPOUT:
                 # l_i sums the undropped P (the softmax's denominator); acc takes P * Z / (1 - p), Z the keep
                 # mask drawn from the weight's (b, h, i, j), the same on every path (flashattn_teach.dropout)
                 keep = _dropout_keep(
@@ -260,13 +247,13 @@ def _attn_fwd_inner(
                 p = tl.where(keep, p * dropout.keep_scale, 0.0)
             # V_j: (BLOCK_N, BLOCK_DV)
             v = _load_kv_block(
-                V_src, b, h_kv, start, N_k, V.stride_n, V.stride_d, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA, MASK, WS
+                V_src, b, h_kv, start, N_k, V.stride_n, V.stride_d, HEAD_DIM_V, BLOCK_N, BLOCK_DV, F.TMA, MASK, WS
             )
             # acc = alpha * acc + P_ij V_j: P is cast to V's dtype so the matmul runs on tensor cores,
             # with an fp32 accumulator. (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_DV) -> (BLOCK_M, BLOCK_DV)
             acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=F.DOT_PRECISION)
             m_i = m_new
-            if TRACE:
+            if F.TRACE:
                 _trace_block(trace, s * s_scale, m_i, l_i, alpha, acc, b, h, offs_m0, start, BLOCK_N=BLOCK_N)
     return acc, l_i, m_i
