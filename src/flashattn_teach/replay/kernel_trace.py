@@ -110,6 +110,17 @@ def kernel_tiles(head: OneHead, query_block: int, tile: tuple[int, int] | None =
     return kernel_m, kernel_n, r0 // kernel_m, note
 
 
+def check_trace_dtype(q: Tensor) -> None:
+    """A named error for an input dtype the trace builds cannot run on ``q``'s device: float64 (rounded to float32),
+    float32 and float16 anywhere, bfloat16 only compiled (on a GPU)."""
+    allowed = [torch.float64, torch.float32, torch.float16] + ([torch.bfloat16] if q.device.type == "cuda" else [])
+    if q.dtype not in allowed:
+        why = " (the interpreter multiplies bfloat16 tiles wrongly: run on a GPU)" if q.dtype == torch.bfloat16 else ""
+        raise AttentionValueError(
+            f'source="triton" on {q.device.type} takes {[str(d) for d in allowed]} inputs, got {q.dtype}{why}'
+        )
+
+
 def check_traceable(order: str, head: OneHead, q: Tensor, k: Tensor, causal_align: str, kernel: str = "core") -> None:
     """A named error for what ``kernel`` cannot trace (the tutorial kernel has no mask but causal, no sink; the
     production kernel's replay no packed sequences nor user functions; both one order); ``q, k`` as given (their
@@ -142,12 +153,7 @@ def check_traceable(order: str, head: OneHead, q: Tensor, k: Tensor, causal_alig
             f'source="triton" needs D_v = D, got D = {head.q.shape[-1]}, D_v = {head.v.shape[-1]} (or '
             'kernel="production")'
         )
-    allowed = [torch.float64, torch.float32, torch.float16] + ([torch.bfloat16] if q.device.type == "cuda" else [])
-    if q.dtype not in allowed:
-        why = " (the interpreter multiplies bfloat16 tiles wrongly: run on a GPU)" if q.dtype == torch.bfloat16 else ""
-        raise AttentionValueError(
-            f'source="triton" on {q.device.type} takes {[str(d) for d in allowed]} inputs, got {q.dtype}{why}'
-        )
+    check_trace_dtype(q)
 
 
 def kernel_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[tuple[Tensor, Tensor, Tensor], str]:

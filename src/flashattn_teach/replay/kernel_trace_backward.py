@@ -40,6 +40,7 @@ from ..triton.configs import AttentionConfig, fused_backward
 from ..triton.lanes import block_d, lane_groups
 from ..triton.trace_backward import BackwardTrace
 from .inputs import OneHead
+from .kernel_trace import check_trace_dtype
 from .step import Step, StepKind
 
 __all__ = ["KERNEL_SOURCE", "NOTE", "KernelBackwardTrace", "check_traceable", "kernel_blocks", "run_backward_trace"]
@@ -86,12 +87,7 @@ def check_traceable(head: OneHead, q: Tensor) -> None:
             f'source="triton": a head dim of {head.q.shape[-1]} runs as two lane groups, which the trace build '
             "does not trace: use D <= 128"
         )
-    allowed = [torch.float64, torch.float32, torch.float16] + ([torch.bfloat16] if q.device.type == "cuda" else [])
-    if q.dtype not in allowed:
-        why = " (the interpreter multiplies bfloat16 tiles wrongly: run on a GPU)" if q.dtype == torch.bfloat16 else ""
-        raise AttentionValueError(
-            f'source="triton" on {q.device.type} takes {[str(d) for d in allowed]} inputs, got {q.dtype}{why}'
-        )
+    check_trace_dtype(q)
 
 
 def _launch_module() -> Any:
