@@ -47,7 +47,7 @@ from ..triton.configs import arch_of, block_d, dot_precision
 from ..triton.devices import launches_on_device
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
-from ..triton.records import LOG2E, CacheLengths, Pages, Partials, score_terms, strided
+from ..triton.records import LOG2E, CacheLengths, DecodeTensors, Pages, Partials, score_terms, split, strided
 from ..triton.support import decode_unsupported_reason
 from ..triton.variants import UNBOUNDED
 from .checks import DecodeStep, check_seqlens_tensor
@@ -295,11 +295,15 @@ def launch_decode(
     left, right = window
     BLOCK_D, BLOCK_D2 = lane_groups(D)  # 192: 128 + 64 lanes, two MMAs a score tile (.kernels.tiles)
     decode_split_fwd[(B * H_kv * triton.cdiv(G * N_new, BLOCK_M), num_splits)](
-        strided(q),
-        strided(k_cache),
-        strided(v_cache),
-        Partials(O_part, *O_part.stride()),
-        Partials(lse_part, *lse_part.unsqueeze(-1).stride()),  # (num_splits, B, H_q, N_new, 1)
+        *split(
+            DecodeTensors(
+                strided(q),
+                strided(k_cache),
+                strided(v_cache),
+                Partials(O_part, *O_part.stride()),
+                Partials(lse_part, *lse_part.unsqueeze(-1).stride()),  # (num_splits, B, H_q, N_new, 1)
+            )
+        ),
         lengths,
         pages,
         terms,

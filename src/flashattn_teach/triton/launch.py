@@ -32,7 +32,7 @@ from .devices import launches_on_device
 from .flags import kernel_flags
 from .forward_trace import ForwardTrace, traced_tile
 from .provenance import as_tried
-from .records import Descales, Lse, RowStats, strided
+from .records import Descales, DkdvTensors, DqTensors, ForwardTensors, Lse, RowStats, split, strided
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .trace_backward import BackwardTrace, check_trace, check_trace_tile
 from .variants import PLAIN, KernelVariants
@@ -167,10 +167,14 @@ def forward(
         variants, causal=causal, config=config, block_d2=D2, precision=dot_precision(q.dtype), trace=trace is not None
     )
     attn_fwd[grid](
-        strided(q, varlen=var),
-        strided(K_src, k.stride(), varlen=var),
-        strided(V_src, v.stride(), varlen=var),
-        strided(o, varlen=var),
+        *split(
+            ForwardTensors(
+                strided(q, varlen=var),
+                strided(K_src, k.stride(), varlen=var),
+                strided(V_src, v.stride(), varlen=var),
+                strided(o, varlen=var),
+            )
+        ),
         stats(lse),
         H_q=s.H_q,
         N_q=N_q,
@@ -292,14 +296,18 @@ def backward(
     listed_columns = kinds is not None and (s.group == 1 or kinds.shape[1] == 1)
     for with_dk, with_dv in ((True, False), (False, True)) if c.split else ((True, True),):
         attn_bwd_dkdv[(triton.cdiv(N_k, c.BLOCK_N) * n_seq * s.H_kv,)](
-            strided(q_src, q.stride(), varlen=var),
-            strided(k, varlen=var),
-            strided(v, varlen=var),
-            strided(do_src, do.stride(), varlen=var),
+            *split(
+                DkdvTensors(
+                    strided(q_src, q.stride(), varlen=var),
+                    strided(k, varlen=var),
+                    strided(v, varlen=var),
+                    strided(do_src, do.stride(), varlen=var),
+                    strided(dk, varlen=var),
+                    strided(dv, varlen=var),
+                    None if dq_acc is None else strided(dq_acc, varlen=var),
+                )
+            ),
             row_stats,
-            strided(dk, varlen=var),
-            strided(dv, varlen=var),
-            None if dq_acc is None else strided(dq_acc, varlen=var),
             H_q=s.H_q,
             H_kv=s.H_kv,
             N_q=N_q,
@@ -341,12 +349,16 @@ def backward(
     k_src = descriptor(k, c.BLOCK_N, D_pad) if tma else k
     v_src = descriptor(v, c.BLOCK_N, Dv_pad) if tma else v
     attn_bwd_dq[(triton.cdiv(N_q, c.BLOCK_M) * n_seq * s.H_q,)](
-        strided(q, varlen=var),
-        strided(k_src, k.stride(), varlen=var),
-        strided(v_src, v.stride(), varlen=var),
-        strided(do, varlen=var),
+        *split(
+            DqTensors(
+                strided(q, varlen=var),
+                strided(k_src, k.stride(), varlen=var),
+                strided(v_src, v.stride(), varlen=var),
+                strided(do, varlen=var),
+                strided(dq, varlen=var),
+            )
+        ),
         row_stats,
-        strided(dq, varlen=var),
         H_q=s.H_q,
         N_q=N_q,
         N_k=N_k,

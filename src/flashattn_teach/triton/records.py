@@ -3,6 +3,8 @@ FlashAttention's CuTe code passes its ``kernel_args``): a tensor and its strides
 and each variant of the mask contract one record, or None where the call does not use it.
 
     Strided        a (B, H, N, X) tensor (or a tensor descriptor) and its four strides
+    ForwardTensors a kernel's Strided tensors by name (DkdvTensors, DqTensors, DecodeTensors), passed
+                   as two records by split: every pointer, then every stride
     Lse            lse's pointer and its head stride (``N_q``, or ``total_q`` with packed sequences)
     RowStats       the backward's lse2 and delta, laid out as lse, and their head stride
     Bounds         where each row's keys stop: OFFSET, the window's LEFT and RIGHT, SEQLENS_K (or None)
@@ -48,7 +50,7 @@ of a tuple), so every record is named. The floor stays triton 3.4. No GPU launch
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from torch import Tensor
 
@@ -56,14 +58,13 @@ LOG2E = 1 / math.log(2)  # exp(x) = exp2(x * LOG2E); kernels.masking.LOG2E is th
 
 
 class Strided(NamedTuple):
-    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements. The head and row
-    strides come first: a loop over a group's heads reads the two, and the kernel's parameter buffer then
-    holds them as one aligned 8-byte pair (one ``LDC.64``)."""
+    """A ``(B, H, N, X)`` tensor, or a tensor descriptor of one, and its strides in elements (torch's order). A
+    kernel takes its tensors as :func:`split` records and makes each one of these again in its first lines."""
 
     ptr: Any
+    stride_b: int
     stride_h: int
     stride_n: int
-    stride_b: int
     stride_d: int
 
 
@@ -72,14 +73,76 @@ def strided(t: Any, strides: tuple[int, ...] | None = None, *, varlen: bool = Fa
     packed sequences (``varlen``, a ``(1, H, total, X)`` view) the grid's batch index is the sequence, whose
     start row moves the base pointer instead: the batch stride is passed as 0."""
     b, h, n, x = t.stride() if strides is None else strides
-    return Strided(t, stride_h=h, stride_n=n, stride_b=0 if varlen else b, stride_d=x)
+    return Strided(t, stride_b=0 if varlen else b, stride_h=h, stride_n=n, stride_d=x)
+
+
+class ForwardTensors(NamedTuple):
+    """``attn_fwd``'s tensors, each a :class:`Strided` (the pointers or the strides once :func:`split`)."""
+
+    Q: Any
+    K: Any
+    V: Any
+    O: Any
+
+
+class DkdvTensors(NamedTuple):
+    """``attn_bwd_dkdv``'s tensors; ``DQ`` (the one-kernel backward's dQ buffer) None in the two-kernel one."""
+
+    Q: Any
+    K: Any
+    V: Any
+    DO: Any
+    DK: Any
+    DV: Any
+    DQ: Any
+
+
+class DqTensors(NamedTuple):
+    """``attn_bwd_dq``'s tensors."""
+
+    Q: Any
+    K: Any
+    V: Any
+    DO: Any
+    DQ: Any
+
+
+class DecodeTensors(NamedTuple):
+    """``decode_split_fwd``'s tensors: ``Q, K, V`` :class:`Strided`, ``O, LSE`` :class:`Partials`."""
+
+    Q: Any
+    K: Any
+    V: Any
+    O: Any
+    LSE: Any
+
+
+T = TypeVar("T", ForwardTensors, DkdvTensors, DqTensors, DecodeTensors)
+
+
+def split(tensors: T) -> tuple[T, T]:
+    """A kernel's tensors (a record above of :class:`Strided` or :class:`Partials`, a field None where the call
+    has no such tensor) as two records of the same class: the pointers, then the strides (a tuple each).
+    The kernel takes the two first, as ``ptr`` and ``stride``, and makes its records again (``Q =
+    Strided(ptr.Q, *stride.Q)``).
+
+    Why not the records themselves: Triton lays a kernel's parameters out in the order it takes them, a record's
+    fields in place, and ptxas's schedule depends on which parameters share an aligned 8-byte word of the
+    constant bank. With every pointer ahead of every stride, the layout of the positional kernels, the SASS is
+    theirs; with each pointer among its own strides some loops were up to 12 instructions longer and some spilled
+    8 bytes more (``benchmarks/results/kernel_args/README.md``, rounds 3 and 4)."""
+    cls = type(tensors)
+    pointers = cls(*(None if t is None else t[0] for t in tensors))
+    # a tensor the call lacks (only DkdvTensors.DQ can) has None for its pointer and each stride: constants all
+    strides = cls(*((None,) * 4 if t is None else tuple(t[1:]) for t in tensors))
+    return pointers, strides
 
 
 class Partials(NamedTuple):
     """The decode kernel's split outputs ``(num_splits, B, H_q, N_new, X)`` and their strides (lse as
     ``(num_splits, B, H_q, N_new, 1)``)."""
 
-    ptr: Tensor
+    ptr: Any
     stride_s: int
     stride_b: int
     stride_h: int

@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from ..records import Strided
 from .backward import _causal_query_range
 from .backward_dkdv_inner import _attn_bwd_dkdv_inner
 from .dropout import _packed_dropout
@@ -28,14 +29,9 @@ from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 @triton.jit
 def attn_bwd_dkdv(
-    Q,
-    K,
-    V,
-    DO,
+    ptr,
+    stride,
     row_stats,
-    DK,
-    DV,
-    DQ,
     H_q,
     H_kv,
     N_q,
@@ -79,6 +75,14 @@ def attn_bwd_dkdv(
 
     ``TRACE``: the trace build (:mod:`.trace_backward`): the program of the head ``row_stats.trace`` names
     writes each step's ``P, dP, dS, dK_j, dV_j`` (and dQ partial) there; through pointers, unsplit, one lane group."""
+    # the tensors come as their pointers, then their strides (records.split: ptxas's schedule follows the layout)
+    Q = Strided(ptr.Q, *stride.Q)
+    K = Strided(ptr.K, *stride.K)
+    V = Strided(ptr.V, *stride.V)
+    DO = Strided(ptr.DO, *stride.DO)
+    DK = Strided(ptr.DK, *stride.DK)
+    DV = Strided(ptr.DV, *stride.DV)
+    DQ = Strided(ptr.DQ, *stride.DQ)  # None fields without DQ_ATOMIC
     tl.static_assert(not (F.TMA and F.VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(not DQ_ATOMIC or (WITH_DK and WITH_DV), "the one-kernel backward is not split")
     tl.static_assert(not F.TRACE or (WITH_DK and WITH_DV and not F.TMA and F.BLOCK_D2 == 0), "the trace build's path")

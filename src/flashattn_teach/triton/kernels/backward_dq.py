@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from ..records import Strided
 from .backward_dq_inner import _attn_bwd_dq_inner
 from .dropout import _packed_dropout
 from .forward import LOG2E, _causal_key_range
@@ -23,12 +24,9 @@ from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 @triton.jit
 def attn_bwd_dq(
-    Q,
-    K,
-    V,
-    DO,
+    ptr,
+    stride,
     row_stats,
-    DQ,
     H_q,
     N_q,
     N_k,
@@ -58,6 +56,12 @@ def attn_bwd_dq(
     :func:`~.forward.attn_fwd`, at this launch's tiles; ``SCORE_GRAD``: score_mod's derivative (None when it is
     1). ``F.TRACE`` as in :func:`~.backward_dkdv.attn_bwd_dkdv`: each step's ``P, dP, dS``, its ``dS_ij K_j``
     and ``dQ_i``."""
+    # the tensors come as their pointers, then their strides (records.split: ptxas's schedule follows the layout)
+    Q = Strided(ptr.Q, *stride.Q)
+    K = Strided(ptr.K, *stride.K)
+    V = Strided(ptr.V, *stride.V)
+    DO = Strided(ptr.DO, *stride.DO)
+    DQ = Strided(ptr.DQ, *stride.DQ)
     tl.static_assert(not (F.TMA and F.VARLEN), "packed sequences end inside the tensor, where no TMA box stops")
     tl.static_assert(
         not F.TRACE or (not F.TMA and F.BLOCK_D2 == 0), "the trace build runs through pointers, one lane group"

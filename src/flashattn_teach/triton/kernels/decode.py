@@ -54,6 +54,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from ..records import Partials, Strided
 from .forward import LN2, LOG2E
 from .masking import _in_window, _modify_scores
 from .pages import _block_ids, _page_slots
@@ -192,11 +193,8 @@ def _decode_inner(
 
 @triton.jit
 def decode_split_fwd(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
+    ptr,
+    stride,
     lengths,
     pages,
     terms,
@@ -239,6 +237,12 @@ def decode_split_fwd(
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the values'
     ``BLOCK_DV`` stays one padded group. ``TRACE``: the trace build, ``Trace`` a
     :class:`~.trace_decode.DecodeTraceRecord` (None, a constant, without it)."""
+    # the tensors come as their pointers, then their strides (records.split: ptxas's schedule follows the layout)
+    Q = Strided(ptr.Q, *stride.Q)
+    K = Strided(ptr.K, *stride.K)
+    V = Strided(ptr.V, *stride.V)
+    O = Partials(ptr.O, *stride.O)
+    LSE = Partials(ptr.LSE, *stride.LSE)
     N_new = lengths.N_new
     m_blocks = tl.cdiv(GROUP * N_new, BLOCK_M)
     pid = tl.program_id(0)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
+from ..records import Strided
 from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
 from .grid import INDEX, program_block
@@ -75,10 +76,8 @@ def _causal_key_range(start_m, N_k, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def attn_fwd(
-    Q,
-    K,
-    V,
-    O,
+    ptr,
+    stride,
     LSE,
     H_q,
     N_q,
@@ -151,6 +150,11 @@ def attn_fwd(
     ``TRACE`` (issue 39; the launcher then runs the pointer path, neither ``TMA`` nor ``WS``): the programs of
     head ``(trace.b, trace.h)`` store each key block's state into ``trace`` (:mod:`.trace`); None otherwise.
     """
+    # the tensors come as their pointers, then their strides (records.split: ptxas's schedule follows the layout)
+    Q = Strided(ptr.Q, *stride.Q)
+    K = Strided(ptr.K, *stride.K)
+    V = Strided(ptr.V, *stride.V)
+    O = Strided(ptr.O, *stride.O)
     n_blocks = tl.cdiv(N_q, BLOCK_M)
     # causal: the longest key ranges start first (all heads' or each head's: GRID_ORDER), the short ones fill the tail
     i, pid_bh = program_block(
