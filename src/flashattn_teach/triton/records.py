@@ -67,6 +67,18 @@ class Strided(NamedTuple):
     stride_n: int
     stride_d: int
 
+    def strides(self) -> Strides:
+        return Strides(*self[1:])
+
+
+class Strides(NamedTuple):
+    """A :class:`Strided`'s strides alone (None each where the call has no such tensor)."""
+
+    stride_b: int | None
+    stride_h: int | None
+    stride_n: int | None
+    stride_d: int | None
+
 
 def strided(t: Any, strides: tuple[int, ...] | None = None, *, varlen: bool = False) -> Strided:
     """``t`` (B, H, N, X) with its strides (or ``strides``, those of the tensor a descriptor ``t`` reads). With
@@ -122,7 +134,8 @@ T = TypeVar("T", ForwardTensors, DkdvTensors, DqTensors, DecodeTensors)
 
 def split(tensors: T) -> tuple[T, T]:
     """A kernel's tensors (a record above of :class:`Strided` or :class:`Partials`, a field None where the call
-    has no such tensor) as two records of the same class: the pointers, then the strides (a tuple each).
+    has no such tensor) as two records of the same class: the pointers, then the strides (a :class:`Strides` or
+    :class:`PartialStrides` each).
     The kernel takes the two first, as ``ptr`` and ``stride``, and makes its records again (``Q =
     Strided(ptr.Q, *stride.Q)``).
 
@@ -132,9 +145,9 @@ def split(tensors: T) -> tuple[T, T]:
     theirs; with each pointer among its own strides some loops were up to 12 instructions longer and some spilled
     8 bytes more (``benchmarks/results/kernel_args/README.md``, rounds 3 and 4)."""
     cls = type(tensors)
-    pointers = cls(*(None if t is None else t[0] for t in tensors))
+    pointers = cls(*(None if t is None else t.ptr for t in tensors))
     # a tensor the call lacks (only DkdvTensors.DQ can) has None for its pointer and each stride: constants all
-    strides = cls(*((None,) * 4 if t is None else tuple(t[1:]) for t in tensors))
+    strides = cls(*(Strides(None, None, None, None) if t is None else t.strides() for t in tensors))
     return pointers, strides
 
 
@@ -143,6 +156,19 @@ class Partials(NamedTuple):
     ``(num_splits, B, H_q, N_new, 1)``)."""
 
     ptr: Any
+    stride_s: int
+    stride_b: int
+    stride_h: int
+    stride_n: int
+    stride_d: int
+
+    def strides(self) -> PartialStrides:
+        return PartialStrides(*self[1:])
+
+
+class PartialStrides(NamedTuple):
+    """A :class:`Partials`' strides alone."""
+
     stride_s: int
     stride_b: int
     stride_h: int

@@ -62,11 +62,11 @@ class CompileRequest:
 
     def flat_signature(self) -> dict[str, str]:
         """:attr:`signature` with each record (:mod:`flashattn_teach.triton.records`) spelt out field by
-        field: ``{"Q.ptr": "*bf16", "Q.stride_b": "i32", ...}``, the names the constants and attributes use."""
+        field: ``{"ptr.Q": "*bf16", "stride.Q.stride_b": "i32", ...}``, the names the constants and attributes use."""
         return {name: kind for name, kind in _flatten(self.signature.items())}
 
     def path_name(self, path: tuple[int, ...]) -> str:
-        """The name of the argument at ``path`` (``(0,)``: ``Q``; ``(0, 4)``: ``Q.stride_d``)."""
+        """The name of the argument at ``path`` (``(0,)``: ``ptr``; ``(1, 0, 3)``: ``stride.Q.stride_d``)."""
         label, value = list(self.signature.items())[path[0]]
         for index in path[1:]:
             fields = getattr(value, "_fields", None)
@@ -76,7 +76,7 @@ class CompileRequest:
 
     def constants(self) -> dict[str, Any]:
         """Constant arguments by name (constexpr parameters and integers the JIT turned into constants), a
-        record's fields by dotted name (``Q.stride_d``); a record's field that is None (an unused variant) is
+        record's fields by dotted name (``stride.Q.stride_d``); a record's field that is None (an unused variant) is
         left out. A ``tl.constexpr`` record, the kernels' :class:`~flashattn_teach.triton.flags.Flags`, gives
         each field under its bare name (``CAUSAL``), the name it had as a parameter of its own."""
         named: dict[str, Any] = {}
