@@ -46,7 +46,11 @@ ENTRY = re.compile(r"(\.visible \.entry \w+\()(.*?)(\n\))", re.S)
 
 
 def _positional(name: str) -> str:
-    """``Q.stride_h`` -> ``stride_qh``, ``Q.ptr`` -> ``Q``, ``bounds.OFFSET`` -> ``OFFSET``, ..."""
+    """``Q.stride_h`` -> ``stride_qh``, ``Q.ptr`` -> ``Q``, ``bounds.OFFSET`` -> ``OFFSET``, ...; since round 4
+    also ``records.split``'s names, ``ptr.Q`` -> ``Q`` and ``stride.Q.stride_h`` -> ``stride_qh``."""
+    if name.startswith("ptr."):
+        return name.removeprefix("ptr.")
+    name = name.removeprefix("stride.")
     if name in RENAMED:
         return RENAMED[name]
     record, _, field = name.partition(".")

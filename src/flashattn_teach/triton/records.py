@@ -21,12 +21,18 @@ The records are :class:`typing.NamedTuple`: ``@triton.jit`` takes them as kernel
 arguments of the helpers a kernel calls, and specialises each field as it would a plain argument (an
 integer equal to 1 becomes a constant, one divisible by 16 gets the divisibility attribute, None becomes a
 ``constexpr`` None), so a record changes no specialisation and no Triton IR (the TTGIR of a masked dK/dV
-and of a forward matched the positional kernels' line for line); the parameters' order differs, which moves
-ptxas's schedule by a few instructions either way (``benchmarks/results/kernel_args``). A field that is
-None is never read: the kernel reaches it only under the ``tl.constexpr`` flag of its variant (no
-placeholder pointer stands in for an unused tensor).
+and of a forward matched the positional kernels' line for line). A field that is None is never read: the
+kernel reaches it only under the ``tl.constexpr`` flag of its variant (no placeholder pointer stands in for an
+unused tensor).
 
-The records are flat: no record holds a record (a tuple of tensors, the captures, is the one nesting). Inside
+The parameters' order is not free. Triton lays a record's fields out in place, and ptxas's schedule moves with
+which 32-bit parameters share an aligned 8-byte word of the constant bank: with each tensor's pointer among
+its own strides, some loops were a few instructions longer or shorter than the positional kernels' and some
+spilled 8 bytes more. So a kernel takes its tensors as two records made by :func:`split`, every pointer
+(``ptr``) ahead of every stride (``stride``), the positional kernels' layout, and makes its :class:`Strided`
+records again in its first lines (``benchmarks/results/kernel_args/README.md``, rounds 3 and 4).
+
+The records are flat, but for a kernel's ``stride`` record of :class:`Strides` and the captures' tuple. Inside
 a record every integer equal to 1 becomes a constant, ``do_not_specialize`` or not, and triton 3.6 loses
 such a constant one level down: its ``ASTFunction.deserialize`` sets a record's runtime fields first and its
 constants after, and each ``tuple._setitem`` rebuilds only that tuple's type, so an outer record whose own
@@ -34,7 +40,9 @@ None field (an unused ALiBi) is set after its inner record's values but before t
 inner field typed ``constexpr[None]``; every ``if`` or ``for`` region then clones the record from that type
 (``enter_sub_region``), and a mask's key stride of 1 reached ``_attn_mask_tile`` as None. Triton 3.9 sets
 each field in one pass and is not affected. ``ScoreTerms`` and ``UserMods`` therefore carry each table and
-its strides as fields of their own (``mask``, ``mask_stride_m``, ...).
+its strides as fields of their own (``mask``, ``mask_stride_m``, ...); a ``stride`` record has no None field of
+its own (an absent dQ buffer is a :class:`Strides` of None), and the tests check every unit stride arrives as the
+constant 1 (tests/triton/test_triton_loops.py).
 
 Which triton takes them (checked before this module was written, 2026-12-06, on a machine without a GPU):
 triton 3.4.0, 3.6.0 and 3.9.0 accept NamedTuples as ``@triton.jit`` kernel parameters and as parameters of
