@@ -192,7 +192,7 @@ def test_torch_func_vjp_matches_autograd_of_the_dense_oracle() -> None:
 
 def test_the_preprocess_writes_delta_and_lse_in_log2_units_with_inf_for_rows_that_saw_no_key() -> None:
     from flashattn_teach.triton.kernels.backward import attn_bwd_preprocess
-    from flashattn_teach.triton.records import RowStats, strided
+    from flashattn_teach.triton.kernels.records import RowStats, strided
 
     B, H, N, D = 2, 3, 37, 24  # N past a block of 16, D below its padded 32: ragged rows and lanes
     g = torch.Generator().manual_seed(3)

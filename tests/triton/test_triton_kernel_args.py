@@ -1,4 +1,4 @@
-"""The kernels' arguments as named records (``flashattn_teach.triton.records``): no kernel takes more than 20
+"""The kernels' arguments as named records (``flashattn_teach.triton.kernels.records``): no kernel takes more than 20
 runtime arguments, an unused variant is None in its record (no placeholder pointer), and the records carry
 what the old positional lists carried."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from flashattn_teach.dropout import DropoutKey
-from flashattn_teach.triton.records import Bounds, DkdvTensors, ScoreTerms, Strided, split, strided
+from flashattn_teach.triton.kernels.records import Bounds, DkdvTensors, ScoreTerms, Strided, split, strided
 from flashattn_teach.triton.variants import PLAIN, UNBOUNDED, KernelVariants
 
 pytest.importorskip("triton")
@@ -126,7 +126,7 @@ def test_variant_records_carry_the_variants_by_name() -> None:
 
 
 def _records() -> list[type]:
-    from flashattn_teach.triton import records
+    from flashattn_teach.triton.kernels import records
 
     return [v for v in vars(records).values() if isinstance(v, type) and issubclass(v, tuple) and v is not tuple]
 
@@ -134,10 +134,12 @@ def _records() -> list[type]:
 def test_no_record_holds_a_record() -> None:
     """A record's fields are scalars, tensors (or descriptors) and tuples of tensors, never another record:
     triton specialises an integer equal to 1 inside a record to a constant (``do_not_specialize`` does not
-    reach into records), and triton 3.6 loses such a constant of a record inside a record (records.py)."""
+    reach into records), and triton 3.6 loses such a constant of a record inside a record (records.py). The
+    one exception is a kernel's ``stride`` record (``split``: a ``Strides`` in each field, typed ``Any``), which
+    has no None field of its own; test_triton_loops.py checks its unit strides arrive as the constant 1."""
     import typing
 
-    from flashattn_teach.triton import records
+    from flashattn_teach.triton.kernels import records
 
     nested = {}
     for cls in _records():
@@ -157,7 +159,7 @@ def test_no_integer_of_a_masked_calls_records_is_specialised_below_the_first_lev
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import native_specialize_impl
 
-    from flashattn_teach.triton.records import UserMods, score_terms
+    from flashattn_teach.triton.kernels.records import UserMods, score_terms
 
     mask = torch.zeros(2, 4, 5, 7, dtype=torch.uint8)
     kinds = torch.zeros(1, 1, 3, 3, dtype=torch.int8)

@@ -25,12 +25,19 @@ def load(path: Path, arch: str | None) -> dict[tuple[Any, ...], Row]:
     """The rows by (arch, kernel, calls, tile, flags): the constants by name (a record's field by its own
     name: ``bounds.OFFSET`` after is ``OFFSET`` before), less those that name a stride
     (``stride_qd`` before, ``Q.stride_d`` after) and those that are None (an unused variant is a None
-    constant after, a placeholder pointer before)."""
+    constant after, a placeholder pointer before), and ``TRACE=False`` (the trace build off, which main had not)."""
     out: dict[tuple[Any, ...], Row] = {}
     for r in json.loads(path.read_text())["rows"]:
         if arch is None or r["arch"] == arch:
             consts = r["constants"].items()
-            flags = tuple(sorted((k.rsplit(".")[-1], v) for k, v in consts if "stride" not in k and v != "None"))
+            # TRACE (issue 39) is off in every row and main had no such flag
+            flags = tuple(
+                sorted(
+                    (k.rsplit(".")[-1], v)
+                    for k, v in consts
+                    if "stride" not in k and v != "None" and (k, v) != ("TRACE", "False")
+                )
+            )
             tile = (r["BLOCK_M"], r["BLOCK_N"], r["num_warps"], r["num_stages"])
             key = (r["arch"], r["kernel"], tuple(sorted(r["calls"])), tile, flags)
             assert key not in out, f"two rows of {path} share {key}"

@@ -45,9 +45,9 @@ from torch import Tensor
 from ..errors import AttentionTypeError, AttentionValueError
 from ..triton.configs import arch_of, block_d, dot_precision
 from ..triton.devices import launches_on_device
+from ..triton.kernels.records import LOG2E, CacheLengths, DecodeTensors, Pages, Partials, score_terms, split, strided
 from ..triton.lanes import lane_groups, table_dim
 from ..triton.launch import check_tile_offsets
-from ..triton.records import LOG2E, CacheLengths, DecodeTensors, Pages, Partials, score_terms, split, strided
 from ..triton.support import decode_unsupported_reason
 from ..triton.variants import UNBOUNDED
 from .checks import DecodeStep, check_seqlens_tensor

@@ -31,8 +31,8 @@ from .configs import (
 from .devices import launches_on_device
 from .flags import kernel_flags
 from .forward_trace import ForwardTrace, traced_tile
+from .kernels.records import Descales, DkdvTensors, DqTensors, ForwardTensors, Lse, RowStats, split, strided
 from .provenance import as_tried
-from .records import Descales, DkdvTensors, DqTensors, ForwardTensors, Lse, RowStats, split, strided
 from .tma import descriptor, ensure_scratch_allocator, forward_tile, launch_tile
 from .trace_backward import BackwardTrace, check_trace, check_trace_tile
 from .variants import PLAIN, KernelVariants

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..dropout import DropoutKey
 from ..errors import AttentionValueError
 from ..masks.spec import MaskSpec
-from .records import Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
+from .kernels.records import Bounds, Dropout, Packed, ScoreTerms, UserMods, score_terms
 
 # A window side that never binds: beyond any |i + off - j| while sequences fit in 2^29 rows, and small
 # enough that the kernels' range arithmetic (:mod:`.masking`) stays inside int32.

@@ -61,7 +61,7 @@ class CompileRequest:
         return str(self.fn.__name__)
 
     def flat_signature(self) -> dict[str, str]:
-        """:attr:`signature` with each record (:mod:`flashattn_teach.triton.records`) spelt out field by
+        """:attr:`signature` with each record (:mod:`flashattn_teach.triton.kernels.records`) spelt out field by
         field: ``{"ptr.Q": "*bf16", "stride.Q.stride_b": "i32", ...}``, the names the constants and attributes use."""
         return {name: kind for name, kind in _flatten(self.signature.items())}
 

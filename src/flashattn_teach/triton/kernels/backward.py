@@ -57,8 +57,8 @@ def attn_bwd_preprocess(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``O, DO`` are :class:`~..records.Strided`; ``LSE`` (read)
-    and ``row_stats`` (:class:`~..records.RowStats`: delta and lse2, written) are ``(B, H_q, N_q)``
+    """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``; ``O, DO`` are :class:`~.records.Strided`; ``LSE`` (read)
+    and ``row_stats`` (:class:`~.records.RowStats`: delta and lse2, written) are ``(B, H_q, N_q)``
     contiguous fp32.
 
     Writes ``delta_i = rowsum(dO_i * O_i)`` and ``lse2_i = lse_i * log2(e)``, the statistic both loops

@@ -18,12 +18,12 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from ..records import Strided
 from .backward import _causal_query_range
 from .backward_dkdv_inner import _attn_bwd_dkdv_inner
 from .dropout import _packed_dropout
 from .grid import INDEX, program_block
 from .masking import _sequence, _window_query_range
+from .records import Strided
 from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 
@@ -56,8 +56,10 @@ def attn_bwd_dkdv(
     DQ_ATOMIC: tl.constexpr = False,
     SCORE_GRAD: tl.constexpr = None,
 ):
-    """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``Q, K, V, DO, DK, DV`` are
-    :class:`~..records.Strided`, ``DK, DV`` of K's and V's shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
+    """Grid ``(cdiv(N_k, BLOCK_N) * B * H_kv,)``, the key block fastest. ``ptr, stride``: the
+    tensors' pointers and strides (:func:`~.records.split` of a :class:`~.records.DkdvTensors`), made again into
+    ``Q, K, V, DO, DK, DV, DQ`` (:class:`~.records.Strided`) in the first lines, ``DK, DV`` of K's and V's
+    shapes ``(B, H_kv, N_k, .)``; query heads ``h_kv *
     GROUP ... h_kv * GROUP + GROUP - 1`` read key head h_kv. ``row_stats`` as in
     :func:`~.backward_dq.attn_bwd_dq`; the variants' records and flags ``F`` as in :func:`~.forward.attn_fwd`;
     ``qk_scale = scale * log2(e)`` here, with its sign. With ``TMA`` the pointers of ``Q`` and ``DO`` are tensor

@@ -13,12 +13,12 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from ..records import Strided
 from .backward_dq_inner import _attn_bwd_dq_inner
 from .dropout import _packed_dropout
 from .forward import LOG2E, _causal_key_range
 from .grid import INDEX, program_block
 from .masking import _sequence, _window_key_range
+from .records import Strided
 from .tiles import _load_block, _load_block_hi, _store_block, _store_block_hi
 
 
@@ -48,9 +48,11 @@ def attn_bwd_dq(
     SCORE_GRAD: tl.constexpr = None,
 ):
     """Grid ``(cdiv(N_q, BLOCK_M) * B * H_q,)``, the query block fastest; causal runs the last (longest)
-    query blocks first. ``Q, K, V, DO, DQ`` are :class:`~..records.Strided`, ``DQ`` of Q's shape ``(B, H_q,
+    query blocks first. ``Q, K, V, DO, DQ`` (:class:`~.records.Strided`) come as ``ptr, stride``
+    (:func:`~.records.split` of a :class:`~.records.DqTensors`) and are made again in the first lines, ``DQ``
+    of Q's shape ``(B, H_q,
     N_q, D)``; with ``TMA`` the pointers of ``K`` and ``V`` are tensor descriptors of blocks ``(1, 1,
-    BLOCK_N, .)``. ``row_stats`` (:class:`~..records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
+    BLOCK_N, .)``. ``row_stats`` (:class:`~.records.RowStats`): ``lse * log2(e)`` and ``rowsum(dO * O)``,
     laid out as the forward's lse. ``bounds``, ``terms``, ``dropout``, ``packed``, ``mods`` and the flags ``F``
     (``F.SCORE_MOD``, ``F.MASK_MOD``, ``F.KINDS``, ``F.LISTED``, ``F.BLOCK_D2`` ...) as in
     :func:`~.forward.attn_fwd`, at this launch's tiles; ``SCORE_GRAD``: score_mod's derivative (None when it is

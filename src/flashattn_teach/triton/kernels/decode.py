@@ -54,10 +54,10 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from ..records import Partials, Strided
 from .forward import LN2, LOG2E
 from .masking import _in_window, _modify_scores
 from .pages import _block_ids, _page_slots
+from .records import Partials, Strided
 from .tiles import _load_block, _load_block_hi, _store_block
 from .trace_decode import _trace_block, _trace_rows
 
@@ -222,17 +222,19 @@ def decode_split_fwd(
     Trace=None,
     TRACE: tl.constexpr = False,
 ):
-    """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``; the records of :mod:`..records`.
+    """Grid ``(B * H_kv * cdiv(GROUP * N_new, BLOCK_M), num_splits)``; the records of :mod:`.records`,
+    the tensors as ``ptr, stride`` (:func:`~.records.split` of a :class:`~.records.DecodeTensors`), made again
+    in the first lines.
 
     ``Q (B, H_q, N_new, D)``; ``K, V (B, H_kv, N_max, .)``, the caches; ``O (num_splits, B, H_q, N_new,
-    D_v)`` and ``LSE (num_splits, B, H_q, N_new, 1)`` (:class:`~..records.Partials`): fp32 partials, or with
+    D_v)`` and ``LSE (num_splits, B, H_q, N_new, 1)`` (:class:`~.records.Partials`): fp32 partials, or with
     one split the final outputs viewed with a leading axis of 1, any strides. ``lengths``
-    (:class:`~..records.CacheLengths`): ``cache_seqlens (B,)`` int32, clamped here to ``[0, N_max -
+    (:class:`~.records.CacheLengths`): ``cache_seqlens (B,)`` int32, clamped here to ``[0, N_max -
     N_new_kv]`` so no key is read past the cache; with ``LEFTPAD`` ``cache_leftpad (B,)`` int32, clamped
     here to ``[0, L_b]``. ``qk_scale = scale log2(e)``; ``LEFT, RIGHT``: the window with causal folded in;
-    ``terms`` (:class:`~..records.ScoreTerms`): ALiBi slopes with ``ALIBI``, ``softcap_log2 = softcap
+    ``terms`` (:class:`~.records.ScoreTerms`): ALiBi slopes with ``ALIBI``, ``softcap_log2 = softcap
     log2(e)`` with ``SOFTCAP``. ``PAGED``: ``K, V (num_blocks, H_kv, PAGE_SIZE, .)`` (``stride_b`` steps a
-    page), ``pages`` (:class:`~..records.Pages`), ``N_max = max_blocks PAGE_SIZE``; ``WIDE_PAGES``:
+    page), ``pages`` (:class:`~.records.Pages`), ``N_max = max_blocks PAGE_SIZE``; ``WIDE_PAGES``:
     ``PAGE_SIZE >= BLOCK_N`` (:func:`_block_ids`). ``SINKS``: ``SINK (H_q,)`` fp32, contiguous.
     ``BLOCK_D2 > 0``: ``HEAD_DIM`` is ``BLOCK_D`` then ``BLOCK_D2`` lanes (:mod:`.tiles`); the values'
     ``BLOCK_DV`` stays one padded group. ``TRACE``: the trace build, ``Trace`` a

@@ -49,11 +49,11 @@ from __future__ import annotations
 import triton
 from triton import language as tl
 
-from ..records import Strided
 from .dropout import _packed_dropout
 from .forward_inner import LN2, LOG2E, _attn_fwd_inner
 from .grid import INDEX, program_block
 from .masking import _sequence, _window_key_range
+from .records import Strided
 from .tiles import _load_block, _load_block_hi, _store_block
 
 
@@ -106,25 +106,27 @@ def attn_fwd(
     SINKS: tl.constexpr = False,
 ):
     """One-dimensional grid of ``cdiv(N_q, BLOCK_M) * B * H_q`` programs, the query block fastest. The
-    records are :mod:`flashattn_teach.triton.records`'; a record or field that is None is never read. ``F``:
+    records are :mod:`flashattn_teach.triton.kernels.records`'; a record or field that is None is never read. ``F``:
     the variant flags (:class:`flashattn_teach.triton.flags.Flags`), read ``F.CAUSAL``, ``F.WINDOW``, ...
 
-    ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)`` (:class:`~..records.Strided`): any strides, and with
+    ``ptr, stride``: the tensors' pointers and strides (:func:`~.records.split` of a
+    :class:`~.records.ForwardTensors`), made again into ``Q, O (B, H_q, N_q, .)``, ``K, V (B, H_kv, N_k, .)``
+    (:class:`~.records.Strided`) in the first lines: any strides, and with
     ``TMA`` the pointers of ``K, V`` are tensor descriptors of blocks ``(1, 1, BLOCK_N, BLOCK_D)``; ``LSE``
-    (:class:`~..records.Lse`) ``(B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h //
+    (:class:`~.records.Lse`) ``(B, H_q, N_q)`` contiguous fp32. Query head h reads key/value head h //
     GROUP. ``qk_scale = |scale| * log2(e)``; ``NEGATE_Q`` when the scale is negative (``scale * S = |scale| *
     (-Q) K^T``); with ``SOFTCAP`` or ``ALIBI`` instead ``qk_scale = scale * log2(e)`` and Q as given.
 
-    ``bounds`` (:class:`~..records.Bounds`, :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded
+    ``bounds`` (:class:`~.records.Bounds`, :mod:`.masking`): ``WINDOW`` with ``LEFT, RIGHT`` (causal folded
     in, ``CAUSAL`` then False); ``SEQLENS`` with ``SEQLENS_K (B,)`` int32, and ``OFFSET`` then 1 for
     bottom-right alignment and 0 for top-left (``off_b = OFFSET * (seqlens_k[b] - N_q)``: each batch element
-    aligned to its own length, as flash-attn does). ``terms`` (:class:`~..records.ScoreTerms`): ``SOFTCAP``
+    aligned to its own length, as flash-attn does). ``terms`` (:class:`~.records.ScoreTerms`): ``SOFTCAP``
     with ``softcap_log2 = softcap * log2(e)``; ``ALIBI`` with its slopes; ``BOOL_MASK`` (uint8, nonzero:
     visible) or ``ADD_MASK`` with the mask ``(B, H_q, N_q, N_k)`` at any strides (0 where it broadcasts).
-    ``DROPOUT`` with ``dropout`` (:class:`~..records.Dropout`).
+    ``DROPOUT`` with ``dropout`` (:class:`~.records.Dropout`).
 
     ``SCORE_MOD``, ``MASK_MOD`` (:mod:`.usermods`): the user's functions, compiled, with their captured
-    tensors in ``mods`` (:class:`~..records.UserMods`); ``KINDS`` with its ``kinds (B|1, H_q|1, cdiv(N_q,
+    tensors in ``mods`` (:class:`~.records.UserMods`); ``KINDS`` with its ``kinds (B|1, H_q|1, cdiv(N_q,
     BLOCK_M), cdiv(N_k, BLOCK_N))`` int8, a block mask's tile kinds at this launch's tiles; with ``LISTED``
     the key loop is one masked stage over its ``tiles``, :func:`flashattn_teach.triton.variants.tile_list`
     of those kinds: a SKIP tile takes no iteration. The launcher passes none of them with ``VARLEN`` or
@@ -133,14 +135,14 @@ def attn_fwd(
     ``SINKS``: attention sinks, ``SINK (H_q,)`` fp32, one logit per query head in the units of the scaled
     scores (:mod:`flashattn_teach._validate.sinks`): each row's state starts with it as a key of value 0.
 
-    ``VARLEN``: packed sequences (:class:`~..records.Packed`). The tensors are the ``(1, H, total, .)`` views
+    ``VARLEN``: packed sequences (:class:`~.records.Packed`). The tensors are the ``(1, H, total, .)`` views
     of the packed ones, passed with batch strides 0; ``b`` is the sequence, ``N_q, N_k`` are
     ``max_seqlen_q, max_seqlen_k`` (the grid's extent), ``OFFSET`` is 1 for bottom-right alignment and 0 for
     top-left, and ``LSE`` is ``(H_q, total_q)``, row stride ``LSE.stride_h`` (without ``VARLEN``, ``N_q``).
     Each program moves its bases to the sequence's start rows (:func:`_sequence`).
 
     ``FP8`` (FA3's FP8 forward, :mod:`flashattn_teach._validate.fp8`): ``Q, K, V`` e4m3, ``O`` bf16, and
-    ``descales`` (:class:`~..records.Descales`); ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q``
+    ``descales`` (:class:`~.records.Descales`); ``qk_scale = scale * log2(e)``, signed (``NEGATE_Q``
     False). Both products run on e4m3 operands (P_ij is cast to V's dtype in the loop) with fp32
     accumulators. Not with ``VARLEN`` or ``WS``.
 

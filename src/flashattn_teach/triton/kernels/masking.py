@@ -124,7 +124,7 @@ def _modify_scores(s, rows, cols, OFFSET, softcap_log2, slope_log2, SOFTCAP: tl.
 def _attn_mask_tile(MASK_head, row0, col0, rows, cols, terms, N_q, N_k):
     """The user's mask over the tile at query row ``row0`` and key ``col0`` of one (b, h), at in-tile
     offsets ``rows`` and ``cols`` (broadcast index tensors), read at the row and column strides of ``terms``
-    (:class:`~..records.ScoreTerms`): its raw values, 0 outside ``N_q x N_k``. The tile's base moves in 64-bit
+    (:class:`~.records.ScoreTerms`): its raw values, 0 outside ``N_q x N_k``. The tile's base moves in 64-bit
     (``N_q x N_k`` may pass 2^31), the offsets inside it stay 32-bit."""
     stride_m, stride_n = terms.mask_stride_m, terms.mask_stride_n
     base = MASK_head + tl.cast(row0, tl.int64) * stride_m + tl.cast(col0, tl.int64) * stride_n

@@ -10,7 +10,7 @@ with ``s2 = scale log2(e) q.k`` (softcap and ALiBi applied, ``-inf`` where maske
 unnormalised: the state after FA2 Alg. 1 lines 8-10 in the kernel's own units. ``j`` counts blocks from the
 split's first key (``(start - split_begin) / BLOCK_N``); blocks a program skips leave their records as they
 were. The splits' partials ``(O_s, lse_s)`` are not traced: the kernel writes them to its partials buffer
-anyway (:class:`~..records.Partials`), which the trace's reader keeps.
+anyway (:class:`~.records.Partials`), which the trace's reader keeps.
 
 With ``TRACE=False`` (the default) ``Trace`` is None, a constant, and none of this is compiled: the kernel's SASS
 is the one before the trace build (``tests/triton/test_triton_trace_decode_sass.py``).

@@ -14,7 +14,7 @@ its own arithmetic costs (docs: the loop profile's ``--score-mod`` rows).
 
 ``b`` is the flat batch index and ``h`` the query head (int32 scalars), ``q_idx`` and ``kv_idx`` the
 absolute query and key positions as broadcast index tensors, ``C0..C3`` the captured tensors' pointers
-(the kernels hold them as a tuple of four in :class:`flashattn_teach.triton.records.UserMods`).
+(the kernels hold them as a tuple of four in :class:`flashattn_teach.triton.kernels.records.UserMods`).
 The backward kernels work on transposed tiles (keys along rows) and pass ``q_idx (1, BLOCK_M)``, ``kv_idx
 (BLOCK_N, 1)``: the generated functions are elementwise with broadcasting, so the result is the transpose.
 
